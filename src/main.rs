@@ -1,1 +1,5 @@
-fn main() {}
+//! The `fence` binary: parse, run, exit. Everything else lives in the library.
+
+fn main() -> std::process::ExitCode {
+    fence::main().into()
+}

@@ -1,0 +1,237 @@
+//! The command line, as clap types only. Each doc comment here is the `--help` text, the man
+//! page and the completion hint at once; validation of values lives in [`crate::config`].
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{parse_name, parse_schema, parse_token, parse_ttl, DEFAULT_TTL};
+use crate::exit::Exit;
+
+/// Leases with fencing tokens, so a paused former owner can never write after a newer one.
+///
+/// A coordinator (PostgreSQL, or a local directory) grants a lease on a RESOURCE with a fencing
+/// token strictly greater than every token granted before for that resource. Pass the token to
+/// whatever you protect; a write that carries an older token is stale and must be refused.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fence",
+    version,
+    max_term_width = 100,
+    after_long_help = after_long_help(),
+    help_expected = true,
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand accepts, before or after its name.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory
+    /// store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`).
+    #[arg(
+        long,
+        global = true,
+        env = "FENCE_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub store: Option<String>,
+
+    /// The PostgreSQL schema that holds fence's own tables.
+    #[arg(
+        long,
+        global = true,
+        default_value = "fence",
+        value_name = "NAME",
+        value_parser = parse_schema
+    )]
+    pub schema: String,
+
+    /// Output format: `human` tables and sentences, one `json` object, or `env` lines for
+    /// `eval` (acquire only).
+    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+
+    /// Print nothing on success; errors are still reported on stderr.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    /// When to colour diagnostics (`NO_COLOR` is honoured with `auto`).
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    pub color: ColorChoice,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Sentences and tables for people.
+    Human,
+    /// Exactly one JSON object on stdout, on success and on failure.
+    Json,
+    /// Shell-quoted `export FENCE_…=…` lines (acquire only).
+    Env,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ColorChoice {
+    /// Colour when stderr is a terminal and `NO_COLOR` is unset.
+    Auto,
+    /// Always colour.
+    Always,
+    /// Never colour.
+    Never,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Acquire(AcquireArgs),
+    Renew(RenewArgs),
+    Release(ReleaseArgs),
+    Inspect(InspectArgs),
+    Init(InitArgs),
+}
+
+impl Command {
+    /// The `op` field of the JSON output.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Command::Acquire(_) => "acquire",
+            Command::Renew(_) => "renew",
+            Command::Release(_) => "release",
+            Command::Inspect(_) => "inspect",
+            Command::Init(_) => "init",
+        }
+    }
+}
+
+/// Take a lease on RESOURCE and print its fencing token.
+///
+/// Free or expired: granted with a new token, greater than every token granted before for
+/// RESOURCE. Held by the same owner: the same lease and token, with its expiry extended
+/// (`reacquired`), so retrying after a lost answer is safe. Held by another owner: exit 3
+/// (`busy`), naming the holder, its token and when it expires.
+///
+/// Examples:
+///   fence acquire nightly-report --ttl 5m
+///   eval "$(fence acquire nightly-report --ttl 5m --format env)"
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct AcquireArgs {
+    /// The resource to lock: 1–200 bytes, no control characters, no surrounding spaces.
+    #[arg(value_parser = parse_name)]
+    pub resource: String,
+
+    /// Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output.
+    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
+    pub owner: Option<String>,
+
+    /// How long the lease lasts unless renewed (100ms to 24h), by the coordinator's clock.
+    #[arg(long, default_value = DEFAULT_TTL, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Duration,
+}
+
+/// Which lease a renew or release refers to: from flags, or from the variables
+/// `fence acquire --format env` exports.
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// The resource the lease is on.
+    #[arg(env = "FENCE_RESOURCE", value_parser = parse_name)]
+    pub resource: String,
+
+    /// The owner that acquired the lease.
+    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
+    pub owner: String,
+
+    /// The fencing token the lease was granted with.
+    #[arg(
+        long,
+        env = "FENCE_TOKEN",
+        value_name = "TOKEN",
+        allow_hyphen_values = true,
+        value_parser = parse_token
+    )]
+    pub token: i64,
+}
+
+/// Extend a lease you hold.
+///
+/// Succeeds only if the lease still has this owner and token and has not expired. A newer
+/// token exists: exit 4 (`stale_fencing_token`). Expired or released with no newer token:
+/// exit 5 (`lease_lost`). A late renew never revives an expired lease and never touches a
+/// newer owner's lease.
+///
+/// Example:
+///   eval "$(fence acquire job --ttl 1m --format env)"; step1; fence renew; step2
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+
+    /// The new lease length from now (100ms to 24h). Default: the TTL it was acquired with.
+    #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Option<Duration>,
+}
+
+/// Give a lease up so that another owner can take it at once.
+///
+/// Conditional on owner and token; releasing twice succeeds. A newer token exists: exit 4,
+/// nothing changed. The record is never deleted: the next lease gets a greater token.
+///
+/// Example:
+///   fence release nightly-report --owner "$FENCE_OWNER" --token "$FENCE_TOKEN"
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+/// Show who holds what, with which token, and what happened lately.
+///
+/// For each resource: state (held, expired, free), owner, token, when it was acquired and
+/// renewed, and when it expires by the coordinator's clock; then the last events (acquired,
+/// reacquired, renewed, released, taken over after expiry, renew/release rejected).
+///
+/// Examples:
+///   fence inspect                     every resource, no events
+///   fence inspect nightly-report      one resource and its last 5 events
+///   fence inspect nightly-report --history 50 --format json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct InspectArgs {
+    /// Resources to show. Default: every resource the store knows.
+    #[arg(value_parser = parse_name)]
+    pub resources: Vec<String>,
+
+    /// How many recent events to show per resource. Default: 5 with named resources, 0 without.
+    #[arg(long, value_name = "N")]
+    pub history: Option<usize>,
+}
+
+/// Create or migrate fence's own tables in the store (safe to run again).
+///
+/// Other commands create them on first use when the store allows it; run `fence init` ahead
+/// of time when the account fence runs as may not create tables.
+#[derive(Debug, Args)]
+pub struct InitArgs {}
+
+fn after_long_help() -> String {
+    let mut text = String::from("Exit status:\n");
+    for exit in Exit::ALL {
+        let name = exit.name().unwrap_or("success");
+        text.push_str(&format!(
+            "  {:<2} {:<20} {}\n",
+            exit.code(),
+            name,
+            exit.meaning()
+        ));
+    }
+    text.push_str("\nEnvironment: FENCE_STORE, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, and PG* for PostgreSQL.");
+    text
+}

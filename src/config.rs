@@ -1,0 +1,285 @@
+//! The resolve step: validates names, durations, tokens and store URLs, and reads the
+//! environment, without touching the network.
+//!
+//! Invalid input is a usage error (exit 2) with a hint; nothing is silently normalised, so a
+//! resource name means exactly the bytes the user typed (DESIGN §1).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// The longest resource or owner name, in bytes.
+pub const MAX_NAME_BYTES: usize = 200;
+/// The shortest lease a coordinator grants.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+/// The longest lease a coordinator grants; longer jobs renew (or use `fence run`).
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default lease length.
+pub const DEFAULT_TTL: &str = "30s";
+
+/// Checks a resource or owner name: 1–200 bytes of UTF-8, no control characters, no leading or
+/// trailing whitespace. Used as a clap value parser, so environment values are checked too.
+pub fn parse_name(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        return Err("a name cannot be empty".into());
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "a name is at most {MAX_NAME_BYTES} bytes; this one has {}",
+            value.len()
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "a name cannot contain control characters (found {})",
+            c.escape_unicode()
+        ));
+    }
+    if value.trim() != value {
+        return Err("a name cannot start or end with whitespace".into());
+    }
+    Ok(value.to_owned())
+}
+
+/// Parses a lease length such as `250ms`, `30s`, `5m` or `1h`, within [`MIN_TTL`]..=[`MAX_TTL`].
+pub fn parse_ttl(value: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(value).map_err(|err| {
+        format!("`{value}` is not a duration ({err}); write e.g. 250ms, 30s, 5m, 1h")
+    })?;
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(format!(
+            "a lease lasts from {} to {}; `{value}` is outside that range",
+            humantime::format_duration(MIN_TTL),
+            humantime::format_duration(MAX_TTL)
+        ));
+    }
+    Ok(ttl)
+}
+
+/// Parses a fencing token: a positive 64-bit integer.
+pub fn parse_token(value: &str) -> Result<i64, String> {
+    match value.trim().parse::<i64>() {
+        Ok(token) if token >= 1 => Ok(token),
+        Ok(_) => Err(format!("tokens are positive integers; `{value}` is not")),
+        Err(_) => Err(format!(
+            "`{value}` is not a fencing token (a positive integer up to {})",
+            i64::MAX
+        )),
+    }
+}
+
+/// Checks `--schema`: a plain lowercase SQL identifier, so it never needs quoting tricks.
+pub fn parse_schema(value: &str) -> Result<String, String> {
+    let mut chars = value.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    if first_ok
+        && value.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "`{value}` is not a schema name fence accepts: use 1–63 characters of a-z, 0-9 and _, not starting with a digit"
+        ))
+    }
+}
+
+/// Which coordinator a store URL names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// `postgres://…` or `postgresql://…`: the URL exactly as given.
+    Postgres(String),
+    /// `file:///dir`: the embedded local-directory store.
+    File(PathBuf),
+}
+
+/// A resolved store: what to connect to, and how to name it in output.
+#[derive(Clone, Debug)]
+pub struct StoreSpec {
+    pub kind: StoreKind,
+    /// The URL as the user gave it (may hold a password; never printed).
+    pub url: String,
+    /// The URL with any password removed: safe for output, logs and errors.
+    pub display: String,
+}
+
+impl StoreSpec {
+    /// Resolves `--store` / `FENCE_STORE` (already merged by clap), else the embedded default.
+    pub fn resolve(flag: Option<&str>) -> Result<StoreSpec, Error> {
+        let url = match flag {
+            Some(url) => url.to_owned(),
+            None => default_store_url()?,
+        };
+        let display = redact_url(&url);
+        let kind = if let Some(rest) = url.strip_prefix("file://") {
+            StoreKind::File(file_path(rest, &display)?)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            StoreKind::Postgres(url.clone())
+        } else if url.starts_with("s3://") || url.starts_with("gs://") {
+            return Err(Error::usage(
+                format!("object-store coordinators (`{display}`) are not in this version of fence yet"),
+                "use a PostgreSQL store (`--store postgres://…`) or the local directory store (`--store file:///dir`)",
+            ));
+        } else {
+            return Err(Error::usage(
+                format!("`{display}` is not a store URL fence understands"),
+                "use `postgres://user@host/db`, `file:///dir`, or leave --store and FENCE_STORE unset for the embedded default",
+            ));
+        };
+        Ok(StoreSpec { kind, url, display })
+    }
+}
+
+fn file_path(rest: &str, display: &str) -> Result<PathBuf, Error> {
+    let path = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !path.starts_with('/') {
+        return Err(Error::usage(
+            format!("`{display}` does not name an absolute directory"),
+            "write the path after `file://` in full, e.g. `file:///var/lib/fence` (three slashes)",
+        ));
+    }
+    let decoded = percent_decode(path).ok_or_else(|| {
+        Error::usage(
+            format!("`{display}` has a malformed %-escape"),
+            "escape bytes as %XX with two hex digits, or write the path plainly",
+        )
+    })?;
+    Ok(PathBuf::from(decoded))
+}
+
+/// Decodes `%XX` escapes; `None` when an escape is malformed or the result is not UTF-8.
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `file://$XDG_STATE_HOME/fence`, falling back to `$HOME/.local/state/fence`.
+fn default_store_url() -> Result<String, Error> {
+    let base =
+        match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+            Some(state) => PathBuf::from(state),
+            None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+                Some(home) => PathBuf::from(home).join(".local/state"),
+                None => return Err(Error::usage(
+                    "no store given and neither XDG_STATE_HOME nor HOME is set",
+                    "pass `--store file:///some/dir` or `--store postgres://…`, or set FENCE_STORE",
+                )),
+            },
+        };
+    if !base.is_absolute() {
+        return Err(Error::usage(
+            format!(
+                "the default store directory `{}` is not absolute",
+                base.display()
+            ),
+            "set XDG_STATE_HOME or HOME to an absolute path, or pass `--store file:///dir`",
+        ));
+    }
+    Ok(format!("file://{}", base.join("fence").display()))
+}
+
+/// Removes the password from `scheme://user:password@host/…` and any `password=` query
+/// parameter, so that URLs can be printed (DESIGN: secrets never appear in output).
+pub fn redact_url(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            let authority = match authority.rsplit_once('@') {
+                Some((userinfo, host)) => {
+                    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+                    format!("{user}@{host}")
+                }
+                None => authority.to_owned(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => head.to_owned(),
+    };
+    if let Some(query) = query {
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
+            .collect();
+        if !kept.is_empty() {
+            out.push('?');
+            out.push_str(&kept.join("&"));
+        }
+    }
+    out
+}
+
+/// Whether a URL carries a password (then `--format env` leaves FENCE_STORE out).
+pub fn url_has_password(url: &str) -> bool {
+    redact_url(url) != url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(parse_name("nightly-report").is_ok());
+        assert!(parse_name("ünïcode/with spaces inside").is_ok());
+        assert!(parse_name("").is_err());
+        assert!(parse_name(" lead").is_err());
+        assert!(parse_name("trail\u{3000}").is_err());
+        assert!(parse_name("bell\u{7}").is_err());
+        assert!(parse_name(&"x".repeat(200)).is_ok());
+        assert!(parse_name(&"x".repeat(201)).is_err());
+    }
+
+    #[test]
+    fn ttls_and_tokens() {
+        assert_eq!(parse_ttl("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_ttl("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_ttl("abc").is_err());
+        assert!(parse_ttl("99ms").is_err());
+        assert!(parse_ttl("25h").is_err());
+        assert_eq!(parse_token("42"), Ok(42));
+        assert!(parse_token("0").is_err());
+        assert!(parse_token("-1").is_err());
+        assert!(parse_token("9223372036854775808").is_err());
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(
+            redact_url("postgres://u:s3cret@h:5432/db?sslmode=require&password=x"),
+            "postgres://u@h:5432/db?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db?password=x"), "postgres://h/db");
+        assert!(url_has_password("postgres://u:p@h/db"));
+        assert!(!url_has_password("file:///tmp/x"));
+    }
+
+    #[test]
+    fn store_urls() {
+        let spec = StoreSpec::resolve(Some("file:///tmp/a%20b")).unwrap();
+        assert_eq!(spec.kind, StoreKind::File(PathBuf::from("/tmp/a b")));
+        assert!(StoreSpec::resolve(Some("file://relative")).is_err());
+        assert!(StoreSpec::resolve(Some("redis://x")).is_err());
+        assert!(StoreSpec::resolve(Some("postgres://u:p@h/db")).is_ok());
+    }
+}

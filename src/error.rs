@@ -1,0 +1,264 @@
+//! Expected outcomes other than success, each carrying what an operator needs to act.
+//!
+//! Every variant maps to exactly one exit code in [`Error::exit`]; the message says what
+//! happened and the hint what to do next. Messages never include secrets: URLs are shown
+//! through [`crate::config::redact_url`] before they reach an error.
+
+use serde_json::{json, Map, Value};
+
+use crate::exit::Exit;
+use crate::time;
+
+/// The live holder of a lease, as reported on `busy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub owner: String,
+    pub token: i64,
+    /// Expiry by the coordinator's clock, milliseconds since the Unix epoch.
+    pub expires_at_ms: i64,
+    /// Remaining lifetime by the coordinator's clock at the time of the answer.
+    pub expires_in_ms: i64,
+}
+
+/// Why a lease can no longer be renewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The lease ran out before the renewal reached the coordinator.
+    Expired,
+    /// The lease was released (by this owner, or by a release carrying this token).
+    Released,
+}
+
+/// Why a request was refused for a reason other than the token's age.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConflictKind {
+    /// No lease was ever granted for the resource.
+    NoLease,
+    /// The token is higher than any the coordinator has issued for the resource.
+    NeverIssued { highest_token: i64 },
+    /// The token is current but belongs to another owner.
+    WrongOwner { holder: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{message}")]
+    Usage { message: String, hint: String },
+
+    #[error(
+        "`{resource}` is held by `{}` with token {} ({})",
+        holder.owner,
+        holder.token,
+        time::expires_in(holder.expires_in_ms)
+    )]
+    Busy { resource: String, holder: Holder },
+
+    #[error(
+        "token {token} for `{resource}` is stale: token {highest_token} has been issued since"
+    )]
+    Stale {
+        resource: String,
+        token: i64,
+        highest_token: i64,
+    },
+
+    #[error("{}", lost_message(resource, *token, *reason))]
+    LeaseLost {
+        resource: String,
+        owner: String,
+        token: i64,
+        reason: LostReason,
+    },
+
+    #[error("{}", conflict_message(resource, *token, kind))]
+    Conflict {
+        resource: String,
+        token: i64,
+        kind: ConflictKind,
+    },
+
+    #[error("{message}")]
+    Unavailable { message: String, hint: String },
+
+    #[error("{message}")]
+    OutcomeUnknown { message: String, hint: String },
+
+    #[error("{message}")]
+    Internal { message: String, hint: String },
+}
+
+fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
+    match reason {
+        LostReason::Expired => {
+            format!("the lease on `{resource}` with token {token} expired before it was renewed")
+        }
+        LostReason::Released => {
+            format!("the lease on `{resource}` with token {token} was released")
+        }
+    }
+}
+
+fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
+    match kind {
+        ConflictKind::NoLease => format!("no lease has ever been granted on `{resource}`"),
+        ConflictKind::NeverIssued { highest_token } => format!(
+            "token {token} was never issued for `{resource}` (the highest is {highest_token})"
+        ),
+        ConflictKind::WrongOwner { holder } => {
+            format!("token {token} for `{resource}` belongs to `{holder}`, not to this owner")
+        }
+    }
+}
+
+impl Error {
+    pub fn usage(message: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::Usage {
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::Unavailable {
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::Internal {
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// The exit status: the one place errors become codes (DESIGN §5).
+    pub fn exit(&self) -> Exit {
+        match self {
+            Error::Usage { .. } => Exit::Usage,
+            Error::Busy { .. } => Exit::Busy,
+            Error::Stale { .. } => Exit::StaleFencingToken,
+            Error::LeaseLost { .. } => Exit::LeaseLost,
+            Error::Conflict { .. } => Exit::Conflict,
+            Error::Unavailable { .. } => Exit::Unavailable,
+            Error::OutcomeUnknown { .. } => Exit::OutcomeUnknown,
+            Error::Internal { .. } => Exit::Internal,
+        }
+    }
+
+    /// What to do next, printed on its own line.
+    pub fn hint(&self) -> String {
+        match self {
+            Error::Usage { hint, .. }
+            | Error::Unavailable { hint, .. }
+            | Error::OutcomeUnknown { hint, .. }
+            | Error::Internal { hint, .. } => hint.clone(),
+            Error::Busy { resource, .. } => format!(
+                "try again once it is released or expires; `fence inspect {}` shows the holder",
+                shell_word(resource)
+            ),
+            Error::Stale { resource, .. } => format!(
+                "another owner has acquired `{resource}` since: stop working under this token and acquire again if the work must go on"
+            ),
+            Error::LeaseLost { resource, .. } => format!(
+                "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
+                shell_word(resource)
+            ),
+            Error::Conflict { resource, kind, .. } => match kind {
+                ConflictKind::WrongOwner { .. } => {
+                    "pass the --owner that acquired this token (or set FENCE_OWNER)".into()
+                }
+                _ => format!(
+                    "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
+                    shell_word(resource)
+                ),
+            },
+        }
+    }
+
+    /// The machine-readable fields of the JSON error object beyond `error`, `message`, `hint`.
+    pub fn json_fields(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        match self {
+            Error::Busy { resource, holder } => {
+                map.insert("resource".into(), json!(resource));
+                map.insert(
+                    "holder".into(),
+                    json!({
+                        "owner": holder.owner,
+                        "token": holder.token,
+                        "expires_at": time::rfc3339(holder.expires_at_ms),
+                        "expires_in_ms": holder.expires_in_ms,
+                    }),
+                );
+            }
+            Error::Stale {
+                resource,
+                token,
+                highest_token,
+            } => {
+                map.insert("resource".into(), json!(resource));
+                map.insert("token".into(), json!(token));
+                map.insert("highest_token".into(), json!(highest_token));
+            }
+            Error::LeaseLost {
+                resource,
+                owner,
+                token,
+                reason,
+            } => {
+                map.insert("resource".into(), json!(resource));
+                map.insert("owner".into(), json!(owner));
+                map.insert("token".into(), json!(token));
+                let reason = match reason {
+                    LostReason::Expired => "expired",
+                    LostReason::Released => "released",
+                };
+                map.insert("reason".into(), json!(reason));
+            }
+            Error::Conflict {
+                resource,
+                token,
+                kind,
+            } => {
+                map.insert("resource".into(), json!(resource));
+                map.insert("token".into(), json!(token));
+                let reason = match kind {
+                    ConflictKind::NoLease => "no_lease",
+                    ConflictKind::NeverIssued { highest_token } => {
+                        map.insert("highest_token".into(), json!(highest_token));
+                        "never_issued"
+                    }
+                    ConflictKind::WrongOwner { holder } => {
+                        map.insert("holder_owner".into(), json!(holder));
+                        "wrong_owner"
+                    }
+                };
+                map.insert("reason".into(), json!(reason));
+            }
+            Error::Usage { .. }
+            | Error::Unavailable { .. }
+            | Error::OutcomeUnknown { .. }
+            | Error::Internal { .. } => {}
+        }
+        map
+    }
+}
+
+/// Quotes a word for a shell command shown in a hint, only when it needs it.
+pub fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@%+=,".contains(c))
+    {
+        word.to_owned()
+    } else {
+        shell_quote(word)
+    }
+}
+
+/// Single-quotes a value for POSIX shells: `it's` → `'it'\''s'`.
+pub fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}

@@ -1,0 +1,45 @@
+//! fence: leases with fencing tokens, for shell scripts, cron jobs and admin scripts.
+//!
+//! The program runs in three steps (STYLE: parse → resolve → execute): [`cli`] holds the clap
+//! types, [`config`] validates them and reads the environment without touching the network,
+//! and [`cmd`] runs one subcommand against a [`store::Coordinator`]. Every outcome, success or
+//! failure, is printed once by [`output`] and mapped to an [`exit::Exit`] code in one place.
+
+pub mod cli;
+pub mod cmd;
+pub mod config;
+pub mod error;
+pub mod exit;
+pub mod output;
+pub mod pg;
+pub mod store;
+pub mod time;
+
+use clap::Parser;
+
+use crate::exit::Exit;
+
+/// Runs the program with the process's arguments and returns its exit status.
+pub fn main() -> Exit {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match cli::Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(err) => return output::clap_error(&err, &args),
+    };
+    let out = output::Output::new(&cli.global);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            let err = error::Error::Internal {
+                message: format!("cannot start the async runtime: {err}"),
+                hint: "this is a bug or a resource limit (threads, file descriptors); report it"
+                    .into(),
+            };
+            return out.error(cli.command.op(), None, &err);
+        }
+    };
+    runtime.block_on(cmd::dispatch(cli, &out))
+}

@@ -1,0 +1,205 @@
+//! Everything fence prints goes through here: data on stdout, diagnostics on stderr, and
+//! exactly one JSON object per invocation with `--format json` (DESIGN §4, §9).
+//!
+//! JSON wire format, shared by every command:
+//! - success: `{"ok": true, "op": <subcommand>, …command fields…, "store": <redacted URL>}`
+//! - failure: `{"ok": false, "op", "error": <snake_case exit name>, "exit_code", "message",
+//!   "hint", …fields of the error (resource, token, holder…)…, "store"}`
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+
+use serde_json::{json, Map, Value};
+
+use crate::cli::{ColorChoice, Format, GlobalArgs};
+use crate::error::Error;
+use crate::exit::Exit;
+
+/// What a successful command reports, in each output format.
+pub trait Report {
+    /// The command's JSON fields (without `ok`, `op` and `store`).
+    fn json(&self) -> Map<String, Value>;
+    /// Text for people on stdout, ending in a newline (empty: print nothing).
+    fn human(&self) -> String;
+    /// `export FENCE_…=…` lines for `eval`; `None` where `--format env` does not apply.
+    fn env(&self, _store_url: &str) -> Option<String> {
+        None
+    }
+}
+
+/// The output settings, resolved once and passed to every command.
+pub struct Output {
+    pub format: Format,
+    pub quiet: bool,
+    color: bool,
+}
+
+impl Output {
+    pub fn new(global: &GlobalArgs) -> Output {
+        let color = use_color(global.color);
+        Output {
+            format: global.format,
+            quiet: global.quiet,
+            color,
+        }
+    }
+
+    /// Prints a successful result and returns exit 0.
+    pub fn success(&self, op: &str, store: &crate::config::StoreSpec, report: &dyn Report) -> Exit {
+        match self.format {
+            Format::Json => {
+                let mut object = Map::new();
+                object.insert("ok".into(), json!(true));
+                object.insert("op".into(), json!(op));
+                object.extend(report.json());
+                object.insert("store".into(), json!(store.display));
+                print_stdout(&Value::Object(object).to_string());
+            }
+            Format::Env => match report.env(&store.url) {
+                Some(lines) => print_stdout(lines.trim_end()),
+                None => {
+                    // The resolve step refuses `--format env` for other commands.
+                    let err = Error::internal(
+                        format!("`--format env` has no output for `{op}`"),
+                        "use --format human or json; this is a bug, please report it",
+                    );
+                    return self.error(op, Some(&store.display), &err);
+                }
+            },
+            Format::Human => {
+                let text = report.human();
+                if !self.quiet && !text.is_empty() {
+                    print_stdout(text.trim_end());
+                }
+            }
+        }
+        Exit::Success
+    }
+
+    /// Prints an error once (JSON on stdout, or `fence: error: …` and a hint on stderr) and
+    /// returns its exit status.
+    pub fn error(&self, op: &str, store: Option<&str>, err: &Error) -> Exit {
+        let exit = err.exit();
+        if self.format == Format::Json {
+            let mut object = Map::new();
+            object.insert("ok".into(), json!(false));
+            object.insert("op".into(), json!(op));
+            object.insert("error".into(), json!(exit.name()));
+            object.insert("exit_code".into(), json!(exit.code()));
+            object.insert("message".into(), json!(err.to_string()));
+            object.insert("hint".into(), json!(err.hint()));
+            object.extend(err.json_fields());
+            if let Some(store) = store {
+                object.insert("store".into(), json!(store));
+            }
+            print_stdout(&Value::Object(object).to_string());
+        } else {
+            self.diagnostic(&err.to_string(), &err.hint());
+        }
+        exit
+    }
+
+    fn diagnostic(&self, message: &str, hint: &str) {
+        let (red, yellow, reset) = if self.color {
+            ("\x1b[1;31m", "\x1b[33m", "\x1b[0m")
+        } else {
+            ("", "", "")
+        };
+        let mut stderr = std::io::stderr().lock();
+        let _ = writeln!(stderr, "fence: {red}error:{reset} {message}");
+        if !hint.is_empty() {
+            let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
+        }
+    }
+}
+
+/// Whether to colour diagnostics on stderr.
+fn use_color(choice: ColorChoice) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::io::stderr().is_terminal()
+        }
+    }
+}
+
+fn print_stdout(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    // A closed stdout (`fence … | head -0`) is not worth a panic; the exit code still tells.
+    let _ = writeln!(stdout, "{text}");
+    let _ = stdout.flush();
+}
+
+/// Reports a command-line parse error (or prints help/version) and returns the exit status.
+///
+/// `--format json` anywhere on the command line turns even a parse error into one JSON object
+/// (DESIGN §9), since the parser never got far enough to read the flag itself.
+pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = err.print();
+        return Exit::Success;
+    }
+    let op = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| ["acquire", "renew", "release", "inspect", "init"].contains(a));
+    let rendered = err.render().to_string();
+    let (message, hint) = split_clap_message(&rendered, op);
+    let wants_json = args
+        .windows(2)
+        .any(|w| w[0] == "--format" && w[1] == "json")
+        || args.iter().any(|a| a == "--format=json");
+    let err = Error::usage(message, hint);
+    let out = Output {
+        format: if wants_json {
+            Format::Json
+        } else {
+            Format::Human
+        },
+        quiet: false,
+        color: use_color(ColorChoice::Auto),
+    };
+    out.error(op.unwrap_or("fence"), None, &err)
+}
+
+/// Turns clap's multi-line error into one line of cause and one line of hint.
+fn split_clap_message(rendered: &str, op: Option<&str>) -> (String, String) {
+    let mut cause = Vec::new();
+    let mut usage = None;
+    let mut tip = None;
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("For more information") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("Usage:") {
+            usage = Some(rest.trim().to_owned());
+        } else if let Some(rest) = line.strip_prefix("tip:") {
+            tip = Some(rest.trim().to_owned());
+        } else {
+            cause.push(
+                line.strip_prefix("error:")
+                    .unwrap_or(line)
+                    .trim()
+                    .to_owned(),
+            );
+        }
+    }
+    let message = cause.join(" ");
+    let help = match op {
+        Some(op) => format!("`fence {op} --help`"),
+        None => "`fence --help`".to_owned(),
+    };
+    let hint = match (tip, usage) {
+        (Some(tip), _) => format!("{tip}; see {help}"),
+        (None, Some(usage)) => format!("usage: {usage}; see {help}"),
+        (None, None) => format!("see {help}"),
+    };
+    (message, hint)
+}

@@ -1,0 +1,419 @@
+//! Connecting to PostgreSQL the way libpq users expect, and classifying its failures.
+//!
+//! tokio-postgres parses URLs but reads no environment and knows only `sslmode`
+//! disable/prefer/require. This module adds what operators rely on: `PGHOST`, `PGPORT`,
+//! `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGCONNECT_TIMEOUT`,
+//! unix-socket hosts, and `sslmode=verify-ca|verify-full` with `sslrootcert`. Errors are mapped
+//! to exit codes by what they mean for a retry: refused login or bad TLS settings are usage
+//! errors (2), an unreachable server is unavailable (7), and a connection lost after a request
+//! that changes state was sent is outcome unknown (8).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config};
+
+use crate::error::Error;
+
+/// How long to wait for a server to accept a connection, unless the URL or
+/// `PGCONNECT_TIMEOUT` says otherwise.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long fence waits for the answer to one request before giving up on it.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ssl {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// A PostgreSQL server to connect to, fully resolved from URL and environment.
+pub struct Target {
+    config: Config,
+    ssl: Ssl,
+    root_cert: Option<PathBuf>,
+    /// The URL without its password, for messages.
+    pub display: String,
+}
+
+impl Target {
+    /// Resolves a `postgres://` URL plus `PG*` fallbacks, without connecting.
+    pub fn resolve(url: &str, display: &str) -> Result<Target, Error> {
+        let (url, sslmode, sslrootcert) = take_ssl_params(url);
+        let mut config = Config::from_str(&url).map_err(|err| {
+            Error::usage(
+                format!("`{display}` is not a valid PostgreSQL URL: {err}"),
+                "write it as postgres://user[:password]@host[:port]/database[?sslmode=require]",
+            )
+        })?;
+        if config.get_hosts().is_empty() {
+            match env("PGHOST") {
+                Some(hosts) => {
+                    for host in hosts.split(',') {
+                        add_host(&mut config, host);
+                    }
+                }
+                None if Path::new("/var/run/postgresql").is_dir() => {
+                    config.host_path("/var/run/postgresql");
+                }
+                None => {
+                    config.host("localhost");
+                }
+            }
+        }
+        if config.get_ports().is_empty() {
+            if let Some(port) = env("PGPORT") {
+                let port = port.parse::<u16>().map_err(|_| {
+                    Error::usage(
+                        format!("PGPORT=`{port}` is not a port number"),
+                        "set PGPORT to a number such as 5432, or put the port in the URL",
+                    )
+                })?;
+                config.port(port);
+            }
+        }
+        if config.get_user().is_none() {
+            let user = env("PGUSER").or_else(os_user).ok_or_else(|| {
+                Error::usage(
+                    format!("`{display}` names no user, and PGUSER is unset"),
+                    "put the user in the URL (postgres://user@host/db) or set PGUSER",
+                )
+            })?;
+            config.user(&user);
+        }
+        if config.get_dbname().is_none() {
+            if let Some(db) = env("PGDATABASE") {
+                config.dbname(&db);
+            }
+        }
+        if config.get_password().is_none() {
+            if let Some(password) = env("PGPASSWORD") {
+                config.password(password);
+            }
+        }
+        if config.get_connect_timeout().is_none() {
+            let timeout = env("PGCONNECT_TIMEOUT")
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&secs| secs > 0)
+                .map_or(DEFAULT_CONNECT_TIMEOUT, Duration::from_secs);
+            config.connect_timeout(timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("fence");
+        }
+        let sslmode = sslmode.or_else(|| env("PGSSLMODE"));
+        let ssl = match sslmode.as_deref() {
+            None | Some("prefer") | Some("allow") => Ssl::Prefer,
+            Some("disable") => Ssl::Disable,
+            Some("require") => Ssl::Require,
+            Some("verify-ca") => Ssl::VerifyCa,
+            Some("verify-full") => Ssl::VerifyFull,
+            Some(other) => {
+                return Err(Error::usage(
+                    format!("sslmode `{other}` is not one PostgreSQL knows"),
+                    "use disable, prefer, require, verify-ca or verify-full",
+                ))
+            }
+        };
+        // libpq does not use TLS on unix sockets; neither do we.
+        let ssl = if config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, Host::Unix(_)))
+        {
+            Ssl::Disable
+        } else {
+            ssl
+        };
+        let root_cert = match ssl {
+            Ssl::VerifyCa | Ssl::VerifyFull => {
+                let path = sslrootcert
+                    .or_else(|| env("PGSSLROOTCERT"))
+                    .map(PathBuf::from)
+                    .or_else(|| {
+                        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".postgresql/root.crt"))
+                    })
+                    .ok_or_else(|| {
+                        Error::usage(
+                            "sslmode verify-ca/verify-full needs a CA certificate and none is configured",
+                            "add `sslrootcert=/path/to/ca.pem` to the URL or set PGSSLROOTCERT",
+                        )
+                    })?;
+                Some(path)
+            }
+            _ => None,
+        };
+        Ok(Target {
+            config,
+            ssl,
+            root_cert,
+            display: display.to_owned(),
+        })
+    }
+
+    /// Connects and spawns the connection task on the current runtime.
+    pub async fn connect(&self) -> Result<Client, Error> {
+        let mut config = self.config.clone();
+        if self.ssl == Ssl::Disable {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|err| self.connect_error(&err))?;
+            tokio::spawn(connection);
+            return Ok(client);
+        }
+        config.ssl_mode(if self.ssl == Ssl::Prefer {
+            SslMode::Prefer
+        } else {
+            SslMode::Require
+        });
+        let mut builder = native_tls::TlsConnector::builder();
+        match self.ssl {
+            Ssl::Prefer | Ssl::Require => {
+                // As libpq: encryption without verification unless verify-* is asked for.
+                builder.danger_accept_invalid_certs(true);
+                builder.danger_accept_invalid_hostnames(true);
+            }
+            Ssl::VerifyCa | Ssl::VerifyFull => {
+                let path = self.root_cert.as_deref().unwrap_or(Path::new(""));
+                let pem = std::fs::read(path).map_err(|err| {
+                    Error::usage(
+                        format!("cannot read the CA certificate `{}`: {err}", path.display()),
+                        "point sslrootcert (or PGSSLROOTCERT) at a readable PEM file",
+                    )
+                })?;
+                let cert = native_tls::Certificate::from_pem(&pem).map_err(|err| {
+                    Error::usage(
+                        format!("`{}` is not a PEM certificate: {err}", path.display()),
+                        "point sslrootcert at the CA certificate that signed the server's",
+                    )
+                })?;
+                builder.add_root_certificate(cert);
+                builder.danger_accept_invalid_hostnames(self.ssl == Ssl::VerifyCa);
+            }
+            Ssl::Disable => {}
+        }
+        let connector = builder.build().map_err(|err| {
+            Error::internal(
+                format!("cannot set up TLS: {err}"),
+                "check the system's OpenSSL installation",
+            )
+        })?;
+        let tls = postgres_native_tls::MakeTlsConnector::new(connector);
+        let (client, connection) = config
+            .connect(tls)
+            .await
+            .map_err(|err| self.connect_error(&err))?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+
+    fn connect_error(&self, err: &tokio_postgres::Error) -> Error {
+        let display = &self.display;
+        if let Some(db) = err.as_db_error() {
+            let code = db.code();
+            let text = db.message();
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            {
+                return Error::usage(
+                    format!("PostgreSQL at `{display}` refused the login: {text}"),
+                    "check the user and password (URL, PGUSER, PGPASSWORD) and the server's pg_hba.conf",
+                );
+            }
+            if *code == SqlState::INVALID_CATALOG_NAME {
+                return Error::usage(
+                    format!("PostgreSQL at `{display}`: {text}"),
+                    "name an existing database in the URL (or PGDATABASE), or create it first",
+                );
+            }
+            if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+                return Error::usage(
+                    format!("PostgreSQL at `{display}` refused the connection: {text}"),
+                    "grant this user CONNECT on the database",
+                );
+            }
+            return Error::unavailable(
+                format!("PostgreSQL at `{display}` cannot take the connection now: {text} (SQLSTATE {})", code.code()),
+                "nothing was done; retry in a moment",
+            );
+        }
+        let cause = error_chain(err);
+        if cause.contains("TLS")
+            || cause.contains("tls")
+            || cause.contains("certificate")
+            || cause.contains("ssl")
+        {
+            return Error::usage(
+                format!("TLS with PostgreSQL at `{display}` failed: {cause}"),
+                "check sslmode and sslrootcert: verify-full needs the CA that signed the server's certificate and a host name the certificate names",
+            );
+        }
+        if cause.contains("invalid configuration") {
+            return Error::usage(
+                format!("`{display}` is not a usable PostgreSQL address: {cause}"),
+                "check the host, port and options in the URL",
+            );
+        }
+        Error::unavailable(
+            format!("cannot reach PostgreSQL at `{display}`: {cause}"),
+            "check that the server is running and reachable from here; nothing was done, so it is safe to retry",
+        )
+    }
+}
+
+/// What a failed request means, given whether it may have changed state.
+pub fn request_error(
+    err: &tokio_postgres::Error,
+    display: &str,
+    what: &str,
+    mutating: bool,
+) -> Error {
+    if let Some(db) = err.as_db_error() {
+        let code = db.code();
+        if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+            return Error::usage(
+                format!("PostgreSQL at `{display}` refused to {what}: {}", db.message()),
+                "grant this user the privileges fence needs on its schema, or have an owner run `fence init`",
+            );
+        }
+        if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+            return Error::unavailable(
+                format!(
+                    "PostgreSQL at `{display}` is read-only (a standby?), so fence cannot {what}"
+                ),
+                "point --store at the primary server",
+            );
+        }
+        let shutting_down = [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+        ];
+        if shutting_down.contains(code) {
+            return lost(
+                display,
+                what,
+                &format!("{} (SQLSTATE {})", db.message(), code.code()),
+                mutating,
+            );
+        }
+        return Error::internal(
+            format!("PostgreSQL at `{display}` failed to {what}: {} (SQLSTATE {})", db.message(), code.code()),
+            "this is unexpected; check the server log, and report it if fence's own schema is intact",
+        );
+    }
+    lost(display, what, &error_chain(err), mutating)
+}
+
+/// A request that got no answer: outcome unknown if it could have changed state.
+pub fn lost(display: &str, what: &str, cause: &str, mutating: bool) -> Error {
+    if mutating {
+        Error::OutcomeUnknown {
+            message: format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
+            hint:
+                "the request may or may not have been applied: run `fence inspect` before retrying"
+                    .into(),
+        }
+    } else {
+        Error::unavailable(
+            format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
+            "nothing was changed; retry once the server is reachable",
+        )
+    }
+}
+
+/// The whole `source()` chain in one line: tokio-postgres hides the useful part inside.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        let part = inner.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn add_host(config: &mut Config, host: &str) {
+    if host.starts_with('/') {
+        config.host_path(host);
+    } else {
+        config.host(host);
+    }
+}
+
+/// The name of the user running fence, as libpq defaults `user` to it.
+fn os_user() -> Option<String> {
+    env("USER").or_else(|| env("LOGNAME")).or_else(|| {
+        // SAFETY: getpwuid returns a pointer to static storage or null; we copy the name out
+        // immediately and fence does not call getpw* from other threads.
+        unsafe {
+            let pw = libc::getpwuid(libc::getuid());
+            if pw.is_null() || (*pw).pw_name.is_null() {
+                return None;
+            }
+            std::ffi::CStr::from_ptr((*pw).pw_name)
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        }
+    })
+}
+
+/// Splits `sslmode` and `sslrootcert` out of a URL's query (tokio-postgres rejects
+/// `verify-full` and does not know `sslrootcert`).
+fn take_ssl_params(url: &str) -> (String, Option<String>, Option<String>) {
+    let Some((head, query)) = url.split_once('?') else {
+        return (url.to_owned(), None, None);
+    };
+    let mut sslmode = None;
+    let mut sslrootcert = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("sslmode", value)) => sslmode = Some(decode(value)),
+            Some(("sslrootcert", value)) => sslrootcert = Some(decode(value)),
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", kept.join("&"))
+    };
+    (url, sslmode, sslrootcert)
+}
+
+fn decode(value: &str) -> String {
+    crate::config::percent_decode(value).unwrap_or_else(|| value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssl_params_are_split_out() {
+        let (url, mode, root) = take_ssl_params(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x",
+        );
+        assert_eq!(url, "postgres://u@h/db?application_name=x");
+        assert_eq!(mode.as_deref(), Some("verify-full"));
+        assert_eq!(root.as_deref(), Some("/tmp/ca.pem"));
+    }
+}

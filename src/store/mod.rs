@@ -1,0 +1,185 @@
+//! Lease coordinators behind one trait, so commands never match on the backend kind.
+//!
+//! Every coordinator keeps the same promises (DESIGN §6): a grant's token is strictly greater
+//! than every token granted before for the resource (I1), at most one live lease exists per
+//! resource by the coordinator's clock (I3), and a late renew or release never changes a newer
+//! owner's lease (I4). Records are never deleted, so counters survive release.
+
+mod file;
+mod postgres;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::config::{StoreKind, StoreSpec};
+use crate::error::Error;
+
+/// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
+/// the coordinator's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub resource: String,
+    pub owner: String,
+    pub token: i64,
+    pub acquired_at_ms: i64,
+    pub renewed_at_ms: i64,
+    pub expires_at_ms: i64,
+    /// The remaining lifetime when the coordinator answered.
+    pub expires_in_ms: i64,
+    pub ttl_ms: i64,
+}
+
+/// A successful acquisition.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub lease: Lease,
+    /// The same owner already held it live: same token, expiry extended.
+    pub reacquired: bool,
+}
+
+/// The outcome of a release that succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The lease was live (or expired, untaken) and is now free.
+    Now,
+    /// It had already been released with this token: nothing to do.
+    Already,
+}
+
+/// Which lease a renew or release names.
+#[derive(Clone, Debug)]
+pub struct LeaseRef {
+    pub resource: String,
+    pub owner: String,
+    pub token: i64,
+}
+
+/// The state of a resource, as `inspect` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Held,
+    Expired,
+    Free,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Held => "held",
+            State::Expired => "expired",
+            State::Free => "free",
+        }
+    }
+}
+
+/// One resource in an `inspect` answer.
+#[derive(Clone, Debug)]
+pub struct ResourceView {
+    pub resource: String,
+    pub state: State,
+    /// The current (held/expired) or last (free) owner; `None` if never acquired.
+    pub owner: Option<String>,
+    /// The highest token issued; `None` if never acquired.
+    pub token: Option<i64>,
+    pub acquired_at_ms: Option<i64>,
+    pub renewed_at_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    pub expires_in_ms: Option<i64>,
+    /// Most recent first.
+    pub events: Vec<Event>,
+}
+
+impl ResourceView {
+    /// A resource the store has no record of.
+    pub fn unknown(resource: &str) -> ResourceView {
+        ResourceView {
+            resource: resource.to_owned(),
+            state: State::Free,
+            owner: None,
+            token: None,
+            acquired_at_ms: None,
+            renewed_at_ms: None,
+            expires_at_ms: None,
+            expires_in_ms: None,
+            events: Vec::new(),
+        }
+    }
+}
+
+/// One entry of a resource's append-only history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub at_ms: i64,
+    /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
+    /// `release_rejected`.
+    pub kind: String,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// What `fence init` did.
+#[derive(Clone, Debug)]
+pub struct InitReport {
+    /// `created`, `migrated` or `up_to_date`.
+    pub action: &'static str,
+    pub schema_version: i32,
+    /// Where fence's records live (schema name or directory).
+    pub location: String,
+}
+
+/// A lease coordinator.
+#[async_trait(?Send)]
+pub trait Coordinator {
+    /// Creates or migrates the store's own records; idempotent.
+    async fn init(&self) -> Result<InitReport, Error>;
+
+    /// Grants a lease to `owner`, reacquires it for the same live owner, or fails with
+    /// [`Error::Busy`] naming the live holder. The token is reported only once durable.
+    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error>;
+
+    /// Extends a live lease held with exactly this owner and token; `ttl` `None` keeps the
+    /// lease's own TTL.
+    async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error>;
+
+    /// Frees a lease held with exactly this owner and token; keeps the token counter.
+    async fn release(&self, lease: &LeaseRef) -> Result<Released, Error>;
+
+    /// Describes the named resources (every known one when empty) with up to `history`
+    /// events each, most recent first.
+    async fn inspect(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Vec<ResourceView>, Error>;
+}
+
+/// Opens the coordinator a store URL names (connecting, for network stores).
+pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>, Error> {
+    match &spec.kind {
+        StoreKind::Postgres(url) => Ok(Box::new(
+            postgres::PgCoordinator::connect(url, &spec.display, schema).await?,
+        )),
+        StoreKind::File(dir) => Ok(Box::new(file::FileCoordinator::open(dir)?)),
+    }
+}
+
+/// The TTL in whole milliseconds, as coordinators store it.
+pub fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
+/// for owner ids and temporary file names; not for secrets).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
