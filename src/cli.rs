@@ -47,6 +47,7 @@ pub struct GlobalArgs {
     #[arg(
         long,
         global = true,
+        env = "FENCE_SCHEMA",
         default_value = "fence",
         value_name = "NAME",
         value_parser = parse_schema

@@ -12,6 +12,7 @@ use std::io::{IsTerminal, Write};
 use serde_json::{json, Map, Value};
 
 use crate::cli::{ColorChoice, Format, GlobalArgs};
+use crate::cmd::Context;
 use crate::error::Error;
 use crate::exit::Exit;
 
@@ -22,7 +23,7 @@ pub trait Report {
     /// Text for people on stdout, ending in a newline (empty: print nothing).
     fn human(&self) -> String;
     /// `export FENCE_…=…` lines for `eval`; `None` where `--format env` does not apply.
-    fn env(&self, _store_url: &str) -> Option<String> {
+    fn env(&self, _ctx: &Context) -> Option<String> {
         None
     }
 }
@@ -45,7 +46,8 @@ impl Output {
     }
 
     /// Prints a successful result and returns exit 0.
-    pub fn success(&self, op: &str, store: &crate::config::StoreSpec, report: &dyn Report) -> Exit {
+    pub fn success(&self, op: &str, ctx: &Context, report: &dyn Report) -> Exit {
+        let store = &ctx.store;
         match self.format {
             Format::Json => {
                 let mut object = Map::new();
@@ -55,7 +57,7 @@ impl Output {
                 object.insert("store".into(), json!(store.display));
                 print_stdout(&Value::Object(object).to_string());
             }
-            Format::Env => match report.env(&store.url) {
+            Format::Env => match report.env(ctx) {
                 Some(lines) => print_stdout(lines.trim_end()),
                 None => {
                     // The resolve step refuses `--format env` for other commands.

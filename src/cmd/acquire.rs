@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::AcquireArgs;
 use crate::cmd::Context;
-use crate::config::url_has_password;
+use crate::config::{url_has_password, StoreKind};
 use crate::error::{shell_quote, Error};
 use crate::output::Report;
 use crate::store::{random_u64, Grant};
@@ -66,7 +66,7 @@ impl Report for Acquired {
         )
     }
 
-    fn env(&self, store_url: &str) -> Option<String> {
+    fn env(&self, ctx: &Context) -> Option<String> {
         let lease = &self.grant.lease;
         let mut lines = format!(
             "export FENCE_RESOURCE={}\nexport FENCE_OWNER={}\nexport FENCE_TOKEN={}\n",
@@ -74,8 +74,18 @@ impl Report for Acquired {
             shell_quote(&lease.owner),
             lease.token
         );
-        if !url_has_password(store_url) {
-            lines.push_str(&format!("export FENCE_STORE={}\n", shell_quote(store_url)));
+        // A URL with a password is left out: secrets are never printed. Export it yourself.
+        if !url_has_password(&ctx.store.url) {
+            lines.push_str(&format!(
+                "export FENCE_STORE={}\n",
+                shell_quote(&ctx.store.url)
+            ));
+        }
+        if matches!(ctx.store.kind, StoreKind::Postgres(_)) {
+            lines.push_str(&format!(
+                "export FENCE_SCHEMA={}\n",
+                shell_quote(&ctx.schema)
+            ));
         }
         lines.push_str(&format!(
             "export FENCE_LEASE_EXPIRES_AT={}\n",

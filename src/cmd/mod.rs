@@ -50,7 +50,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
     };
     match result {
-        Ok(report) => out.success(op, &ctx.store, report.as_ref()),
+        Ok(report) => out.success(op, &ctx, report.as_ref()),
         Err(err) => out.error(op, Some(&ctx.store.display), &err),
     }
 }

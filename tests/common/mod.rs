@@ -1,0 +1,270 @@
+//! Shared test harness: run the real `fence` binary against a real store, isolated per test.
+//!
+//! Each [`Store`] is its own temp directory or its own PostgreSQL schema, and every `fence`
+//! process starts from an empty environment (no `FENCE_*`, no `PG*`, a throwaway `HOME`), so
+//! tests cannot see each other or the developer's settings. PostgreSQL tests need the server
+//! that `tests/run` starts; they fail (they do not skip) when it is missing.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Which coordinator a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    File,
+    Postgres,
+    /// PostgreSQL database whose default is `synchronous_commit = off`.
+    PostgresAsync,
+}
+
+pub fn env_or_panic(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the suite through `tests/run`, which starts PostgreSQL")
+    })
+}
+
+/// One isolated store.
+pub struct Store {
+    pub backend: Backend,
+    /// The `--store` URL.
+    pub url: String,
+    /// The `--schema` (PostgreSQL only).
+    pub schema: Option<String>,
+    /// Temp dir: the file store's directory, and HOME for the processes.
+    pub home: TempDir,
+}
+
+impl Store {
+    pub fn new(backend: Backend) -> Store {
+        let home = tempfile::tempdir().expect("temp dir");
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let (url, schema) = match backend {
+            Backend::File => (format!("file://{}/store", home.path().display()), None),
+            Backend::Postgres => (
+                env_or_panic("FENCE_TEST_PG_URL"),
+                Some(format!("t{}_{n}", std::process::id())),
+            ),
+            Backend::PostgresAsync => (
+                env_or_panic("FENCE_TEST_PG_ASYNC_URL"),
+                Some(format!("t{}_{n}", std::process::id())),
+            ),
+        };
+        Store {
+            backend,
+            url,
+            schema,
+            home,
+        }
+    }
+
+    pub fn file() -> Store {
+        Store::new(Backend::File)
+    }
+
+    pub fn postgres() -> Store {
+        Store::new(Backend::Postgres)
+    }
+
+    /// A `fence` command with a clean environment, pointed at this store.
+    pub fn fence(&self) -> Fence {
+        let mut fence = Fence::bare(self.home.path());
+        fence.cmd.arg("--store").arg(&self.url);
+        if let Some(schema) = &self.schema {
+            fence.cmd.arg("--schema").arg(schema);
+        }
+        fence
+    }
+
+    /// The file store's directory.
+    pub fn dir(&self) -> PathBuf {
+        self.home.path().join("store")
+    }
+
+    /// The durable event history of a resource, oldest first: (kind, owner, token).
+    pub fn events(&self, resource: &str) -> Vec<(String, Option<String>, Option<i64>)> {
+        match self.backend {
+            Backend::File => {
+                let path = self.dir().join("events").join(format!("{resource}.jsonl"));
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                text.lines()
+                    .map(|line| {
+                        let v: Value = serde_json::from_str(line).expect("event line is JSON");
+                        (
+                            v["kind"].as_str().unwrap().to_owned(),
+                            v["owner"].as_str().map(str::to_owned),
+                            v["token"].as_i64(),
+                        )
+                    })
+                    .collect()
+            }
+            Backend::Postgres | Backend::PostgresAsync => {
+                let sql = format!(
+                    "SELECT kind, owner, token FROM {}.events WHERE resource = $1 ORDER BY id",
+                    self.schema.as_ref().unwrap()
+                );
+                self.pg_rows(&sql, resource)
+                    .iter()
+                    .map(|row| (row.get(0), row.get(1), row.get(2)))
+                    .collect()
+            }
+        }
+    }
+
+    /// The durable lease record: (owner, token, live by the store's clock), or None.
+    pub fn lease(&self, resource: &str) -> Option<(String, i64, bool)> {
+        match self.backend {
+            Backend::File => {
+                let path = self.dir().join("leases").join(format!("{resource}.json"));
+                let text = std::fs::read_to_string(path).ok()?;
+                let v: Value = serde_json::from_str(&text).unwrap();
+                let out = self
+                    .fence()
+                    .args(["inspect", resource, "--format", "json"])
+                    .run();
+                let state = out.json()["resources"][0]["state"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                Some((
+                    v["owner"].as_str().unwrap().to_owned(),
+                    v["token"].as_i64().unwrap(),
+                    state == "held" && !v["released"].as_bool().unwrap(),
+                ))
+            }
+            Backend::Postgres | Backend::PostgresAsync => {
+                let sql = format!(
+                    "SELECT owner, token, coalesce(expires_at > clock_timestamp(), false) FROM {}.leases WHERE resource = $1",
+                    self.schema.as_ref().unwrap()
+                );
+                let rows = self.pg_rows(&sql, resource);
+                rows.first().map(|row| (row.get(0), row.get(1), row.get(2)))
+            }
+        }
+    }
+
+    /// Runs a query with one text parameter against this store's database.
+    pub fn pg_rows(&self, sql: &str, param: &str) -> Vec<tokio_postgres::Row> {
+        let url = self.url.clone();
+        let sql = sql.to_owned();
+        let param = param.to_owned();
+        block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test server");
+            tokio::spawn(conn);
+            client.query(&sql, &[&param]).await.expect("query")
+        })
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let (Some(schema), false) = (&self.schema, std::thread::panicking()) {
+            let url = self.url.clone();
+            let sql = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+            block_on(async move {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client.batch_execute(&sql).await;
+                }
+            });
+        }
+    }
+}
+
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// A `fence` invocation being built.
+pub struct Fence {
+    pub cmd: Command,
+}
+
+impl Fence {
+    /// `fence` with an empty environment except PATH, HOME (a temp dir) and a C locale.
+    pub fn bare(home: &Path) -> Fence {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fence"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home)
+            .env("LANG", "C.UTF-8");
+        Fence { cmd }
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Fence
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Fence {
+        self.cmd.env(key, value);
+        self
+    }
+
+    pub fn run(mut self) -> Out {
+        let output = self.cmd.output().expect("run fence");
+        Out {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+/// What one `fence` process did.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    /// The single JSON object on stdout.
+    pub fn json(&self) -> Value {
+        let text = self.stdout.trim();
+        assert_eq!(
+            text.lines().count(),
+            1,
+            "exactly one JSON line expected: {self:?}"
+        );
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+
+    #[track_caller]
+    pub fn expect(self, code: i32) -> Out {
+        assert_eq!(self.code, code, "unexpected exit status: {self:?}");
+        self
+    }
+}
+
+/// Generates one test per backend for each named function taking `&Store`.
+#[macro_export]
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {
+        mod file_store {
+            $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::File)) } )*
+        }
+        mod postgres {
+            $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::Postgres)) } )*
+        }
+    };
+}

@@ -1,0 +1,619 @@
+//! The lease contract (DESIGN §3, §9), on every coordinator, checked against the durable
+//! record and against JSON structs that reject unknown fields, so any change to the wire
+//! format is deliberate.
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::{Backend, Store};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireOk {
+    ok: bool,
+    op: String,
+    resource: String,
+    owner: String,
+    token: i64,
+    reacquired: bool,
+    lease_expires_at: String,
+    ttl_ms: u64,
+    store: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewOk {
+    ok: bool,
+    op: String,
+    resource: String,
+    owner: String,
+    token: i64,
+    lease_expires_at: String,
+    ttl_ms: u64,
+    store: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseOk {
+    ok: bool,
+    op: String,
+    resource: String,
+    owner: String,
+    token: i64,
+    already_released: bool,
+    store: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HolderOut {
+    owner: String,
+    token: i64,
+    expires_at: String,
+    expires_in_ms: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ErrorOut {
+    ok: bool,
+    op: String,
+    error: String,
+    exit_code: i32,
+    message: String,
+    hint: String,
+    resource: Option<String>,
+    owner: Option<String>,
+    token: Option<i64>,
+    highest_token: Option<i64>,
+    holder: Option<HolderOut>,
+    holder_owner: Option<String>,
+    reason: Option<String>,
+    store: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InspectOut {
+    ok: bool,
+    op: String,
+    resources: Vec<ResourceOut>,
+    store: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceOut {
+    resource: String,
+    state: String,
+    owner: Option<String>,
+    token: Option<i64>,
+    acquired_at: Option<String>,
+    renewed_at: Option<String>,
+    expires_at: Option<String>,
+    expires_in_ms: Option<i64>,
+    events: Vec<EventOut>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventOut {
+    at: String,
+    kind: String,
+    owner: Option<String>,
+    token: Option<i64>,
+    detail: Option<String>,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(out: &common::Out) -> T {
+    serde_json::from_value(out.json()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+fn acquire(store: &Store, resource: &str, owner: &str, ttl: &str) -> AcquireOk {
+    let out = store
+        .fence()
+        .args([
+            "acquire", resource, "--owner", owner, "--ttl", ttl, "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let ok: AcquireOk = parse(&out);
+    assert!(ok.ok && ok.op == "acquire" && ok.resource == resource && ok.owner == owner);
+    ok
+}
+
+fn lease_cmd(store: &Store, op: &str, resource: &str, owner: &str, token: i64) -> common::Out {
+    store
+        .fence()
+        .args([
+            op,
+            resource,
+            "--owner",
+            owner,
+            "--token",
+            &token.to_string(),
+            "--format",
+            "json",
+        ])
+        .run()
+}
+
+fn grants(store: &Store, resource: &str) -> Vec<i64> {
+    store
+        .events(resource)
+        .into_iter()
+        .filter(|(kind, _, _)| kind == "acquired" || kind == "taken_over")
+        .map(|(_, _, token)| token.unwrap())
+        .collect()
+}
+
+fn same_owner_reacquires_with_the_same_token(store: &Store) {
+    let first = acquire(store, "job", "alice", "30s");
+    assert!(!first.reacquired);
+    assert_eq!(first.ttl_ms, 30_000);
+    assert!(first.lease_expires_at.ends_with('Z'), "{first:?}");
+    assert!(!first.store.contains("fence-test-secret"), "{first:?}");
+    let again = acquire(store, "job", "alice", "1m");
+    assert!(again.reacquired);
+    assert_eq!(again.token, first.token);
+    assert_eq!(again.ttl_ms, 60_000);
+    let kinds: Vec<_> = store
+        .events("job")
+        .into_iter()
+        .map(|(k, _, t)| (k, t))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("acquired".to_owned(), Some(first.token)),
+            ("reacquired".to_owned(), Some(first.token))
+        ]
+    );
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), first.token, true))
+    );
+}
+
+fn another_owner_is_busy_with_the_holder_reported(store: &Store) {
+    let held = acquire(store, "job", "alice", "30s");
+    let out = store
+        .fence()
+        .args(["acquire", "job", "--owner", "bob", "--format", "json"])
+        .run()
+        .expect(3);
+    let err: ErrorOut = parse(&out);
+    assert!(!err.ok);
+    assert_eq!(
+        (err.op.as_str(), err.error.as_str(), err.exit_code),
+        ("acquire", "busy", 3)
+    );
+    assert_eq!(err.resource.as_deref(), Some("job"));
+    let holder = err.holder.expect("holder");
+    assert_eq!((holder.owner.as_str(), holder.token), ("alice", held.token));
+    assert!(
+        holder.expires_in_ms > 20_000 && holder.expires_in_ms <= 30_000,
+        "{holder:?}"
+    );
+    assert_eq!(holder.expires_at, held.lease_expires_at);
+    assert!(
+        err.message.contains("alice") && err.message.contains(&format!("token {}", held.token))
+    );
+    assert!(!err.hint.is_empty() && err.store.is_some());
+
+    let human = store
+        .fence()
+        .args(["acquire", "job", "--owner", "bob"])
+        .run()
+        .expect(3);
+    assert!(human.stdout.is_empty(), "{human:?}");
+    let first_line = human.stderr.lines().next().unwrap();
+    assert!(first_line.starts_with("fence: error: "), "{human:?}");
+    assert!(
+        first_line.contains("`alice`") && first_line.contains(&format!("token {}", held.token))
+    );
+    assert!(
+        human.stderr.lines().nth(1).unwrap().starts_with("hint: "),
+        "{human:?}"
+    );
+
+    // The refusal changed nothing and recorded no grant for bob.
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), held.token, true))
+    );
+    assert!(store
+        .events("job")
+        .iter()
+        .all(|(_, owner, _)| owner.as_deref() == Some("alice")));
+}
+
+fn renew_extends_and_keeps_or_changes_the_ttl(store: &Store) {
+    let held = acquire(store, "job", "alice", "10s");
+    let out = lease_cmd(store, "renew", "job", "alice", held.token).expect(0);
+    let renewed: RenewOk = parse(&out);
+    assert!(renewed.ok && renewed.op == "renew");
+    assert_eq!((renewed.token, renewed.ttl_ms), (held.token, 10_000));
+    assert_eq!(
+        (renewed.resource.as_str(), renewed.owner.as_str()),
+        ("job", "alice")
+    );
+    assert!(renewed.lease_expires_at >= held.lease_expires_at);
+    assert!(!renewed.store.is_empty());
+    let out = store
+        .fence()
+        .args([
+            "renew",
+            "job",
+            "--owner",
+            "alice",
+            "--token",
+            &held.token.to_string(),
+            "--ttl",
+            "2m",
+        ])
+        .args(["--format", "json"])
+        .run()
+        .expect(0);
+    assert_eq!(parse::<RenewOk>(&out).ttl_ms, 120_000);
+}
+
+fn renew_after_expiry_is_lease_lost(store: &Store) {
+    let held = acquire(store, "job", "alice", "200ms");
+    sleep(Duration::from_millis(400));
+    let out = lease_cmd(store, "renew", "job", "alice", held.token).expect(5);
+    let err: ErrorOut = parse(&out);
+    assert_eq!((err.error.as_str(), err.exit_code), ("lease_lost", 5));
+    assert_eq!(err.reason.as_deref(), Some("expired"));
+    assert_eq!(
+        (err.token, err.owner.as_deref()),
+        (Some(held.token), Some("alice"))
+    );
+    // A late renew never revives the lease.
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), held.token, false))
+    );
+    let last = store.events("job").pop().unwrap();
+    assert_eq!(
+        (last.0.as_str(), last.2),
+        ("renew_rejected", Some(held.token))
+    );
+}
+
+fn late_renew_and_release_are_stale_and_leave_the_newer_lease(store: &Store) {
+    let old = acquire(store, "job", "alice", "200ms");
+    sleep(Duration::from_millis(400));
+    let new = acquire(store, "job", "bob", "30s");
+    assert!(new.token > old.token);
+    for op in ["renew", "release"] {
+        let out = lease_cmd(store, op, "job", "alice", old.token).expect(4);
+        let err: ErrorOut = parse(&out);
+        assert_eq!(
+            (err.op.as_str(), err.error.as_str(), err.exit_code),
+            (op, "stale_fencing_token", 4)
+        );
+        assert_eq!(
+            (err.token, err.highest_token),
+            (Some(old.token), Some(new.token))
+        );
+        assert_eq!(
+            store.lease("job"),
+            Some(("bob".to_owned(), new.token, true))
+        );
+    }
+    let kinds: Vec<String> = store.events("job").into_iter().map(|(k, _, _)| k).collect();
+    assert_eq!(
+        kinds,
+        [
+            "acquired",
+            "taken_over",
+            "renew_rejected",
+            "release_rejected"
+        ]
+    );
+    // The newer owner's lease still works.
+    lease_cmd(store, "renew", "job", "bob", new.token).expect(0);
+}
+
+fn release_twice_succeeds_and_the_counter_survives(store: &Store) {
+    let held = acquire(store, "job", "alice", "30s");
+    let first: ReleaseOk =
+        parse(&lease_cmd(store, "release", "job", "alice", held.token).expect(0));
+    assert!(first.ok && first.op == "release" && !first.already_released);
+    assert_eq!(
+        (first.resource.as_str(), first.owner.as_str(), first.token),
+        ("job", "alice", held.token)
+    );
+    assert!(!first.store.is_empty());
+    let second: ReleaseOk =
+        parse(&lease_cmd(store, "release", "job", "alice", held.token).expect(0));
+    assert!(second.already_released);
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), held.token, false))
+    );
+    // Free again: anyone may take it, and the token goes on up (never back to 1).
+    let next = acquire(store, "job", "bob", "30s");
+    assert!(next.token > held.token);
+    // Renewing a released lease is lease_lost, not success.
+    let err: ErrorOut = parse(&lease_cmd(store, "renew", "job", "alice", held.token).expect(4));
+    assert_eq!(err.highest_token, Some(next.token));
+    assert_eq!(grants(store, "job"), [held.token, next.token]);
+}
+
+fn renew_of_a_released_lease_is_lease_lost(store: &Store) {
+    let held = acquire(store, "job", "alice", "30s");
+    lease_cmd(store, "release", "job", "alice", held.token).expect(0);
+    let err: ErrorOut = parse(&lease_cmd(store, "renew", "job", "alice", held.token).expect(5));
+    assert_eq!(err.reason.as_deref(), Some("released"));
+}
+
+fn tokens_not_issued_to_this_owner_are_conflicts(store: &Store) {
+    let err: ErrorOut = parse(&lease_cmd(store, "renew", "nothing", "alice", 1).expect(6));
+    assert_eq!(
+        (err.error.as_str(), err.reason.as_deref()),
+        ("conflict", Some("no_lease"))
+    );
+    let held = acquire(store, "job", "alice", "30s");
+    let err: ErrorOut = parse(&lease_cmd(store, "release", "job", "mallory", held.token).expect(6));
+    assert_eq!(err.reason.as_deref(), Some("wrong_owner"));
+    assert_eq!(err.holder_owner.as_deref(), Some("alice"));
+    let err: ErrorOut = parse(&lease_cmd(store, "renew", "job", "alice", held.token + 5).expect(6));
+    assert_eq!(
+        (err.reason.as_deref(), err.highest_token),
+        (Some("never_issued"), Some(held.token))
+    );
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), held.token, true))
+    );
+}
+
+fn inspect_shows_state_owner_token_expiry_and_events(store: &Store) {
+    let a = acquire(store, "alpha", "alice", "30s");
+    lease_cmd(store, "renew", "alpha", "alice", a.token).expect(0);
+    let b = acquire(store, "beta", "bob", "30s");
+    lease_cmd(store, "release", "beta", "bob", b.token).expect(0);
+    acquire(store, "gamma", "carol", "100ms");
+    sleep(Duration::from_millis(250));
+
+    let out = store
+        .fence()
+        .args([
+            "inspect", "alpha", "beta", "gamma", "never", "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let view: InspectOut = parse(&out);
+    assert!(view.ok && view.op == "inspect" && !view.store.is_empty());
+    let names: Vec<&str> = view.resources.iter().map(|r| r.resource.as_str()).collect();
+    assert_eq!(names, ["alpha", "beta", "gamma", "never"]);
+    let [alpha, beta, gamma, never] = &view.resources[..] else {
+        unreachable!()
+    };
+
+    assert_eq!(
+        (alpha.state.as_str(), alpha.owner.as_deref(), alpha.token),
+        ("held", Some("alice"), Some(a.token))
+    );
+    assert!(alpha.expires_in_ms.unwrap() > 20_000);
+    assert!(
+        alpha.acquired_at.is_some() && alpha.renewed_at.is_some() && alpha.expires_at.is_some()
+    );
+    let kinds: Vec<&str> = alpha.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["renewed", "acquired"], "most recent first");
+    assert!(alpha
+        .events
+        .iter()
+        .all(|e| e.owner.as_deref() == Some("alice") && e.token == Some(a.token)));
+    assert!(alpha.events[0].at >= alpha.events[1].at && alpha.events[0].detail.is_none());
+
+    assert_eq!(
+        (beta.state.as_str(), beta.owner.as_deref(), beta.token),
+        ("free", None, Some(b.token))
+    );
+    assert_eq!(
+        (beta.expires_at.as_deref(), beta.expires_in_ms),
+        (None, None)
+    );
+    assert_eq!(beta.events[0].kind, "released");
+
+    assert_eq!(gamma.state, "expired");
+    assert!(gamma.expires_in_ms.unwrap() <= 0);
+
+    assert_eq!(
+        (never.state.as_str(), never.token, never.owner.as_deref()),
+        ("free", None, None)
+    );
+    assert!(never.events.is_empty() && never.acquired_at.is_none());
+
+    // --history bounds the events; no names lists every resource without events.
+    let view: InspectOut = parse(
+        &store
+            .fence()
+            .args(["inspect", "alpha", "--history", "1", "--format", "json"])
+            .run()
+            .expect(0),
+    );
+    assert_eq!(view.resources[0].events.len(), 1);
+    let view: InspectOut = parse(
+        &store
+            .fence()
+            .args(["inspect", "--format", "json"])
+            .run()
+            .expect(0),
+    );
+    let names: Vec<&str> = view.resources.iter().map(|r| r.resource.as_str()).collect();
+    assert_eq!(names, ["alpha", "beta", "gamma"]);
+    assert!(view.resources.iter().all(|r| r.events.is_empty()));
+
+    let human = store.fence().args(["inspect", "alpha"]).run().expect(0);
+    assert!(
+        human.stdout.contains("alpha")
+            && human.stdout.contains("held")
+            && human.stdout.contains("alice")
+    );
+    assert!(human.stdout.contains("renewed"), "{human:?}");
+}
+
+fn eval_idiom_carries_the_lease_to_renew_and_release(store: &Store) {
+    // An owner with quotes and a command substitution must survive `eval` unchanged.
+    let owner = r#"it's "$(touch pwned)" `x`"#;
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let script = format!(
+        r#"set -e
+eval "$("{fence}" acquire 'odd name' --owner "$OWNER" --format env)"
+test "$FENCE_OWNER" = "$OWNER"
+"{fence}" renew --format json
+"{fence}" release --format json
+"#
+    );
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c").arg(&script).current_dir(store.home.path());
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .env("HOME", store.home.path())
+        .env("OWNER", owner)
+        .env("FENCE_STORE", &store.url);
+    if let Some(schema) = &store.schema {
+        cmd.env("FENCE_SCHEMA", schema);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let renewed: RenewOk = serde_json::from_str(lines[0]).unwrap();
+    let released: ReleaseOk = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(
+        (renewed.owner.as_str(), renewed.resource.as_str()),
+        (owner, "odd name")
+    );
+    assert!(!released.already_released);
+    assert!(
+        !store.home.path().join("pwned").exists(),
+        "the owner name was executed"
+    );
+    let events = store.events(if store.backend == Backend::File {
+        "odd%20name"
+    } else {
+        "odd name"
+    });
+    let kinds: Vec<&str> = events.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["acquired", "renewed", "released"]);
+}
+
+fn quiet_prints_nothing_on_success(store: &Store) {
+    let out = store
+        .fence()
+        .args(["-q", "acquire", "job", "--owner", "alice"])
+        .run()
+        .expect(0);
+    assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("", ""));
+    // Global flags are accepted after the subcommand too.
+    let out = store
+        .fence()
+        .args(["acquire", "job", "--owner", "alice", "--quiet"])
+        .run()
+        .expect(0);
+    assert!(out.stdout.is_empty());
+}
+
+per_backend!(
+    same_owner_reacquires_with_the_same_token,
+    another_owner_is_busy_with_the_holder_reported,
+    renew_extends_and_keeps_or_changes_the_ttl,
+    renew_after_expiry_is_lease_lost,
+    late_renew_and_release_are_stale_and_leave_the_newer_lease,
+    release_twice_succeeds_and_the_counter_survives,
+    renew_of_a_released_lease_is_lease_lost,
+    tokens_not_issued_to_this_owner_are_conflicts,
+    inspect_shows_state_owner_token_expiry_and_events,
+    eval_idiom_carries_the_lease_to_renew_and_release,
+    quiet_prints_nothing_on_success,
+);
+
+/// Removing a lease record by hand must not restart the counter (file store: recovered from
+/// the event log; PostgreSQL: the delete is refused by a trigger).
+#[test]
+fn file_store_recovers_the_counter_when_a_record_is_deleted() {
+    let store = Store::file();
+    let first = acquire(&store, "job", "alice", "30s");
+    lease_cmd(&store, "release", "job", "alice", first.token).expect(0);
+    std::fs::remove_file(store.dir().join("leases/job.json")).unwrap();
+    let next = acquire(&store, "job", "bob", "30s");
+    assert!(next.token > first.token, "{next:?}");
+}
+
+#[test]
+fn postgres_refuses_to_delete_lease_rows_or_lower_tokens() {
+    let store = Store::postgres();
+    let held = acquire(&store, "job", "alice", "30s");
+    let schema = store.schema.clone().unwrap();
+    let url = store.url.clone();
+    let (delete, lower) = common::block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let delete = client
+            .execute(&format!("DELETE FROM {schema}.leases"), &[])
+            .await
+            .unwrap_err();
+        let lower = client
+            .execute(
+                &format!("UPDATE {schema}.leases SET token = token - 1"),
+                &[],
+            )
+            .await
+            .unwrap_err();
+        (
+            delete.code().unwrap().code().to_owned(),
+            lower.code().unwrap().code().to_owned(),
+        )
+    });
+    assert_eq!((delete.as_str(), lower.as_str()), ("LF004", "LF005"));
+    assert_eq!(
+        store.lease("job"),
+        Some(("alice".to_owned(), held.token, true))
+    );
+}
+
+/// `fence init` creates the schema once and is idempotent; other commands create it lazily.
+#[test]
+fn postgres_init_is_idempotent() {
+    let store = Store::postgres();
+    let first = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(first["action"], "created");
+    assert_eq!(first["schema_version"], 1);
+    let again = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(again["action"], "up_to_date");
+    let lazy = Store::postgres();
+    acquire(&lazy, "job", "alice", "30s");
+    let init = lazy
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(init["action"], "up_to_date");
+}
