@@ -82,54 +82,72 @@ impl PgCoordinator {
             })
     }
 
+    /// The schema's version, or `None` when it does not exist yet. Never raises an SQL
+    /// error, so it is safe inside the migration transaction.
     async fn schema_version(&self) -> Result<Option<i32>, Error> {
+        let what = "read the schema version";
+        let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
+        let rows = self
+            .request(what, false, &exists, &[])
+            .await?
+            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+        if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+            return Ok(None);
+        }
         let sql = format!(
             "SELECT value FROM {}.meta WHERE key = 'schema_version'",
             self.schema
         );
-        match self
-            .request("read the schema version", false, &sql, &[])
+        let rows = self
+            .request(what, false, &sql, &[])
             .await?
-        {
-            Ok(rows) => Ok(rows
-                .first()
-                .and_then(|row| row.get::<_, String>(0).parse().ok())),
-            Err(err) if is_missing_schema(&err) => Ok(None),
-            Err(err) => Err(pg::request_error(
-                &err,
-                &self.display,
-                "read the schema version",
-                false,
-            )),
-        }
+            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+        Ok(rows
+            .first()
+            .and_then(|row| row.get::<_, String>(0).parse().ok()))
     }
 
-    /// Creates or migrates the schema in one transaction, serialised by an advisory lock so
-    /// that concurrent first uses do not race.
+    /// Creates or migrates the schema in one transaction, under an advisory lock so that
+    /// concurrent first uses do not race. A schema that is already current is left alone:
+    /// re-running the DDL under live traffic would take table locks and can deadlock.
     async fn migrate(&self) -> Result<(), Error> {
-        let script = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence schema {schema}')); {body} COMMIT;",
-            schema = self.schema,
-            body = SCHEMA_V1.replace("__SCHEMA__", &self.schema),
-        );
         let what = format!("create fence's schema `{}`", self.schema);
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(&script))
-            .await
-            .map_err(|_| pg::lost(&self.display, &what, "no answer", true))?;
-        match result {
-            Ok(()) => Ok(()),
-            Err(err) => match err.as_db_error() {
-                Some(db) if db.code().code() == "LF010" => Err(Error::usage(
-                    format!("PostgreSQL at `{}`: {}", self.display, db.message()),
-                    "upgrade fence, or use another --schema",
-                )),
-                Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Err(Error::usage(
-                    format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
-                    "have a user who may create schemas run `fence init` once, or pass --schema naming a schema you own",
-                )),
-                _ => Err(pg::request_error(&err, &self.display, &what, true)),
+        let lock = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence schema {}'))",
+            self.schema
+        );
+        let result = match self.batch(&what, &lock).await {
+            Ok(()) => match self.schema_version().await {
+                Ok(Some(v)) if v >= SCHEMA_VERSION => self.batch(&what, "COMMIT").await,
+                Ok(_) => {
+                    let body = SCHEMA_V1.replace("__SCHEMA__", &self.schema);
+                    self.batch(&what, &format!("{body}\nCOMMIT;")).await
+                }
+                Err(err) => Err(err),
             },
+            Err(err) => Err(err),
+        };
+        if result.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK").await;
         }
+        result
+    }
+
+    async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {
+        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
+            .await
+            .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
+        result.map_err(|err| match err.as_db_error() {
+            Some(db) if db.code().code() == "LF010" => Error::usage(
+                format!("PostgreSQL at `{}`: {}", self.display, db.message()),
+                "upgrade fence, or use another --schema",
+            ),
+            Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Error::usage(
+                format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
+                "have a user who may create schemas run `fence init` once, or pass --schema naming a schema you own",
+            ),
+            _ => pg::request_error(&err, &self.display, what, true),
+        })
     }
 }
 
