@@ -110,7 +110,7 @@ impl Command {
     }
 }
 
-/// Take a lease on RESOURCE and print its fencing token.
+/// Take a lease on RESOURCE and print its fencing token
 ///
 /// Free or expired: granted with a new token, greater than every token granted before for
 /// RESOURCE. Held by the same owner: the same lease and token, with its expiry extended
@@ -159,7 +159,7 @@ pub struct LeaseArgs {
     pub token: i64,
 }
 
-/// Extend a lease you hold.
+/// Extend a lease you hold
 ///
 /// Succeeds only if the lease still has this owner and token and has not expired. A newer
 /// token exists: exit 4 (`stale_fencing_token`). Expired or released with no newer token:
@@ -179,7 +179,7 @@ pub struct RenewArgs {
     pub ttl: Option<Duration>,
 }
 
-/// Give a lease up so that another owner can take it at once.
+/// Give a lease up so that another owner can take it at once
 ///
 /// Conditional on owner and token; releasing twice succeeds. A newer token exists: exit 4,
 /// nothing changed. The record is never deleted: the next lease gets a greater token.
@@ -193,7 +193,7 @@ pub struct ReleaseArgs {
     pub lease: LeaseArgs,
 }
 
-/// Show who holds what, with which token, and what happened lately.
+/// Show who holds what, with which token, and what happened lately
 ///
 /// For each resource: state (held, expired, free), owner, token, when it was acquired and
 /// renewed, and when it expires by the coordinator's clock; then the last events (acquired,
@@ -225,7 +225,7 @@ pub struct InitArgs {}
 fn after_long_help() -> String {
     let mut text = String::from("Exit status:\n");
     for exit in Exit::ALL {
-        let name = exit.name().unwrap_or("success");
+        let name = exit.name().unwrap_or("-");
         text.push_str(&format!(
             "  {:<2} {:<20} {}\n",
             exit.code(),
@@ -233,6 +233,8 @@ fn after_long_help() -> String {
             exit.meaning()
         ));
     }
-    text.push_str("\nEnvironment: FENCE_STORE, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, and PG* for PostgreSQL.");
+    text.push_str(
+        "\nEnvironment: FENCE_STORE, FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, NO_COLOR,\nand PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT for PostgreSQL.",
+    );
     text
 }

@@ -75,13 +75,15 @@ impl Exit {
     pub fn meaning(self) -> &'static str {
         match self {
             Exit::Success => "success",
-            Exit::Internal => "unexpected failure (a bug, or local I/O); the message says what failed",
+            Exit::Internal => {
+                "unexpected failure (a bug, or local I/O); the message says what failed"
+            }
             Exit::Usage => "bad arguments or configuration; nothing was attempted",
             Exit::Busy => "held by another live owner; not acquired, nothing changed",
             Exit::StaleFencingToken => "a newer token exists; rejected, nothing changed",
             Exit::LeaseLost => "the lease expired or was taken before renewal",
             Exit::Conflict => {
-                "a precondition other than the token failed (token not issued to this owner, version changed, row missing)"
+                "another precondition failed (wrong owner, version changed, row missing)"
             }
             Exit::Unavailable => {
                 "store or target unreachable before anything was applied; safe to retry"
