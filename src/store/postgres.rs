@@ -9,37 +9,34 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::Row;
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::pg::{self, Target, REQUEST_TIMEOUT};
+use crate::pg::session::{SchemaSpec, Session};
 use crate::store::{
     ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
 };
 
-const SCHEMA_VERSION: i32 = 1;
-const SCHEMA_V1: &str = include_str!("schema_v1.sql");
-
 pub struct PgCoordinator {
-    client: Client,
-    schema: String,
-    display: String,
+    session: Session,
 }
+
+/// fence's own tables in the coordinator database.
+pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
+    meta_table: "meta",
+    version: 1,
+    sql: include_str!("schema_v1.sql"),
+    purpose: "coordinator",
+};
 
 impl PgCoordinator {
     pub async fn connect(url: &str, display: &str, schema: &str) -> Result<PgCoordinator, Error> {
-        let target = Target::resolve(url, display)?;
-        let client = target.connect().await?;
         Ok(PgCoordinator {
-            client,
-            schema: schema.to_owned(),
-            display: display.to_owned(),
+            session: Session::open(url, display, schema, &COORDINATOR_SCHEMA).await?,
         })
     }
 
-    /// Runs one function call, creating the schema first if it does not exist yet.
     async fn call(
         &self,
         what: &str,
@@ -47,116 +44,8 @@ impl PgCoordinator {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        let sql = sql.replace("__SCHEMA__", &self.schema);
-        match self.request(what, mutating, &sql, params).await? {
-            Ok(rows) => Ok(rows),
-            Err(err) if is_missing_schema(&err) => {
-                self.migrate().await?;
-                match self.request(what, mutating, &sql, params).await? {
-                    Ok(rows) => Ok(rows),
-                    Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
-                }
-            }
-            Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
-        }
+        self.session.call(what, mutating, sql, params).await
     }
-
-    /// One request with a deadline. The outer error is a timeout; the inner one is the
-    /// server's answer, left to the caller to classify.
-    async fn request(
-        &self,
-        what: &str,
-        mutating: bool,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<Result<Vec<Row>, tokio_postgres::Error>, Error> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.client.query_typed(sql, params))
-            .await
-            .map_err(|_| {
-                pg::lost(
-                    &self.display,
-                    what,
-                    &format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
-                    mutating,
-                )
-            })
-    }
-
-    /// The schema's version, or `None` when it does not exist yet. Never raises an SQL
-    /// error, so it is safe inside the migration transaction.
-    async fn schema_version(&self) -> Result<Option<i32>, Error> {
-        let what = "read the schema version";
-        let exists = format!("SELECT to_regclass('{}.meta') IS NOT NULL", self.schema);
-        let rows = self
-            .request(what, false, &exists, &[])
-            .await?
-            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
-        if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
-            return Ok(None);
-        }
-        let sql = format!(
-            "SELECT value FROM {}.meta WHERE key = 'schema_version'",
-            self.schema
-        );
-        let rows = self
-            .request(what, false, &sql, &[])
-            .await?
-            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
-        Ok(rows
-            .first()
-            .and_then(|row| row.get::<_, String>(0).parse().ok()))
-    }
-
-    /// Creates or migrates the schema in one transaction, under an advisory lock so that
-    /// concurrent first uses do not race. A schema that is already current is left alone:
-    /// re-running the DDL under live traffic would take table locks and can deadlock.
-    async fn migrate(&self) -> Result<(), Error> {
-        let what = format!("create fence's schema `{}`", self.schema);
-        let lock = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence schema {}'))",
-            self.schema
-        );
-        let result = match self.batch(&what, &lock).await {
-            Ok(()) => match self.schema_version().await {
-                Ok(Some(v)) if v >= SCHEMA_VERSION => self.batch(&what, "COMMIT").await,
-                Ok(_) => {
-                    let body = SCHEMA_V1.replace("__SCHEMA__", &self.schema);
-                    self.batch(&what, &format!("{body}\nCOMMIT;")).await
-                }
-                Err(err) => Err(err),
-            },
-            Err(err) => Err(err),
-        };
-        if result.is_err() {
-            let _ = self.client.batch_execute("ROLLBACK").await;
-        }
-        result
-    }
-
-    async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
-            .await
-            .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
-        result.map_err(|err| match err.as_db_error() {
-            Some(db) if db.code().code() == "LF010" => Error::usage(
-                format!("PostgreSQL at `{}`: {}", self.display, db.message()),
-                "upgrade fence, or use another --schema",
-            ),
-            Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Error::usage(
-                format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
-                "have a user who may create schemas run `fence init` once, or pass --schema naming a schema you own",
-            ),
-            _ => pg::request_error(&err, &self.display, what, true),
-        })
-    }
-}
-
-fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
-    err.code().is_some_and(|code| {
-        *code == SqlState::INVALID_SCHEMA_NAME
-            || *code == SqlState::UNDEFINED_TABLE
-            || *code == SqlState::UNDEFINED_FUNCTION
-    })
 }
 
 /// The row every lease function returns.
@@ -253,19 +142,11 @@ impl Answer {
 #[async_trait(?Send)]
 impl Coordinator for PgCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
-        let before = self.schema_version().await?;
-        let action = match before {
-            Some(v) if v >= SCHEMA_VERSION => "up_to_date",
-            Some(_) => "migrated",
-            None => "created",
-        };
-        if action != "up_to_date" {
-            self.migrate().await?;
-        }
+        let (action, schema_version) = self.session.init().await?;
         Ok(InitReport {
             action,
-            schema_version: before.map_or(SCHEMA_VERSION, |v| v.max(SCHEMA_VERSION)),
-            location: format!("schema `{}`", self.schema),
+            schema_version,
+            location: format!("schema `{}`", self.session.schema),
         })
     }
 

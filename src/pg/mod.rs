@@ -18,6 +18,8 @@ use tokio_postgres::{Client, Config};
 
 use crate::error::Error;
 
+pub mod session;
+
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

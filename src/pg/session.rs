@@ -1,0 +1,180 @@
+//! A connection to one database with one of fence's versioned schemas in it, created on first
+//! use (or by `fence init`) without adding a round trip to the hot path: requests run
+//! optimistically and the schema is created only when the server says it is missing.
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use crate::error::Error;
+use crate::pg::{self, Target, REQUEST_TIMEOUT};
+
+/// One of fence's schemas: where its version is kept and the script that creates it.
+pub struct SchemaSpec {
+    /// Table (in the schema) holding `schema_version`.
+    pub meta_table: &'static str,
+    pub version: i32,
+    /// Idempotent creation script; `__SCHEMA__` stands for the schema name.
+    pub sql: &'static str,
+    /// Distinguishes the advisory lock of each kind of schema.
+    pub purpose: &'static str,
+}
+
+pub struct Session {
+    pub client: Client,
+    pub display: String,
+    pub schema: String,
+    spec: &'static SchemaSpec,
+}
+
+impl Session {
+    pub async fn open(
+        url: &str,
+        display: &str,
+        schema: &str,
+        spec: &'static SchemaSpec,
+    ) -> Result<Session, Error> {
+        let target = Target::resolve(url, display)?;
+        let client = target.connect().await?;
+        Ok(Session {
+            client,
+            display: display.to_owned(),
+            schema: schema.to_owned(),
+            spec,
+        })
+    }
+
+    /// `init`: creates or migrates the schema; returns what it did and the version.
+    pub async fn init(&self) -> Result<(&'static str, i32), Error> {
+        let before = self.schema_version().await?;
+        let action = match before {
+            Some(v) if v >= self.spec.version => return Ok(("up_to_date", v)),
+            Some(_) => "migrated",
+            None => "created",
+        };
+        self.migrate().await?;
+        Ok((action, self.spec.version))
+    }
+
+    /// Runs one function call, creating the schema first if it does not exist yet.
+    pub async fn call(
+        &self,
+        what: &str,
+        mutating: bool,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, Error> {
+        let sql = sql.replace("__SCHEMA__", &self.schema);
+        match self.request(what, mutating, &sql, params).await? {
+            Ok(rows) => Ok(rows),
+            Err(err) if is_missing_schema(&err) => {
+                self.migrate().await?;
+                match self.request(what, mutating, &sql, params).await? {
+                    Ok(rows) => Ok(rows),
+                    Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
+                }
+            }
+            Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
+        }
+    }
+
+    /// One request with a deadline. The outer error is a timeout; the inner one is the
+    /// server's answer, left to the caller to classify.
+    pub async fn request(
+        &self,
+        what: &str,
+        mutating: bool,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Result<Vec<Row>, tokio_postgres::Error>, Error> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.client.query_typed(sql, params))
+            .await
+            .map_err(|_| {
+                pg::lost(
+                    &self.display,
+                    what,
+                    &format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
+                    mutating,
+                )
+            })
+    }
+
+    /// The schema's version, or `None` when it does not exist yet. Never raises an SQL
+    /// error, so it is safe inside the migration transaction.
+    async fn schema_version(&self) -> Result<Option<i32>, Error> {
+        let what = "read the schema version";
+        let exists = format!(
+            "SELECT to_regclass('{}.{}') IS NOT NULL",
+            self.schema, self.spec.meta_table
+        );
+        let rows = self
+            .request(what, false, &exists, &[])
+            .await?
+            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+        if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+            return Ok(None);
+        }
+        let sql = format!(
+            "SELECT value FROM {}.{} WHERE key = 'schema_version'",
+            self.schema, self.spec.meta_table
+        );
+        let rows = self
+            .request(what, false, &sql, &[])
+            .await?
+            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+        Ok(rows
+            .first()
+            .and_then(|row| row.get::<_, String>(0).parse().ok()))
+    }
+
+    /// Creates or migrates the schema in one transaction, under an advisory lock so that
+    /// concurrent first uses do not race. A schema that is already current is left alone:
+    /// re-running the DDL under live traffic would take table locks and can deadlock.
+    async fn migrate(&self) -> Result<(), Error> {
+        let what = format!("create fence's schema `{}`", self.schema);
+        let lock = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence {} schema {}'))",
+            self.spec.purpose, self.schema
+        );
+        let result = match self.batch(&what, &lock).await {
+            Ok(()) => match self.schema_version().await {
+                Ok(Some(v)) if v >= self.spec.version => self.batch(&what, "COMMIT").await,
+                Ok(_) => {
+                    let body = self.spec.sql.replace("__SCHEMA__", &self.schema);
+                    self.batch(&what, &format!("{body}\nCOMMIT;")).await
+                }
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
+        if result.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+        result
+    }
+
+    async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {
+        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
+            .await
+            .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
+        result.map_err(|err| match err.as_db_error() {
+            Some(db) if db.code().code() == "LF010" => Error::usage(
+                format!("PostgreSQL at `{}`: {}", self.display, db.message()),
+                "upgrade fence, or use another --schema",
+            ),
+            Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Error::usage(
+                format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
+                "have a user who may create schemas run `fence init` once, or pass --schema naming a schema you own",
+            ),
+            _ => pg::request_error(&err, &self.display, what, true),
+        })
+    }
+}
+
+fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
+    err.code().is_some_and(|code| {
+        *code == SqlState::INVALID_SCHEMA_NAME
+            || *code == SqlState::UNDEFINED_TABLE
+            || *code == SqlState::UNDEFINED_FUNCTION
+    })
+}
