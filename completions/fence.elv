@@ -1,0 +1,118 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[fence] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'fence'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'fence'= {
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+            cand -V 'Print version'
+            cand --version 'Print version'
+            cand acquire 'Take a lease on RESOURCE and print its fencing token'
+            cand renew 'Extend a lease you hold'
+            cand release 'Give a lease up so that another owner can take it at once'
+            cand inspect 'Show who holds what, with which token, and what happened lately'
+            cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'fence;acquire'= {
+            cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output'
+            cand --ttl 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;renew'= {
+            cand --owner 'The owner that acquired the lease'
+            cand --token 'The fencing token the lease was granted with'
+            cand --ttl 'The new lease length from now (100ms to 24h). Default: the TTL it was acquired with'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;release'= {
+            cand --owner 'The owner that acquired the lease'
+            cand --token 'The fencing token the lease was granted with'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;inspect'= {
+            cand --history 'How many recent events to show per resource. Default: 5 with named resources, 0 without'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;init'= {
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;help'= {
+            cand acquire 'Take a lease on RESOURCE and print its fencing token'
+            cand renew 'Extend a lease you hold'
+            cand release 'Give a lease up so that another owner can take it at once'
+            cand inspect 'Show who holds what, with which token, and what happened lately'
+            cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand help 'Print this message or the help of the given subcommand(s)'
+        }
+        &'fence;help;acquire'= {
+        }
+        &'fence;help;renew'= {
+        }
+        &'fence;help;release'= {
+        }
+        &'fence;help;inspect'= {
+        }
+        &'fence;help;init'= {
+        }
+        &'fence;help;help'= {
+        }
+    ]
+    $completions[$command]
+}
