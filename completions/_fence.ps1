@@ -35,6 +35,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('renew', 'renew', [CompletionResultType]::ParameterValue, 'Extend a lease you hold')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
+            [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database with your fencing token.')
+            [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -81,10 +83,47 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         }
         'fence;inspect' {
             [CompletionResult]::new('--history', '--history', [CompletionResultType]::ParameterName, 'How many recent events to show per resource. Default: 5 with named resources, 0 without')
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the highest token this target (a PostgreSQL database written with `fence write`) has accepted for each resource')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
             [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'fence;write' {
+            [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Your fencing token for RESOURCE')
+            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Recorded with the write as who made it')
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'The database to write to: `postgres://user@host/db` (libpq rules, as --store)')
+            [CompletionResult]::new('--sql', '--sql', [CompletionResultType]::ParameterName, 'SQL to run in the fenced transaction (one or more statements)')
+            [CompletionResult]::new('--file', '--file', [CompletionResultType]::ParameterName, 'Read the SQL from a file (`-`: standard input)')
+            [CompletionResult]::new('--table', '--table', [CompletionResultType]::ParameterName, 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)')
+            [CompletionResult]::new('--key', '--key', [CompletionResultType]::ParameterName, 'Row form: a key column and its value; repeat for composite keys')
+            [CompletionResult]::new('--set', '--set', [CompletionResultType]::ParameterName, 'Row form: a column to set and its value; repeat for more')
+            [CompletionResult]::new('--token-column', '--token-column', [CompletionResultType]::ParameterName, 'Row form: the column holding each row''s token')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('--upsert', '--upsert', [CompletionResultType]::ParameterName, 'Row form: insert the row (keys, values and token) when no row has the key')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'fence;protect' {
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'The database holding the table')
+            [CompletionResult]::new('--table', '--table', [CompletionResultType]::ParameterName, 'The table to protect (`TABLE` or `SCHEMA.TABLE`)')
+            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'The resource whose tokens guard the table')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('--remove', '--remove', [CompletionResultType]::ParameterName, 'Remove the trigger instead')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
@@ -107,6 +146,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('renew', 'renew', [CompletionResultType]::ParameterValue, 'Extend a lease you hold')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
+            [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database with your fencing token.')
+            [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -121,6 +162,12 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;inspect' {
+            break
+        }
+        'fence;help;write' {
+            break
+        }
+        'fence;help;protect' {
             break
         }
         'fence;help;init' {

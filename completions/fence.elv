@@ -32,6 +32,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand renew 'Extend a lease you hold'
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
+            cand write 'Write to a protected PostgreSQL database with your fencing token.'
+            cand protect 'Make every write to a table go through the fence.'
             cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -74,10 +76,45 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;inspect'= {
             cand --history 'How many recent events to show per resource. Default: 5 with named resources, 0 without'
+            cand --target 'Also show the highest token this target (a PostgreSQL database written with `fence write`) has accepted for each resource'
             cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
             cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;write'= {
+            cand --token 'Your fencing token for RESOURCE'
+            cand --owner 'Recorded with the write as who made it'
+            cand --target 'The database to write to: `postgres://user@host/db` (libpq rules, as --store)'
+            cand --sql 'SQL to run in the fenced transaction (one or more statements)'
+            cand --file 'Read the SQL from a file (`-`: standard input)'
+            cand --table 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)'
+            cand --key 'Row form: a key column and its value; repeat for composite keys'
+            cand --set 'Row form: a column to set and its value; repeat for more'
+            cand --token-column 'Row form: the column holding each row''s token'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand --upsert 'Row form: insert the row (keys, values and token) when no row has the key'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;protect'= {
+            cand --target 'The database holding the table'
+            cand --table 'The table to protect (`TABLE` or `SCHEMA.TABLE`)'
+            cand --resource 'The resource whose tokens guard the table'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand --remove 'Remove the trigger instead'
             cand -q 'Print nothing on success; errors are still reported on stderr'
             cand --quiet 'Print nothing on success; errors are still reported on stderr'
             cand -h 'Print help (see more with ''--help'')'
@@ -98,6 +135,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand renew 'Extend a lease you hold'
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
+            cand write 'Write to a protected PostgreSQL database with your fencing token.'
+            cand protect 'Make every write to a table go through the fence.'
             cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -108,6 +147,10 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;release'= {
         }
         &'fence;help;inspect'= {
+        }
+        &'fence;help;write'= {
+        }
+        &'fence;help;protect'= {
         }
         &'fence;help;init'= {
         }

@@ -39,6 +39,8 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "acquire" -d 'Take a lea
 complete -c fence -n "__fish_fence_needs_command" -f -a "renew" -d 'Extend a lease you hold'
 complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
+complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
 complete -c fence -n "__fish_fence_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output' -r
@@ -79,6 +81,7 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l history -d 'How many recent events to show per resource. Default: 5 with named resources, 0 without' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target (a PostgreSQL database written with `fence write`) has accepted for each resource' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
@@ -89,6 +92,40 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'The database to write to: `postgres://user@host/db` (libpq rules, as --store)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l sql -d 'SQL to run in the fenced transaction (one or more statements)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l file -d 'Read the SQL from a file (`-`: standard input)' -r -F
+complete -c fence -n "__fish_fence_using_subcommand write" -l table -d 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l key -d 'Row form: a key column and its value; repeat for composite keys' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l set -d 'Row form: a column to set and its value; repeat for more' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l token-column -d 'Row form: the column holding each row\'s token' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+complete -c fence -n "__fish_fence_using_subcommand write" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand write" -l upsert -d 'Row form: insert the row (keys, values and token) when no row has the key'
+complete -c fence -n "__fish_fence_using_subcommand write" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand write" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand protect" -l target -d 'The database holding the table' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l table -d 'The table to protect (`TABLE` or `SCHEMA.TABLE`)' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l resource -d 'The resource whose tokens guard the table' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+complete -c fence -n "__fish_fence_using_subcommand protect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the trigger instead'
+complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand protect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
@@ -99,9 +136,11 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

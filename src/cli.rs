@@ -94,6 +94,8 @@ pub enum Command {
     Renew(RenewArgs),
     Release(ReleaseArgs),
     Inspect(InspectArgs),
+    Write(WriteArgs),
+    Protect(ProtectArgs),
     Init(InitArgs),
 }
 
@@ -105,6 +107,8 @@ impl Command {
             Command::Renew(_) => "renew",
             Command::Release(_) => "release",
             Command::Inspect(_) => "inspect",
+            Command::Write(_) => "write",
+            Command::Protect(_) => "protect",
             Command::Init(_) => "init",
         }
     }
@@ -213,6 +217,119 @@ pub struct InspectArgs {
     /// How many recent events to show per resource. Default: 5 with named resources, 0 without.
     #[arg(long, value_name = "N")]
     pub history: Option<usize>,
+
+    /// Also show the highest token this target (a PostgreSQL database written with
+    /// `fence write`) has accepted for each resource.
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+}
+
+/// Write to a protected PostgreSQL database with your fencing token.
+///
+/// Transaction form (--sql, --file): runs the SQL in one READ COMMITTED transaction that
+/// first advances the target's guard row for RESOURCE to TOKEN, only if TOKEN is at least
+/// the highest token the target has accepted; the transaction sees `fence.resource` and
+/// `fence.token` (transaction-local). A newer token has written: rolled back, exit 4,
+/// nothing changed. The SQL itself fails: rolled back, exit 1 (`sql_failed`). Sent in one
+/// round trip. Writes with the same token are applied one after the other, in commit order.
+///
+/// Row form (--table, --key, --set): one conditional UPDATE of the rows with that key, only
+/// if their token column is at most TOKEN (NULL counts as 0), writing TOKEN into it. A newer
+/// token is stored: exit 4. No such row: exit 6 (or insert it with --upsert).
+///
+/// Examples:
+///   fence write report --token 7 --target postgres://app@db/app --sql "UPDATE totals SET n = n + 1"
+///   fence write report --token 7 --target postgres://app@db/app --file migrate.sql
+///   fence write report --token 7 --target postgres://app@db/app \
+///       --table jobs --key id=42 --set state=done --upsert
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+#[command(group(clap::ArgGroup::new("form").required(true).args(["sql", "file", "table"])))]
+pub struct WriteArgs {
+    /// The resource whose token guards the write.
+    #[arg(env = "FENCE_RESOURCE", value_parser = parse_name)]
+    pub resource: String,
+
+    /// Your fencing token for RESOURCE.
+    #[arg(
+        long,
+        env = "FENCE_TOKEN",
+        value_name = "TOKEN",
+        allow_hyphen_values = true,
+        value_parser = parse_token
+    )]
+    pub token: i64,
+
+    /// Recorded with the write as who made it.
+    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
+    pub owner: Option<String>,
+
+    /// The database to write to: `postgres://user@host/db` (libpq rules, as --store).
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+
+    /// SQL to run in the fenced transaction (one or more statements).
+    #[arg(long, value_name = "SQL")]
+    pub sql: Option<String>,
+
+    /// Read the SQL from a file (`-`: standard input).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<std::path::PathBuf>,
+
+    /// Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database).
+    #[arg(long, value_name = "TABLE")]
+    pub table: Option<String>,
+
+    /// Row form: a key column and its value; repeat for composite keys.
+    #[arg(long = "key", value_name = "COL=VALUE", requires = "table")]
+    pub keys: Vec<String>,
+
+    /// Row form: a column to set and its value; repeat for more.
+    #[arg(long = "set", value_name = "COL=VALUE", requires = "table")]
+    pub sets: Vec<String>,
+
+    /// Row form: the column holding each row's token.
+    #[arg(
+        long,
+        value_name = "COL",
+        default_value = "last_fencing_token",
+        requires = "table"
+    )]
+    pub token_column: String,
+
+    /// Row form: insert the row (keys, values and token) when no row has the key.
+    #[arg(long, requires = "table")]
+    pub upsert: bool,
+}
+
+/// Make every write to a table go through the fence.
+///
+/// Installs (idempotently) a statement-level trigger so that every INSERT, UPDATE, DELETE and
+/// TRUNCATE on TABLE must run in a transaction that `fence write` (or
+/// `SELECT <schema>.begin_write(resource, token, who)`) has bound to a current token for
+/// RESOURCE. Raw psql, an ORM or a forgotten admin script are refused with SQLSTATE LF001
+/// (no token), LF002 (stale token) or LF003 (no guard row yet). --remove restores plain access.
+///
+/// Example:
+///   fence protect --target postgres://admin@db/app --table totals --resource report
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct ProtectArgs {
+    /// The database holding the table.
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+
+    /// The table to protect (`TABLE` or `SCHEMA.TABLE`).
+    #[arg(long, value_name = "TABLE")]
+    pub table: String,
+
+    /// The resource whose tokens guard the table.
+    #[arg(long, value_parser = parse_name, required_unless_present = "remove")]
+    pub resource: Option<String>,
+
+    /// Remove the trigger instead.
+    #[arg(long)]
+    pub remove: bool,
 }
 
 /// Create or migrate fence's own tables in the store (safe to run again).

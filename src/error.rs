@@ -38,6 +38,8 @@ pub enum ConflictKind {
     NeverIssued { highest_token: i64 },
     /// The token is current but belongs to another owner.
     WrongOwner { holder: String },
+    /// A row-form write found no row with the given key.
+    RowMissing { table: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +55,7 @@ pub enum Error {
     )]
     Busy { resource: String, holder: Holder },
 
-    #[error(
-        "token {token} for `{resource}` is stale: token {highest_token} has been issued since"
-    )]
+    #[error("token {token} for `{resource}` is stale: token {highest_token} is newer")]
     Stale {
         resource: String,
         token: i64,
@@ -85,6 +85,15 @@ pub enum Error {
 
     #[error("{message}")]
     Internal { message: String, hint: String },
+
+    /// The caller's own SQL failed inside a fenced transaction, which was rolled back.
+    #[error("the SQL failed and the transaction was rolled back: {message} (SQLSTATE {sqlstate})")]
+    SqlFailed {
+        resource: String,
+        token: i64,
+        sqlstate: String,
+        message: String,
+    },
 }
 
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
@@ -106,6 +115,9 @@ fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
         ),
         ConflictKind::WrongOwner { holder } => {
             format!("token {token} for `{resource}` belongs to `{holder}`, not to this owner")
+        }
+        ConflictKind::RowMissing { table } => {
+            format!("no row of {table} has that key, so nothing was written for `{resource}`")
         }
     }
 }
@@ -142,7 +154,16 @@ impl Error {
             Error::Conflict { .. } => Exit::Conflict,
             Error::Unavailable { .. } => Exit::Unavailable,
             Error::OutcomeUnknown { .. } => Exit::OutcomeUnknown,
-            Error::Internal { .. } => Exit::Internal,
+            Error::Internal { .. } | Error::SqlFailed { .. } => Exit::Internal,
+        }
+    }
+
+    /// The `error` field of the JSON output: the exit code's name, except for SQL the caller
+    /// sent, which failed on its own (`sql_failed`, exit 1; DESIGN §9).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Error::SqlFailed { .. } => "sql_failed",
+            other => other.exit().name().unwrap_or("internal"),
         }
     }
 
@@ -164,9 +185,15 @@ impl Error {
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)
             ),
+            Error::SqlFailed { .. } => {
+                "fix the SQL and run it again; nothing was changed, the token is still good".into()
+            }
             Error::Conflict { resource, kind, .. } => match kind {
                 ConflictKind::WrongOwner { .. } => {
                     "pass the --owner that acquired this token (or set FENCE_OWNER)".into()
+                }
+                ConflictKind::RowMissing { .. } => {
+                    "check --key, or pass --upsert to create the row".into()
                 }
                 _ => format!(
                     "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
@@ -233,8 +260,22 @@ impl Error {
                         map.insert("holder_owner".into(), json!(holder));
                         "wrong_owner"
                     }
+                    ConflictKind::RowMissing { table } => {
+                        map.insert("table".into(), json!(table));
+                        "row_missing"
+                    }
                 };
                 map.insert("reason".into(), json!(reason));
+            }
+            Error::SqlFailed {
+                resource,
+                token,
+                sqlstate,
+                ..
+            } => {
+                map.insert("resource".into(), json!(resource));
+                map.insert("token".into(), json!(token));
+                map.insert("sqlstate".into(), json!(sqlstate));
             }
             Error::Usage { .. }
             | Error::Unavailable { .. }

@@ -13,6 +13,7 @@ pub mod exit;
 pub mod output;
 pub mod pg;
 pub mod store;
+pub mod target;
 pub mod time;
 
 use clap::Parser;

@@ -47,14 +47,15 @@ impl Output {
 
     /// Prints a successful result and returns exit 0.
     pub fn success(&self, op: &str, ctx: &Context, report: &dyn Report) -> Exit {
-        let store = &ctx.store;
         match self.format {
             Format::Json => {
                 let mut object = Map::new();
                 object.insert("ok".into(), json!(true));
                 object.insert("op".into(), json!(op));
                 object.extend(report.json());
-                object.insert("store".into(), json!(store.display));
+                if let Some(store) = ctx.store_display() {
+                    object.insert("store".into(), json!(store));
+                }
                 print_stdout(&Value::Object(object).to_string());
             }
             Format::Env => match report.env(ctx) {
@@ -65,7 +66,7 @@ impl Output {
                         format!("`--format env` has no output for `{op}`"),
                         "use --format human or json; this is a bug, please report it",
                     );
-                    return self.error(op, Some(&store.display), &err);
+                    return self.error(op, ctx.store_display(), &err);
                 }
             },
             Format::Human => {
@@ -86,7 +87,7 @@ impl Output {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
             object.insert("op".into(), json!(op));
-            object.insert("error".into(), json!(exit.name()));
+            object.insert("error".into(), json!(err.name()));
             object.insert("exit_code".into(), json!(exit.code()));
             object.insert("message".into(), json!(err.to_string()));
             object.insert("hint".into(), json!(err.hint()));
@@ -147,11 +148,13 @@ pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
         let _ = err.print();
         return Exit::Success;
     }
+    let command = <crate::cli::Cli as clap::CommandFactory>::command();
+    let names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
     let op = args
         .iter()
         .skip(1)
         .filter_map(|a| a.to_str())
-        .find(|a| ["acquire", "renew", "release", "inspect", "init"].contains(a));
+        .find(|a| names.contains(a));
     let rendered = err.render().to_string();
     let (message, hint) = split_clap_message(&rendered, op);
     let wants_json = args

@@ -75,13 +75,11 @@ impl Report for Acquired {
             lease.token
         );
         // A URL with a password is left out: secrets are never printed. Export it yourself.
-        if !url_has_password(&ctx.store.url) {
-            lines.push_str(&format!(
-                "export FENCE_STORE={}\n",
-                shell_quote(&ctx.store.url)
-            ));
+        let store = ctx.store.as_ref()?;
+        if !url_has_password(&store.url) {
+            lines.push_str(&format!("export FENCE_STORE={}\n", shell_quote(&store.url)));
         }
-        if matches!(ctx.store.kind, StoreKind::Postgres(_)) {
+        if matches!(store.kind, StoreKind::Postgres(_)) {
             lines.push_str(&format!(
                 "export FENCE_SCHEMA={}\n",
                 shell_quote(&ctx.schema)

@@ -9,6 +9,8 @@ use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
 use crate::store::ResourceView;
+use crate::target::postgres::{GuardView, PgTarget};
+use crate::target::TargetSpec;
 use crate::time;
 
 /// Events shown per named resource when `--history` is not given.
@@ -16,6 +18,8 @@ const DEFAULT_HISTORY: usize = 5;
 
 pub struct Inspected {
     views: Vec<ResourceView>,
+    /// The target's guard rows, with `--target`.
+    targets: Option<(String, Vec<GuardView>)>,
 }
 
 pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
@@ -24,9 +28,25 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
     } else {
         DEFAULT_HISTORY
     });
+    let target = args
+        .target
+        .as_deref()
+        .map(TargetSpec::resolve)
+        .transpose()?;
     let coordinator = ctx.coordinator().await?;
     let views = coordinator.inspect(&args.resources, history).await?;
-    Ok(Inspected { views })
+    let targets = match target {
+        Some(spec) => {
+            let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
+            let guards = PgTarget::connect(&spec, &ctx.schema)
+                .await?
+                .guards(&names)
+                .await?;
+            Some((spec.display, guards))
+        }
+        None => None,
+    };
+    Ok(Inspected { views, targets })
 }
 
 fn opt_time(ms: Option<i64>) -> Value {
@@ -67,6 +87,23 @@ impl Report for Inspected {
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
+        if let Some((target, guards)) = &self.targets {
+            let guards: Vec<Value> = guards
+                .iter()
+                .map(|g| {
+                    json!({
+                        "target": target,
+                        "resource": g.resource,
+                        "highest_token": g.highest_token,
+                        "updated_at": opt_time(g.updated_at_ms),
+                        "updated_by": g.updated_by,
+                        "accepted_writes": g.accepted_writes,
+                        "rejected_writes": g.rejected_writes,
+                    })
+                })
+                .collect();
+            map.insert("targets".into(), Value::Array(guards));
+        }
         map
     }
 
@@ -98,6 +135,32 @@ impl Report for Inspected {
             ]);
         }
         let mut text = format!("{table}\n");
+        if let Some((target, guards)) = &self.targets {
+            let mut t = Table::new();
+            t.load_preset(presets::UTF8_FULL_CONDENSED);
+            t.set_header([
+                "RESOURCE",
+                "HIGHEST ACCEPTED TOKEN",
+                "UPDATED",
+                "BY",
+                "ACCEPTED",
+                "REJECTED",
+            ]);
+            for g in guards {
+                t.add_row([
+                    g.resource.clone(),
+                    g.highest_token.map_or_else(dash, |t| t.to_string()),
+                    g.updated_at_ms.map_or_else(dash, time::rfc3339),
+                    g.updated_by
+                        .clone()
+                        .filter(|o| !o.is_empty())
+                        .unwrap_or_else(dash),
+                    g.accepted_writes.to_string(),
+                    g.rejected_writes.to_string(),
+                ]);
+            }
+            text.push_str(&format!("\nfenced writes at `{target}`:\n{t}\n"));
+        }
         for v in self.views.iter().filter(|v| !v.events.is_empty()) {
             let mut events = Table::new();
             events.load_preset(presets::UTF8_FULL_CONDENSED);

@@ -3,8 +3,10 @@
 mod acquire;
 mod init;
 mod inspect;
+mod protect;
 mod release;
 mod renew;
+mod write;
 
 use crate::cli::{Cli, Command, Format};
 use crate::config::StoreSpec;
@@ -15,14 +17,26 @@ use crate::store::{self, Coordinator};
 
 /// What every command needs, resolved before anything touches the network.
 pub struct Context {
-    pub store: StoreSpec,
+    /// The coordinator; `None` for commands that only talk to a target (`write`, `protect`).
+    pub store: Option<StoreSpec>,
     pub schema: String,
 }
 
 impl Context {
     /// Connects to (or opens) the configured coordinator.
     pub async fn coordinator(&self) -> Result<Box<dyn Coordinator>, Error> {
-        store::open(&self.store, &self.schema).await
+        match &self.store {
+            Some(store) => store::open(store, &self.schema).await,
+            None => Err(Error::internal(
+                "this command has no store configured",
+                "this is a bug in fence; please report it",
+            )),
+        }
+    }
+
+    /// The store URL without its password, when there is one.
+    pub fn store_display(&self) -> Option<&str> {
+        self.store.as_ref().map(|s| s.display.as_str())
     }
 }
 
@@ -35,23 +49,31 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         );
         return out.error(op, None, &err);
     }
-    let ctx = match StoreSpec::resolve(cli.global.store.as_deref()) {
-        Ok(store) => Context {
-            store,
-            schema: cli.global.schema.clone(),
-        },
-        Err(err) => return out.error(op, None, &err),
+    let needs_store = !matches!(cli.command, Command::Write(_) | Command::Protect(_));
+    let store = if needs_store {
+        match StoreSpec::resolve(cli.global.store.as_deref()) {
+            Ok(store) => Some(store),
+            Err(err) => return out.error(op, None, &err),
+        }
+    } else {
+        None
+    };
+    let ctx = Context {
+        store,
+        schema: cli.global.schema.clone(),
     };
     let result: Result<Box<dyn Report>, Error> = match cli.command {
         Command::Acquire(args) => acquire::run(args, &ctx).await.map(boxed),
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
+        Command::Write(args) => write::run(args, &ctx).await.map(boxed),
+        Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
     };
     match result {
         Ok(report) => out.success(op, &ctx, report.as_ref()),
-        Err(err) => out.error(op, Some(&ctx.store.display), &err),
+        Err(err) => out.error(op, ctx.store_display(), &err),
     }
 }
 

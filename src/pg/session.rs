@@ -130,7 +130,7 @@ impl Session {
     /// Creates or migrates the schema in one transaction, under an advisory lock so that
     /// concurrent first uses do not race. A schema that is already current is left alone:
     /// re-running the DDL under live traffic would take table locks and can deadlock.
-    async fn migrate(&self) -> Result<(), Error> {
+    pub async fn migrate(&self) -> Result<(), Error> {
         let what = format!("create fence's schema `{}`", self.schema);
         let lock = format!(
             "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence {} schema {}'))",
@@ -171,7 +171,7 @@ impl Session {
     }
 }
 
-fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
+pub fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
     err.code().is_some_and(|code| {
         *code == SqlState::INVALID_SCHEMA_NAME
             || *code == SqlState::UNDEFINED_TABLE

@@ -1,0 +1,195 @@
+//! `fence write`: a write that the target accepts only with a current fencing token.
+
+use std::io::Read;
+
+use comfy_table::{presets, Table};
+use serde_json::{json, Map, Value};
+
+use crate::cli::WriteArgs;
+use crate::cmd::Context;
+use crate::error::Error;
+use crate::output::Report;
+use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult};
+use crate::target::TargetSpec;
+
+pub struct Written {
+    resource: String,
+    token: i64,
+    target: String,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    Transaction(Vec<StatementResult>),
+    Row { table: String, outcome: RowOutcome },
+}
+
+pub async fn run(args: WriteArgs, ctx: &Context) -> Result<Written, Error> {
+    let spec = TargetSpec::resolve(&args.target)?;
+    let owner = args.owner.clone().unwrap_or_default();
+    // Read and check everything before connecting: bad input never reaches the database.
+    let outcome = if let Some(table) = &args.table {
+        let write = RowWrite {
+            table: table.clone(),
+            key: assignments("--key", &args.keys)?,
+            set: assignments("--set", &args.sets)?,
+            token_column: args.token_column.clone(),
+            upsert: args.upsert,
+        };
+        if write.key.is_empty() {
+            return Err(Error::usage(
+                "the row form needs at least one --key COL=VALUE",
+                "name the row to write, e.g. --key id=42",
+            ));
+        }
+        let target = PgTarget::connect(&spec, &ctx.schema).await?;
+        let outcome = target.write_row(&args.resource, args.token, &write).await?;
+        Outcome::Row {
+            table: table.clone(),
+            outcome,
+        }
+    } else {
+        let sql = read_sql(&args)?;
+        let target = PgTarget::connect(&spec, &ctx.schema).await?;
+        Outcome::Transaction(
+            target
+                .write_transaction(&args.resource, args.token, &owner, &sql)
+                .await?,
+        )
+    };
+    Ok(Written {
+        resource: args.resource,
+        token: args.token,
+        target: spec.display,
+        outcome,
+    })
+}
+
+fn read_sql(args: &WriteArgs) -> Result<String, Error> {
+    let sql = match (&args.sql, &args.file) {
+        (Some(sql), _) => sql.clone(),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut sql = String::new();
+            std::io::stdin().read_to_string(&mut sql).map_err(|err| {
+                Error::usage(
+                    format!("cannot read SQL from standard input: {err}"),
+                    "pipe UTF-8 SQL into `fence write … --file -`",
+                )
+            })?;
+            sql
+        }
+        (None, Some(path)) => std::fs::read_to_string(path).map_err(|err| {
+            Error::usage(
+                format!("cannot read SQL from `{}`: {err}", path.display()),
+                "check the path given to --file",
+            )
+        })?,
+        (None, None) => unreachable!("clap requires --sql, --file or --table"),
+    };
+    if sql.trim().is_empty() {
+        return Err(Error::usage(
+            "the SQL to run is empty",
+            "give the statements with --sql, or a non-empty --file",
+        ));
+    }
+    Ok(sql)
+}
+
+/// Parses `COL=VALUE` pairs into a JSON object of strings (PostgreSQL converts them to the
+/// columns' types).
+fn assignments(flag: &str, pairs: &[String]) -> Result<Map<String, Value>, Error> {
+    let mut map = Map::new();
+    for pair in pairs {
+        let Some((column, value)) = pair.split_once('=').filter(|(c, _)| !c.is_empty()) else {
+            return Err(Error::usage(
+                format!("`{pair}` is not COL=VALUE"),
+                format!("write {flag} column=value (the value may be empty)"),
+            ));
+        };
+        if map.insert(column.to_owned(), json!(value)).is_some() {
+            return Err(Error::usage(
+                format!("column `{column}` is given twice in {flag}"),
+                "give each column once",
+            ));
+        }
+    }
+    Ok(map)
+}
+
+impl Report for Written {
+    fn json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert("resource".into(), json!(self.resource));
+        map.insert("token".into(), json!(self.token));
+        map.insert("target".into(), json!(self.target));
+        match &self.outcome {
+            Outcome::Transaction(statements) => {
+                map.insert("form".into(), json!("transaction"));
+                let statements: Vec<Value> = statements
+                    .iter()
+                    .map(|s| {
+                        json!({
+                            "rows_affected": s.rows_affected,
+                            "columns": s.columns,
+                            "rows": s.rows,
+                        })
+                    })
+                    .collect();
+                map.insert("statements".into(), Value::Array(statements));
+            }
+            Outcome::Row { table, outcome } => {
+                map.insert("form".into(), json!("row"));
+                map.insert("table".into(), json!(table));
+                let status = match outcome {
+                    RowOutcome::Applied => "applied",
+                    RowOutcome::Inserted => "inserted",
+                };
+                map.insert("status".into(), json!(status));
+            }
+        }
+        map
+    }
+
+    fn human(&self) -> String {
+        match &self.outcome {
+            Outcome::Row { table, outcome } => format!(
+                "{} a row of {table} with token {} for `{}`\n",
+                match outcome {
+                    RowOutcome::Applied => "updated",
+                    RowOutcome::Inserted => "inserted",
+                },
+                self.token,
+                self.resource
+            ),
+            Outcome::Transaction(statements) => {
+                let mut text = String::new();
+                for s in statements {
+                    if s.columns.is_empty() {
+                        continue;
+                    }
+                    let mut table = Table::new();
+                    table.load_preset(presets::UTF8_FULL_CONDENSED);
+                    table.set_header(s.columns.clone());
+                    for row in &s.rows {
+                        table.add_row(
+                            row.iter()
+                                .map(|v| v.clone().unwrap_or_else(|| "NULL".into())),
+                        );
+                    }
+                    text.push_str(&format!("{table}\n"));
+                }
+                let counts: Vec<String> = statements
+                    .iter()
+                    .map(|s| s.rows_affected.to_string())
+                    .collect();
+                text.push_str(&format!(
+                    "committed with token {} for `{}` (rows per statement: {})\n",
+                    self.token,
+                    self.resource,
+                    counts.join(", ")
+                ));
+                text
+            }
+        }
+    }
+}

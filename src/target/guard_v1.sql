@@ -1,0 +1,219 @@
+-- fence target schema, version 1, in the database fence writes to. `__SCHEMA__` is replaced by
+-- the validated --schema name. Idempotent; run under an advisory lock in one transaction.
+CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
+
+CREATE TABLE IF NOT EXISTS __SCHEMA__.target_meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+
+-- The highest token this database has accepted per resource (DESIGN I2). Never deleted,
+-- never lowered.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.guards (
+    resource text PRIMARY KEY,
+    highest_token bigint NOT NULL CHECK (highest_token > 0),
+    updated_at timestamptz NOT NULL,
+    updated_by text,
+    accepted_writes bigint NOT NULL DEFAULT 0
+);
+
+-- Accepted writes (in the write's own transaction) and rejected ones (recorded after the
+-- rollback), for `fence inspect --target`.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.write_events (
+    id bigserial PRIMARY KEY,
+    resource text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    kind text NOT NULL,
+    owner text,
+    token bigint,
+    detail text
+);
+CREATE INDEX IF NOT EXISTS write_events_resource_id ON __SCHEMA__.write_events (resource, id DESC);
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.guards_keep() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'fence guard rows are never deleted: they hold the highest accepted token'
+            USING ERRCODE = 'LF004';
+    END IF;
+    IF NEW.highest_token < OLD.highest_token THEN
+        RAISE EXCEPTION 'the highest accepted token of % cannot go down (% to %)',
+            OLD.resource, OLD.highest_token, NEW.highest_token USING ERRCODE = 'LF005';
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+CREATE OR REPLACE TRIGGER guards_keep BEFORE UPDATE OR DELETE ON __SCHEMA__.guards
+    FOR EACH ROW EXECUTE FUNCTION __SCHEMA__.guards_keep();
+CREATE OR REPLACE TRIGGER guards_no_truncate BEFORE TRUNCATE ON __SCHEMA__.guards
+    FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.guards_keep();
+
+-- The fenced path. Call it first in a READ COMMITTED transaction: it advances the guard row
+-- to p_token iff p_token >= the highest accepted (holding the row lock to commit, so a
+-- concurrent lower token waits and then fails), binds the token to this transaction, and
+-- raises LF002 when the token is stale. Admins writing by hand run, in one transaction:
+--   BEGIN; SELECT __SCHEMA__.begin_write('resource', <current token>, 'who'); <writes>; COMMIT;
+CREATE OR REPLACE FUNCTION __SCHEMA__.begin_write(p_resource text, p_token bigint, p_owner text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_highest bigint;
+BEGIN
+    IF p_token IS NULL OR p_token < 1 THEN
+        RAISE EXCEPTION 'a fencing token is a positive integer, not %', p_token USING ERRCODE = 'LF001';
+    END IF;
+    INSERT INTO __SCHEMA__.guards AS g (resource, highest_token, updated_at, updated_by, accepted_writes)
+    VALUES (p_resource, p_token, clock_timestamp(), nullif(p_owner, ''), 1)
+    ON CONFLICT (resource) DO UPDATE
+        SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at,
+            updated_by = EXCLUDED.updated_by, accepted_writes = g.accepted_writes + 1
+        WHERE g.highest_token <= EXCLUDED.highest_token
+    RETURNING g.highest_token INTO v_highest;
+    IF NOT FOUND THEN
+        SELECT highest_token INTO v_highest FROM __SCHEMA__.guards WHERE resource = p_resource;
+        RAISE EXCEPTION 'fencing token % for % is stale: this database has accepted token %',
+            p_token, p_resource, v_highest
+            USING ERRCODE = 'LF002', DETAIL = v_highest::text,
+                  HINT = 'a newer owner has written; acquire the lease again before writing';
+    END IF;
+    INSERT INTO __SCHEMA__.write_events (resource, kind, owner, token)
+    VALUES (p_resource, 'write_accepted', nullif(p_owner, ''), p_token);
+    PERFORM set_config('fence.resource', p_resource, true),
+            set_config('fence.token', p_token::text, true),
+            set_config('fence.txid', txid_current()::text, true);
+    RETURN v_highest;
+END
+$fn$;
+
+-- Records a write that was rejected (called after the rollback, in its own transaction).
+CREATE OR REPLACE FUNCTION __SCHEMA__.note_rejected(p_resource text, p_token bigint, p_owner text, p_detail text)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    INSERT INTO __SCHEMA__.write_events (resource, kind, owner, token, detail)
+    VALUES (p_resource, 'write_rejected', nullif(p_owner, ''), p_token, p_detail);
+$fn$;
+
+-- The statement-level guard that `fence protect` installs. The resource comes from the
+-- trigger's argument, never from a caller-controlled setting; the token must have been bound
+-- to THIS transaction by begin_write (fence.txid = txid_current()), so a session-level
+-- `SET fence.token` carries no authority into later transactions.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_check() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_resource text := TG_ARGV[0];
+    v_token_text text := current_setting('fence.token', true);
+    v_token bigint;
+    v_highest bigint;
+BEGIN
+    IF coalesce(v_token_text, '') !~ '^[0-9]{1,18}$'
+       OR current_setting('fence.resource', true) IS DISTINCT FROM v_resource
+       OR current_setting('fence.txid', true) IS DISTINCT FROM txid_current()::text THEN
+        RAISE EXCEPTION '%.% is protected by fence resource %: this transaction carries no fencing token for it',
+            TG_TABLE_SCHEMA, TG_TABLE_NAME, v_resource
+            USING ERRCODE = 'LF001',
+                  HINT = format('write with `fence write %s --target … --sql …`, or begin the transaction with SELECT %s.begin_write(%L, <current token>, <who>)',
+                                v_resource, '__SCHEMA__', v_resource);
+    END IF;
+    v_token := v_token_text::bigint;
+    SELECT highest_token INTO v_highest FROM __SCHEMA__.guards WHERE resource = v_resource FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fence resource % has no guard row in this database', v_resource
+            USING ERRCODE = 'LF003', HINT = 'write once through `fence write` to create it';
+    END IF;
+    IF v_token < v_highest THEN
+        RAISE EXCEPTION 'fencing token % for % is stale: this database has accepted token %',
+            v_token, v_resource, v_highest
+            USING ERRCODE = 'LF002', DETAIL = v_highest::text,
+                  HINT = 'a newer owner has written; acquire the lease again before writing';
+    END IF;
+    IF v_token > v_highest THEN
+        RAISE EXCEPTION 'fencing token % for % was not registered with begin_write', v_token, v_resource
+            USING ERRCODE = 'LF001', HINT = 'begin the transaction with begin_write, as `fence write` does';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- Row form: one conditional write guarded by the row's own token column (`<=`, the holder
+-- writes many times with one token; NULL counts as 0, the floor for rows written before
+-- fence). Classifies applied / inserted / stale / missing in one call, re-reading after a lost
+-- race instead of trusting one snapshot (DESIGN §8).
+CREATE OR REPLACE FUNCTION __SCHEMA__.write_row(p_table_name text, p_key jsonb, p_set jsonb,
+    p_token_column text, p_token bigint, p_upsert boolean,
+    OUT status text, OUT stored_token bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    p_table regclass := to_regclass(p_table_name);
+    v_cols text[];
+    v_keys text[];
+    v_missing text;
+    v_set_list text;
+    v_key_list text;
+    v_rows bigint;
+BEGIN
+    IF p_table IS NULL THEN
+        RAISE EXCEPTION 'there is no table %', p_table_name USING ERRCODE = 'LF007';
+    END IF;
+    SELECT array_agg(k ORDER BY k) INTO v_keys FROM jsonb_object_keys(p_key) AS k;
+    SELECT array_agg(k ORDER BY k) INTO v_cols FROM jsonb_object_keys(p_set) AS k;
+    SELECT c INTO v_missing FROM unnest(v_keys || v_cols || ARRAY[p_token_column]) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p_table AND a.attname = c
+                      AND a.attnum > 0 AND NOT a.attisdropped)
+    LIMIT 1;
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'table % has no column %', p_table, quote_ident(v_missing) USING ERRCODE = 'LF006';
+    END IF;
+    v_set_list := (SELECT string_agg(format('%I = r.%I', c, c), ', ') FROM unnest(v_cols) AS c);
+    v_key_list := (SELECT string_agg(format('t.%I IS NOT DISTINCT FROM r.%I', c, c), ' AND ') FROM unnest(v_keys) AS c);
+    LOOP
+        EXECUTE format(
+            'UPDATE %s AS t SET %s%s%I = $3 FROM jsonb_populate_record(NULL::%s, $1 || $2) AS r '
+            'WHERE %s AND coalesce(t.%I, 0) <= $3',
+            p_table, coalesce(v_set_list, ''), CASE WHEN v_set_list IS NULL THEN '' ELSE ', ' END,
+            p_token_column, p_table, v_key_list, p_token_column)
+        USING p_key, p_set, p_token;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows > 0 THEN
+            status := 'applied';
+            stored_token := p_token;
+            RETURN;
+        END IF;
+        IF p_upsert THEN
+            EXECUTE format(
+                'INSERT INTO %s AS t (%s) SELECT %s FROM jsonb_populate_record(NULL::%s, $1 || $2 || jsonb_build_object(%L, $3)) AS r '
+                'ON CONFLICT DO NOTHING',
+                p_table,
+                (SELECT string_agg(format('%I', c), ', ') FROM unnest(v_keys || v_cols || ARRAY[p_token_column]) AS c),
+                (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(v_keys || v_cols || ARRAY[p_token_column]) AS c),
+                p_table, p_token_column)
+            USING p_key, p_set, p_token;
+            GET DIAGNOSTICS v_rows = ROW_COUNT;
+            IF v_rows > 0 THEN
+                status := 'inserted';
+                stored_token := p_token;
+                RETURN;
+            END IF;
+        END IF;
+        EXECUTE format('SELECT t.%I FROM %s AS t, jsonb_populate_record(NULL::%s, $1) AS r WHERE %s',
+                       p_token_column, p_table, p_table, v_key_list)
+        INTO stored_token USING p_key;
+        GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows = 0 THEN
+            IF p_upsert THEN
+                CONTINUE; -- the conflicting row vanished again: retry
+            END IF;
+            status := 'missing';
+            RETURN;
+        END IF;
+        IF coalesce(stored_token, 0) > p_token THEN
+            status := 'stale';
+            RETURN;
+        END IF;
+        -- The row changed between our statements (a concurrent writer): try again.
+    END LOOP;
+END
+$fn$;
+
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '1')
+ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
