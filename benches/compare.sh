@@ -37,19 +37,26 @@ hyperfine --warmup 20 --runs "$runs" --export-json "$out/one.json" --style basic
     -n "fence acquire (reacquire)" "$fence acquire one-a --owner o -q" \
     -n "tokio-postgres floor acquire" "$floor acquire one-b o"
 
-python3 - "$out/pair.json" "$out/one.json" <<'PY'
+psql -qc "CREATE TABLE IF NOT EXISTS bench_totals (id int PRIMARY KEY, n bigint); INSERT INTO bench_totals VALUES (1, 0) ON CONFLICT DO NOTHING"
+hyperfine --warmup 20 --runs "$runs" --export-json "$out/write.json" --style basic \
+    -n "fence write (fenced transaction)" "$fence write totals --token 1 --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
+    -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
+
+python3 - "$out/pair.json" "$out/one.json" "$out/write.json" <<'PY'
 import json, sys
 pair = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
 one = {r["command"]: r for r in json.load(open(sys.argv[2]))["results"]}
+wr = {r["command"]: r for r in json.load(open(sys.argv[3]))["results"]}
 def ms(r): return r["median"] * 1000
 f, fl, ps, tls = (pair[k] for k in ["fence acquire + release", "tokio-postgres floor (2 processes)", "psql -c twice", "fence acquire + release, sslmode=prefer"])
 a, b = one["fence acquire (reacquire)"], one["tokio-postgres floor acquire"]
 print()
 print("| measurement | median |")
 print("|---|---|")
-for name, r in [("fence acquire + release", f), ("floor: tokio-postgres, same 2 statements", fl), ("psql -c twice", ps), ("fence acquire + release, TLS (sslmode=prefer)", tls), ("fence acquire (one process)", a), ("floor acquire (one process)", b)]:
+fw, uw = wr["fence write (fenced transaction)"], wr["unfenced transaction, same SQL (floor)"]
+for name, r in [("fence write: fenced transaction, one process", fw), ("floor: unfenced transaction, same SQL", uw), ("fence acquire + release", f), ("floor: tokio-postgres, same 2 statements", fl), ("psql -c twice", ps), ("fence acquire + release, TLS (sslmode=prefer)", tls), ("fence acquire (one process)", a), ("floor acquire (one process)", b)]:
     print(f"| {name} | {ms(r):.1f} ms |")
 print()
-print(f"fence pair / floor pair: {ms(f)/ms(fl):.2f}x   fence pair / psql pair: {ms(f)/ms(ps):.2f}x   fence acquire / floor acquire: {ms(a)/ms(b):.2f}x")
+print(f"fence pair / floor pair: {ms(f)/ms(fl):.2f}x   fence pair / psql pair: {ms(f)/ms(ps):.2f}x   fence acquire / floor acquire: {ms(a)/ms(b):.2f}x   fenced / unfenced transaction: {ms(fw)/ms(uw):.2f}x")
 PY
 rm -rf "$out"

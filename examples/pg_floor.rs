@@ -3,12 +3,28 @@
 //!
 //! Usage: pg_floor URL acquire RESOURCE OWNER   → prints the token
 //!        pg_floor URL release RESOURCE OWNER TOKEN
+//!        pg_floor URL txn SQL                   → BEGIN, SQL, COMMIT pipelined (unfenced)
 
 use tokio_postgres::types::Type;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, url, op, sql] = &args[..] {
+        if op == "txn" {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            let (begin, body, commit) = tokio::join!(
+                client.simple_query("BEGIN"),
+                client.simple_query(sql),
+                client.simple_query("COMMIT")
+            );
+            begin?;
+            body?;
+            commit?;
+            return Ok(());
+        }
+    }
     let [_, url, op, resource, owner, rest @ ..] = &args[..] else {
         return Err("usage: pg_floor URL acquire|release RESOURCE OWNER [TOKEN]".into());
     };
