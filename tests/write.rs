@@ -204,6 +204,34 @@ echo $? > code
             format!("write_rejected:{token_a}")
         ]
     );
+
+    // An operator sees the lease and what the target accepted and rejected, side by side.
+    let view = store
+        .fence()
+        .args(["inspect", "job", "--target", &store.url, "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(view["resources"][0]["token"], token_b);
+    let target = &view["targets"][0];
+    assert_eq!(
+        (
+            target["resource"].as_str(),
+            target["highest_token"].as_i64()
+        ),
+        (Some("job"), Some(token_b))
+    );
+    assert_eq!(
+        (
+            target["accepted_writes"].as_i64(),
+            target["rejected_writes"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(!target["target"]
+        .as_str()
+        .unwrap()
+        .contains("fence-test-secret"));
 }
 
 fn unsafe_kill(pid: u32, signal: i32) -> i32 {
