@@ -32,6 +32,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print version')
             [CompletionResult]::new('acquire', 'acquire', [CompletionResultType]::ParameterValue, 'Take a lease on RESOURCE and print its fencing token')
+            [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a lease, and stop it if the lease is lost.')
             [CompletionResult]::new('renew', 'renew', [CompletionResultType]::ParameterValue, 'Extend a lease you hold')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
@@ -44,6 +45,22 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         'fence;acquire' {
             [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'fence;run' {
+            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'The lease length; fence renews about every third of it')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3')
+            [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
@@ -143,6 +160,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         }
         'fence;help' {
             [CompletionResult]::new('acquire', 'acquire', [CompletionResultType]::ParameterValue, 'Take a lease on RESOURCE and print its fencing token')
+            [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a lease, and stop it if the lease is lost.')
             [CompletionResult]::new('renew', 'renew', [CompletionResultType]::ParameterValue, 'Extend a lease you hold')
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
@@ -153,6 +171,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;acquire' {
+            break
+        }
+        'fence;help;run' {
             break
         }
         'fence;help;renew' {

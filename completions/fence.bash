@@ -37,6 +37,9 @@ _fence() {
             fence,renew)
                 cmd="fence__subcmd__renew"
                 ;;
+            fence,run)
+                cmd="fence__subcmd__run"
+                ;;
             fence,write)
                 cmd="fence__subcmd__write"
                 ;;
@@ -61,6 +64,9 @@ _fence() {
             fence__subcmd__help,renew)
                 cmd="fence__subcmd__help__subcmd__renew"
                 ;;
+            fence__subcmd__help,run)
+                cmd="fence__subcmd__help__subcmd__run"
+                ;;
             fence__subcmd__help,write)
                 cmd="fence__subcmd__help__subcmd__write"
                 ;;
@@ -71,7 +77,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire renew release inspect write protect init help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -101,7 +107,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__acquire)
-            opts="-q -h --owner --ttl --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --ttl --wait --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -112,6 +118,10 @@ _fence() {
                     return 0
                     ;;
                 --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wait)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -139,7 +149,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire renew release inspect write protect init help"
+            opts="acquire run renew release inspect write protect init help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -237,6 +247,20 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__renew)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__run)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -428,6 +452,52 @@ _fence() {
                     return 0
                     ;;
                 --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__run)
+            opts="-q -h --owner --ttl --wait --kill-after --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --owner)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kill-after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

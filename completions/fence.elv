@@ -29,6 +29,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand -V 'Print version'
             cand --version 'Print version'
             cand acquire 'Take a lease on RESOURCE and print its fencing token'
+            cand run 'Run a command while holding a lease, and stop it if the lease is lost.'
             cand renew 'Extend a lease you hold'
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
@@ -40,6 +41,21 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;acquire'= {
             cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output'
             cand --ttl 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock'
+            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;run'= {
+            cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`'
+            cand --ttl 'The lease length; fence renews about every third of it'
+            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3'
+            cand --kill-after 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL'
             cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
@@ -132,6 +148,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;help'= {
             cand acquire 'Take a lease on RESOURCE and print its fencing token'
+            cand run 'Run a command while holding a lease, and stop it if the lease is lost.'
             cand renew 'Extend a lease you hold'
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
@@ -141,6 +158,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'fence;help;acquire'= {
+        }
+        &'fence;help;run'= {
         }
         &'fence;help;renew'= {
         }

@@ -36,6 +36,7 @@ complete -c fence -n "__fish_fence_needs_command" -s q -l quiet -d 'Print nothin
 complete -c fence -n "__fish_fence_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_needs_command" -s V -l version -d 'Print version'
 complete -c fence -n "__fish_fence_needs_command" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_needs_command" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "renew" -d 'Extend a lease you hold'
 complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
@@ -45,6 +46,7 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or mig
 complete -c fence -n "__fish_fence_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l ttl -d 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator\'s clock' -r
+complete -c fence -n "__fish_fence_using_subcommand acquire" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
@@ -55,6 +57,20 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand acquire" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand run" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l ttl -d 'The lease length; fence renews about every third of it' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+complete -c fence -n "__fish_fence_using_subcommand run" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand run" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand renew" -l owner -d 'The owner that acquired the lease' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l token -d 'The fencing token the lease was granted with' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l ttl -d 'The new lease length from now (100ms to 24h). Default: the TTL it was acquired with' -r
@@ -136,11 +152,12 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire renew release inspect write protect init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

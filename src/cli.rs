@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{parse_name, parse_schema, parse_token, parse_ttl, DEFAULT_TTL};
+use crate::config::{parse_name, parse_schema, parse_token, parse_ttl, parse_wait, DEFAULT_TTL};
 use crate::exit::Exit;
 
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
@@ -91,6 +91,7 @@ pub enum ColorChoice {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Acquire(AcquireArgs),
+    Run(RunArgs),
     Renew(RenewArgs),
     Release(ReleaseArgs),
     Inspect(InspectArgs),
@@ -104,6 +105,7 @@ impl Command {
     pub fn op(&self) -> &'static str {
         match self {
             Command::Acquire(_) => "acquire",
+            Command::Run(_) => "run",
             Command::Renew(_) => "renew",
             Command::Release(_) => "release",
             Command::Inspect(_) => "inspect",
@@ -138,6 +140,63 @@ pub struct AcquireArgs {
     /// How long the lease lasts unless renewed (100ms to 24h), by the coordinator's clock.
     #[arg(long, default_value = DEFAULT_TTL, value_name = "DURATION", value_parser = parse_ttl)]
     pub ttl: Duration,
+
+    /// When busy, wait until granted, at most DURATION (forever without one); then exit 3.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        num_args = 0..=1,
+        default_missing_value = "forever",
+        value_parser = parse_wait
+    )]
+    pub wait: Option<Duration>,
+}
+
+/// Run a command while holding a lease, and stop it if the lease is lost.
+///
+/// Acquires RESOURCE, starts COMMAND in its own process group with FENCE_STORE,
+/// FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER and FENCE_TOKEN set, and renews the lease about
+/// every TTL/3. When the lease is lost (expired, taken over by a newer token, or the store
+/// cannot confirm a renewal before the lease runs out by this machine's monotonic clock), the
+/// whole process group gets SIGTERM, then SIGKILL after --kill-after, and fence exits 5.
+/// SIGINT, SIGTERM and SIGHUP sent to fence are passed on to the group. When COMMAND ends,
+/// the lease is released and fence exits with COMMAND's status (128+N if killed by signal
+/// N). Busy without --wait: exit 3, COMMAND never started.
+///
+/// Example (cron):
+///   */5 * * * *  fence run nightly-report --ttl 30s -- ./report.sh
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// The resource to hold while COMMAND runs.
+    #[arg(value_parser = parse_name)]
+    pub resource: String,
+
+    /// Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`.
+    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
+    pub owner: Option<String>,
+
+    /// The lease length; fence renews about every third of it.
+    #[arg(long, default_value = DEFAULT_TTL, value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Duration,
+
+    /// When busy, wait until granted, at most DURATION (forever without one); then exit 3.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        num_args = 0..=1,
+        default_missing_value = "forever",
+        value_parser = parse_wait
+    )]
+    pub wait: Option<Duration>,
+
+    /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL.
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub kill_after: Duration,
+
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Which lease a renew or release refers to: from flags, or from the variables

@@ -57,6 +57,15 @@ pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// Parses `--wait [DURATION]`: a duration, or `forever` (what a bare `--wait` means).
+pub fn parse_wait(value: &str) -> Result<Duration, String> {
+    if value == "forever" {
+        return Ok(Duration::MAX);
+    }
+    humantime::parse_duration(value)
+        .map_err(|err| format!("`{value}` is not a duration ({err}); write e.g. 30s, 5m, or leave it out to wait forever"))
+}
+
 /// Parses a fencing token: a positive 64-bit integer.
 pub fn parse_token(value: &str) -> Result<i64, String> {
     match value.trim().parse::<i64>() {

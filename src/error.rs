@@ -27,6 +27,10 @@ pub enum LostReason {
     Expired,
     /// The lease was released (by this owner, or by a release carrying this token).
     Released,
+    /// Another owner holds a newer token (`run` found out while renewing).
+    TakenOver { highest_token: i64 },
+    /// The coordinator could not confirm a renewal before the lease ran out (`run`).
+    Unreachable,
 }
 
 /// Why a request was refused for a reason other than the token's age.
@@ -104,6 +108,12 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
         LostReason::Released => {
             format!("the lease on `{resource}` with token {token} was released")
         }
+        LostReason::TakenOver { highest_token } => format!(
+            "the lease on `{resource}` with token {token} was taken over: token {highest_token} is newer"
+        ),
+        LostReason::Unreachable => format!(
+            "the lease on `{resource}` with token {token} ran out: the store could not be reached to renew it"
+        ),
     }
 }
 
@@ -240,6 +250,11 @@ impl Error {
                 let reason = match reason {
                     LostReason::Expired => "expired",
                     LostReason::Released => "released",
+                    LostReason::TakenOver { highest_token } => {
+                        map.insert("highest_token".into(), json!(highest_token));
+                        "taken_over"
+                    }
+                    LostReason::Unreachable => "unreachable",
                 };
                 map.insert("reason".into(), json!(reason));
             }

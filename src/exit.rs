@@ -25,6 +25,8 @@ pub enum Exit {
     Unavailable,
     /// The request may or may not have applied; inspect before retrying.
     OutcomeUnknown,
+    /// `fence run` passes on the status of the command it ran (128+N for signal N).
+    Command(u8),
 }
 
 impl Exit {
@@ -53,13 +55,14 @@ impl Exit {
             Exit::Conflict => 6,
             Exit::Unavailable => 7,
             Exit::OutcomeUnknown => 8,
+            Exit::Command(status) => status,
         }
     }
 
     /// The snake_case `error` field of the JSON output (`None` for success).
     pub fn name(self) -> Option<&'static str> {
         match self {
-            Exit::Success => None,
+            Exit::Success | Exit::Command(_) => None,
             Exit::Internal => Some("internal"),
             Exit::Usage => Some("usage"),
             Exit::Busy => Some("busy"),
@@ -91,6 +94,7 @@ impl Exit {
             Exit::OutcomeUnknown => {
                 "the request may or may not have applied; inspect before retrying"
             }
+            Exit::Command(_) => "the status of the command `fence run` ran",
         }
     }
 }

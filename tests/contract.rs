@@ -98,6 +98,14 @@ struct ResourceOut {
     expires_at: Option<String>,
     expires_in_ms: Option<i64>,
     events: Vec<EventOut>,
+    waiters: Vec<WaiterOut>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaiterOut {
+    owner: String,
+    since: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -432,6 +440,7 @@ fn inspect_shows_state_owner_token_expiry_and_events(store: &Store) {
         ("free", None, None)
     );
     assert!(never.events.is_empty() && never.acquired_at.is_none());
+    assert!(view.resources.iter().all(|r| r.waiters.is_empty()));
 
     // --history bounds the events; no names lists every resource without events.
     let view: InspectOut = parse(
@@ -528,7 +537,74 @@ fn quiet_prints_nothing_on_success(store: &Store) {
     assert!(out.stdout.is_empty());
 }
 
+fn waiters_show_in_inspect_and_get_the_lease_on_release(store: &Store) {
+    let held = acquire(store, "job", "alice", "30s");
+    let waiter = store
+        .fence()
+        .args([
+            "acquire", "job", "--owner", "patient", "--wait", "20s", "--format", "json",
+        ])
+        .cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let view: InspectOut = loop {
+        let view: InspectOut = parse(
+            &store
+                .fence()
+                .args(["inspect", "job", "--format", "json"])
+                .run()
+                .expect(0),
+        );
+        if !view.resources[0].waiters.is_empty() {
+            break view;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the waiter never showed up"
+        );
+        sleep(Duration::from_millis(20));
+    };
+    let w = &view.resources[0].waiters[0];
+    assert_eq!(w.owner, "patient");
+    assert!(w.since.ends_with('Z'));
+    lease_cmd(store, "release", "job", "alice", held.token).expect(0);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let got: AcquireOk = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((got.owner.as_str(), got.token), ("patient", held.token + 1));
+    let view: InspectOut = parse(
+        &store
+            .fence()
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0),
+    );
+    assert!(
+        view.resources[0].waiters.is_empty(),
+        "the waiter is gone once served"
+    );
+}
+
+fn wait_gives_up_with_busy_after_its_duration(store: &Store) {
+    acquire(store, "job", "alice", "30s");
+    let start = std::time::Instant::now();
+    let out = store
+        .fence()
+        .args([
+            "acquire", "job", "--owner", "bob", "--wait", "300ms", "--format", "json",
+        ])
+        .run()
+        .expect(3);
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    let err: ErrorOut = parse(&out);
+    assert_eq!(err.holder.unwrap().owner, "alice");
+}
+
 per_backend!(
+    waiters_show_in_inspect_and_get_the_lease_on_release,
+    wait_gives_up_with_busy_after_its_duration,
     same_owner_reacquires_with_the_same_token,
     another_owner_is_busy_with_the_holder_reported,
     renew_extends_and_keeps_or_changes_the_ttl,

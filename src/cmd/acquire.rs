@@ -3,10 +3,11 @@
 use serde_json::{json, Map, Value};
 
 use crate::cli::AcquireArgs;
+use crate::cmd::wait;
 use crate::cmd::Context;
 use crate::config::{url_has_password, StoreKind};
 use crate::error::{shell_quote, Error};
-use crate::output::Report;
+use crate::output::{Output, Report};
 use crate::store::{random_u64, Grant};
 use crate::time;
 
@@ -14,17 +15,23 @@ pub struct Acquired {
     grant: Grant,
 }
 
-pub async fn run(args: AcquireArgs, ctx: &Context) -> Result<Acquired, Error> {
+pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acquired, Error> {
     let owner = args.owner.unwrap_or_else(default_owner);
     let coordinator = ctx.coordinator().await?;
-    let grant = coordinator
-        .acquire(&args.resource, &owner, args.ttl)
-        .await?;
+    let grant = wait::acquire(
+        coordinator.as_ref(),
+        &args.resource,
+        &owner,
+        args.ttl,
+        args.wait,
+        out,
+    )
+    .await?;
     Ok(Acquired { grant })
 }
 
 /// `<hostname>/<pid>/<8 hex>`: unique per process, and readable in `inspect`.
-fn default_owner() -> String {
+pub fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())

@@ -82,6 +82,10 @@ impl Report for Inspected {
                     "expires_at": opt_time(v.expires_at_ms),
                     "expires_in_ms": v.expires_in_ms,
                     "events": events,
+                    "waiters": v.waiters.iter().map(|w| json!({
+                        "owner": w.owner,
+                        "since": time::rfc3339(w.since_ms),
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -160,6 +164,16 @@ impl Report for Inspected {
                 ]);
             }
             text.push_str(&format!("\nfenced writes at `{target}`:\n{t}\n"));
+        }
+        for v in self.views.iter().filter(|v| !v.waiters.is_empty()) {
+            text.push_str(&format!("\nwaiting for `{}`, longest first:\n", v.resource));
+            for w in &v.waiters {
+                text.push_str(&format!(
+                    "  {} (since {})\n",
+                    w.owner,
+                    time::rfc3339(w.since_ms)
+                ));
+            }
         }
         for v in self.views.iter().filter(|v| !v.events.is_empty()) {
             let mut events = Table::new();

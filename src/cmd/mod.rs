@@ -6,6 +6,8 @@ mod inspect;
 mod protect;
 mod release;
 mod renew;
+mod run;
+mod wait;
 mod write;
 
 use crate::cli::{Cli, Command, Format};
@@ -63,7 +65,8 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         schema: cli.global.schema.clone(),
     };
     let result: Result<Box<dyn Report>, Error> = match cli.command {
-        Command::Acquire(args) => acquire::run(args, &ctx).await.map(boxed),
+        Command::Acquire(args) => acquire::run(args, &ctx, out).await.map(boxed),
+        Command::Run(args) => return run::run(args, &ctx, out).await,
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config};
+use tokio_postgres::tls::TlsStream;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
 use crate::error::Error;
 
@@ -160,16 +161,16 @@ impl Target {
         })
     }
 
-    /// Connects and spawns the connection task on the current runtime.
-    pub async fn connect(&self) -> Result<Client, Error> {
+    /// Connects and spawns the connection task on the current runtime; the receiver gets the
+    /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to.
+    pub async fn connect(&self) -> Result<(Client, Notifications), Error> {
         let mut config = self.config.clone();
         if self.ssl == Ssl::Disable {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(|err| self.connect_error(&err))?;
-            tokio::spawn(connection);
-            return Ok(client);
+            return Ok((client, drive(connection)));
         }
         config.ssl_mode(if self.ssl == Ssl::Prefer {
             SslMode::Prefer
@@ -191,8 +192,7 @@ impl Target {
             .connect(tls)
             .await
             .map_err(|err| self.connect_error(&err))?;
-        tokio::spawn(connection);
-        Ok(client)
+        Ok((client, drive(connection)))
     }
 
     fn read_root_cert(&self) -> Result<native_tls::Certificate, Error> {
@@ -304,6 +304,28 @@ fn build_connector(
         }
     }
     connector
+}
+
+/// Payloads of notifications received on a connection.
+pub type Notifications = tokio::sync::mpsc::UnboundedReceiver<String>;
+
+/// Drives a connection on the current runtime, forwarding its notifications.
+fn drive<T>(mut connection: Connection<Socket, T>) -> Notifications
+where
+    T: TlsStream + Unpin + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(std::future::poll_fn(move |cx| loop {
+        match connection.poll_message(cx) {
+            std::task::Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => {
+                let _ = tx.send(n.payload().to_owned());
+            }
+            std::task::Poll::Ready(Some(Ok(_))) => {}
+            std::task::Poll::Ready(Some(Err(_)) | None) => return std::task::Poll::Ready(()),
+            std::task::Poll::Pending => return std::task::Poll::Pending,
+        }
+    }));
+    rx
 }
 
 /// What a failed request means, given whether it may have changed state.

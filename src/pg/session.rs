@@ -22,6 +22,8 @@ pub struct SchemaSpec {
 
 pub struct Session {
     pub client: Client,
+    /// Notifications for channels this connection listens to.
+    pub notifications: tokio::sync::Mutex<pg::Notifications>,
     pub display: String,
     pub schema: String,
     spec: &'static SchemaSpec,
@@ -35,9 +37,10 @@ impl Session {
         spec: &'static SchemaSpec,
     ) -> Result<Session, Error> {
         let target = Target::resolve(url, display)?;
-        let client = target.connect().await?;
+        let (client, notifications) = target.connect().await?;
         Ok(Session {
             client,
+            notifications: tokio::sync::Mutex::new(notifications),
             display: display.to_owned(),
             schema: schema.to_owned(),
             spec,

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::store::{
     random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
-    ResourceView, State,
+    ResourceView, State, Waiter,
 };
 
 const FORMAT_VERSION: i32 = 1;
@@ -298,6 +298,48 @@ impl FileCoordinator {
         let _lock = self.lock(&lock_path)?;
         let record = self.read_record(&lease_path, resource)?;
         change(self, record, &lease_path, &events_path)
+    }
+
+    fn waiters_dir(&self, resource: &str) -> PathBuf {
+        self.dir.join("waiters").join(encode_name(resource))
+    }
+
+    /// Waiter files with their waiter, or `None` when the process is gone.
+    fn read_waiters(&self, dir: &Path) -> Vec<(PathBuf, Option<Waiter>)> {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let path = entry.path();
+                let pid: i32 = path.file_stem()?.to_str()?.parse().ok()?;
+                // SAFETY: kill with signal 0 only checks that the process exists.
+                let alive = unsafe { libc::kill(pid, 0) } == 0
+                    || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+                let waiter = fs::read(&path)
+                    .ok()
+                    .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                    .and_then(|v| {
+                        Some(Waiter {
+                            owner: v["owner"].as_str()?.to_owned(),
+                            since_ms: v["since_ms"].as_i64()?,
+                        })
+                    });
+                Some((path, waiter.filter(|_| alive)))
+            })
+            .collect()
+    }
+
+    /// The live waiters of a resource, longest waiting first.
+    fn waiters(&self, resource: &str) -> Vec<Waiter> {
+        let mut waiters: Vec<Waiter> = self
+            .read_waiters(&self.waiters_dir(resource))
+            .into_iter()
+            .filter_map(|(_, w)| w)
+            .collect();
+        waiters.sort_by_key(|w| w.since_ms);
+        waiters
     }
 
     /// Classifies a renew or release whose owner/token/expiry did not match.
@@ -572,12 +614,14 @@ impl Coordinator for FileCoordinator {
                         acquired_at_ms: Some(record.acquired_at_ms),
                         renewed_at_ms: Some(record.renewed_at_ms),
                         expires_at_ms: (state != State::Free).then_some(record.expires_at_ms),
+                        waiters: Vec::new(),
                         expires_in_ms: (state != State::Free)
                             .then(|| record.expires_in_ms(&now, &self.boot_id)),
                         events: Vec::new(),
                     }
                 }
             };
+            view.waiters = self.waiters(name);
             if history > 0 {
                 let events = self.read_events(&events_path)?;
                 view.events = events
@@ -596,6 +640,41 @@ impl Coordinator for FileCoordinator {
             views.push(view);
         }
         Ok(views)
+    }
+
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
+        let dir = self.waiters_dir(resource);
+        fs::create_dir_all(&dir).map_err(|err| self.io_error("create", &dir, &err))?;
+        for (path, waiter) in self.read_waiters(&dir) {
+            if waiter.is_none() {
+                let _ = fs::remove_file(path);
+            }
+        }
+        let since_ms = Now::read()?.wall_ms;
+        let body = serde_json::json!({ "owner": owner, "since_ms": since_ms }).to_string();
+        let path = dir.join(format!("{}.json", std::process::id()));
+        fs::write(&path, body).map_err(|err| self.io_error("write", &path, &err))
+    }
+
+    async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        let path = self
+            .waiters_dir(resource)
+            .join(format!("{}.json", std::process::id()));
+        match fs::remove_file(&path) {
+            Err(err) if err.kind() != ErrorKind::NotFound => {
+                Err(self.io_error("remove", &path, &err))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn wait_for_release(&self, _resource: &str, max: Duration) -> Result<(), Error> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+
+    fn pushes_wakeups(&self) -> bool {
+        false
     }
 }
 

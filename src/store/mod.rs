@@ -88,6 +88,16 @@ pub struct ResourceView {
     pub expires_in_ms: Option<i64>,
     /// Most recent first.
     pub events: Vec<Event>,
+    /// Processes waiting for the resource (`--wait`), longest waiting first.
+    pub waiters: Vec<Waiter>,
+}
+
+/// A process blocked in `acquire --wait` or `run --wait`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    pub owner: String,
+    /// Since when, by the store's clock (the local wall clock for the directory store).
+    pub since_ms: i64,
 }
 
 impl ResourceView {
@@ -103,6 +113,7 @@ impl ResourceView {
             expires_at_ms: None,
             expires_in_ms: None,
             events: Vec::new(),
+            waiters: Vec::new(),
         }
     }
 }
@@ -153,6 +164,20 @@ pub trait Coordinator {
         resources: &[String],
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
+
+    /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
+
+    /// Removes this process from the resource's waiters.
+    async fn unwait(&self, resource: &str) -> Result<(), Error>;
+
+    /// Returns when the resource may have been released (a pushed wake-up, where the store
+    /// has them) or after `max`, whichever is first.
+    async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
+
+    /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
+    /// that waiters need only a slow fallback poll.
+    fn pushes_wakeups(&self) -> bool;
 }
 
 /// Opens the coordinator a store URL names (connecting, for network stores).

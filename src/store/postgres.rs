@@ -13,9 +13,11 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::pg;
 use crate::pg::session::{SchemaSpec, Session};
 use crate::store::{
     ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
+    Waiter,
 };
 
 pub struct PgCoordinator {
@@ -251,6 +253,12 @@ impl Coordinator for PgCoordinator {
         let rows = self
             .call(what, false, leases_sql, &[(&names, Type::TEXT_ARRAY)])
             .await?;
+        let waiters_sql = "SELECT w.resource, w.owner, __SCHEMA__.ms(w.since) FROM __SCHEMA__.waiters w \
+             WHERE ($1::text[] IS NULL OR w.resource = ANY($1)) \
+             AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid) ORDER BY w.since";
+        let waiter_rows = self
+            .call(what, false, waiters_sql, &[(&names, Type::TEXT_ARRAY)])
+            .await?;
         let event_rows = if history > 0 {
             self.call(
                 what,
@@ -286,6 +294,7 @@ impl Coordinator for PgCoordinator {
                     expires_at_ms: expires_ms,
                     expires_in_ms,
                     events: Vec::new(),
+                    waiters: Vec::new(),
                 }
             })
             .collect();
@@ -306,9 +315,68 @@ impl Coordinator for PgCoordinator {
                 });
             }
         }
+        for row in &waiter_rows {
+            let resource: String = row.get(0);
+            if let Some(view) = views.iter_mut().find(|v| v.resource == resource) {
+                view.waiters.push(Waiter {
+                    owner: row.get(1),
+                    since_ms: row.get(2),
+                });
+            }
+        }
         if !resources.is_empty() {
             views.sort_by_key(|v| resources.iter().position(|r| r == &v.resource));
         }
         Ok(views)
+    }
+
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
+        let channel = format!("LISTEN fence_{}", self.session.schema);
+        self.session
+            .client
+            .batch_execute(&channel)
+            .await
+            .map_err(|err| {
+                pg::request_error(&err, &self.session.display, "listen for releases", false)
+            })?;
+        self.call(
+            "register as a waiter",
+            true,
+            "WITH gone AS (DELETE FROM __SCHEMA__.waiters w WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid)) \
+             INSERT INTO __SCHEMA__.waiters (resource, owner) VALUES ($1, $2)",
+            &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        self.call(
+            "unregister as a waiter",
+            true,
+            "DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = $1",
+            &[(&resource, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
+        let mut notifications = self.session.notifications.lock().await;
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            match tokio::time::timeout_at(deadline, notifications.recv()).await {
+                Ok(Some(payload)) if payload == resource => return Ok(()),
+                Ok(Some(_)) => continue,
+                // The connection is gone: the next acquire attempt reports why.
+                Ok(None) => return Ok(()),
+                Err(_) => return Ok(()),
+            }
+        }
+    }
+
+    fn pushes_wakeups(&self) -> bool {
+        true
     }
 }

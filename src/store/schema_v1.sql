@@ -42,6 +42,14 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.events (
 );
 CREATE INDEX IF NOT EXISTS events_resource_id ON __SCHEMA__.events (resource, id DESC);
 
+-- Processes blocked in `--wait`, for `inspect`. A row whose backend is gone is stale.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
+    resource text NOT NULL,
+    owner text NOT NULL,
+    since timestamptz NOT NULL DEFAULT clock_timestamp(),
+    backend_pid int NOT NULL DEFAULT pg_backend_pid()
+);
+
 -- Tokens never go down and lease rows are never removed, whoever writes (DESIGN §8).
 CREATE OR REPLACE FUNCTION __SCHEMA__.leases_guard() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
@@ -222,6 +230,8 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
     VALUES (p_resource, 'released', p_owner, r.token);
+    -- Wake waiters (LISTEN fence_<schema>). Sent at commit; not durable, so waiters also poll.
+    PERFORM pg_notify('fence___SCHEMA__', p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;

@@ -1,0 +1,224 @@
+//! `fence run`: hold a lease for a command's whole life, and stop the command when the lease
+//! can no longer be proven.
+//!
+//! The lease counts as valid until `sent + TTL` by this machine's monotonic clock, where
+//! `sent` is when the last successful renewal was sent: the coordinator extended the lease
+//! at or after that instant, so this bound never outlives the coordinator's own expiry (I7:
+//! no wall clock is compared). Transient renewal errors are ridden out only within that bound;
+//! past it, or on a definite answer (expired, taken over), the command's whole process group
+//! gets SIGTERM and, after `--kill-after`, SIGKILL.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::{sleep_until, Instant};
+
+use crate::cli::{Format, RunArgs};
+use crate::cmd::acquire::default_owner;
+use crate::cmd::{wait, Context};
+use crate::error::{Error, LostReason};
+use crate::exit::Exit;
+use crate::output::Output;
+use crate::store::LeaseRef;
+
+pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
+    match supervise(args, ctx, out).await {
+        Ok(exit) => exit,
+        Err(err) => out.error("run", ctx.store_display(), &err),
+    }
+}
+
+/// How the supervised command ended.
+enum End {
+    Finished(ExitStatus),
+    Lost(Error),
+}
+
+async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
+    let owner = args.owner.clone().unwrap_or_else(default_owner);
+    let mut coordinator = ctx.coordinator().await?;
+    // The bound starts before the acquire is sent.
+    let sent = Instant::now();
+    let grant = wait::acquire(
+        coordinator.as_ref(),
+        &args.resource,
+        &owner,
+        args.ttl,
+        args.wait,
+        out,
+    )
+    .await?;
+    let lease = LeaseRef {
+        resource: args.resource.clone(),
+        owner: owner.clone(),
+        token: grant.lease.token,
+    };
+    let ttl = args.ttl;
+    let mut valid_until = valid_bound(sent, ttl, grant.lease.expires_in_ms);
+
+    let mut child = match spawn(&args.command, ctx, &lease) {
+        Ok(child) => child,
+        Err(err) => {
+            let _ = coordinator.release(&lease).await;
+            return Err(err);
+        }
+    };
+    let pgid = child.id().map(|pid| pid as i32);
+
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(signal_error)?;
+    let every = ttl / 3;
+    let mut next_renew = Instant::now() + every;
+    let mut reconnect = false;
+
+    let end = loop {
+        tokio::select! {
+            biased;
+            _ = sleep_until(valid_until) => {
+                break End::Lost(lost(&lease, LostReason::Unreachable));
+            }
+            status = child.wait() => match status {
+                Ok(status) => break End::Finished(status),
+                Err(err) => return Err(Error::internal(format!("cannot wait for the command: {err}"), "check the system's process limits")),
+            },
+            _ = interrupt.recv() => forward(pgid, libc::SIGINT),
+            _ = terminate.recv() => forward(pgid, libc::SIGTERM),
+            _ = hangup.recv() => forward(pgid, libc::SIGHUP),
+            _ = sleep_until(next_renew) => {
+                if reconnect {
+                    let left = valid_until.saturating_duration_since(Instant::now());
+                    match tokio::time::timeout(left, ctx.coordinator()).await {
+                        Ok(Ok(fresh)) => { coordinator = fresh; reconnect = false; }
+                        _ => { next_renew = Instant::now() + retry_after(ttl); continue; }
+                    }
+                }
+                let sent = Instant::now();
+                let left = valid_until.saturating_duration_since(sent);
+                match tokio::time::timeout(left, coordinator.renew(&lease, Some(ttl))).await {
+                    Ok(Ok(renewed)) => {
+                        valid_until = valid_bound(sent, ttl, renewed.expires_in_ms);
+                        next_renew = Instant::now() + every;
+                    }
+                    Ok(Err(Error::Stale { highest_token, .. })) => {
+                        break End::Lost(lost(&lease, LostReason::TakenOver { highest_token }));
+                    }
+                    Ok(Err(Error::LeaseLost { reason, .. })) => break End::Lost(lost(&lease, reason)),
+                    Ok(Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })) | Err(_) => {
+                        // Transient: try again soon on a fresh connection, while the bound lasts.
+                        reconnect = true;
+                        next_renew = Instant::now() + retry_after(ttl);
+                    }
+                    Ok(Err(err)) => break End::Lost(err),
+                }
+            }
+        }
+    };
+
+    match end {
+        End::Finished(status) => {
+            if let Err(err) = coordinator.release(&lease).await {
+                eprintln!(
+                    "fence: warning: the command ended but its lease could not be released: {err}"
+                );
+            }
+            let code = status
+                .code()
+                .map(|c| c as u8)
+                .or_else(|| status.signal().map(|s| 128 + s as u8))
+                .unwrap_or(1);
+            if out.format == Format::Json {
+                let mut object = serde_json::Map::new();
+                object.insert("ok".into(), json!(true));
+                object.insert("op".into(), json!("run"));
+                object.insert("resource".into(), json!(lease.resource));
+                object.insert("owner".into(), json!(lease.owner));
+                object.insert("token".into(), json!(lease.token));
+                object.insert("exit_status".into(), json!(code));
+                if let Some(store) = ctx.store_display() {
+                    object.insert("store".into(), json!(store));
+                }
+                println!("{}", serde_json::Value::Object(object));
+            }
+            Ok(Exit::Command(code))
+        }
+        End::Lost(err) => {
+            stop(&mut child, pgid, args.kill_after).await;
+            Err(err)
+        }
+    }
+}
+
+fn valid_bound(sent: Instant, ttl: Duration, expires_in_ms: i64) -> Instant {
+    // Never trust more than the coordinator granted, nor more than the TTL asked for.
+    let granted = Duration::from_millis(expires_in_ms.max(0) as u64);
+    sent + ttl.min(granted)
+}
+
+fn retry_after(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+fn lost(lease: &LeaseRef, reason: LostReason) -> Error {
+    Error::LeaseLost {
+        resource: lease.resource.clone(),
+        owner: lease.owner.clone(),
+        token: lease.token,
+        reason,
+    }
+}
+
+fn signal_error(err: std::io::Error) -> Error {
+    Error::internal(
+        format!("cannot handle signals: {err}"),
+        "check the system's limits",
+    )
+}
+
+fn forward(pgid: Option<i32>, signal: i32) {
+    if let Some(pgid) = pgid {
+        // SAFETY: kill(2) on the command's own process group; no memory is involved.
+        unsafe { libc::kill(-pgid, signal) };
+    }
+}
+
+/// SIGTERM to the whole group, SIGKILL after `kill_after` (and always, for stragglers).
+async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: Duration) {
+    forward(pgid, libc::SIGTERM);
+    let _ = tokio::time::timeout(kill_after, child.wait()).await;
+    forward(pgid, libc::SIGKILL);
+    let _ = child.wait().await;
+}
+
+fn spawn(
+    command: &[OsString],
+    ctx: &Context,
+    lease: &LeaseRef,
+) -> Result<tokio::process::Child, Error> {
+    let (program, rest) = command.split_first().ok_or_else(|| {
+        Error::usage(
+            "no command to run",
+            "put the command after `--`: fence run R -- ./job.sh",
+        )
+    })?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest)
+        .process_group(0)
+        .env("FENCE_RESOURCE", &lease.resource)
+        .env("FENCE_OWNER", &lease.owner)
+        .env("FENCE_TOKEN", lease.token.to_string())
+        .env("FENCE_SCHEMA", &ctx.schema);
+    if let Some(store) = &ctx.store {
+        cmd.env("FENCE_STORE", &store.url);
+    }
+    cmd.spawn().map_err(|err| {
+        Error::usage(
+            format!("cannot start `{}`: {err}", program.to_string_lossy()),
+            "check the command's path and permissions; the lease was released",
+        )
+    })
+}

@@ -1,0 +1,105 @@
+//! Acquire, waiting while busy (`--wait`): shared by `acquire` and `run`.
+//!
+//! A waiter sleeps until the holder's lease would expire, until the store pushes a release
+//! (PostgreSQL LISTEN/NOTIFY; notifications are not durable, so a slow poll stays as a
+//! fallback), or until a short jittered poll (stores without pushed wake-ups), whichever comes
+//! first. A refused attempt writes nothing on any store, so many waiters cost the holder
+//! nothing; the jitter keeps them from retrying in lockstep. No arrival order is promised: the
+//! first waiter to retry after a release wins.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::output::Output;
+use crate::store::{random_u64, Coordinator, Grant};
+use crate::time;
+
+/// The fallback poll when wake-ups are pushed.
+const PUSHED_FALLBACK: Duration = Duration::from_millis(1000);
+/// The first and the longest poll interval on stores without pushed wake-ups.
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(250);
+
+pub async fn acquire(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: &Output,
+) -> Result<Grant, Error> {
+    let first = coordinator.acquire(resource, owner, ttl).await;
+    let Some(wait) = wait else {
+        return first;
+    };
+    let mut holder = match first {
+        Err(Error::Busy { holder, .. }) => holder,
+        other => return other,
+    };
+    let started = Instant::now();
+    let deadline = started.checked_add(wait);
+    coordinator.wait_begin(resource, owner).await?;
+    let spinner = out.spinner();
+    let mut poll = POLL_MIN;
+    let result = loop {
+        if let Some(spinner) = &spinner {
+            spinner.set_message(format!(
+                "waiting for `{resource}`: held by `{}` with token {} ({}); waited {}",
+                holder.owner,
+                holder.token,
+                time::expires_in(holder.expires_in_ms),
+                time::span(started.elapsed().as_millis() as i64)
+            ));
+        }
+        let until_expiry = Duration::from_millis(holder.expires_in_ms.max(0) as u64);
+        let fallback = if coordinator.pushes_wakeups() {
+            PUSHED_FALLBACK
+        } else {
+            poll = (poll * 2).min(POLL_MAX);
+            poll
+        };
+        let jitter = Duration::from_micros(random_u64() % 5_000);
+        let mut nap = until_expiry.min(fallback) + jitter;
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break Err(Error::Busy {
+                    resource: resource.to_owned(),
+                    holder,
+                });
+            }
+            nap = nap.min(left);
+        }
+        coordinator.wait_for_release(resource, nap).await?;
+        match coordinator.acquire(resource, owner, ttl).await {
+            Err(Error::Busy { holder: next, .. }) => holder = next,
+            other => break other,
+        }
+    };
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    // Best effort: a stale waiter record is ignored by `inspect` once this process is gone.
+    let _ = coordinator.unwait(resource).await;
+    result
+}
+
+impl Output {
+    /// A spinner on stderr, only when stderr is a terminal and output is for people.
+    pub fn spinner(&self) -> Option<ProgressBar> {
+        if self.quiet
+            || self.format != crate::cli::Format::Human
+            || !std::io::stderr().is_terminal()
+        {
+            return None;
+        }
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_style(ProgressStyle::with_template("{spinner} {msg}").ok()?);
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        Some(spinner)
+    }
+}
