@@ -205,36 +205,30 @@ fn default_store_url() -> Result<String, Error> {
 /// Removes the password from `scheme://user:password@host/…` and any `password=` query
 /// parameter, so that URLs can be printed (DESIGN: secrets never appear in output).
 pub fn redact_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((head, query)) => (head, Some(query)),
-        None => (url, None),
+    let url = match url.split_once("://") {
+        // The user info ends at the LAST `@`: a password may itself hold `/`, `?` or `#`
+        // (the driver accepts them), so nothing before that `@` is trusted to be a host.
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{scheme}://{user}@{host}")
+            }
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     };
-    let mut out = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            let authority = match authority.rsplit_once('@') {
-                Some((userinfo, host)) => {
-                    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-                    format!("{user}@{host}")
-                }
-                None => authority.to_owned(),
-            };
-            format!("{scheme}://{authority}{path}")
-        }
-        None => head.to_owned(),
+    let Some((head, query)) = url.split_once('?') else {
+        return url;
     };
-    if let Some(query) = query {
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
-            .collect();
-        if !kept.is_empty() {
-            out.push('?');
-            out.push_str(&kept.join("&"));
-        }
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
+        .collect();
+    if kept.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", kept.join("&"))
     }
-    out
 }
 
 /// Whether a URL carries a password (then `--format env` leaves FENCE_STORE out).
@@ -280,6 +274,10 @@ mod tests {
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("postgres://h/db?password=x"), "postgres://h/db");
         assert!(url_has_password("postgres://u:p@h/db"));
+        assert_eq!(
+            redact_url("postgres://u:SEC/RET?PW@h:1/db"),
+            "postgres://u@h:1/db"
+        );
         assert!(!url_has_password("file:///tmp/x"));
     }
 

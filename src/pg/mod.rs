@@ -164,6 +164,28 @@ impl Target {
     /// Connects and spawns the connection task on the current runtime; the receiver gets the
     /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to.
     pub async fn connect(&self) -> Result<(Client, Notifications), Error> {
+        // tokio-postgres bounds only the TCP connect; libpq's connect_timeout bounds the
+        // whole connection (TLS, start-up, login), and so do we.
+        let limit = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        tokio::time::timeout(limit, self.connect_unbounded())
+            .await
+            .map_err(|_| {
+                Error::unavailable(
+                    format!(
+                        "PostgreSQL at `{}` did not complete the connection within {}s",
+                        self.display,
+                        limit.as_secs_f64()
+                    ),
+                    "check that the address is a PostgreSQL server and that it is not overloaded; nothing was done, so it is safe to retry",
+                )
+            })?
+    }
+
+    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Error> {
         let mut config = self.config.clone();
         if self.ssl == Ssl::Disable {
             let (client, connection) = config
@@ -177,11 +199,11 @@ impl Target {
         } else {
             SslMode::Require
         });
-        let root = match self.ssl {
-            Ssl::VerifyCa | Ssl::VerifyFull => Some(self.read_root_cert()?),
-            _ => None,
+        let roots = match self.ssl {
+            Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs()?,
+            _ => Vec::new(),
         };
-        let connector = build_connector(root, self.ssl == Ssl::VerifyFull).map_err(|err| {
+        let connector = build_connector(roots, self.ssl == Ssl::VerifyFull).map_err(|err| {
             Error::internal(
                 format!("cannot set up TLS: {err}"),
                 "check the system's OpenSSL installation",
@@ -195,7 +217,8 @@ impl Target {
         Ok((client, drive(connection)))
     }
 
-    fn read_root_cert(&self) -> Result<native_tls::Certificate, Error> {
+    /// Every certificate in the `sslrootcert` file (a bundle may hold several, as with libpq).
+    fn read_root_certs(&self) -> Result<Vec<native_tls::Certificate>, Error> {
         let path = self.root_cert.as_deref().unwrap_or(Path::new(""));
         let pem = std::fs::read(path).map_err(|err| {
             Error::usage(
@@ -203,12 +226,29 @@ impl Target {
                 "point sslrootcert (or PGSSLROOTCERT) at a readable PEM file",
             )
         })?;
-        native_tls::Certificate::from_pem(&pem).map_err(|err| {
+        let not_pem = |detail: String| {
             Error::usage(
-                format!("`{}` is not a PEM certificate: {err}", path.display()),
+                format!("`{}` is not a PEM certificate: {detail}", path.display()),
                 "point sslrootcert at the CA certificate that signed the server's",
             )
-        })
+        };
+        const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+        let text = String::from_utf8_lossy(&pem);
+        let certs = text
+            .match_indices(BEGIN)
+            .map(|(start, _)| {
+                let block = &text[start..];
+                let end = block
+                    .find("-----END CERTIFICATE-----")
+                    .map_or(block.len(), |e| e + 25);
+                native_tls::Certificate::from_pem(&block.as_bytes()[..end])
+                    .map_err(|err| not_pem(err.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if certs.is_empty() {
+            return Err(not_pem("it holds no certificate".into()));
+        }
+        Ok(certs)
     }
 
     fn connect_error(&self, err: &tokio_postgres::Error) -> Error {
@@ -252,6 +292,12 @@ impl Target {
                 "check sslmode and sslrootcert: verify-full needs the CA that signed the server's certificate and a host name the certificate names",
             );
         }
+        if cause.contains("password missing") {
+            return Error::usage(
+                format!("PostgreSQL at `{display}` asks for a password and none was given"),
+                "put it in the URL (postgres://user:password@host/db) or set PGPASSWORD",
+            );
+        }
         if cause.contains("invalid configuration") {
             return Error::usage(
                 format!("`{display}` is not a usable PostgreSQL address: {cause}"),
@@ -265,7 +311,7 @@ impl Target {
     }
 }
 
-/// A TLS connector that, as libpq, trusts only `root` (and verifies nothing without one:
+/// A TLS connector that, as libpq, trusts only `roots` (and verifies nothing without them:
 /// `sslmode=prefer|require` encrypt without authenticating the server).
 ///
 /// OpenSSL loads the system trust store whenever a connector is built, even with built-in
@@ -273,7 +319,7 @@ impl Target {
 /// store's environment variables point at nothing while it is built and are restored right
 /// after: commands that fence starts must see the user's settings.
 fn build_connector(
-    root: Option<native_tls::Certificate>,
+    roots: Vec<native_tls::Certificate>,
     verify_host: bool,
 ) -> Result<native_tls::TlsConnector, native_tls::Error> {
     let saved: Vec<_> = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
@@ -286,15 +332,14 @@ fn build_connector(
     std::env::set_var("SSL_CERT_DIR", "/nonexistent");
     let mut builder = native_tls::TlsConnector::builder();
     builder.disable_built_in_roots(true);
-    match root {
-        Some(root) => {
+    if roots.is_empty() {
+        builder.danger_accept_invalid_certs(true);
+        builder.danger_accept_invalid_hostnames(true);
+    } else {
+        for root in roots {
             builder.add_root_certificate(root);
-            builder.danger_accept_invalid_hostnames(!verify_host);
         }
-        None => {
-            builder.danger_accept_invalid_certs(true);
-            builder.danger_accept_invalid_hostnames(true);
-        }
+        builder.danger_accept_invalid_hostnames(!verify_host);
     }
     let connector = builder.build();
     for (name, value) in saved {
@@ -340,7 +385,7 @@ pub fn request_error(
         if *code == SqlState::INSUFFICIENT_PRIVILEGE {
             return Error::usage(
                 format!("PostgreSQL at `{display}` refused to {what}: {}", db.message()),
-                "grant this user the privileges fence needs on its schema, or have an owner run `fence init`",
+                "grant this user the privileges fence needs (USAGE on its schema, SELECT/INSERT/UPDATE on its tables, EXECUTE on its functions), or use a --schema this user owns",
             );
         }
         if *code == SqlState::READ_ONLY_SQL_TRANSACTION {

@@ -167,7 +167,7 @@ impl Session {
             ),
             Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Error::usage(
                 format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
-                "have a user who may create schemas run `fence init` once, or pass --schema naming a schema you own",
+                "have a user who may create schemas run `fence init` once and grant this user access to that schema, or pass --schema naming a schema this user may create",
             ),
             _ => pg::request_error(&err, &self.display, what, true),
         })
