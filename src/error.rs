@@ -112,7 +112,7 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
             "the lease on `{resource}` with token {token} was taken over: token {highest_token} is newer"
         ),
         LostReason::Unreachable => format!(
-            "the lease on `{resource}` with token {token} ran out: the store could not be reached to renew it"
+            "the lease on `{resource}` with token {token} could not be renewed before it ran out (the store was unreachable, or this process was paused)"
         ),
     }
 }

@@ -75,12 +75,30 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     let every = ttl / 3;
     let mut next_renew = Instant::now() + every;
     let mut reconnect = false;
+    let mut last_error: Option<String> = None;
 
     let end = loop {
         tokio::select! {
             biased;
             _ = sleep_until(valid_until) => {
-                break End::Lost(lost(&lease, LostReason::Unreachable));
+                // No renewal was confirmed in time (the store is unreachable, or this process
+                // was paused): stop the command first, then ask once why, for the report.
+                forward(pgid, libc::SIGTERM);
+                let reason = match tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await {
+                    Ok(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
+                    Ok(Err(Error::LeaseLost { reason, .. })) => reason,
+                    Ok(Ok(_)) => {
+                        // Still ours by the store's clock, but too late to prove in time:
+                        // hand it back rather than leave it to expire.
+                        let _ = coordinator.release(&lease).await;
+                        LostReason::Unreachable
+                    }
+                    _ => LostReason::Unreachable,
+                };
+                if let Some(cause) = &last_error {
+                    eprintln!("fence: the last renewal attempt failed: {cause}");
+                }
+                break End::Lost(lost(&lease, reason));
             }
             status = child.wait() => match status {
                 Ok(status) => break End::Finished(status),
@@ -101,6 +119,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 let left = valid_until.saturating_duration_since(sent);
                 match tokio::time::timeout(left, coordinator.renew(&lease, Some(ttl))).await {
                     Ok(Ok(renewed)) => {
+                        last_error = None;
                         valid_until = valid_bound(sent, ttl, renewed.expires_in_ms);
                         next_renew = Instant::now() + every;
                     }
@@ -108,12 +127,16 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                         break End::Lost(lost(&lease, LostReason::TakenOver { highest_token }));
                     }
                     Ok(Err(Error::LeaseLost { reason, .. })) => break End::Lost(lost(&lease, reason)),
-                    Ok(Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })) | Err(_) => {
-                        // Transient: try again soon on a fresh connection, while the bound lasts.
+                    other => {
+                        // Anything else may pass (a lost connection, a timeout, local I/O): try
+                        // again soon on a fresh connection, but only while the bound lasts.
+                        last_error = Some(match other {
+                            Ok(Err(err)) => err.to_string(),
+                            _ => "no answer in time".to_owned(),
+                        });
                         reconnect = true;
                         next_renew = Instant::now() + retry_after(ttl);
                     }
-                    Ok(Err(err)) => break End::Lost(err),
                 }
             }
         }
@@ -158,6 +181,9 @@ fn valid_bound(sent: Instant, ttl: Duration, expires_in_ms: i64) -> Instant {
     let granted = Duration::from_millis(expires_in_ms.max(0) as u64);
     sent + ttl.min(granted)
 }
+
+/// How long to wait, once the lease could not be proven, for the store to say why.
+const CLASSIFY_WITHIN: Duration = Duration::from_secs(1);
 
 fn retry_after(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
