@@ -39,6 +39,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
+            [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -158,6 +159,25 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             break
         }
+        'fence;bench' {
+            [CompletionResult]::new('--workers', '--workers', [CompletionResultType]::ParameterName, 'Concurrent workers, each with its own connection')
+            [CompletionResult]::new('--resources', '--resources', [CompletionResultType]::ParameterName, 'Resources to spread over (`spread` mode)')
+            [CompletionResult]::new('--duration', '--duration', [CompletionResultType]::ParameterName, 'How long to run')
+            [CompletionResult]::new('--mode', '--mode', [CompletionResultType]::ParameterName, 'What to measure')
+            [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'The lease length the workers ask for')
+            [CompletionResult]::new('--hold', '--hold', [CompletionResultType]::ParameterName, 'How long each holder keeps the lease (`handoff` mode; default 1ms)')
+            [CompletionResult]::new('--write-target', '--write-target', [CompletionResultType]::ParameterName, 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench''s scratch schema')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('--renew', '--renew', [CompletionResultType]::ParameterName, 'Renew once in every critical section')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
         'fence;help' {
             [CompletionResult]::new('acquire', 'acquire', [CompletionResultType]::ParameterValue, 'Take a lease on RESOURCE and print its fencing token')
             [CompletionResult]::new('run', 'run', [CompletionResultType]::ParameterValue, 'Run a command while holding a lease, and stop it if the lease is lost.')
@@ -167,6 +187,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
+            [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
         }
@@ -192,6 +213,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;init' {
+            break
+        }
+        'fence;help;bench' {
             break
         }
         'fence;help;help' {

@@ -36,6 +36,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand write 'Write to a protected PostgreSQL database with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
             cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'fence;acquire'= {
@@ -146,6 +147,24 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
         }
+        &'fence;bench'= {
+            cand --workers 'Concurrent workers, each with its own connection'
+            cand --resources 'Resources to spread over (`spread` mode)'
+            cand --duration 'How long to run'
+            cand --mode 'What to measure'
+            cand --ttl 'The lease length the workers ask for'
+            cand --hold 'How long each holder keeps the lease (`handoff` mode; default 1ms)'
+            cand --write-target 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench''s scratch schema'
+            cand --store 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand --renew 'Renew once in every critical section'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
         &'fence;help'= {
             cand acquire 'Take a lease on RESOURCE and print its fencing token'
             cand run 'Run a command while holding a lease, and stop it if the lease is lost.'
@@ -155,6 +174,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand write 'Write to a protected PostgreSQL database with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
             cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'fence;help;acquire'= {
@@ -172,6 +192,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;protect'= {
         }
         &'fence;help;init'= {
+        }
+        &'fence;help;bench'= {
         }
         &'fence;help;help'= {
         }

@@ -98,6 +98,7 @@ pub enum Command {
     Write(WriteArgs),
     Protect(ProtectArgs),
     Init(InitArgs),
+    Bench(BenchArgs),
 }
 
 impl Command {
@@ -112,6 +113,7 @@ impl Command {
             Command::Write(_) => "write",
             Command::Protect(_) => "protect",
             Command::Init(_) => "init",
+            Command::Bench(_) => "bench",
         }
     }
 }
@@ -389,6 +391,69 @@ pub struct ProtectArgs {
     /// Remove the trigger instead.
     #[arg(long)]
     pub remove: bool,
+}
+
+/// Measure the store as your jobs would use it, before choosing a TTL.
+///
+/// In-process workers, each with its own connection, loop acquire → (optional fenced write to
+/// --write-target) → (optional renew) → release for --duration, and report critical sections
+/// per second, refused acquisitions per second, acquire latency, hand-off latency (from one
+/// holder's release to the next holder's grant), renewals and stale rejections.
+///
+/// Modes: `contend` — every worker on one hot resource, waiting as `--wait` does;
+/// `spread` — workers on --resources resources picked at random, refused when busy;
+/// `handoff` — like contend, with each holder keeping the lease for --hold, to time hand-offs.
+///
+/// The bench works in a scratch namespace of the store (schema `fence_bench_<pid>` on
+/// PostgreSQL, a `bench-<pid>` directory in the local store) and removes it afterwards.
+///
+/// Example:
+///   fence bench --store postgres://app@db/app --workers 16 --duration 10s --mode contend
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// Concurrent workers, each with its own connection.
+    #[arg(long, default_value_t = 8, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: u32,
+
+    /// Resources to spread over (`spread` mode).
+    #[arg(long, default_value_t = 100, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub resources: u32,
+
+    /// How long to run.
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_ttl)]
+    pub duration: Duration,
+
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = BenchMode::Contend)]
+    pub mode: BenchMode,
+
+    /// The lease length the workers ask for.
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_ttl)]
+    pub ttl: Duration,
+
+    /// How long each holder keeps the lease (`handoff` mode; default 1ms).
+    #[arg(long, default_value = "1ms", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub hold: Duration,
+
+    /// Renew once in every critical section.
+    #[arg(long)]
+    pub renew: bool,
+
+    /// Also make one fenced write (an empty fenced transaction) per critical section to this
+    /// PostgreSQL database, in the bench's scratch schema.
+    #[arg(long, value_name = "URL")]
+    pub write_target: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    /// Every worker on one resource, blocking until granted.
+    Contend,
+    /// Workers on many resources, refused when busy.
+    Spread,
+    /// Like contend, holding each lease for --hold.
+    Handoff,
 }
 
 /// Create or migrate fence's own tables in the store (safe to run again).

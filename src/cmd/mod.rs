@@ -1,6 +1,7 @@
 //! One module per subcommand; this dispatcher only resolves the shared context and routes.
 
 mod acquire;
+mod bench;
 mod init;
 mod inspect;
 mod protect;
@@ -73,6 +74,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Write(args) => write::run(args, &ctx).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
+        Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),
     };
     match result {
         Ok(report) => out.success(op, &ctx, report.as_ref()),

@@ -208,3 +208,58 @@ pub(crate) fn random_u64() -> u64 {
     hasher.write_u32(std::process::id());
     hasher.finish()
 }
+
+/// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>` on
+/// PostgreSQL, directory `bench-<pid>` inside the local store. Returns the spec and schema.
+pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
+    let pid = std::process::id();
+    let schema = format!("fence_bench_{pid}");
+    let spec = match &spec.kind {
+        StoreKind::File(dir) => {
+            let dir = dir.join(format!("bench-{pid}"));
+            StoreSpec {
+                url: format!("file://{}", dir.display()),
+                display: format!("file://{}", dir.display()),
+                kind: StoreKind::File(dir),
+            }
+        }
+        StoreKind::Postgres(_) => spec.clone(),
+    };
+    (spec, schema)
+}
+
+/// Removes a namespace made by [`scratch`] (and the same schema in an optional PostgreSQL
+/// write target). Lease records are never deleted one by one; the whole namespace goes.
+pub async fn remove_scratch(
+    spec: &StoreSpec,
+    schema: &str,
+    target: Option<&crate::target::TargetSpec>,
+) -> Result<(), Error> {
+    let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+    let mut databases: Vec<(&str, &str)> = target
+        .map(|t| (t.url.as_str(), t.display.as_str()))
+        .into_iter()
+        .collect();
+    match &spec.kind {
+        StoreKind::File(dir) => match std::fs::remove_dir_all(dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::internal(
+                    format!(
+                        "cannot remove the bench's scratch directory `{}`: {err}",
+                        dir.display()
+                    ),
+                    "remove it by hand",
+                ))
+            }
+            _ => {}
+        },
+        StoreKind::Postgres(url) => databases.push((url.as_str(), spec.display.as_str())),
+    }
+    for (url, display) in databases {
+        let (client, _notifications) = crate::pg::Target::resolve(url, display)?.connect().await?;
+        client.batch_execute(&drop).await.map_err(|err| {
+            crate::pg::request_error(&err, display, "remove the bench's scratch schema", true)
+        })?;
+    }
+    Ok(())
+}

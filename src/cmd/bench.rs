@@ -1,0 +1,332 @@
+//! `fence bench`: measure a store as a user would before choosing a TTL or a coordinator.
+//!
+//! Workers run in threads of this process, each with its own runtime and connection (the
+//! coordinators are single-connection, single-thread objects). Timings use the monotonic
+//! clock of this one process, so hand-off latency (one holder's release sent → the next
+//! holder's grant received) needs no clock comparison. Nothing here is asserted in tests;
+//! the tests check arguments and the JSON shape only.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use comfy_table::{presets, Table};
+use serde_json::{json, Map, Value};
+
+use crate::cli::{BenchArgs, BenchMode};
+use crate::cmd::Context;
+use crate::config::StoreSpec;
+use crate::error::Error;
+use crate::output::{Output, Report};
+use crate::store::{self, random_u64, LeaseRef};
+use crate::target::postgres::PgTarget;
+use crate::target::TargetSpec;
+
+pub struct Benched {
+    mode: BenchMode,
+    workers: u32,
+    resources: u32,
+    elapsed: Duration,
+    totals: Stats,
+}
+
+#[derive(Default)]
+struct Stats {
+    sections: u64,
+    refused: u64,
+    renewals: u64,
+    stale: u64,
+    acquire_us: Vec<u64>,
+    handoff_us: Vec<u64>,
+}
+
+impl Stats {
+    fn merge(&mut self, other: Stats) {
+        self.sections += other.sections;
+        self.refused += other.refused;
+        self.renewals += other.renewals;
+        self.stale += other.stale;
+        self.acquire_us.extend(other.acquire_us);
+        self.handoff_us.extend(other.handoff_us);
+    }
+}
+
+/// Everything a worker thread needs (owned: it outlives no borrow).
+#[derive(Clone)]
+struct Plan {
+    spec: StoreSpec,
+    schema: String,
+    target: Option<TargetSpec>,
+    mode: BenchMode,
+    resources: u32,
+    ttl: Duration,
+    hold: Duration,
+    renew: bool,
+    end: Instant,
+    /// When the last holder of the hot resource sent its release.
+    last_release: Arc<Mutex<Option<Instant>>>,
+}
+
+pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched, Error> {
+    let base = ctx
+        .store
+        .clone()
+        .ok_or_else(|| Error::internal("no store", "report this bug"))?;
+    let target = args
+        .write_target
+        .as_deref()
+        .map(TargetSpec::resolve)
+        .transpose()?;
+    let (spec, schema) = store::scratch(&base);
+    // Create the scratch schema once, so that workers do not all race to create it.
+    store::open(&spec, &schema).await?.init().await?;
+    let start = Instant::now();
+    let plan = Plan {
+        spec: spec.clone(),
+        schema: schema.clone(),
+        target: target.clone(),
+        mode: args.mode,
+        resources: if args.mode == BenchMode::Spread {
+            args.resources
+        } else {
+            1
+        },
+        ttl: args.ttl,
+        hold: if args.mode == BenchMode::Handoff {
+            args.hold
+        } else {
+            Duration::ZERO
+        },
+        renew: args.renew,
+        end: start + args.duration,
+        last_release: Arc::new(Mutex::new(None)),
+    };
+    let spinner = out.spinner();
+    if let Some(spinner) = &spinner {
+        spinner.set_message(format!(
+            "benchmarking {} for {}",
+            spec.display,
+            humantime::format_duration(args.duration)
+        ));
+    }
+    let handles: Vec<_> = (0..args.workers)
+        .map(|i| {
+            let plan = plan.clone();
+            std::thread::spawn(move || worker(i, plan))
+        })
+        .collect();
+    let mut totals = Stats::default();
+    let mut failure = None;
+    for handle in handles {
+        match handle.join() {
+            Ok(Ok(stats)) => totals.merge(stats),
+            Ok(Err(err)) => failure = Some(err),
+            Err(_) => {
+                failure = Some(Error::internal(
+                    "a bench worker panicked",
+                    "report this bug",
+                ))
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    if let Some(spinner) = spinner {
+        spinner.finish_and_clear();
+    }
+    store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    Ok(Benched {
+        mode: args.mode,
+        workers: args.workers,
+        resources: plan.resources,
+        elapsed,
+        totals,
+    })
+}
+
+fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            Error::internal(
+                format!("cannot start a bench worker: {err}"),
+                "lower --workers",
+            )
+        })?;
+    runtime.block_on(async move {
+        let coordinator = store::open(&plan.spec, &plan.schema).await?;
+        let target = match &plan.target {
+            Some(spec) => Some(PgTarget::connect(spec, &plan.schema).await?),
+            None => None,
+        };
+        let owner = format!("bench-{}-{index}", std::process::id());
+        let mut stats = Stats::default();
+        let waiting = plan.mode != BenchMode::Spread;
+        if waiting {
+            coordinator.wait_begin("bench-0", &owner).await?;
+        }
+        'sections: while Instant::now() < plan.end {
+            let resource = format!("bench-{}", random_u64() % u64::from(plan.resources));
+            let asked = Instant::now();
+            let grant = loop {
+                match coordinator.acquire(&resource, &owner, plan.ttl).await {
+                    Ok(grant) => break grant,
+                    Err(Error::Busy { holder, .. }) => {
+                        stats.refused += 1;
+                        if Instant::now() >= plan.end {
+                            break 'sections;
+                        }
+                        if waiting {
+                            let fallback = if coordinator.pushes_wakeups() {
+                                1000
+                            } else {
+                                2
+                            };
+                            let nap = Duration::from_millis(
+                                holder.expires_in_ms.clamp(0, fallback) as u64,
+                            ) + Duration::from_micros(random_u64() % 500);
+                            coordinator.wait_for_release(&resource, nap).await?;
+                        }
+                    }
+                    Err(err) => return Err(err),
+                }
+            };
+            let granted = Instant::now();
+            stats
+                .acquire_us
+                .push(granted.duration_since(asked).as_micros() as u64);
+            if waiting {
+                if let Some(released) = plan.last_release.lock().map_err(poisoned)?.take() {
+                    stats
+                        .handoff_us
+                        .push(granted.saturating_duration_since(released).as_micros() as u64);
+                }
+            }
+            let lease = LeaseRef {
+                resource: resource.clone(),
+                owner: owner.clone(),
+                token: grant.lease.token,
+            };
+            if let Some(target) = &target {
+                target
+                    .write_transaction(&resource, lease.token, &owner, "SELECT 1")
+                    .await?;
+            }
+            if plan.renew {
+                coordinator.renew(&lease, Some(plan.ttl)).await?;
+                stats.renewals += 1;
+            }
+            if !plan.hold.is_zero() {
+                tokio::time::sleep(plan.hold).await;
+            }
+            if waiting {
+                *plan.last_release.lock().map_err(poisoned)? = Some(Instant::now());
+            }
+            match coordinator.release(&lease).await {
+                Ok(_) => stats.sections += 1,
+                Err(Error::Stale { .. }) => stats.stale += 1,
+                Err(err) => return Err(err),
+            }
+        }
+        if waiting {
+            let _ = coordinator.unwait("bench-0").await;
+        }
+        Ok(stats)
+    })
+}
+
+fn poisoned<T>(_: T) -> Error {
+    Error::internal("a bench worker panicked", "report this bug")
+}
+
+fn percentile(values: &mut [u64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_unstable();
+    let rank = ((p / 100.0) * (values.len() - 1) as f64).round() as usize;
+    Some(values[rank] as f64 / 1000.0)
+}
+
+impl Benched {
+    fn figures(&self) -> Vec<(&'static str, Value)> {
+        let secs = self.elapsed.as_secs_f64().max(f64::EPSILON);
+        let mut acquire = self.totals.acquire_us.clone();
+        let mut handoff = self.totals.handoff_us.clone();
+        let round = |v: f64| (v * 1000.0).round() / 1000.0;
+        vec![
+            ("critical_sections", json!(self.totals.sections)),
+            (
+                "critical_sections_per_s",
+                json!(round(self.totals.sections as f64 / secs)),
+            ),
+            ("refused", json!(self.totals.refused)),
+            (
+                "refused_per_s",
+                json!(round(self.totals.refused as f64 / secs)),
+            ),
+            (
+                "acquire_p50_ms",
+                json!(percentile(&mut acquire, 50.0).map(round)),
+            ),
+            (
+                "acquire_p99_ms",
+                json!(percentile(&mut acquire, 99.0).map(round)),
+            ),
+            (
+                "handoff_p50_ms",
+                json!(percentile(&mut handoff, 50.0).map(round)),
+            ),
+            (
+                "handoff_p99_ms",
+                json!(percentile(&mut handoff, 99.0).map(round)),
+            ),
+            ("renewals", json!(self.totals.renewals)),
+            ("stale_rejections", json!(self.totals.stale)),
+        ]
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            BenchMode::Contend => "contend",
+            BenchMode::Spread => "spread",
+            BenchMode::Handoff => "handoff",
+        }
+    }
+}
+
+impl Report for Benched {
+    fn json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert("mode".into(), json!(self.mode_name()));
+        map.insert("workers".into(), json!(self.workers));
+        map.insert("resources".into(), json!(self.resources));
+        map.insert("duration_ms".into(), json!(self.elapsed.as_millis() as u64));
+        for (name, value) in self.figures() {
+            map.insert(name.into(), value);
+        }
+        map
+    }
+
+    fn human(&self) -> String {
+        let mut table = Table::new();
+        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        table.set_header(["MEASURE", "VALUE"]);
+        for (name, value) in self.figures() {
+            let shown = match value {
+                Value::Null => "-".to_owned(),
+                other => other.to_string(),
+            };
+            table.add_row([name.replace('_', " "), shown]);
+        }
+        format!(
+            "{} mode, {} workers, {} resource(s), {:.1}s\n{table}\n",
+            self.mode_name(),
+            self.workers,
+            self.resources,
+            self.elapsed.as_secs_f64()
+        )
+    }
+}

@@ -1,0 +1,155 @@
+//! `fence bench`: argument handling, the JSON shape, and that it cleans up after itself.
+//! Timings are printed by the bench, never asserted.
+
+mod common;
+
+use common::Store;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BenchOut {
+    ok: bool,
+    op: String,
+    mode: String,
+    workers: u32,
+    resources: u32,
+    duration_ms: u64,
+    critical_sections: u64,
+    critical_sections_per_s: f64,
+    refused: u64,
+    refused_per_s: f64,
+    acquire_p50_ms: Option<f64>,
+    acquire_p99_ms: Option<f64>,
+    handoff_p50_ms: Option<f64>,
+    handoff_p99_ms: Option<f64>,
+    renewals: u64,
+    stale_rejections: u64,
+    store: String,
+}
+
+fn bench(store: &Store, args: &[&str]) -> BenchOut {
+    let out = store
+        .fence()
+        .args(["bench", "--duration", "500ms", "--format", "json"])
+        .args(args)
+        .run()
+        .expect(0);
+    serde_json::from_value(out.json()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+fn modes_report_their_figures(store: &Store) {
+    let contend = bench(store, &["--workers", "3", "--mode", "contend"]);
+    assert!(
+        contend.ok
+            && contend.op == "bench"
+            && contend.mode == "contend"
+            && !contend.store.is_empty()
+    );
+    assert_eq!((contend.workers, contend.resources), (3, 1));
+    assert!(
+        contend.duration_ms >= 500
+            && contend.critical_sections > 0
+            && contend.critical_sections_per_s > 0.0
+    );
+    assert!(contend.acquire_p50_ms.is_some() && contend.acquire_p99_ms >= contend.acquire_p50_ms);
+    assert!(contend.handoff_p50_ms.is_some() && contend.handoff_p99_ms >= contend.handoff_p50_ms);
+    assert!(contend.refused_per_s >= 0.0 && contend.stale_rejections == 0);
+
+    let spread = bench(
+        store,
+        &[
+            "--workers",
+            "2",
+            "--mode",
+            "spread",
+            "--resources",
+            "50",
+            "--renew",
+        ],
+    );
+    assert_eq!((spread.mode.as_str(), spread.resources), ("spread", 50));
+    assert_eq!(
+        spread.renewals, spread.critical_sections,
+        "one renewal per critical section"
+    );
+    assert_eq!(
+        (spread.handoff_p50_ms, spread.handoff_p99_ms),
+        (None, None),
+        "no hand-offs when spread"
+    );
+    let rate = spread.refused as f64 / (spread.duration_ms as f64 / 1000.0);
+    assert!(
+        (rate - spread.refused_per_s).abs() < 1.0,
+        "the rate matches the count"
+    );
+
+    let handoff = bench(
+        store,
+        &["--workers", "2", "--mode", "handoff", "--hold", "2ms"],
+    );
+    assert!(handoff.handoff_p50_ms.is_some());
+}
+
+fn the_scratch_namespace_is_removed(store: &Store) {
+    bench(store, &["--workers", "2"]);
+    let view = store
+        .fence()
+        .args(["inspect", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        view["resources"],
+        serde_json::json!([]),
+        "the bench left nothing in the store's namespace"
+    );
+    if store.backend == common::Backend::File {
+        let left: Vec<_> = std::fs::read_dir(store.dir())
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            left.iter()
+                .all(|name| !name.to_string_lossy().starts_with("bench-")),
+            "{left:?}"
+        );
+    }
+}
+
+per_backend!(modes_report_their_figures, the_scratch_namespace_is_removed);
+
+#[test]
+fn postgres_bench_with_a_write_target_leaves_no_schema_behind() {
+    let store = Store::postgres();
+    let out = bench(
+        &store,
+        &["--workers", "2", "--write-target", &store.url.clone()],
+    );
+    assert!(out.critical_sections > 0);
+    let rows = store.pg_rows(
+        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1",
+        "fence_bench%",
+    );
+    assert!(rows.is_empty(), "scratch schemas left: {}", rows.len());
+}
+
+#[test]
+fn bad_bench_arguments_are_usage_errors() {
+    let store = Store::file();
+    for args in [
+        &["--workers", "0"][..],
+        &["--workers", "many"],
+        &["--mode", "bogus"],
+        &["--duration", "abc"],
+        &["--resources", "0"],
+        &["--write-target", "redis://x"],
+    ] {
+        let out = store
+            .fence()
+            .args(["bench", "--format", "json"])
+            .args(args)
+            .run()
+            .expect(2);
+        assert_eq!(out.json()["error"], "usage", "{args:?}");
+    }
+}
