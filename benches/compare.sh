@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Measures whole `fence` invocations against their floor, side by side on one machine:
+# Measures whole `fence` invocations against their floor and their peers, side by side on one
+# machine:
 #   - `fence acquire` + `fence release` vs the minimal tokio-postgres program
 #     (examples/pg_floor.rs) doing the same two statements vs two `psql -c`;
-#   - one `fence acquire` (a reacquire: one UPDATE) vs the floor doing the same.
+#   - one `fence acquire` (a reacquire: one UPDATE) vs the floor doing the same;
+#   - `fence write` (a fenced transaction) vs the same transaction unfenced;
+#   - `fence run R -- true` vs `flock /tmp/x true` (embedded store) and on PostgreSQL;
+#   - the WAL written by 1,000 refused acquires (should be 0);
+#   - `fence bench` on one hot resource (64 workers) vs a pg_advisory_lock loop (pgbench),
+#     and hand-off latency with --wait-style blocking.
 # Runs inside a throwaway cluster from pg_virtualenv (works as root); needs hyperfine
 # (Debian package `hyperfine`). All clients use sslmode=disable so the comparison is like for
 # like; one extra line shows fence with the default sslmode=prefer (TLS on loopback).
@@ -42,11 +48,46 @@ hyperfine --warmup 20 --runs "$runs" --export-json "$out/write.json" --style bas
     -n "fence write (fenced transaction)" "$fence write totals --token 1 --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
     -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
 
-python3 - "$out/pair.json" "$out/one.json" "$out/write.json" <<'PY'
+state=$(mktemp -d)
+hyperfine --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic \
+    -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
+    -n "flock /tmp/x true" "flock $state/x true" \
+    -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
+if command -v etcdctl >/dev/null; then
+    echo "etcdctl found; compare by hand: etcdctl lock R -- true"
+else
+    echo "(etcd not installed here: the etcdctl comparison is skipped)"
+fi
+
+echo
+echo "## A refused acquire writes no WAL"
+$fence acquire held --owner holder --ttl 10m -q
+before=$(psql -Atc "select pg_current_wal_insert_lsn()")
+for _ in $(seq 1 1000); do $fence acquire held --owner other -q 2>/dev/null; done
+after=$(psql -Atc "select pg_current_wal_insert_lsn()")
+echo "WAL bytes written by 1000 refused acquires: $(psql -Atc "select pg_wal_lsn_diff('$after', '$before')")"
+
+echo
+echo "## One hot resource, 64 workers: fence bench (blocking) vs a pg_advisory_lock loop"
+$fence bench --workers 64 --duration 10s --mode contend --format json > "$out/bench64.json"
+printf 'SELECT pg_advisory_lock(1);\nSELECT pg_advisory_unlock(1);\n' > "$out/lock.sql"
+pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' | tee "$out/pgbench.txt"
+$fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff.json"
+python3 - "$out/bench64.json" "$out/pgbench.txt" "$out/handoff.json" <<'PY'
+import json, re, sys
+b = json.load(open(sys.argv[1])); h = json.load(open(sys.argv[3]))
+tps = float(re.search(r"tps = ([0-9.]+)", open(sys.argv[2]).read()).group(1))
+print(f"fence bench contend, 64 workers: {b['critical_sections_per_s']:.0f} critical sections/s, hand-off p50 {b['handoff_p50_ms']} ms / p99 {b['handoff_p99_ms']} ms")
+print(f"pg_advisory_lock loop, 64 clients: {tps:.0f} lock+unlock/s  (ratio {b['critical_sections_per_s']/tps:.2f}x)")
+print(f"fence bench handoff, 2 workers: hand-off p50 {h['handoff_p50_ms']} ms / p99 {h['handoff_p99_ms']} ms")
+PY
+
+python3 - "$out/pair.json" "$out/one.json" "$out/write.json" "$out/run.json" <<'PY'
 import json, sys
 pair = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
 one = {r["command"]: r for r in json.load(open(sys.argv[2]))["results"]}
 wr = {r["command"]: r for r in json.load(open(sys.argv[3]))["results"]}
+rn = {r["command"]: r for r in json.load(open(sys.argv[4]))["results"]}
 def ms(r): return r["median"] * 1000
 f, fl, ps, tls = (pair[k] for k in ["fence acquire + release", "tokio-postgres floor (2 processes)", "psql -c twice", "fence acquire + release, sslmode=prefer"])
 a, b = one["fence acquire (reacquire)"], one["tokio-postgres floor acquire"]
@@ -54,9 +95,10 @@ print()
 print("| measurement | median |")
 print("|---|---|")
 fw, uw = wr["fence write (fenced transaction)"], wr["unfenced transaction, same SQL (floor)"]
-for name, r in [("fence write: fenced transaction, one process", fw), ("floor: unfenced transaction, same SQL", uw), ("fence acquire + release", f), ("floor: tokio-postgres, same 2 statements", fl), ("psql -c twice", ps), ("fence acquire + release, TLS (sslmode=prefer)", tls), ("fence acquire (one process)", a), ("floor acquire (one process)", b)]:
+re_, fl_, rp = rn["fence run R -- true (embedded store)"], rn["flock /tmp/x true"], rn["fence run R -- true (PostgreSQL)"]
+for name, r in [("fence write: fenced transaction, one process", fw), ("floor: unfenced transaction, same SQL", uw), ("fence acquire + release", f), ("floor: tokio-postgres, same 2 statements", fl), ("psql -c twice", ps), ("fence acquire + release, TLS (sslmode=prefer)", tls), ("fence acquire (one process)", a), ("floor acquire (one process)", b), ("fence run R -- true, embedded store", re_), ("flock /tmp/x true", fl_), ("fence run R -- true, PostgreSQL", rp)]:
     print(f"| {name} | {ms(r):.1f} ms |")
 print()
-print(f"fence pair / floor pair: {ms(f)/ms(fl):.2f}x   fence pair / psql pair: {ms(f)/ms(ps):.2f}x   fence acquire / floor acquire: {ms(a)/ms(b):.2f}x   fenced / unfenced transaction: {ms(fw)/ms(uw):.2f}x")
+print(f"fence pair / floor pair: {ms(f)/ms(fl):.2f}x   fence pair / psql pair: {ms(f)/ms(ps):.2f}x   fence acquire / floor acquire: {ms(a)/ms(b):.2f}x   fenced / unfenced transaction: {ms(fw)/ms(uw):.2f}x   fence run (embedded) / flock: {ms(re_)/ms(fl_):.2f}x")
 PY
-rm -rf "$out"
+rm -rf "$out" "$state"

@@ -14,14 +14,19 @@ use std::time::{Duration, Instant};
 use common::Store;
 
 fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
-    let mut fence = store.fence().args(["run"]).args(args).args(["--", "sh", "-c", script]);
+    let mut fence = store
+        .fence()
+        .args(["run"])
+        .args(args)
+        .args(["--", "sh", "-c", script]);
     fence.cmd.current_dir(dir).stdin(Stdio::null());
     fence.cmd
 }
 
 fn state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
 }
 
 /// Gone, or a zombie waiting for init to reap it: either way no longer running.
@@ -38,7 +43,11 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 }
 
 fn read_pid(path: &Path) -> u32 {
-    std::fs::read_to_string(path).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn kill(pid: u32, signal: i32) {
@@ -48,31 +57,58 @@ fn kill(pid: u32, signal: i32) {
 
 fn exit_statuses_pass_through(store: &Store) {
     let dir = tempfile::tempdir().unwrap();
-    for (script, code) in [("exit 0", 0), ("exit 1", 1), ("exit 42", 42), ("kill -TERM $$", 143), ("kill -KILL $$", 137)] {
-        let out = run_cmd(store, &["job"], script, dir.path()).output().unwrap();
+    for (script, code) in [
+        ("exit 0", 0),
+        ("exit 1", 1),
+        ("exit 42", 42),
+        ("kill -TERM $$", 143),
+        ("kill -KILL $$", 137),
+    ] {
+        let out = run_cmd(store, &["job"], script, dir.path())
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(code), "{script}: {out:?}");
     }
     // Each run released its lease: the next one could start, and the resource is free now.
-    let view = store.fence().args(["inspect", "job", "--format", "json"]).run().expect(0).json();
+    let view = store
+        .fence()
+        .args(["inspect", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
     assert_eq!(view["resources"][0]["state"], "free");
     assert_eq!(view["resources"][0]["token"], 5);
 }
 
 fn the_command_sees_its_lease(store: &Store) {
     let dir = tempfile::tempdir().unwrap();
-    let out = run_cmd(store, &["job", "--owner", "me"], "echo \"$FENCE_RESOURCE|$FENCE_OWNER|$FENCE_TOKEN\"", dir.path())
-        .output()
-        .unwrap();
+    let out = run_cmd(
+        store,
+        &["job", "--owner", "me"],
+        "echo \"$FENCE_RESOURCE|$FENCE_OWNER|$FENCE_TOKEN\"",
+        dir.path(),
+    )
+    .output()
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job|me|1");
 }
 
 fn busy_without_wait_never_starts_the_command(store: &Store) {
     let dir = tempfile::tempdir().unwrap();
-    store.fence().args(["acquire", "job", "--owner", "other", "--ttl", "30s"]).run().expect(0);
-    let out = run_cmd(store, &["job", "--format", "json"], "touch ran", dir.path()).output().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "other", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let out = run_cmd(store, &["job", "--format", "json"], "touch ran", dir.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(3), "{out:?}");
-    assert!(!dir.path().join("ran").exists(), "the command ran although the resource was busy");
+    assert!(
+        !dir.path().join("ran").exists(),
+        "the command ran although the resource was busy"
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["holder"]["owner"], "other");
 }
@@ -87,58 +123,117 @@ fn sigint_reaches_the_command_and_releases_the_lease(store: &Store) {
     )
     .spawn()
     .unwrap();
-    wait_for("the command to start", Duration::from_secs(10), || dir.path().join("started").exists());
+    wait_for("the command to start", Duration::from_secs(10), || {
+        dir.path().join("started").exists()
+    });
     kill(fence.id(), libc::SIGINT);
     let status = fence.wait().unwrap();
     assert_eq!(status.code(), Some(130));
-    assert!(dir.path().join("got").exists(), "SIGINT did not reach the command");
-    let view = store.fence().args(["inspect", "job", "--format", "json"]).run().expect(0).json();
-    assert_eq!(view["resources"][0]["state"], "free", "the lease was released");
+    assert!(
+        dir.path().join("got").exists(),
+        "SIGINT did not reach the command"
+    );
+    let view = store
+        .fence()
+        .args(["inspect", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        view["resources"][0]["state"], "free",
+        "the lease was released"
+    );
 }
 
 fn renewal_keeps_a_short_lease_alive_through_a_long_command(store: &Store) {
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let mut fence = run_cmd(store, &["job", "--ttl", "2s", "--owner", "runner"], "sleep 10", dir.path()).spawn().unwrap();
+    let mut fence = run_cmd(
+        store,
+        &["job", "--ttl", "2s", "--owner", "runner"],
+        "sleep 10",
+        dir.path(),
+    )
+    .spawn()
+    .unwrap();
     // Meanwhile the lease stays held by the runner, well past its TTL.
     sleep(Duration::from_secs(5));
-    let out = store.fence().args(["acquire", "job", "--owner", "intruder", "--format", "json"]).run().expect(3);
+    let out = store
+        .fence()
+        .args(["acquire", "job", "--owner", "intruder", "--format", "json"])
+        .run()
+        .expect(3);
     assert_eq!(out.json()["holder"]["owner"], "runner");
     let status = fence.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(start.elapsed() >= Duration::from_secs(10));
-    let renewals = store.events("job").iter().filter(|(kind, _, _)| kind == "renewed").count();
-    assert!(renewals >= 10, "about every ttl/3: {renewals} renewals in 10 s");
+    let renewals = store
+        .events("job")
+        .iter()
+        .filter(|(kind, _, _)| kind == "renewed")
+        .count();
+    assert!(
+        renewals >= 10,
+        "about every ttl/3: {renewals} renewals in 10 s"
+    );
 }
 
 fn a_lost_lease_kills_the_whole_process_group(store: &Store) {
     let dir = tempfile::tempdir().unwrap();
     let mut fence = run_cmd(
         store,
-        &["job", "--ttl", "1s", "--kill-after", "1s", "--format", "json"],
+        &[
+            "job",
+            "--ttl",
+            "1s",
+            "--kill-after",
+            "1s",
+            "--format",
+            "json",
+        ],
         "sleep 1000 & echo $! > grandchild; echo $$ > child; wait",
         dir.path(),
     )
     .stdout(Stdio::piped())
     .spawn()
     .unwrap();
-    wait_for("the grandchild", Duration::from_secs(10), || dir.path().join("grandchild").exists());
-    let (child, grandchild) = (read_pid(&dir.path().join("child")), read_pid(&dir.path().join("grandchild")));
+    wait_for("the grandchild", Duration::from_secs(10), || {
+        dir.path().join("grandchild").exists()
+    });
+    let (child, grandchild) = (
+        read_pid(&dir.path().join("child")),
+        read_pid(&dir.path().join("grandchild")),
+    );
     // Pause fence itself past the TTL, let another owner take over, then resume it.
     kill(fence.id(), libc::SIGSTOP);
     sleep(Duration::from_millis(1500));
-    let taken = store.fence().args(["acquire", "job", "--owner", "usurper", "--format", "json"]).run().expect(0);
+    let taken = store
+        .fence()
+        .args(["acquire", "job", "--owner", "usurper", "--format", "json"])
+        .run()
+        .expect(0);
     let newer = taken.json()["token"].as_i64().unwrap();
     let resumed = Instant::now();
     kill(fence.id(), libc::SIGCONT);
     let status = wait_with_timeout(&mut fence, Duration::from_secs(10));
     assert_eq!(status, Some(5), "lease_lost");
-    assert!(resumed.elapsed() < Duration::from_secs(1) + Duration::from_secs(2), "within ttl + kill-after");
-    wait_for("the child and grandchild to be gone", Duration::from_secs(3), || is_gone(child) && is_gone(grandchild));
+    assert!(
+        resumed.elapsed() < Duration::from_secs(1) + Duration::from_secs(2),
+        "within ttl + kill-after"
+    );
+    wait_for(
+        "the child and grandchild to be gone",
+        Duration::from_secs(3),
+        || is_gone(child) && is_gone(grandchild),
+    );
     let mut stdout = String::new();
     std::io::Read::read_to_string(fence.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!((json["error"].as_str(), json["reason"].as_str()), (Some("lease_lost"), Some("taken_over")), "{json}");
+    assert_eq!(
+        (json["error"].as_str(), json["reason"].as_str()),
+        (Some("lease_lost"), Some("taken_over")),
+        "{json}"
+    );
     assert_eq!(json["highest_token"], newer);
     // The usurper's lease is untouched.
     let (owner, token, live) = store.lease("job").unwrap();
@@ -164,13 +259,29 @@ fn ten_waiters_each_get_one_turn_in_token_order(store: &Store) {
     let script = "echo \"$FENCE_TOKEN $FENCE_OWNER\" >> turns; sleep 0.1";
     let waiters: Vec<Child> = (0..10)
         .map(|i| {
-            run_cmd(store, &["job", "--wait", "60s", "--ttl", "5s", "--owner", &format!("w{i}")], script, dir.path())
-                .spawn()
-                .unwrap()
+            run_cmd(
+                store,
+                &[
+                    "job",
+                    "--wait",
+                    "60s",
+                    "--ttl",
+                    "5s",
+                    "--owner",
+                    &format!("w{i}"),
+                ],
+                script,
+                dir.path(),
+            )
+            .spawn()
+            .unwrap()
         })
         .collect();
     for mut waiter in waiters {
-        assert_eq!(wait_with_timeout(&mut waiter, Duration::from_secs(60)), Some(0));
+        assert_eq!(
+            wait_with_timeout(&mut waiter, Duration::from_secs(60)),
+            Some(0)
+        );
     }
     let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
     let turns: Vec<(i64, String)> = turns
@@ -181,7 +292,10 @@ fn ten_waiters_each_get_one_turn_in_token_order(store: &Store) {
         })
         .collect();
     assert_eq!(turns.len(), 10, "{turns:?}");
-    assert!(turns.windows(2).all(|w| w[1].0 > w[0].0), "tokens increase turn by turn: {turns:?}");
+    assert!(
+        turns.windows(2).all(|w| w[1].0 > w[0].0),
+        "tokens increase turn by turn: {turns:?}"
+    );
     let mut owners: Vec<&str> = turns.iter().map(|t| t.1.as_str()).collect();
     owners.sort_unstable();
     owners.dedup();
