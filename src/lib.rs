@@ -42,5 +42,9 @@ pub fn main() -> Exit {
             return out.error(cli.command.op(), None, &err);
         }
     };
-    runtime.block_on(cmd::dispatch(cli, &out))
+    runtime.block_on(async {
+        let exit = cmd::dispatch(cli, &out).await;
+        pg::close_all().await;
+        exit
+    })
 }

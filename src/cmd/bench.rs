@@ -13,7 +13,7 @@ use comfy_table::{presets, Table};
 use serde_json::{json, Map, Value};
 
 use crate::cli::{BenchArgs, BenchMode};
-use crate::cmd::Context;
+use crate::cmd::{wait, Context};
 use crate::config::StoreSpec;
 use crate::error::Error;
 use crate::output::{Output, Report};
@@ -61,7 +61,9 @@ struct Plan {
     ttl: Duration,
     hold: Duration,
     renew: bool,
-    end: Instant,
+    duration: Duration,
+    /// Every worker connects first; timing starts when all are ready.
+    ready: Arc<std::sync::Barrier>,
     /// When the last holder of the hot resource sent its release.
     last_release: Arc<Mutex<Option<Instant>>>,
 }
@@ -79,7 +81,6 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     let (spec, schema) = store::scratch(&base);
     // Create the scratch schema once, so that workers do not all race to create it.
     store::open(&spec, &schema).await?.init().await?;
-    let start = Instant::now();
     let plan = Plan {
         spec: spec.clone(),
         schema: schema.clone(),
@@ -97,7 +98,8 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             Duration::ZERO
         },
         renew: args.renew,
-        end: start + args.duration,
+        duration: args.duration,
+        ready: Arc::new(std::sync::Barrier::new(args.workers as usize + 1)),
         last_release: Arc::new(Mutex::new(None)),
     };
     let spinner = out.spinner();
@@ -114,6 +116,9 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             std::thread::spawn(move || worker(i, plan))
         })
         .collect();
+    // Blocking is fine here: this thread has nothing else to do until the workers finish.
+    plan.ready.wait();
+    let start = Instant::now();
     let mut totals = Stats::default();
     let mut failure = None;
     for handle in handles {
@@ -156,42 +161,40 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
             )
         })?;
     runtime.block_on(async move {
-        let coordinator = store::open(&plan.spec, &plan.schema).await?;
-        let target = match &plan.target {
-            Some(spec) => Some(PgTarget::connect(spec, &plan.schema).await?),
-            None => None,
-        };
+        let connected = async {
+            let coordinator = store::open(&plan.spec, &plan.schema).await?;
+            let target = match &plan.target {
+                Some(spec) => Some(PgTarget::connect(spec, &plan.schema).await?),
+                None => None,
+            };
+            Ok::<_, Error>((coordinator, target))
+        }
+        .await;
+        plan.ready.wait();
+        let (coordinator, target) = connected?;
+        let end = Instant::now() + plan.duration;
         let owner = format!("bench-{}-{index}", std::process::id());
         let mut stats = Stats::default();
         let waiting = plan.mode != BenchMode::Spread;
-        if waiting {
-            coordinator.wait_begin("bench-0", &owner).await?;
-        }
-        'sections: while Instant::now() < plan.end {
+        while Instant::now() < end {
             let resource = format!("bench-{}", random_u64() % u64::from(plan.resources));
             let asked = Instant::now();
-            let grant = loop {
-                match coordinator.acquire(&resource, &owner, plan.ttl).await {
-                    Ok(grant) => break grant,
-                    Err(Error::Busy { holder, .. }) => {
-                        stats.refused += 1;
-                        if Instant::now() >= plan.end {
-                            break 'sections;
-                        }
-                        if waiting {
-                            let fallback = if coordinator.pushes_wakeups() {
-                                1000
-                            } else {
-                                2
-                            };
-                            let nap = Duration::from_millis(
-                                holder.expires_in_ms.clamp(0, fallback) as u64,
-                            ) + Duration::from_micros(random_u64() % 500);
-                            coordinator.wait_for_release(&resource, nap).await?;
-                        }
-                    }
-                    Err(err) => return Err(err),
-                }
+            // Contended modes block as `--wait` does (until the run ends); spread is refused.
+            let wait = waiting.then(|| end.saturating_duration_since(asked));
+            let grant = match wait::acquire_counting(
+                coordinator.as_ref(),
+                &resource,
+                &owner,
+                plan.ttl,
+                wait,
+                None,
+                &mut stats.refused,
+            )
+            .await
+            {
+                Ok(grant) => grant,
+                Err(Error::Busy { .. }) => continue,
+                Err(err) => return Err(err),
             };
             let granted = Instant::now();
             stats
@@ -229,9 +232,6 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
                 Err(Error::Stale { .. }) => stats.stale += 1,
                 Err(err) => return Err(err),
             }
-        }
-        if waiting {
-            let _ = coordinator.unwait("bench-0").await;
         }
         Ok(stats)
     })

@@ -32,6 +32,19 @@ pub async fn acquire(
     wait: Option<Duration>,
     out: &Output,
 ) -> Result<Grant, Error> {
+    acquire_counting(coordinator, resource, owner, ttl, wait, Some(out), &mut 0).await
+}
+
+/// [`acquire`], counting refused attempts in `refused`; a spinner only with `out`.
+pub async fn acquire_counting(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: Option<&Output>,
+    refused: &mut u64,
+) -> Result<Grant, Error> {
     let first = coordinator.acquire(resource, owner, ttl).await;
     let Some(wait) = wait else {
         return first;
@@ -40,10 +53,11 @@ pub async fn acquire(
         Err(Error::Busy { holder, .. }) => holder,
         other => return other,
     };
+    *refused += 1;
     let started = Instant::now();
     let deadline = started.checked_add(wait);
     coordinator.wait_begin(resource, owner).await?;
-    let spinner = out.spinner();
+    let spinner = out.and_then(Output::spinner);
     let mut poll = POLL_MIN;
     let result = loop {
         if let Some(spinner) = &spinner {
@@ -76,7 +90,10 @@ pub async fn acquire(
         }
         coordinator.wait_for_release(resource, nap).await?;
         match coordinator.acquire(resource, owner, ttl).await {
-            Err(Error::Busy { holder: next, .. }) => holder = next,
+            Err(Error::Busy { holder: next, .. }) => {
+                *refused += 1;
+                holder = next;
+            }
             other => break other,
         }
     };

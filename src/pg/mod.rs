@@ -360,7 +360,7 @@ where
     T: TlsStream + Unpin + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(std::future::poll_fn(move |cx| loop {
+    let task = tokio::spawn(std::future::poll_fn(move |cx| loop {
         match connection.poll_message(cx) {
             std::task::Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => {
                 let _ = tx.send(n.payload().to_owned());
@@ -370,7 +370,23 @@ where
             std::task::Poll::Pending => return std::task::Poll::Pending,
         }
     }));
+    CONNECTIONS.with(|open| open.borrow_mut().push(task));
     rx
+}
+
+thread_local! {
+    /// The connection tasks of this thread, so that they can end cleanly before exit.
+    static CONNECTIONS: std::cell::RefCell<Vec<tokio::task::JoinHandle<()>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Lets every connection whose client has been dropped say goodbye (`Terminate`) before the
+/// process exits; otherwise the server logs each exit as a connection reset.
+pub async fn close_all() {
+    let tasks = CONNECTIONS.with(|open| std::mem::take(&mut *open.borrow_mut()));
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
+    }
 }
 
 /// What a failed request means, given whether it may have changed state.

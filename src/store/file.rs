@@ -1,9 +1,8 @@
 //! The local-directory coordinator (`file:///dir`), the embedded default store.
 //!
 //! Safe for many processes on one machine: every change to a resource happens under an
-//! exclusive `flock` on its lock file, lease records are replaced by write-to-temp, fsync,
-//! rename and directory fsync, and the event log is appended and fsynced before the grant is
-//! reported. Lease records are never deleted by fence; if one is removed by hand, the next
+//! exclusive `flock` on its lock file, and lease records are replaced by write-to-temp and
+//! rename; a grant of a new token is also fsynced (file and directory) before it is reported. Lease records are never deleted by fence; if one is removed by hand, the next
 //! token is recovered from the event log, so tokens are not reused (I1).
 //!
 //! Expiry never uses the wall clock (I7): a lease records its deadline on the kernel's
@@ -233,8 +232,12 @@ impl FileCoordinator {
         Ok(Some(record))
     }
 
-    /// Replaces a lease record atomically and durably.
-    fn write_record(&self, path: &Path, record: &Record) -> Result<(), Error> {
+    /// Replaces a lease record atomically; `durable` also waits for the disk.
+    ///
+    /// Only a grant of a new token must survive a power loss (I1). Renewals, releases and
+    /// reacquisitions need not: after a reboot every lease of the earlier boot has expired
+    /// anyway (the boot id changed), and a process crash loses nothing the page cache holds.
+    fn write_record(&self, path: &Path, record: &Record, durable: bool) -> Result<(), Error> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".tmp-{}-{:016x}", std::process::id(), random_u64()));
         let body = serde_json::to_vec(record)
@@ -242,9 +245,14 @@ impl FileCoordinator {
         let result = (|| -> io::Result<()> {
             let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             file.write_all(&body)?;
-            file.sync_all()?;
+            if durable {
+                file.sync_all()?;
+            }
             fs::rename(&tmp, path)?;
-            File::open(dir)?.sync_all()
+            if durable {
+                File::open(dir)?.sync_all()?;
+            }
+            Ok(())
         })();
         if let Err(err) = result {
             let _ = fs::remove_file(&tmp);
@@ -253,19 +261,15 @@ impl FileCoordinator {
         Ok(())
     }
 
+    /// Appends to the event log: an audit trail, written after the record it describes and
+    /// not fsynced (a power loss may cost its last lines, never a token).
     fn append_event(&self, path: &Path, event: &EventLine) -> Result<(), Error> {
         let mut line = serde_json::to_vec(event)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
         line.push(b'\n');
-        let created = !path.exists();
         let result = (|| -> io::Result<()> {
             let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-            file.write_all(&line)?;
-            file.sync_data()?;
-            if created {
-                File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()?;
-            }
-            Ok(())
+            file.write_all(&line)
         })();
         result.map_err(|err| self.io_error("append to the event log", path, &err))
     }
@@ -483,7 +487,7 @@ impl Coordinator for FileCoordinator {
                     (record, kind)
                 }
             };
-            store.write_record(lease_path, &record)?;
+            store.write_record(lease_path, &record, kind != "reacquired")?;
             store.append_event(
                 events_path,
                 &EventLine {
@@ -512,7 +516,7 @@ impl Coordinator for FileCoordinator {
                 {
                     let ttl = ttl.map_or(record.ttl_ms, ttl_ms);
                     record.extend(&now, &store.boot_id, ttl);
-                    store.write_record(lease_path, &record)?;
+                    store.write_record(lease_path, &record, false)?;
                     store.append_event(
                         events_path,
                         &EventLine {
@@ -543,7 +547,7 @@ impl Coordinator for FileCoordinator {
                 }
                 Some(mut record) if record.token == lease.token && record.owner == lease.owner => {
                     record.released = true;
-                    store.write_record(lease_path, &record)?;
+                    store.write_record(lease_path, &record, false)?;
                     store.append_event(
                         events_path,
                         &EventLine {

@@ -22,6 +22,8 @@ use crate::store::{
 
 pub struct PgCoordinator {
     session: Session,
+    /// This connection's backend, once registered as a waiter (`LISTEN` is then active).
+    backend_pid: std::cell::Cell<Option<i32>>,
 }
 
 /// fence's own tables in the coordinator database.
@@ -36,6 +38,7 @@ impl PgCoordinator {
     pub async fn connect(url: &str, display: &str, schema: &str) -> Result<PgCoordinator, Error> {
         Ok(PgCoordinator {
             session: Session::open(url, display, schema, &COORDINATOR_SCHEMA).await?,
+            backend_pid: std::cell::Cell::new(None),
         })
     }
 
@@ -331,23 +334,26 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
-        let channel = format!("LISTEN fence_{}", self.session.schema);
-        self.session
-            .client
-            .batch_execute(&channel)
-            .await
-            .map_err(|err| {
-                pg::request_error(&err, &self.session.display, "listen for releases", false)
-            })?;
-        self.call(
-            "register as a waiter",
-            true,
-            "WITH gone AS (DELETE FROM __SCHEMA__.waiters w WHERE NOT EXISTS \
-             (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid)) \
-             INSERT INTO __SCHEMA__.waiters (resource, owner) VALUES ($1, $2)",
-            &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
-        )
-        .await?;
+        if self.backend_pid.get().is_none() {
+            let listen = format!("LISTEN fence_{}", self.session.schema);
+            self.session
+                .client
+                .batch_execute(&listen)
+                .await
+                .map_err(|err| {
+                    pg::request_error(&err, &self.session.display, "listen for releases", false)
+                })?;
+        }
+        let rows = self
+            .call(
+                "register as a waiter",
+                true,
+                "SELECT __SCHEMA__.wait_begin($1, $2)",
+                &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
+            )
+            .await?;
+        self.backend_pid
+            .set(rows.first().map(|row| row.get::<_, i32>(0)));
         Ok(())
     }
 
@@ -355,7 +361,7 @@ impl Coordinator for PgCoordinator {
         self.call(
             "unregister as a waiter",
             true,
-            "DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = $1",
+            "SELECT __SCHEMA__.unwait($1)",
             &[(&resource, Type::TEXT)],
         )
         .await?;
@@ -365,13 +371,23 @@ impl Coordinator for PgCoordinator {
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
         let mut notifications = self.session.notifications.lock().await;
         let deadline = tokio::time::Instant::now() + max;
+        let me = self
+            .backend_pid
+            .get()
+            .map(|pid| pid.to_string())
+            .unwrap_or_default();
         loop {
             match tokio::time::timeout_at(deadline, notifications.recv()).await {
-                Ok(Some(payload)) if payload == resource => return Ok(()),
-                Ok(Some(_)) => continue,
-                // The connection is gone: the next acquire attempt reports why.
-                Ok(None) => return Ok(()),
-                Err(_) => return Ok(()),
+                Ok(Some(payload)) => {
+                    // `<pid>:<resource>`: ours when it names this resource and this waiter
+                    // (or no waiter in particular).
+                    let (pid, released) = payload.split_once(':').unwrap_or(("", &payload));
+                    if released == resource && (pid.is_empty() || pid == me) {
+                        return Ok(());
+                    }
+                }
+                // The connection is gone, or the time is up: the next attempt tells.
+                Ok(None) | Err(_) => return Ok(()),
             }
         }
     }

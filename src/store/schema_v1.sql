@@ -50,6 +50,26 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
     backend_pid int NOT NULL DEFAULT pg_backend_pid()
 );
 
+-- Waiter bookkeeping is not safety-relevant: no need to wait for the disk.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_begin(p_resource text, p_owner text) RETURNS int
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM __SCHEMA__.waiters w
+    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid);
+    INSERT INTO __SCHEMA__.waiters (resource, owner) VALUES (p_resource, p_owner);
+    RETURN pg_backend_pid();
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.unwait(p_resource text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource;
+END
+$fn$;
+
 -- Tokens never go down and lease rows are never removed, whoever writes (DESIGN §8).
 CREATE OR REPLACE FUNCTION __SCHEMA__.leases_guard() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
@@ -219,6 +239,9 @@ DECLARE
     r __SCHEMA__.leases;
 BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
+    -- Durable too: a release lost in a crash would be safe, but the resource would look held
+    -- until the lease's TTL (up to hours) ran out.
+    PERFORM set_config('synchronous_commit', 'on', true);
     UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
     WHERE l.resource = p_resource AND l.token = p_token AND l.owner = p_owner
       AND l.expires_at IS NOT NULL
@@ -230,8 +253,14 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
     VALUES (p_resource, 'released', p_owner, r.token);
-    -- Wake waiters (LISTEN fence_<schema>). Sent at commit; not durable, so waiters also poll.
-    PERFORM pg_notify('fence___SCHEMA__', p_resource);
+    -- Wake the longest-waiting live waiter only (payload `<backend pid>:<resource>`), so that
+    -- waiters are served in arrival order and do not stampede. Sent at commit; not durable,
+    -- so waiters also poll slowly.
+    PERFORM pg_notify('fence___SCHEMA__', coalesce((
+        SELECT w.backend_pid::text FROM __SCHEMA__.waiters w
+        WHERE w.resource = p_resource
+          AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid)
+        ORDER BY w.since LIMIT 1), '') || ':' || p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;

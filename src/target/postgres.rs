@@ -167,7 +167,16 @@ impl PgTarget {
         what: &str,
     ) -> Error {
         let Some(db) = err.as_db_error() else {
-            return pg::lost(self.display(), what, &err.to_string(), true);
+            return match pg::lost(self.display(), what, &err.to_string(), true) {
+                Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+                    message,
+                    hint: format!(
+                        "the transaction may or may not have committed: check `fence inspect {} --target …` (accepted writes, highest token) and the data before retrying",
+                        crate::error::shell_word(resource)
+                    ),
+                },
+                other => other,
+            };
         };
         // COMMIT, pipelined behind the failed statement, has already ended the transaction.
         let error = match db.code().code() {

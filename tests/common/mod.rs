@@ -268,3 +268,4 @@ macro_rules! per_backend {
         }
     };
 }
+pub mod proxy;

@@ -1,0 +1,370 @@
+//! A loopback TCP proxy for fault injection between `fence` and a real server.
+//!
+//! [`Proxy::start`] listens on `127.0.0.1:0` and relays every accepted connection to an
+//! upstream address, one thread per direction, misbehaving as its [`Mode`] says: pass bytes
+//! through, hold every client→server chunk for a while (a slow or congested network), or cut
+//! the connection right after the client sent a given byte pattern, so that the server gets the
+//! request but the client never gets the answer (a connection lost mid-commit).
+//!
+//! std only (threads and blocking sockets with short timeouts). Every thread checks a stop flag,
+//! and dropping the proxy shuts all its sockets and joins all its threads, so a test can never
+//! hang on it. The proxy also records what it forwarded and which upstream ports it used, so a
+//! test can check its own timing premises and find the server backends of its connections
+//! (`pg_stat_activity.client_port`).
+#![allow(dead_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// How often blocked threads look at the stop flag.
+const TICK: Duration = Duration::from_millis(20);
+/// A peer that does not take our bytes for this long is treated as gone.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the proxy treats the connections it relays.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// Relay both directions unchanged.
+    Pass,
+    /// Hold every client→server chunk for this long before forwarding it (a delay line:
+    /// chunks keep their order and each is delayed by the same amount, not cumulatively).
+    /// Server→client traffic is not delayed.
+    Delay(Duration),
+    /// Relay normally until a client→server chunk contains this byte pattern (also when it
+    /// straddles two chunks); forward that chunk to the server, then cut: the client's socket
+    /// is shut down at once and never receives another byte, while the server sees the end of
+    /// its input after the chunk (as if the client had gone away). The server's replies are
+    /// read and discarded, so it is never reset mid-reply.
+    CutWhenClientSends(Vec<u8>),
+}
+
+/// A client→server chunk as it was forwarded upstream.
+#[derive(Clone, Debug)]
+pub struct Forwarded {
+    /// Index of the connection (accept order, from 0).
+    pub conn: usize,
+    /// Just before the chunk was written to the upstream socket.
+    pub at: Instant,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    accepted: AtomicUsize,
+    cuts: AtomicUsize,
+    forwarded: Mutex<Vec<Forwarded>>,
+    /// Local ports of the proxy's upstream sockets, one per accepted connection.
+    upstream_ports: Mutex<Vec<u16>>,
+    /// Every socket, so that drop can shut them all (and wake their threads).
+    sockets: Mutex<Vec<TcpStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) {
+        let handle = thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .expect("spawn a proxy thread");
+        self.threads.lock().unwrap().push(handle);
+    }
+}
+
+/// A running proxy; stops when dropped.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts relaying connections made to [`Proxy::addr`] to `upstream`.
+    pub fn start(upstream: SocketAddr, mode: Mode) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared::default());
+        let accept = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("proxy-accept-{addr}"))
+                .spawn(move || accept_loop(listener, upstream, mode, shared))
+                .expect("spawn the proxy's accept thread")
+        };
+        Proxy {
+            addr,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// How many connections were cut ([`Mode::CutWhenClientSends`]).
+    pub fn cuts(&self) -> usize {
+        self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// The local ports of the proxy's upstream connections: a PostgreSQL server reports them
+    /// as `pg_stat_activity.client_port`.
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.shared.upstream_ports.lock().unwrap().clone()
+    }
+
+    /// Every client→server chunk forwarded so far, in order.
+    pub fn forwarded(&self) -> Vec<Forwarded> {
+        self.shared.forwarded.lock().unwrap().clone()
+    }
+
+    /// When the first forwarded client→server chunk containing `pattern` was handed to the
+    /// upstream socket, if one was.
+    pub fn client_sent_at(&self, pattern: &[u8]) -> Option<Instant> {
+        self.shared
+            .forwarded
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|f| contains(&f.bytes, pattern))
+            .map(|f| f.at)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+        for socket in self.shared.sockets.lock().unwrap().iter() {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        let threads: Vec<_> = self.shared.threads.lock().unwrap().drain(..).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn accept_loop(listener: TcpListener, upstream: SocketAddr, mode: Mode, shared: Arc<Shared>) {
+    while !shared.stopped() {
+        match listener.accept() {
+            Ok((client, _)) => {
+                let conn = shared.accepted.fetch_add(1, Ordering::SeqCst);
+                if let Err(err) = relay(conn, client, upstream, &mode, &shared) {
+                    eprintln!("proxy: connection {conn} to {upstream} failed: {err}");
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                thread::sleep(Duration::from_millis(5))
+            }
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(err) => {
+                eprintln!("proxy: accept failed: {err}");
+                thread::sleep(TICK);
+            }
+        }
+    }
+}
+
+/// Per connection: both sockets, and whether the connection has been cut.
+struct Conn {
+    id: usize,
+    client: TcpStream,
+    upstream: TcpStream,
+    /// Set (under the lock) when cut; the server→client thread holds the lock while it writes,
+    /// so not one byte reaches the client after the cut.
+    cut: Mutex<bool>,
+}
+
+impl Conn {
+    /// Forwards one client chunk upstream and records it (stamped just before the write, so
+    /// the server cannot have had it earlier).
+    fn to_upstream(&self, shared: &Shared, bytes: &[u8]) -> std::io::Result<()> {
+        let at = Instant::now();
+        (&self.upstream).write_all(bytes)?;
+        shared.forwarded.lock().unwrap().push(Forwarded {
+            conn: self.id,
+            at,
+            bytes: bytes.to_vec(),
+        });
+        Ok(())
+    }
+}
+
+fn relay(
+    id: usize,
+    client: TcpStream,
+    upstream: SocketAddr,
+    mode: &Mode,
+    shared: &Arc<Shared>,
+) -> std::io::Result<()> {
+    client.set_nonblocking(false)?;
+    let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
+    for socket in [&client, &server] {
+        socket.set_nodelay(true)?;
+        socket.set_read_timeout(Some(TICK))?;
+        socket.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    }
+    shared
+        .upstream_ports
+        .lock()
+        .unwrap()
+        .push(server.local_addr()?.port());
+    {
+        let mut sockets = shared.sockets.lock().unwrap();
+        sockets.push(client.try_clone()?);
+        sockets.push(server.try_clone()?);
+    }
+    let conn = Arc::new(Conn {
+        id,
+        client,
+        upstream: server,
+        cut: Mutex::new(false),
+    });
+
+    // Server → client: never altered, only suppressed after a cut.
+    {
+        let (conn, shared2) = (Arc::clone(&conn), Arc::clone(shared));
+        shared.spawn(format!("proxy-{id}-s2c"), move || {
+            server_to_client(&conn, &shared2)
+        });
+    }
+    // Client → server.
+    let (conn2, shared2) = (Arc::clone(&conn), Arc::clone(shared));
+    match mode.clone() {
+        Mode::Pass => shared.spawn(format!("proxy-{id}-c2s"), move || {
+            client_to_server(&conn2, &shared2, None)
+        }),
+        Mode::CutWhenClientSends(pattern) => shared.spawn(format!("proxy-{id}-c2s"), move || {
+            client_to_server(&conn2, &shared2, Some(&pattern))
+        }),
+        Mode::Delay(delay) => {
+            let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+            let (conn3, shared3) = (Arc::clone(&conn), Arc::clone(shared));
+            shared.spawn(format!("proxy-{id}-c2s-read"), move || {
+                read_loop(&conn2.client, &shared2, |chunk| {
+                    tx.send((Instant::now() + delay, chunk.to_vec())).is_ok()
+                });
+                // Dropping `tx` lets the delay line drain, then close upstream.
+            });
+            shared.spawn(format!("proxy-{id}-c2s-delay"), move || {
+                delay_line(&conn3, &shared3, rx)
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads chunks until EOF, an error or stop, handing each to `chunk` (false: stop reading).
+fn read_loop(from: &TcpStream, shared: &Shared, mut chunk: impl FnMut(&[u8]) -> bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while !shared.stopped() {
+        match (&*from).read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if !chunk(&buf[..n]) {
+                    return;
+                }
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn server_to_client(conn: &Conn, shared: &Shared) {
+    read_loop(&conn.upstream, shared, |chunk| {
+        let cut = conn.cut.lock().unwrap();
+        // After a cut, keep draining (and discarding) until the server closes.
+        *cut || (&conn.client).write_all(chunk).is_ok()
+    });
+    let cut = conn.cut.lock().unwrap();
+    if !*cut {
+        let _ = conn.client.shutdown(Shutdown::Write);
+    }
+}
+
+fn client_to_server(conn: &Conn, shared: &Shared, cut_on: Option<&[u8]>) {
+    // The last bytes seen, to find a pattern that straddles two chunks.
+    let mut tail: Vec<u8> = Vec::new();
+    read_loop(&conn.client, shared, |chunk| {
+        let Some(pattern) = cut_on else {
+            return conn.to_upstream(shared, chunk).is_ok();
+        };
+        let mut window = std::mem::take(&mut tail);
+        window.extend_from_slice(chunk);
+        if !contains(&window, pattern) {
+            let keep = pattern.len().saturating_sub(1).min(window.len());
+            tail = window[window.len() - keep..].to_vec();
+            return conn.to_upstream(shared, chunk).is_ok();
+        }
+        // Cut: from now on the client hears nothing more; the server gets the chunk and the
+        // end of its input; only then is the client's socket shut, so that whatever the
+        // client does next, the cut is already counted and the chunk recorded.
+        *conn.cut.lock().unwrap() = true;
+        shared.cuts.fetch_add(1, Ordering::SeqCst);
+        let _ = conn.to_upstream(shared, chunk);
+        let _ = conn.upstream.shutdown(Shutdown::Write);
+        let _ = conn.client.shutdown(Shutdown::Both);
+        false
+    });
+    let cut = conn.cut.lock().unwrap();
+    if !*cut {
+        let _ = conn.upstream.shutdown(Shutdown::Write);
+    }
+}
+
+fn delay_line(conn: &Conn, shared: &Shared, rx: mpsc::Receiver<(Instant, Vec<u8>)>) {
+    loop {
+        let (due, bytes) = match rx.recv_timeout(TICK) {
+            Ok(item) => item,
+            Err(RecvTimeoutError::Timeout) if !shared.stopped() => continue,
+            Err(_) => break,
+        };
+        loop {
+            if shared.stopped() {
+                return;
+            }
+            let now = Instant::now();
+            if now >= due {
+                break;
+            }
+            thread::sleep((due - now).min(TICK));
+        }
+        if conn.to_upstream(shared, &bytes).is_err() {
+            return;
+        }
+    }
+    if !shared.stopped() {
+        let _ = conn.upstream.shutdown(Shutdown::Write);
+    }
+}
