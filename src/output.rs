@@ -156,7 +156,10 @@ pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
         .filter_map(|a| a.to_str())
         .find(|a| names.contains(a));
     let rendered = err.render().to_string();
-    let (message, hint) = split_clap_message(&rendered, op);
+    let (mut message, hint) = split_clap_message(&rendered, op);
+    if let Some(exact) = invalid_value_message(err) {
+        message = exact;
+    }
     let wants_json = args
         .windows(2)
         .any(|w| w[0] == "--format" && w[1] == "json")
@@ -172,6 +175,24 @@ pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
         color: use_color(ColorChoice::Auto),
     };
     out.error(op.unwrap_or("fence"), None, &err)
+}
+
+/// For a value our parsers rejected: the message with the value quoted as typed, its control
+/// characters escaped (a newline or an escape sequence must not reach the terminal raw).
+fn invalid_value_message(err: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let ContextValue::String(value) = err.get(ContextKind::InvalidValue)? else {
+        return None;
+    };
+    let ContextValue::String(arg) = err.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let cause = std::error::Error::source(err)?.to_string();
+    let shown: String = value.chars().flat_map(char::escape_debug).collect();
+    Some(format!("invalid value '{shown}' for '{arg}': {cause}"))
 }
 
 /// Turns clap's multi-line error into one line of cause and one line of hint.

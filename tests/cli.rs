@@ -44,6 +44,10 @@ fn human_failure(out: &Out, code: i32) -> (String, String) {
     assert!(out.stdout.is_empty(), "stdout must be empty: {out:?}");
     let lines: Vec<&str> = out.stderr.lines().collect();
     assert_eq!(lines.len(), 2, "one cause line and one hint line: {out:?}");
+    assert!(
+        !out.stderr.chars().any(|c| c.is_control() && c != '\n'),
+        "a control character reached the terminal raw: {out:?}"
+    );
     let cause = lines[0]
         .strip_prefix("fence: error: ")
         .unwrap_or_else(|| panic!("first line is not `fence: error: …`: {out:?}"));
@@ -322,6 +326,11 @@ fn bad_resource_names_are_usage_errors_for_acquire() {
         let (cause, _hint) = human_failure(&out, 2);
         assert!(cause.contains(problem), "{name:?}: {out:?}");
         assert!(cause.contains("RESOURCE"), "{name:?}: {out:?}");
+        let shown: String = name.chars().flat_map(char::escape_debug).collect();
+        assert!(
+            cause.contains(&format!("'{shown}'")),
+            "the value is quoted as typed, escaped: {name:?}: {out:?}"
+        );
 
         let out = store
             .fence()

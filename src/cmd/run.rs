@@ -14,7 +14,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
 use crate::cli::{Format, RunArgs};
@@ -60,8 +60,12 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     let ttl = args.ttl;
     let mut valid_until = valid_bound(sent, ttl, grant.lease.expires_in_ms);
 
-    let mut child = match spawn(&args.command, ctx, &lease) {
-        Ok(child) => child,
+    // Handlers go in before the command starts: a signal sent as soon as the command is
+    // visible must be forwarded, not kill fence with its default action.
+    let started =
+        handlers().and_then(|handlers| Ok((handlers, spawn(&args.command, ctx, &lease)?)));
+    let ((mut interrupt, mut terminate, mut hangup), mut child) = match started {
+        Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
             return Err(err);
@@ -69,9 +73,6 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     };
     let pgid = child.id().map(|pid| pid as i32);
 
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(signal_error)?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(signal_error)?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(signal_error)?;
     let every = ttl / 3;
     let mut next_renew = Instant::now() + every;
     let mut reconnect = false;
@@ -196,6 +197,16 @@ fn lost(lease: &LeaseRef, reason: LostReason) -> Error {
         token: lease.token,
         reason,
     }
+}
+
+type Handlers = (Signal, Signal, Signal);
+
+fn handlers() -> Result<Handlers, Error> {
+    Ok((
+        signal(SignalKind::interrupt()).map_err(signal_error)?,
+        signal(SignalKind::terminate()).map_err(signal_error)?,
+        signal(SignalKind::hangup()).map_err(signal_error)?,
+    ))
 }
 
 fn signal_error(err: std::io::Error) -> Error {

@@ -59,7 +59,8 @@ impl Session {
         Ok((action, self.spec.version))
     }
 
-    /// Runs one function call, creating the schema first if it does not exist yet.
+    /// Runs one request; a write creates the schema first if it does not exist yet, a read
+    /// of a missing schema returns no rows.
     pub async fn call(
         &self,
         what: &str,
@@ -70,6 +71,9 @@ impl Session {
         let sql = sql.replace("__SCHEMA__", &self.schema);
         match self.request(what, mutating, &sql, params).await? {
             Ok(rows) => Ok(rows),
+            // A read of a schema that does not exist yet has nothing to report; only writes
+            // create it.
+            Err(err) if is_missing_schema(&err) && !mutating => Ok(Vec::new()),
             Err(err) if is_missing_schema(&err) => {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {

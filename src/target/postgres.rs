@@ -304,7 +304,7 @@ impl PgTarget {
         // Make sure the table exists and our functions do, before touching it.
         let rows = self
             .session
-            .call(&what, false, "SELECT to_regclass($1)::text, (SELECT value FROM __SCHEMA__.target_meta WHERE key = 'schema_version')", &[(&quoted, Type::TEXT)])
+            .call(&what, true, "SELECT to_regclass($1)::text, (SELECT value FROM __SCHEMA__.target_meta WHERE key = 'schema_version')", &[(&quoted, Type::TEXT)])
             .await?;
         let Some(resolved) = rows.first().and_then(|r| r.get::<_, Option<String>>(0)) else {
             return Err(Error::usage(
