@@ -434,9 +434,14 @@ fn protect_refuses_every_write_path_without_a_current_token() {
         ),
     );
     assert!(!ok && err.contains("LF001"), "{err}");
-    // An old token, set by hand or through begin_write.
-    let (ok, err) = psql(&store, &format!("BEGIN; SELECT set_config('fence.resource','ledger',true), set_config('fence.token','4',true), set_config('fence.txid', txid_current()::text, true); UPDATE {t} SET v = 'old'; COMMIT;"));
-    assert!(!ok && err.contains("LF002"), "{err}");
+    // Settings forged with set_config carry no authority, whatever the token: an old one,
+    // or the current one read from the guard row.
+    for forged in ["4", "5"] {
+        let (ok, err) = psql(&store, &format!("BEGIN; SELECT set_config('fence.resource','ledger',true), set_config('fence.token','{forged}',true), set_config('fence.txid', txid_current()::text, true); UPDATE {t} SET v = 'forged'; COMMIT;"));
+        assert!(!ok && err.contains("LF001"), "token {forged}: {err}");
+    }
+    // An old token through begin_write is stale.
+
     let (ok, err) = psql(&store, &format!("BEGIN; SELECT {s}.begin_write('ledger', 4, 'admin'); UPDATE {t} SET v = 'old'; COMMIT;"));
     assert!(!ok && err.contains("LF002"), "{err}");
     // A made-up higher token that never went through begin_write.

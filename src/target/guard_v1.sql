@@ -30,6 +30,17 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.write_events (
 );
 CREATE INDEX IF NOT EXISTS write_events_resource_id ON __SCHEMA__.write_events (resource, id DESC);
 
+-- Which transaction begin_write bound to which token, written only by begin_write (SECURITY
+-- DEFINER): the `fence.*` settings alone prove nothing, since any session can set them.
+-- Rows of finished transactions are removed by later begin_write calls.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.bindings (
+    txid bigint NOT NULL,
+    resource text NOT NULL,
+    token bigint NOT NULL,
+    PRIMARY KEY (txid, resource)
+);
+REVOKE ALL ON __SCHEMA__.bindings FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.guards_keep() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -79,6 +90,11 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.write_events (resource, kind, owner, token)
     VALUES (p_resource, 'write_accepted', nullif(p_owner, ''), p_token);
+    -- Every transaction below the snapshot's xmin has ended: its bindings are void.
+    DELETE FROM __SCHEMA__.bindings WHERE txid < txid_snapshot_xmin(txid_current_snapshot());
+    INSERT INTO __SCHEMA__.bindings (txid, resource, token)
+    VALUES (txid_current(), p_resource, p_token)
+    ON CONFLICT (txid, resource) DO UPDATE SET token = EXCLUDED.token;
     PERFORM set_config('fence.resource', p_resource, true),
             set_config('fence.token', p_token::text, true),
             set_config('fence.txid', txid_current()::text, true);
@@ -96,8 +112,10 @@ $fn$;
 
 -- The statement-level guard that `fence protect` installs. The resource comes from the
 -- trigger's argument, never from a caller-controlled setting; the token must have been bound
--- to THIS transaction by begin_write (fence.txid = txid_current()), so a session-level
--- `SET fence.token` carries no authority into later transactions.
+-- to THIS transaction by begin_write (recorded in `bindings`, which only begin_write writes),
+-- so neither a session-level `SET fence.token` nor settings forged with set_config carry
+-- authority. Roles that own this schema can write `bindings` themselves, and table owners can
+-- disable triggers: the protection holds against every other role.
 CREATE OR REPLACE FUNCTION __SCHEMA__.protect_check() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -120,6 +138,13 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'fence resource % has no guard row in this database', v_resource
             USING ERRCODE = 'LF003', HINT = 'write once through `fence write` to create it';
+    END IF;
+    -- The settings must be begin_write's own, recorded where only it can write.
+    PERFORM 1 FROM __SCHEMA__.bindings
+     WHERE txid = txid_current() AND resource = v_resource AND token = v_token;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fencing token % for % was not registered with begin_write in this transaction', v_token, v_resource
+            USING ERRCODE = 'LF001', HINT = 'begin the transaction with begin_write, as `fence write` does';
     END IF;
     IF v_token < v_highest THEN
         RAISE EXCEPTION 'fencing token % for % is stale: this database has accepted token %',
