@@ -6,6 +6,7 @@
 //! owner's lease (I4). Records are never deleted, so counters survive release.
 
 mod file;
+mod object;
 mod postgres;
 
 use std::time::Duration;
@@ -187,6 +188,7 @@ pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>
             postgres::PgCoordinator::connect(url, &spec.display, schema).await?,
         )),
         StoreKind::File(dir) => Ok(Box::new(file::FileCoordinator::open(dir)?)),
+        StoreKind::Object(url) => Ok(Box::new(object::ObjectCoordinator::open(url)?)),
     }
 }
 
