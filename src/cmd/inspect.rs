@@ -168,7 +168,14 @@ impl Report for Inspected {
         if let Some((target, Targets::Object(o))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);
-            t.set_header(["OBJECT", "VERSION", "RESOURCE", "STORED TOKEN", "UPDATED", "BY"]);
+            t.set_header([
+                "OBJECT",
+                "VERSION",
+                "RESOURCE",
+                "STORED TOKEN",
+                "UPDATED",
+                "BY",
+            ]);
             t.add_row([
                 target.clone(),
                 o.version.clone().unwrap_or_else(|| "(absent)".into()),

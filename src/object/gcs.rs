@@ -60,7 +60,9 @@ impl GcsObjects {
         let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
             .build()
-            .map_err(|err| Error::internal(format!("cannot set up HTTP: {err}"), "report this bug"))?;
+            .map_err(|err| {
+                Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
+            })?;
         Ok(GcsObjects {
             client,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
@@ -123,7 +125,11 @@ impl GcsObjects {
         })
     }
 
-    async fn send(&self, what: &str, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Error> {
+    async fn send(
+        &self,
+        what: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, Error> {
         request
             .send()
             .await
@@ -136,7 +142,10 @@ impl GcsObjects {
         unavailable(
             &self.display,
             what,
-            format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()),
+            format!(
+                "HTTP {status}: {}",
+                text.chars().take(300).collect::<String>()
+            ),
         )
     }
 }
@@ -248,11 +257,9 @@ impl ObjectApi for GcsObjects {
                     .map_err(|err| put_unknown(&self.display, key, err))?;
                 Ok(Put::Done(self.meta(&value)?))
             }
-            status if status.is_server_error() => Err(put_unknown(
-                &self.display,
-                key,
-                format!("HTTP {status}"),
-            )),
+            status if status.is_server_error() => {
+                Err(put_unknown(&self.display, key, format!("HTTP {status}")))
+            }
             _ => Err(self.failed(&format!("write `{key}`"), response).await),
         }
     }

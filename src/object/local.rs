@@ -43,7 +43,10 @@ fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
     let message = format!("cannot {what} `{}`: {err}", path.display());
     match err.kind() {
         ErrorKind::PermissionDenied | ErrorKind::NotFound | ErrorKind::NotADirectory => {
-            Error::usage(message, "check that the directory exists and fence may write to it")
+            Error::usage(
+                message,
+                "check that the directory exists and fence may write to it",
+            )
         }
         _ => Error::internal(message, "check the disk, then retry"),
     }
@@ -114,9 +117,11 @@ impl LocalObjects {
     }
 
     fn replace(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
-        let tmp = self
-            .dir
-            .join(format!(".fence-tmp-{}-{:016x}", std::process::id(), random_u64()));
+        let tmp = self.dir.join(format!(
+            ".fence-tmp-{}-{:016x}",
+            std::process::id(),
+            random_u64()
+        ));
         let result = (|| -> io::Result<()> {
             let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             file.write_all(bytes)?;

@@ -32,7 +32,7 @@ pub const META_RESOURCE: &str = "fence-resource";
 pub const META_OWNER: &str = "fence-owner";
 
 /// Which object service a URL names.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
     S3,
     Gcs,
@@ -105,13 +105,18 @@ impl ObjectUrl {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._".contains(c))
         {
-            return Err(bad("does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)"));
+            return Err(bad(
+                "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
+            ));
         }
         let key = key.trim_matches('/');
         if want_key && key.is_empty() {
             return Err(bad("names a bucket but no object key"));
         }
-        if key.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+        if key
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+        {
             return Err(bad("has an empty, `.` or `..` path segment"));
         }
         Ok(ObjectUrl {
@@ -189,7 +194,9 @@ pub trait ObjectApi {
     /// Stores `body` unconditionally where the caller needs no answer but success (event and
     /// waiter records under unique names).
     async fn put_blind(&self, key: &str, body: Vec<u8>) -> Result<(), Error> {
-        self.put(key, body, &Cond::None, &BTreeMap::new()).await.map(drop)
+        self.put(key, body, &Cond::None, &BTreeMap::new())
+            .await
+            .map(drop)
     }
 
     /// The names (relative to `prefix/`) of the objects directly under `prefix/`.
@@ -216,14 +223,19 @@ pub struct VersionKinds {
 /// Opens the object service a URL names (no network traffic yet).
 pub fn open(url: &ObjectUrl) -> Result<Box<dyn ObjectApi>, Error> {
     match url.service {
-        Service::File => Ok(Box::new(local::LocalObjects::new(PathBuf::from(&url.bucket)))),
+        Service::File => Ok(Box::new(local::LocalObjects::new(PathBuf::from(
+            &url.bucket,
+        )))),
         #[cfg(feature = "s3")]
         Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket)?)),
         #[cfg(feature = "gcs")]
         Service::Gcs => Ok(Box::new(gcs::GcsObjects::new(&url.bucket)?)),
         #[allow(unreachable_patterns)]
         _ => Err(Error::usage(
-            format!("`{}`: this build of fence has no support for this object store", url.display),
+            format!(
+                "`{}`: this build of fence has no support for this object store",
+                url.display
+            ),
             "rebuild with the default cargo features (`s3`, `gcs`), or use `file://` or PostgreSQL",
         )),
     }
@@ -266,12 +278,17 @@ mod tests {
     #[test]
     fn urls_and_keys() {
         let u = ObjectUrl::parse("s3://bkt/a/b/", false).unwrap().unwrap();
-        assert_eq!((u.service, u.bucket.as_str(), u.key.as_str()), (Service::S3, "bkt", "a/b"));
+        assert_eq!(
+            (u.service, u.bucket.as_str(), u.key.as_str()),
+            (Service::S3, "bkt", "a/b")
+        );
         assert_eq!(u.join("leases"), "a/b/leases");
         assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
-        let f = ObjectUrl::parse("file:///tmp/d/obj", true).unwrap().unwrap();
+        let f = ObjectUrl::parse("file:///tmp/d/obj", true)
+            .unwrap()
+            .unwrap();
         assert_eq!((f.bucket.as_str(), f.key.as_str()), ("/tmp/d", "obj"));
         assert!(ObjectUrl::parse("postgres://x", true).is_none());
         assert_eq!(encode_key("a/b c_d"), "a_2Fb_20c_5Fd");

@@ -28,7 +28,9 @@ pub struct S3Objects {
 impl S3Objects {
     pub fn new(bucket: &str) -> Result<S3Objects, Error> {
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
             builder = builder.with_region("us-east-1");
         }
         if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
@@ -134,7 +136,8 @@ impl ObjectApi for S3Objects {
         {
             Ok(_) => {}
             Err(
-                object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
             ) => return Ok(Put::Lost),
             Err(err) => return Err(put_unknown(&self.display, key, err)),
         }

@@ -226,6 +226,23 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
             }
         }
         StoreKind::Postgres(_) => spec.clone(),
+        StoreKind::Object(url) => {
+            let url = crate::object::ObjectUrl {
+                key: url.join(&format!("bench-{pid}")),
+                ..url.clone()
+            };
+            let service = if spec.url.starts_with("gs://") {
+                "gs"
+            } else {
+                "s3"
+            };
+            let display = format!("{service}://{}/{}", url.bucket, url.key);
+            StoreSpec {
+                url: display.clone(),
+                display: display.clone(),
+                kind: StoreKind::Object(crate::object::ObjectUrl { display, ..url }),
+            }
+        }
     };
     (spec, schema)
 }
@@ -256,6 +273,7 @@ pub async fn remove_scratch(
             _ => {}
         },
         StoreKind::Postgres(url) => databases.push((url.as_str(), spec.display.as_str())),
+        StoreKind::Object(url) => object::remove_namespace(url).await?,
     }
     for (url, display) in databases {
         let (client, _notifications) = crate::pg::Target::resolve(url, display)?.connect().await?;

@@ -103,7 +103,10 @@ impl Current {
             resource: self.body.resource.clone(),
             owner: self.body.owner.clone(),
             token: self.body.token,
-            acquired_at_ms: self.body.acquired_at_ms.unwrap_or(self.meta.last_modified_ms),
+            acquired_at_ms: self
+                .body
+                .acquired_at_ms
+                .unwrap_or(self.meta.last_modified_ms),
             renewed_at_ms: self.meta.last_modified_ms,
             expires_at_ms: self.expires_at_ms(),
             expires_in_ms: self.expires_at_ms() - now_ms,
@@ -191,7 +194,12 @@ impl ObjectCoordinator {
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
         match self
             .api
-            .put(&self.lease_key(&body.resource), bytes, &cond, &BTreeMap::new())
+            .put(
+                &self.lease_key(&body.resource),
+                bytes,
+                &cond,
+                &BTreeMap::new(),
+            )
             .await?
         {
             Put::Done(meta) => Ok(Some(meta)),
@@ -217,7 +225,10 @@ impl ObjectCoordinator {
 
     fn contended(&self, resource: &str) -> Error {
         Error::unavailable(
-            format!("`{resource}` at `{}` changed under every one of {MAX_ATTEMPTS} attempts", self.url.display),
+            format!(
+                "`{resource}` at `{}` changed under every one of {MAX_ATTEMPTS} attempts",
+                self.url.display
+            ),
             "nothing was changed by this request; retry",
         )
     }
@@ -437,9 +448,9 @@ impl Coordinator for ObjectCoordinator {
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
         for _ in 0..MAX_ATTEMPTS {
             let current = self.read(&lease.resource).await?;
-            let mine = current.as_ref().filter(|c| {
-                c.body.token == lease.token && c.body.owner == lease.owner && c.held()
-            });
+            let mine = current
+                .as_ref()
+                .filter(|c| c.body.token == lease.token && c.body.owner == lease.owner && c.held());
             let Some(c) = mine else {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
@@ -603,4 +614,22 @@ impl Coordinator for ObjectCoordinator {
     fn pushes_wakeups(&self) -> bool {
         false
     }
+}
+
+/// Removes every object of a coordinator namespace (`fence bench`'s scratch prefix): the lease
+/// records, their events, waiters and the clock probes. Only for namespaces fence made.
+pub async fn remove_namespace(url: &ObjectUrl) -> Result<(), Error> {
+    let api = object::open(url)?;
+    let mut dirs = vec![url.join("leases"), url.join("clock")];
+    // Every resource with events or waiters has a lease record, named the same way.
+    for name in api.list(&url.join("leases")).await? {
+        dirs.push(url.join(&format!("events/{name}")));
+        dirs.push(url.join(&format!("waiters/{name}")));
+    }
+    for dir in dirs {
+        for name in api.list(&dir).await? {
+            api.delete(&format!("{dir}/{name}")).await?;
+        }
+    }
+    Ok(())
 }

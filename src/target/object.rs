@@ -63,13 +63,19 @@ pub fn check_flags(url: &ObjectUrl, expect: &Expect) -> Result<(), Error> {
     let kinds = object::open(url)?.version_kinds();
     if expect.if_match.is_some() && !kinds.etag {
         return Err(Error::usage(
-            format!("`{}` has generations, not ETags: --if-match cannot be honoured", url.display),
+            format!(
+                "`{}` has generations, not ETags: --if-match cannot be honoured",
+                url.display
+            ),
             "use --if-generation-match N (0: only if the object does not exist)",
         ));
     }
     if matches!(expect.if_generation_match, Some(n) if n != 0) && !kinds.generation {
         return Err(Error::usage(
-            format!("`{}` has ETags, not generations: --if-generation-match N cannot be honoured", url.display),
+            format!(
+                "`{}` has ETags, not generations: --if-generation-match N cannot be honoured",
+                url.display
+            ),
             "use --if-match ETAG (`--if-generation-match 0` still means: only if absent)",
         ));
     }
@@ -169,7 +175,9 @@ pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
         resource: meta
             .as_ref()
             .and_then(|m| m.metadata.get(META_RESOURCE).cloned()),
-        owner: meta.as_ref().and_then(|m| m.metadata.get(META_OWNER).cloned()),
+        owner: meta
+            .as_ref()
+            .and_then(|m| m.metadata.get(META_OWNER).cloned()),
         updated_at_ms: meta.map(|m| m.last_modified_ms),
     })
 }
