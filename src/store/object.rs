@@ -115,6 +115,16 @@ impl Current {
     }
 }
 
+/// Before another attempt at a decision that lost a race: a random pause that grows with the
+/// attempts (up to 64 ms), so that many contenders do not keep invalidating each other's
+/// reads (PostgreSQL queues them on the row lock instead).
+async fn backoff(attempt: usize) {
+    if attempt > 0 {
+        let cap = 1u64 << attempt.min(6);
+        tokio::time::sleep(Duration::from_millis(random_u64() % cap + 1)).await;
+    }
+}
+
 fn nonce() -> String {
     format!("{:016x}", random_u64())
 }
@@ -181,7 +191,13 @@ impl ObjectCoordinator {
 
     /// Live by the store's clock, with the timestamp resolution added in the lease's favour.
     fn live(&self, current: &Current, now_ms: i64) -> bool {
-        current.held() && now_ms < current.expires_at_ms() + self.api.clock_resolution_ms()
+        current.held() && now_ms < self.taken_over_at_ms(current)
+    }
+
+    /// When others may take the lease over, by the store's clock: its expiry plus the
+    /// timestamp resolution. Others are told this time, never an earlier one.
+    fn taken_over_at_ms(&self, current: &Current) -> i64 {
+        current.expires_at_ms() + self.api.clock_resolution_ms()
     }
 
     /// Replaces (or creates) the record, conditioned on the version read.
@@ -374,7 +390,8 @@ impl Coordinator for ObjectCoordinator {
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
+            backoff(attempt).await;
             let current = self.read(resource).await?;
             let now = match &current {
                 Some(c) if c.held() => Some(self.now().await?),
@@ -388,8 +405,8 @@ impl Coordinator for ObjectCoordinator {
                             holder: Holder {
                                 owner: c.body.owner.clone(),
                                 token: c.body.token,
-                                expires_at_ms: c.expires_at_ms(),
-                                expires_in_ms: c.expires_at_ms() - now,
+                                expires_at_ms: self.taken_over_at_ms(c),
+                                expires_in_ms: self.taken_over_at_ms(c) - now,
                             },
                         });
                     }
@@ -446,7 +463,8 @@ impl Coordinator for ObjectCoordinator {
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
+            backoff(attempt).await;
             let current = self.read(&lease.resource).await?;
             let mine = current
                 .as_ref()
@@ -487,7 +505,8 @@ impl Coordinator for ObjectCoordinator {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
+            backoff(attempt).await;
             let current = self.read(&lease.resource).await?;
             let mine = current
                 .as_ref()
@@ -572,6 +591,8 @@ impl Coordinator for ObjectCoordinator {
                     };
                     let lease = c.lease(now);
                     let shown = state != State::Free;
+                    // An observer is told when others may take over (see `taken_over_at_ms`).
+                    let expires_at_ms = self.taken_over_at_ms(&c);
                     ResourceView {
                         resource: name.clone(),
                         state,
@@ -579,8 +600,8 @@ impl Coordinator for ObjectCoordinator {
                         token: Some(lease.token),
                         acquired_at_ms: Some(lease.acquired_at_ms),
                         renewed_at_ms: Some(lease.renewed_at_ms),
-                        expires_at_ms: shown.then_some(lease.expires_at_ms),
-                        expires_in_ms: shown.then_some(lease.expires_in_ms),
+                        expires_at_ms: shown.then_some(expires_at_ms),
+                        expires_in_ms: shown.then_some(expires_at_ms - now),
                         events: Vec::new(),
                         waiters: Vec::new(),
                     }
