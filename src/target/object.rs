@@ -104,9 +104,8 @@ pub async fn write(
         kind,
     };
     if let Some(meta) = &current {
-        if stored_token(meta) > token {
-            return Err(stale(stored_token(meta)));
-        }
+        // Tokens of different resources are not comparable: first make sure the object is
+        // this resource's.
         match meta.metadata.get(META_RESOURCE) {
             Some(stored) if stored != resource => {
                 return Err(conflict(ConflictKind::OtherResource {
@@ -114,6 +113,9 @@ pub async fn write(
                 }))
             }
             _ => {}
+        }
+        if stored_token(meta) > token {
+            return Err(stale(stored_token(meta)));
         }
     }
     let version = current.as_ref().map(|m| m.version.clone());
@@ -137,11 +139,13 @@ pub async fn write(
             return Err(mismatch(expected.clone()));
         }
     }
-    let metadata = BTreeMap::from([
+    let mut metadata = BTreeMap::from([
         (META_TOKEN.to_owned(), token.to_string()),
         (META_RESOURCE.to_owned(), resource.to_owned()),
-        (META_OWNER.to_owned(), owner.to_owned()),
     ]);
+    if !owner.is_empty() {
+        metadata.insert(META_OWNER.to_owned(), owner.to_owned());
+    }
     let cond = match &version {
         Some(v) => Cond::Match(v.clone()),
         None => Cond::Create,
@@ -177,7 +181,8 @@ pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
             .and_then(|m| m.metadata.get(META_RESOURCE).cloned()),
         owner: meta
             .as_ref()
-            .and_then(|m| m.metadata.get(META_OWNER).cloned()),
+            .and_then(|m| m.metadata.get(META_OWNER).cloned())
+            .filter(|owner| !owner.is_empty()),
         updated_at_ms: meta.map(|m| m.last_modified_ms),
     })
 }

@@ -150,48 +150,43 @@ impl Server {
         keys
     }
 
-    /// The object's bytes and metadata, or `None` when it does not exist.
+    /// The object's bytes and metadata, or `None` when it does not exist. One GET, so the
+    /// bytes and the metadata are those of the same version.
     pub fn get(&self, key: &str) -> Option<Stored> {
-        match self.service {
-            Service::S3 => {
-                let url = format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key));
-                let head = String::from_utf8(self.curl(&["-sfI", &url])?).unwrap();
-                let metadata = head
-                    .lines()
-                    .filter_map(|line| {
-                        let (name, value) = line.split_once(':')?;
-                        let name = name.trim().to_ascii_lowercase();
-                        let name = name.strip_prefix("x-amz-meta-")?;
-                        Some((name.to_owned(), value.trim().to_owned()))
-                    })
-                    .collect();
-                Some(Stored {
-                    body: self.curl(&["-sf", &url])?,
-                    metadata,
-                })
-            }
-            Service::Gcs => {
-                let url = format!(
-                    "{}/storage/v1/b/{}/o/{}",
+        let (url, meta_prefix) = match self.service {
+            Service::S3 => (
+                format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key)),
+                "x-amz-meta-",
+            ),
+            Service::Gcs => (
+                format!(
+                    "{}/storage/v1/b/{}/o/{}?alt=media",
                     self.endpoint,
                     self.bucket,
                     encode(key)
-                );
-                let meta: Value = serde_json::from_slice(&self.curl(&["-sf", &url])?).unwrap();
-                let metadata = meta["metadata"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some(Stored {
-                    body: self.curl(&["-sf", &format!("{url}?alt=media")])?,
-                    metadata,
-                })
-            }
-        }
+                ),
+                "x-goog-meta-",
+            ),
+        };
+        let response = self.curl(&["-sfi", &url])?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP response with headers");
+        let head = String::from_utf8_lossy(&response[..split]);
+        let metadata = head
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                let name = name.trim().to_ascii_lowercase();
+                let name = name.strip_prefix(meta_prefix)?;
+                Some((name.to_owned(), value.trim().to_owned()))
+            })
+            .collect();
+        Some(Stored {
+            body: response[split + 4..].to_vec(),
+            metadata,
+        })
     }
 
     /// Stores bytes directly, bypassing fence (an unfenced writer).
