@@ -279,13 +279,14 @@ pub struct InspectArgs {
     #[arg(long, value_name = "N")]
     pub history: Option<usize>,
 
-    /// Also show the highest token this target (a PostgreSQL database written with
-    /// `fence write`) has accepted for each resource.
+    /// Also show the highest token this target has accepted for each resource: a PostgreSQL
+    /// database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with
+    /// its version and stored token.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
 }
 
-/// Write to a protected PostgreSQL database with your fencing token.
+/// Write to a protected PostgreSQL database or an object with your fencing token.
 ///
 /// Transaction form (--sql, --file): runs the SQL in one READ COMMITTED transaction that
 /// first advances the target's guard row for RESOURCE to TOKEN, only if TOKEN is at least
@@ -303,9 +304,22 @@ pub struct InspectArgs {
 ///   fence write report --token 7 --target postgres://app@db/app --file migrate.sql
 ///   fence write report --token 7 --target postgres://app@db/app \
 ///       --table jobs --key id=42 --set state=done --upsert
+///
+/// Object form (--from; --target s3://bucket/key, gs://bucket/key or file:///dir/name):
+/// reads the object's version and its `fence-token` metadata, refuses a newer stored token
+/// (exit 4), and writes the bytes conditioned on exactly the version read (create-only when
+/// absent), storing `fence-token`, `fence-resource` and `fence-owner` as metadata. Your own
+/// --if-match / --if-generation-match not met: exit 6. A concurrent writer that wins the race
+/// is read once more: newer token, exit 4; otherwise exit 6. No blind retries. On S3 the
+/// version is an ETag, a hash of the bytes: a newer writer storing identical bytes between
+/// fence's read and its put goes unnoticed (see the README); GCS and file:// generations
+/// never repeat.
+///
+///   fence write report --token 7 --target s3://bucket/reports/today.csv --from today.csv
+///   some-command | fence write report --target gs://bucket/out.json --from -
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
-#[command(group(clap::ArgGroup::new("form").required(true).args(["sql", "file", "table"])))]
+#[command(group(clap::ArgGroup::new("form").required(true).args(["sql", "file", "table", "from"])))]
 pub struct WriteArgs {
     /// The resource whose token guards the write.
     #[arg(env = "FENCE_RESOURCE", value_parser = parse_name)]
@@ -325,9 +339,23 @@ pub struct WriteArgs {
     #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
     pub owner: Option<String>,
 
-    /// The database to write to: `postgres://user@host/db` (libpq rules, as --store).
+    /// Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object:
+    /// `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`.
     #[arg(long, value_name = "URL")]
     pub target: String,
+
+    /// Object form: the bytes to store (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<std::path::PathBuf>,
+
+    /// Object form: write only if the object's ETag is ETAG (S3).
+    #[arg(long, value_name = "ETAG", requires = "from")]
+    pub if_match: Option<String>,
+
+    /// Object form: write only if the object's generation is N (GCS, file://); 0: only if
+    /// the object does not exist (on S3 too).
+    #[arg(long, value_name = "N", requires = "from")]
+    pub if_generation_match: Option<u64>,
 
     /// SQL to run in the fenced transaction (one or more statements).
     #[arg(long, value_name = "SQL")]
@@ -475,7 +503,7 @@ fn after_long_help() -> String {
         ));
     }
     text.push_str(
-        "\nEnvironment: FENCE_STORE, FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, NO_COLOR,\nand PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT for PostgreSQL.",
+        "\nEnvironment: FENCE_STORE, FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, NO_COLOR,\nand PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT for PostgreSQL;\nAWS_* (AWS_ENDPOINT_URL, AWS_REGION, credentials) for S3; GOOGLE_OAUTH_ACCESS_TOKEN,\nFENCE_GCS_ENDPOINT or STORAGE_EMULATOR_HOST for GCS.",
     );
     text
 }

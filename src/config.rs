@@ -103,6 +103,8 @@ pub enum StoreKind {
     Postgres(String),
     /// `file:///dir`: the embedded local-directory store.
     File(PathBuf),
+    /// `s3://bucket/prefix` or `gs://bucket/prefix`: lease objects in a bucket.
+    Object(crate::object::ObjectUrl),
 }
 
 /// A resolved store: what to connect to, and how to name it in output.
@@ -127,15 +129,13 @@ impl StoreSpec {
             StoreKind::File(file_path(rest, &display)?)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             StoreKind::Postgres(url.clone())
-        } else if url.starts_with("s3://") || url.starts_with("gs://") {
-            return Err(Error::usage(
-                format!("object-store coordinators (`{display}`) are not in this version of fence yet"),
-                "use a PostgreSQL store (`--store postgres://…`) or the local directory store (`--store file:///dir`)",
-            ));
+        } else if let Some(parsed) = crate::object::ObjectUrl::parse(&url, false) {
+            // `file://` was taken above: this is `s3://` or `gs://`.
+            StoreKind::Object(parsed?)
         } else {
             return Err(Error::usage(
                 format!("`{display}` is not a store URL fence understands"),
-                "use `postgres://user@host/db`, `file:///dir`, or leave --store and FENCE_STORE unset for the embedded default",
+                "use `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, `file:///dir`, or leave --store and FENCE_STORE unset for the embedded default",
             ));
         };
         Ok(StoreSpec { kind, url, display })
@@ -288,5 +288,7 @@ mod tests {
         assert!(StoreSpec::resolve(Some("file://relative")).is_err());
         assert!(StoreSpec::resolve(Some("redis://x")).is_err());
         assert!(StoreSpec::resolve(Some("postgres://u:p@h/db")).is_ok());
+        assert!(StoreSpec::resolve(Some("s3://bucket/fence/prod")).is_ok());
+        assert!(StoreSpec::resolve(Some("gs://b")).is_err());
     }
 }

@@ -44,6 +44,17 @@ pub enum ConflictKind {
     WrongOwner { holder: String },
     /// A row-form write found no row with the given key.
     RowMissing { table: String },
+    /// An object write's own precondition (`--if-match`, `--if-generation-match`) failed;
+    /// `actual` is `None` when the object does not exist.
+    VersionMismatch {
+        expected: String,
+        actual: Option<String>,
+    },
+    /// Another writer replaced the object between fence's read and its conditional write,
+    /// without a newer token (re-read once, then classified).
+    ConcurrentWrite { version: Option<String> },
+    /// The object is fenced by another resource's tokens.
+    OtherResource { stored: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +140,20 @@ fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
         ConflictKind::RowMissing { table } => {
             format!("no row of {table} has that key, so nothing was written for `{resource}`")
         }
+        ConflictKind::VersionMismatch { expected, actual } => match actual {
+            Some(actual) => format!(
+                "the object is at version {actual}, not {expected} as required, so nothing was written for `{resource}`"
+            ),
+            None => format!(
+                "the object does not exist (version {expected} was required), so nothing was written for `{resource}`"
+            ),
+        },
+        ConflictKind::ConcurrentWrite { .. } => format!(
+            "another writer replaced the object while token {token} for `{resource}` was writing it; nothing was written"
+        ),
+        ConflictKind::OtherResource { stored } => format!(
+            "the object is fenced by resource `{stored}`, not `{resource}`; nothing was written"
+        ),
     }
 }
 
@@ -205,6 +230,12 @@ impl Error {
                 ConflictKind::RowMissing { .. } => {
                     "check --key, or pass --upsert to create the row".into()
                 }
+                ConflictKind::VersionMismatch { .. } | ConflictKind::ConcurrentWrite { .. } => {
+                    "read the object again (`fence inspect RESOURCE --target URL` shows its version and token) and decide whether to write".into()
+                }
+                ConflictKind::OtherResource { .. } => {
+                    "write the object with the resource that guards it".into()
+                }
                 _ => format!(
                     "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
                     shell_word(resource)
@@ -278,6 +309,19 @@ impl Error {
                     ConflictKind::RowMissing { table } => {
                         map.insert("table".into(), json!(table));
                         "row_missing"
+                    }
+                    ConflictKind::VersionMismatch { expected, actual } => {
+                        map.insert("expected_version".into(), json!(expected));
+                        map.insert("version".into(), json!(actual));
+                        "version_mismatch"
+                    }
+                    ConflictKind::ConcurrentWrite { version } => {
+                        map.insert("version".into(), json!(version));
+                        "concurrent_write"
+                    }
+                    ConflictKind::OtherResource { stored } => {
+                        map.insert("stored_resource".into(), json!(stored));
+                        "other_resource"
                     }
                 };
                 map.insert("reason".into(), json!(reason));

@@ -9,6 +9,7 @@ use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
 use crate::store::ResourceView;
+use crate::target::object::{self as object_target, ObjectView};
 use crate::target::postgres::{GuardView, PgTarget};
 use crate::target::TargetSpec;
 use crate::time;
@@ -19,7 +20,15 @@ const DEFAULT_HISTORY: usize = 5;
 pub struct Inspected {
     views: Vec<ResourceView>,
     /// The target's guard rows, with `--target`.
-    targets: Option<(String, Vec<GuardView>)>,
+    targets: Option<(String, Targets)>,
+}
+
+/// What `--target` shows.
+enum Targets {
+    /// A database's guard rows, one per resource.
+    Guards(Vec<GuardView>),
+    /// An object's version and stored token.
+    Object(ObjectView),
 }
 
 pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
@@ -36,14 +45,20 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
     let coordinator = ctx.coordinator().await?;
     let views = coordinator.inspect(&args.resources, history).await?;
     let targets = match target {
-        Some(spec) => {
-            let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
-            let guards = PgTarget::connect(&spec, &ctx.schema)
-                .await?
-                .guards(&names)
-                .await?;
-            Some((spec.display, guards))
-        }
+        Some(spec) => match &spec.object {
+            Some(url) => Some((
+                spec.display.clone(),
+                Targets::Object(object_target::view(url).await?),
+            )),
+            None => {
+                let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
+                let guards = PgTarget::connect(&spec, &ctx.schema)
+                    .await?
+                    .guards(&names)
+                    .await?;
+                Some((spec.display, Targets::Guards(guards)))
+            }
+        },
         None => None,
     };
     Ok(Inspected { views, targets })
@@ -91,7 +106,18 @@ impl Report for Inspected {
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
-        if let Some((target, guards)) = &self.targets {
+        if let Some((target, Targets::Object(o))) = &self.targets {
+            let entry = json!({
+                "target": target,
+                "resource": o.resource,
+                "highest_token": o.token,
+                "version": o.version,
+                "updated_at": opt_time(o.updated_at_ms),
+                "updated_by": o.owner,
+            });
+            map.insert("targets".into(), Value::Array(vec![entry]));
+        }
+        if let Some((target, Targets::Guards(guards))) = &self.targets {
             let guards: Vec<Value> = guards
                 .iter()
                 .map(|g| {
@@ -139,7 +165,28 @@ impl Report for Inspected {
             ]);
         }
         let mut text = format!("{table}\n");
-        if let Some((target, guards)) = &self.targets {
+        if let Some((target, Targets::Object(o))) = &self.targets {
+            let mut t = Table::new();
+            t.load_preset(presets::UTF8_FULL_CONDENSED);
+            t.set_header([
+                "OBJECT",
+                "VERSION",
+                "RESOURCE",
+                "STORED TOKEN",
+                "UPDATED",
+                "BY",
+            ]);
+            t.add_row([
+                target.clone(),
+                o.version.clone().unwrap_or_else(|| "(absent)".into()),
+                o.resource.clone().unwrap_or_else(dash),
+                o.token.map_or_else(dash, |t| t.to_string()),
+                o.updated_at_ms.map_or_else(dash, time::rfc3339),
+                o.owner.clone().unwrap_or_else(dash),
+            ]);
+            text.push_str(&format!("\nfenced object:\n{t}\n"));
+        }
+        if let Some((target, Targets::Guards(guards))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);
             t.set_header([

@@ -18,7 +18,7 @@ pub struct Protected {
 
 pub async fn run(args: ProtectArgs, ctx: &Context) -> Result<Protected, Error> {
     let spec = TargetSpec::resolve(&args.target)?;
-    let target = PgTarget::connect(&spec, &ctx.schema).await?;
+    let target = PgTarget::connect(spec.postgres("`fence protect`")?, &ctx.schema).await?;
     let resource = args.resource.clone().unwrap_or_default();
     let table = target.protect(&args.table, &resource, args.remove).await?;
     Ok(Protected {

@@ -9,6 +9,7 @@ use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
+use crate::target::object::{self as object_target, Expect, ObjectWritten};
 use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult};
 use crate::target::TargetSpec;
 
@@ -22,13 +23,35 @@ pub struct Written {
 enum Outcome {
     Transaction(Vec<StatementResult>),
     Row { table: String, outcome: RowOutcome },
+    Object(ObjectWritten),
 }
 
 pub async fn run(args: WriteArgs, ctx: &Context) -> Result<Written, Error> {
     let spec = TargetSpec::resolve(&args.target)?;
     let owner = args.owner.clone().unwrap_or_default();
     // Read and check everything before connecting: bad input never reaches the database.
-    let outcome = if let Some(table) = &args.table {
+    let outcome = if let Some(url) = &spec.object {
+        let Some(from) = &args.from else {
+            return Err(Error::usage(
+                format!("an object target (`{}`) is written with --from FILE", spec.display),
+                "give the bytes with --from FILE, or --from - for standard input; --sql, --file and --table are for PostgreSQL",
+            ));
+        };
+        let expect = Expect {
+            if_match: args.if_match.clone(),
+            if_generation_match: args.if_generation_match,
+        };
+        object_target::check_flags(url, &expect)?;
+        let body = read_bytes(from)?;
+        Outcome::Object(
+            object_target::write(url, &args.resource, args.token, &owner, body, &expect).await?,
+        )
+    } else if args.from.is_some() {
+        return Err(Error::usage(
+            format!("--from writes objects, but `{}` is a database", spec.display),
+            "use --sql, --file or --table with a PostgreSQL target, or an s3://, gs:// or file:// target",
+        ));
+    } else if let Some(table) = &args.table {
         let write = RowWrite {
             table: table.clone(),
             key: assignments("--key", &args.keys)?,
@@ -65,6 +88,26 @@ pub async fn run(args: WriteArgs, ctx: &Context) -> Result<Written, Error> {
     })
 }
 
+/// The object's new bytes, from a file or standard input.
+fn read_bytes(from: &std::path::Path) -> Result<Vec<u8>, Error> {
+    if from.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).map_err(|err| {
+            Error::usage(
+                format!("cannot read the object's bytes from standard input: {err}"),
+                "pipe the bytes into `fence write … --from -`",
+            )
+        })?;
+        return Ok(bytes);
+    }
+    std::fs::read(from).map_err(|err| {
+        Error::usage(
+            format!("cannot read `{}`: {err}", from.display()),
+            "check the path given to --from",
+        )
+    })
+}
+
 fn read_sql(args: &WriteArgs) -> Result<String, Error> {
     let sql = match (&args.sql, &args.file) {
         (Some(sql), _) => sql.clone(),
@@ -84,7 +127,7 @@ fn read_sql(args: &WriteArgs) -> Result<String, Error> {
                 "check the path given to --file",
             )
         })?,
-        (None, None) => unreachable!("clap requires --sql, --file or --table"),
+        (None, None) => unreachable!("clap requires --sql, --file, --table or --from"),
     };
     if sql.trim().is_empty() {
         return Err(Error::usage(
@@ -146,12 +189,22 @@ impl Report for Written {
                 };
                 map.insert("status".into(), json!(status));
             }
+            Outcome::Object(written) => {
+                map.insert("form".into(), json!("object"));
+                map.insert("version".into(), json!(written.version));
+                map.insert("previous_version".into(), json!(written.previous));
+                map.insert("bytes".into(), json!(written.bytes));
+            }
         }
         map
     }
 
     fn human(&self) -> String {
         match &self.outcome {
+            Outcome::Object(written) => format!(
+                "wrote {} bytes to `{}` with token {} for `{}` (version {})\n",
+                written.bytes, self.target, self.token, self.resource, written.version
+            ),
             Outcome::Row { table, outcome } => format!(
                 "{} a row of {table} with token {} for `{}`\n",
                 match outcome {

@@ -6,6 +6,7 @@
 //! owner's lease (I4). Records are never deleted, so counters survive release.
 
 mod file;
+mod object;
 mod postgres;
 
 use std::time::Duration;
@@ -187,6 +188,7 @@ pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>
             postgres::PgCoordinator::connect(url, &spec.display, schema).await?,
         )),
         StoreKind::File(dir) => Ok(Box::new(file::FileCoordinator::open(dir)?)),
+        StoreKind::Object(url) => Ok(Box::new(object::ObjectCoordinator::open(url)?)),
     }
 }
 
@@ -224,6 +226,23 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
             }
         }
         StoreKind::Postgres(_) => spec.clone(),
+        StoreKind::Object(url) => {
+            let url = crate::object::ObjectUrl {
+                key: url.join(&format!("bench-{pid}")),
+                ..url.clone()
+            };
+            let service = if spec.url.starts_with("gs://") {
+                "gs"
+            } else {
+                "s3"
+            };
+            let display = format!("{service}://{}/{}", url.bucket, url.key);
+            StoreSpec {
+                url: display.clone(),
+                display: display.clone(),
+                kind: StoreKind::Object(crate::object::ObjectUrl { display, ..url }),
+            }
+        }
     };
     (spec, schema)
 }
@@ -254,6 +273,7 @@ pub async fn remove_scratch(
             _ => {}
         },
         StoreKind::Postgres(url) => databases.push((url.as_str(), spec.display.as_str())),
+        StoreKind::Object(url) => object::remove_namespace(url).await?,
     }
     for (url, display) in databases {
         let (client, _notifications) = crate::pg::Target::resolve(url, display)?.connect().await?;

@@ -2,10 +2,12 @@
 //! I6). The target keeps the highest token it has accepted per resource and refuses a write
 //! carrying a lower one, atomically with the write itself.
 
+pub mod object;
 pub mod postgres;
 
 use crate::config::redact_url;
 use crate::error::Error;
+use crate::object::ObjectUrl;
 
 /// A resolved `--target` URL.
 #[derive(Clone, Debug)]
@@ -14,26 +16,41 @@ pub struct TargetSpec {
     pub url: String,
     /// The URL without its password.
     pub display: String,
+    /// Set for `s3://`, `gs://` and `file://` object targets; `None` for PostgreSQL.
+    pub object: Option<ObjectUrl>,
 }
 
 impl TargetSpec {
+    /// The PostgreSQL target, or a usage error naming what `what` needs.
+    pub fn postgres(&self, what: &str) -> Result<&TargetSpec, Error> {
+        match self.object {
+            None => Ok(self),
+            Some(_) => Err(Error::usage(
+                format!("{what} needs a PostgreSQL target, not `{}`", self.display),
+                "use `--target postgres://user@host/db`; objects are written with `fence write --from FILE`",
+            )),
+        }
+    }
+
     pub fn resolve(url: &str) -> Result<TargetSpec, Error> {
         let display = redact_url(url);
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(TargetSpec {
                 url: url.to_owned(),
                 display,
+                object: None,
             });
         }
-        if url.starts_with("s3://") || url.starts_with("gs://") || url.starts_with("file://") {
-            return Err(Error::usage(
-                format!("fenced object writes (`{display}`) are not in this version of fence yet"),
-                "use a PostgreSQL target (`--target postgres://…`)",
-            ));
+        if let Some(object) = ObjectUrl::parse(url, true) {
+            return Ok(TargetSpec {
+                url: url.to_owned(),
+                display,
+                object: Some(object?),
+            });
         }
         Err(Error::usage(
             format!("`{display}` is not a target URL fence understands"),
-            "use `--target postgres://user@host/db`",
+            "use `--target postgres://user@host/db`, `s3://bucket/key`, `gs://bucket/key` or `file:///dir/name`",
         ))
     }
 }

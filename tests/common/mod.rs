@@ -22,6 +22,10 @@ pub enum Backend {
     Postgres,
     /// PostgreSQL database whose default is `synchronous_commit = off`.
     PostgresAsync,
+    /// moto, through `s3://bucket/prefix`.
+    S3,
+    /// fake-gcs-server, through `gs://bucket/prefix`.
+    Gcs,
 }
 
 pub fn env_or_panic(name: &str) -> String {
@@ -39,28 +43,35 @@ pub struct Store {
     pub schema: Option<String>,
     /// Temp dir: the file store's directory, and HOME for the processes.
     pub home: TempDir,
+    /// The object server and this store's prefix in its bucket (S3 and GCS only).
+    pub objects: Option<(objects::Server, String)>,
 }
 
 impl Store {
     pub fn new(backend: Backend) -> Store {
         let home = tempfile::tempdir().expect("temp dir");
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let unique = format!("t{}_{n}", std::process::id());
+        let objects = match backend {
+            Backend::S3 => Some((objects::Server::new(objects::Service::S3), unique.clone())),
+            Backend::Gcs => Some((objects::Server::new(objects::Service::Gcs), unique.clone())),
+            _ => None,
+        };
         let (url, schema) = match backend {
             Backend::File => (format!("file://{}/store", home.path().display()), None),
-            Backend::Postgres => (
-                env_or_panic("FENCE_TEST_PG_URL"),
-                Some(format!("t{}_{n}", std::process::id())),
-            ),
-            Backend::PostgresAsync => (
-                env_or_panic("FENCE_TEST_PG_ASYNC_URL"),
-                Some(format!("t{}_{n}", std::process::id())),
-            ),
+            Backend::Postgres => (env_or_panic("FENCE_TEST_PG_URL"), Some(unique)),
+            Backend::PostgresAsync => (env_or_panic("FENCE_TEST_PG_ASYNC_URL"), Some(unique)),
+            Backend::S3 | Backend::Gcs => {
+                let (server, prefix) = objects.as_ref().unwrap();
+                (server.url(prefix), None)
+            }
         };
         Store {
             backend,
             url,
             schema,
             home,
+            objects,
         }
     }
 
@@ -79,7 +90,48 @@ impl Store {
         if let Some(schema) = &self.schema {
             fence.cmd.arg("--schema").arg(schema);
         }
+        if let Some((server, _)) = &self.objects {
+            for (key, value) in server.env() {
+                fence.cmd.env(key, value);
+            }
+        }
         fence
+    }
+
+    /// How much longer than its TTL a lease may stay live by this store's clock: S3 stamps
+    /// versions to the whole second, and fence counts that second in the holder's favour on
+    /// both ends (see `src/store/object.rs`), so up to two seconds; GCS to the millisecond;
+    /// none elsewhere.
+    pub fn expiry_slack(&self) -> std::time::Duration {
+        match self.backend {
+            Backend::S3 => std::time::Duration::from_millis(2_000),
+            Backend::Gcs => std::time::Duration::from_millis(2),
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
+    /// The object server and this store's prefix (S3 and GCS stores only).
+    pub fn server(&self) -> (&objects::Server, &str) {
+        let (server, prefix) = self.objects.as_ref().expect("an object store");
+        (server, prefix)
+    }
+
+    /// The lease record object's JSON body (S3 and GCS stores), or None.
+    fn lease_object(&self, resource: &str) -> Option<Value> {
+        let (server, prefix) = self.server();
+        let key = format!("{prefix}/leases/{}", objects::encode_key(resource));
+        let stored = server.get(&key)?;
+        Some(serde_json::from_slice(&stored.body).expect("lease record is JSON"))
+    }
+
+    /// Whether fence's `inspect` reports the resource held (for stores that judge expiry by
+    /// a clock the test cannot read directly).
+    fn inspect_held(&self, resource: &str) -> bool {
+        let out = self
+            .fence()
+            .args(["inspect", resource, "--format", "json"])
+            .run();
+        out.json()["resources"][0]["state"] == "held"
     }
 
     /// The file store's directory.
@@ -96,6 +148,24 @@ impl Store {
                 text.lines()
                     .map(|line| {
                         let v: Value = serde_json::from_str(line).expect("event line is JSON");
+                        (
+                            v["kind"].as_str().unwrap().to_owned(),
+                            v["owner"].as_str().map(str::to_owned),
+                            v["token"].as_i64(),
+                        )
+                    })
+                    .collect()
+            }
+            Backend::S3 | Backend::Gcs => {
+                let (server, prefix) = self.server();
+                let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
+                server
+                    .list(&dir)
+                    .iter()
+                    .map(|key| {
+                        let stored = server.get(key).expect("listed event object");
+                        let v: Value =
+                            serde_json::from_slice(&stored.body).expect("event body is JSON");
                         (
                             v["kind"].as_str().unwrap().to_owned(),
                             v["owner"].as_str().map(str::to_owned),
@@ -124,18 +194,18 @@ impl Store {
                 let path = self.dir().join("leases").join(format!("{resource}.json"));
                 let text = std::fs::read_to_string(path).ok()?;
                 let v: Value = serde_json::from_str(&text).unwrap();
-                let out = self
-                    .fence()
-                    .args(["inspect", resource, "--format", "json"])
-                    .run();
-                let state = out.json()["resources"][0]["state"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
                 Some((
                     v["owner"].as_str().unwrap().to_owned(),
                     v["token"].as_i64().unwrap(),
-                    state == "held" && !v["released"].as_bool().unwrap(),
+                    self.inspect_held(resource) && !v["released"].as_bool().unwrap(),
+                ))
+            }
+            Backend::S3 | Backend::Gcs => {
+                let v = self.lease_object(resource)?;
+                Some((
+                    v["owner"].as_str().unwrap().to_owned(),
+                    v["token"].as_i64().unwrap(),
+                    self.inspect_held(resource) && v["state"] == "held",
                 ))
             }
             Backend::Postgres | Backend::PostgresAsync => {
@@ -179,6 +249,28 @@ impl Drop for Store {
             });
         }
     }
+}
+
+/// Milliseconds since the epoch of a `YYYY-MM-DDTHH:MM:SS.mmmZ` timestamp as fence prints it.
+pub fn timestamp_ms(text: &str) -> i64 {
+    let bad = || panic!("not a fence timestamp: {text:?}");
+    let num = |range: std::ops::Range<usize>| -> i64 {
+        text.get(range)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(bad)
+    };
+    if text.len() != 24 || !text.ends_with('Z') {
+        bad();
+    }
+    let (y, m, d) = (num(0..4), num(5..7), num(8..10));
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    ((days * 24 + num(11..13)) * 60 + num(14..16)) * 60_000 + num(17..19) * 1000 + num(20..23)
 }
 
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
@@ -268,4 +360,19 @@ macro_rules! per_backend {
         }
     };
 }
+
+/// Like [`per_backend!`], and on the S3 and GCS coordinators too.
+#[macro_export]
+macro_rules! per_coordinator {
+    ($($name:ident),* $(,)?) => {
+        $crate::per_backend!($($name),*);
+        mod s3 {
+            $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::S3)) } )*
+        }
+        mod gcs {
+            $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::Gcs)) } )*
+        }
+    };
+}
+pub mod objects;
 pub mod proxy;

@@ -1,0 +1,327 @@
+//! GCS objects through the JSON API: object_store's GCS client speaks the XML API, whose
+//! preconditions compatible test servers do not honour (DESIGN §7), so this is a small
+//! client of our own on `reqwest` (the major version object_store already pulls in).
+//!
+//! Writes are multipart uploads (`uploadType=multipart`) carrying the metadata in the same
+//! request, conditioned with `ifGenerationMatch` (0 = create only). Generations increase
+//! strictly, so versions never repeat (no ABA). `updated` has millisecond resolution.
+//!
+//! Endpoint: `FENCE_GCS_ENDPOINT`, else `STORAGE_EMULATOR_HOST`, else
+//! `https://storage.googleapis.com`. Credentials: `GOOGLE_OAUTH_ACCESS_TOKEN` as a bearer
+//! token when set (e.g. from `gcloud auth print-access-token`); fence never asks a metadata
+//! server.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::error::Error;
+use crate::object::{put_unknown, unavailable, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
+
+pub struct GcsObjects {
+    client: reqwest::Client,
+    endpoint: String,
+    bucket: String,
+    token: Option<String>,
+    display: String,
+}
+
+/// Percent-encodes an object name for a URL path segment or query value.
+fn enc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// A response body as JSON.
+async fn json_body(response: reqwest::Response) -> Result<Value, String> {
+    let bytes = response.bytes().await.map_err(|err| err.to_string())?;
+    serde_json::from_slice(&bytes).map_err(|err| format!("the answer is not JSON: {err}"))
+}
+
+impl GcsObjects {
+    pub fn new(bucket: &str) -> Result<GcsObjects, Error> {
+        let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
+            .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
+            .unwrap_or_else(|_| "https://storage.googleapis.com".into());
+        let endpoint = if endpoint.contains("://") {
+            endpoint
+        } else {
+            format!("http://{endpoint}")
+        };
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()
+            .map_err(|err| {
+                Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
+            })?;
+        Ok(GcsObjects {
+            client,
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            bucket: bucket.to_owned(),
+            token: std::env::var("GOOGLE_OAUTH_ACCESS_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+            display: format!("gs://{bucket}"),
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let builder = self.client.request(method, url);
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+
+    fn object_url(&self, key: &str) -> String {
+        format!(
+            "{}/storage/v1/b/{}/o/{}",
+            self.endpoint,
+            enc(&self.bucket),
+            enc(key)
+        )
+    }
+
+    fn meta(&self, value: &Value) -> Result<Meta, Error> {
+        let bad = |what: &str| {
+            unavailable(
+                &self.display,
+                "read object metadata",
+                format!("the answer has no valid `{what}`"),
+            )
+        };
+        let version = match &value["generation"] {
+            Value::String(g) => g.clone(),
+            Value::Number(g) => g.to_string(),
+            _ => return Err(bad("generation")),
+        };
+        let updated = value["updated"].as_str().ok_or_else(|| bad("updated"))?;
+        let at = humantime::parse_rfc3339_weak(updated.trim_end_matches('Z'))
+            .map_err(|_| bad("updated"))?;
+        let last_modified_ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let metadata = value["metadata"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Meta {
+            version,
+            last_modified_ms,
+            metadata,
+        })
+    }
+
+    async fn send(
+        &self,
+        what: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, Error> {
+        request
+            .send()
+            .await
+            .map_err(|err| unavailable(&self.display, what, err))
+    }
+
+    async fn failed(&self, what: &str, response: reqwest::Response) -> Error {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        unavailable(
+            &self.display,
+            what,
+            format!(
+                "HTTP {status}: {}",
+                text.chars().take(300).collect::<String>()
+            ),
+        )
+    }
+}
+
+#[async_trait(?Send)]
+impl ObjectApi for GcsObjects {
+    async fn get(&self, key: &str) -> Result<Option<Fetched>, Error> {
+        // Metadata first, then exactly that generation's bytes; retried if it was replaced
+        // in between, so bytes and metadata always belong together.
+        for _ in 0..5 {
+            let Some(meta) = self.head(key).await? else {
+                return Ok(None);
+            };
+            let url = format!(
+                "{}?alt=media&ifGenerationMatch={}",
+                self.object_url(key),
+                meta.version
+            );
+            let response = self
+                .send("read an object", self.request(reqwest::Method::GET, url))
+                .await?;
+            match response.status() {
+                StatusCode::OK => {
+                    let body = response
+                        .bytes()
+                        .await
+                        .map_err(|err| unavailable(&self.display, "read an object", err))?;
+                    return Ok(Some(Fetched {
+                        meta,
+                        body: body.to_vec(),
+                    }));
+                }
+                StatusCode::PRECONDITION_FAILED | StatusCode::NOT_FOUND => continue,
+                _ => return Err(self.failed("read an object", response).await),
+            }
+        }
+        Err(unavailable(
+            &self.display,
+            &format!("read `{key}`"),
+            "it kept changing while being read",
+        ))
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
+        let response = self
+            .send(
+                "read object metadata",
+                self.request(reqwest::Method::GET, self.object_url(key)),
+            )
+            .await?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::OK => {
+                let value = json_body(response)
+                    .await
+                    .map_err(|err| unavailable(&self.display, "read object metadata", err))?;
+                Ok(Some(self.meta(&value)?))
+            }
+            _ => Err(self.failed("read object metadata", response).await),
+        }
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        cond: &Cond,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Put, Error> {
+        let mut url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType=multipart",
+            self.endpoint,
+            enc(&self.bucket)
+        );
+        match cond {
+            Cond::None => {}
+            Cond::Create => url.push_str("&ifGenerationMatch=0"),
+            Cond::Match(generation) => {
+                url.push_str(&format!("&ifGenerationMatch={}", enc(generation)));
+            }
+        }
+        let boundary = format!("fence-{:016x}", crate::store::random_u64());
+        let head = json!({ "name": key, "metadata": metadata }).to_string();
+        let mut payload = Vec::with_capacity(body.len() + head.len() + 200);
+        payload.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{head}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        payload.extend_from_slice(&body);
+        payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let request = self
+            .request(reqwest::Method::POST, url)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                format!("multipart/related; boundary={boundary}"),
+            )
+            .body(payload);
+        let response = request
+            .send()
+            .await
+            .map_err(|err| put_unknown(&self.display, key, err))?;
+        match response.status() {
+            StatusCode::PRECONDITION_FAILED => Ok(Put::Lost),
+            status if status.is_success() => {
+                let value = json_body(response)
+                    .await
+                    .map_err(|err| put_unknown(&self.display, key, err))?;
+                Ok(Put::Done(self.meta(&value)?))
+            }
+            status if status.is_server_error() => {
+                Err(put_unknown(&self.display, key, format!("HTTP {status}")))
+            }
+            _ => Err(self.failed(&format!("write `{key}`"), response).await),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, Error> {
+        let prefix = format!("{}/", prefix.trim_end_matches('/'));
+        let mut names = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut url = format!(
+                "{}/storage/v1/b/{}/o?delimiter=%2F&prefix={}",
+                self.endpoint,
+                enc(&self.bucket),
+                enc(&prefix)
+            );
+            if let Some(token) = &page {
+                url.push_str(&format!("&pageToken={}", enc(token)));
+            }
+            let response = self
+                .send("list objects", self.request(reqwest::Method::GET, url))
+                .await?;
+            if !response.status().is_success() {
+                return Err(self.failed("list objects", response).await);
+            }
+            let value = json_body(response)
+                .await
+                .map_err(|err| unavailable(&self.display, "list objects", err))?;
+            for item in value["items"].as_array().into_iter().flatten() {
+                if let Some(name) = item["name"].as_str().and_then(|n| n.strip_prefix(&prefix)) {
+                    if !name.is_empty() && !name.contains('/') {
+                        names.push(name.to_owned());
+                    }
+                }
+            }
+            match value["nextPageToken"].as_str() {
+                Some(token) if !token.is_empty() => page = Some(token.to_owned()),
+                _ => return Ok(names),
+            }
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), Error> {
+        let response = self
+            .send(
+                "delete an object",
+                self.request(reqwest::Method::DELETE, self.object_url(key)),
+            )
+            .await?;
+        match response.status() {
+            status if status.is_success() || status == StatusCode::NOT_FOUND => Ok(()),
+            _ => Err(self.failed("delete an object", response).await),
+        }
+    }
+
+    fn clock_resolution_ms(&self) -> i64 {
+        1
+    }
+
+    fn version_kinds(&self) -> VersionKinds {
+        VersionKinds {
+            etag: false,
+            generation: true,
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! `file:///dir/name` objects: the bytes live at the path itself, so other programs read them
+//! as a plain file; the generation and fence's metadata live in a sidecar `.<name>.fence.json`
+//! beside it. object_store's `LocalFileSystem` cannot do conditional updates or attributes
+//! (DESIGN §7), so this backend is ours.
+//!
+//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`;
+//! a write compares the generation, then replaces the sidecar and then the bytes, each by
+//! write-to-temp, fsync, rename and directory fsync. Generations increase by one per write and
+//! never repeat. A crash between the two renames leaves the newer token with the older bytes:
+//! stale writers stay rejected, and the next fenced write repairs it. A file written at the path
+//! without fence has generation 1 and no token until fence writes it.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
+use crate::store::random_u64;
+
+pub struct LocalObjects {
+    dir: PathBuf,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Sidecar {
+    generation: u64,
+    last_modified_ms: i64,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Holds the object's `flock` until dropped.
+struct Locked {
+    _file: File,
+}
+
+fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
+    let message = format!("cannot {what} `{}`: {err}", path.display());
+    match err.kind() {
+        ErrorKind::PermissionDenied | ErrorKind::NotFound | ErrorKind::NotADirectory => {
+            Error::usage(
+                message,
+                "check that the directory exists and fence may write to it",
+            )
+        }
+        _ => Error::internal(message, "check the disk, then retry"),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl LocalObjects {
+    pub fn new(dir: PathBuf) -> LocalObjects {
+        LocalObjects { dir }
+    }
+
+    fn paths(&self, key: &str) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            self.dir.join(key),
+            self.dir.join(format!(".{key}.fence.json")),
+            self.dir.join(format!(".{key}.fence.lock")),
+        )
+    }
+
+    fn lock(&self, path: &Path) -> Result<Locked, Error> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|err| io_error("open the lock file", path, &err))?;
+        loop {
+            // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Locked { _file: file });
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != ErrorKind::Interrupted {
+                return Err(io_error("lock", path, &err));
+            }
+        }
+    }
+
+    /// The current state (call under the lock): `None` when the object is absent.
+    fn state(&self, object: &Path, sidecar: &Path) -> Result<Option<Sidecar>, Error> {
+        let modified = match fs::metadata(object) {
+            Ok(meta) => meta.modified().ok(),
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(io_error("read", object, &err)),
+        };
+        match fs::read(sidecar) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|err| {
+                Error::internal(
+                    format!("the sidecar `{}` is damaged: {err}", sidecar.display()),
+                    "restore it from a backup, or move it aside (the object then counts as unfenced)",
+                )
+            }),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(Some(Sidecar {
+                generation: 1,
+                last_modified_ms: modified
+                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_millis() as i64),
+                metadata: BTreeMap::new(),
+            })),
+            Err(err) => Err(io_error("read", sidecar, &err)),
+        }
+    }
+
+    fn replace(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+        let tmp = self.dir.join(format!(
+            ".fence-tmp-{}-{:016x}",
+            std::process::id(),
+            random_u64()
+        ));
+        let result = (|| -> io::Result<()> {
+            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+            fs::rename(&tmp, path)?;
+            File::open(&self.dir)?.sync_all()
+        })();
+        result.map_err(|err| {
+            let _ = fs::remove_file(&tmp);
+            io_error("write", path, &err)
+        })
+    }
+
+    fn meta(state: Sidecar) -> Meta {
+        Meta {
+            version: state.generation.to_string(),
+            last_modified_ms: state.last_modified_ms,
+            metadata: state.metadata,
+        }
+    }
+}
+
+#[async_trait(?Send)]
+impl ObjectApi for LocalObjects {
+    async fn get(&self, key: &str) -> Result<Option<Fetched>, Error> {
+        let (object, sidecar, lock) = self.paths(key);
+        if !self.dir.is_dir() {
+            return Ok(None);
+        }
+        let _lock = self.lock(&lock)?;
+        let Some(state) = self.state(&object, &sidecar)? else {
+            return Ok(None);
+        };
+        let body = fs::read(&object).map_err(|err| io_error("read", &object, &err))?;
+        Ok(Some(Fetched {
+            meta: Self::meta(state),
+            body,
+        }))
+    }
+
+    async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
+        let (object, sidecar, lock) = self.paths(key);
+        if !self.dir.is_dir() {
+            return Ok(None);
+        }
+        let _lock = self.lock(&lock)?;
+        Ok(self.state(&object, &sidecar)?.map(Self::meta))
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        cond: &Cond,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Put, Error> {
+        let (object, sidecar, lock) = self.paths(key);
+        let _lock = self.lock(&lock)?;
+        let current = self.state(&object, &sidecar)?;
+        let holds = match (cond, &current) {
+            (Cond::None, _) => true,
+            (Cond::Create, current) => current.is_none(),
+            (Cond::Match(version), Some(state)) => state.generation.to_string() == *version,
+            (Cond::Match(_), None) => false,
+        };
+        if !holds {
+            return Ok(Put::Lost);
+        }
+        let next = Sidecar {
+            generation: current.map_or(0, |s| s.generation) + 1,
+            last_modified_ms: now_ms(),
+            metadata: metadata.clone(),
+        };
+        let text = serde_json::to_vec(&next)
+            .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+        self.replace(&sidecar, &text)?;
+        self.replace(&object, &body)?;
+        Ok(Put::Done(Self::meta(next)))
+    }
+
+    async fn list(&self, _prefix: &str) -> Result<Vec<String>, Error> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(err) => return Err(io_error("list", &self.dir, &err)),
+        };
+        Ok(entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| !name.starts_with('.'))
+            .collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), Error> {
+        let (object, sidecar, lock) = self.paths(key);
+        let _lock = self.lock(&lock)?;
+        for path in [object, sidecar] {
+            match fs::remove_file(&path) {
+                Err(err) if err.kind() != ErrorKind::NotFound => {
+                    return Err(io_error("remove", &path, &err))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn clock_resolution_ms(&self) -> i64 {
+        1
+    }
+
+    fn version_kinds(&self) -> VersionKinds {
+        VersionKinds {
+            etag: false,
+            generation: true,
+        }
+    }
+}

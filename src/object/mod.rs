@@ -1,0 +1,296 @@
+//! Objects with versions and preconditions: the one small interface that the object-store
+//! coordinator ([`crate::store`]) and fenced object writes ([`crate::target`]) are built on.
+//!
+//! Every backend offers the same two guarantees, which is all fence relies on:
+//! - a put conditioned on [`Cond::Create`] succeeds only when no object exists, and one
+//!   conditioned on [`Cond::Match`] only when the object's current version is exactly the one
+//!   read; a lost race is reported as [`Put::Lost`], never as success;
+//! - `last_modified_ms` comes from the *store's* clock (DESIGN I7), with the resolution
+//!   [`ObjectApi::clock_resolution_ms`] says (S3: whole seconds, rounded down).
+//!
+//! Backends: S3 through `object_store` (feature `s3`), GCS through its JSON API (feature
+//! `gcs`), and `file://` objects that are ours (a per-object `flock`, generation and metadata
+//! in a sidecar).
+
+#[cfg(feature = "gcs")]
+mod gcs;
+mod local;
+#[cfg(feature = "s3")]
+mod s3;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+use crate::config::percent_decode;
+use crate::error::Error;
+
+/// Metadata fence stores on a fenced object.
+pub const META_TOKEN: &str = "fence-token";
+pub const META_RESOURCE: &str = "fence-resource";
+pub const META_OWNER: &str = "fence-owner";
+
+/// Which object service a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    S3,
+    Gcs,
+    /// Objects in a local directory.
+    File,
+}
+
+/// A resolved `s3://bucket/key`, `gs://bucket/key` or `file:///dir/key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectUrl {
+    pub service: Service,
+    /// The bucket (for `file://`, the directory holding the object or prefix).
+    pub bucket: String,
+    /// The key or prefix inside the bucket, without leading or trailing `/`.
+    pub key: String,
+    pub display: String,
+}
+
+impl ObjectUrl {
+    /// Parses an object URL; `None` when the scheme is not an object scheme.
+    pub fn parse(url: &str, want_key: bool) -> Option<Result<ObjectUrl, Error>> {
+        let (service, rest) = if let Some(rest) = url.strip_prefix("s3://") {
+            (Service::S3, rest)
+        } else if let Some(rest) = url.strip_prefix("gs://") {
+            (Service::Gcs, rest)
+        } else if let Some(rest) = url.strip_prefix("file://") {
+            (Service::File, rest)
+        } else {
+            return None;
+        };
+        Some(Self::parse_rest(url, service, rest, want_key))
+    }
+
+    fn parse_rest(
+        url: &str,
+        service: Service,
+        rest: &str,
+        want_key: bool,
+    ) -> Result<ObjectUrl, Error> {
+        let bad = |why: &str| {
+            Error::usage(
+                format!("`{url}` {why}"),
+                if want_key {
+                    "write `s3://bucket/key`, `gs://bucket/key` or `file:///dir/name`"
+                } else {
+                    "write `s3://bucket/prefix` or `gs://bucket/prefix`"
+                },
+            )
+        };
+        if service == Service::File {
+            let path = rest.strip_prefix("localhost").unwrap_or(rest);
+            let path = percent_decode(path).ok_or_else(|| bad("has a malformed %-escape"))?;
+            let path = PathBuf::from(path);
+            if !path.is_absolute() {
+                return Err(bad("does not name an absolute path (write three slashes)"));
+            }
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(bad("does not name a file"));
+            };
+            return Ok(ObjectUrl {
+                service,
+                bucket: dir.display().to_string(),
+                key: name.to_string_lossy().into_owned(),
+                display: url.to_owned(),
+            });
+        }
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.len() < 3
+            || !bucket
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._".contains(c))
+        {
+            return Err(bad(
+                "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
+            ));
+        }
+        let key = key.trim_matches('/');
+        if want_key && key.is_empty() {
+            return Err(bad("names a bucket but no object key"));
+        }
+        if key
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+        {
+            return Err(bad("has an empty, `.` or `..` path segment"));
+        }
+        Ok(ObjectUrl {
+            service,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            display: url.to_owned(),
+        })
+    }
+
+    /// `prefix/name`, or `name` when there is no prefix.
+    pub fn join(&self, name: &str) -> String {
+        if self.key.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.key)
+        }
+    }
+}
+
+/// What a put is conditioned on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cond {
+    /// No precondition (clock probes, event and waiter records: unique or disposable keys).
+    None,
+    /// Only when no object exists.
+    Create,
+    /// Only when the current version is exactly this one.
+    Match(String),
+}
+
+/// The state of a stored object.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// The ETag (S3) or generation (GCS, `file://`) of this version.
+    pub version: String,
+    /// By the store's clock, milliseconds since the Unix epoch (rounded down).
+    pub last_modified_ms: i64,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// An object's bytes with the state they belong to.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub meta: Meta,
+    pub body: Vec<u8>,
+}
+
+/// The outcome of a conditional put.
+#[derive(Debug)]
+pub enum Put {
+    Done(Meta),
+    /// The precondition failed: another writer changed (or created) the object first.
+    Lost,
+}
+
+/// One object service.
+#[async_trait(?Send)]
+pub trait ObjectApi {
+    /// The object with its bytes, or `None` when absent.
+    async fn get(&self, key: &str) -> Result<Option<Fetched>, Error>;
+
+    /// The object's state without its bytes, or `None` when absent.
+    async fn head(&self, key: &str) -> Result<Option<Meta>, Error>;
+
+    /// Stores `body` under `key` with `metadata`, if `cond` holds.
+    async fn put(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        cond: &Cond,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Put, Error>;
+
+    /// Stores `body` unconditionally where the caller needs no answer but success (event and
+    /// waiter records under unique names).
+    async fn put_blind(&self, key: &str, body: Vec<u8>) -> Result<(), Error> {
+        self.put(key, body, &Cond::None, &BTreeMap::new())
+            .await
+            .map(drop)
+    }
+
+    /// The names (relative to `prefix/`) of the objects directly under `prefix/`.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, Error>;
+
+    /// Removes an object (waiter records only: fence never deletes a lease or event).
+    async fn delete(&self, key: &str) -> Result<(), Error>;
+
+    /// How coarse `last_modified_ms` is: a lease counts as live for this much longer.
+    fn clock_resolution_ms(&self) -> i64;
+
+    /// Whether the store compares a version the caller names as an ETag (`--if-match`) and
+    /// as a generation (`--if-generation-match`).
+    fn version_kinds(&self) -> VersionKinds;
+}
+
+/// Which kinds of version a backend can compare.
+#[derive(Clone, Copy, Debug)]
+pub struct VersionKinds {
+    pub etag: bool,
+    pub generation: bool,
+}
+
+/// Opens the object service a URL names (no network traffic yet).
+pub fn open(url: &ObjectUrl) -> Result<Box<dyn ObjectApi>, Error> {
+    match url.service {
+        Service::File => Ok(Box::new(local::LocalObjects::new(PathBuf::from(
+            &url.bucket,
+        )))),
+        #[cfg(feature = "s3")]
+        Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket)?)),
+        #[cfg(feature = "gcs")]
+        Service::Gcs => Ok(Box::new(gcs::GcsObjects::new(&url.bucket)?)),
+        #[allow(unreachable_patterns)]
+        _ => Err(Error::usage(
+            format!(
+                "`{}`: this build of fence has no support for this object store",
+                url.display
+            ),
+            "rebuild with the default cargo features (`s3`, `gcs`), or use `file://` or PostgreSQL",
+        )),
+    }
+}
+
+/// A key-safe, reversible encoding of a resource name for object keys: `[A-Za-z0-9-]` stay,
+/// every other byte becomes `_XX` (so the key never needs escaping in any service).
+pub fn encode_key(resource: &str) -> String {
+    let mut out = String::with_capacity(resource.len());
+    for byte in resource.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("_{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// An error talking to an object store, before anything was applied.
+pub(crate) fn unavailable(display: &str, what: &str, err: impl std::fmt::Display) -> Error {
+    Error::unavailable(
+        format!("cannot {what} at `{display}`: {err}"),
+        "check the endpoint, the network and the credentials (AWS_* / GOOGLE_OAUTH_ACCESS_TOKEN), then retry",
+    )
+}
+
+/// An error during a put whose outcome cannot be known.
+pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display) -> Error {
+    Error::OutcomeUnknown {
+        message: format!("the write of `{key}` at `{display}` may or may not have applied: {err}"),
+        hint: "inspect the object (its version and fence-token metadata) before retrying".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_keys() {
+        let u = ObjectUrl::parse("s3://bkt/a/b/", false).unwrap().unwrap();
+        assert_eq!(
+            (u.service, u.bucket.as_str(), u.key.as_str()),
+            (Service::S3, "bkt", "a/b")
+        );
+        assert_eq!(u.join("leases"), "a/b/leases");
+        assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
+        let f = ObjectUrl::parse("file:///tmp/d/obj", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!((f.bucket.as_str(), f.key.as_str()), ("/tmp/d", "obj"));
+        assert!(ObjectUrl::parse("postgres://x", true).is_none());
+        assert_eq!(encode_key("a/b c_d"), "a_2Fb_20c_5Fd");
+    }
+}

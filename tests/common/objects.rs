@@ -1,0 +1,282 @@
+//! Direct reads of the S3 (moto) and GCS (fake-gcs-server) test servers that `tests/run`
+//! starts on loopback, so tests can assert on what is durably stored, not on what fence said.
+//! Requests go through `curl` to 127.0.0.1 only; moto accepts unsigned requests and
+//! fake-gcs-server needs no credentials.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::env_or_panic;
+
+/// Which object service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    S3,
+    Gcs,
+}
+
+/// One test server and bucket.
+#[derive(Clone, Debug)]
+pub struct Server {
+    pub service: Service,
+    /// `http://127.0.0.1:PORT`
+    pub endpoint: String,
+    pub bucket: String,
+}
+
+/// A stored object: its bytes and its user metadata (`fence-token`, …).
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub body: Vec<u8>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Stored {
+    pub fn token(&self) -> Option<i64> {
+        self.metadata
+            .get("fence-token")
+            .and_then(|t| t.parse().ok())
+    }
+}
+
+impl Server {
+    pub fn new(service: Service) -> Server {
+        let (endpoint, bucket) = match service {
+            Service::S3 => ("FENCE_TEST_S3_ENDPOINT", "FENCE_TEST_S3_BUCKET"),
+            Service::Gcs => ("FENCE_TEST_GCS_ENDPOINT", "FENCE_TEST_GCS_BUCKET"),
+        };
+        let server = Server {
+            service,
+            endpoint: env_or_panic(endpoint),
+            bucket: env_or_panic(bucket),
+        };
+        assert!(
+            server.endpoint.starts_with("http://127.0.0.1:"),
+            "the test servers must be on loopback: {server:?}"
+        );
+        server
+    }
+
+    /// The environment a `fence` process needs to reach this server, and nothing else: fixed
+    /// test credentials, no instance metadata lookups.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        match self.service {
+            Service::S3 => vec![
+                ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+                ("AWS_ACCESS_KEY_ID", "fence-test".into()),
+                ("AWS_SECRET_ACCESS_KEY", "fence-test-secret".into()),
+                ("AWS_REGION", "us-east-1".into()),
+                ("AWS_EC2_METADATA_DISABLED", "true".into()),
+            ],
+            Service::Gcs => vec![("FENCE_GCS_ENDPOINT", self.endpoint.clone())],
+        }
+    }
+
+    /// curl with this server's credentials (S3 requests are signed: moto keeps objects
+    /// private to the account that wrote them).
+    fn curl(&self, args: &[&str]) -> Option<Vec<u8>> {
+        match self.service {
+            Service::S3 => {
+                let mut all = vec![
+                    "--aws-sigv4",
+                    "aws:amz:us-east-1:s3",
+                    "--user",
+                    "fence-test:fence-test-secret",
+                ];
+                all.extend_from_slice(args);
+                curl(&all)
+            }
+            Service::Gcs => curl(args),
+        }
+    }
+
+    /// `s3://bucket/key` or `gs://bucket/key`.
+    pub fn url(&self, key: &str) -> String {
+        let scheme = match self.service {
+            Service::S3 => "s3",
+            Service::Gcs => "gs",
+        };
+        format!("{scheme}://{}/{key}", self.bucket)
+    }
+
+    /// Every key under `prefix/`, sorted.
+    pub fn list(&self, prefix: &str) -> Vec<String> {
+        let prefix = format!("{}/", prefix.trim_end_matches('/'));
+        let mut keys = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            match self.service {
+                Service::S3 => {
+                    let mut url = format!(
+                        "{}/{}?list-type=2&prefix={}",
+                        self.endpoint,
+                        self.bucket,
+                        encode(&prefix)
+                    );
+                    if let Some(token) = &page {
+                        url.push_str(&format!("&continuation-token={}", encode(token)));
+                    }
+                    let xml = String::from_utf8(self.curl(&["-sf", &url]).expect("list objects"))
+                        .expect("XML");
+                    keys.extend(tags(&xml, "Key"));
+                    page = tags(&xml, "NextContinuationToken").next();
+                }
+                Service::Gcs => {
+                    let mut url = format!(
+                        "{}/storage/v1/b/{}/o?prefix={}",
+                        self.endpoint,
+                        self.bucket,
+                        encode(&prefix)
+                    );
+                    if let Some(token) = &page {
+                        url.push_str(&format!("&pageToken={}", encode(token)));
+                    }
+                    let v: Value =
+                        serde_json::from_slice(&self.curl(&["-sf", &url]).expect("list objects"))
+                            .expect("JSON listing");
+                    if let Some(items) = v["items"].as_array() {
+                        keys.extend(items.iter().map(|i| i["name"].as_str().unwrap().to_owned()));
+                    }
+                    page = v["nextPageToken"].as_str().map(str::to_owned);
+                }
+            }
+            if page.is_none() {
+                break;
+            }
+        }
+        keys.sort();
+        keys
+    }
+
+    /// The object's bytes and metadata, or `None` when it does not exist. One GET, so the
+    /// bytes and the metadata are those of the same version.
+    pub fn get(&self, key: &str) -> Option<Stored> {
+        let (url, meta_prefix) = match self.service {
+            Service::S3 => (
+                format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key)),
+                "x-amz-meta-",
+            ),
+            Service::Gcs => (
+                format!(
+                    "{}/storage/v1/b/{}/o/{}?alt=media",
+                    self.endpoint,
+                    self.bucket,
+                    encode(key)
+                ),
+                "x-goog-meta-",
+            ),
+        };
+        let response = self.curl(&["-sfi", &url])?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP response with headers");
+        let head = String::from_utf8_lossy(&response[..split]);
+        let metadata = head
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                let name = name.trim().to_ascii_lowercase();
+                let name = name.strip_prefix(meta_prefix)?;
+                Some((name.to_owned(), value.trim().to_owned()))
+            })
+            .collect();
+        Some(Stored {
+            body: response[split + 4..].to_vec(),
+            metadata,
+        })
+    }
+
+    /// Stores bytes directly, bypassing fence (an unfenced writer).
+    pub fn put(&self, key: &str, body: &[u8]) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), body).unwrap();
+        let data = format!("@{}", file.path().display());
+        let ok = match self.service {
+            Service::S3 => self.curl(&[
+                "-sf",
+                "-X",
+                "PUT",
+                "--data-binary",
+                &data,
+                &format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key)),
+            ]),
+            Service::Gcs => self.curl(&[
+                "-sf",
+                "-X",
+                "POST",
+                "--data-binary",
+                &data,
+                &format!(
+                    "{}/upload/storage/v1/b/{}/o?uploadType=media&name={}",
+                    self.endpoint,
+                    self.bucket,
+                    encode(key)
+                ),
+            ]),
+        };
+        ok.expect("direct put");
+    }
+}
+
+/// fence's key encoding of a resource name: `[A-Za-z0-9-]` stay, other bytes become `_XX`.
+pub fn encode_key(resource: &str) -> String {
+    resource
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' {
+                (b as char).to_string()
+            } else {
+                format!("_{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Runs curl; `None` when the request failed (for `-f`: an HTTP error such as 404).
+fn curl(args: &[&str]) -> Option<Vec<u8>> {
+    let out = Command::new("curl")
+        .args(["--max-time", "20"])
+        .args(args)
+        .output()
+        .expect("curl is installed by tests/run");
+    out.status.success().then_some(out.stdout)
+}
+
+fn tags(xml: &str, tag: &str) -> impl Iterator<Item = String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(open.as_str())
+        .skip(1)
+        .filter_map(|part| part.split(close.as_str()).next())
+        .map(unescape_xml)
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+fn unescape_xml(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
+}
+
+/// Percent-encodes everything but unreserved characters.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Percent-encodes a key for a URL path, keeping its `/`.
+fn encode_path(key: &str) -> String {
+    key.split('/').map(encode).collect::<Vec<_>>().join("/")
+}

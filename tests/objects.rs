@@ -1,0 +1,587 @@
+//! Fenced object writes (issue 4) on S3 (moto), GCS (fake-gcs-server) and `file://` objects,
+//! each with the coordinator of the same kind. Every test reads the stored object back from
+//! the server (or the directory) itself: bytes, `fence-token` metadata, version.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::objects::{Server, Service, Stored};
+use common::proxy::{Mode, Proxy};
+use common::{Backend, Out, Store};
+
+/// One coordinator and a place for objects of the same kind.
+struct Bed {
+    store: Store,
+    /// Where `file://` objects live (file beds only).
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Bed {
+    fn new(backend: Backend) -> Bed {
+        let store = Store::new(backend);
+        let dir = (backend == Backend::File).then(|| tempfile::tempdir().unwrap());
+        Bed { store, dir }
+    }
+
+    fn server(&self) -> Option<&Server> {
+        self.store.objects.as_ref().map(|(server, _)| server)
+    }
+
+    /// The key of object `name` in the bucket (object stores).
+    fn key(&self, name: &str) -> String {
+        let (_, prefix) = self.store.server();
+        format!("{prefix}/objects/{name}")
+    }
+
+    /// The `--target` URL of object `name`.
+    fn target(&self, name: &str) -> String {
+        match (&self.dir, self.server()) {
+            (Some(dir), _) => format!("file://{}/{name}", dir.path().display()),
+            (None, Some(server)) => server.url(&self.key(name)),
+            _ => unreachable!(),
+        }
+    }
+
+    /// What is stored for object `name`, read without fence.
+    fn stored(&self, name: &str) -> Option<Stored> {
+        match &self.dir {
+            Some(dir) => read_local(&dir.path().join(name)),
+            None => self.server().unwrap().get(&self.key(name)),
+        }
+    }
+
+    /// Stores bytes without fence (an unfenced writer).
+    fn put_unfenced(&self, name: &str, body: &[u8]) {
+        match &self.dir {
+            Some(dir) => std::fs::write(dir.path().join(name), body).unwrap(),
+            None => self.server().unwrap().put(&self.key(name), body),
+        }
+    }
+
+    /// `sh -c SCRIPT` in the store's home with the environment `fence` gets, the store given
+    /// as `FENCE_STORE`.
+    fn shell(&self, script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(self.store.home.path());
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.store.home.path())
+            .env("LANG", "C.UTF-8")
+            .env("FENCE_STORE", &self.store.url);
+        if let Some(server) = self.server() {
+            cmd.envs(server.env());
+        }
+        cmd
+    }
+
+    fn acquire(&self, owner: &str, ttl: &str) -> i64 {
+        let out = self
+            .store
+            .fence()
+            .args(["acquire", "res", "--owner", owner, "--ttl", ttl])
+            .args(["--format", "json"])
+            .run()
+            .expect(0);
+        out.json()["token"].as_i64().unwrap()
+    }
+
+    /// `fence write res --token TOKEN --target <name> --from FILE` with `extra` flags.
+    fn write(&self, name: &str, token: i64, body: &[u8], extra: &[&str]) -> Out {
+        let file = self
+            .store
+            .home
+            .path()
+            .join(format!("body-{token}-{}", body.len()));
+        std::fs::write(&file, body).unwrap();
+        self.store
+            .fence()
+            .args(["write", "res", "--token", &token.to_string()])
+            .args(["--target", &self.target(name), "--from"])
+            .args([&file])
+            .args(["--format", "json"])
+            .args(extra)
+            .run()
+    }
+}
+
+/// A `file://` object and its sidecar, read under the object's lock as fence does, so the
+/// bytes and the metadata are from the same write.
+fn read_local(path: &std::path::Path) -> Option<Stored> {
+    let dir = path.parent().unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(dir.join(format!(".{name}.fence.lock")))
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let body = std::fs::read(path).ok()?;
+    let sidecar: serde_json::Value = std::fs::read(dir.join(format!(".{name}.fence.json")))
+        .ok()
+        .map(|text| serde_json::from_slice(&text).unwrap())
+        .unwrap_or_default();
+    let metadata = sidecar["metadata"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    drop(lock);
+    Some(Stored { body, metadata })
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn error_of(out: &Out) -> (String, serde_json::Value) {
+    let json = out.json();
+    (json["error"].as_str().unwrap_or_default().to_owned(), json)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The seed scenario: a paused owner wakes up after a newer owner wrote.
+// ---------------------------------------------------------------------------------------------
+
+/// A holds the lease and is stopped (SIGSTOP) before it writes; its lease expires; B acquires
+/// and writes; A is continued and writes with its old token: refused, and the object still
+/// holds B's bytes and token.
+fn paused_owner_is_refused_after_a_newer_write(backend: Backend) {
+    let bed = Bed::new(backend);
+    let home = bed.store.home.path();
+    std::fs::write(home.join("a.txt"), "written by A").unwrap();
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let script = format!(
+        r#"set -u
+eval "$('{fence}' acquire res --owner A --ttl 1s --format env)"
+echo "$FENCE_TOKEN" > token.tmp && mv token.tmp token
+kill -STOP $$
+'{fence}' write --target '{target}' --from a.txt --format json > out.json
+echo $? > rc.tmp && mv rc.tmp rc
+"#,
+        target = bed.target("report")
+    );
+    let mut a = bed.shell(&script).stdout(Stdio::null()).spawn().unwrap();
+
+    wait_for("A to acquire", Duration::from_secs(20), || {
+        home.join("token").exists()
+    });
+    let a_token: i64 = std::fs::read_to_string(home.join("token"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    thread::sleep(Duration::from_millis(1_300) + bed.store.expiry_slack());
+    let b_token = bed.acquire("B", "30s");
+    assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
+    bed.write("report", b_token, b"written by B", &[]).expect(0);
+
+    // SAFETY: signalling a child we spawned.
+    assert_eq!(unsafe { libc::kill(a.id() as i32, libc::SIGCONT) }, 0);
+    assert!(a.wait().unwrap().success());
+    let rc = std::fs::read_to_string(home.join("rc")).unwrap();
+    let out: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(home.join("out.json")).unwrap()).unwrap();
+    assert_eq!(rc.trim(), "4", "{out}");
+    assert_eq!(out["error"], "stale_fencing_token", "{out}");
+    assert_eq!(out["highest_token"], b_token, "{out}");
+
+    let stored = bed.stored("report").expect("B's object");
+    assert_eq!(stored.body, b"written by B");
+    assert_eq!(stored.token(), Some(b_token));
+    assert_eq!(stored.metadata.get("fence-owner").map(String::as_str), None);
+    assert_eq!(
+        stored.metadata.get("fence-resource").map(String::as_str),
+        Some("res")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Preconditions of the caller's own.
+// ---------------------------------------------------------------------------------------------
+
+fn version_of(out: &Out) -> String {
+    out.json()["version"].as_str().unwrap().to_owned()
+}
+
+/// A stale `--if-generation-match` / `--if-match` is a conflict and changes nothing; so is
+/// create-only (`--if-generation-match 0`) on an existing object.
+fn own_preconditions_not_met_are_conflicts(backend: Backend) {
+    let bed = Bed::new(backend);
+    let token = bed.acquire("A", "30s");
+    // Create-only on an absent object succeeds.
+    let first = bed.write("doc", token, b"v1", &["--if-generation-match", "0"]);
+    let v1 = version_of(&first.expect(0));
+    let v2 = version_of(&bed.write("doc", token, b"v2", &[]).expect(0));
+    assert_ne!(v1, v2);
+
+    let stale_flag = if backend == Backend::S3 {
+        vec!["--if-match".to_owned(), v1.clone()]
+    } else {
+        vec!["--if-generation-match".to_owned(), v1.clone()]
+    };
+    let flags: Vec<&str> = stale_flag.iter().map(String::as_str).collect();
+    let out = bed.write("doc", token, b"v3", &flags);
+    assert_eq!(out.code, 6, "{out:?}");
+    let (error, json) = error_of(&out);
+    assert_eq!(error, "conflict", "{json}");
+    assert_eq!(json["reason"], "version_mismatch", "{json}");
+    assert_eq!(json["version"], v2.as_str(), "{json}");
+
+    let out = bed.write("doc", token, b"v4", &["--if-generation-match", "0"]);
+    assert_eq!(out.code, 6, "{out:?}");
+    assert_eq!(error_of(&out).0, "conflict");
+
+    let stored = bed.stored("doc").unwrap();
+    assert_eq!(stored.body, b"v2", "refused writes left no trace");
+    assert_eq!(stored.token(), Some(token));
+
+    // The current version passes.
+    let current = if backend == Backend::S3 {
+        vec!["--if-match".to_owned(), v2.clone()]
+    } else {
+        vec!["--if-generation-match".to_owned(), v2.clone()]
+    };
+    let flags: Vec<&str> = current.iter().map(String::as_str).collect();
+    bed.write("doc", token, b"v5", &flags).expect(0);
+    assert_eq!(bed.stored("doc").unwrap().body, b"v5");
+
+    // inspect --target shows the version and the stored token.
+    let view = bed
+        .store
+        .fence()
+        .args([
+            "inspect",
+            "res",
+            "--target",
+            &bed.target("doc"),
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(view["targets"][0]["highest_token"], token, "{view}");
+    assert!(view["targets"][0]["version"].is_string(), "{view}");
+}
+
+/// An object written without fence has no token: the first fenced write takes it over,
+/// conditioned on the version read; an object fenced by another resource is refused.
+fn unfenced_and_foreign_objects(backend: Backend) {
+    let bed = Bed::new(backend);
+    let token = bed.acquire("A", "30s");
+    bed.put_unfenced("plain", b"by hand");
+    bed.write("plain", token, b"fenced", &[]).expect(0);
+    let stored = bed.stored("plain").unwrap();
+    assert_eq!(
+        (stored.body.as_slice(), stored.token()),
+        (&b"fenced"[..], Some(token))
+    );
+
+    let out = bed
+        .store
+        .fence()
+        .args([
+            "write",
+            "other",
+            "--token",
+            "99",
+            "--target",
+            &bed.target("plain"),
+        ])
+        .args(["--from", "-", "--format", "json"])
+        .run();
+    assert_eq!(out.code, 6, "{out:?}");
+    assert_eq!(bed.stored("plain").unwrap().body, b"fenced");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Concurrent fenced writers with interleaved tokens.
+// ---------------------------------------------------------------------------------------------
+
+/// Twelve writers with tokens from the coordinator, started in shuffled order, all at once.
+/// A watcher reads the object throughout: the stored token never goes down and the stored
+/// bytes always name the stored token. Every write is applied, stale (4) or a lost race (6).
+fn concurrent_writers_never_regress(backend: Backend) {
+    let bed = Arc::new(Bed::new(backend));
+    let mut tokens = Vec::new();
+    for i in 0..12 {
+        let owner = format!("w{i}");
+        let token = bed.acquire(&owner, "30s");
+        bed.store
+            .fence()
+            .args([
+                "release",
+                "res",
+                "--owner",
+                &owner,
+                "--token",
+                &token.to_string(),
+            ])
+            .run()
+            .expect(0);
+        tokens.push(token);
+    }
+    assert!(tokens.windows(2).all(|p| p[1] > p[0]), "{tokens:?}");
+    // A fixed interleaving: high and low tokens alternate.
+    let order: Vec<i64> = [7, 2, 11, 0, 5, 9, 1, 10, 3, 8, 4, 6]
+        .iter()
+        .map(|&i| tokens[i])
+        .collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::<(i64, Vec<u8>)>::new()));
+    let watcher = {
+        let (bed, stop, seen) = (bed.clone(), stop.clone(), seen.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(stored) = bed.stored("hot") {
+                    seen.lock()
+                        .unwrap()
+                        .push((stored.token().unwrap_or(0), stored.body));
+                }
+            }
+        })
+    };
+    let writers: Vec<_> = order
+        .iter()
+        .map(|&token| {
+            let bed = bed.clone();
+            thread::spawn(move || {
+                let body = format!("token {token}");
+                (token, bed.write("hot", token, body.as_bytes(), &[]))
+            })
+        })
+        .collect();
+    let results: Vec<(i64, Out)> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    stop.store(true, Ordering::SeqCst);
+    watcher.join().unwrap();
+
+    for (token, out) in &results {
+        assert!(
+            [0, 4, 6].contains(&out.code),
+            "token {token}: unexpected outcome {out:?}"
+        );
+    }
+    let applied: Vec<i64> = results
+        .iter()
+        .filter(|(_, out)| out.code == 0)
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(!applied.is_empty(), "{results:?}");
+    let stored = bed.stored("hot").unwrap();
+    let top = stored.token().unwrap();
+    assert_eq!(
+        top,
+        *applied.iter().max().unwrap(),
+        "the highest applied token is stored"
+    );
+    assert_eq!(stored.body, format!("token {top}").as_bytes());
+    for (token, out) in &results {
+        if out.code == 4 {
+            assert!(
+                out.json()["highest_token"].as_i64().unwrap() > *token,
+                "{out:?}"
+            );
+        }
+    }
+
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    for (token, body) in seen.iter() {
+        assert_eq!(
+            body,
+            format!("token {token}").as_bytes(),
+            "bytes of another token were stored with token {token}"
+        );
+    }
+    for pair in seen.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].0,
+            "the stored token went from {} to {}",
+            pair[0].0,
+            pair[1].0
+        );
+    }
+    eprintln!(
+        "{backend:?}: {} applied, {} stale, {} lost races, {} reads by the watcher",
+        applied.len(),
+        results.iter().filter(|(_, o)| o.code == 4).count(),
+        results.iter().filter(|(_, o)| o.code == 6).count(),
+        seen.len()
+    );
+}
+
+macro_rules! per_object_store {
+    ($($name:ident),* $(,)?) => {
+        mod s3 { $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )* }
+        mod gcs { $( #[test] fn $name() { super::$name(crate::common::Backend::Gcs) } )* }
+        mod file { $( #[test] fn $name() { super::$name(crate::common::Backend::File) } )* }
+    };
+}
+
+per_object_store!(
+    paused_owner_is_refused_after_a_newer_write,
+    own_preconditions_not_met_are_conflicts,
+    unfenced_and_foreign_objects,
+    concurrent_writers_never_regress,
+);
+
+// ---------------------------------------------------------------------------------------------
+// A newer writer wins the race between fence's read and its conditional put.
+// ---------------------------------------------------------------------------------------------
+
+/// A's requests go through a proxy that holds each of them 1.5 s. Once A's read has reached
+/// the server, B writes with a newer token; A's put, still on its way, carries the version A
+/// read: the store refuses it, fence reads once more and reports the newer token (4). B's
+/// bytes stay.
+fn lost_race_to_a_newer_writer_is_stale(service: Service) {
+    let backend = match service {
+        Service::S3 => Backend::S3,
+        Service::Gcs => Backend::Gcs,
+    };
+    let bed = Bed::new(backend);
+    let server = bed.server().unwrap().clone();
+    let a_token = bed.acquire("A", "30s");
+    bed.write("raced", a_token, b"first", &[]).expect(0);
+    bed.store
+        .fence()
+        .args([
+            "release",
+            "res",
+            "--owner",
+            "A",
+            "--token",
+            &a_token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let slow = Proxy::start(upstream, Mode::Delay(Duration::from_millis(1_500)));
+    let endpoint = format!("http://{}", slow.addr());
+    let env_name = match service {
+        Service::S3 => "AWS_ENDPOINT_URL",
+        Service::Gcs => "FENCE_GCS_ENDPOINT",
+    };
+    let file = bed.store.home.path().join("a.txt");
+    std::fs::write(&file, "from A").unwrap();
+    let a = {
+        let mut fence = bed.store.fence();
+        fence.cmd.env(env_name, &endpoint);
+        let target = bed.target("raced");
+        thread::spawn(move || {
+            fence
+                .args([
+                    "write",
+                    "res",
+                    "--token",
+                    &a_token.to_string(),
+                    "--target",
+                    &target,
+                ])
+                .args([std::ffi::OsStr::new("--from"), file.as_os_str()])
+                .args(["--format", "json"])
+                .run()
+        })
+    };
+    let read = match service {
+        Service::S3 => &b"HEAD "[..],
+        Service::Gcs => &b"GET "[..],
+    };
+    wait_for(
+        "A's read to reach the server",
+        Duration::from_secs(20),
+        || slow.client_sent_at(read).is_some(),
+    );
+    let b_token = bed.acquire("B", "30s");
+    bed.write("raced", b_token, b"from B", &[]).expect(0);
+    let b_done = Instant::now();
+    let out = a.join().unwrap();
+    let put = match service {
+        Service::S3 => &b"PUT "[..],
+        Service::Gcs => &b"POST "[..],
+    };
+    let a_put = slow.client_sent_at(put).expect("A sent its put");
+    assert!(
+        a_put > b_done,
+        "the premise: A's put reached the server after B's write"
+    );
+    assert_eq!(out.code, 4, "{out:?}");
+    assert_eq!(out.json()["highest_token"], b_token);
+    let stored = bed.stored("raced").unwrap();
+    assert_eq!(
+        (stored.body.as_slice(), stored.token()),
+        (&b"from B"[..], Some(b_token))
+    );
+}
+
+#[test]
+fn s3_lost_race_to_a_newer_writer_is_stale() {
+    lost_race_to_a_newer_writer_is_stale(Service::S3);
+}
+
+#[test]
+fn gcs_lost_race_to_a_newer_writer_is_stale() {
+    lost_race_to_a_newer_writer_is_stale(Service::Gcs);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Loopback only.
+// ---------------------------------------------------------------------------------------------
+
+/// Every object store the tests use is on loopback, and fence gets fixed test credentials, so
+/// the S3 client never looks for instance credentials (169.254.169.254) and the GCS client
+/// never resolves storage.googleapis.com.
+#[test]
+fn the_tests_reach_nothing_but_loopback() {
+    for service in [Service::S3, Service::Gcs] {
+        let server = Server::new(service);
+        assert!(server.endpoint.starts_with("http://127.0.0.1:"));
+        let env = server.env();
+        let names: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
+        match service {
+            Service::S3 => assert!(
+                names.contains(&"AWS_ACCESS_KEY_ID") && names.contains(&"AWS_ENDPOINT_URL"),
+                "{names:?}"
+            ),
+            Service::Gcs => assert_eq!(names, ["FENCE_GCS_ENDPOINT"]),
+        }
+    }
+    for name in [
+        "AWS_PROFILE",
+        "AWS_CONFIG_FILE",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+    ] {
+        assert!(
+            std::env::var_os(name).is_none(),
+            "{name} leaked into the tests"
+        );
+    }
+    // A fence without an endpoint must not be what a test runs: `Store::fence` sets one.
+    let store = Store::new(Backend::S3);
+    let fence = store.fence();
+    let envs: Vec<_> = fence.cmd.get_envs().collect();
+    assert!(envs.iter().any(|(k, v)| *k == "AWS_ENDPOINT_URL"
+        && v.is_some_and(|v| v.to_str().unwrap().starts_with("http://127.0.0.1:"))));
+}
