@@ -1110,14 +1110,16 @@ fn seed_every_alternate_write_path(backend: Backend) {
         ("superuser, replica role", superuser.clone(), format!("SET session_replication_role = replica; INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
         ("superuser update", superuser.clone(), format!("UPDATE {t} SET op = __OP__")),
     ];
+    // Every path is tried; the bypasses are reported together at the end.
+    let mut bypasses = Vec::new();
     for (what, url, sql) in &attempts {
         let op = rec.raw(url, "r0", Some(tb), what, sql);
-        assert_eq!(op.code, 4, "{what} bypassed the fence: {op}");
         let msg = op.json.as_str().unwrap_or_default();
-        assert!(
-            msg.starts_with("LF0"),
-            "{what}: refused for the wrong reason: {msg}"
-        );
+        if op.code != 4 {
+            bypasses.push(format!("{what} bypassed the fence: {op}"));
+        } else if !msg.starts_with("LF0") {
+            bypasses.push(format!("{what}: refused for the wrong reason: {msg}"));
+        }
     }
     // COPY FROM STDIN, as psql sends it.
     let copy = rec.ids.fetch_add(1, Ordering::SeqCst);
@@ -1143,11 +1145,19 @@ fn seed_every_alternate_write_path(backend: Backend) {
         stderr.contains("protected by fence"),
         "COPY refused for the wrong reason: {stderr}"
     );
-    assert_eq!(
-        data_ops(&sut, "r0"),
-        before,
-        "a refused path changed the table"
-    );
+    let bypassed: Vec<usize> = rec
+        .ops
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|o| o.kind == OpKind::RawWrite && o.code == 0)
+        .map(|o| o.id)
+        .collect();
+    let unchanged: Vec<(i64, usize)> = data_ops(&sut, "r0")
+        .into_iter()
+        .filter(|(_, op)| !bypassed.contains(op))
+        .collect();
+    assert_eq!(unchanged, before, "a refused path changed the table");
     // The documented admin path, with the current token, is a fenced path: it writes.
     let admin = rec.raw(
         &pg_url(),
@@ -1164,8 +1174,22 @@ fn seed_every_alternate_write_path(backend: Backend) {
         last.owner = "B".into();
     }
     let after = data_ops(&sut, "r0");
-    assert_eq!(after.len(), before.len() + 1);
-    rec.check(&sut, "seed_every_alternate_write_path");
+    assert!(
+        after.iter().any(|(_, op)| *op == admin.id),
+        "the admin path wrote"
+    );
+    let h = rec.history(&sut);
+    let violations = checker::check(&h);
+    eprintln!(
+        "seed_every_alternate_write_path: {}",
+        h.summary(&violations)
+    );
+    assert!(
+        bypasses.is_empty() && violations.is_empty(),
+        "other write paths got through:\n{}\n{}",
+        bypasses.join("\n"),
+        violations.iter().map(|v| v.to_string()).collect::<String>()
+    );
 }
 
 /// A reaches the coordinator only through a link that then fails; it still reaches the
@@ -1442,6 +1466,15 @@ fn run_workload(w: Workload) {
         elapsed.as_secs_f64(),
         exit_histogram(&h.ops)
     );
+    let mut slowest: Vec<&Op> = h.ops.iter().collect();
+    slowest.sort_by_key(|o| std::cmp::Reverse(o.end - o.start));
+    for op in slowest.iter().take(3) {
+        eprintln!(
+            "{}: slow op {:.2}s: {op}",
+            w.name,
+            (op.end - op.start).as_secs_f64()
+        );
+    }
     if !violations.is_empty() {
         let text: String = violations.iter().take(20).map(|v| v.to_string()).collect();
         panic!(
@@ -1743,5 +1776,208 @@ fn clock_skew_with_faked_monotonic_clocks() {
                 assert_eq!(again.code, 4, "{again}");
             }
         }
+    }
+}
+
+// --- the checker's own tests: hand-made histories ---------------------------------------------
+
+mod checker_self_test {
+    use super::checker::{self, CoordClock, CoordEvent, DataRow, History, Op, OpKind, TargetEvent};
+    use serde_json::json;
+    use std::time::Duration;
+
+    #[allow(clippy::too_many_arguments)]
+    fn op(
+        id: usize,
+        kind: OpKind,
+        owner: &str,
+        token: i64,
+        ttl: Option<i64>,
+        start_ms: u64,
+        end_ms: u64,
+        code: i32,
+    ) -> Op {
+        Op {
+            id,
+            worker: 0,
+            kind,
+            resource: "r".into(),
+            owner: owner.into(),
+            token: Some(token),
+            ttl_ms: ttl,
+            start: Duration::from_millis(start_ms),
+            end: Duration::from_millis(end_ms),
+            code,
+            json: json!({}),
+            fault: None,
+            cancelled: false,
+            skewed: false,
+        }
+    }
+
+    fn ev(seq: i64, at_ms: i64, kind: &str, owner: &str, token: i64) -> CoordEvent {
+        CoordEvent {
+            resource: "r".into(),
+            seq,
+            at_us: at_ms * 1000,
+            kind: kind.into(),
+            owner: Some(owner.into()),
+            token: Some(token),
+        }
+    }
+
+    fn tev(seq: i64, kind: &str, owner: &str, token: i64) -> TargetEvent {
+        TargetEvent {
+            resource: "r".into(),
+            seq,
+            kind: kind.into(),
+            owner: Some(owner.into()),
+            token: Some(token),
+        }
+    }
+
+    fn row(seq: i64, token: i64, op: usize) -> DataRow {
+        DataRow {
+            resource: "r".into(),
+            seq,
+            token,
+            op,
+        }
+    }
+
+    /// A acquires (1), writes, releases; B acquires (2), writes; a late write of A refused.
+    fn good() -> History {
+        let mut h = History::new(CoordClock::Authoritative);
+        h.ops = vec![
+            op(1, OpKind::Acquire, "A", 1, Some(300), 0, 10, 0),
+            op(2, OpKind::Write, "A", 1, None, 20, 30, 0),
+            op(3, OpKind::Release, "A", 1, None, 40, 50, 0),
+            op(4, OpKind::Acquire, "B", 2, Some(300), 60, 70, 0),
+            op(5, OpKind::Write, "B", 2, None, 80, 90, 0),
+            op(6, OpKind::Write, "A", 1, None, 85, 100, 4),
+            op(7, OpKind::Renew, "A", 1, Some(300), 110, 120, 4),
+        ];
+        h.coord = vec![
+            ev(1, 5, "acquired", "A", 1),
+            ev(2, 45, "released", "A", 1),
+            ev(3, 65, "acquired", "B", 2),
+            ev(4, 115, "renew_rejected", "A", 1),
+        ];
+        h.target = vec![
+            tev(1, "write_accepted", "A", 1),
+            tev(2, "write_accepted", "B", 2),
+            tev(3, "write_rejected", "A", 1),
+        ];
+        h.data = vec![row(1, 1, 2), row(2, 2, 5)];
+        h.guards.insert("r".into(), 2);
+        h
+    }
+
+    fn invariants(h: &History) -> Vec<&'static str> {
+        checker::check(h).iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_good_history_has_no_violations() {
+        let h = good();
+        let violations = checker::check(&h);
+        assert!(violations.is_empty(), "{violations:?}");
+        let mut display = good();
+        display.coord_clock = CoordClock::DisplayOnly;
+        assert!(checker::check(&display).is_empty());
+    }
+
+    #[test]
+    fn detects_a_token_regression_at_the_coordinator() {
+        let mut h = good();
+        h.coord.push(ev(5, 900, "taken_over", "C", 2));
+        h.ops
+            .push(op(8, OpKind::Acquire, "C", 2, Some(300), 890, 905, 0));
+        let found = invariants(&h);
+        assert!(found.contains(&"I1"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_an_overlapping_lease_by_the_coordinators_clock() {
+        let mut h = good();
+        // B's lease (granted at 65 ms, 300 ms) is still live when C is granted at 200 ms.
+        h.coord.push(ev(5, 200, "taken_over", "C", 3));
+        h.ops
+            .push(op(8, OpKind::Acquire, "C", 3, Some(300), 195, 205, 0));
+        let found = invariants(&h);
+        assert!(found.contains(&"I3"), "{found:?}");
+        // The same on the test's clock alone (a store whose timestamps are display-only).
+        h.coord_clock = CoordClock::DisplayOnly;
+        let found = invariants(&h);
+        assert!(found.contains(&"I3"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_stale_write_accepted_by_the_target() {
+        let mut h = good();
+        h.target.push(tev(4, "write_accepted", "A", 1));
+        h.data.push(row(3, 1, 6));
+        h.ops[5].code = 0; // A's late write "succeeded"
+        let violations = checker::check(&h);
+        let i2: Vec<_> = violations.iter().filter(|v| v.invariant == "I2").collect();
+        assert_eq!(
+            i2.len(),
+            2,
+            "the write log and the data both show it: {violations:?}"
+        );
+        assert!(i2[1].slice.iter().any(|l| l.contains("op#6")), "{i2:?}");
+    }
+
+    #[test]
+    fn detects_a_late_renew_that_changed_a_newer_lease() {
+        let mut h = good();
+        h.coord.push(ev(5, 118, "renewed", "A", 1));
+        h.ops[6].code = 0;
+        let found = invariants(&h);
+        assert!(found.contains(&"I4"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_cancelled_acquisitions_token_writing() {
+        let mut h = good();
+        let mut cancelled = op(8, OpKind::Acquire, "C", 3, Some(300), 400, 405, -1);
+        cancelled.token = None;
+        cancelled.cancelled = true;
+        h.ops.push(cancelled);
+        h.coord.push(ev(5, 402, "taken_over", "C", 3));
+        h.target.push(tev(4, "write_accepted", "C", 3));
+        h.guards.insert("r".into(), 3);
+        let found = invariants(&h);
+        assert!(found.contains(&"I5"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_rejected_write_that_left_data() {
+        let mut h = good();
+        h.data.push(row(3, 2, 6)); // op 6 exited 4
+        let found = invariants(&h);
+        assert!(found.contains(&"I6"), "{found:?}");
+    }
+
+    #[test]
+    fn labels_an_overlap_involving_a_skewed_process_i7() {
+        let mut h = good();
+        h.coord.push(ev(5, 200, "taken_over", "C", 3));
+        let mut c = op(8, OpKind::Acquire, "C", 3, Some(300), 195, 205, 0);
+        c.skewed = true;
+        h.ops.push(c);
+        let found = invariants(&h);
+        assert!(found.contains(&"I7"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_bypass_of_a_protected_table() {
+        let mut h = good();
+        let mut raw = op(8, OpKind::RawWrite, "raw:update", 2, None, 300, 310, 0);
+        raw.fault = Some("raw update".into());
+        h.ops.push(raw);
+        h.data.push(row(3, 2, 8));
+        let found = invariants(&h);
+        assert!(found.contains(&"I2"), "{found:?}");
     }
 }

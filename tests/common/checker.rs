@@ -449,12 +449,14 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
         }
     };
     if h.coord_clock == CoordClock::Authoritative {
-        // TTL per owner: what the owner's acquire/renew asked for (owners are unique per
-        // acquisition in the workloads; the largest asked-for TTL is the safe bound).
-        let mut ttl: HashMap<&str, i64> = HashMap::new();
+        // TTL per (owner, op kind): what the owner's acquire/renew asked for, from every op
+        // that may have taken effect (not from definite rejections). Owners are unique per
+        // acquisition in the workloads; the largest asked-for TTL is the safe bound.
+        let mut ttl: HashMap<(&str, OpKind), i64> = HashMap::new();
         for op in &h.ops {
-            if let Some(t) = op.ttl_ms {
-                let e = ttl.entry(op.owner.as_str()).or_insert(t);
+            let maybe_applied = op.cancelled || !(1..=7).contains(&op.code);
+            if let (Some(t), true) = (op.ttl_ms, maybe_applied) {
+                let e = ttl.entry((op.owner.as_str(), op.kind)).or_insert(t);
                 *e = (*e).max(t);
             }
         }
@@ -464,10 +466,15 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             let mut spans: Vec<Span> = Vec::new();
             for e in events {
                 let Some(token) = e.token else { continue };
+                let kind = if e.kind == "renewed" {
+                    OpKind::Renew
+                } else {
+                    OpKind::Acquire
+                };
                 let owner_ttl = e
                     .owner
                     .as_deref()
-                    .and_then(|o| ttl.get(o))
+                    .and_then(|o| ttl.get(&(o, kind)))
                     .copied()
                     .unwrap_or(i64::MAX / 4_000);
                 match e.kind.as_str() {
@@ -731,6 +738,13 @@ fn check_i6(h: &History, out: &mut Vec<Violation>) {
                 .chain(rows.iter().map(|r| r.to_string()))
                 .collect::<Vec<_>>()
         };
+        if op.kind == OpKind::RawWrite && op.ok() {
+            out.push(v(
+                "I2",
+                "a write by another path than begin_write was accepted by a protected table".into(),
+                slice(),
+            ));
+        }
         let rejected = !op.cancelled && matches!(op.code, 1 | 2 | 3 | 4 | 5 | 6 | 7);
         if rejected && !rows.is_empty() {
             out.push(v(
