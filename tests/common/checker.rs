@@ -276,7 +276,7 @@ pub fn assert_clean(h: &History, context: &str) {
     }
 }
 
-fn by_resource<'a, T>(items: &'a [T], key: impl Fn(&T) -> &str) -> BTreeMap<&'a str, Vec<&'a T>> {
+fn by_resource<T>(items: &[T], key: impl Fn(&T) -> &str) -> BTreeMap<&str, Vec<&T>> {
     let mut map: BTreeMap<&str, Vec<&T>> = BTreeMap::new();
     for item in items {
         map.entry(key(item)).or_default().push(item);
@@ -745,7 +745,7 @@ fn check_i6(h: &History, out: &mut Vec<Violation>) {
                 slice(),
             ));
         }
-        let rejected = !op.cancelled && matches!(op.code, 1 | 2 | 3 | 4 | 5 | 6 | 7);
+        let rejected = !op.cancelled && (1..=7).contains(&op.code);
         if rejected && !rows.is_empty() {
             out.push(v(
                 "I6",
