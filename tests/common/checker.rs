@@ -530,38 +530,47 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
     // have expired (A's last successful grant/renew *started* + TTL), and A had not been
     // released (no release of A completed before B began).
     for (resource, ops) in by_resource(&h.ops, |o| &o.resource) {
-        let grants: Vec<&Op> = ops.iter().copied().filter(|o| o.new_grant()).collect();
+        let mut grants: Vec<&Op> = ops.iter().copied().filter(|o| o.new_grant()).collect();
+        grants.sort_by_key(|o| o.end);
+        // The ops of each lease (owner, token), so that a soak's history stays cheap to check.
+        let mut of_lease: HashMap<(&str, i64), Vec<&Op>> = HashMap::new();
+        for o in &ops {
+            if let Some(t) = o.token {
+                of_lease.entry((o.owner.as_str(), t)).or_default().push(o);
+            }
+        }
         for a in &grants {
             let (Some(ta), Some(ttl_a)) = (a.token, a.ttl_ms) else {
                 continue;
             };
-            for b in &grants {
-                let Some(tb) = b.token else { continue };
-                if tb <= ta || b.end <= a.end {
-                    continue;
-                }
-                // A's lease is valid at least until `start + ttl` of each successful
-                // grant/renew of it that started before B ended.
-                let renewed_start = ops
+            let lease_ops = &of_lease[&(a.owner.as_str(), ta)];
+            let valid_until = |before: Duration| {
+                lease_ops
                     .iter()
                     .filter(|o| {
                         o.ok()
-                            && o.token == Some(ta)
-                            && o.owner == a.owner
                             && matches!(o.kind, OpKind::Renew | OpKind::Acquire)
-                            && o.start < b.end
+                            && o.start < before
                     })
                     .map(|o| o.start + Duration::from_millis(o.ttl_ms.unwrap_or(ttl_a) as u64))
                     .max()
-                    .unwrap_or(a.start + Duration::from_millis(ttl_a as u64));
-                // Any release attempt of A that began before B's grant ended may have freed it.
-                let released_before = ops.iter().any(|o| {
-                    o.kind == OpKind::Release
-                        && o.token == Some(ta)
-                        && o.owner == a.owner
-                        && o.start < b.end
-                });
-                if b.end < renewed_start && !released_before && a.end < b.end {
+                    .unwrap_or(a.start + Duration::from_millis(ttl_a as u64))
+            };
+            let latest = valid_until(Duration::MAX);
+            // Only grants that ended after A's and before A's lease can have expired.
+            let from = grants.partition_point(|b| b.end <= a.end);
+            for b in grants[from..].iter().take_while(|b| b.end < latest) {
+                let Some(tb) = b.token else { continue };
+                if tb <= ta {
+                    continue;
+                }
+                // A's lease is valid at least until `start + ttl` of each successful
+                // grant/renew of it that started before B ended; any release attempt of A
+                // that began before B's grant ended may have freed it.
+                let released_before = lease_ops
+                    .iter()
+                    .any(|o| o.kind == OpKind::Release && o.start < b.end);
+                if b.end < valid_until(b.end) && !released_before {
                     out.push(v(
                         label(&[a.owner.as_str(), b.owner.as_str()]),
                         format!(
