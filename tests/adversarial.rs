@@ -1,0 +1,2015 @@
+//! Adversarial verification (issue 6): randomised workloads of real `fence` processes under
+//! injected faults, judged by a history checker on durable state, and the eight seed
+//! scenarios of DESIGN §6, each per coordinator (PostgreSQL, local directory) with a
+//! PostgreSQL target.
+//!
+//! Every test records what it did as a [`checker::History`] — each `fence` invocation with
+//! its exit code and JSON — plus the stores' final durable state: the coordinator's event log
+//! (`<schema>.events` or `events/<resource>.jsonl`), the target's `write_events` and guard
+//! rows, and the rows the writes produced (each carrying `current_setting('fence.token')` and
+//! the id of the op that wrote it). [`checker::check`] then judges I1–I7 and the test fails
+//! with the offending slice of history.
+//!
+//! Faults: a loopback proxy that delays or cuts connections between fence and PostgreSQL
+//! (`common::proxy`), SIGSTOP/SIGCONT of fence processes, SIGKILL of acquisitions in flight,
+//! pauses longer than the TTL, immediate restarts of a private PostgreSQL coordinator, and
+//! processes whose clocks are skewed by minutes (`faketime`).
+//!
+//! Size: the randomised workloads share a budget of `FENCE_SOAK_OPS` fence invocations
+//! (default [`DEFAULT_OPS`] = 1200 across the suite, which keeps this binary well under three
+//! minutes on two cores); `FENCE_SOAK_OPS=100000` runs a soak. `FENCE_SOAK_SEED` fixes the
+//! seed (it is printed by every workload, and in every failure). `tests/run` unsets every
+//! `FENCE_*` variable, so through it use the aliases `ADVERSARIAL_SOAK_OPS` /
+//! `ADVERSARIAL_SOAK_SEED`:
+//! `ADVERSARIAL_SOAK_OPS=100000 tests/run -E 'binary(adversarial)' --success-output final`.
+
+#[path = "common/checker.rs"]
+mod checker;
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent};
+use common::proxy::{Mode, Proxy};
+use common::{block_on, env_or_panic, Backend, Store};
+use serde_json::Value;
+
+/// Default total number of fence invocations of the randomised workloads.
+const DEFAULT_OPS: usize = 1200;
+
+fn total_ops() -> usize {
+    // `tests/run` unsets every FENCE_* variable, so the same knob is also read as
+    // ADVERSARIAL_SOAK_OPS, which survives it.
+    std::env::var("FENCE_SOAK_OPS")
+        .or_else(|_| std::env::var("ADVERSARIAL_SOAK_OPS"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_OPS)
+}
+
+fn seed() -> u64 {
+    std::env::var("FENCE_SOAK_SEED")
+        .or_else(|_| std::env::var("ADVERSARIAL_SOAK_SEED"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                ^ u64::from(std::process::id())
+        })
+}
+
+// --- PostgreSQL helpers ----------------------------------------------------------------------
+
+/// The test server's TCP address, bypassing any proxy.
+fn upstream() -> SocketAddr {
+    format!(
+        "{}:{}",
+        env_or_panic("FENCE_TEST_PG_HOST"),
+        env_or_panic("FENCE_TEST_PG_PORT")
+    )
+    .parse()
+    .expect("FENCE_TEST_PG_HOST:PORT")
+}
+
+/// The test database through `proxy` (plain TCP, so the proxy sees the protocol).
+fn via(proxy: &Proxy) -> String {
+    format!(
+        "postgres://{}:{}@{}/{}?sslmode=disable",
+        env_or_panic("FENCE_TEST_PG_USER"),
+        env_or_panic("FENCE_TEST_PG_PASSWORD"),
+        proxy.addr(),
+        env_or_panic("FENCE_TEST_PG_DB")
+    )
+}
+
+fn pg_url() -> String {
+    env_or_panic("FENCE_TEST_PG_URL")
+}
+
+fn exec_at(url: &str, script: &str) {
+    let (url, script) = (url.to_owned(), script.to_owned());
+    block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&script)
+            .await
+            .unwrap_or_else(|e| panic!("{script}: {e:?}"));
+    })
+}
+
+fn rows_at(url: &str, sql: &str) -> Vec<tokio_postgres::Row> {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        client
+            .query(&sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    })
+}
+
+/// Runs a script as a raw client would; Err(SQLSTATE or message) when the server refused.
+fn try_exec(url: &str, script: &str) -> Result<(), String> {
+    let (url, script) = (url.to_owned(), script.to_owned());
+    block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        client.batch_execute(&script).await.map_err(|e| {
+            e.as_db_error()
+                .map(|d| format!("{} {}", d.code().code(), d.message()))
+                .unwrap_or_else(|| e.to_string())
+        })
+    })
+}
+
+fn table_exists(url: &str, name: &str) -> bool {
+    rows_at(url, &format!("SELECT to_regclass('{name}') IS NOT NULL"))[0].get(0)
+}
+
+// --- the system under test -------------------------------------------------------------------
+
+/// How a fence process's clock is skewed.
+#[derive(Clone, Copy, Debug)]
+struct Skew {
+    /// `faketime -f` offset, e.g. `+5m`.
+    offset: &'static str,
+    /// Also fake the monotonic clocks (libfaketime's default); false sets
+    /// `FAKETIME_DONT_FAKE_MONOTONIC=1`.
+    monotonic: bool,
+}
+
+/// A coordinator and a PostgreSQL target, isolated for one test.
+struct Sut {
+    /// The coordinator.
+    coord: Store,
+    /// The target's database and schema (the coordinator itself when it is PostgreSQL).
+    target: Option<Store>,
+    /// Resources, and per resource the data table `<schema>.log_<resource>`.
+    resources: Vec<String>,
+    /// Set by the coordinator-restart scenario: a private cluster's URL.
+    coord_url_override: Option<String>,
+    home: tempfile::TempDir,
+}
+
+impl Sut {
+    fn new(backend: Backend, resources: usize) -> Sut {
+        let coord = Store::new(backend);
+        let target = (backend == Backend::File).then(Store::postgres);
+        let sut = Sut {
+            coord,
+            target,
+            resources: (0..resources).map(|i| format!("r{i}")).collect(),
+            coord_url_override: None,
+            home: tempfile::tempdir().unwrap(),
+        };
+        let s = sut.schema();
+        let mut script = format!("CREATE SCHEMA IF NOT EXISTS {s};");
+        for r in &sut.resources {
+            script.push_str(&format!(
+                "CREATE TABLE {s}.log_{r} (seq bigserial PRIMARY KEY, token bigint, op int NOT NULL);"
+            ));
+        }
+        exec_at(&pg_url(), &script);
+        sut
+    }
+
+    fn target_store(&self) -> &Store {
+        self.target.as_ref().unwrap_or(&self.coord)
+    }
+
+    /// The target's (and, for PostgreSQL, the coordinator's) schema.
+    fn schema(&self) -> String {
+        self.target_store().schema.clone().unwrap()
+    }
+
+    fn coord_url(&self) -> String {
+        self.coord_url_override
+            .clone()
+            .unwrap_or_else(|| self.coord.url.clone())
+    }
+
+    fn is_pg(&self) -> bool {
+        self.coord.backend != Backend::File
+    }
+
+    /// A fence command: clean environment, `--store` (or `store` when given), `--schema`.
+    fn fence(&self, store: Option<&str>, skew: Option<Skew>) -> Command {
+        let bin = env!("CARGO_BIN_EXE_fence");
+        let mut cmd = match skew {
+            Some(skew) => {
+                let mut cmd = Command::new("faketime");
+                cmd.args(["-f", skew.offset, bin]);
+                if !skew.monotonic {
+                    cmd.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+                }
+                cmd
+            }
+            None => Command::new(bin),
+        };
+        cmd.env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home.path())
+            .env("LANG", "C.UTF-8")
+            .env_remove("FENCE_STORE");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("FENCE_") || k.starts_with("PG") {
+                cmd.env_remove(k);
+            }
+        }
+        let store = store.map(str::to_owned).unwrap_or_else(|| self.coord_url());
+        cmd.args([
+            "--store",
+            &store,
+            "--schema",
+            &self.schema(),
+            "--format",
+            "json",
+        ]);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// The SQL of a fenced write by op `id` to `resource`'s data table.
+    fn write_sql(&self, resource: &str, id: usize) -> String {
+        format!(
+            "INSERT INTO {}.log_{resource} (token, op) VALUES (current_setting('fence.token')::bigint, {id})",
+            self.schema()
+        )
+    }
+
+    /// The durable state: coordinator events, target events, guards, data rows.
+    fn collect(&self, h: &mut History) {
+        let s = self.schema();
+        h.coord = self.coord_events();
+        let url = pg_url();
+        if table_exists(&url, &format!("{s}.write_events")) {
+            h.target = rows_at(
+                &url,
+                &format!(
+                    "SELECT id, resource, kind, owner, token FROM {s}.write_events ORDER BY id"
+                ),
+            )
+            .iter()
+            .map(|r| TargetEvent {
+                seq: r.get(0),
+                resource: r.get(1),
+                kind: r.get(2),
+                owner: r.get(3),
+                token: r.get(4),
+            })
+            .collect();
+            h.guards = rows_at(
+                &url,
+                &format!("SELECT resource, highest_token FROM {s}.guards"),
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        }
+        h.data.clear();
+        for r in &self.resources {
+            for row in rows_at(
+                &url,
+                &format!("SELECT seq, token, op FROM {s}.log_{r} ORDER BY seq"),
+            ) {
+                h.data.push(DataRow {
+                    resource: r.clone(),
+                    seq: row.get(0),
+                    token: row.get::<_, Option<i64>>(1).unwrap_or(0),
+                    op: row.get::<_, i32>(2) as usize,
+                });
+            }
+        }
+    }
+
+    fn coord_events(&self) -> Vec<CoordEvent> {
+        match self.coord.backend {
+            Backend::File => {
+                let mut events = Vec::new();
+                for r in &self.resources {
+                    let path = self.coord.dir().join("events").join(format!("{r}.jsonl"));
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    for (i, line) in text.lines().enumerate() {
+                        let v: Value = serde_json::from_str(line).expect("event line is JSON");
+                        events.push(CoordEvent {
+                            resource: r.clone(),
+                            seq: i as i64,
+                            at_us: v["at_ms"].as_i64().unwrap_or(0) * 1000,
+                            kind: v["kind"].as_str().unwrap_or_default().to_owned(),
+                            owner: v["owner"].as_str().map(str::to_owned),
+                            token: v["token"].as_i64(),
+                        });
+                    }
+                }
+                events
+            }
+            _ => {
+                let url = self.coord_url();
+                let s = self.coord.schema.clone().unwrap();
+                coord_events_at(&url, &s)
+            }
+        }
+    }
+}
+
+fn coord_events_at(url: &str, schema: &str) -> Vec<CoordEvent> {
+    rows_at(
+        url,
+        &format!(
+            "SELECT id, resource, (extract(epoch FROM at) * 1000000)::int8, kind, owner, token \
+             FROM {schema}.events ORDER BY id"
+        ),
+    )
+    .iter()
+    .map(|r| CoordEvent {
+        seq: r.get(0),
+        resource: r.get(1),
+        at_us: r.get(2),
+        kind: r.get(3),
+        owner: r.get(4),
+        token: r.get(5),
+    })
+    .collect()
+}
+
+/// What to do to a fence process while it runs.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    None,
+    /// SIGSTOP after `after`, SIGCONT `pause` later.
+    Stop {
+        after: Duration,
+        pause: Duration,
+    },
+    /// SIGKILL after `after` (an acquisition cancelled mid-flight).
+    Kill {
+        after: Duration,
+    },
+}
+
+struct Ran {
+    code: i32,
+    json: Value,
+    stderr: String,
+    killed: bool,
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on our own child, which has not been reaped yet (its pid is not reused).
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// Runs a fence process to its end (killed after 60 s: a hang fails the op, not the suite).
+fn run(mut cmd: Command, fault: Fault) -> Ran {
+    let mut child = cmd.spawn().expect("start fence");
+    let mut killed = false;
+    match fault {
+        Fault::None => {}
+        Fault::Stop { after, pause } => {
+            thread::sleep(after);
+            signal(&child, libc::SIGSTOP);
+            thread::sleep(pause);
+            signal(&child, libc::SIGCONT);
+        }
+        Fault::Kill { after } => {
+            thread::sleep(after);
+            if child.try_wait().unwrap().is_none() {
+                signal(&child, libc::SIGKILL);
+                killed = true;
+            }
+        }
+    }
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            killed = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    let status = child.wait().unwrap();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    // A process that exited on its own before the kill landed was not cancelled.
+    let killed = killed && status.code().is_none();
+    Ran {
+        code: status.code().unwrap_or(-1),
+        json: serde_json::from_str(stdout.trim()).unwrap_or(Value::Null),
+        stderr,
+        killed,
+    }
+}
+
+/// The record of one test: ops in the order they were recorded, ids, fault count.
+struct Recorder {
+    epoch: Instant,
+    ops: Mutex<Vec<Op>>,
+    ids: AtomicUsize,
+    faults: AtomicUsize,
+}
+
+/// One op to run and record.
+struct Req<'a> {
+    worker: usize,
+    kind: OpKind,
+    resource: &'a str,
+    owner: &'a str,
+    token: Option<i64>,
+    ttl_ms: Option<i64>,
+    /// The coordinator URL to use (a proxy), if not the default.
+    store: Option<&'a str>,
+    /// The target URL for writes (default: the test database, directly).
+    target: Option<&'a str>,
+    fault: Fault,
+    fault_name: Option<String>,
+    skew: Option<Skew>,
+}
+
+impl<'a> Req<'a> {
+    fn new(kind: OpKind, resource: &'a str, owner: &'a str) -> Req<'a> {
+        Req {
+            worker: 0,
+            kind,
+            resource,
+            owner,
+            token: None,
+            ttl_ms: None,
+            store: None,
+            target: None,
+            fault: Fault::None,
+            fault_name: None,
+            skew: None,
+        }
+    }
+    fn token(mut self, t: i64) -> Self {
+        self.token = Some(t);
+        self
+    }
+    fn ttl(mut self, ms: i64) -> Self {
+        self.ttl_ms = Some(ms);
+        self
+    }
+    fn worker(mut self, w: usize) -> Self {
+        self.worker = w;
+        self
+    }
+    fn store(mut self, url: &'a str) -> Self {
+        self.store = Some(url);
+        self
+    }
+    fn target(mut self, url: &'a str) -> Self {
+        self.target = Some(url);
+        self
+    }
+    fn fault(mut self, fault: Fault, name: impl Into<String>) -> Self {
+        self.fault = fault;
+        self.fault_name = Some(name.into());
+        self
+    }
+    fn skew(mut self, skew: Option<Skew>) -> Self {
+        self.skew = skew;
+        self
+    }
+}
+
+impl Recorder {
+    fn new() -> Recorder {
+        Recorder {
+            epoch: Instant::now(),
+            ops: Mutex::new(Vec::new()),
+            ids: AtomicUsize::new(1),
+            faults: AtomicUsize::new(0),
+        }
+    }
+
+    /// Runs and records one op; returns it.
+    fn op(&self, sut: &Sut, req: Req) -> Op {
+        let id = self.ids.fetch_add(1, Ordering::SeqCst);
+        let mut cmd = sut.fence(req.store, req.skew);
+        let ttl = req.ttl_ms.map(|ms| format!("{ms}ms"));
+        match req.kind {
+            OpKind::Acquire => {
+                cmd.args(["acquire", req.resource, "--owner", req.owner]);
+                if let Some(ttl) = &ttl {
+                    cmd.args(["--ttl", ttl]);
+                }
+            }
+            OpKind::Renew | OpKind::Release => {
+                let verb = if req.kind == OpKind::Renew {
+                    "renew"
+                } else {
+                    "release"
+                };
+                cmd.args([verb, req.resource, "--owner", req.owner, "--token"])
+                    .arg(req.token.unwrap().to_string());
+                if let (OpKind::Renew, Some(ttl)) = (req.kind, &ttl) {
+                    cmd.args(["--ttl", ttl]);
+                }
+            }
+            OpKind::Write => {
+                let target = req.target.map(str::to_owned).unwrap_or_else(pg_url);
+                cmd.args(["write", req.resource, "--owner", req.owner, "--token"])
+                    .arg(req.token.unwrap().to_string())
+                    .args([
+                        "--target",
+                        &target,
+                        "--sql",
+                        &sut.write_sql(req.resource, id),
+                    ]);
+            }
+            OpKind::RawWrite => unreachable!("raw writes are recorded with `raw`"),
+        }
+        if req.fault_name.is_some() {
+            self.faults.fetch_add(1, Ordering::SeqCst);
+        }
+        let start = self.epoch.elapsed();
+        let ran = run(cmd, req.fault);
+        let end = self.epoch.elapsed();
+        let token = match req.kind {
+            OpKind::Acquire => ran.json["token"].as_i64().filter(|_| ran.code == 0),
+            _ => req.token,
+        };
+        let mut json = ran.json;
+        if json.is_null() && !ran.stderr.is_empty() {
+            json = Value::String(ran.stderr.chars().take(300).collect());
+        }
+        let op = Op {
+            id,
+            worker: req.worker,
+            kind: req.kind,
+            resource: req.resource.to_owned(),
+            owner: req.owner.to_owned(),
+            token,
+            ttl_ms: req.ttl_ms,
+            start,
+            end,
+            code: ran.code,
+            json,
+            fault: req.fault_name,
+            cancelled: ran.killed,
+            skewed: req.skew.is_some(),
+        };
+        self.ops.lock().unwrap().push(op.clone());
+        op
+    }
+
+    /// Records a write by another path (`sql` gets the op id as `__OP__`): code 0 if the
+    /// server took it, 4 if it refused.
+    fn raw(&self, url: &str, resource: &str, token: Option<i64>, what: &str, sql: &str) -> Op {
+        let id = self.ids.fetch_add(1, Ordering::SeqCst);
+        let start = self.epoch.elapsed();
+        let result = try_exec(url, &sql.replace("__OP__", &id.to_string()));
+        let end = self.epoch.elapsed();
+        let op = Op {
+            id,
+            worker: 0,
+            kind: OpKind::RawWrite,
+            resource: resource.to_owned(),
+            owner: format!("raw:{what}"),
+            token,
+            ttl_ms: None,
+            start,
+            end,
+            code: if result.is_ok() { 0 } else { 4 },
+            json: Value::String(result.err().unwrap_or_default()),
+            fault: Some(what.to_owned()),
+            cancelled: false,
+            skewed: false,
+        };
+        self.faults.fetch_add(1, Ordering::SeqCst);
+        self.ops.lock().unwrap().push(op.clone());
+        op
+    }
+
+    fn history(&self, sut: &Sut) -> History {
+        let clock = if sut.is_pg() {
+            CoordClock::Authoritative
+        } else {
+            CoordClock::DisplayOnly
+        };
+        let mut h = History::new(clock);
+        h.ops = self.ops.lock().unwrap().clone();
+        h.faults = self.faults.load(Ordering::SeqCst);
+        sut.collect(&mut h);
+        h
+    }
+
+    /// Collects the durable state and fails the test on any violation.
+    #[track_caller]
+    fn check(&self, sut: &Sut, context: &str) -> History {
+        let h = self.history(sut);
+        checker::assert_clean(&h, context);
+        h
+    }
+}
+
+#[track_caller]
+fn expect(op: &Op, code: i32) {
+    assert_eq!(op.code, code, "unexpected exit status: {op}");
+}
+
+fn acquire(rec: &Recorder, sut: &Sut, r: &str, owner: &str, ttl_ms: i64) -> i64 {
+    let op = rec.op(sut, Req::new(OpKind::Acquire, r, owner).ttl(ttl_ms));
+    expect(&op, 0);
+    op.token.unwrap()
+}
+
+fn write(rec: &Recorder, sut: &Sut, r: &str, owner: &str, token: i64) -> Op {
+    rec.op(sut, Req::new(OpKind::Write, r, owner).token(token))
+}
+
+/// The ops that wrote the rows of `r`'s data table, in order.
+fn data_ops(sut: &Sut, r: &str) -> Vec<(i64, usize)> {
+    rows_at(
+        &pg_url(),
+        &format!(
+            "SELECT token, op FROM {}.log_{r} ORDER BY seq",
+            sut.schema()
+        ),
+    )
+    .iter()
+    .map(|row| (row.get::<_, i64>(0), row.get::<_, i32>(1) as usize))
+    .collect()
+}
+
+fn guard(sut: &Sut, r: &str) -> Option<i64> {
+    rows_at(
+        &pg_url(),
+        &format!(
+            "SELECT highest_token FROM {}.guards WHERE resource = '{r}'",
+            sut.schema()
+        ),
+    )
+    .first()
+    .map(|row| row.get(0))
+}
+
+fn kinds(sut: &Sut, r: &str) -> Vec<(String, Option<String>, Option<i64>)> {
+    sut.coord_events()
+        .into_iter()
+        .filter(|e| e.resource == r)
+        .map(|e| (e.kind, e.owner, e.token))
+        .collect()
+}
+
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until the coordinator's record says `r` is no longer live (its expiry passed).
+fn wait_expired(sut: &Sut, r: &str) {
+    wait_for(
+        "the lease to expire by the coordinator's clock",
+        Duration::from_secs(10),
+        || sut.coord.lease(r).is_some_and(|(_, _, live)| !live),
+    );
+}
+
+/// Waits until the server ended every session the proxy made (a cut transaction settled).
+fn wait_backends_gone(proxy: &Proxy) {
+    let ports: Vec<String> = proxy.upstream_ports().iter().map(u16::to_string).collect();
+    if ports.is_empty() {
+        return;
+    }
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' AND client_port IN ({})",
+        ports.join(", ")
+    );
+    wait_for(
+        "the server to end the proxied sessions",
+        Duration::from_secs(15),
+        || rows_at(&pg_url(), &sql)[0].get::<_, i64>(0) == 0,
+    );
+}
+
+/// Generates one test per coordinator for each named scenario taking a `Backend`.
+macro_rules! per_coordinator {
+    ($($name:ident),* $(,)?) => {
+        mod postgres_coordinator {
+            $( #[test] fn $name() { super::$name(crate::common::Backend::Postgres) } )*
+        }
+        mod file_coordinator {
+            $( #[test] fn $name() { super::$name(crate::common::Backend::File) } )*
+        }
+    };
+}
+
+per_coordinator!(
+    seed_pause_past_expiry,
+    seed_delayed_write,
+    seed_late_renew_and_release,
+    seed_cancelled_acquisition,
+    seed_coordinator_restart,
+    seed_concurrent_writes_one_token,
+    seed_every_alternate_write_path,
+    seed_partition_from_coordinator,
+    workload_clock_skew,
+);
+
+// --- the eight seed scenarios ----------------------------------------------------------------
+
+/// A acquires and is SIGSTOPped (inside its own `fence write`, before it connects) past its
+/// expiry; B acquires and writes; A resumes → refused (4), and only B's row is in the data.
+fn seed_pause_past_expiry(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    let ta = acquire(&rec, &sut, "r0", "A", 300);
+    // A's write starts, is stopped at once (long before it can connect), and resumed only
+    // after B has written.
+    let (tb, a_write) = thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            rec.op(
+                &sut,
+                Req::new(OpKind::Write, "r0", "A").token(ta).fault(
+                    Fault::Stop {
+                        after: Duration::ZERO,
+                        pause: Duration::from_millis(1500),
+                    },
+                    "SIGSTOP 1.5s",
+                ),
+            )
+        });
+        wait_expired(&sut, "r0");
+        let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+        assert!(tb > ta);
+        expect(&write(&rec, &sut, "r0", "B", tb), 0);
+        (tb, a.join().unwrap())
+    });
+    assert!(
+        a_write.start + Duration::from_millis(1400) < a_write.end,
+        "A was not paused: {a_write}"
+    );
+    expect(&a_write, 4);
+    assert_eq!(a_write.json["highest_token"], tb, "{a_write}");
+    // Durable: only B's row, the guard at B's token, A's write recorded as rejected.
+    let rows = data_ops(&sut, "r0");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, tb);
+    assert_eq!(guard(&sut, "r0"), Some(tb));
+    let h = rec.check(&sut, "seed_pause_past_expiry");
+    assert!(h
+        .target
+        .iter()
+        .any(|e| e.kind == "write_rejected" && e.token == Some(ta)));
+}
+
+/// A's write crawls through a slow network until B has written → refused (4), B's row stays.
+fn seed_delayed_write(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    let ta = acquire(&rec, &sut, "r0", "A", 300);
+    expect(&write(&rec, &sut, "r0", "A", ta), 0); // target schema exists: one pipeline
+    let slow = Proxy::start(upstream(), Mode::Delay(Duration::from_millis(700)));
+    let slow_url = via(&slow);
+    let b_committed = Mutex::new(None);
+    let a_write = thread::scope(|scope| {
+        let late = scope.spawn(|| {
+            rec.op(
+                &sut,
+                Req::new(OpKind::Write, "r0", "A")
+                    .token(ta)
+                    .target(&slow_url)
+                    .fault(Fault::None, "target delay 700ms"),
+            )
+        });
+        wait_expired(&sut, "r0");
+        let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+        expect(&write(&rec, &sut, "r0", "B", tb), 0);
+        *b_committed.lock().unwrap() = Some(Instant::now());
+        late.join().unwrap()
+    });
+    let arrived = slow
+        .client_sent_at(b"begin_write")
+        .unwrap_or_else(|| panic!("A's write never reached the server: {a_write}"));
+    assert!(
+        arrived > b_committed.lock().unwrap().unwrap(),
+        "premise broken (machine too slow for the delay, not a fence bug): A's write arrived before B's commit"
+    );
+    expect(&a_write, 4);
+    let rows = data_ops(&sut, "r0");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows[1].0 > ta, "B's row is last: {rows:?}");
+    assert!(!rows.iter().any(|(_, op)| *op == a_write.id));
+    rec.check(&sut, "seed_delayed_write");
+}
+
+/// A's renew and release arrive after its lease expired and B took over: both refused (4),
+/// B's lease untouched; a late renew with no newer owner is lease_lost (5) and revives
+/// nothing.
+fn seed_late_renew_and_release(backend: Backend) {
+    let sut = Sut::new(backend, 2);
+    let rec = Recorder::new();
+    let ta = acquire(&rec, &sut, "r0", "A", 200);
+    wait_expired(&sut, "r0");
+    let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+    expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    let renew = rec.op(
+        &sut,
+        Req::new(OpKind::Renew, "r0", "A").token(ta).ttl(30_000),
+    );
+    expect(&renew, 4);
+    let release = rec.op(&sut, Req::new(OpKind::Release, "r0", "A").token(ta));
+    expect(&release, 4);
+    // B's lease is exactly as B left it, and B can still renew and write.
+    assert_eq!(sut.coord.lease("r0"), Some(("B".into(), tb, true)));
+    expect(
+        &rec.op(
+            &sut,
+            Req::new(OpKind::Renew, "r0", "B").token(tb).ttl(30_000),
+        ),
+        0,
+    );
+    expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    let events = kinds(&sut, "r0");
+    assert!(events.contains(&("renew_rejected".into(), Some("A".into()), Some(ta))));
+    assert!(events.contains(&("release_rejected".into(), Some("A".into()), Some(ta))));
+
+    // No newer owner: a late renew is lease_lost and does not revive the lease.
+    let tc = acquire(&rec, &sut, "r1", "C", 200);
+    wait_expired(&sut, "r1");
+    let late = rec.op(
+        &sut,
+        Req::new(OpKind::Renew, "r1", "C").token(tc).ttl(30_000),
+    );
+    expect(&late, 5);
+    let (_, _, live) = sut.coord.lease("r1").unwrap();
+    assert!(!live, "a late renew revived the lease");
+    let td = acquire(&rec, &sut, "r1", "D", 30_000);
+    assert!(td > tc);
+    rec.check(&sut, "seed_late_renew_and_release");
+}
+
+/// Acquisitions cancelled after the coordinator may have allocated their token (SIGKILL at
+/// random instants; on PostgreSQL also the connection cut right after the acquire reached
+/// the server): the gap tokens never write, later grants are higher, and a gap token used
+/// after a newer write is refused.
+fn seed_cancelled_acquisition(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    // How long a whole acquire takes here: the kills are spread around that.
+    let t0 = Instant::now();
+    expect(
+        &rec.op(&sut, Req::new(OpKind::Acquire, "r0", "init").ttl(100)),
+        0,
+    );
+    let base = t0.elapsed();
+    let mut rng = Rng::new(seed());
+    let mut cut = None;
+    if sut.is_pg() {
+        let proxy = Proxy::start(
+            upstream(),
+            Mode::CutWhenClientSends(b".acquire($1".to_vec()),
+        );
+        let url = via(&proxy);
+        wait_for("init to expire", Duration::from_secs(5), || {
+            sut.coord.lease("r0").is_some_and(|(_, _, live)| !live)
+        });
+        let op = rec.op(
+            &sut,
+            Req::new(OpKind::Acquire, "r0", "cut-0")
+                .ttl(300)
+                .store(&url)
+                .fault(Fault::None, "coordinator cut after acquire sent"),
+        );
+        assert_eq!(proxy.cuts(), 1, "{op}");
+        // Not killed, but it never learnt its outcome: cancelled.
+        assert_ne!(op.code, 0, "{op}");
+        rec.ops.lock().unwrap().last_mut().unwrap().cancelled = true;
+        wait_backends_gone(&proxy);
+        cut = Some(proxy);
+    }
+    let killed_grants = |sut: &Sut| {
+        sut.coord_events()
+            .iter()
+            .filter(|e| e.owner.as_deref().is_some_and(|o| o.starts_with("killed-")))
+            .count()
+    };
+    for i in 0..40 {
+        let owner = format!("killed-{i}");
+        let after = base * rng.range(20, 130) as u32 / 100;
+        rec.op(
+            &sut,
+            Req::new(OpKind::Acquire, "r0", &owner)
+                .ttl(250)
+                .fault(Fault::Kill { after }, format!("SIGKILL after {after:?}")),
+        );
+        if i >= 11 && killed_grants(&sut) > 0 {
+            break;
+        }
+    }
+    assert!(
+        killed_grants(&sut) > 0,
+        "premise: no SIGKILLed acquisition got as far as a grant (acquire takes {base:?})"
+    );
+    drop(cut);
+    // Whatever those did, the next owner eventually gets the resource with a higher token.
+    let granted_before: Vec<i64> = sut
+        .coord_events()
+        .iter()
+        .filter(|e| e.kind != "reacquired")
+        .filter_map(|e| e.token)
+        .collect();
+    let max_before = granted_before.iter().copied().max().unwrap_or(0);
+    let mut tb = None;
+    wait_for("B to acquire", Duration::from_secs(10), || {
+        let op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", "B").ttl(30_000));
+        tb = op.token;
+        op.code == 0
+    });
+    let tb = tb.unwrap();
+    assert!(tb > max_before, "token {tb} after {max_before}");
+    expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    // A cancelled acquisition's token (granted, never reported) is refused now.
+    let gap = sut
+        .coord_events()
+        .iter()
+        .filter(|e| {
+            e.owner
+                .as_deref()
+                .is_some_and(|o| o.starts_with("killed-") || o.starts_with("cut-"))
+        })
+        .filter_map(|e| e.token)
+        .max()
+        .unwrap();
+    assert!(gap < tb);
+    let stale = write(&rec, &sut, "r0", "intruder", gap);
+    expect(&stale, 4);
+    let h = rec.check(&sut, "seed_cancelled_acquisition");
+    let cancelled_grants = h
+        .coord
+        .iter()
+        .filter(|e| {
+            e.owner
+                .as_deref()
+                .is_some_and(|o| o.starts_with("killed-") || o.starts_with("cut-"))
+                && e.kind != "reacquired"
+        })
+        .count();
+    eprintln!("seed_cancelled_acquisition({backend:?}): {cancelled_grants} cancelled acquisitions were granted by the coordinator before they died");
+    if sut.is_pg() {
+        assert!(
+            cancelled_grants >= 1,
+            "the cut acquire reached the server: its grant must be in the record"
+        );
+    }
+}
+
+/// Grants while the coordinator is restarted (`pg_ctl restart -m immediate` of a private
+/// cluster whose default is `synchronous_commit = off`): tokens keep rising across restarts
+/// and the target never sees one go back. For the local-directory coordinator (it runs inside
+/// each fence process) the analogue is that every process is killed mid-operation.
+fn seed_coordinator_restart(backend: Backend) {
+    let mut sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    let cluster = (backend == Backend::Postgres).then(Cluster::start);
+    if let Some(c) = &cluster {
+        sut.coord_url_override = Some(c.url());
+    }
+    let mut rng = Rng::new(seed());
+    let mut last = 0;
+    for cycle in 0..4 {
+        for i in 0..5 {
+            let owner = format!("c{cycle}-{i}");
+            let op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", &owner).ttl(200));
+            if op.code != 0 {
+                continue;
+            }
+            let t = op.token.unwrap();
+            assert!(t > last, "token {t} after {last} (cycle {cycle})");
+            last = t;
+            write(&rec, &sut, "r0", &owner, t);
+            rec.op(&sut, Req::new(OpKind::Release, "r0", &owner).token(t));
+        }
+        // Crash: right after grants were reported, and with one acquisition in flight.
+        let owner = format!("c{cycle}-inflight");
+        let after = Duration::from_micros(rng.range(500, 8_000));
+        let (sut_ref, rec_ref, crash) = (&sut, &rec, cluster.is_some());
+        thread::scope(|scope| {
+            let inflight = scope.spawn(move || {
+                rec_ref.op(
+                    sut_ref,
+                    Req::new(OpKind::Acquire, "r0", &owner).ttl(200).fault(
+                        if crash {
+                            Fault::None
+                        } else {
+                            Fault::Kill { after }
+                        },
+                        "coordinator crash",
+                    ),
+                )
+            });
+            if let Some(c) = &cluster {
+                thread::sleep(after);
+                c.pg_ctl("restart");
+            }
+            let op = inflight.join().unwrap();
+            if let Some(t) = op.token {
+                last = last.max(t);
+            }
+        });
+        thread::sleep(Duration::from_millis(250)); // any in-flight grant expires
+    }
+    let final_op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", "final").ttl(30_000));
+    expect(&final_op, 0);
+    assert!(final_op.token.unwrap() > last);
+    expect(
+        &write(&rec, &sut, "r0", "final", final_op.token.unwrap()),
+        0,
+    );
+    let h = rec.check(&sut, "seed_coordinator_restart");
+    assert!(h.coord.len() >= 20, "the coordinator's record survived");
+    drop(cluster);
+}
+
+/// Eight concurrent writes carrying one token (and two with an older token racing them):
+/// the defined outcome — every current-token write applied exactly once, serially; the older
+/// ones applied only if they committed before any newer one, else refused with no trace.
+fn seed_concurrent_writes_one_token(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    let ta = acquire(&rec, &sut, "r0", "A", 200);
+    expect(&write(&rec, &sut, "r0", "A", ta), 0);
+    wait_expired(&sut, "r0");
+    let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+    let ops: Vec<Op> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..10)
+            .map(|i| {
+                let (rec, sut) = (&rec, &sut);
+                scope.spawn(move || {
+                    let (owner, t) = if i < 8 { ("B", tb) } else { ("A", ta) };
+                    write(rec, sut, "r0", owner, t)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for op in &ops {
+        let allowed: &[i32] = if op.token == Some(tb) { &[0] } else { &[0, 4] };
+        assert!(allowed.contains(&op.code), "{op}");
+    }
+    let rows = data_ops(&sut, "r0");
+    assert_eq!(
+        rows.iter().filter(|(t, _)| *t == tb).count(),
+        8,
+        "every current-token write applied once: {rows:?}"
+    );
+    assert_eq!(guard(&sut, "r0"), Some(tb));
+    rec.check(&sut, "seed_concurrent_writes_one_token");
+}
+
+/// Every other path to a protected table — INSERT, UPDATE, DELETE, TRUNCATE, COPY, MERGE,
+/// a writable CTE, a session-level `SET fence.token`, a transaction-local token not bound by
+/// begin_write, begin_write with a stale token, a superuser in replica mode — is refused;
+/// only begin_write with a current token (the documented admin path) writes.
+fn seed_every_alternate_write_path(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    let s = sut.schema();
+    let ta = acquire(&rec, &sut, "r0", "A", 200);
+    expect(&write(&rec, &sut, "r0", "A", ta), 0);
+    let out = sut
+        .fence(None, None)
+        .args(["protect", "--target", &pg_url(), "--table"])
+        .arg(format!("{s}.log_r0"))
+        .args(["--resource", "r0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    wait_expired(&sut, "r0");
+    let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+    expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    let before = data_ops(&sut, "r0");
+    let t = format!("{s}.log_r0");
+    let url = pg_url();
+    let superuser = format!(
+        "host={} port={} user={} dbname={}",
+        env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+        env_or_panic("FENCE_TEST_PG_SUPER_USER"),
+        env_or_panic("FENCE_TEST_PG_DB")
+    );
+    let attempts: Vec<(&str, String, String)> = vec![
+        ("insert", url.clone(), format!("INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
+        ("update", url.clone(), format!("UPDATE {t} SET op = __OP__")),
+        ("delete", url.clone(), format!("DELETE FROM {t}")),
+        ("truncate", url.clone(), format!("TRUNCATE {t}")),
+        ("merge", url.clone(), format!("MERGE INTO {t} d USING (SELECT 1 AS x) s ON false WHEN NOT MATCHED THEN INSERT (token, op) VALUES ({tb}, __OP__)")),
+        ("writable cte", url.clone(), format!("WITH x AS (INSERT INTO {t} (token, op) VALUES ({tb}, __OP__) RETURNING 1) SELECT * FROM x")),
+        ("insert on conflict", url.clone(), format!("INSERT INTO {t} (seq, token, op) VALUES (1, {tb}, __OP__) ON CONFLICT (seq) DO UPDATE SET op = __OP__")),
+        ("session SET fence.token", url.clone(), format!("SET fence.resource = 'r0'; SET fence.token = '{tb}'; INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
+        ("set_config without begin_write", url.clone(), format!("BEGIN; SELECT set_config('fence.resource', 'r0', true), set_config('fence.token', '{tb}', true), set_config('fence.txid', txid_current()::text, true); INSERT INTO {t} (token, op) VALUES ({tb}, __OP__); COMMIT;")),
+        ("begin_write with a stale token", url.clone(), format!("BEGIN; SELECT {s}.begin_write('r0', {ta}, 'admin'); INSERT INTO {t} (token, op) VALUES ({ta}, __OP__); COMMIT;")),
+        ("token of another resource", url.clone(), format!("BEGIN; SELECT {s}.begin_write('other', {}, 'admin'); INSERT INTO {t} (token, op) VALUES ({tb}, __OP__); COMMIT;", tb + 100)),
+        ("superuser, replica role", superuser.clone(), format!("SET session_replication_role = replica; INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
+        ("superuser update", superuser.clone(), format!("UPDATE {t} SET op = __OP__")),
+    ];
+    // Every path is tried; the bypasses are reported together at the end.
+    let mut bypasses = Vec::new();
+    for (what, url, sql) in &attempts {
+        let op = rec.raw(url, "r0", Some(tb), what, sql);
+        let msg = op.json.as_str().unwrap_or_default();
+        if op.code != 4 {
+            bypasses.push(format!("{what} bypassed the fence: {op}"));
+        } else if !msg.starts_with("LF0") {
+            bypasses.push(format!("{what}: refused for the wrong reason: {msg}"));
+        }
+    }
+    // COPY FROM STDIN, as psql sends it.
+    let copy = rec.ids.fetch_add(1, Ordering::SeqCst);
+    let mut psql = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &pg_url(), "-c"])
+        .arg(format!("COPY {t} (token, op) FROM STDIN"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql");
+    {
+        use std::io::Write;
+        let mut stdin = psql.stdin.take().unwrap();
+        writeln!(stdin, "{tb}\t{copy}").unwrap();
+    }
+    let out = psql.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "COPY bypassed the fence");
+    assert!(
+        stderr.contains("protected by fence"),
+        "COPY refused for the wrong reason: {stderr}"
+    );
+    let bypassed: Vec<usize> = rec
+        .ops
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|o| o.kind == OpKind::RawWrite && o.code == 0)
+        .map(|o| o.id)
+        .collect();
+    let unchanged: Vec<(i64, usize)> = data_ops(&sut, "r0")
+        .into_iter()
+        .filter(|(_, op)| !bypassed.contains(op))
+        .collect();
+    assert_eq!(unchanged, before, "a refused path changed the table");
+    // The documented admin path, with the current token, is a fenced path: it writes.
+    let admin = rec.raw(
+        &pg_url(),
+        "r0",
+        Some(tb),
+        "admin begin_write",
+        &format!("BEGIN; SELECT {s}.begin_write('r0', {tb}, 'admin'); INSERT INTO {t} (token, op) VALUES (current_setting('fence.token')::bigint, __OP__); COMMIT;"),
+    );
+    assert_eq!(admin.code, 0, "{admin}");
+    {
+        let mut ops = rec.ops.lock().unwrap();
+        let last = ops.last_mut().unwrap();
+        last.kind = OpKind::Write;
+        last.owner = "B".into();
+    }
+    let after = data_ops(&sut, "r0");
+    assert!(
+        after.iter().any(|(_, op)| *op == admin.id),
+        "the admin path wrote"
+    );
+    let h = rec.history(&sut);
+    let violations = checker::check(&h);
+    eprintln!(
+        "seed_every_alternate_write_path: {}",
+        h.summary(&violations)
+    );
+    assert!(
+        bypasses.is_empty() && violations.is_empty(),
+        "other write paths got through:\n{}\n{}",
+        bypasses.join("\n"),
+        violations.iter().map(|v| v.to_string()).collect::<String>()
+    );
+}
+
+/// A reaches the coordinator only through a link that then fails; it still reaches the
+/// target. Its renew fails, its lease expires, B acquires and writes; A's writes → 4.
+fn seed_partition_from_coordinator(backend: Backend) {
+    let sut = Sut::new(backend, 1);
+    let rec = Recorder::new();
+    // A's own path to the coordinator.
+    let link_dir = tempfile::tempdir().unwrap();
+    let link = link_dir.path().join("store");
+    let proxy = sut.is_pg().then(|| Proxy::start(upstream(), Mode::Pass));
+    let a_store = match &proxy {
+        Some(p) => via(p),
+        None => {
+            std::fs::create_dir_all(sut.coord.dir()).unwrap();
+            std::os::unix::fs::symlink(sut.coord.dir(), &link).unwrap();
+            format!("file://{}", link.display())
+        }
+    };
+    let a = rec.op(
+        &sut,
+        Req::new(OpKind::Acquire, "r0", "A")
+            .ttl(400)
+            .store(&a_store),
+    );
+    expect(&a, 0);
+    let ta = a.token.unwrap();
+    expect(&write(&rec, &sut, "r0", "A", ta), 0);
+    // Partition A from the coordinator (not from the target).
+    match proxy {
+        Some(p) => drop(p),
+        None => {
+            std::fs::remove_file(&link).unwrap();
+            std::fs::write(&link, b"partitioned").unwrap();
+        }
+    }
+    let renew = rec.op(
+        &sut,
+        Req::new(OpKind::Renew, "r0", "A")
+            .token(ta)
+            .ttl(400)
+            .store(&a_store)
+            .fault(Fault::None, "partitioned from the coordinator"),
+    );
+    assert_ne!(
+        renew.code, 0,
+        "a renew through a dead link succeeded: {renew}"
+    );
+    wait_expired(&sut, "r0");
+    let tb = acquire(&rec, &sut, "r0", "B", 30_000);
+    expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    for _ in 0..3 {
+        expect(&write(&rec, &sut, "r0", "A", ta), 4);
+    }
+    let rows = data_ops(&sut, "r0");
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![ta, tb]);
+    rec.check(&sut, "seed_partition_from_coordinator");
+}
+
+// --- a private PostgreSQL cluster for restarts (as in tests/restart.rs) ----------------------
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    as_root: bool,
+}
+
+fn pg_bin(tool: &str) -> String {
+    format!("/usr/lib/postgresql/15/bin/{tool}")
+}
+
+impl Cluster {
+    fn command(&self, args: &[&str]) -> std::process::Output {
+        let mut cmd = if self.as_root {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", "postgres", "--", args[0]]);
+            cmd
+        } else {
+            Command::new(args[0])
+        };
+        cmd.args(&args[1..])
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run a PostgreSQL tool")
+    }
+
+    fn run(&self, args: &[&str]) {
+        let out = self.command(args);
+        assert!(out.status.success(), "{args:?} failed: {out:?}");
+    }
+
+    fn start() -> Cluster {
+        let out = Command::new("id").arg("-u").output().unwrap();
+        let as_root = String::from_utf8_lossy(&out.stdout).trim() == "0";
+        let dir = tempfile::tempdir().unwrap();
+        if as_root {
+            let out = Command::new("chown")
+                .args(["-R", "postgres", &dir.path().display().to_string()])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+        }
+        let cluster = Cluster { dir, as_root };
+        let data = cluster.data();
+        cluster.run(&[
+            &pg_bin("initdb"),
+            "-D",
+            &data,
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+        ]);
+        let conf_path = Path::new(&data).join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf_path).unwrap();
+        text.push_str(&format!(
+            "listen_addresses = ''\nunix_socket_directories = '{}'\nsynchronous_commit = off\nfsync = on\n",
+            cluster.dir.path().display()
+        ));
+        std::fs::write(&conf_path, text).unwrap();
+        cluster.pg_ctl("start");
+        cluster
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn pg_ctl(&self, action: &str) {
+        let log = self.dir.path().join("log").display().to_string();
+        let mut args = vec![
+            pg_bin("pg_ctl"),
+            "-D".into(),
+            self.data(),
+            "-w".into(),
+            "-l".into(),
+            log,
+        ];
+        if action == "restart" {
+            args.extend(["-m".into(), "immediate".into()]);
+        }
+        args.push(action.into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(&args);
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "postgres:///postgres?host={}&user=postgres",
+            self.dir.path().display()
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let data = self.data();
+        self.command(&[&pg_bin("pg_ctl"), "-D", &data, "-m", "immediate", "stop"]);
+    }
+}
+
+// --- randomised workloads --------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TargetMode {
+    /// `fence write` to plain tables (the guard row fences them).
+    Guard,
+    /// The data tables are protected by `fence protect`; raw writes are attempted too.
+    Protected,
+}
+
+struct Workload {
+    name: &'static str,
+    backend: Backend,
+    target: TargetMode,
+    workers: usize,
+    resources: usize,
+    /// Share of the suite's op budget, in percent.
+    share: usize,
+    /// Clock skew of each worker (None: the real clock).
+    skews: Vec<Option<Skew>>,
+    /// SIGSTOP faults allowed (not for faketime-wrapped processes: the wrapper forks).
+    sigstop: bool,
+}
+
+/// Network fault injectors shared by the workers.
+struct Links {
+    target_slow: Proxy,
+    target_cut: Proxy,
+    coord_slow: Option<Proxy>,
+    coord_cut: Option<Proxy>,
+}
+
+fn run_workload(w: Workload) {
+    let seed = seed();
+    let budget = (total_ops() * w.share / 100).max(40);
+    eprintln!(
+        "{}: seed {seed} (FENCE_SOAK_SEED={seed}), {budget} operations",
+        w.name
+    );
+    let sut = Sut::new(w.backend, w.resources);
+    let rec = Recorder::new();
+    let s = sut.schema();
+    // Setup: the coordinator's and the target's schemas exist (so that the cut proxies only
+    // ever cut the operations themselves), every resource has a guard row, and in protected
+    // mode every data table is protected.
+    if sut.is_pg() {
+        let out = sut.fence(None, None).arg("init").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    for r in &sut.resources {
+        let owner = format!("setup-{r}");
+        let t = acquire(&rec, &sut, r, &owner, 1000);
+        expect(&write(&rec, &sut, r, &owner, t), 0);
+        expect(
+            &rec.op(&sut, Req::new(OpKind::Release, r, &owner).token(t)),
+            0,
+        );
+        if w.target == TargetMode::Protected {
+            let out = sut
+                .fence(None, None)
+                .args(["protect", "--target", &pg_url(), "--table"])
+                .arg(format!("{s}.log_{r}"))
+                .args(["--resource", r])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+    }
+    let links = Links {
+        target_slow: Proxy::start(upstream(), Mode::Delay(Duration::from_millis(150))),
+        target_cut: Proxy::start(upstream(), Mode::CutWhenClientSends(b"COMMIT\0".to_vec())),
+        coord_slow: sut
+            .is_pg()
+            .then(|| Proxy::start(upstream(), Mode::Delay(Duration::from_millis(120)))),
+        coord_cut: sut.is_pg().then(|| {
+            Proxy::start(
+                upstream(),
+                Mode::CutWhenClientSends(b".acquire($1".to_vec()),
+            )
+        }),
+    };
+    let remaining = AtomicI64::new(budget as i64);
+    let started = Instant::now();
+    thread::scope(|scope| {
+        for worker in 0..w.workers {
+            let (sut, rec, links, remaining, w) = (&sut, &rec, &links, &remaining, &w);
+            let skew = w.skews.get(worker).copied().flatten();
+            scope.spawn(move || {
+                worker_loop(
+                    sut,
+                    rec,
+                    links,
+                    remaining,
+                    w,
+                    worker,
+                    skew,
+                    seed ^ ((worker as u64 + 1) * 0x9E37_79B9),
+                );
+            });
+        }
+    });
+    let elapsed = started.elapsed();
+    drop(links);
+    let h = rec.history(&sut);
+    let violations = checker::check(&h);
+    let ops = h.ops.len();
+    eprintln!(
+        "{}: {} ({:.1} ops/s over {:.1}s); exits {:?}",
+        w.name,
+        h.summary(&violations),
+        ops as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        exit_histogram(&h.ops)
+    );
+    let mut slowest: Vec<&Op> = h.ops.iter().collect();
+    slowest.sort_by_key(|o| std::cmp::Reverse(o.end - o.start));
+    for op in slowest.iter().take(3) {
+        eprintln!(
+            "{}: slow op {:.2}s: {op}",
+            w.name,
+            (op.end - op.start).as_secs_f64()
+        );
+    }
+    if !violations.is_empty() {
+        let text: String = violations.iter().take(20).map(|v| v.to_string()).collect();
+        panic!(
+            "{}: seed {seed}: {} violations (first 20):\n{text}",
+            w.name,
+            violations.len()
+        );
+    }
+    // The workload really exercised the fence: some stale writes were refused, some applied.
+    assert!(
+        h.ops.iter().any(|o| o.kind == OpKind::Write && o.code == 0),
+        "{}: seed {seed}: no write was applied",
+        w.name
+    );
+}
+
+fn exit_histogram(ops: &[Op]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for op in ops {
+        *m.entry(format!("{:?}:{}", op.kind, op.code)).or_insert(0) += 1;
+    }
+    m
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker_loop(
+    sut: &Sut,
+    rec: &Recorder,
+    links: &Links,
+    remaining: &AtomicI64,
+    w: &Workload,
+    worker: usize,
+    skew: Option<Skew>,
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    let take = |n: i64| remaining.fetch_sub(n, Ordering::SeqCst) > 0;
+    let target_slow = via(&links.target_slow);
+    let target_cut = via(&links.target_cut);
+    let coord_slow = links.coord_slow.as_ref().map(via);
+    let coord_cut = links.coord_cut.as_ref().map(via);
+    let s = sut.schema();
+    let mut iteration = 0;
+    while take(1) {
+        iteration += 1;
+        let owner = format!("w{worker}-{iteration}");
+        let r = &sut.resources[rng.range(0, sut.resources.len() as u64) as usize];
+        let ttl = rng.range(200, 500) as i64;
+        let mut acq = Req::new(OpKind::Acquire, r, &owner)
+            .worker(worker)
+            .ttl(ttl)
+            .skew(skew);
+        let roll = rng.range(0, 100);
+        if let (Some(slow), true) = (&coord_slow, roll < 8) {
+            acq = acq
+                .store(slow)
+                .fault(Fault::None, "coordinator delay 120ms");
+        } else if let (Some(cut), true) = (&coord_cut, roll < 12) {
+            acq = acq
+                .store(cut)
+                .fault(Fault::None, "coordinator cut after acquire sent");
+        } else if roll < 16 && skew.is_none() {
+            let after = Duration::from_micros(rng.range(500, 15_000));
+            acq = acq.fault(Fault::Kill { after }, format!("SIGKILL after {after:?}"));
+        }
+        let cut_acquire = acq.fault_name.as_deref() == Some("coordinator cut after acquire sent");
+        let op = rec.op(sut, acq);
+        if cut_acquire && op.code != 0 {
+            // It never learnt its outcome: as good as cancelled.
+            let mut ops = rec.ops.lock().unwrap();
+            if let Some(o) = ops.iter_mut().rev().find(|o| o.id == op.id) {
+                o.cancelled = true;
+            }
+        }
+        let Some(token) = op.token.filter(|_| op.code == 0) else {
+            thread::sleep(Duration::from_millis(rng.range(0, 60)));
+            continue;
+        };
+        // Fenced writes, with pauses and faults.
+        for _ in 0..rng.range(1, 4) {
+            if !take(1) {
+                return;
+            }
+            let pause = pick_pause(&mut rng, ttl);
+            thread::sleep(pause);
+            let mut req = Req::new(OpKind::Write, r, &owner)
+                .worker(worker)
+                .token(token)
+                .skew(skew);
+            let roll = rng.range(0, 100);
+            if roll < 10 && w.sigstop && skew.is_none() {
+                let p = Duration::from_millis(rng.range(ttl as u64 / 2, ttl as u64 * 2));
+                let after = Duration::from_millis(rng.range(0, 10));
+                req = req.fault(
+                    Fault::Stop { after, pause: p },
+                    format!("SIGSTOP {p:?} after {after:?}"),
+                );
+            } else if roll < 18 {
+                req = req
+                    .target(&target_slow)
+                    .fault(Fault::None, "target delay 150ms");
+            } else if roll < 22 {
+                req = req
+                    .target(&target_cut)
+                    .fault(Fault::None, "target cut at COMMIT");
+            }
+            let wop = rec.op(sut, req);
+            if w.target == TargetMode::Protected && rng.chance(5) {
+                // Another path: a raw write with the same (perhaps stale) token, no fence.
+                let t = format!("{s}.log_{r}");
+                let op = rec.raw(
+                    &pg_url(),
+                    r,
+                    Some(token),
+                    "raw insert",
+                    &format!("INSERT INTO {t} (token, op) VALUES ({token}, __OP__)"),
+                );
+                assert_eq!(op.code, 4, "a raw write bypassed the protected table: {op}");
+            }
+            if wop.code == 4 {
+                break;
+            }
+        }
+        if rng.chance(60) && take(1) {
+            thread::sleep(pick_pause(&mut rng, ttl));
+            let mut req = Req::new(OpKind::Renew, r, &owner)
+                .worker(worker)
+                .token(token)
+                .ttl(ttl)
+                .skew(skew);
+            if let (Some(slow), true) = (&coord_slow, rng.chance(10)) {
+                req = req
+                    .store(slow)
+                    .fault(Fault::None, "coordinator delay 120ms");
+            }
+            let renewed = rec.op(sut, req);
+            if renewed.code == 0 && take(1) {
+                let wop = rec.op(
+                    sut,
+                    Req::new(OpKind::Write, r, &owner)
+                        .worker(worker)
+                        .token(token)
+                        .skew(skew),
+                );
+                let _ = wop;
+            }
+        }
+        if rng.chance(80) && take(1) {
+            thread::sleep(pick_pause(&mut rng, ttl));
+            rec.op(
+                sut,
+                Req::new(OpKind::Release, r, &owner)
+                    .worker(worker)
+                    .token(token)
+                    .skew(skew),
+            );
+        }
+    }
+}
+
+/// Mostly short; sometimes past the lease's expiry.
+fn pick_pause(rng: &mut Rng, ttl: i64) -> Duration {
+    let ttl = ttl as u64;
+    match rng.range(0, 100) {
+        0..=69 => Duration::from_millis(rng.range(0, 30)),
+        70..=89 => Duration::from_millis(rng.range(ttl / 2, ttl)),
+        _ => Duration::from_millis(rng.range(ttl, ttl * 2)),
+    }
+}
+
+#[test]
+fn workload_postgres_coordinator_guard() {
+    run_workload(Workload {
+        name: "workload_postgres_coordinator_guard",
+        backend: Backend::Postgres,
+        target: TargetMode::Guard,
+        workers: 6,
+        resources: 2,
+        share: 30,
+        skews: vec![],
+        sigstop: true,
+    });
+}
+
+#[test]
+fn workload_postgres_coordinator_protected_table() {
+    run_workload(Workload {
+        name: "workload_postgres_coordinator_protected_table",
+        backend: Backend::Postgres,
+        target: TargetMode::Protected,
+        workers: 6,
+        resources: 2,
+        share: 25,
+        skews: vec![],
+        sigstop: true,
+    });
+}
+
+#[test]
+fn workload_file_coordinator_guard() {
+    run_workload(Workload {
+        name: "workload_file_coordinator_guard",
+        backend: Backend::File,
+        target: TargetMode::Guard,
+        workers: 6,
+        resources: 2,
+        share: 25,
+        skews: vec![],
+        sigstop: true,
+    });
+}
+
+/// I7: workers whose clocks are five minutes fast or slow (faketime), mixed with honest ones,
+/// are granted nothing they should not be. With the monotonic clocks left alone
+/// (`FAKETIME_DONT_FAKE_MONOTONIC=1`: a skewed wall clock, as a badly set machine has); the
+/// faked-monotonic case is `clock_skew_with_faked_monotonic_clocks`.
+fn workload_clock_skew(backend: Backend) {
+    let fast = Some(Skew {
+        offset: "+5m",
+        monotonic: false,
+    });
+    let slow = Some(Skew {
+        offset: "-5m",
+        monotonic: false,
+    });
+    run_workload(Workload {
+        name: if backend == Backend::File {
+            "workload_clock_skew(file)"
+        } else {
+            "workload_clock_skew(postgres)"
+        },
+        backend,
+        target: TargetMode::Guard,
+        workers: 4,
+        resources: 1,
+        share: 10,
+        skews: vec![fast, slow, None, None],
+        sigstop: true,
+    });
+}
+
+/// libfaketime fakes CLOCK_MONOTONIC and CLOCK_BOOTTIME too unless told not to. On
+/// PostgreSQL that changes nothing (the server's clock decides). The local-directory store
+/// judges expiry on each process's CLOCK_BOOTTIME (shared by all processes of one real
+/// machine), so a process whose BOOTTIME is faked five minutes ahead sees every lease as
+/// expired. Whatever the coordinator does, the target must never accept a lower token (I2)
+/// and tokens must rise (I1); whether a live lease was taken over is reported.
+#[test]
+fn clock_skew_with_faked_monotonic_clocks() {
+    for backend in [Backend::Postgres, Backend::File] {
+        let sut = Sut::new(backend, 1);
+        let rec = Recorder::new();
+        let ta = acquire(&rec, &sut, "r0", "honest", 30_000);
+        expect(&write(&rec, &sut, "r0", "honest", ta), 0);
+        let mut took_over = Vec::new();
+        for (offset, name) in [("+5m", "fast"), ("-5m", "slow")] {
+            let skew = Some(Skew {
+                offset,
+                monotonic: true,
+            });
+            let op = rec.op(
+                &sut,
+                Req::new(OpKind::Acquire, "r0", name).ttl(30_000).skew(skew),
+            );
+            if op.code == 0 {
+                took_over.push(op.to_string());
+                let t = op.token.unwrap();
+                rec.op(
+                    &sut,
+                    Req::new(OpKind::Write, "r0", name).token(t).skew(skew),
+                );
+            } else {
+                assert_eq!(op.code, 3, "{op}");
+            }
+        }
+        // The honest holder writes again: refused if a skewed process took over and wrote.
+        let again = write(&rec, &sut, "r0", "honest", ta);
+        let h = rec.history(&sut);
+        let violations = checker::check(&h);
+        let (i7, others): (Vec<_>, Vec<_>) = violations.iter().partition(|v| v.invariant == "I7");
+        eprintln!(
+            "clock_skew_with_faked_monotonic_clocks({backend:?}): {}; honest holder's later write exit {}; skewed processes granted the live lease: {took_over:?}",
+            h.summary(&violations),
+            again.code
+        );
+        for v in &i7 {
+            eprintln!("  {v}");
+        }
+        assert!(others.is_empty(), "{backend:?}: {others:?}");
+        if backend != Backend::File {
+            assert!(
+                took_over.is_empty() && i7.is_empty(),
+                "PostgreSQL judged expiry by a skewed client clock: {took_over:?}"
+            );
+        } else {
+            // The data stays fenced: every write is in token order (checked above), and
+            // the honest holder's write after a takeover was refused.
+            if !took_over.is_empty() {
+                assert_eq!(again.code, 4, "{again}");
+            }
+        }
+    }
+}
+
+// --- the checker's own tests: hand-made histories ---------------------------------------------
+
+mod checker_self_test {
+    use super::checker::{self, CoordClock, CoordEvent, DataRow, History, Op, OpKind, TargetEvent};
+    use serde_json::json;
+    use std::time::Duration;
+
+    #[allow(clippy::too_many_arguments)]
+    fn op(
+        id: usize,
+        kind: OpKind,
+        owner: &str,
+        token: i64,
+        ttl: Option<i64>,
+        start_ms: u64,
+        end_ms: u64,
+        code: i32,
+    ) -> Op {
+        Op {
+            id,
+            worker: 0,
+            kind,
+            resource: "r".into(),
+            owner: owner.into(),
+            token: Some(token),
+            ttl_ms: ttl,
+            start: Duration::from_millis(start_ms),
+            end: Duration::from_millis(end_ms),
+            code,
+            json: json!({}),
+            fault: None,
+            cancelled: false,
+            skewed: false,
+        }
+    }
+
+    fn ev(seq: i64, at_ms: i64, kind: &str, owner: &str, token: i64) -> CoordEvent {
+        CoordEvent {
+            resource: "r".into(),
+            seq,
+            at_us: at_ms * 1000,
+            kind: kind.into(),
+            owner: Some(owner.into()),
+            token: Some(token),
+        }
+    }
+
+    fn tev(seq: i64, kind: &str, owner: &str, token: i64) -> TargetEvent {
+        TargetEvent {
+            resource: "r".into(),
+            seq,
+            kind: kind.into(),
+            owner: Some(owner.into()),
+            token: Some(token),
+        }
+    }
+
+    fn row(seq: i64, token: i64, op: usize) -> DataRow {
+        DataRow {
+            resource: "r".into(),
+            seq,
+            token,
+            op,
+        }
+    }
+
+    /// A acquires (1), writes, releases; B acquires (2), writes; a late write of A refused.
+    fn good() -> History {
+        let mut h = History::new(CoordClock::Authoritative);
+        h.ops = vec![
+            op(1, OpKind::Acquire, "A", 1, Some(300), 0, 10, 0),
+            op(2, OpKind::Write, "A", 1, None, 20, 30, 0),
+            op(3, OpKind::Release, "A", 1, None, 40, 50, 0),
+            op(4, OpKind::Acquire, "B", 2, Some(300), 60, 70, 0),
+            op(5, OpKind::Write, "B", 2, None, 80, 90, 0),
+            op(6, OpKind::Write, "A", 1, None, 85, 100, 4),
+            op(7, OpKind::Renew, "A", 1, Some(300), 110, 120, 4),
+        ];
+        h.coord = vec![
+            ev(1, 5, "acquired", "A", 1),
+            ev(2, 45, "released", "A", 1),
+            ev(3, 65, "acquired", "B", 2),
+            ev(4, 115, "renew_rejected", "A", 1),
+        ];
+        h.target = vec![
+            tev(1, "write_accepted", "A", 1),
+            tev(2, "write_accepted", "B", 2),
+            tev(3, "write_rejected", "A", 1),
+        ];
+        h.data = vec![row(1, 1, 2), row(2, 2, 5)];
+        h.guards.insert("r".into(), 2);
+        h
+    }
+
+    fn invariants(h: &History) -> Vec<&'static str> {
+        checker::check(h).iter().map(|v| v.invariant).collect()
+    }
+
+    #[test]
+    fn a_good_history_has_no_violations() {
+        let h = good();
+        let violations = checker::check(&h);
+        assert!(violations.is_empty(), "{violations:?}");
+        let mut display = good();
+        display.coord_clock = CoordClock::DisplayOnly;
+        assert!(checker::check(&display).is_empty());
+    }
+
+    #[test]
+    fn detects_a_token_regression_at_the_coordinator() {
+        let mut h = good();
+        h.coord.push(ev(5, 900, "taken_over", "C", 2));
+        h.ops
+            .push(op(8, OpKind::Acquire, "C", 2, Some(300), 890, 905, 0));
+        let found = invariants(&h);
+        assert!(found.contains(&"I1"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_an_overlapping_lease_by_the_coordinators_clock() {
+        let mut h = good();
+        // B's lease (granted at 65 ms, 300 ms) is still live when C is granted at 200 ms.
+        h.coord.push(ev(5, 200, "taken_over", "C", 3));
+        h.ops
+            .push(op(8, OpKind::Acquire, "C", 3, Some(300), 195, 205, 0));
+        let found = invariants(&h);
+        assert!(found.contains(&"I3"), "{found:?}");
+        // The same on the test's clock alone (a store whose timestamps are display-only).
+        h.coord_clock = CoordClock::DisplayOnly;
+        let found = invariants(&h);
+        assert!(found.contains(&"I3"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_stale_write_accepted_by_the_target() {
+        let mut h = good();
+        h.target.push(tev(4, "write_accepted", "A", 1));
+        h.data.push(row(3, 1, 6));
+        h.ops[5].code = 0; // A's late write "succeeded"
+        let violations = checker::check(&h);
+        let i2: Vec<_> = violations.iter().filter(|v| v.invariant == "I2").collect();
+        assert_eq!(
+            i2.len(),
+            2,
+            "the write log and the data both show it: {violations:?}"
+        );
+        assert!(i2[1].slice.iter().any(|l| l.contains("op#6")), "{i2:?}");
+    }
+
+    #[test]
+    fn detects_a_late_renew_that_changed_a_newer_lease() {
+        let mut h = good();
+        h.coord.push(ev(5, 118, "renewed", "A", 1));
+        h.ops[6].code = 0;
+        let found = invariants(&h);
+        assert!(found.contains(&"I4"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_cancelled_acquisitions_token_writing() {
+        let mut h = good();
+        let mut cancelled = op(8, OpKind::Acquire, "C", 3, Some(300), 400, 405, -1);
+        cancelled.token = None;
+        cancelled.cancelled = true;
+        h.ops.push(cancelled);
+        h.coord.push(ev(5, 402, "taken_over", "C", 3));
+        h.target.push(tev(4, "write_accepted", "C", 3));
+        h.guards.insert("r".into(), 3);
+        let found = invariants(&h);
+        assert!(found.contains(&"I5"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_rejected_write_that_left_data() {
+        let mut h = good();
+        h.data.push(row(3, 2, 6)); // op 6 exited 4
+        let found = invariants(&h);
+        assert!(found.contains(&"I6"), "{found:?}");
+    }
+
+    #[test]
+    fn labels_an_overlap_involving_a_skewed_process_i7() {
+        let mut h = good();
+        h.coord.push(ev(5, 200, "taken_over", "C", 3));
+        let mut c = op(8, OpKind::Acquire, "C", 3, Some(300), 195, 205, 0);
+        c.skewed = true;
+        h.ops.push(c);
+        let found = invariants(&h);
+        assert!(found.contains(&"I7"), "{found:?}");
+    }
+
+    #[test]
+    fn detects_a_bypass_of_a_protected_table() {
+        let mut h = good();
+        let mut raw = op(8, OpKind::RawWrite, "raw:update", 2, None, 300, 310, 0);
+        raw.fault = Some("raw update".into());
+        h.ops.push(raw);
+        h.data.push(row(3, 2, 8));
+        let found = invariants(&h);
+        assert!(found.contains(&"I2"), "{found:?}");
+    }
+}
