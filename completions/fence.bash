@@ -603,7 +603,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__write)
-            opts="-q -h --token --owner --target --sql --file --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
+            opts="-q -h --token --owner --target --from --if-match --if-generation-match --sql --file --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -618,6 +618,18 @@ _fence() {
                     return 0
                     ;;
                 --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --if-match)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --if-generation-match)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

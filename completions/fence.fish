@@ -24,7 +24,7 @@ function __fish_fence_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c fence -n "__fish_fence_needs_command" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_needs_command" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_needs_command" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_needs_command" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -40,7 +40,7 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "run" -d 'Run a command 
 complete -c fence -n "__fish_fence_needs_command" -f -a "renew" -d 'Extend a lease you hold'
 complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
+complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
 complete -c fence -n "__fish_fence_needs_command" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
@@ -48,7 +48,7 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "help" -d 'Print this me
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l ttl -d 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator\'s clock' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3' -r
-complete -c fence -n "__fish_fence_using_subcommand acquire" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand acquire" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -62,7 +62,7 @@ complete -c fence -n "__fish_fence_using_subcommand run" -l owner -d 'Who holds 
 complete -c fence -n "__fish_fence_using_subcommand run" -l ttl -d 'The lease length; fence renews about every third of it' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL' -r
-complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -75,7 +75,7 @@ complete -c fence -n "__fish_fence_using_subcommand run" -s h -l help -d 'Print 
 complete -c fence -n "__fish_fence_using_subcommand renew" -l owner -d 'The owner that acquired the lease' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l token -d 'The fencing token the lease was granted with' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l ttl -d 'The new lease length from now (100ms to 24h). Default: the TTL it was acquired with' -r
-complete -c fence -n "__fish_fence_using_subcommand renew" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand renew" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -87,7 +87,7 @@ complete -c fence -n "__fish_fence_using_subcommand renew" -s q -l quiet -d 'Pri
 complete -c fence -n "__fish_fence_using_subcommand renew" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand release" -l owner -d 'The owner that acquired the lease' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l token -d 'The fencing token the lease was granted with' -r
-complete -c fence -n "__fish_fence_using_subcommand release" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand release" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -98,8 +98,8 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l history -d 'How many recent events to show per resource. Default: 5 with named resources, 0 without' -r
-complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target (a PostgreSQL database written with `fence write`) has accepted for each resource' -r
-complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -111,14 +111,17 @@ complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'P
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
-complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'The database to write to: `postgres://user@host/db` (libpq rules, as --store)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l from -d 'Object form: the bytes to store (`-`: standard input)' -r -F
+complete -c fence -n "__fish_fence_using_subcommand write" -l if-match -d 'Object form: write only if the object\'s ETag is ETAG (S3)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l if-generation-match -d 'Object form: write only if the object\'s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l sql -d 'SQL to run in the fenced transaction (one or more statements)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l file -d 'Read the SQL from a file (`-`: standard input)' -r -F
 complete -c fence -n "__fish_fence_using_subcommand write" -l table -d 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l key -d 'Row form: a key column and its value; repeat for composite keys' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l set -d 'Row form: a column to set and its value; repeat for more' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l token-column -d 'Row form: the column holding each row\'s token' -r
-complete -c fence -n "__fish_fence_using_subcommand write" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand write" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -132,7 +135,7 @@ complete -c fence -n "__fish_fence_using_subcommand write" -s h -l help -d 'Prin
 complete -c fence -n "__fish_fence_using_subcommand protect" -l target -d 'The database holding the table' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l table -d 'The table to protect (`TABLE` or `SCHEMA.TABLE`)' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l resource -d 'The resource whose tokens guard the table' -r
-complete -c fence -n "__fish_fence_using_subcommand protect" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand protect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -143,7 +146,7 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the trigger instead'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -162,7 +165,7 @@ handoff\t'Like contend, holding each lease for --hold'"
 complete -c fence -n "__fish_fence_using_subcommand bench" -l ttl -d 'The lease length the workers ask for' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l hold -d 'How long each holder keeps the lease (`handoff` mode; default 1ms)' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l write-target -d 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench\'s scratch schema' -r
-complete -c fence -n "__fish_fence_using_subcommand bench" -l store -d 'The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand bench" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
@@ -178,7 +181,7 @@ complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_su
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "renew" -d 'Extend a lease you hold'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "write" -d 'Write to a protected PostgreSQL database with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'

@@ -32,8 +32,9 @@ pub struct Cli {
 /// Options every subcommand accepts, before or after its name.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// The coordinator: `postgres://user@host/db`, or `file:///dir` for the local directory
-    /// store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`).
+    /// The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`,
+    /// or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence`
+    /// (or `$HOME/.local/state/fence`).
     #[arg(
         long,
         global = true,

@@ -18,10 +18,8 @@
 //! Size: the randomised workloads share a budget of `FENCE_SOAK_OPS` fence invocations
 //! (default [`DEFAULT_OPS`] = 1200 across the suite, which keeps this binary well under three
 //! minutes on two cores); `FENCE_SOAK_OPS=100000` runs a soak. `FENCE_SOAK_SEED` fixes the
-//! seed (it is printed by every workload, and in every failure). `tests/run` unsets every
-//! `FENCE_*` variable, so through it use the aliases `ADVERSARIAL_SOAK_OPS` /
-//! `ADVERSARIAL_SOAK_SEED`:
-//! `ADVERSARIAL_SOAK_OPS=100000 tests/run -E 'binary(adversarial)' --success-output final`.
+//! seed (it is printed by every workload, and in every failure). `tests/run` passes both
+//! through: `FENCE_SOAK_OPS=100000 tests/run -E 'binary(adversarial)' --success-output final`.
 
 #[path = "common/checker.rs"]
 mod checker;
@@ -46,10 +44,7 @@ use serde_json::Value;
 const DEFAULT_OPS: usize = 1200;
 
 fn total_ops() -> usize {
-    // `tests/run` unsets every FENCE_* variable, so the same knob is also read as
-    // ADVERSARIAL_SOAK_OPS, which survives it.
     std::env::var("FENCE_SOAK_OPS")
-        .or_else(|_| std::env::var("ADVERSARIAL_SOAK_OPS"))
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_OPS)
@@ -57,7 +52,6 @@ fn total_ops() -> usize {
 
 fn seed() -> u64 {
     std::env::var("FENCE_SOAK_SEED")
-        .or_else(|_| std::env::var("ADVERSARIAL_SOAK_SEED"))
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| {
