@@ -534,7 +534,8 @@ fn malformed_store_urls_are_usage_errors_that_never_print_the_password() {
             format!("postgres://fence:{SECRET}@127.0.0.1:1/db?connect_timeout=abc"),
             "not a valid PostgreSQL URL",
         ),
-        ("s3://bucket/prefix".to_owned(), "object-store"),
+        ("s3://Bucket/prefix".to_owned(), "bucket name"),
+        ("gs://bucket/a//b".to_owned(), "empty"),
     ];
     for (url, problem) in &cases {
         let out = Fence::bare(home.path())
