@@ -28,7 +28,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -36,6 +35,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent};
+use common::cluster::Cluster;
 use common::proxy::{Mode, Proxy};
 use common::{block_on, env_or_panic, Backend, Store};
 use serde_json::Value;
@@ -1273,109 +1273,6 @@ fn seed_partition_from_coordinator(backend: Backend) {
     let rows = data_ops(&sut, "r0");
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), vec![ta, tb]);
     rec.check(&sut, "seed_partition_from_coordinator");
-}
-
-// --- a private PostgreSQL cluster for restarts (as in tests/restart.rs) ----------------------
-
-struct Cluster {
-    dir: tempfile::TempDir,
-    as_root: bool,
-}
-
-fn pg_bin(tool: &str) -> String {
-    format!("/usr/lib/postgresql/15/bin/{tool}")
-}
-
-impl Cluster {
-    fn command(&self, args: &[&str]) -> std::process::Output {
-        let mut cmd = if self.as_root {
-            let mut cmd = Command::new("runuser");
-            cmd.args(["-u", "postgres", "--", args[0]]);
-            cmd
-        } else {
-            Command::new(args[0])
-        };
-        cmd.args(&args[1..])
-            .current_dir(self.dir.path())
-            .output()
-            .expect("run a PostgreSQL tool")
-    }
-
-    fn run(&self, args: &[&str]) {
-        let out = self.command(args);
-        assert!(out.status.success(), "{args:?} failed: {out:?}");
-    }
-
-    fn start() -> Cluster {
-        let out = Command::new("id").arg("-u").output().unwrap();
-        let as_root = String::from_utf8_lossy(&out.stdout).trim() == "0";
-        let dir = tempfile::tempdir().unwrap();
-        if as_root {
-            let out = Command::new("chown")
-                .args(["-R", "postgres", &dir.path().display().to_string()])
-                .output()
-                .unwrap();
-            assert!(out.status.success());
-        }
-        let cluster = Cluster { dir, as_root };
-        let data = cluster.data();
-        cluster.run(&[
-            &pg_bin("initdb"),
-            "-D",
-            &data,
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-locale",
-        ]);
-        let conf_path = Path::new(&data).join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf_path).unwrap();
-        text.push_str(&format!(
-            "listen_addresses = ''\nunix_socket_directories = '{}'\nsynchronous_commit = off\nfsync = on\n",
-            cluster.dir.path().display()
-        ));
-        std::fs::write(&conf_path, text).unwrap();
-        cluster.pg_ctl("start");
-        cluster
-    }
-
-    fn data(&self) -> String {
-        self.dir.path().join("data").display().to_string()
-    }
-
-    fn pg_ctl(&self, action: &str) {
-        let log = self.dir.path().join("log").display().to_string();
-        let mut args = vec![
-            pg_bin("pg_ctl"),
-            "-D".into(),
-            self.data(),
-            "-w".into(),
-            "-l".into(),
-            log,
-        ];
-        if action == "restart" {
-            args.extend(["-m".into(), "immediate".into()]);
-        }
-        args.push(action.into());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.run(&args);
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "postgres:///postgres?host={}&user=postgres",
-            self.dir.path().display()
-        )
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let data = self.data();
-        self.command(&[&pg_bin("pg_ctl"), "-D", &data, "-m", "immediate", "stop"]);
-    }
 }
 
 // --- randomised workloads --------------------------------------------------------------------

@@ -114,23 +114,46 @@ fn the_scratch_namespace_is_removed(store: &Store) {
             "{left:?}"
         );
     }
+    if let Some((server, prefix)) = &store.objects {
+        let left = server.list(prefix);
+        assert!(left.iter().all(|key| !key.contains("/bench-")), "{left:?}");
+    }
 }
 
-per_backend!(modes_report_their_figures, the_scratch_namespace_is_removed);
+per_coordinator!(modes_report_their_figures, the_scratch_namespace_is_removed);
 
 #[test]
 fn postgres_bench_with_a_write_target_leaves_no_schema_behind() {
     let store = Store::postgres();
-    let out = bench(
-        &store,
-        &["--workers", "2", "--write-target", &store.url.clone()],
-    );
+    // The scratch schema is named after the bench's pid (other tests bench in parallel).
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args([
+            "bench",
+            "--duration",
+            "500ms",
+            "--format",
+            "json",
+            "--workers",
+            "2",
+        ])
+        .args(["--write-target", &store.url])
+        .stdout(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let scratch = format!("fence_bench_{}", child.id());
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let out: BenchOut = serde_json::from_slice(&output.stdout).unwrap();
     assert!(out.critical_sections > 0);
     let rows = store.pg_rows(
-        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1",
-        "fence_bench%",
+        "SELECT nspname::text FROM pg_namespace WHERE nspname = $1",
+        &scratch,
     );
-    assert!(rows.is_empty(), "scratch schemas left: {}", rows.len());
+    assert!(
+        rows.is_empty(),
+        "the scratch schema {scratch} was left behind"
+    );
 }
 
 #[test]

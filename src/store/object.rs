@@ -638,7 +638,8 @@ impl Coordinator for ObjectCoordinator {
 }
 
 /// Removes every object of a coordinator namespace (`fence bench`'s scratch prefix): the lease
-/// records, their events, waiters and the clock probes. Only for namespaces fence made.
+/// records, their events, waiters, the clock probes and the marker. Only for namespaces fence
+/// made.
 pub async fn remove_namespace(url: &ObjectUrl) -> Result<(), Error> {
     let api = object::open(url)?;
     let mut dirs = vec![url.join("leases"), url.join("clock")];
@@ -652,5 +653,6 @@ pub async fn remove_namespace(url: &ObjectUrl) -> Result<(), Error> {
             api.delete(&format!("{dir}/{name}")).await?;
         }
     }
-    Ok(())
+    // The namespace's marker (written by `init`).
+    api.delete(&url.join("fence-store.json")).await
 }

@@ -374,5 +374,6 @@ macro_rules! per_coordinator {
         }
     };
 }
+pub mod cluster;
 pub mod objects;
 pub mod proxy;
