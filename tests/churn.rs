@@ -39,8 +39,9 @@ struct Tally {
 /// How hard a backend is churned. The PostgreSQL and directory stores decide in well under a
 /// millisecond, so 10 ms leases expire between attempts. The object stores take several HTTP
 /// round trips per decision (and lose races to each other), so their leases are longer:
-/// on GCS 200 ms; on S3 a 10 ms lease already lasts one to two seconds, because S3 stamps
-/// versions to the whole second and fence counts that second in the holder's favour.
+/// on GCS 200 ms; on S3 500 ms, which others see live for up to 2.5 s, because S3 stamps
+/// versions to the whole second and fence counts that second in the holder's favour (and
+/// moto, a Python server, needs the slack: a release must land before the lease expires).
 struct Profile {
     ttl: Duration,
     /// How long an abandoned lease stays away: past its expiry by the store's clock.
@@ -56,10 +57,10 @@ struct Profile {
 fn profile(backend: Backend) -> Profile {
     match backend {
         Backend::S3 => Profile {
-            ttl: TTL,
-            abandon: Duration::from_millis(2_100),
+            ttl: Duration::from_millis(500),
+            abandon: Duration::from_millis(2_600),
             run_for: Duration::from_secs(6),
-            pause: Duration::from_millis(100),
+            pause: Duration::from_millis(500),
             min_grants: 15,
             min_paths: 3,
         },
