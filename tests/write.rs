@@ -17,18 +17,7 @@ use serde_json::Value;
 
 /// Runs SQL on the test database directly (not through fence).
 fn sql(store: &Store, script: &str) {
-    let url = store.url.clone();
-    let script = script.to_owned();
-    common::block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
-            .batch_execute(&script)
-            .await
-            .unwrap_or_else(|e| panic!("{script}: {e:?}"));
-    });
+    common::pg_exec(&store.url, script);
 }
 
 /// The first column of every row, as text.

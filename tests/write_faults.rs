@@ -23,7 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::{Mode, Proxy};
-use common::{block_on, env_or_panic, Out, Store};
+use common::{env_or_panic, Out, Store};
 
 const RESOURCE: &str = "orders";
 
@@ -56,32 +56,12 @@ fn schema(store: &Store) -> &str {
 
 /// Runs a script on the test database, directly.
 fn exec(store: &Store, script: &str) {
-    let (url, script) = (store.url.clone(), script.to_owned());
-    block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
-        client
-            .batch_execute(&script)
-            .await
-            .unwrap_or_else(|e| panic!("{script}: {e}"));
-    })
+    common::pg_exec(&store.url, script);
 }
 
 /// One query without parameters, directly.
 fn rows(store: &Store, sql: &str) -> Vec<tokio_postgres::Row> {
-    let (url, sql) = (store.url.clone(), sql.to_owned());
-    block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
-        client
-            .query(&sql, &[])
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-    })
+    common::pg_query(&store.url, sql)
 }
 
 /// Creates `<schema>.data(id, v)` with the given rows and `<schema>.ledger(note)`, empty.

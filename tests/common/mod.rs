@@ -251,6 +251,36 @@ impl Drop for Store {
     }
 }
 
+/// Runs a script on a PostgreSQL database directly (not through fence); panics on failure.
+pub fn pg_exec(url: &str, script: &str) {
+    let (url, script) = (url.to_owned(), script.to_owned());
+    block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&script)
+            .await
+            .unwrap_or_else(|e| panic!("{script}: {e:?}"));
+    })
+}
+
+/// One query without parameters on a PostgreSQL database, directly; panics on failure.
+pub fn pg_query(url: &str, sql: &str) -> Vec<tokio_postgres::Row> {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        client
+            .query(&sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    })
+}
+
 /// Milliseconds since the epoch of a `YYYY-MM-DDTHH:MM:SS.mmmZ` timestamp as fence prints it.
 pub fn timestamp_ms(text: &str) -> i64 {
     let bad = || panic!("not a fence timestamp: {text:?}");
