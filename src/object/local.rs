@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -21,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
+use crate::store::file::{lock_exclusive, Locked};
 use crate::store::random_u64;
 
 pub struct LocalObjects {
@@ -32,11 +32,6 @@ struct Sidecar {
     generation: u64,
     last_modified_ms: i64,
     metadata: BTreeMap<String, String>,
-}
-
-/// Holds the object's `flock` until dropped.
-struct Locked {
-    _file: File,
 }
 
 fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
@@ -72,23 +67,7 @@ impl LocalObjects {
     }
 
     fn lock(&self, path: &Path) -> Result<Locked, Error> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|err| io_error("open the lock file", path, &err))?;
-        loop {
-            // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Locked { _file: file });
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != ErrorKind::Interrupted {
-                return Err(io_error("lock", path, &err));
-            }
-        }
+        lock_exclusive(path).map_err(|(what, err)| io_error(what, path, &err))
     }
 
     /// The current state (call under the lock): `None` when the object is absent.

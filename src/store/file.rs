@@ -139,8 +139,32 @@ impl Record {
 }
 
 /// Holds the per-resource `flock` until dropped.
-struct Locked {
+/// An exclusive `flock` on a lock file, held until dropped (the lock ends when the file is
+/// closed).
+pub(crate) struct Locked {
     _file: File,
+}
+
+/// Opens (creating) `path` and takes an exclusive `flock` on it, retrying when interrupted.
+/// On failure, says which step failed ("open the lock file" or "lock") with the OS error.
+pub(crate) fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|err| ("open the lock file", err))?;
+    loop {
+        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(Locked { _file: file });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != ErrorKind::Interrupted {
+            return Err(("lock", err));
+        }
+    }
 }
 
 impl FileCoordinator {
@@ -187,24 +211,7 @@ impl FileCoordinator {
     }
 
     fn lock(&self, path: &Path) -> Result<Locked, Error> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|err| self.io_error("open the lock file", path, &err))?;
-        loop {
-            // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-            if rc == 0 {
-                return Ok(Locked { _file: file });
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != ErrorKind::Interrupted {
-                return Err(self.io_error("lock", path, &err));
-            }
-        }
+        lock_exclusive(path).map_err(|(what, err)| self.io_error(what, path, &err))
     }
 
     fn read_record(&self, path: &Path, resource: &str) -> Result<Option<Record>, Error> {

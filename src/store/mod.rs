@@ -5,7 +5,7 @@
 //! resource by the coordinator's clock (I3), and a late renew or release never changes a newer
 //! owner's lease (I4). Records are never deleted, so counters survive release.
 
-mod file;
+pub(crate) mod file;
 mod object;
 mod postgres;
 
