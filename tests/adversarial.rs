@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -387,6 +387,14 @@ enum Fault {
         after: Duration,
         pause: Duration,
     },
+    /// SIGSTOP after `after`, SIGCONT once `resume` is set and at least `min` later (a pause
+    /// that ends only after the rest of the scenario has happened, however loaded the
+    /// machine).
+    StopUntil {
+        after: Duration,
+        min: Duration,
+        resume: &'static AtomicBool,
+    },
     /// SIGKILL after `after` (an acquisition cancelled mid-flight).
     Kill {
         after: Duration,
@@ -417,6 +425,19 @@ fn run(mut cmd: Command, fault: Fault) -> Ran {
             thread::sleep(after);
             signal(&child, libc::SIGSTOP);
             thread::sleep(pause);
+            signal(&child, libc::SIGCONT);
+        }
+        Fault::StopUntil { after, min, resume } => {
+            thread::sleep(after);
+            signal(&child, libc::SIGSTOP);
+            let stopped = Instant::now();
+            // Never longer than a minute: a scenario that failed before setting `resume`
+            // must not hang the test.
+            while stopped.elapsed() < min
+                || !(resume.load(Ordering::SeqCst) || stopped.elapsed() > Duration::from_secs(60))
+            {
+                thread::sleep(Duration::from_millis(5));
+            }
             signal(&child, libc::SIGCONT);
         }
         Fault::Kill { after } => {
@@ -810,12 +831,15 @@ mod s3_coordinator {
 
 /// A acquires and is SIGSTOPped (inside its own `fence write`, before it connects) past its
 /// expiry; B acquires and writes; A resumes → refused (4), and only B's row is in the data.
-/// (The pause is longer by twice the coordinator's expiry slack: on S3 the lease may stay
-/// live that much longer, and B must still have written before A resumes.)
+/// A is resumed only once B's write has committed (and at least 1.5 s plus twice the
+/// coordinator's expiry slack after it stopped), so the premise holds on a loaded machine and
+/// on S3, where a lease may outlive its TTL by the slack.
 fn seed_pause_past_expiry(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
     let pause = Duration::from_millis(1500) + sut.slack() * 2;
+    // Leaked: one flag per test run, so that `Fault` stays `Copy`.
+    let resume: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let ta = acquire(&rec, &sut, "r0", "A", 300);
     // A's write starts, is stopped at once (long before it can connect), and resumed only
     // after B has written.
@@ -824,11 +848,12 @@ fn seed_pause_past_expiry(backend: Backend) {
             rec.op(
                 &sut,
                 Req::new(OpKind::Write, "r0", "A").token(ta).fault(
-                    Fault::Stop {
+                    Fault::StopUntil {
                         after: Duration::ZERO,
-                        pause,
+                        min: pause,
+                        resume,
                     },
-                    format!("SIGSTOP {pause:?}"),
+                    format!("SIGSTOP ≥{pause:?}, until B has written"),
                 ),
             )
         });
@@ -836,6 +861,7 @@ fn seed_pause_past_expiry(backend: Backend) {
         let tb = acquire(&rec, &sut, "r0", "B", 30_000);
         assert!(tb > ta);
         expect(&write(&rec, &sut, "r0", "B", tb), 0);
+        resume.store(true, Ordering::SeqCst);
         (tb, a.join().unwrap())
     });
     assert!(
