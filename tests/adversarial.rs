@@ -1,11 +1,11 @@
 //! Adversarial verification (issue 6): randomised workloads of real `fence` processes under
 //! injected faults, judged by a history checker on durable state, and the eight seed
-//! scenarios of DESIGN §6, each per coordinator (PostgreSQL, local directory) with a
-//! PostgreSQL target.
+//! scenarios of DESIGN §6, each per coordinator (PostgreSQL, local directory, S3 through
+//! moto) with a PostgreSQL target.
 //!
 //! Every test records what it did as a [`checker::History`] — each `fence` invocation with
 //! its exit code and JSON — plus the stores' final durable state: the coordinator's event log
-//! (`<schema>.events` or `events/<resource>.jsonl`), the target's `write_events` and guard
+//! (`<schema>.events`, `events/<resource>.jsonl` or the S3 event objects), the target's `write_events` and guard
 //! rows, and the rows the writes produced (each carrying `current_setting('fence.token')` and
 //! the id of the op that wrote it). [`checker::check`] then judges I1–I7 and the test fails
 //! with the offending slice of history.
@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -167,7 +167,8 @@ struct Sut {
 impl Sut {
     fn new(backend: Backend, resources: usize) -> Sut {
         let coord = Store::new(backend);
-        let target = (backend == Backend::File).then(Store::postgres);
+        // A coordinator other than PostgreSQL gets a PostgreSQL target of its own.
+        let target = (backend != Backend::Postgres).then(Store::postgres);
         let sut = Sut {
             coord,
             target,
@@ -201,8 +202,14 @@ impl Sut {
             .unwrap_or_else(|| self.coord.url.clone())
     }
 
+    /// The coordinator is PostgreSQL (a proxy can sit between fence and it).
     fn is_pg(&self) -> bool {
-        self.coord.backend != Backend::File
+        self.coord.backend == Backend::Postgres
+    }
+
+    /// How long past its TTL a lease may stay live by the coordinator's clock.
+    fn slack(&self) -> Duration {
+        self.coord.expiry_slack()
     }
 
     /// A fence command: clean environment, `--store` (or `store` when given), `--schema`.
@@ -224,8 +231,14 @@ impl Sut {
             .env("LANG", "C.UTF-8")
             .env_remove("FENCE_STORE");
         for (k, _) in std::env::vars() {
-            if k.starts_with("FENCE_") || k.starts_with("PG") {
+            if k.starts_with("FENCE_") || k.starts_with("PG") || k.starts_with("AWS_") {
                 cmd.env_remove(k);
+            }
+        }
+        // An object-store coordinator: its endpoint and test credentials.
+        if let Some((server, _)) = &self.coord.objects {
+            for (key, value) in server.env() {
+                cmd.env(key, value);
             }
         }
         let store = store.map(str::to_owned).unwrap_or_else(|| self.coord_url());
@@ -317,6 +330,25 @@ impl Sut {
                 }
                 events
             }
+            Backend::S3 | Backend::Gcs => {
+                // The event objects, oldest first. Their timestamps (Last-Modified, whole
+                // seconds on S3) are not read: the history's clock is `DisplayOnly` for an
+                // object-store coordinator (see `Recorder::history`).
+                let mut events = Vec::new();
+                for r in &self.resources {
+                    for (i, (kind, owner, token)) in self.coord.events(r).into_iter().enumerate() {
+                        events.push(CoordEvent {
+                            resource: r.clone(),
+                            seq: i as i64,
+                            at_us: 0,
+                            kind,
+                            owner,
+                            token,
+                        });
+                    }
+                }
+                events
+            }
             _ => {
                 let url = self.coord_url();
                 let s = self.coord.schema.clone().unwrap();
@@ -355,6 +387,14 @@ enum Fault {
         after: Duration,
         pause: Duration,
     },
+    /// SIGSTOP after `after`, SIGCONT once `resume` is set and at least `min` later (a pause
+    /// that ends only after the rest of the scenario has happened, however loaded the
+    /// machine).
+    StopUntil {
+        after: Duration,
+        min: Duration,
+        resume: &'static AtomicBool,
+    },
     /// SIGKILL after `after` (an acquisition cancelled mid-flight).
     Kill {
         after: Duration,
@@ -385,6 +425,19 @@ fn run(mut cmd: Command, fault: Fault) -> Ran {
             thread::sleep(after);
             signal(&child, libc::SIGSTOP);
             thread::sleep(pause);
+            signal(&child, libc::SIGCONT);
+        }
+        Fault::StopUntil { after, min, resume } => {
+            thread::sleep(after);
+            signal(&child, libc::SIGSTOP);
+            let stopped = Instant::now();
+            // Never longer than a minute: a scenario that failed before setting `resume`
+            // must not hang the test.
+            while stopped.elapsed() < min
+                || !(resume.load(Ordering::SeqCst) || stopped.elapsed() > Duration::from_secs(60))
+            {
+                thread::sleep(Duration::from_millis(5));
+            }
             signal(&child, libc::SIGCONT);
         }
         Fault::Kill { after } => {
@@ -449,6 +502,8 @@ struct Req<'a> {
     store: Option<&'a str>,
     /// The target URL for writes (default: the test database, directly).
     target: Option<&'a str>,
+    /// The S3 endpoint to reach the coordinator through (a proxy), if not the default.
+    s3_endpoint: Option<&'a str>,
     fault: Fault,
     fault_name: Option<String>,
     skew: Option<Skew>,
@@ -465,6 +520,7 @@ impl<'a> Req<'a> {
             ttl_ms: None,
             store: None,
             target: None,
+            s3_endpoint: None,
             fault: Fault::None,
             fault_name: None,
             skew: None,
@@ -488,6 +544,10 @@ impl<'a> Req<'a> {
     }
     fn target(mut self, url: &'a str) -> Self {
         self.target = Some(url);
+        self
+    }
+    fn s3_endpoint(mut self, endpoint: &'a str) -> Self {
+        self.s3_endpoint = Some(endpoint);
         self
     }
     fn fault(mut self, fault: Fault, name: impl Into<String>) -> Self {
@@ -515,6 +575,9 @@ impl Recorder {
     fn op(&self, sut: &Sut, req: Req) -> Op {
         let id = self.ids.fetch_add(1, Ordering::SeqCst);
         let mut cmd = sut.fence(req.store, req.skew);
+        if let Some(endpoint) = req.s3_endpoint {
+            cmd.env("AWS_ENDPOINT_URL", endpoint);
+        }
         let ttl = req.ttl_ms.map(|ms| format!("{ms}ms"));
         match req.kind {
             OpKind::Acquire => {
@@ -611,6 +674,10 @@ impl Recorder {
     }
 
     fn history(&self, sut: &Sut) -> History {
+        // Only PostgreSQL stamps its events with the clock that decided expiry, precisely.
+        // The file store's stamps are display-only; S3's are Last-Modified, whole seconds,
+        // with expiry judged with up to two seconds' slack in the holder's favour, so I3 on
+        // them could only flag false overlaps: both are checked on the test's clock instead.
         let clock = if sut.is_pg() {
             CoordClock::Authoritative
         } else {
@@ -739,13 +806,40 @@ per_coordinator!(
     workload_clock_skew,
 );
 
+/// The seed scenarios on an S3 coordinator (moto), with a PostgreSQL target. Every wait past
+/// an expiry adds [`Store::expiry_slack`]; the coordinator restart becomes SIGKILLs (see
+/// [`seed_coordinator_restart`]); the randomised workloads are not run on S3 (moto is slow).
+mod s3_coordinator {
+    macro_rules! s3 {
+        ($($name:ident),* $(,)?) => {
+            $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )*
+        };
+    }
+    s3!(
+        seed_pause_past_expiry,
+        seed_delayed_write,
+        seed_late_renew_and_release,
+        seed_cancelled_acquisition,
+        seed_coordinator_restart,
+        seed_concurrent_writes_one_token,
+        seed_every_alternate_write_path,
+        seed_partition_from_coordinator,
+    );
+}
+
 // --- the eight seed scenarios ----------------------------------------------------------------
 
 /// A acquires and is SIGSTOPped (inside its own `fence write`, before it connects) past its
 /// expiry; B acquires and writes; A resumes → refused (4), and only B's row is in the data.
+/// A is resumed only once B's write has committed (and at least 1.5 s plus twice the
+/// coordinator's expiry slack after it stopped), so the premise holds on a loaded machine and
+/// on S3, where a lease may outlive its TTL by the slack.
 fn seed_pause_past_expiry(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
+    let pause = Duration::from_millis(1500) + sut.slack() * 2;
+    // Leaked: one flag per test run, so that `Fault` stays `Copy`.
+    let resume: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let ta = acquire(&rec, &sut, "r0", "A", 300);
     // A's write starts, is stopped at once (long before it can connect), and resumed only
     // after B has written.
@@ -754,11 +848,12 @@ fn seed_pause_past_expiry(backend: Backend) {
             rec.op(
                 &sut,
                 Req::new(OpKind::Write, "r0", "A").token(ta).fault(
-                    Fault::Stop {
+                    Fault::StopUntil {
                         after: Duration::ZERO,
-                        pause: Duration::from_millis(1500),
+                        min: pause,
+                        resume,
                     },
-                    "SIGSTOP 1.5s",
+                    format!("SIGSTOP ≥{pause:?}, until B has written"),
                 ),
             )
         });
@@ -766,10 +861,11 @@ fn seed_pause_past_expiry(backend: Backend) {
         let tb = acquire(&rec, &sut, "r0", "B", 30_000);
         assert!(tb > ta);
         expect(&write(&rec, &sut, "r0", "B", tb), 0);
+        resume.store(true, Ordering::SeqCst);
         (tb, a.join().unwrap())
     });
     assert!(
-        a_write.start + Duration::from_millis(1400) < a_write.end,
+        a_write.start + pause - Duration::from_millis(100) < a_write.end,
         "A was not paused: {a_write}"
     );
     expect(&a_write, 4);
@@ -787,12 +883,15 @@ fn seed_pause_past_expiry(backend: Backend) {
 }
 
 /// A's write crawls through a slow network until B has written → refused (4), B's row stays.
+/// (Each round trip is slower by half the coordinator's expiry slack, so that A's write still
+/// arrives after B's commit when A's lease may outlive its TTL, as on S3.)
 fn seed_delayed_write(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
     let ta = acquire(&rec, &sut, "r0", "A", 300);
     expect(&write(&rec, &sut, "r0", "A", ta), 0); // target schema exists: one pipeline
-    let slow = Proxy::start(upstream(), Mode::Delay(Duration::from_millis(700)));
+    let delay = Duration::from_millis(700) + sut.slack() / 2;
+    let slow = Proxy::start(upstream(), Mode::Delay(delay));
     let slow_url = via(&slow);
     let b_committed = Mutex::new(None);
     let a_write = thread::scope(|scope| {
@@ -802,7 +901,7 @@ fn seed_delayed_write(backend: Backend) {
                 Req::new(OpKind::Write, "r0", "A")
                     .token(ta)
                     .target(&slow_url)
-                    .fault(Fault::None, "target delay 700ms"),
+                    .fault(Fault::None, format!("target delay {delay:?}")),
             )
         });
         wait_expired(&sut, "r0");
@@ -990,7 +1089,11 @@ fn seed_cancelled_acquisition(backend: Backend) {
 /// Grants while the coordinator is restarted (`pg_ctl restart -m immediate` of a private
 /// cluster whose default is `synchronous_commit = off`): tokens keep rising across restarts
 /// and the target never sees one go back. For the local-directory coordinator (it runs inside
-/// each fence process) the analogue is that every process is killed mid-operation.
+/// each fence process) the analogue is that every process is killed mid-operation. The S3
+/// coordinator (moto) cannot be restarted — it keeps its objects in memory, so a restart
+/// would lose the record rather than test recovery — so it gets the same analogue: an
+/// acquisition SIGKILLed in flight each cycle, and a wait longer by the expiry slack for any
+/// grant it made to lapse.
 fn seed_coordinator_restart(backend: Backend) {
     let mut sut = Sut::new(backend, 1);
     let rec = Recorder::new();
@@ -1040,7 +1143,7 @@ fn seed_coordinator_restart(backend: Backend) {
                 last = last.max(t);
             }
         });
-        thread::sleep(Duration::from_millis(250)); // any in-flight grant expires
+        thread::sleep(Duration::from_millis(250) + sut.slack()); // any in-flight grant expires
     }
     let final_op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", "final").ttl(30_000));
     expect(&final_op, 0);
@@ -1220,27 +1323,43 @@ fn seed_every_alternate_write_path(backend: Backend) {
 
 /// A reaches the coordinator only through a link that then fails; it still reaches the
 /// target. Its renew fails, its lease expires, B acquires and writes; A's writes → 4.
+/// (PostgreSQL and S3: a TCP proxy that is then shut; local directory: a symlink that is then
+/// replaced by a file.)
 fn seed_partition_from_coordinator(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
-    // A's own path to the coordinator.
+    // A's own path to the coordinator: a store URL, or on S3 an endpoint.
     let link_dir = tempfile::tempdir().unwrap();
     let link = link_dir.path().join("store");
-    let proxy = sut.is_pg().then(|| Proxy::start(upstream(), Mode::Pass));
-    let a_store = match &proxy {
-        Some(p) => via(p),
-        None => {
+    let proxy = match backend {
+        Backend::Postgres => Some(Proxy::start(upstream(), Mode::Pass)),
+        Backend::S3 => {
+            let (server, _) = sut.coord.server();
+            let addr = server
+                .endpoint
+                .trim_start_matches("http://")
+                .parse()
+                .expect("S3 endpoint is http://127.0.0.1:PORT");
+            Some(Proxy::start(addr, Mode::Pass))
+        }
+        _ => None,
+    };
+    let (a_store, a_endpoint) = match (&proxy, backend) {
+        (Some(p), Backend::S3) => (sut.coord_url(), Some(format!("http://{}", p.addr()))),
+        (Some(p), _) => (via(p), None),
+        (None, _) => {
             std::fs::create_dir_all(sut.coord.dir()).unwrap();
             std::os::unix::fs::symlink(sut.coord.dir(), &link).unwrap();
-            format!("file://{}", link.display())
+            (format!("file://{}", link.display()), None)
         }
     };
-    let a = rec.op(
-        &sut,
-        Req::new(OpKind::Acquire, "r0", "A")
-            .ttl(400)
-            .store(&a_store),
-    );
+    let mut a_req = Req::new(OpKind::Acquire, "r0", "A")
+        .ttl(400)
+        .store(&a_store);
+    if let Some(e) = &a_endpoint {
+        a_req = a_req.s3_endpoint(e);
+    }
+    let a = rec.op(&sut, a_req);
     expect(&a, 0);
     let ta = a.token.unwrap();
     expect(&write(&rec, &sut, "r0", "A", ta), 0);
@@ -1252,14 +1371,15 @@ fn seed_partition_from_coordinator(backend: Backend) {
             std::fs::write(&link, b"partitioned").unwrap();
         }
     }
-    let renew = rec.op(
-        &sut,
-        Req::new(OpKind::Renew, "r0", "A")
-            .token(ta)
-            .ttl(400)
-            .store(&a_store)
-            .fault(Fault::None, "partitioned from the coordinator"),
-    );
+    let mut renew_req = Req::new(OpKind::Renew, "r0", "A")
+        .token(ta)
+        .ttl(400)
+        .store(&a_store)
+        .fault(Fault::None, "partitioned from the coordinator");
+    if let Some(e) = &a_endpoint {
+        renew_req = renew_req.s3_endpoint(e);
+    }
+    let renew = rec.op(&sut, renew_req);
     assert_ne!(
         renew.code, 0,
         "a renew through a dead link succeeded: {renew}"

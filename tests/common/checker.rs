@@ -175,7 +175,10 @@ pub enum CoordClock {
     /// I3 is checked on these timestamps, exactly.
     Authoritative,
     /// The timestamps are display-only (the file store stamps wall-clock time of the calling
-    /// process, but judges expiry on CLOCK_BOOTTIME): I3 is checked on the test's own clock.
+    /// process, but judges expiry on CLOCK_BOOTTIME; S3 events carry Last-Modified to the
+    /// whole second, and expiry there is judged with up to two seconds' slack in the
+    /// holder's favour, so the stamps cannot bound a lease precisely): I3 is checked on the
+    /// test's own clock only (a lower bound of every lease's validity, sound on S3 too).
     DisplayOnly,
 }
 
