@@ -19,7 +19,9 @@
 //! (default [`DEFAULT_OPS`] = 1200 across the suite, which keeps this binary well under three
 //! minutes on two cores); `FENCE_SOAK_OPS=100000` runs a soak. `FENCE_SOAK_SEED` fixes the
 //! seed (it is printed by every workload, and in every failure). `tests/run` passes both
-//! through: `FENCE_SOAK_OPS=100000 tests/run -E 'binary(adversarial)' --success-output final`.
+//! through; the `soak` nextest profile never kills a slow test:
+//! `FENCE_SOAK_OPS=100000 tests/run --profile soak -E 'binary(adversarial) & test(workload)'
+//! --success-output final`.
 
 #[path = "common/checker.rs"]
 mod checker;
@@ -91,34 +93,6 @@ fn pg_url() -> String {
     env_or_panic("FENCE_TEST_PG_URL")
 }
 
-fn exec_at(url: &str, script: &str) {
-    let (url, script) = (url.to_owned(), script.to_owned());
-    block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
-        client
-            .batch_execute(&script)
-            .await
-            .unwrap_or_else(|e| panic!("{script}: {e:?}"));
-    })
-}
-
-fn rows_at(url: &str, sql: &str) -> Vec<tokio_postgres::Row> {
-    let (url, sql) = (url.to_owned(), sql.to_owned());
-    block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
-        client
-            .query(&sql, &[])
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-    })
-}
-
 /// Runs a script as a raw client would; Err(SQLSTATE or message) when the server refused.
 fn try_exec(url: &str, script: &str) -> Result<(), String> {
     let (url, script) = (url.to_owned(), script.to_owned());
@@ -136,7 +110,7 @@ fn try_exec(url: &str, script: &str) -> Result<(), String> {
 }
 
 fn table_exists(url: &str, name: &str) -> bool {
-    rows_at(url, &format!("SELECT to_regclass('{name}') IS NOT NULL"))[0].get(0)
+    common::pg_query(url, &format!("SELECT to_regclass('{name}') IS NOT NULL"))[0].get(0)
 }
 
 // --- the system under test -------------------------------------------------------------------
@@ -183,7 +157,7 @@ impl Sut {
                 "CREATE TABLE {s}.log_{r} (seq bigserial PRIMARY KEY, token bigint, op int NOT NULL);"
             ));
         }
-        exec_at(&pg_url(), &script);
+        common::pg_exec(&pg_url(), &script);
         sut
     }
 
@@ -270,7 +244,7 @@ impl Sut {
         h.coord = self.coord_events();
         let url = pg_url();
         if table_exists(&url, &format!("{s}.write_events")) {
-            h.target = rows_at(
+            h.target = common::pg_query(
                 &url,
                 &format!(
                     "SELECT id, resource, kind, owner, token FROM {s}.write_events ORDER BY id"
@@ -285,7 +259,7 @@ impl Sut {
                 token: r.get(4),
             })
             .collect();
-            h.guards = rows_at(
+            h.guards = common::pg_query(
                 &url,
                 &format!("SELECT resource, highest_token FROM {s}.guards"),
             )
@@ -295,7 +269,7 @@ impl Sut {
         }
         h.data.clear();
         for r in &self.resources {
-            for row in rows_at(
+            for row in common::pg_query(
                 &url,
                 &format!("SELECT seq, token, op FROM {s}.log_{r} ORDER BY seq"),
             ) {
@@ -359,7 +333,7 @@ impl Sut {
 }
 
 fn coord_events_at(url: &str, schema: &str) -> Vec<CoordEvent> {
-    rows_at(
+    common::pg_query(
         url,
         &format!(
             "SELECT id, resource, (extract(epoch FROM at) * 1000000)::int8, kind, owner, token \
@@ -716,7 +690,7 @@ fn write(rec: &Recorder, sut: &Sut, r: &str, owner: &str, token: i64) -> Op {
 
 /// The ops that wrote the rows of `r`'s data table, in order.
 fn data_ops(sut: &Sut, r: &str) -> Vec<(i64, usize)> {
-    rows_at(
+    common::pg_query(
         &pg_url(),
         &format!(
             "SELECT token, op FROM {}.log_{r} ORDER BY seq",
@@ -729,7 +703,7 @@ fn data_ops(sut: &Sut, r: &str) -> Vec<(i64, usize)> {
 }
 
 fn guard(sut: &Sut, r: &str) -> Option<i64> {
-    rows_at(
+    common::pg_query(
         &pg_url(),
         &format!(
             "SELECT highest_token FROM {}.guards WHERE resource = '{r}'",
@@ -778,7 +752,7 @@ fn wait_backends_gone(proxy: &Proxy) {
     wait_for(
         "the server to end the proxied sessions",
         Duration::from_secs(15),
-        || rows_at(&pg_url(), &sql)[0].get::<_, i64>(0) == 0,
+        || common::pg_query(&pg_url(), &sql)[0].get::<_, i64>(0) == 0,
     );
 }
 
