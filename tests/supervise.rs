@@ -191,7 +191,9 @@ fn a_lost_lease_kills_the_whole_process_group(store: &Store) {
             "--format",
             "json",
         ],
-        "sleep 1000 & echo $! > grandchild; echo $$ > child; wait",
+        // `child` first, `grandchild` last and whole (renamed into place): once it exists,
+        // both pids can be read.
+        "echo $$ > child; sleep 1000 & echo $! > grandchild.tmp && mv grandchild.tmp grandchild; wait",
         dir.path(),
     )
     .stdout(Stdio::piped())
