@@ -29,7 +29,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -66,17 +65,6 @@ fn seed() -> u64 {
 }
 
 // --- PostgreSQL helpers ----------------------------------------------------------------------
-
-/// The test server's TCP address, bypassing any proxy.
-fn upstream() -> SocketAddr {
-    format!(
-        "{}:{}",
-        env_or_panic("FENCE_TEST_PG_HOST"),
-        env_or_panic("FENCE_TEST_PG_PORT")
-    )
-    .parse()
-    .expect("FENCE_TEST_PG_HOST:PORT")
-}
 
 /// The test database through `proxy` (plain TCP, so the proxy sees the protocol).
 fn via(proxy: &Proxy) -> String {
@@ -865,7 +853,7 @@ fn seed_delayed_write(backend: Backend) {
     let ta = acquire(&rec, &sut, "r0", "A", 300);
     expect(&write(&rec, &sut, "r0", "A", ta), 0); // target schema exists: one pipeline
     let delay = Duration::from_millis(700) + sut.slack() / 2;
-    let slow = Proxy::start(upstream(), Mode::Delay(delay));
+    let slow = Proxy::start(common::pg_upstream(), Mode::Delay(delay));
     let slow_url = via(&slow);
     let b_committed = Mutex::new(None);
     let a_write = thread::scope(|scope| {
@@ -963,7 +951,7 @@ fn seed_cancelled_acquisition(backend: Backend) {
     let mut cut = None;
     if sut.is_pg() {
         let proxy = Proxy::start(
-            upstream(),
+            common::pg_upstream(),
             Mode::CutWhenClientSends(b".acquire($1".to_vec()),
         );
         let url = via(&proxy);
@@ -1306,7 +1294,7 @@ fn seed_partition_from_coordinator(backend: Backend) {
     let link_dir = tempfile::tempdir().unwrap();
     let link = link_dir.path().join("store");
     let proxy = match backend {
-        Backend::Postgres => Some(Proxy::start(upstream(), Mode::Pass)),
+        Backend::Postgres => Some(Proxy::start(common::pg_upstream(), Mode::Pass)),
         Backend::S3 => {
             let (server, _) = sut.coord.server();
             let addr = server
@@ -1438,14 +1426,23 @@ fn run_workload(w: Workload) {
         }
     }
     let links = Links {
-        target_slow: Proxy::start(upstream(), Mode::Delay(Duration::from_millis(150))),
-        target_cut: Proxy::start(upstream(), Mode::CutWhenClientSends(b"COMMIT\0".to_vec())),
-        coord_slow: sut
-            .is_pg()
-            .then(|| Proxy::start(upstream(), Mode::Delay(Duration::from_millis(120)))),
+        target_slow: Proxy::start(
+            common::pg_upstream(),
+            Mode::Delay(Duration::from_millis(150)),
+        ),
+        target_cut: Proxy::start(
+            common::pg_upstream(),
+            Mode::CutWhenClientSends(b"COMMIT\0".to_vec()),
+        ),
+        coord_slow: sut.is_pg().then(|| {
+            Proxy::start(
+                common::pg_upstream(),
+                Mode::Delay(Duration::from_millis(120)),
+            )
+        }),
         coord_cut: sut.is_pg().then(|| {
             Proxy::start(
-                upstream(),
+                common::pg_upstream(),
                 Mode::CutWhenClientSends(b".acquire($1".to_vec()),
             )
         }),

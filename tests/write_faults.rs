@@ -27,17 +27,6 @@ use common::{env_or_panic, Out, Store};
 
 const RESOURCE: &str = "orders";
 
-/// The test server's TCP address, bypassing any proxy.
-fn upstream() -> SocketAddr {
-    format!(
-        "{}:{}",
-        env_or_panic("FENCE_TEST_PG_HOST"),
-        env_or_panic("FENCE_TEST_PG_PORT")
-    )
-    .parse()
-    .expect("FENCE_TEST_PG_HOST:PORT is a socket address")
-}
-
 /// A target URL that reaches the test database through `proxy` (plain TCP, so the proxy can
 /// see the protocol).
 fn via(proxy: &Proxy) -> String {
@@ -267,7 +256,7 @@ fn write_delayed_in_flight_until_a_newer_owner_wrote_is_stale() {
     // A's next write crawls through a slow network: every packet it sends is held 750 ms, so
     // its transaction reaches the server only after connecting (3 round trips) and 4 × 750 ms.
     let delay = Duration::from_millis(750);
-    let slow = Proxy::start(upstream(), Mode::Delay(delay));
+    let slow = Proxy::start(common::pg_upstream(), Mode::Delay(delay));
     let mut late = write(
         &store,
         "A",
@@ -354,7 +343,10 @@ fn cut_during_commit(sql: &str) -> (Store, Out, i64) {
     .expect(0);
     assert_eq!(guard(&store), Some((t, 1)));
 
-    let cut = Proxy::start(upstream(), Mode::CutWhenClientSends(COMMIT_QUERY.to_vec()));
+    let cut = Proxy::start(
+        common::pg_upstream(),
+        Mode::CutWhenClientSends(COMMIT_QUERY.to_vec()),
+    );
     let out = write(&store, "A", t, &via(&cut), &sql.replace("__S__", &s)).run();
     assert_eq!(cut.cuts(), 1, "the proxy never saw COMMIT: {out:?}");
     assert!(
@@ -435,7 +427,10 @@ fn connection_cut_while_connecting_is_unavailable() {
         ("startup", &b"user\0"[..]),
         ("authentication", &b"SCRAM-SHA-256"[..]),
     ] {
-        let cut = Proxy::start(upstream(), Mode::CutWhenClientSends(pattern.to_vec()));
+        let cut = Proxy::start(
+            common::pg_upstream(),
+            Mode::CutWhenClientSends(pattern.to_vec()),
+        );
         let out = write(
             &store,
             "A",
@@ -469,7 +464,10 @@ fn write_through_a_slow_network_still_succeeds_with_a_current_token() {
     create_tables(&store, &[(1, "old")]);
     let s = schema(&store).to_owned();
     let t = acquire(&store, "A", "30s");
-    let slow = Proxy::start(upstream(), Mode::Delay(Duration::from_millis(300)));
+    let slow = Proxy::start(
+        common::pg_upstream(),
+        Mode::Delay(Duration::from_millis(300)),
+    );
     let started = Instant::now();
     // The first write through the slow link also creates the target's schema.
     let out = write(

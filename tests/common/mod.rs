@@ -251,6 +251,17 @@ impl Drop for Store {
     }
 }
 
+/// The test PostgreSQL server's TCP address, bypassing any proxy.
+pub fn pg_upstream() -> std::net::SocketAddr {
+    format!(
+        "{}:{}",
+        env_or_panic("FENCE_TEST_PG_HOST"),
+        env_or_panic("FENCE_TEST_PG_PORT")
+    )
+    .parse()
+    .expect("FENCE_TEST_PG_HOST:PORT is a socket address")
+}
+
 /// Runs a script on a PostgreSQL database directly (not through fence); panics on failure.
 pub fn pg_exec(url: &str, script: &str) {
     let (url, script) = (url.to_owned(), script.to_owned());
