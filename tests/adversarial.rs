@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent};
 use common::cluster::Cluster;
 use common::proxy::{Mode, Proxy};
-use common::{block_on, env_or_panic, Backend, Store};
+use common::{env_or_panic, Backend, Store};
 use serde_json::Value;
 
 /// Default total number of fence invocations of the randomised workloads.
@@ -68,33 +68,11 @@ fn seed() -> u64 {
 
 /// The test database through `proxy` (plain TCP, so the proxy sees the protocol).
 fn via(proxy: &Proxy) -> String {
-    format!(
-        "postgres://{}:{}@{}/{}?sslmode=disable",
-        env_or_panic("FENCE_TEST_PG_USER"),
-        env_or_panic("FENCE_TEST_PG_PASSWORD"),
-        proxy.addr(),
-        env_or_panic("FENCE_TEST_PG_DB")
-    )
+    common::pg_url_via(proxy.addr())
 }
 
 fn pg_url() -> String {
     env_or_panic("FENCE_TEST_PG_URL")
-}
-
-/// Runs a script as a raw client would; Err(SQLSTATE or message) when the server refused.
-fn try_exec(url: &str, script: &str) -> Result<(), String> {
-    let (url, script) = (url.to_owned(), script.to_owned());
-    block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
-        client.batch_execute(&script).await.map_err(|e| {
-            e.as_db_error()
-                .map(|d| format!("{} {}", d.code().code(), d.message()))
-                .unwrap_or_else(|| e.to_string())
-        })
-    })
 }
 
 fn table_exists(url: &str, name: &str) -> bool {
@@ -612,7 +590,7 @@ impl Recorder {
     fn raw(&self, url: &str, resource: &str, token: Option<i64>, what: &str, sql: &str) -> Op {
         let id = self.ids.fetch_add(1, Ordering::SeqCst);
         let start = self.epoch.elapsed();
-        let result = try_exec(url, &sql.replace("__OP__", &id.to_string()));
+        let result = common::pg_try_exec(url, &sql.replace("__OP__", &id.to_string()));
         let end = self.epoch.elapsed();
         let op = Op {
             id,

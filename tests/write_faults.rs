@@ -23,20 +23,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::{Mode, Proxy};
-use common::{env_or_panic, Out, Store};
+use common::{Out, Store};
 
 const RESOURCE: &str = "orders";
 
 /// A target URL that reaches the test database through `proxy` (plain TCP, so the proxy can
 /// see the protocol).
 fn via(proxy: &Proxy) -> String {
-    format!(
-        "postgres://{}:{}@{}/{}?sslmode=disable",
-        env_or_panic("FENCE_TEST_PG_USER"),
-        env_or_panic("FENCE_TEST_PG_PASSWORD"),
-        proxy.addr(),
-        env_or_panic("FENCE_TEST_PG_DB")
-    )
+    common::pg_url_via(proxy.addr())
 }
 
 fn schema(store: &Store) -> &str {

@@ -262,19 +262,38 @@ pub fn pg_upstream() -> std::net::SocketAddr {
     .expect("FENCE_TEST_PG_HOST:PORT is a socket address")
 }
 
-/// Runs a script on a PostgreSQL database directly (not through fence); panics on failure.
-pub fn pg_exec(url: &str, script: &str) {
+/// The test database through a proxy at `addr` (plain TCP, so the proxy sees the protocol).
+pub fn pg_url_via(addr: std::net::SocketAddr) -> String {
+    format!(
+        "postgres://{}:{}@{}/{}?sslmode=disable",
+        env_or_panic("FENCE_TEST_PG_USER"),
+        env_or_panic("FENCE_TEST_PG_PASSWORD"),
+        addr,
+        env_or_panic("FENCE_TEST_PG_DB")
+    )
+}
+
+/// Runs a script as a raw client would; Err(SQLSTATE and message) when the server refused.
+pub fn pg_try_exec(url: &str, script: &str) -> Result<(), String> {
     let (url, script) = (url.to_owned(), script.to_owned());
     block_on(async move {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .expect("connect to the test server");
         tokio::spawn(conn);
-        client
-            .batch_execute(&script)
-            .await
-            .unwrap_or_else(|e| panic!("{script}: {e:?}"));
+        client.batch_execute(&script).await.map_err(|e| {
+            e.as_db_error()
+                .map(|d| format!("{} {}", d.code().code(), d.message()))
+                .unwrap_or_else(|| e.to_string())
+        })
     })
+}
+
+/// Runs a script on a PostgreSQL database directly (not through fence); panics on failure.
+pub fn pg_exec(url: &str, script: &str) {
+    if let Err(err) = pg_try_exec(url, script) {
+        panic!("{script}: {err}");
+    }
 }
 
 /// One query without parameters on a PostgreSQL database, directly; panics on failure.
