@@ -9,6 +9,9 @@
 #   - the WAL written by 1,000 refused acquires (should be 0);
 #   - `fence bench` on one hot resource (64 workers) vs a pg_advisory_lock loop (pgbench),
 #     and hand-off latency with --wait-style blocking.
+#   - `fence run R -- true` (PostgreSQL) vs `etcdctl lock R -- true` on a throwaway etcd, when
+#     etcd is installed (Debian packages etcd-server, etcd-client);
+#   - acquire p50 with 100 and with 1,000,000 prefilled resources (`fence bench --prefill`).
 # Runs inside a throwaway cluster from pg_virtualenv (works as root); needs hyperfine
 # (Debian package `hyperfine`). All clients use sslmode=disable so the comparison is like for
 # like; one extra line shows fence with the default sslmode=prefer (TLS on loopback).
@@ -53,11 +56,37 @@ hyperfine --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic
     -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
     -n "flock /tmp/x true" "flock $state/x true" \
     -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
-if command -v etcdctl >/dev/null; then
-    echo "etcdctl found; compare by hand: etcdctl lock R -- true"
+if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
+    # A throwaway single-member etcd on loopback, like the PostgreSQL cluster.
+    etcd_dir=$(mktemp -d)
+    etcd_client=$((20000 + RANDOM % 20000))
+    etcd_peer=$((etcd_client + 1))
+    etcd --name bench --data-dir "$etcd_dir/data" \
+        --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+        --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+        --initial-cluster "bench=http://127.0.0.1:$etcd_peer" >"$etcd_dir/log" 2>&1 &
+    etcd_pid=$!
+    trap 'kill $etcd_pid 2>/dev/null; rm -rf "$etcd_dir"' EXIT
+    etcdctl=(env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$etcd_client")
+    for _ in $(seq 1 100); do "${etcdctl[@]}" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
+    hyperfine --warmup 20 --runs "$runs" --export-json "$out/etcd.json" --style basic \
+        -n "fence run R -- true (PostgreSQL)" "$fence run r -- true" \
+        -n "etcdctl lock R -- true" "${etcdctl[*]} lock r -- true"
+    echo "etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client"
 else
-    echo "(etcd not installed here: the etcdctl comparison is skipped)"
+    echo "(etcd not installed here: the etcdctl comparison is skipped; apt-get install etcd-server etcd-client)"
 fi
+
+echo
+echo "## Acquire latency with 100 and with 1,000,000 resources (prefilled, one worker, spread)"
+$fence bench --workers 1 --duration 10s --mode spread --resources 100 --prefill --format json > "$out/spread100.json"
+$fence bench --workers 1 --duration 10s --mode spread --resources 1000000 --prefill --format json > "$out/spread1m.json"
+python3 - "$out/spread100.json" "$out/spread1m.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+print(f"acquire p50 with 100 resources: {a['acquire_p50_ms']} ms (p99 {a['acquire_p99_ms']} ms)")
+print(f"acquire p50 with 1,000,000 resources: {b['acquire_p50_ms']} ms (p99 {b['acquire_p99_ms']} ms)  (ratio {b['acquire_p50_ms']/a['acquire_p50_ms']:.2f}x)")
+PY
 
 echo
 echo "## A refused acquire writes no WAL"
@@ -86,8 +115,8 @@ print(f"pg_advisory_lock loop, 64 clients: {tps:.0f} lock+unlock/s  (ratio {b['c
 print(f"fence bench handoff, 2 workers: hand-off p50 {h['handoff_p50_ms']} ms / p99 {h['handoff_p99_ms']} ms")
 PY
 
-python3 - "$out/pair.json" "$out/one.json" "$out/write.json" "$out/run.json" <<'PY'
-import json, sys
+python3 - "$out/pair.json" "$out/one.json" "$out/write.json" "$out/run.json" "$out/etcd.json" <<'PY'
+import json, os, sys
 pair = {r["command"]: r for r in json.load(open(sys.argv[1]))["results"]}
 one = {r["command"]: r for r in json.load(open(sys.argv[2]))["results"]}
 wr = {r["command"]: r for r in json.load(open(sys.argv[3]))["results"]}
@@ -102,7 +131,15 @@ fw, uw = wr["fence write (fenced transaction)"], wr["unfenced transaction, same 
 re_, fl_, rp = rn["fence run R -- true (embedded store)"], rn["flock /tmp/x true"], rn["fence run R -- true (PostgreSQL)"]
 for name, r in [("fence write: fenced transaction, one process", fw), ("floor: unfenced transaction, same SQL", uw), ("fence acquire + release", f), ("floor: tokio-postgres, same 2 statements", fl), ("psql -c twice", ps), ("fence acquire + release, TLS (sslmode=prefer)", tls), ("fence acquire (one process)", a), ("floor acquire (one process)", b), ("fence run R -- true, embedded store", re_), ("flock /tmp/x true", fl_), ("fence run R -- true, PostgreSQL", rp)]:
     print(f"| {name} | {ms(r):.1f} ms |")
+etcd = None
+if os.path.exists(sys.argv[5]):
+    et = {r["command"]: r for r in json.load(open(sys.argv[5]))["results"]}
+    etcd = et["fence run R -- true (PostgreSQL)"], et["etcdctl lock R -- true"]
+    print(f"| fence run R -- true, PostgreSQL (run beside etcd) | {ms(etcd[0]):.1f} ms |")
+    print(f"| etcdctl lock R -- true | {ms(etcd[1]):.1f} ms |")
 print()
 print(f"fence pair / floor pair: {ms(f)/ms(fl):.2f}x   fence pair / psql pair: {ms(f)/ms(ps):.2f}x   fence acquire / floor acquire: {ms(a)/ms(b):.2f}x   fenced / unfenced transaction: {ms(fw)/ms(uw):.2f}x   fence run (embedded) / flock: {ms(re_)/ms(fl_):.2f}x")
+if etcd:
+    print(f"fence run (PostgreSQL) / etcdctl lock: {ms(etcd[0])/ms(etcd[1]):.2f}x")
 PY
 rm -rf "$out" "$state"

@@ -155,7 +155,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__bench)
-            opts="-q -h --workers --resources --duration --mode --ttl --hold --renew --write-target --store --schema --format --quiet --color --help"
+            opts="-q -h --workers --resources --duration --mode --ttl --hold --renew --prefill --write-target --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -163,6 +163,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
             cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
             cand --renew 'Renew once in every critical section'
+            cand --prefill 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
             cand -q 'Print nothing on success; errors are still reported on stderr'
             cand --quiet 'Print nothing on success; errors are still reported on stderr'
             cand -h 'Print help (see more with ''--help'')'

@@ -174,6 +174,7 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l color -d 'When to 
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand bench" -l renew -d 'Renew once in every critical section'
+complete -c fence -n "__fish_fence_using_subcommand bench" -l prefill -d 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'

@@ -469,6 +469,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub renew: bool,
 
+    /// Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so
+    /// that every acquire finds its row in a table of K: how acquire scales with the number
+    /// of resources (compare `--resources 100` with `--resources 1000000`).
+    #[arg(long)]
+    pub prefill: bool,
+
     /// Also make one fenced write (an empty fenced transaction) per critical section to this
     /// PostgreSQL database, in the bench's scratch schema.
     #[arg(long, value_name = "URL")]

@@ -14,6 +14,7 @@ struct BenchOut {
     mode: String,
     workers: u32,
     resources: u32,
+    prefilled: bool,
     duration_ms: u64,
     critical_sections: u64,
     critical_sections_per_s: f64,
@@ -166,6 +167,8 @@ fn bad_bench_arguments_are_usage_errors() {
         &["--duration", "abc"],
         &["--resources", "0"],
         &["--write-target", "redis://x"],
+        &["--prefill"],
+        &["--prefill", "--mode", "spread"],
     ] {
         let out = store
             .fence()
@@ -175,4 +178,39 @@ fn bad_bench_arguments_are_usage_errors() {
             .expect(2);
         assert_eq!(out.json()["error"], "usage", "{args:?}");
     }
+}
+
+/// `--prefill` creates every resource before timing starts: while the bench runs, its scratch
+/// schema holds all K lease rows (far more than one worker touches in the run).
+#[test]
+fn postgres_prefill_creates_every_resource_before_timing() {
+    let store = Store::postgres();
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["bench", "--format", "json", "--mode", "spread", "--prefill"])
+        .args(["--resources", "50000", "--workers", "1", "--duration", "3s"])
+        .stdout(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let scratch = format!("fence_bench_{}", child.id());
+    let count = format!("SELECT count(*) FROM {scratch}.leases WHERE resource <> $1");
+    let exists = "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = $1 AND c.relname = 'leases'";
+    let started = std::time::Instant::now();
+    let mut seen = 0;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        if !store.pg_rows(exists, &scratch).is_empty() {
+            seen = store.pg_rows(&count, "")[0].get::<_, i64>(0);
+            if seen >= 50_000 {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let out: BenchOut = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen, 50_000, "the scratch schema never held every resource");
+    assert!(out.prefilled && out.resources == 50_000, "{out:?}");
+    assert!(out.critical_sections > 0, "{out:?}");
 }

@@ -25,6 +25,7 @@ pub struct Benched {
     mode: BenchMode,
     workers: u32,
     resources: u32,
+    prefilled: bool,
     elapsed: Duration,
     totals: Stats,
 }
@@ -78,9 +79,29 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         .as_deref()
         .map(TargetSpec::resolve)
         .transpose()?;
+    if args.prefill && args.mode != BenchMode::Spread {
+        return Err(Error::usage(
+            "--prefill creates the resources of `--mode spread`; the other modes use one",
+            "add --mode spread, or drop --prefill",
+        ));
+    }
     let (spec, schema) = store::scratch(&base);
     // Create the scratch schema once, so that workers do not all race to create it.
     store::open(&spec, &schema).await?.init().await?;
+    if args.prefill {
+        let spinner = out.spinner();
+        if let Some(spinner) = &spinner {
+            spinner.set_message(format!("creating {} resources", args.resources));
+        }
+        let filled = store::prefill(&spec, &schema, args.resources).await;
+        if let Some(spinner) = spinner {
+            spinner.finish_and_clear();
+        }
+        if let Err(err) = filled {
+            store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+            return Err(err);
+        }
+    }
     let plan = Plan {
         spec: spec.clone(),
         schema: schema.clone(),
@@ -145,6 +166,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         mode: args.mode,
         workers: args.workers,
         resources: plan.resources,
+        prefilled: args.prefill,
         elapsed,
         totals,
     })
@@ -303,6 +325,7 @@ impl Report for Benched {
         map.insert("mode".into(), json!(self.mode_name()));
         map.insert("workers".into(), json!(self.workers));
         map.insert("resources".into(), json!(self.resources));
+        map.insert("prefilled".into(), json!(self.prefilled));
         map.insert("duration_ms".into(), json!(self.elapsed.as_millis() as u64));
         for (name, value) in self.figures() {
             map.insert(name.into(), value);
@@ -322,10 +345,11 @@ impl Report for Benched {
             table.add_row([name.replace('_', " "), shown]);
         }
         format!(
-            "{} mode, {} workers, {} resource(s), {:.1}s\n{table}\n",
+            "{} mode, {} workers, {} resource(s){}, {:.1}s\n{table}\n",
             self.mode_name(),
             self.workers,
             self.resources,
+            if self.prefilled { " (prefilled)" } else { "" },
             self.elapsed.as_secs_f64()
         )
     }

@@ -247,6 +247,36 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
     (spec, schema)
 }
 
+/// Creates resources `bench-0` … `bench-<count - 1>` as free leases (token 1) in a
+/// [`scratch`] namespace, for `fence bench --prefill`. PostgreSQL only: there a lookup is an
+/// index probe whose cost grows with the table; the local directory and object stores keep
+/// one file or object per resource, found by name.
+pub async fn prefill(spec: &StoreSpec, schema: &str, count: u32) -> Result<(), Error> {
+    let StoreKind::Postgres(url) = &spec.kind else {
+        return Err(Error::usage(
+            format!("--prefill needs a PostgreSQL store, not `{}`", spec.display),
+            "drop --prefill: on the local directory and object stores a lease is a file or object found by its name, however many there are",
+        ));
+    };
+    let sql = format!(
+        "INSERT INTO {schema}.leases (resource, token, ttl_ms, last_event) \
+         SELECT 'bench-' || g, 1, 1000, 'released' FROM generate_series(0, {count} - 1) AS g \
+         ON CONFLICT (resource) DO NOTHING; \
+         ANALYZE {schema}.leases"
+    );
+    let (client, _notifications) = crate::pg::Target::resolve(url, &spec.display)?
+        .connect()
+        .await?;
+    client.batch_execute(&sql).await.map_err(|err| {
+        crate::pg::request_error(
+            &err,
+            &spec.display,
+            "prefill the bench's scratch schema",
+            true,
+        )
+    })
+}
+
 /// Removes a namespace made by [`scratch`] (and the same schema in an optional PostgreSQL
 /// write target). Lease records are never deleted one by one; the whole namespace goes.
 pub async fn remove_scratch(
