@@ -550,6 +550,48 @@ fn gcs_lost_race_to_a_newer_writer_is_stale() {
 // 5. Loopback only.
 // ---------------------------------------------------------------------------------------------
 
+/// tests/run re-executes itself in a network namespace of its own (`FENCE_TEST_NETNS=1`):
+/// then loopback is the only interface, and anything else is unreachable, whatever a test or
+/// fence is configured with.
+#[test]
+fn the_suite_runs_where_only_loopback_exists() {
+    match std::env::var("FENCE_TEST_NETNS").as_deref() {
+        Ok("1") => {}
+        Ok("0") => {
+            eprintln!("tests/run could not make a network namespace here: configuration only");
+            return;
+        }
+        other => panic!("FENCE_TEST_NETNS is {other:?}: run the suite through tests/run"),
+    }
+    // /proc/net/dev lists the interfaces of this process's network namespace.
+    let dev = std::fs::read_to_string("/proc/net/dev").unwrap();
+    let interfaces: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|line| line.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{dev}");
+    for outside in ["169.254.169.254:80", "8.8.8.8:443", "142.250.74.27:443"] {
+        let err = std::net::TcpStream::connect_timeout(
+            &outside.parse().unwrap(),
+            std::time::Duration::from_secs(2),
+        )
+        .expect_err(outside);
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::NetworkUnreachable,
+            "{outside}: {err}"
+        );
+    }
+    // The servers the tests use answer here.
+    for service in [Service::S3, Service::Gcs] {
+        let server = Server::new(service);
+        let addr = server.endpoint.trim_start_matches("http://");
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    }
+}
+
 /// Every object store the tests use is on loopback, and fence gets fixed test credentials, so
 /// the S3 client never looks for instance credentials (169.254.169.254) and the GCS client
 /// never resolves storage.googleapis.com.
