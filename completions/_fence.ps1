@@ -116,7 +116,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Your fencing token for RESOURCE')
             [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Recorded with the write as who made it')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`')
-            [CompletionResult]::new('--from', '--from', [CompletionResultType]::ParameterName, 'Object form: the bytes to store (`-`: standard input)')
+            [CompletionResult]::new('--from', '--from', [CompletionResultType]::ParameterName, 'Object form: the bytes to store (`-`: standard input). From 1 MiB up, a progress bar on a terminal shows the bytes sent (not with -q or --format json)')
             [CompletionResult]::new('--if-match', '--if-match', [CompletionResultType]::ParameterName, 'Object form: write only if the object''s ETag is ETAG (S3)')
             [CompletionResult]::new('--if-generation-match', '--if-generation-match', [CompletionResultType]::ParameterName, 'Object form: write only if the object''s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)')
             [CompletionResult]::new('--sql', '--sql', [CompletionResultType]::ParameterName, 'SQL to run in the fenced transaction (one or more statements)')

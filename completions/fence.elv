@@ -107,7 +107,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --token 'Your fencing token for RESOURCE'
             cand --owner 'Recorded with the write as who made it'
             cand --target 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`'
-            cand --from 'Object form: the bytes to store (`-`: standard input)'
+            cand --from 'Object form: the bytes to store (`-`: standard input). From 1 MiB up, a progress bar on a terminal shows the bytes sent (not with -q or --format json)'
             cand --if-match 'Object form: write only if the object''s ETag is ETAG (S3)'
             cand --if-generation-match 'Object form: write only if the object''s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)'
             cand --sql 'SQL to run in the fenced transaction (one or more statements)'

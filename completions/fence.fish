@@ -112,7 +112,7 @@ complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Pr
 complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`' -r
-complete -c fence -n "__fish_fence_using_subcommand write" -l from -d 'Object form: the bytes to store (`-`: standard input)' -r -F
+complete -c fence -n "__fish_fence_using_subcommand write" -l from -d 'Object form: the bytes to store (`-`: standard input). From 1 MiB up, a progress bar on a terminal shows the bytes sent (not with -q or --format json)' -r -F
 complete -c fence -n "__fish_fence_using_subcommand write" -l if-match -d 'Object form: write only if the object\'s ETag is ETAG (S3)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l if-generation-match -d 'Object form: write only if the object\'s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l sql -d 'SQL to run in the fenced transaction (one or more statements)' -r

@@ -345,7 +345,8 @@ pub struct WriteArgs {
     #[arg(long, value_name = "URL")]
     pub target: String,
 
-    /// Object form: the bytes to store (`-`: standard input).
+    /// Object form: the bytes to store (`-`: standard input). From 1 MiB up, a progress bar
+    /// on a terminal shows the bytes sent (not with -q or --format json).
     #[arg(long, value_name = "FILE")]
     pub from: Option<std::path::PathBuf>,
 

@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Map, Value};
 
 use crate::cli::{ColorChoice, Format, GlobalArgs};
@@ -35,7 +36,30 @@ pub struct Output {
     color: bool,
 }
 
+/// Uploads at least this large get a progress bar (on a terminal).
+const UPLOAD_BAR_MIN: usize = 1 << 20;
+
 impl Output {
+    /// A progress bar on stderr for an upload of `bytes` to `target`, visible only for people
+    /// at a terminal and for uploads of 1 MiB or more; otherwise hidden (counting is free).
+    pub fn upload_bar(&self, bytes: usize, target: &str) -> ProgressBar {
+        if bytes < UPLOAD_BAR_MIN
+            || self.quiet
+            || self.format != Format::Human
+            || !std::io::stderr().is_terminal()
+        {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(bytes as u64);
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(format!("writing {target}"));
+        bar
+    }
+
     pub fn new(global: &GlobalArgs) -> Output {
         let color = use_color(global.color);
         Output {

@@ -429,6 +429,54 @@ fn concurrent_writers_never_regress(backend: Backend) {
     );
 }
 
+/// A large write on a terminal shows a progress bar on stderr (bytes sent of the total; it
+/// stays, showing every byte counted as sent), and
+/// the object holds exactly the bytes; without a terminal, or with `-q` / `--format json`,
+/// there is no bar. The terminal is a real pty (`script`).
+fn large_writes_show_progress_on_a_terminal(backend: Backend) {
+    let bed = Bed::new(backend);
+    let token = bed.acquire("uploader", "5m");
+    let body: Vec<u8> = (0..6_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let file = bed.store.home.path().join("large");
+    std::fs::write(&file, &body).unwrap();
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let on_tty = |extra: &str| {
+        let line = format!(
+            "stty cols 120 rows 40; TERM=xterm exec {fence} write res --token {token} --target '{}' --from '{}' {extra}",
+            bed.target("large"),
+            file.display()
+        );
+        let out = bed
+            .shell("script -qfec \"$0\" /dev/null < /dev/null")
+            .arg(&line)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let seen = on_tty("");
+    assert!(
+        seen.contains(&format!("writing {}", bed.target("large")))
+            && seen.contains("] 5.72 MiB/5.72 MiB"),
+        "no progress bar on the terminal: {seen:?}"
+    );
+    assert!(seen.contains("wrote"), "{seen:?}");
+    let stored = bed.stored("large").expect("the object was written");
+    assert_eq!(stored.token(), Some(token));
+    assert!(stored.body == body, "the stored bytes differ from the file");
+    for quiet in ["-q", "--format json"] {
+        let seen = on_tty(quiet);
+        assert!(!seen.contains("MiB"), "{quiet}: {seen:?}");
+    }
+    let out = bed.write("large", token, &body, &[]).expect(0);
+    assert!(
+        !out.stderr.contains("MiB"),
+        "a bar without a terminal: {out:?}"
+    );
+}
+
 macro_rules! per_object_store {
     ($($name:ident),* $(,)?) => {
         mod s3 { $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )* }
@@ -442,6 +490,7 @@ per_object_store!(
     own_preconditions_not_met_are_conflicts,
     unfenced_and_foreign_objects,
     concurrent_writers_never_regress,
+    large_writes_show_progress_on_a_terminal,
 );
 
 // ---------------------------------------------------------------------------------------------

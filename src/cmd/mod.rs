@@ -71,7 +71,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
-        Command::Write(args) => write::run(args, &ctx).await.map(boxed),
+        Command::Write(args) => write::run(args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
         Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::error::Error;
-use crate::output::Report;
+use crate::output::{Output, Report};
 use crate::target::object::{self as object_target, Expect, ObjectWritten};
 use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult};
 use crate::target::TargetSpec;
@@ -26,7 +26,7 @@ enum Outcome {
     Object(ObjectWritten),
 }
 
-pub async fn run(args: WriteArgs, ctx: &Context) -> Result<Written, Error> {
+pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written, Error> {
     let spec = TargetSpec::resolve(&args.target)?;
     let owner = args.owner.clone().unwrap_or_default();
     // Read and check everything before connecting: bad input never reaches the database.
@@ -43,9 +43,16 @@ pub async fn run(args: WriteArgs, ctx: &Context) -> Result<Written, Error> {
         };
         object_target::check_flags(url, &expect)?;
         let body = read_bytes(from)?;
-        Outcome::Object(
-            object_target::write(url, &args.resource, args.token, &owner, body, &expect).await?,
-        )
+        let bar = out.upload_bar(body.len(), &spec.display);
+        let written =
+            object_target::write(url, &args.resource, args.token, &owner, body, &expect, &bar)
+                .await;
+        // Done: the bar stays, showing what was really sent; failed: the error says it all.
+        match &written {
+            Ok(_) => bar.abandon(),
+            Err(_) => bar.finish_and_clear(),
+        }
+        Outcome::Object(written?)
     } else if args.from.is_some() {
         return Err(Error::usage(
             format!("--from writes objects, but `{}` is a database", spec.display),

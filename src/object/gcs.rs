@@ -14,14 +14,19 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use indicatif::ProgressBar;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::error::Error;
-use crate::object::{put_unknown, unavailable, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
+use crate::object::{
+    put_unknown, unavailable, upload, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds,
+};
 
 pub struct GcsObjects {
     client: reqwest::Client,
+    /// Counts the bytes of uploads sent (hidden unless `fence write` shows it).
+    bar: ProgressBar,
     endpoint: String,
     bucket: String,
     token: Option<String>,
@@ -48,7 +53,7 @@ async fn json_body(response: reqwest::Response) -> Result<Value, String> {
 }
 
 impl GcsObjects {
-    pub fn new(bucket: &str) -> Result<GcsObjects, Error> {
+    pub fn new(bucket: &str, bar: ProgressBar) -> Result<GcsObjects, Error> {
         let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
             .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
             .unwrap_or_else(|_| "https://storage.googleapis.com".into());
@@ -65,6 +70,7 @@ impl GcsObjects {
             })?;
         Ok(GcsObjects {
             client,
+            bar,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             bucket: bucket.to_owned(),
             token: std::env::var("GOOGLE_OAUTH_ACCESS_TOKEN")
@@ -244,7 +250,12 @@ impl ObjectApi for GcsObjects {
                 reqwest::header::CONTENT_TYPE,
                 format!("multipart/related; boundary={boundary}"),
             )
-            .body(payload);
+            .header(reqwest::header::CONTENT_LENGTH, payload.len())
+            .timeout(upload::timeout(payload.len()))
+            .body(reqwest::Body::wrap(upload::Counted::new(
+                payload.into(),
+                self.bar.clone(),
+            )));
         let response = request
             .send()
             .await

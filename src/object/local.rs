@@ -16,6 +16,7 @@ use std::io::{self, ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -25,6 +26,8 @@ use crate::store::random_u64;
 
 pub struct LocalObjects {
     dir: PathBuf,
+    /// Counts the bytes of object bodies written (hidden unless `fence write` shows it).
+    bar: ProgressBar,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -54,8 +57,8 @@ fn now_ms() -> i64 {
 }
 
 impl LocalObjects {
-    pub fn new(dir: PathBuf) -> LocalObjects {
-        LocalObjects { dir }
+    pub fn new(dir: PathBuf, bar: ProgressBar) -> LocalObjects {
+        LocalObjects { dir, bar }
     }
 
     fn paths(&self, key: &str) -> (PathBuf, PathBuf, PathBuf) {
@@ -95,7 +98,9 @@ impl LocalObjects {
         }
     }
 
-    fn replace(&self, path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    /// Replaces `path` atomically with `bytes` (durable once this returns), counting them on
+    /// `bar` as they are written.
+    fn replace(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<(), Error> {
         let tmp = self.dir.join(format!(
             ".fence-tmp-{}-{:016x}",
             std::process::id(),
@@ -103,7 +108,12 @@ impl LocalObjects {
         ));
         let result = (|| -> io::Result<()> {
             let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            file.write_all(bytes)?;
+            bar.set_length(bytes.len() as u64);
+            bar.set_position(0);
+            for chunk in bytes.chunks(1 << 20) {
+                file.write_all(chunk)?;
+                bar.inc(chunk.len() as u64);
+            }
             file.sync_all()?;
             fs::rename(&tmp, path)?;
             File::open(&self.dir)?.sync_all()
@@ -176,8 +186,8 @@ impl ObjectApi for LocalObjects {
         };
         let text = serde_json::to_vec(&next)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        self.replace(&sidecar, &text)?;
-        self.replace(&object, &body)?;
+        self.replace(&sidecar, &text, &ProgressBar::hidden())?;
+        self.replace(&object, &body, &self.bar)?;
         Ok(Put::Done(Self::meta(next)))
     }
 

@@ -17,11 +17,14 @@ mod gcs;
 mod local;
 #[cfg(feature = "s3")]
 mod s3;
+#[cfg(any(feature = "s3", feature = "gcs"))]
+mod upload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
+use indicatif::ProgressBar;
 
 use crate::config::percent_decode;
 use crate::error::Error;
@@ -222,14 +225,20 @@ pub struct VersionKinds {
 
 /// Opens the object service a URL names (no network traffic yet).
 pub fn open(url: &ObjectUrl) -> Result<Box<dyn ObjectApi>, Error> {
+    open_reporting(url, ProgressBar::hidden())
+}
+
+/// [`open`], with puts reporting the bytes sent on `bar` (which may be hidden).
+pub fn open_reporting(url: &ObjectUrl, bar: ProgressBar) -> Result<Box<dyn ObjectApi>, Error> {
     match url.service {
-        Service::File => Ok(Box::new(local::LocalObjects::new(PathBuf::from(
-            &url.bucket,
-        )))),
+        Service::File => Ok(Box::new(local::LocalObjects::new(
+            PathBuf::from(&url.bucket),
+            bar,
+        ))),
         #[cfg(feature = "s3")]
-        Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket)?)),
+        Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket, bar)?)),
         #[cfg(feature = "gcs")]
-        Service::Gcs => Ok(Box::new(gcs::GcsObjects::new(&url.bucket)?)),
+        Service::Gcs => Ok(Box::new(gcs::GcsObjects::new(&url.bucket, bar)?)),
         #[allow(unreachable_patterns)]
         _ => Err(Error::usage(
             format!(

@@ -10,7 +10,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use http_body_util::BodyExt;
+use indicatif::ProgressBar;
 use object_store::aws::AmazonS3Builder;
+use object_store::client::{
+    ClientOptions, HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
+    HttpResponseBody, HttpService,
+};
 use object_store::path::Path;
 use object_store::{
     Attribute, AttributeValue, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
@@ -18,6 +24,7 @@ use object_store::{
 };
 
 use crate::error::Error;
+use crate::object::upload;
 use crate::object::{put_unknown, unavailable, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
 
 pub struct S3Objects {
@@ -26,8 +33,13 @@ pub struct S3Objects {
 }
 
 impl S3Objects {
-    pub fn new(bucket: &str) -> Result<S3Objects, Error> {
+    /// `bar`, when visible, counts the bytes of uploads as they are sent (through an HTTP
+    /// client of ours; otherwise object_store's own).
+    pub fn new(bucket: &str, bar: ProgressBar) -> Result<S3Objects, Error> {
         let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if !bar.is_hidden() {
+            builder = builder.with_http_connector(Reporting(bar));
+        }
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
@@ -190,5 +202,87 @@ impl ObjectApi for S3Objects {
             etag: true,
             generation: false,
         }
+    }
+}
+
+/// An HTTP client for object_store that sends request bodies as [`upload::Counted`] frames.
+struct Reporting(ProgressBar);
+
+impl std::fmt::Debug for Reporting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reporting")
+    }
+}
+
+impl HttpConnector for Reporting {
+    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+        // object_store's defaults, but the total timeout grows with the body (per request).
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .map_err(|err| object_store::Error::Generic {
+                store: "S3",
+                source: Box::new(err),
+            })?;
+        Ok(HttpClient::new(ReportingService {
+            client,
+            bar: self.0.clone(),
+        }))
+    }
+}
+
+struct ReportingService {
+    client: reqwest::Client,
+    bar: ProgressBar,
+}
+
+impl std::fmt::Debug for ReportingService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReportingService")
+    }
+}
+
+/// The kind object_store's own client gives a reqwest error (its retries depend on it).
+fn kind(err: &reqwest::Error) -> HttpErrorKind {
+    if err.is_timeout() {
+        HttpErrorKind::Timeout
+    } else if err.is_connect() {
+        HttpErrorKind::Connect
+    } else if err.is_decode() {
+        HttpErrorKind::Decode
+    } else if err.is_body() || err.is_request() {
+        HttpErrorKind::Request
+    } else {
+        HttpErrorKind::Unknown
+    }
+}
+
+#[async_trait]
+impl HttpService for ReportingService {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let (parts, body) = req.into_parts();
+        let url = parts
+            .uri
+            .to_string()
+            .parse()
+            .map_err(|err| HttpError::new(HttpErrorKind::Request, err))?;
+        let mut request = reqwest::Request::new(parts.method, url);
+        *request.headers_mut() = parts.headers;
+        let data = body.collect().await?.to_bytes();
+        *request.timeout_mut() = Some(upload::timeout(data.len()));
+        if !data.is_empty() {
+            *request.body_mut() = Some(reqwest::Body::wrap(upload::Counted::new(
+                data,
+                self.bar.clone(),
+            )));
+        }
+        let response = self
+            .client
+            .execute(request)
+            .await
+            .map_err(|err| HttpError::new(kind(&err), err))?;
+        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        let body = HttpResponseBody::new(body.map_err(|err| HttpError::new(kind(&err), err)));
+        Ok(HttpResponse::from_parts(parts, body))
     }
 }

@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 
+use indicatif::ProgressBar;
+
 use crate::error::{ConflictKind, Error};
 use crate::object::{self, Cond, Meta, ObjectUrl, Put, META_OWNER, META_RESOURCE, META_TOKEN};
 
@@ -82,7 +84,7 @@ pub fn check_flags(url: &ObjectUrl, expect: &Expect) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes `body` to the object with `token` for `resource`.
+/// Writes `body` to the object with `token` for `resource`, counting the bytes sent on `bar`.
 pub async fn write(
     url: &ObjectUrl,
     resource: &str,
@@ -90,8 +92,9 @@ pub async fn write(
     owner: &str,
     body: Vec<u8>,
     expect: &Expect,
+    bar: &ProgressBar,
 ) -> Result<ObjectWritten, Error> {
-    let api = object::open(url)?;
+    let api = object::open_reporting(url, bar.clone())?;
     let current = api.head(&url.key).await?;
     let stale = |highest_token| Error::Stale {
         resource: resource.to_owned(),
