@@ -676,3 +676,231 @@ fn the_tests_reach_nothing_but_loopback() {
     assert!(envs.iter().any(|(k, v)| *k == "AWS_ENDPOINT_URL"
         && v.is_some_and(|v| v.to_str().unwrap().starts_with("http://127.0.0.1:"))));
 }
+
+// ---------------------------------------------------------------------------------------------
+// GCS service-account keys.
+// ---------------------------------------------------------------------------------------------
+
+/// An OAuth token endpoint on loopback for service-account keys: it checks the JWT's RS256
+/// signature against `public_key` (with openssl) and its claims, and answers with a fresh
+/// access token, or with `invalid_grant`. Returns its address and the tokens it issued.
+fn token_endpoint(
+    public_key: std::path::PathBuf,
+    email: &'static str,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    use base64::Engine;
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uri = format!("http://{}/token", listener.local_addr().unwrap());
+    let issued = Arc::new(Mutex::new(Vec::new()));
+    let (audience, tokens) = (uri.clone(), issued.clone());
+    thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let mut stream = stream.unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 8192];
+            let body = loop {
+                let got = stream.read(&mut buf).unwrap();
+                assert!(got > 0, "the token request ended early");
+                request.extend_from_slice(&buf[..got]);
+                let text = String::from_utf8_lossy(&request).into_owned();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length: usize = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length {
+                        break text[end + 4..end + 4 + length].to_owned();
+                    }
+                }
+            };
+            let assertion = body
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("assertion="))
+                .unwrap_or_default()
+                .to_owned();
+            let parts: Vec<&str> = assertion.split('.').collect();
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+            let verified = parts.len() == 3 && {
+                let dir = tempfile::tempdir().unwrap();
+                std::fs::write(dir.path().join("msg"), format!("{}.{}", parts[0], parts[1]))
+                    .unwrap();
+                std::fs::write(dir.path().join("sig"), b64.decode(parts[2]).unwrap()).unwrap();
+                let out = Command::new("openssl")
+                    .args(["dgst", "-sha256", "-verify"])
+                    .arg(&public_key)
+                    .arg("-signature")
+                    .arg(dir.path().join("sig"))
+                    .arg(dir.path().join("msg"))
+                    .output()
+                    .unwrap();
+                let claims: serde_json::Value =
+                    serde_json::from_slice(&b64.decode(parts[1]).unwrap()).unwrap();
+                out.status.success()
+                    && body.contains(
+                        "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer",
+                    )
+                    && claims["iss"] == email
+                    && claims["aud"] == audience.as_str()
+                    && claims["scope"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("devstorage"))
+                    && claims["exp"].as_u64() > claims["iat"].as_u64()
+            };
+            let (status, answer) = if verified {
+                let token = format!("ya29.fence-test-{n}-{}", std::process::id());
+                tokens.lock().unwrap().push(token.clone());
+                (
+                    "200 OK",
+                    serde_json::json!({"access_token": token, "expires_in": 3600, "token_type": "Bearer"}),
+                )
+            } else {
+                (
+                    "400 Bad Request",
+                    serde_json::json!({"error": "invalid_grant", "error_description": "Invalid JWT Signature."}),
+                )
+            };
+            let answer = answer.to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+        }
+    });
+    (uri, issued)
+}
+
+/// `GOOGLE_APPLICATION_CREDENTIALS` names a service-account key: fence signs a JWT with it,
+/// exchanges it once for an access token at the key's `token_uri`, and sends that token with
+/// its GCS requests (seen on the wire by a proxy in front of fake-gcs-server). A key the
+/// endpoint refuses, and a key file that is not one, are usage errors naming the file, with
+/// no secret in the output, and the object keeps its bytes.
+#[test]
+fn gcs_service_account_keys_are_exchanged_for_tokens() {
+    let bed = Bed::new(Backend::Gcs);
+    let home = bed.store.home.path();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(home)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        "key.pem",
+    ]);
+    openssl(&["pkey", "-in", "key.pem", "-pubout", "-out", "pub.pem"]);
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        "other.pem",
+    ]);
+    let email = "fence-test@fence-test.iam.gserviceaccount.com";
+    let (token_uri, issued) = token_endpoint(home.join("pub.pem"), email);
+    let key_file = |name: &str, pem: &str| {
+        let path = home.join(name);
+        let key = serde_json::json!({
+            "type": "service_account",
+            "project_id": "fence-test",
+            "private_key_id": "k1",
+            "private_key": std::fs::read_to_string(home.join(pem)).unwrap(),
+            "client_email": email,
+            "token_uri": token_uri,
+        });
+        std::fs::write(&path, key.to_string()).unwrap();
+        path
+    };
+    let good = key_file("good.json", "key.pem");
+    let unknown = key_file("unknown.json", "other.pem");
+    let not_a_key = home.join("not-a-key.json");
+    std::fs::write(&not_a_key, r#"{"type": "authorized_user"}"#).unwrap();
+
+    let server = bed.server().unwrap().clone();
+    let proxy = Proxy::start(
+        server
+            .endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .unwrap(),
+        Mode::Pass,
+    );
+    let token = bed.acquire("sa", "5m");
+    std::fs::write(home.join("body"), "written with a service account").unwrap();
+    let write = |credentials: &std::path::Path| {
+        let mut fence = bed.store.fence();
+        fence
+            .cmd
+            .env("FENCE_GCS_ENDPOINT", format!("http://{}", proxy.addr()))
+            .env("GOOGLE_APPLICATION_CREDENTIALS", credentials);
+        fence
+            .args([
+                "write",
+                "res",
+                "--token",
+                &token.to_string(),
+                "--target",
+                &bed.target("sa"),
+            ])
+            .args([
+                std::ffi::OsStr::new("--from"),
+                home.join("body").as_os_str(),
+            ])
+            .args(["--format", "json"])
+            .run()
+    };
+    write(&good).expect(0);
+    let tokens = issued.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 1, "one token per process: {tokens:?}");
+    let bearer = format!("Bearer {}", tokens[0]);
+    let requests: Vec<_> = proxy
+        .forwarded()
+        .into_iter()
+        .filter(|f| f.bytes.starts_with(b"GET ") || f.bytes.starts_with(b"POST "))
+        .collect();
+    assert!(requests.len() >= 2, "a read and a write: {requests:?}");
+    for request in &requests {
+        let text = String::from_utf8_lossy(&request.bytes);
+        assert!(
+            text.contains(&bearer),
+            "a request without the token: {text}"
+        );
+    }
+    let stored = bed.stored("sa").unwrap();
+    assert_eq!(
+        (stored.body.as_slice(), stored.token()),
+        (&b"written with a service account"[..], Some(token))
+    );
+
+    std::fs::write(home.join("body"), "must not land").unwrap();
+    for (file, why) in [(&unknown, "refused it"), (&not_a_key, "service_account")] {
+        let out = write(file);
+        assert_eq!(out.code, 2, "{out:?}");
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&file.display().to_string()) && message.contains(why),
+            "{message}"
+        );
+        assert!(!format!("{out:?}").contains("PRIVATE KEY"), "{out:?}");
+    }
+    assert_eq!(issued.lock().unwrap().len(), 1);
+    assert_eq!(
+        bed.stored("sa").unwrap().body,
+        b"written with a service account"
+    );
+}

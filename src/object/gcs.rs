@@ -7,9 +7,9 @@
 //! strictly, so versions never repeat (no ABA). `updated` has millisecond resolution.
 //!
 //! Endpoint: `FENCE_GCS_ENDPOINT`, else `STORAGE_EMULATOR_HOST`, else
-//! `https://storage.googleapis.com`. Credentials: `GOOGLE_OAUTH_ACCESS_TOKEN` as a bearer
-//! token when set (e.g. from `gcloud auth print-access-token`); fence never asks a metadata
-//! server.
+//! `https://storage.googleapis.com`. Credentials: see [`super::gcs_auth`]
+//! (`GOOGLE_OAUTH_ACCESS_TOKEN`, or a service-account key in `GOOGLE_APPLICATION_CREDENTIALS`);
+//! fence never asks a metadata server.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +19,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::error::Error;
+use crate::object::gcs_auth::Auth;
 use crate::object::{
     put_unknown, unavailable, upload, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds,
 };
@@ -29,7 +30,7 @@ pub struct GcsObjects {
     bar: ProgressBar,
     endpoint: String,
     bucket: String,
-    token: Option<String>,
+    auth: Auth,
     display: String,
 }
 
@@ -73,19 +74,21 @@ impl GcsObjects {
             bar,
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             bucket: bucket.to_owned(),
-            token: std::env::var("GOOGLE_OAUTH_ACCESS_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty()),
+            auth: Auth::from_env()?,
             display: format!("gs://{bucket}"),
         })
     }
 
-    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        url: String,
+    ) -> Result<reqwest::RequestBuilder, Error> {
         let builder = self.client.request(method, url);
-        match &self.token {
+        Ok(match self.auth.bearer(&self.client).await? {
             Some(token) => builder.bearer_auth(token),
             None => builder,
-        }
+        })
     }
 
     fn object_url(&self, key: &str) -> String {
@@ -171,7 +174,10 @@ impl ObjectApi for GcsObjects {
                 meta.version
             );
             let response = self
-                .send("read an object", self.request(reqwest::Method::GET, url))
+                .send(
+                    "read an object",
+                    self.request(reqwest::Method::GET, url).await?,
+                )
                 .await?;
             match response.status() {
                 StatusCode::OK => {
@@ -199,7 +205,8 @@ impl ObjectApi for GcsObjects {
         let response = self
             .send(
                 "read object metadata",
-                self.request(reqwest::Method::GET, self.object_url(key)),
+                self.request(reqwest::Method::GET, self.object_url(key))
+                    .await?,
             )
             .await?;
         match response.status() {
@@ -246,6 +253,7 @@ impl ObjectApi for GcsObjects {
         payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
         let request = self
             .request(reqwest::Method::POST, url)
+            .await?
             .header(
                 reqwest::header::CONTENT_TYPE,
                 format!("multipart/related; boundary={boundary}"),
@@ -290,7 +298,10 @@ impl ObjectApi for GcsObjects {
                 url.push_str(&format!("&pageToken={}", enc(token)));
             }
             let response = self
-                .send("list objects", self.request(reqwest::Method::GET, url))
+                .send(
+                    "list objects",
+                    self.request(reqwest::Method::GET, url).await?,
+                )
                 .await?;
             if !response.status().is_success() {
                 return Err(self.failed("list objects", response).await);
@@ -316,7 +327,8 @@ impl ObjectApi for GcsObjects {
         let response = self
             .send(
                 "delete an object",
-                self.request(reqwest::Method::DELETE, self.object_url(key)),
+                self.request(reqwest::Method::DELETE, self.object_url(key))
+                    .await?,
             )
             .await?;
         match response.status() {

@@ -14,6 +14,8 @@
 
 #[cfg(feature = "gcs")]
 mod gcs;
+#[cfg(feature = "gcs")]
+mod gcs_auth;
 mod local;
 #[cfg(feature = "s3")]
 mod s3;
@@ -268,7 +270,7 @@ pub fn encode_key(resource: &str) -> String {
 pub(crate) fn unavailable(display: &str, what: &str, err: impl std::fmt::Display) -> Error {
     Error::unavailable(
         format!("cannot {what} at `{display}`: {err}"),
-        "check the endpoint, the network and the credentials (AWS_* / GOOGLE_OAUTH_ACCESS_TOKEN), then retry",
+        "check the endpoint, the network and the credentials (AWS_* / GOOGLE_OAUTH_ACCESS_TOKEN / GOOGLE_APPLICATION_CREDENTIALS), then retry",
     )
 }
 

@@ -1,0 +1,211 @@
+//! GCS credentials: a bearer token given in `GOOGLE_OAUTH_ACCESS_TOKEN`, or a service-account
+//! key file named by `GOOGLE_APPLICATION_CREDENTIALS`, exchanged once per process for an
+//! access token (OAuth 2.0 JWT bearer grant, RS256, at the key's `token_uri`). Nothing else:
+//! fence never asks a metadata server. Neither the key nor a token ever appears in a message.
+
+use std::sync::OnceLock;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use ring::rand::SystemRandom;
+use ring::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::Error;
+
+const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+const DEFAULT_TOKEN_URI: &str = "https://oauth2.googleapis.com/token";
+
+pub enum Auth {
+    /// No credentials (emulators, public buckets).
+    Anonymous,
+    Token(String),
+    ServiceAccount {
+        key: ServiceKey,
+        token: OnceLock<String>,
+    },
+}
+
+#[derive(Deserialize)]
+pub struct ServiceKey {
+    client_email: String,
+    private_key: String,
+    #[serde(default)]
+    private_key_id: Option<String>,
+    #[serde(default)]
+    token_uri: Option<String>,
+    /// Where the key came from, for messages.
+    #[serde(skip)]
+    path: String,
+}
+
+fn bad_key(path: &str, why: impl std::fmt::Display) -> Error {
+    Error::usage(
+        format!("cannot use the GCS service-account key `{path}` (GOOGLE_APPLICATION_CREDENTIALS): {why}"),
+        "point GOOGLE_APPLICATION_CREDENTIALS at a service-account JSON key file (IAM → Service accounts → Keys), or give GOOGLE_OAUTH_ACCESS_TOKEN instead",
+    )
+}
+
+impl Auth {
+    /// From the environment: `GOOGLE_OAUTH_ACCESS_TOKEN` first, then
+    /// `GOOGLE_APPLICATION_CREDENTIALS`, else anonymous. A key file is read and checked now.
+    pub fn from_env() -> Result<Auth, Error> {
+        if let Some(token) = std::env::var("GOOGLE_OAUTH_ACCESS_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+        {
+            return Ok(Auth::Token(token));
+        }
+        let Some(path) = std::env::var("GOOGLE_APPLICATION_CREDENTIALS")
+            .ok()
+            .filter(|p| !p.is_empty())
+        else {
+            return Ok(Auth::Anonymous);
+        };
+        let text = std::fs::read(&path).map_err(|err| bad_key(&path, err))?;
+        let value: serde_json::Value = serde_json::from_slice(&text)
+            .map_err(|err| bad_key(&path, format!("it is not JSON ({err})")))?;
+        let kind = value["type"].as_str().unwrap_or_default();
+        if kind != "service_account" {
+            return Err(bad_key(
+                &path,
+                format!("its type is `{kind}`, and fence reads only `service_account` keys"),
+            ));
+        }
+        let mut key: ServiceKey = serde_json::from_value(value)
+            .map_err(|err| bad_key(&path, format!("not a service-account key ({err})")))?;
+        key.path = path;
+        // Fail now, not at the first request, if the key cannot sign.
+        key.signer()?;
+        Ok(Auth::ServiceAccount {
+            key,
+            token: OnceLock::new(),
+        })
+    }
+}
+
+impl ServiceKey {
+    fn signer(&self) -> Result<RsaKeyPair, Error> {
+        let body: String = self
+            .private_key
+            .lines()
+            .filter(|line| !line.starts_with("-----"))
+            .collect();
+        let der = STANDARD
+            .decode(body.trim())
+            .map_err(|_| bad_key(&self.path, "its private_key is not PEM"))?;
+        RsaKeyPair::from_pkcs8(&der).map_err(|err| {
+            bad_key(
+                &self.path,
+                format!("its private_key is not a PKCS#8 RSA key ({err})"),
+            )
+        })
+    }
+
+    fn token_uri(&self) -> &str {
+        self.token_uri.as_deref().unwrap_or(DEFAULT_TOKEN_URI)
+    }
+
+    /// A signed JWT asking for a one-hour token for Cloud Storage.
+    fn assertion(&self) -> Result<String, Error> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut header = json!({ "alg": "RS256", "typ": "JWT" });
+        if let Some(kid) = &self.private_key_id {
+            header["kid"] = json!(kid);
+        }
+        let claims = json!({
+            "iss": self.client_email,
+            "scope": SCOPE,
+            "aud": self.token_uri(),
+            "iat": now,
+            "exp": now + 3600,
+        });
+        let message = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(header.to_string()),
+            URL_SAFE_NO_PAD.encode(claims.to_string())
+        );
+        let signer = self.signer()?;
+        let mut signature = vec![0; signer.public().modulus_len()];
+        signer
+            .sign(
+                &RSA_PKCS1_SHA256,
+                &SystemRandom::new(),
+                message.as_bytes(),
+                &mut signature,
+            )
+            .map_err(|_| bad_key(&self.path, "signing with its private_key failed"))?;
+        Ok(format!("{message}.{}", URL_SAFE_NO_PAD.encode(signature)))
+    }
+
+    /// Exchanges the signed assertion for an access token at `token_uri`.
+    async fn fetch(&self, client: &reqwest::Client) -> Result<String, Error> {
+        let uri = self.token_uri();
+        let unavailable = |why: String| {
+            Error::unavailable(
+                format!("cannot get a GCS access token from `{uri}`: {why}"),
+                "check the network and the token endpoint, then retry",
+            )
+        };
+        let form = format!(
+            "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
+            self.assertion()?
+        );
+        let response = client
+            .post(uri)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(form)
+            .send()
+            .await
+            .map_err(|err| unavailable(err.to_string()))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|err| unavailable(err.to_string()))?;
+        let body: serde_json::Value = serde_json::from_slice(&bytes).map_err(|err| {
+            unavailable(format!("HTTP {status}, and the answer is not JSON: {err}"))
+        })?;
+        if status.is_client_error() {
+            // `error` / `error_description` name the problem; they carry no secret.
+            let why = ["error", "error_description"]
+                .iter()
+                .filter_map(|k| body[*k].as_str())
+                .collect::<Vec<_>>()
+                .join(": ");
+            return Err(bad_key(
+                &self.path,
+                format!("`{uri}` refused it (HTTP {status}: {why})"),
+            ));
+        }
+        match body["access_token"].as_str() {
+            Some(token) if status.is_success() && !token.is_empty() => Ok(token.to_owned()),
+            _ => Err(unavailable(format!(
+                "HTTP {status} without an access_token"
+            ))),
+        }
+    }
+}
+
+impl Auth {
+    /// The bearer token for a request, if any (fetched on first use for a service account).
+    pub async fn bearer(&self, client: &reqwest::Client) -> Result<Option<&str>, Error> {
+        match self {
+            Auth::Anonymous => Ok(None),
+            Auth::Token(token) => Ok(Some(token)),
+            Auth::ServiceAccount { key, token } => {
+                if token.get().is_none() {
+                    let fetched = key.fetch(client).await?;
+                    let _ = token.set(fetched);
+                }
+                Ok(token.get().map(String::as_str))
+            }
+        }
+    }
+}
