@@ -792,25 +792,18 @@ fn gcs_service_account_keys_are_exchanged_for_tokens() {
             .unwrap();
         assert!(out.status.success(), "openssl {args:?}: {out:?}");
     };
-    openssl(&[
+    let rsa = [
         "genpkey",
         "-algorithm",
         "RSA",
         "-pkeyopt",
         "rsa_keygen_bits:2048",
         "-out",
-        "key.pem",
-    ]);
+    ];
+    for pem in ["key.pem", "other.pem"] {
+        openssl(&[&rsa[..], &[pem]].concat());
+    }
     openssl(&["pkey", "-in", "key.pem", "-pubout", "-out", "pub.pem"]);
-    openssl(&[
-        "genpkey",
-        "-algorithm",
-        "RSA",
-        "-pkeyopt",
-        "rsa_keygen_bits:2048",
-        "-out",
-        "other.pem",
-    ]);
     let email = "fence-test@fence-test.iam.gserviceaccount.com";
     let (token_uri, issued) = token_endpoint(home.join("pub.pem"), email);
     let key_file = |name: &str, pem: &str| {
