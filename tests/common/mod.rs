@@ -273,14 +273,20 @@ pub fn pg_url_via(addr: std::net::SocketAddr) -> String {
     )
 }
 
+/// A plain client of the test server (its connection driven on the current runtime).
+async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test server");
+    tokio::spawn(conn);
+    client
+}
+
 /// Runs a script as a raw client would; Err(SQLSTATE and message) when the server refused.
 pub fn pg_try_exec(url: &str, script: &str) -> Result<(), String> {
     let (url, script) = (url.to_owned(), script.to_owned());
     block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
+        let client = pg_connect(&url).await;
         client.batch_execute(&script).await.map_err(|e| {
             e.as_db_error()
                 .map(|d| format!("{} {}", d.code().code(), d.message()))
@@ -300,10 +306,7 @@ pub fn pg_exec(url: &str, script: &str) {
 pub fn pg_query(url: &str, sql: &str) -> Vec<tokio_postgres::Row> {
     let (url, sql) = (url.to_owned(), sql.to_owned());
     block_on(async move {
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test server");
-        tokio::spawn(conn);
+        let client = pg_connect(&url).await;
         client
             .query(&sql, &[])
             .await
