@@ -313,3 +313,163 @@ per_backend!(
     a_lost_lease_kills_the_whole_process_group,
     ten_waiters_each_get_one_turn_in_token_order,
 );
+
+/// PostgreSQL waiters queue on one session advisory lock per resource (see `wait_turn` in
+/// the schema): the head holds it and LISTENs, the others block in the server.
+/// `(granted, waiting)` for `resource`'s queue in `store`'s schema.
+fn pg_queue(store: &Store, resource: &str) -> (i64, i64) {
+    let schema = store.schema.as_deref().unwrap();
+    let rows = store.pg_rows(
+        &format!(
+            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+             FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND classid = hashtext('fence queue {schema}')::oid AND objid = hashtext($1)::oid"
+        ),
+        resource,
+    );
+    (rows[0].get(0), rows[0].get(1))
+}
+
+fn pg_waiters(store: &Store, resource: &str) -> Vec<String> {
+    let view = store
+        .fence()
+        .args(["inspect", resource, "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    view["resources"][0]["waiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["owner"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn pg_hold(store: &Store, resource: &str, owner: &str) -> i64 {
+    store
+        .fence()
+        .args(["acquire", resource, "--owner", owner, "--ttl", "60s"])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+fn pg_release(store: &Store, resource: &str, owner: &str, token: i64) {
+    store
+        .fence()
+        .args([
+            "release",
+            resource,
+            "--owner",
+            owner,
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+}
+
+fn pg_waiter(store: &Store, resource: &str, owner: &str) -> Child {
+    store
+        .fence()
+        .args([
+            "acquire", resource, "--owner", owner, "--wait", "30s", "--ttl", "60s",
+        ])
+        .args(["--format", "json"])
+        .cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn granted_token(child: Child, owner: &str) -> i64 {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{owner}: {out:?}");
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["owner"], owner, "{got}");
+    got["token"].as_i64().unwrap()
+}
+
+/// Waiters get the lease in the order they arrived, one at a time: one heads the queue,
+/// the others block on its lock in the server, and each release wakes the head only.
+#[test]
+fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
+    let store = Store::postgres();
+    let dir = tempfile::tempdir().unwrap();
+    let held = pg_hold(&store, "job", "holder");
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let owner = format!("w{i}");
+        waiters.push(
+            run_cmd(
+                &store,
+                &["job", "--wait", "30s", "--owner", &owner],
+                "echo \"$FENCE_TOKEN $FENCE_OWNER\" >> turns",
+                dir.path(),
+            )
+            .spawn()
+            .unwrap(),
+        );
+        // Each waiter is in the queue before the next one starts.
+        wait_for("the waiter to queue", Duration::from_secs(10), || {
+            pg_queue(&store, "job") == (1, i)
+        });
+    }
+    assert_eq!(pg_waiters(&store, "job"), ["w0", "w1", "w2", "w3"]);
+    pg_release(&store, "job", "holder", held);
+    for mut waiter in waiters {
+        assert_eq!(
+            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
+            Some(0)
+        );
+    }
+    let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
+    let expected: Vec<String> = (0..4).map(|i| format!("{} w{i}", held + 1 + i)).collect();
+    assert_eq!(turns.lines().collect::<Vec<_>>(), expected);
+    // Served waiters leave no trace: no lock, no row, and the grants are in the log.
+    assert_eq!(pg_queue(&store, "job"), (0, 0));
+    assert!(pg_waiters(&store, "job").is_empty());
+    assert_eq!(store.lease("job").map(|l| l.1), Some(held + 4));
+}
+
+/// A waiter paused (SIGSTOP) at the head of the queue cannot hold the others up: they stop
+/// waiting for its lock after their poll interval, find the resource free and take it; the
+/// paused waiter, resumed, is served later with a higher token.
+#[test]
+fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
+    let store = Store::postgres();
+    let held = pg_hold(&store, "job", "holder");
+    let paused = pg_waiter(&store, "job", "paused");
+    wait_for(
+        "the first waiter to head the queue",
+        Duration::from_secs(10),
+        || pg_queue(&store, "job") == (1, 0),
+    );
+    kill(paused.id(), libc::SIGSTOP);
+    let next = pg_waiter(&store, "job", "next");
+    wait_for(
+        "the second waiter to queue",
+        Duration::from_secs(10),
+        || pg_waiters(&store, "job").len() == 2,
+    );
+    let released = Instant::now();
+    pg_release(&store, "job", "holder", held);
+    let token = granted_token(next, "next");
+    assert_eq!(token, held + 1);
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "the second waiter was held up for {:?}",
+        released.elapsed()
+    );
+    assert_eq!(
+        store.lease("job"),
+        Some(("next".to_owned(), held + 1, true))
+    );
+    kill(paused.id(), libc::SIGCONT);
+    pg_release(&store, "job", "next", token);
+    assert_eq!(granted_token(paused, "paused"), held + 2);
+    assert_eq!(store.lease("job").map(|l| l.1), Some(held + 2));
+}

@@ -1,11 +1,16 @@
 //! Acquire, waiting while busy (`--wait`): shared by `acquire` and `run`.
 //!
-//! A waiter sleeps until the holder's lease would expire, until the store pushes a release
-//! (PostgreSQL LISTEN/NOTIFY; notifications are not durable, so a slow poll stays as a
-//! fallback), or until a short jittered poll (stores without pushed wake-ups), whichever comes
-//! first. A refused attempt writes nothing on any store, so many waiters cost the holder
-//! nothing; the jitter keeps them from retrying in lockstep. No arrival order is promised: the
-//! first waiter to retry after a release wins.
+//! A waiter sleeps until the holder's lease would expire, until the store pushes a release,
+//! or until a short jittered poll (stores without pushed wake-ups), whichever comes first. A
+//! refused attempt writes nothing on any store, so many waiters cost the holder nothing; the
+//! jitter keeps them from retrying in lockstep.
+//!
+//! On PostgreSQL waiters queue in arrival order on a session advisory lock per resource and
+//! only the head LISTENs, so a release wakes one waiter (backend and client) instead of all;
+//! the others block in the server, and leave and rejoin the queue once per fallback poll so
+//! that a paused head cannot hold them up for longer. Elsewhere no order is promised: the
+//! first waiter to retry after a release wins. Nowhere is a free resource reserved for the
+//! head: a newcomer asking at that moment can be granted first.
 
 use std::io::IsTerminal;
 use std::time::Duration;

@@ -6,6 +6,7 @@
 //! their own transaction, and write the event row in the same transaction, so a token is
 //! reported only after it is durably granted, whatever the server's default.
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +14,6 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::pg;
 use crate::pg::session::{SchemaSpec, Session};
 use crate::store::{
     ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
@@ -22,8 +22,17 @@ use crate::store::{
 
 pub struct PgCoordinator {
     session: Session,
-    /// This connection's backend, once registered as a waiter (`LISTEN` is then active).
-    backend_pid: std::cell::Cell<Option<i32>>,
+    /// Where this connection stands as a `--wait` waiter (see `wait_turn` in the schema).
+    queue: Cell<Queue>,
+}
+
+/// A waiter's place: registered (a `waiters` row, maybe in the advisory lock queue), or at
+/// the head of the queue (holding the lock and listening for releases).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Out,
+    Waiting,
+    Head,
 }
 
 /// fence's own tables in the coordinator database.
@@ -38,7 +47,7 @@ impl PgCoordinator {
     pub async fn connect(url: &str, display: &str, schema: &str) -> Result<PgCoordinator, Error> {
         Ok(PgCoordinator {
             session: Session::open(url, display, schema, &COORDINATOR_SCHEMA).await?,
-            backend_pid: std::cell::Cell::new(None),
+            queue: Cell::new(Queue::Out),
         })
     }
 
@@ -157,11 +166,17 @@ impl Coordinator for PgCoordinator {
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
+        // A waiter's grant also takes it out of the queue, in the same round trip.
+        let queued = self.queue.get() != Queue::Out;
         let rows = self
             .call(
                 &format!("acquire `{resource}`"),
                 true,
-                "SELECT * FROM __SCHEMA__.acquire($1, $2, $3)",
+                if queued {
+                    "SELECT * FROM __SCHEMA__.acquire_queued($1, $2, $3)"
+                } else {
+                    "SELECT * FROM __SCHEMA__.acquire($1, $2, $3)"
+                },
                 &[
                     (&resource, Type::TEXT),
                     (&owner, Type::TEXT),
@@ -171,6 +186,9 @@ impl Coordinator for PgCoordinator {
             .await?;
         let answer = Answer::from_rows(&rows)?;
         let lease = answer.lease(resource);
+        if answer.status != "busy" {
+            self.queue.set(Queue::Out);
+        }
         match answer.status.as_str() {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
                 reacquired: answer.status == "reacquired",
@@ -334,30 +352,22 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
-        if self.backend_pid.get().is_none() {
-            let listen = format!("LISTEN fence_{}", self.session.schema);
-            self.session
-                .client
-                .batch_execute(&listen)
-                .await
-                .map_err(|err| {
-                    pg::request_error(&err, &self.session.display, "listen for releases", false)
-                })?;
-        }
-        let rows = self
-            .call(
-                "register as a waiter",
-                true,
-                "SELECT __SCHEMA__.wait_begin($1, $2)",
-                &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
-            )
-            .await?;
-        self.backend_pid
-            .set(rows.first().map(|row| row.get::<_, i32>(0)));
+        self.call(
+            "register as a waiter",
+            true,
+            "SELECT __SCHEMA__.wait_begin($1, $2)",
+            &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
+        )
+        .await?;
+        self.queue.set(Queue::Waiting);
         Ok(())
     }
 
     async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        if self.queue.get() == Queue::Out {
+            return Ok(()); // a grant already left the queue
+        }
+        self.queue.set(Queue::Out);
         self.call(
             "unregister as a waiter",
             true,
@@ -369,20 +379,31 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
+        if self.queue.get() != Queue::Head {
+            // Block in the server until this waiter heads the queue, then return so that the
+            // caller retries at once: releases before the LISTEN were not sent to us.
+            let timeout = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+            let rows = self
+                .call(
+                    "wait for a turn",
+                    false,
+                    "SELECT __SCHEMA__.wait_turn($1, $2)",
+                    &[(&resource, Type::TEXT), (&timeout, Type::INT8)],
+                )
+                .await?;
+            if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+                self.queue.set(Queue::Head);
+            }
+            return Ok(());
+        }
         let mut notifications = self.session.notifications.lock().await;
         let deadline = tokio::time::Instant::now() + max;
-        let me = self
-            .backend_pid
-            .get()
-            .map(|pid| pid.to_string())
-            .unwrap_or_default();
         loop {
             match tokio::time::timeout_at(deadline, notifications.recv()).await {
                 Ok(Some(payload)) => {
-                    // `<pid>:<resource>`: ours when it names this resource and this waiter
-                    // (or no waiter in particular).
-                    let (pid, released) = payload.split_once(':').unwrap_or(("", &payload));
-                    if released == resource && (pid.is_empty() || pid == me) {
+                    // `:<resource>` (older versions put a waiter's backend pid first).
+                    let (_, released) = payload.split_once(':').unwrap_or(("", &payload));
+                    if released == resource {
                         return Ok(());
                     }
                 }

@@ -50,15 +50,50 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
     backend_pid int NOT NULL DEFAULT pg_backend_pid()
 );
 
+-- Waiters queue per resource on a session advisory lock and only the head of the queue
+-- LISTENs, so that a release wakes one backend and one client instead of every waiter (every
+-- listening backend of a database is signalled by each NOTIFY, whatever its channel). The
+-- queue is FIFO (PostgreSQL's lock queue); a waiter whose turn does not come within its
+-- poll interval leaves the lock queue, retries the acquire and queues again, so a paused
+-- head delays the others by one poll interval at most.
+--
 -- Waiter bookkeeping is not safety-relevant: no need to wait for the disk.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_begin(p_resource text, p_owner text) RETURNS int
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    -- Rows of waiters that are gone (killed, or a reused backend pid) are only removed here.
     DELETE FROM __SCHEMA__.waiters w
-    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid);
+    WHERE w.resource = p_resource
+      AND (w.backend_pid = pg_backend_pid()
+           OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid));
     INSERT INTO __SCHEMA__.waiters (resource, owner) VALUES (p_resource, p_owner);
     RETURN pg_backend_pid();
+END
+$fn$;
+
+-- Blocks until this session heads the resource's queue (true: it now LISTENs) or until
+-- p_timeout_ms passes (false).
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_turn(p_resource text, p_timeout_ms bigint) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM set_config('lock_timeout', greatest(p_timeout_ms, 1) || 'ms', true);
+    PERFORM pg_advisory_lock(hashtext('fence queue __SCHEMA__'), hashtext(p_resource));
+    LISTEN fence___SCHEMA__;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$fn$;
+
+-- Leaves the queue: no waiter row, no place in the lock queue, no LISTEN. The session holds
+-- no other advisory lock (fence's connections are its own), so unlock_all is exact.
+CREATE OR REPLACE FUNCTION __SCHEMA__.leave_queue(p_resource text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource;
+    PERFORM pg_advisory_unlock_all();
+    UNLISTEN fence___SCHEMA__;
 END
 $fn$;
 
@@ -66,7 +101,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.unwait(p_resource text) RETURNS void
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource;
+    PERFORM __SCHEMA__.leave_queue(p_resource);
 END
 $fn$;
 
@@ -157,6 +192,21 @@ BEGIN
 END
 $fn$;
 
+-- The acquire of a waiter: a grant also leaves the queue, in the same round trip and the
+-- same (durable) transaction.
+CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_queued(p_resource text, p_owner text, p_ttl_ms bigint,
+    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
+    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint)
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
+    FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
+    IF status <> 'busy' THEN
+        PERFORM __SCHEMA__.leave_queue(p_resource);
+    END IF;
+END
+$fn$;
+
 -- Shared classification of a renew/release that did not match its lease. Writes a
 -- `<op>_rejected` event for a stale, expired or released lease so `inspect` shows it.
 CREATE OR REPLACE FUNCTION __SCHEMA__.classify(p_op text, p_resource text, p_owner text, p_token bigint,
@@ -238,7 +288,6 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     r __SCHEMA__.leases;
 BEGIN
-    PERFORM set_config('synchronous_commit', 'on', true);
     -- Durable too: a release lost in a crash would be safe, but the resource would look held
     -- until the lease's TTL (up to hours) ran out.
     PERFORM set_config('synchronous_commit', 'on', true);
@@ -253,14 +302,10 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
     VALUES (p_resource, 'released', p_owner, r.token);
-    -- Wake the longest-waiting live waiter only (payload `<backend pid>:<resource>`), so that
-    -- waiters are served in arrival order and do not stampede. Sent at commit; not durable,
-    -- so waiters also poll slowly.
-    PERFORM pg_notify('fence___SCHEMA__', coalesce((
-        SELECT w.backend_pid::text FROM __SCHEMA__.waiters w
-        WHERE w.resource = p_resource
-          AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid)
-        ORDER BY w.since LIMIT 1), '') || ':' || p_resource);
+    -- Wake the head of the resource's queue, the only waiter listening (payload
+    -- `:<resource>`; before the colon, older versions named one waiter's backend pid). Sent
+    -- at commit; not durable, so waiters also poll slowly.
+    PERFORM pg_notify('fence___SCHEMA__', ':' || p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;
