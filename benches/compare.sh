@@ -9,11 +9,11 @@
 #   - the WAL written by 1,000 refused acquires (should be 0);
 #   - `fence bench` on one hot resource (64 workers) vs a pg_advisory_lock loop (pgbench),
 #     and hand-off latency with --wait-style blocking.
-#   - `fence run R -- true` (PostgreSQL) vs `etcdctl lock R -- true` on a throwaway etcd, when
-#     etcd is installed (Debian packages etcd-server, etcd-client);
+#   - `fence run R -- true` (PostgreSQL) vs `etcdctl lock R -- true` on a throwaway etcd
+#     (Debian packages etcd-server, etcd-client);
 #   - acquire p50 with 100 and with 1,000,000 prefilled resources (`fence bench --prefill`).
-# Runs inside a throwaway cluster from pg_virtualenv (works as root); needs hyperfine
-# (Debian package `hyperfine`). All clients use sslmode=disable so the comparison is like for
+# Runs inside a throwaway cluster from pg_virtualenv (works as root); installs hyperfine,
+# etcd-server and etcd-client with apt-get when they are missing. All clients use sslmode=disable so the comparison is like for
 # like; one extra line shows fence with the default sslmode=prefer (TLS on loopback).
 #
 # Usage: benches/compare.sh [RUNS]      (default 200 runs per command)
@@ -23,7 +23,21 @@ runs=${1:-200}
 
 if [[ -z ${FENCE_BENCH_INSIDE:-} ]]; then
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fence-target}"
-    command -v hyperfine >/dev/null || { echo "benches/compare.sh: install hyperfine (apt-get install hyperfine)" >&2; exit 2; }
+    # What the comparison needs beyond the test suite's packages (Debian names).
+    missing=()
+    command -v hyperfine >/dev/null || missing+=(hyperfine)
+    command -v etcd >/dev/null || missing+=(etcd-server)
+    command -v etcdctl >/dev/null || missing+=(etcd-client)
+    command -v pg_virtualenv >/dev/null || missing+=(postgresql-common)
+    command -v pgbench >/dev/null || missing+=(postgresql-contrib)
+    if ((${#missing[@]})); then
+        echo "benches/compare.sh: installing ${missing[*]}" >&2
+        sudo=()
+        ((EUID == 0)) || sudo=(sudo)
+        "${sudo[@]}" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null ||
+            { echo "benches/compare.sh: could not install ${missing[*]}; install them and run again" >&2; exit 2; }
+    fi
     cargo build --quiet --release --bin fence --example pg_floor
     FENCE_BENCH_INSIDE=1 exec pg_virtualenv "$0" "$runs"
 fi
