@@ -56,17 +56,19 @@ hyperfine --warmup 20 --runs "$runs" --export-json "$out/pair.json" --style basi
     -n "tokio-postgres floor (2 processes)" "t=\$($floor acquire pair-b o) && $floor release pair-b o \$t" \
     -n "psql -c twice" "t=\$(psql '$plain' -Atqc \"select token from fence.acquire('pair-c','o',30000)\") && psql '$plain' -Atqc \"select token from fence.release('pair-c','o',\$t)\"" \
     -n "fence acquire + release, sslmode=prefer" "eval \"\$($bin/fence --store $url acquire pair-d --owner o --format env)\" && $bin/fence --store $url release"
-hyperfine --warmup 20 --runs "$runs" --export-json "$out/one.json" --style basic \
+# Single commands run without a shell (-N), here and below: at a few milliseconds hyperfine's
+# shell-start correction is noise. The pairs above need a shell (eval, $(...)).
+hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/one.json" --style basic \
     -n "fence acquire (reacquire)" "$fence acquire one-a --owner o -q" \
     -n "tokio-postgres floor acquire" "$floor acquire one-b o"
 
 psql -qc "CREATE TABLE IF NOT EXISTS bench_totals (id int PRIMARY KEY, n bigint); INSERT INTO bench_totals VALUES (1, 0) ON CONFLICT DO NOTHING"
-hyperfine --warmup 20 --runs "$runs" --export-json "$out/write.json" --style basic \
+hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/write.json" --style basic \
     -n "fence write (fenced transaction)" "$fence write totals --token 1 --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
     -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
 
 state=$(mktemp -d)
-hyperfine --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic \
+hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic \
     -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
     -n "flock /tmp/x true" "flock $state/x true" \
     -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
@@ -83,7 +85,7 @@ if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
     trap 'kill $etcd_pid 2>/dev/null; rm -rf "$etcd_dir"' EXIT
     etcdctl=(env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$etcd_client")
     for _ in $(seq 1 100); do "${etcdctl[@]}" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
-    hyperfine --warmup 20 --runs "$runs" --export-json "$out/etcd.json" --style basic \
+    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/etcd.json" --style basic \
         -n "fence run R -- true (PostgreSQL)" "$fence run r -- true" \
         -n "etcdctl lock R -- true" "${etcdctl[*]} lock r -- true"
     echo "etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client"
