@@ -2,9 +2,12 @@
 //! use (or by `fence init`) without adding a round trip to the hot path: requests run
 //! optimistically and the schema is created only when the server says it is missing.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, Statement};
 
 use crate::error::Error;
 use crate::pg::{self, Target, REQUEST_TIMEOUT};
@@ -27,6 +30,10 @@ pub struct Session {
     pub display: String,
     pub schema: String,
     spec: &'static SchemaSpec,
+    /// Each request's SQL, with its prepared statement from its second use on: a one-shot
+    /// process pays no extra round trip, and a long-lived session (bench workers, `run`'s
+    /// renewals, waiters) stops paying the server's parse and plan on every call.
+    statements: Mutex<HashMap<String, Option<Statement>>>,
 }
 
 impl Session {
@@ -44,6 +51,7 @@ impl Session {
             display: display.to_owned(),
             schema: schema.to_owned(),
             spec,
+            statements: Mutex::new(HashMap::new()),
         })
     }
 
@@ -94,7 +102,7 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Result<Vec<Row>, tokio_postgres::Error>, Error> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.client.query_typed(sql, params))
+        tokio::time::timeout(REQUEST_TIMEOUT, self.query(sql, params))
             .await
             .map_err(|_| {
                 pg::lost(
@@ -104,6 +112,38 @@ impl Session {
                     mutating,
                 )
             })
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let known = self
+            .statements
+            .lock()
+            .map(|mut statements| match statements.get(sql) {
+                Some(known) => Some(known.clone()),
+                None => {
+                    statements.insert(sql.to_owned(), None);
+                    None
+                }
+            })
+            .unwrap_or_default();
+        let statement = match known {
+            None => return self.client.query_typed(sql, params).await,
+            Some(Some(statement)) => statement,
+            Some(None) => {
+                let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+                let statement = self.client.prepare_typed(sql, &types).await?;
+                if let Ok(mut statements) = self.statements.lock() {
+                    statements.insert(sql.to_owned(), Some(statement.clone()));
+                }
+                statement
+            }
+        };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
+        self.client.query(&statement, &values).await
     }
 
     /// The schema's version, or `None` when it does not exist yet. Never raises an SQL

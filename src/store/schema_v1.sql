@@ -125,8 +125,10 @@ CREATE OR REPLACE TRIGGER leases_guard BEFORE UPDATE OR DELETE ON __SCHEMA__.lea
 CREATE OR REPLACE TRIGGER leases_no_truncate BEFORE TRUNCATE ON __SCHEMA__.leases
     FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.leases_guard();
 
+-- STABLE, as extract() on a timestamptz is: a function more volatile inside than declared is
+-- never inlined, and a call that is not inlined re-plans its body in every transaction.
 CREATE OR REPLACE FUNCTION __SCHEMA__.ms(t timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $fn$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $fn$;
+LANGUAGE sql STABLE AS $fn$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $fn$;
 
 -- Acquire in one call. The refused (busy) path takes no row lock and writes nothing: the
 -- UPDATE only locks a row it can take, the INSERT only runs when no row exists, and the busy
