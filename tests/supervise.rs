@@ -473,3 +473,42 @@ fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
     assert_eq!(granted_token(paused, "paused"), held + 2);
     assert_eq!(store.lease("job").map(|l| l.1), Some(held + 2));
 }
+
+/// The row of a waiter killed outright (no chance to unregister) is hidden by `inspect` at
+/// once and deleted by the next waiter of that resource.
+#[test]
+fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let held = pg_hold(&store, "job", "holder");
+    let raw = |store: &Store| -> Vec<String> {
+        store
+            .pg_rows(
+                &format!("SELECT owner FROM {schema}.waiters WHERE resource = $1 ORDER BY since"),
+                "job",
+            )
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let mut killed = pg_waiter(&store, "job", "killed");
+    wait_for("the waiter to register", Duration::from_secs(10), || {
+        pg_waiters(&store, "job") == ["killed"]
+    });
+    kill(killed.id(), libc::SIGKILL);
+    killed.wait().unwrap();
+    wait_for("its backend to go", Duration::from_secs(10), || {
+        pg_waiters(&store, "job").is_empty()
+    });
+    assert_eq!(raw(&store), ["killed"], "the row outlives its process");
+    let next = pg_waiter(&store, "job", "next");
+    wait_for(
+        "the next waiter to register",
+        Duration::from_secs(10),
+        || pg_waiters(&store, "job") == ["next"],
+    );
+    assert_eq!(raw(&store), ["next"]);
+    pg_release(&store, "job", "holder", held);
+    assert_eq!(granted_token(next, "next"), held + 1);
+    assert!(raw(&store).is_empty());
+}
