@@ -10,7 +10,15 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
@@ -203,13 +211,16 @@ impl Target {
             Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs()?,
             _ => Vec::new(),
         };
-        let connector = build_connector(roots, self.ssl == Ssl::VerifyFull).map_err(|err| {
-            Error::internal(
-                format!("cannot set up TLS: {err}"),
-                "check the system's OpenSSL installation",
+        let tls = tls_config(roots, self.ssl == Ssl::VerifyFull).map_err(|err| {
+            Error::usage(
+                format!(
+                    "cannot use the CA certificate `{}`: {err}",
+                    self.root_cert.as_deref().unwrap_or(Path::new("")).display()
+                ),
+                "point sslrootcert (or PGSSLROOTCERT) at the CA certificate that signed the server's",
             )
         })?;
-        let tls = postgres_native_tls::MakeTlsConnector::new(connector);
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
         let (client, connection) = config
             .connect(tls)
             .await
@@ -218,7 +229,7 @@ impl Target {
     }
 
     /// Every certificate in the `sslrootcert` file (a bundle may hold several, as with libpq).
-    fn read_root_certs(&self) -> Result<Vec<native_tls::Certificate>, Error> {
+    fn read_root_certs(&self) -> Result<Vec<CertificateDer<'static>>, Error> {
         let path = self.root_cert.as_deref().unwrap_or(Path::new(""));
         let pem = std::fs::read(path).map_err(|err| {
             Error::usage(
@@ -232,19 +243,9 @@ impl Target {
                 "point sslrootcert at the CA certificate that signed the server's",
             )
         };
-        const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-        let text = String::from_utf8_lossy(&pem);
-        let certs = text
-            .match_indices(BEGIN)
-            .map(|(start, _)| {
-                let block = &text[start..];
-                let end = block
-                    .find("-----END CERTIFICATE-----")
-                    .map_or(block.len(), |e| e + 25);
-                native_tls::Certificate::from_pem(&block.as_bytes()[..end])
-                    .map_err(|err| not_pem(err.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| not_pem(err.to_string()))?;
         if certs.is_empty() {
             return Err(not_pem("it holds no certificate".into()));
         }
@@ -311,44 +312,135 @@ impl Target {
     }
 }
 
-/// A TLS connector that, as libpq, trusts only `roots` (and verifies nothing without them:
-/// `sslmode=prefer|require` encrypt without authenticating the server).
-///
-/// OpenSSL loads the system trust store whenever a connector is built, even with built-in
-/// roots disabled (~70 ms of CPU per invocation, measured with benches/compare.sh), so the
-/// store's environment variables point at nothing while it is built and are restored right
-/// after: commands that fence starts must see the user's settings.
-fn build_connector(
-    roots: Vec<native_tls::Certificate>,
+/// A TLS configuration that, as libpq, trusts only `roots` (and verifies nothing without
+/// them: `sslmode=prefer|require` encrypt without authenticating the server). With roots,
+/// `verify_host` (verify-full) also checks that the certificate names the host; verify-ca
+/// checks the chain only.
+fn tls_config(
+    roots: Vec<CertificateDer<'static>>,
     verify_host: bool,
-) -> Result<native_tls::TlsConnector, native_tls::Error> {
-    let saved: Vec<_> = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
-        .into_iter()
-        .map(|name| (name, std::env::var_os(name)))
-        .collect();
-    // set_var is sound here: fence runs on a current-thread runtime and starts no threads
-    // of its own, so nothing reads the environment concurrently.
-    std::env::set_var("SSL_CERT_FILE", "/dev/null");
-    std::env::set_var("SSL_CERT_DIR", "/nonexistent");
-    let mut builder = native_tls::TlsConnector::builder();
-    builder.disable_built_in_roots(true);
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
     if roots.is_empty() {
-        builder.danger_accept_invalid_certs(true);
-        builder.danger_accept_invalid_hostnames(true);
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
+            .with_no_client_auth());
+    }
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root)?;
+    }
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider)
+        .build()
+        .map_err(|err| rustls::Error::General(err.to_string()))?;
+    Ok(if verify_host {
+        builder.with_webpki_verifier(webpki).with_no_client_auth()
     } else {
-        for root in roots {
-            builder.add_root_certificate(root);
-        }
-        builder.danger_accept_invalid_hostnames(!verify_host);
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+            .with_no_client_auth()
+    })
+}
+
+/// `sslmode=prefer|require`: any certificate; the handshake signatures are still checked.
+#[derive(Debug)]
+struct Unverified(Arc<CryptoProvider>);
+
+/// `sslmode=verify-ca`: the chain must lead to a trusted root; the names are not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
     }
-    let connector = builder.build();
-    for (name, value) in saved {
-        match value {
-            Some(value) => std::env::set_var(name, value),
-            None => std::env::remove_var(name),
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // The chain is checked before the names: a name error means the chain is good.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
         }
     }
-    connector
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 /// Payloads of notifications received on a connection.
