@@ -98,14 +98,14 @@ echo "## A refused acquire writes no WAL"
 $fence acquire held --owner holder --ttl 10m -q
 # Keep background work out of the measurement (this cluster is throwaway): autovacuum off for
 # the whole cluster while it runs, and a checkpoint first.
-psql -qc "alter system set autovacuum = off" -c "select pg_reload_conf()" -c "checkpoint"
+psql -qc "alter system set autovacuum = off" -c "select pg_reload_conf()" -c "checkpoint" >/dev/null
 before=$(psql -Atc "select pg_current_wal_insert_lsn()")
 xid_before=$(psql -Atc "select txid_snapshot_xmax(txid_current_snapshot())")
 for _ in $(seq 1 1000); do $fence acquire held --owner other -q 2>/dev/null || true; done
 after=$(psql -Atc "select pg_current_wal_insert_lsn()")
 xid_after=$(psql -Atc "select txid_snapshot_xmax(txid_current_snapshot())")
 echo "1000 refused acquires: $(psql -Atc "select pg_wal_lsn_diff('$after', '$before')") bytes of WAL, $((xid_after - xid_before)) transaction ids assigned"
-psql -qc "alter system reset autovacuum" -c "select pg_reload_conf()"
+psql -qc "alter system reset autovacuum" -c "select pg_reload_conf()" >/dev/null
 
 echo
 echo "## Acquire latency with 100 and with 1,000,000 resources (prefilled, one worker, spread)"
