@@ -880,6 +880,41 @@ fn gcs_service_account_keys_are_exchanged_for_tokens() {
         (&b"written with a service account"[..], Some(token))
     );
 
+    // A command that talks to GCS twice (the `gs://` coordinator and a `gs://` target)
+    // exchanges the key once.
+    let before = proxy.forwarded().len();
+    let mut inspect = bed.store.fence();
+    inspect
+        .cmd
+        .env("FENCE_GCS_ENDPOINT", format!("http://{}", proxy.addr()))
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &good);
+    let view = inspect
+        .args(["inspect", "res", "--target", &bed.target("sa")])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(view["targets"][0]["highest_token"], token, "{view}");
+    assert_eq!(view["resources"][0]["state"], "held", "{view}");
+    let tokens = issued.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 2, "one token per process: {tokens:?}");
+    let bearer = format!("Bearer {}", tokens[1]);
+    let requests: Vec<_> = proxy.forwarded()[before..]
+        .iter()
+        .filter(|f| f.bytes.starts_with(b"GET ") || f.bytes.starts_with(b"POST "))
+        .map(|f| String::from_utf8_lossy(&f.bytes).into_owned())
+        .collect();
+    assert!(
+        requests.len() >= 2,
+        "the lease and the target: {requests:?}"
+    );
+    for text in &requests {
+        assert!(
+            text.contains(&bearer),
+            "a request without the token: {text}"
+        );
+    }
+
     std::fs::write(home.join("body"), "must not land").unwrap();
     for (file, why) in [(&unknown, "refused it"), (&not_a_key, "service_account")] {
         let out = write(file);
@@ -891,7 +926,7 @@ fn gcs_service_account_keys_are_exchanged_for_tokens() {
         );
         assert!(!format!("{out:?}").contains("PRIVATE KEY"), "{out:?}");
     }
-    assert_eq!(issued.lock().unwrap().len(), 1);
+    assert_eq!(issued.lock().unwrap().len(), 2);
     assert_eq!(
         bed.stored("sa").unwrap().body,
         b"written with a service account"

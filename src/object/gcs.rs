@@ -30,7 +30,7 @@ pub struct GcsObjects {
     bar: ProgressBar,
     endpoint: String,
     bucket: String,
-    auth: Auth,
+    auth: std::sync::Arc<Auth>,
     display: String,
 }
 

@@ -3,7 +3,7 @@
 //! access token (OAuth 2.0 JWT bearer grant, RS256, at the key's `token_uri`). Nothing else:
 //! fence never asks a metadata server. Neither the key nor a token ever appears in a message.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -23,9 +23,15 @@ pub enum Auth {
     Token(String),
     ServiceAccount {
         key: ServiceKey,
+        /// The key's private key, parsed once.
+        signer: Box<RsaKeyPair>,
         token: OnceLock<String>,
     },
 }
+
+/// The credentials of this process, read once: a command that talks to GCS twice (a `gs://`
+/// coordinator and a `gs://` target) reads the key file and exchanges it once.
+static SHARED: OnceLock<Arc<Auth>> = OnceLock::new();
 
 #[derive(Deserialize)]
 pub struct ServiceKey {
@@ -48,9 +54,18 @@ fn bad_key(path: &str, why: impl std::fmt::Display) -> Error {
 }
 
 impl Auth {
+    /// This process's credentials (see [`Auth::read_env`]), shared once read.
+    pub fn from_env() -> Result<Arc<Auth>, Error> {
+        if let Some(auth) = SHARED.get() {
+            return Ok(auth.clone());
+        }
+        let auth = Arc::new(Auth::read_env()?);
+        Ok(SHARED.get_or_init(|| auth).clone())
+    }
+
     /// From the environment: `GOOGLE_OAUTH_ACCESS_TOKEN` first, then
     /// `GOOGLE_APPLICATION_CREDENTIALS`, else anonymous. A key file is read and checked now.
-    pub fn from_env() -> Result<Auth, Error> {
+    fn read_env() -> Result<Auth, Error> {
         if let Some(token) = std::env::var("GOOGLE_OAUTH_ACCESS_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
@@ -77,9 +92,10 @@ impl Auth {
             .map_err(|err| bad_key(&path, format!("not a service-account key ({err})")))?;
         key.path = path;
         // Fail now, not at the first request, if the key cannot sign.
-        key.signer()?;
+        let signer = Box::new(key.signer()?);
         Ok(Auth::ServiceAccount {
             key,
+            signer,
             token: OnceLock::new(),
         })
     }
@@ -108,7 +124,7 @@ impl ServiceKey {
     }
 
     /// A signed JWT asking for a one-hour token for Cloud Storage.
-    fn assertion(&self) -> Result<String, Error> {
+    fn assertion(&self, signer: &RsaKeyPair) -> Result<String, Error> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -128,7 +144,6 @@ impl ServiceKey {
             URL_SAFE_NO_PAD.encode(header.to_string()),
             URL_SAFE_NO_PAD.encode(claims.to_string())
         );
-        let signer = self.signer()?;
         let mut signature = vec![0; signer.public().modulus_len()];
         signer
             .sign(
@@ -142,7 +157,7 @@ impl ServiceKey {
     }
 
     /// Exchanges the signed assertion for an access token at `token_uri`.
-    async fn fetch(&self, client: &reqwest::Client) -> Result<String, Error> {
+    async fn fetch(&self, signer: &RsaKeyPair, client: &reqwest::Client) -> Result<String, Error> {
         let uri = self.token_uri();
         let unavailable = |why: String| {
             Error::unavailable(
@@ -152,7 +167,7 @@ impl ServiceKey {
         };
         let form = format!(
             "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
-            self.assertion()?
+            self.assertion(signer)?
         );
         let response = client
             .post(uri)
@@ -199,9 +214,9 @@ impl Auth {
         match self {
             Auth::Anonymous => Ok(None),
             Auth::Token(token) => Ok(Some(token)),
-            Auth::ServiceAccount { key, token } => {
+            Auth::ServiceAccount { key, signer, token } => {
                 if token.get().is_none() {
-                    let fetched = key.fetch(client).await?;
+                    let fetched = key.fetch(signer, client).await?;
                     let _ = token.set(fetched);
                 }
                 Ok(token.get().map(String::as_str))
