@@ -512,3 +512,49 @@ fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     assert_eq!(granted_token(next, "next"), held + 1);
     assert!(raw(&store).is_empty());
 }
+
+/// A `statement_timeout` shorter than a waiter's poll interval (set for the role, or in the
+/// URL's `options` as here) ends the waits of queued waiters in the server early: they queue
+/// again instead of failing, and each still gets its turn.
+#[test]
+fn postgres_waiters_survive_a_short_statement_timeout() {
+    let store = Store::postgres();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "{}{}options=-c%20statement_timeout%3D100",
+        store.url,
+        if store.url.contains('?') { '&' } else { '?' }
+    );
+    let held = pg_hold(&store, "job", "holder");
+    let waiters: Vec<Child> = (0..3)
+        .map(|i| {
+            let mut fence = common::Fence::bare(store.home.path())
+                .args([
+                    "--store",
+                    &url,
+                    "--schema",
+                    store.schema.as_deref().unwrap(),
+                ])
+                .args(["run", "job", "--wait", "30s", "--owner", &format!("w{i}")])
+                .args(["--", "sh", "-c", "echo \"$FENCE_TOKEN\" >> turns"]);
+            fence.cmd.current_dir(dir.path()).stdin(Stdio::null());
+            fence.cmd.spawn().unwrap()
+        })
+        .collect();
+    wait_for("three waiters", Duration::from_secs(10), || {
+        pg_waiters(&store, "job").len() == 3
+    });
+    // Several timeouts long: the queued ones have been cancelled and queued again.
+    sleep(Duration::from_millis(1500));
+    assert_eq!(pg_waiters(&store, "job").len(), 3, "a waiter gave up");
+    pg_release(&store, "job", "holder", held);
+    for mut waiter in waiters {
+        assert_eq!(
+            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
+            Some(0)
+        );
+    }
+    let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
+    let expected: Vec<String> = (1..=3).map(|i| (held + i).to_string()).collect();
+    assert_eq!(turns.lines().collect::<Vec<_>>(), expected);
+}

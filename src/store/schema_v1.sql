@@ -76,7 +76,8 @@ END
 $fn$;
 
 -- Blocks until this session heads the resource's queue (true: it now LISTENs) or until
--- p_timeout_ms passes (false).
+-- p_timeout_ms passes (false). A statement_timeout shorter than that (set for the role, say)
+-- ends the wait early, which is a false too: the caller retries and queues again.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_turn(p_resource text, p_timeout_ms bigint) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -84,7 +85,7 @@ BEGIN
     PERFORM pg_advisory_lock(hashtext('fence queue __SCHEMA__'), hashtext(p_resource));
     LISTEN fence___SCHEMA__;
     RETURN true;
-EXCEPTION WHEN lock_not_available THEN
+EXCEPTION WHEN lock_not_available OR query_canceled THEN
     RETURN false;
 END
 $fn$;
