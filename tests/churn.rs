@@ -4,6 +4,10 @@
 //! grant with a token strictly greater than the grant before it, and exactly the grants the
 //! clients were told about.
 //!
+//! The same with waiters (`--wait`): every worker blocks until granted, through PostgreSQL's
+//! queue of waiters or the directory store's polling, while abandoned leases expire under it;
+//! each worker must get its turns.
+//!
 //! The workers drive the library's coordinators in-process (the code `fence acquire` runs),
 //! because a 10 ms lease is below the CLI's 100 ms minimum TTL and process start-up would
 //! dominate the timing.
@@ -83,14 +87,28 @@ fn profile(backend: Backend) -> Profile {
     }
 }
 
-fn worker(
-    index: usize,
+/// How long a waiting worker waits at most for one grant.
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Run {
     spec: StoreSpec,
     schema: String,
     start: Instant,
     grants: Arc<AtomicUsize>,
     profile: Arc<Profile>,
-) -> Tally {
+    /// Acquire as `--wait` does, rather than once.
+    waiting: bool,
+}
+
+fn worker(index: usize, run: Run) -> Tally {
+    let Run {
+        spec,
+        schema,
+        start,
+        grants,
+        profile,
+        waiting,
+    } = run;
     common::block_on(async move {
         let coordinator = fence::store::open(&spec, &schema)
             .await
@@ -112,7 +130,23 @@ fn worker(
                     || grants.load(Ordering::Relaxed) < profile.min_grants)
         };
         while more() {
-            match coordinator.acquire("hot", &owner, profile.ttl).await {
+            let mut refused = 0;
+            let acquired = if waiting {
+                fence::cmd::wait::acquire_counting(
+                    coordinator.as_ref(),
+                    "hot",
+                    &owner,
+                    profile.ttl,
+                    Some(WAIT),
+                    None,
+                    &mut refused,
+                )
+                .await
+            } else {
+                coordinator.acquire("hot", &owner, profile.ttl).await
+            };
+            tally.busy += refused as usize;
+            match acquired {
                 Ok(grant) if grant.reacquired => tally.reacquired += 1,
                 Ok(grant) => {
                     grants.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +169,7 @@ fn worker(
                         }
                     }
                 }
+                Err(Error::Busy { .. }) if waiting => panic!("no turn within {WAIT:?}"),
                 Err(Error::Busy { .. }) => tally.busy += 1,
                 Err(err) => panic!("acquire failed: {err} ({:?})", err.exit()),
             }
@@ -145,7 +180,7 @@ fn worker(
     })
 }
 
-fn churn(store: &Store) {
+fn churn(store: &Store, waiting: bool) {
     // The workers run in this process: give it the store's credentials and endpoint (nextest
     // runs every test in a process of its own).
     if let Some((server, _)) = &store.objects {
@@ -159,9 +194,15 @@ fn churn(store: &Store) {
     let grants = Arc::new(AtomicUsize::new(0));
     let tallies: Vec<Tally> = (0..WORKERS)
         .map(|i| {
-            let (spec, schema, grants) = (spec.clone(), schema.clone(), grants.clone());
-            let profile = Arc::new(profile(store.backend));
-            thread::spawn(move || worker(i, spec, schema, start, grants, profile))
+            let run = Run {
+                spec: spec.clone(),
+                schema: schema.clone(),
+                start,
+                grants: grants.clone(),
+                profile: Arc::new(profile(store.backend)),
+                waiting,
+            };
+            thread::spawn(move || worker(i, run))
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -197,6 +238,10 @@ fn churn(store: &Store) {
             tally.granted.windows(2).all(|p| p[1] > p[0]),
             "a worker saw its tokens go down"
         );
+        assert!(
+            !waiting || !tally.granted.is_empty(),
+            "a waiting worker never got a turn"
+        );
     }
 
     let takeovers = events
@@ -207,8 +252,9 @@ fn churn(store: &Store) {
     let released: usize = tallies.iter().map(|t| t.released).sum();
     let reacquired: usize = tallies.iter().map(|t| t.reacquired).sum();
     eprintln!(
-        "{:?}: {} grants, {takeovers} after expiry, {released} released, {reacquired} reacquired, {busy} busy in {:?}",
+        "{:?}{}: {} grants, {takeovers} after expiry, {released} released, {reacquired} reacquired, {busy} busy in {:?}",
         store.backend,
+        if waiting { " (waiting)" } else { "" },
         durable.len(),
         start.elapsed()
     );
@@ -228,25 +274,35 @@ fn churn(store: &Store) {
 
 #[test]
 fn churn_on_the_file_store() {
-    churn(&Store::new(Backend::File));
+    churn(&Store::new(Backend::File), false);
 }
 
 #[test]
 fn churn_on_postgres() {
-    churn(&Store::new(Backend::Postgres));
+    churn(&Store::new(Backend::Postgres), false);
 }
 
 #[test]
 fn churn_on_postgres_with_synchronous_commit_off_by_default() {
-    churn(&Store::new(Backend::PostgresAsync));
+    churn(&Store::new(Backend::PostgresAsync), false);
 }
 
 #[test]
 fn churn_on_s3() {
-    churn(&Store::new(Backend::S3));
+    churn(&Store::new(Backend::S3), false);
 }
 
 #[test]
 fn churn_on_gcs() {
-    churn(&Store::new(Backend::Gcs));
+    churn(&Store::new(Backend::Gcs), false);
+}
+
+#[test]
+fn waiters_churn_on_the_file_store() {
+    churn(&Store::new(Backend::File), true);
+}
+
+#[test]
+fn waiters_churn_on_postgres() {
+    churn(&Store::new(Backend::Postgres), true);
 }

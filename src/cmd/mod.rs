@@ -8,7 +8,7 @@ mod protect;
 mod release;
 mod renew;
 mod run;
-mod wait;
+pub mod wait;
 mod write;
 
 use crate::cli::{Cli, Command, Format};
