@@ -90,13 +90,15 @@ EXCEPTION WHEN lock_not_available OR query_canceled THEN
 END
 $fn$;
 
--- Leaves the queue: no waiter row, no place in the lock queue, no LISTEN. The session holds
--- no other advisory lock (fence's connections are its own), so unlock_all is exact.
+-- Leaves the queue: no waiter row, no place in the lock queue, no LISTEN. Only this queue's
+-- lock is released (a waiter that never headed the queue holds none: unlocking then only
+-- warns, and the warning is not sent).
 CREATE OR REPLACE FUNCTION __SCHEMA__.leave_queue(p_resource text) RETURNS void
 LANGUAGE plpgsql AS $fn$
 BEGIN
     DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource;
-    PERFORM pg_advisory_unlock_all();
+    PERFORM set_config('client_min_messages', 'error', true);
+    PERFORM pg_advisory_unlock(hashtext('fence queue __SCHEMA__'), hashtext(p_resource));
     UNLISTEN fence___SCHEMA__;
 END
 $fn$;
