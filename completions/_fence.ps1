@@ -46,7 +46,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         'fence;acquire' {
             [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock')
-            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
@@ -60,7 +60,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         'fence;run' {
             [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'The lease length; fence renews about every third of it')
-            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3')
+            [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first')
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')

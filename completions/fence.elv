@@ -42,7 +42,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;acquire'= {
             cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output'
             cand --ttl 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock'
-            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3'
+            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
@@ -55,7 +55,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;run'= {
             cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`'
             cand --ttl 'The lease length; fence renews about every third of it'
-            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3'
+            cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
             cand --kill-after 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'

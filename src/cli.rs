@@ -145,6 +145,7 @@ pub struct AcquireArgs {
     pub ttl: Duration,
 
     /// When busy, wait until granted, at most DURATION (forever without one); then exit 3.
+    /// On PostgreSQL waiters queue in arrival order and a release wakes the first.
     #[arg(
         long,
         value_name = "DURATION",
@@ -184,6 +185,7 @@ pub struct RunArgs {
     pub ttl: Duration,
 
     /// When busy, wait until granted, at most DURATION (forever without one); then exit 3.
+    /// On PostgreSQL waiters queue in arrival order and a release wakes the first.
     #[arg(
         long,
         value_name = "DURATION",
