@@ -1300,3 +1300,59 @@ fn the_default_store_follows_xdg_state_home() {
     assert_eq!(json_acquired(&out, "t")["store"], flag_url.as_str());
     assert!(flag.path().join("leases").is_dir());
 }
+
+/// A long-lived session (`fence run`'s renewals, waiters, bench workers) prepares a statement
+/// on its second use. Behind a transaction-mode pooler (PgBouncer) the prepared statement can
+/// be missing on the server connection the next transaction gets: fence then runs it
+/// unprepared, as on its first use, instead of failing. `DEALLOCATE ALL` on the session's own
+/// connection makes the statements vanish here.
+#[test]
+fn a_vanished_prepared_statement_is_run_unprepared() {
+    use fence::pg::session::{SchemaSpec, Session};
+    use tokio_postgres::types::Type;
+    static SPEC: SchemaSpec = SchemaSpec {
+        meta_table: "meta",
+        version: 1,
+        sql: "CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
+              CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (key text PRIMARY KEY, value text NOT NULL);
+              CREATE TABLE IF NOT EXISTS __SCHEMA__.hits (n bigint NOT NULL);
+              INSERT INTO __SCHEMA__.meta VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;",
+        purpose: "test",
+    };
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    common::block_on(async {
+        let session = Session::open(&store.url, "the test server", &schema, &SPEC)
+            .await
+            .unwrap();
+        session.migrate().await.unwrap();
+        let insert = "INSERT INTO __SCHEMA__.hits VALUES ($1) RETURNING n";
+        let mut run = |n: i64| {
+            let session = &session;
+            async move {
+                let rows = session
+                    .call("insert", true, insert, &[(&n, Type::INT8)])
+                    .await
+                    .unwrap_or_else(|err| panic!("insert {n}: {err}"));
+                assert_eq!(rows[0].get::<_, i64>(0), n);
+            }
+        };
+        for n in 1..=3 {
+            run(n).await;
+        }
+        session
+            .client
+            .batch_execute("DEALLOCATE ALL")
+            .await
+            .unwrap();
+        for n in 4..=6 {
+            run(n).await;
+        }
+    });
+    // Each insert ran exactly once.
+    let rows = store.pg_rows(
+        &format!("SELECT string_agg(n::text, ',' ORDER BY n) FROM {schema}.hits WHERE $1 = $1"),
+        "",
+    );
+    assert_eq!(rows[0].get::<_, String>(0), "1,2,3,4,5,6");
+}

@@ -33,7 +33,18 @@ pub struct Session {
     /// Each request's SQL, with its prepared statement from its second use on: a one-shot
     /// process pays no extra round trip, and a long-lived session (bench workers, `run`'s
     /// renewals, waiters) stops paying the server's parse and plan on every call.
-    statements: Mutex<HashMap<String, Option<Statement>>>,
+    statements: Mutex<HashMap<String, Prepared>>,
+}
+
+/// Where a request's SQL stands in [`Session::statements`].
+#[derive(Clone)]
+enum Prepared {
+    /// Run once, unprepared.
+    Seen,
+    Ready(Statement),
+    /// A prepared statement vanished (a transaction-mode pooler such as PgBouncer runs each
+    /// transaction on any server connection): always unprepared from then on.
+    Never,
 }
 
 impl Session {
@@ -119,31 +130,39 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let known = self
-            .statements
-            .lock()
-            .map(|mut statements| match statements.get(sql) {
-                Some(known) => Some(known.clone()),
-                None => {
-                    statements.insert(sql.to_owned(), None);
-                    None
-                }
-            })
-            .unwrap_or_default();
+        // None: the first use (or a poisoned lock): unprepared.
+        let known = self.statements.lock().ok().and_then(|mut statements| {
+            let known = statements.get(sql).cloned();
+            if known.is_none() {
+                statements.insert(sql.to_owned(), Prepared::Seen);
+            }
+            known
+        });
         let statement = match known {
-            None => return self.client.query_typed(sql, params).await,
-            Some(Some(statement)) => statement,
-            Some(None) => {
+            None | Some(Prepared::Never) => return self.client.query_typed(sql, params).await,
+            Some(Prepared::Ready(statement)) => statement,
+            Some(Prepared::Seen) => {
                 let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
                 let statement = self.client.prepare_typed(sql, &types).await?;
-                if let Ok(mut statements) = self.statements.lock() {
-                    statements.insert(sql.to_owned(), Some(statement.clone()));
-                }
+                self.remember(sql, Prepared::Ready(statement.clone()));
                 statement
             }
         };
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
-        self.client.query(&statement, &values).await
+        match self.client.query(&statement, &values).await {
+            // The statement is gone, so nothing ran: run it unprepared, now and from now on.
+            Err(err) if err.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => {
+                self.remember(sql, Prepared::Never);
+                self.client.query_typed(sql, params).await
+            }
+            other => other,
+        }
+    }
+
+    fn remember(&self, sql: &str, prepared: Prepared) {
+        if let Ok(mut statements) = self.statements.lock() {
+            statements.insert(sql.to_owned(), prepared);
+        }
     }
 
     /// The schema's version, or `None` when it does not exist yet. Never raises an SQL
