@@ -1327,7 +1327,7 @@ fn a_vanished_prepared_statement_is_run_unprepared() {
             .unwrap();
         session.migrate().await.unwrap();
         let insert = "INSERT INTO __SCHEMA__.hits VALUES ($1) RETURNING n";
-        let mut run = |n: i64| {
+        let run = |n: i64| {
             let session = &session;
             async move {
                 let rows = session
