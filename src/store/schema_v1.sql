@@ -77,7 +77,9 @@ $fn$;
 
 -- Blocks until this session heads the resource's queue (true: it now LISTENs) or until
 -- p_timeout_ms passes (false). A statement_timeout shorter than that (set for the role, say)
--- ends the wait early, which is a false too: the caller retries and queues again.
+-- ends the wait early, which is a false too: the caller retries and queues again. The lock
+-- key is a hash of the resource's name: two resources that hash alike share one queue, and a
+-- waiter behind the other's head then waits up to its poll interval (about a second).
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_turn(p_resource text, p_timeout_ms bigint) RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 BEGIN
