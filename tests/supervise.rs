@@ -385,6 +385,25 @@ fn pg_waiter(store: &Store, resource: &str, owner: &str) -> Child {
         .unwrap()
 }
 
+/// Releases `holder`'s lease on `job`, lets every waiting `fence run` finish (each appends a
+/// line to `dir/turns`), and returns those lines in the order the turns were taken.
+fn release_and_take_turns(
+    store: &Store,
+    held: i64,
+    waiters: Vec<Child>,
+    dir: &Path,
+) -> Vec<String> {
+    pg_release(store, "job", "holder", held);
+    for mut waiter in waiters {
+        assert_eq!(
+            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
+            Some(0)
+        );
+    }
+    let turns = std::fs::read_to_string(dir.join("turns")).unwrap();
+    turns.lines().map(str::to_owned).collect()
+}
+
 fn granted_token(child: Child, owner: &str) -> i64 {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{owner}: {out:?}");
@@ -419,16 +438,11 @@ fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
         });
     }
     assert_eq!(pg_waiters(&store, "job"), ["w0", "w1", "w2", "w3"]);
-    pg_release(&store, "job", "holder", held);
-    for mut waiter in waiters {
-        assert_eq!(
-            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
-            Some(0)
-        );
-    }
-    let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
     let expected: Vec<String> = (0..4).map(|i| format!("{} w{i}", held + 1 + i)).collect();
-    assert_eq!(turns.lines().collect::<Vec<_>>(), expected);
+    assert_eq!(
+        release_and_take_turns(&store, held, waiters, dir.path()),
+        expected
+    );
     // Served waiters leave no trace: no lock, no row, and the grants are in the log.
     assert_eq!(pg_queue(&store, "job"), (0, 0));
     assert!(pg_waiters(&store, "job").is_empty());
@@ -547,14 +561,9 @@ fn postgres_waiters_survive_a_short_statement_timeout() {
     // Several timeouts long: the queued ones have been cancelled and queued again.
     sleep(Duration::from_millis(1500));
     assert_eq!(pg_waiters(&store, "job").len(), 3, "a waiter gave up");
-    pg_release(&store, "job", "holder", held);
-    for mut waiter in waiters {
-        assert_eq!(
-            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
-            Some(0)
-        );
-    }
-    let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
     let expected: Vec<String> = (1..=3).map(|i| (held + i).to_string()).collect();
-    assert_eq!(turns.lines().collect::<Vec<_>>(), expected);
+    assert_eq!(
+        release_and_take_turns(&store, held, waiters, dir.path()),
+        expected
+    );
 }
