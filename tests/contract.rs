@@ -686,7 +686,7 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(first["action"], "created");
-    assert_eq!(first["schema_version"], 1);
+    assert_eq!(first["schema_version"], 2);
     let again = store
         .fence()
         .args(["init", "--format", "json"])
@@ -703,4 +703,70 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(init["action"], "up_to_date");
+}
+
+/// Makes `store`'s schema look as a version-1 fence left it: no waiters' queue functions, and
+/// version 1 in `meta`.
+fn downgrade_to_schema_v1(store: &Store) {
+    let s = store.schema.clone().unwrap();
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "DROP FUNCTION {s}.acquire_queued(text, text, bigint);
+             DROP FUNCTION {s}.wait_turn(text, bigint);
+             DROP FUNCTION {s}.unwait(text);
+             DROP FUNCTION {s}.leave_queue(text);
+             CREATE FUNCTION {s}.unwait(p_resource text) RETURNS void LANGUAGE sql AS
+                 $$ DELETE FROM {s}.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource $$;
+             UPDATE {s}.meta SET value = '1' WHERE key = 'schema_version';"
+        ),
+    );
+}
+
+fn schema_version(store: &Store) -> String {
+    let s = store.schema.clone().unwrap();
+    store.pg_rows(
+        &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version' AND $1 = $1"),
+        "",
+    )[0]
+    .get(0)
+}
+
+/// A version-1 schema (before the waiters' queue) is migrated by `fence init`, and lazily by
+/// the first command that needs what version 2 added: a `--wait` waiter gets its lease.
+#[test]
+fn postgres_a_version_1_schema_is_migrated() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    downgrade_to_schema_v1(&store);
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        (init["action"].as_str(), init["schema_version"].as_i64()),
+        (Some("migrated"), Some(2))
+    );
+    assert_eq!(schema_version(&store), "2");
+
+    downgrade_to_schema_v1(&store);
+    let held = acquire(&store, "job", "alice", "30s");
+    let waiter = store
+        .fence()
+        .args([
+            "acquire", "job", "--owner", "bob", "--wait", "20s", "--format", "json",
+        ])
+        .cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(300));
+    lease_cmd(&store, "release", "job", "alice", held.token).expect(0);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let got: AcquireOk = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((got.owner.as_str(), got.token), ("bob", held.token + 1));
+    assert_eq!(schema_version(&store), "2");
 }

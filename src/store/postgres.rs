@@ -38,8 +38,8 @@ enum Queue {
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 1,
-    sql: include_str!("schema_v1.sql"),
+    version: 2,
+    sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
 

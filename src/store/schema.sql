@@ -1,5 +1,7 @@
--- fence coordinator schema, version 1. `__SCHEMA__` is replaced by the validated --schema name.
--- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily.
+-- fence coordinator schema, version 2. `__SCHEMA__` is replaced by the validated --schema name.
+-- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily; a
+-- version-1 schema is migrated by running it again (version 2 added the waiters' queue:
+-- wait_turn, leave_queue, acquire_queued).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -9,7 +11,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
 
 DO $gate$
 BEGIN
-    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 1 THEN
+    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 2 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
             USING ERRCODE = 'LF010', HINT = 'upgrade fence, or use another --schema';
@@ -322,5 +324,5 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '1')
+INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '2')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
