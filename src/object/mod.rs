@@ -267,6 +267,7 @@ pub fn encode_key(resource: &str) -> String {
 }
 
 /// An error talking to an object store, before anything was applied.
+#[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn unavailable(display: &str, what: &str, err: impl std::fmt::Display) -> Error {
     Error::unavailable(
         format!("cannot {what} at `{display}`: {err}"),
@@ -275,6 +276,7 @@ pub(crate) fn unavailable(display: &str, what: &str, err: impl std::fmt::Display
 }
 
 /// An error during a put whose outcome cannot be known.
+#[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display) -> Error {
     Error::OutcomeUnknown {
         message: format!("the write of `{key}` at `{display}` may or may not have applied: {err}"),
