@@ -548,19 +548,23 @@ fn quiet_prints_nothing_on_success(store: &Store) {
     assert!(out.stdout.is_empty());
 }
 
-fn waiters_show_in_inspect_and_get_the_lease_on_release(store: &Store) {
-    let held = acquire(store, "job", "alice", "30s");
-    let waiter = store
+/// `fence acquire job --owner OWNER --wait 20s`, started and seen waiting by `inspect`; returns
+/// the process and that `inspect`.
+// The caller waits for the returned process; a test that panics first leaves it to finish
+// its 20-second wait on its own.
+#[allow(clippy::zombie_processes)]
+fn start_waiter(store: &Store, owner: &str) -> (std::process::Child, InspectOut) {
+    let mut waiter = store
         .fence()
         .args([
-            "acquire", "job", "--owner", "patient", "--wait", "20s", "--format", "json",
+            "acquire", "job", "--owner", owner, "--wait", "20s", "--format", "json",
         ])
         .cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let start = std::time::Instant::now();
-    let view: InspectOut = loop {
+    loop {
         let view: InspectOut = parse(
             &store
                 .fence()
@@ -569,22 +573,35 @@ fn waiters_show_in_inspect_and_get_the_lease_on_release(store: &Store) {
                 .expect(0),
         );
         if !view.resources[0].waiters.is_empty() {
-            break view;
+            return (waiter, view);
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the waiter never showed up"
-        );
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = waiter.kill();
+            panic!(
+                "the waiter never showed up: {:?}",
+                waiter.wait_with_output()
+            );
+        }
         sleep(Duration::from_millis(20));
-    };
-    let w = &view.resources[0].waiters[0];
-    assert_eq!(w.owner, "patient");
-    assert!(w.since.ends_with('Z'));
+    }
+}
+
+/// Releases `held` (alice's lease on `job`) and checks that `waiter` got the next token.
+fn release_to_waiter(store: &Store, held: &AcquireOk, waiter: std::process::Child, owner: &str) {
     lease_cmd(store, "release", "job", "alice", held.token).expect(0);
     let out = waiter.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let got: AcquireOk = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((got.owner.as_str(), got.token), ("patient", held.token + 1));
+    assert_eq!((got.owner.as_str(), got.token), (owner, held.token + 1));
+}
+
+fn waiters_show_in_inspect_and_get_the_lease_on_release(store: &Store) {
+    let held = acquire(store, "job", "alice", "30s");
+    let (waiter, view) = start_waiter(store, "patient");
+    let w = &view.resources[0].waiters[0];
+    assert_eq!(w.owner, "patient");
+    assert!(w.since.ends_with('Z'));
+    release_to_waiter(store, &held, waiter, "patient");
     let view: InspectOut = parse(
         &store
             .fence()
@@ -753,20 +770,8 @@ fn postgres_a_version_1_schema_is_migrated() {
 
     downgrade_to_schema_v1(&store);
     let held = acquire(&store, "job", "alice", "30s");
-    let waiter = store
-        .fence()
-        .args([
-            "acquire", "job", "--owner", "bob", "--wait", "20s", "--format", "json",
-        ])
-        .cmd
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    sleep(Duration::from_millis(300));
-    lease_cmd(&store, "release", "job", "alice", held.token).expect(0);
-    let out = waiter.wait_with_output().unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let got: AcquireOk = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((got.owner.as_str(), got.token), ("bob", held.token + 1));
+    // Registered as a waiter (version 1 has that), so its next call needs version 2.
+    let (waiter, _) = start_waiter(&store, "bob");
+    release_to_waiter(&store, &held, waiter, "bob");
     assert_eq!(schema_version(&store), "2");
 }
