@@ -1,7 +1,8 @@
 //! The PostgreSQL coordinator (DESIGN §7–§8).
 //!
-//! Each operation is one call of a PL/pgSQL function in autocommit, sent with `query_typed`
-//! (Parse/Bind/Execute in one round trip). The functions compute the next token from the
+//! Each operation is one call of a PL/pgSQL function in autocommit, one round trip: sent with
+//! `query_typed` (Parse/Bind/Execute together) on its first use on a connection, as a prepared
+//! statement after that (see `Session`). The functions compute the next token from the
 //! locked row, read `clock_timestamp()` after the lock, set `synchronous_commit = on` for
 //! their own transaction, and write the event row in the same transaction, so a token is
 //! reported only after it is durably granted, whatever the server's default.
