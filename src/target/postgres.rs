@@ -18,7 +18,7 @@ use crate::target::{quote_literal, quote_table, TargetSpec};
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "target_meta",
     version: 1,
-    sql: include_str!("guard_v1.sql"),
+    sql: include_str!("guard.sql"),
     purpose: "target",
 };
 

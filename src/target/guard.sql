@@ -1,4 +1,4 @@
--- fence target schema, version 1, in the database fence writes to. `__SCHEMA__` is replaced by
+-- fence target schema (version in target_meta, see TARGET_SCHEMA in postgres.rs), in the database fence writes to. `__SCHEMA__` is replaced by
 -- the validated --schema name. Idempotent; run under an advisory lock in one transaction.
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
