@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{parse_name, parse_schema, parse_token, parse_ttl, parse_wait, DEFAULT_TTL};
+use crate::config::{
+    parse_name, parse_schema, parse_token, parse_ttl, parse_wait, parse_write_timeout, DEFAULT_TTL,
+};
 use crate::exit::Exit;
 
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
@@ -368,6 +370,12 @@ pub struct WriteArgs {
     /// Read the SQL from a file (`-`: standard input).
     #[arg(long, value_name = "PATH")]
     pub file: Option<std::path::PathBuf>,
+
+    /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
+    /// server cancels it then, and it can never commit later, even if fence is gone; fence
+    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_write_timeout)]
+    pub timeout: std::time::Duration,
 
     /// Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database).
     #[arg(long, value_name = "TABLE")]

@@ -57,6 +57,25 @@ pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// The longest `fence write --timeout`: a fenced transaction holds its guard row's lock, so
+/// every other writer of the resource waits behind it.
+pub const MAX_WRITE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses `fence write --timeout`: 100ms to 24h.
+pub fn parse_write_timeout(value: &str) -> Result<Duration, String> {
+    let timeout = humantime::parse_duration(value).map_err(|err| {
+        format!("`{value}` is not a duration ({err}); write e.g. 250ms, 30s, 5m, 1h")
+    })?;
+    if timeout < MIN_TTL || timeout > MAX_WRITE_TIMEOUT {
+        return Err(format!(
+            "a write may take from {} to {}; `{value}` is outside that range",
+            humantime::format_duration(MIN_TTL),
+            humantime::format_duration(MAX_WRITE_TIMEOUT)
+        ));
+    }
+    Ok(timeout)
+}
+
 /// Parses `--wait [DURATION]`: a duration, or `forever` (what a bare `--wait` means).
 pub fn parse_wait(value: &str) -> Result<Duration, String> {
     if value == "forever" {

@@ -13,6 +13,7 @@ pub mod exit;
 pub mod object;
 pub mod output;
 pub mod pg;
+pub mod signals;
 pub mod store;
 pub mod target;
 pub mod time;

@@ -18,7 +18,11 @@ use crate::config::StoreSpec;
 use crate::error::Error;
 use crate::output::{Output, Report};
 use crate::store::{self, random_u64, LeaseRef};
-use crate::target::postgres::PgTarget;
+use crate::signals::Interrupts;
+use crate::target::postgres::{PgTarget, TxWrite};
+
+/// The fenced `SELECT 1` of a bench worker never takes anywhere near this long.
+const BENCH_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 use crate::target::TargetSpec;
 
 pub struct Benched {
@@ -186,14 +190,17 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
         let connected = async {
             let coordinator = store::open(&plan.spec, &plan.schema).await?;
             let target = match &plan.target {
-                Some(spec) => Some(PgTarget::connect(spec, &plan.schema).await?),
+                Some(spec) => Some((
+                    PgTarget::connect(spec, &plan.schema).await?,
+                    Interrupts::install()?,
+                )),
                 None => None,
             };
             Ok::<_, Error>((coordinator, target))
         }
         .await;
         plan.ready.wait();
-        let (coordinator, target) = connected?;
+        let (coordinator, mut target) = connected?;
         let end = Instant::now() + plan.duration;
         let owner = format!("bench-{}-{index}", std::process::id());
         let mut stats = Stats::default();
@@ -234,10 +241,15 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
                 owner: owner.clone(),
                 token: grant.lease.token,
             };
-            if let Some(target) = &target {
-                target
-                    .write_transaction(&resource, lease.token, &owner, "SELECT 1")
-                    .await?;
+            if let Some((target, interrupts)) = &mut target {
+                let write = TxWrite {
+                    resource: &resource,
+                    token: lease.token,
+                    owner: &owner,
+                    sql: "SELECT 1",
+                    timeout: BENCH_WRITE_TIMEOUT,
+                };
+                target.write_transaction(&write, interrupts).await?;
             }
             if plan.renew {
                 coordinator.renew(&lease, Some(plan.ttl)).await?;

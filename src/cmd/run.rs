@@ -14,7 +14,6 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
 use crate::cli::{Format, RunArgs};
@@ -23,6 +22,7 @@ use crate::cmd::{wait, Context};
 use crate::error::{Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
+use crate::signals::Interrupts;
 use crate::store::LeaseRef;
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
@@ -62,9 +62,9 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
 
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
-    let started =
-        handlers().and_then(|handlers| Ok((handlers, spawn(&args.command, ctx, &lease)?)));
-    let ((mut interrupt, mut terminate, mut hangup), mut child) = match started {
+    let started = Interrupts::install()
+        .and_then(|interrupts| Ok((interrupts, spawn(&args.command, ctx, &lease)?)));
+    let (mut interrupts, mut child) = match started {
         Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
@@ -105,9 +105,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 Ok(status) => break End::Finished(status),
                 Err(err) => return Err(Error::internal(format!("cannot wait for the command: {err}"), "check the system's process limits")),
             },
-            _ = interrupt.recv() => forward(pgid, libc::SIGINT),
-            _ = terminate.recv() => forward(pgid, libc::SIGTERM),
-            _ = hangup.recv() => forward(pgid, libc::SIGHUP),
+            (signal, _) = interrupts.next() => forward(pgid, signal),
             _ = sleep_until(next_renew) => {
                 if reconnect {
                     let left = valid_until.saturating_duration_since(Instant::now());
@@ -197,23 +195,6 @@ fn lost(lease: &LeaseRef, reason: LostReason) -> Error {
         token: lease.token,
         reason,
     }
-}
-
-type Handlers = (Signal, Signal, Signal);
-
-fn handlers() -> Result<Handlers, Error> {
-    Ok((
-        signal(SignalKind::interrupt()).map_err(signal_error)?,
-        signal(SignalKind::terminate()).map_err(signal_error)?,
-        signal(SignalKind::hangup()).map_err(signal_error)?,
-    ))
-}
-
-fn signal_error(err: std::io::Error) -> Error {
-    Error::internal(
-        format!("cannot handle signals: {err}"),
-        "check the system's limits",
-    )
 }
 
 fn forward(pgid: Option<i32>, signal: i32) {

@@ -10,7 +10,8 @@ use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::{Output, Report};
 use crate::target::object::{self as object_target, Expect, ObjectWritten};
-use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult};
+use crate::signals::Interrupts;
+use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult, TxWrite};
 use crate::target::TargetSpec;
 
 pub struct Written {
@@ -80,12 +81,18 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         }
     } else {
         let sql = read_sql(&args)?;
+        // Caught from before the connection on: a stop signal cancels the transaction on the
+        // server instead of leaving it to run to its COMMIT.
+        let mut interrupts = Interrupts::install()?;
         let target = PgTarget::connect(&spec, &ctx.schema).await?;
-        Outcome::Transaction(
-            target
-                .write_transaction(&args.resource, args.token, &owner, &sql)
-                .await?,
-        )
+        let write = TxWrite {
+            resource: &args.resource,
+            token: args.token,
+            owner: &owner,
+            sql: &sql,
+            timeout: args.timeout,
+        };
+        Outcome::Transaction(target.write_transaction(&write, &mut interrupts).await?)
     };
     Ok(Written {
         resource: args.resource,

@@ -195,18 +195,30 @@ impl Target {
 
     async fn connect_unbounded(&self) -> Result<(Client, Notifications), Error> {
         let mut config = self.config.clone();
-        if self.ssl == Ssl::Disable {
+        let Some(tls) = self.tls()? else {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(|err| self.connect_error(&err))?;
             return Ok((client, drive(connection)));
-        }
+        };
         config.ssl_mode(if self.ssl == Ssl::Prefer {
             SslMode::Prefer
         } else {
             SslMode::Require
         });
+        let (client, connection) = config
+            .connect(tls)
+            .await
+            .map_err(|err| self.connect_error(&err))?;
+        Ok((client, drive(connection)))
+    }
+
+    /// The TLS connector `sslmode` asks for (`None`: plain TCP).
+    fn tls(&self) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, Error> {
+        if self.ssl == Ssl::Disable {
+            return Ok(None);
+        }
         let roots = match self.ssl {
             Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs()?,
             _ => Vec::new(),
@@ -220,12 +232,23 @@ impl Target {
                 "point sslrootcert (or PGSSLROOTCERT) at the CA certificate that signed the server's",
             )
         })?;
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
-        let (client, connection) = config
-            .connect(tls)
-            .await
-            .map_err(|err| self.connect_error(&err))?;
-        Ok((client, drive(connection)))
+        Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(tls)))
+    }
+
+    /// Asks the server to cancel whatever `cancel` names is running (a new connection that
+    /// carries only the cancel request, as libpq's PQcancel). The answer to the cancelled
+    /// request, not this call, says whether it was cancelled in time.
+    pub async fn cancel(&self, cancel: &tokio_postgres::CancelToken) -> Result<(), Error> {
+        let sent = match self.tls()? {
+            None => cancel.cancel_query(tokio_postgres::NoTls).await,
+            Some(tls) => cancel.cancel_query(tls).await,
+        };
+        sent.map_err(|err| {
+            Error::unavailable(
+                format!("cannot reach PostgreSQL at `{}` to cancel: {}", self.display, error_chain(&err)),
+                "check that the server is reachable",
+            )
+        })
     }
 
     /// Every certificate in the `sslrootcert` file (a bundle may hold several, as with libpq).

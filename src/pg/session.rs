@@ -29,6 +29,8 @@ pub struct Session {
     pub notifications: tokio::sync::Mutex<pg::Notifications>,
     pub display: String,
     pub schema: String,
+    /// Where the connection goes, kept to send cancel requests there.
+    server: Target,
     spec: &'static SchemaSpec,
     /// Each request's SQL, with its prepared statement from its second use on: a one-shot
     /// process pays no extra round trip, and a long-lived session (bench workers, `run`'s
@@ -54,16 +56,22 @@ impl Session {
         schema: &str,
         spec: &'static SchemaSpec,
     ) -> Result<Session, Error> {
-        let target = Target::resolve(url, display)?;
-        let (client, notifications) = target.connect().await?;
+        let server = Target::resolve(url, display)?;
+        let (client, notifications) = server.connect().await?;
         Ok(Session {
             client,
             notifications: tokio::sync::Mutex::new(notifications),
             display: display.to_owned(),
             schema: schema.to_owned(),
+            server,
             spec,
             statements: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Asks the server to cancel the request this session is running.
+    pub async fn cancel(&self) -> Result<(), Error> {
+        self.server.cancel(&self.client.cancel_token()).await
     }
 
     /// `init`: creates or migrates the schema; returns what it did and the version.

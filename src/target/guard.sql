@@ -63,16 +63,30 @@ CREATE OR REPLACE TRIGGER guards_no_truncate BEFORE TRUNCATE ON __SCHEMA__.guard
 -- The fenced path. Call it first in a READ COMMITTED transaction: it advances the guard row
 -- to p_token iff p_token >= the highest accepted (holding the row lock to commit, so a
 -- concurrent lower token waits and then fails), binds the token to this transaction, and
--- raises LF002 when the token is stale. Admins writing by hand run, in one transaction:
+-- raises LF002 when the token is stale. When this database is also fence's coordinator (its
+-- `leases` table lives in this schema and has a row for the resource), a token above the
+-- highest it issued is refused (LF008): a forged or mistyped token could otherwise lock every
+-- real holder out. Resources with no lease row here are coordinated elsewhere. Admins
+-- writing by hand run, in one transaction:
 --   BEGIN; SELECT __SCHEMA__.begin_write('resource', <current token>, 'who'); <writes>; COMMIT;
 CREATE OR REPLACE FUNCTION __SCHEMA__.begin_write(p_resource text, p_token bigint, p_owner text)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_highest bigint;
+    v_issued bigint;
 BEGIN
     IF p_token IS NULL OR p_token < 1 THEN
         RAISE EXCEPTION 'a fencing token is a positive integer, not %', p_token USING ERRCODE = 'LF001';
+    END IF;
+    IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
+        SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
+        IF p_token > v_issued THEN
+            RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
+                p_token, p_resource, v_issued
+                USING ERRCODE = 'LF008', DETAIL = v_issued::text,
+                      HINT = 'write with the token `fence acquire` printed for this resource';
+        END IF;
     END IF;
     INSERT INTO __SCHEMA__.guards AS g (resource, highest_token, updated_at, updated_by, accepted_writes)
     VALUES (p_resource, p_token, clock_timestamp(), nullif(p_owner, ''), 1)
@@ -98,7 +112,36 @@ BEGIN
     PERFORM set_config('fence.resource', p_resource, true),
             set_config('fence.token', p_token::text, true),
             set_config('fence.txid', txid_current()::text, true);
+    -- A client that vanished (killed, partitioned) must not leave this transaction running
+    -- to its COMMIT: the server checks the socket while statements run (PostgreSQL 14+).
+    IF current_setting('server_version_num')::int >= 140000 THEN
+        PERFORM set_config('client_connection_check_interval', '1000', true);
+    END IF;
     RETURN v_highest;
+END
+$fn$;
+
+-- The last statement `fence write` sends before COMMIT. It fails (so the implicit transaction
+-- it runs in rolls back) when the transaction begin_write bound has already ended — SQL that
+-- slipped a COMMIT or ROLLBACK past fence's checks leaves nothing of its own behind — and when
+-- the transaction has run longer than p_timeout_ms by the server's clock, so a transaction
+-- whose client gave up (or died) can never commit after the client's deadline.
+CREATE OR REPLACE FUNCTION __SCHEMA__.end_write(p_resource text, p_token bigint, p_timeout_ms bigint)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF current_setting('fence.txid', true) IS DISTINCT FROM txid_current()::text
+       OR current_setting('fence.resource', true) IS DISTINCT FROM p_resource
+       OR current_setting('fence.token', true) IS DISTINCT FROM p_token::text THEN
+        RAISE EXCEPTION 'the fenced transaction of % ended inside the SQL (COMMIT, ROLLBACK or similar)', p_resource
+            USING ERRCODE = 'LF009',
+                  HINT = 'remove transaction control from the SQL: fence runs it in one transaction of its own';
+    END IF;
+    IF clock_timestamp() > now() + p_timeout_ms * interval '1 millisecond' THEN
+        RAISE EXCEPTION 'the fenced transaction of % ran longer than its %ms timeout', p_resource, p_timeout_ms
+            USING ERRCODE = 'LF010',
+                  HINT = 'nothing was applied; raise --timeout if the SQL needs longer';
+    END IF;
 END
 $fn$;
 
@@ -124,7 +167,10 @@ DECLARE
     v_token bigint;
     v_highest bigint;
 BEGIN
-    IF coalesce(v_token_text, '') !~ '^[0-9]{1,18}$'
+    -- The same range begin_write takes: 1 to 2^63-1 (19 digits at most, compared as text so a
+    -- longer number is refused here rather than overflowing).
+    IF coalesce(v_token_text, '') !~ '^[0-9]{1,19}$'
+       OR (length(v_token_text) = 19 AND v_token_text COLLATE "C" > '9223372036854775807')
        OR current_setting('fence.resource', true) IS DISTINCT FROM v_resource
        OR current_setting('fence.txid', true) IS DISTINCT FROM txid_current()::text THEN
         RAISE EXCEPTION '%.% is protected by fence resource %: this transaction carries no fencing token for it',
@@ -189,6 +235,13 @@ BEGIN
     IF v_missing IS NOT NULL THEN
         RAISE EXCEPTION 'table % has no column %', p_table, quote_ident(v_missing) USING ERRCODE = 'LF006';
     END IF;
+    IF (SELECT a.atttypid FROM pg_attribute a WHERE a.attrelid = p_table AND a.attname = p_token_column)
+       NOT IN ('int8'::regtype, 'int4'::regtype, 'int2'::regtype, 'numeric'::regtype) THEN
+        RAISE EXCEPTION 'column % of % holds %, not fencing tokens', quote_ident(p_token_column), p_table,
+            (SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+              WHERE a.attrelid = p_table AND a.attname = p_token_column)
+            USING ERRCODE = 'LF006';
+    END IF;
     v_set_list := (SELECT string_agg(format('%I = r.%I', c, c), ', ') FROM unnest(v_cols) AS c);
     v_key_list := (SELECT string_agg(format('t.%I IS NOT DISTINCT FROM r.%I', c, c), ' AND ') FROM unnest(v_keys) AS c);
     LOOP
@@ -240,5 +293,5 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '1')
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '2')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

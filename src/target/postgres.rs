@@ -6,18 +6,22 @@
 //! caller's SQL and `COMMIT` are pipelined: one round trip. If `begin_write` refuses, the
 //! transaction is aborted, so the caller's SQL cannot run and `COMMIT` rolls back.
 
+use std::time::Duration;
+
+use futures_core::Stream;
 use tokio_postgres::types::Type;
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::error::{ConflictKind, Error};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::{self};
+use crate::signals::Interrupts;
 use crate::target::{quote_literal, quote_table, TargetSpec};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "target_meta",
-    version: 1,
+    version: 2,
     sql: include_str!("guard.sql"),
     purpose: "target",
 };
@@ -74,18 +78,18 @@ impl PgTarget {
         &self.session.display
     }
 
-    /// Runs `sql` in one fenced transaction.
+    /// Runs `sql` in one fenced transaction. Whatever makes fence give up before the answer
+    /// (`write.timeout`, a stop signal), it cancels the transaction on the server and waits for
+    /// the outcome, so it reports what is true instead of leaving a transaction to commit.
     pub async fn write_transaction(
         &self,
-        resource: &str,
-        token: i64,
-        owner: &str,
-        sql: &str,
+        write: &TxWrite<'_>,
+        interrupts: &mut Interrupts,
     ) -> Result<Vec<StatementResult>, Error> {
-        match self.pipeline(resource, token, owner, sql).await {
+        match self.fenced(write, interrupts).await {
             Err(Retry::MissingSchema) => {
                 self.session.migrate().await?;
-                match self.pipeline(resource, token, owner, sql).await {
+                match self.fenced(write, interrupts).await {
                     Err(Retry::MissingSchema) => Err(Error::internal(
                         "fence's guard functions are still missing after creating them",
                         "check that --schema is not shadowed, and report this bug",
@@ -99,75 +103,163 @@ impl PgTarget {
         }
     }
 
-    async fn pipeline(
+    /// One attempt: the whole transaction goes out as ONE simple-query message, so the server
+    /// runs none of the caller's statements once `begin_write` fails (it skips the rest of a
+    /// message after an error), and `end_write` rolls back anything that ran after the caller's
+    /// SQL ended the transaction fence began (see guard.sql).
+    async fn fenced(
         &self,
-        resource: &str,
-        token: i64,
-        owner: &str,
-        sql: &str,
+        write: &TxWrite<'_>,
+        interrupts: &mut Interrupts,
     ) -> Result<Vec<StatementResult>, Retry> {
         let client = &self.session.client;
-        let guard_sql = format!("SELECT {}.begin_write($1, $2, $3)", self.session.schema);
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
-            (&resource, Type::TEXT),
-            (&token, Type::INT8),
-            (&owner, Type::TEXT),
-        ];
-        // Polled together, these four requests go out back to back: one round trip.
-        let all = async {
-            tokio::join!(
-                client.simple_query("BEGIN ISOLATION LEVEL READ COMMITTED"),
-                client.query_typed(&guard_sql, &params),
-                client.simple_query(sql),
-                client.simple_query("COMMIT"),
-            )
-        };
-        let what = format!("write to `{resource}`");
-        let (begin, guard, body, commit) = tokio::time::timeout(pg::REQUEST_TIMEOUT * 3, all)
-            .await
-            .map_err(|_| Retry::Fail(pg::lost(self.display(), &what, "no answer in time", true)))?;
-        // The first failure decides. A database error before COMMIT aborted the transaction,
-        // so nothing was applied; a lost connection may have lost the answer to COMMIT.
-        if let Err(err) = begin {
-            return Err(Retry::Fail(
-                self.classify(&err, resource, token, owner, &what).await,
-            ));
-        }
-        if let Err(err) = guard {
-            if is_missing_schema(&err) {
-                return Err(Retry::MissingSchema);
-            }
-            return Err(Retry::Fail(
-                self.classify(&err, resource, token, owner, &what).await,
-            ));
-        }
-        let messages = match body {
-            Ok(messages) => messages,
-            Err(err) => {
-                return Err(Retry::Fail(
-                    self.classify(&err, resource, token, owner, &what).await,
-                ))
+        let script = self.script(write);
+        // The checks on the caller's SQL read string literals as standard_conforming_strings
+        // does; it must be on when the server parses the script, so it is set by the message
+        // before (PgBouncer tracks this setting per client).
+        let answer = async {
+            let (scs, answer) = tokio::join!(
+                client.simple_query("SET standard_conforming_strings = on"),
+                collect(client, &script),
+            );
+            match scs {
+                Ok(_) => answer,
+                Err(err) => Answer::Failed { completed: 0, err },
             }
         };
-        if let Err(err) = commit {
-            return Err(Retry::Fail(
-                self.classify(&err, resource, token, owner, &what).await,
-            ));
+        tokio::pin!(answer);
+        let gave_up = tokio::select! {
+            answer = &mut answer => return self.settle(answer, write, None).await,
+            _ = tokio::time::sleep(write.timeout + SERVER_FIRST) => GaveUp::Timeout(write.timeout),
+            (_, name) = interrupts.next() => GaveUp::Signal(name),
+        };
+        // Cancel on the server and wait for the answer: it says whether the COMMIT got in first.
+        let cancelled = self.session.cancel().await;
+        match tokio::time::timeout(CANCEL_WAIT, &mut answer).await {
+            Ok(answer) => self.settle(answer, write, Some(gave_up)).await,
+            Err(_) => Err(Retry::Fail(Error::OutcomeUnknown {
+                message: format!(
+                    "{}; fence asked PostgreSQL at `{}` to cancel the write to `{}`{} and got no answer within {}s",
+                    gave_up.what(),
+                    self.display(),
+                    write.resource,
+                    match cancelled {
+                        Ok(()) => String::new(),
+                        Err(err) => format!(" (the cancel request failed: {err})"),
+                    },
+                    CANCEL_WAIT.as_secs()
+                ),
+                hint: format!(
+                    "the transaction may or may not commit (it cannot commit later than {} after it began): check `fence inspect {} --target …` and the data before retrying",
+                    crate::time::span(write.timeout.as_millis() as i64),
+                    crate::error::shell_word(write.resource)
+                ),
+            })),
         }
-        Ok(statement_results(messages))
+    }
+
+    /// The script of one fenced transaction. Only `sql` comes from the caller; it was checked
+    /// to hold no transaction control and to end outside any quote or comment.
+    fn script(&self, write: &TxWrite<'_>) -> String {
+        let schema = &self.session.schema;
+        let resource = quote_literal(write.resource);
+        let owner = quote_literal(write.owner);
+        let token = write.token;
+        let ms = write.timeout.as_millis().max(1);
+        format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
+             SET LOCAL statement_timeout = {ms};\n\
+             SET LOCAL lock_timeout = {ms};\n\
+             SELECT {schema}.begin_write({resource}, {token}, {owner});\n\
+             {sql}\n;\n\
+             SELECT {schema}.end_write({resource}, {token}, {ms});\n\
+             COMMIT",
+            sql = write.sql
+        )
+    }
+
+    /// Turns the server's answer into the outcome; `gave_up` says why fence stopped waiting
+    /// before it came.
+    async fn settle(
+        &self,
+        answer: Answer,
+        write: &TxWrite<'_>,
+        gave_up: Option<GaveUp>,
+    ) -> Result<Vec<StatementResult>, Retry> {
+        let (completed, err) = match answer {
+            Answer::Done(messages) => {
+                if let Some(gave_up) = gave_up {
+                    eprintln!(
+                        "fence: {}, but the transaction had already committed",
+                        gave_up.what()
+                    );
+                }
+                let mut results = statement_results(messages);
+                // BEGIN, two SETs and begin_write before; end_write and COMMIT after.
+                results.truncate(results.len().saturating_sub(2));
+                return Ok(results.split_off(PRELUDE_STATEMENTS.min(results.len())));
+            }
+            Answer::Failed { completed, err } => (completed, err),
+        };
+        // The transaction is aborted (or the connection gone): end it before anything else.
+        let _ = self.client_rollback().await;
+        if is_missing_schema(&err) && (completed < PRELUDE_STATEMENTS || self.lacks_end_write().await)
+        {
+            return Err(Retry::MissingSchema);
+        }
+        let code = err.code().map(|c| c.code().to_owned());
+        let rolled_back = |why: String| {
+            Retry::Fail(Error::unavailable(
+                why,
+                "the transaction was rolled back and nothing was applied; it is safe to retry",
+            ))
+        };
+        match (code.as_deref(), gave_up) {
+            (Some("57014" | "LF010"), Some(gave_up)) => Err(rolled_back(format!(
+                "{}: fence cancelled the write to `{}` on PostgreSQL at `{}`",
+                gave_up.what(),
+                write.resource,
+                self.display()
+            ))),
+            (Some("57014" | "LF010"), None) => Err(rolled_back(format!(
+                "the write to `{}` did not finish within its {} timeout (--timeout), so PostgreSQL at `{}` cancelled it",
+                write.resource,
+                crate::time::span(write.timeout.as_millis() as i64),
+                self.display()
+            ))),
+            (Some("55P03"), _) => Err(rolled_back(format!(
+                "the write to `{}` waited {} for a lock held by another transaction (another fenced write of the same resource, or a writer of the same rows)",
+                write.resource,
+                crate::time::span(write.timeout.as_millis() as i64)
+            ))),
+            _ => Err(Retry::Fail(self.classify(&err, write).await)),
+        }
+    }
+
+    /// Whether the schema predates `end_write` (version 1): then a failure to find it means
+    /// "migrate", not a mistake in the caller's SQL.
+    async fn lacks_end_write(&self) -> bool {
+        let sql = format!(
+            "SELECT to_regprocedure('{}.end_write(text,bigint,bigint)') IS NULL",
+            self.session.schema
+        );
+        match self.session.client.query_one(&sql, &[]).await {
+            Ok(row) => row.get(0),
+            Err(_) => false,
+        }
     }
 
     /// Maps a failure inside the fenced transaction to its outcome, recording rejections.
-    async fn classify(
-        &self,
-        err: &tokio_postgres::Error,
-        resource: &str,
-        token: i64,
-        owner: &str,
-        what: &str,
-    ) -> Error {
+    async fn classify(&self, err: &tokio_postgres::Error, write: &TxWrite<'_>) -> Error {
+        let TxWrite {
+            resource,
+            token,
+            owner,
+            ..
+        } = *write;
+        let what = format!("write to `{resource}`");
         let Some(db) = err.as_db_error() else {
-            return match pg::lost(self.display(), what, &err.to_string(), true) {
+            return match pg::lost(self.display(), &what, &err.to_string(), true) {
                 Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
                     message,
                     hint: format!(
@@ -178,7 +270,6 @@ impl PgTarget {
                 other => other,
             };
         };
-        // COMMIT, pipelined behind the failed statement, has already ended the transaction.
         let error = match db.code().code() {
             "LF002" => Error::Stale {
                 resource: resource.to_owned(),
@@ -187,6 +278,25 @@ impl PgTarget {
                     .detail()
                     .and_then(|d| d.parse().ok())
                     .unwrap_or(token + 1),
+            },
+            "LF008" => Error::Conflict {
+                resource: resource.to_owned(),
+                token,
+                kind: ConflictKind::NeverIssued {
+                    highest_token: db.detail().and_then(|d| d.parse().ok()).unwrap_or(0),
+                },
+            },
+            // Defence in depth: the SQL ended fence's transaction although the checks before
+            // sending found no transaction control. What ran before that may have committed.
+            "LF009" => Error::OutcomeUnknown {
+                message: format!(
+                    "the SQL ended the fenced transaction of `{resource}` itself ({}); what ran after that was rolled back",
+                    db.message()
+                ),
+                hint: format!(
+                    "statements before the COMMIT or ROLLBACK may have committed: check the data and `fence inspect {} --target …`, remove transaction control from the SQL, and report how it got past fence's checks",
+                    crate::error::shell_word(resource)
+                ),
             },
             "LF001" | "LF003" => Error::usage(
                 format!(
@@ -200,7 +310,7 @@ impl PgTarget {
                     )
                     .to_owned(),
             ),
-            code if code.starts_with("LF") => pg::request_error(err, self.display(), what, true),
+            code if code.starts_with("LF") => pg::request_error(err, self.display(), &what, true),
             code => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),
@@ -389,6 +499,81 @@ impl PgTarget {
 enum Retry {
     MissingSchema,
     Fail(Error),
+}
+
+/// Statements fence sends before the caller's SQL: BEGIN, two SETs, begin_write.
+const PRELUDE_STATEMENTS: usize = 4;
+
+/// How long past `--timeout` fence waits for the server's own timeouts (which give a definite
+/// "rolled back") before it sends a cancel request itself.
+const SERVER_FIRST: Duration = Duration::from_secs(2);
+
+/// How long fence waits for the answer after a cancel request before calling the outcome
+/// unknown.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+
+/// One fenced transaction: who writes what, with which token, within how long.
+#[derive(Clone, Copy)]
+pub struct TxWrite<'a> {
+    pub resource: &'a str,
+    pub token: i64,
+    pub owner: &'a str,
+    /// Checked by [`crate::target::sql_check`] before it gets here.
+    pub sql: &'a str,
+    /// The server cancels the transaction after this long, and it can never commit later.
+    pub timeout: Duration,
+}
+
+/// Why fence stopped waiting for a fenced transaction.
+#[derive(Clone, Copy)]
+enum GaveUp {
+    Timeout(Duration),
+    Signal(&'static str),
+}
+
+impl GaveUp {
+    fn what(self) -> String {
+        match self {
+            GaveUp::Timeout(timeout) => format!(
+                "the server did not answer within the {} timeout (--timeout)",
+                crate::time::span(timeout.as_millis() as i64)
+            ),
+            GaveUp::Signal(name) => format!("interrupted by {name}"),
+        }
+    }
+}
+
+/// The server's answer to the script, with how many statements completed before a failure.
+enum Answer {
+    Done(Vec<SimpleQueryMessage>),
+    Failed {
+        completed: usize,
+        err: tokio_postgres::Error,
+    },
+}
+
+/// Reads the answer to `script` message by message, counting completed statements, so a
+/// failure can be placed: in fence's statements before the caller's SQL, or later.
+async fn collect(client: &tokio_postgres::Client, script: &str) -> Answer {
+    let stream = match client.simple_query_raw(script).await {
+        Ok(stream) => stream,
+        Err(err) => return Answer::Failed { completed: 0, err },
+    };
+    tokio::pin!(stream);
+    let mut messages = Vec::new();
+    let mut completed = 0;
+    while let Some(message) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+        match message {
+            Ok(message) => {
+                if matches!(message, SimpleQueryMessage::CommandComplete(_)) {
+                    completed += 1;
+                }
+                messages.push(message);
+            }
+            Err(err) => return Answer::Failed { completed, err },
+        }
+    }
+    Answer::Done(messages)
 }
 
 fn row_error(err: Error, table: &str) -> Error {

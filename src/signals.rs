@@ -1,0 +1,42 @@
+//! The signals that ask fence to stop (SIGINT, SIGTERM, SIGHUP), caught instead of dying so
+//! that what fence started is never left half done: `run` passes them on to its command,
+//! `write` cancels its transaction on the server and reports what really happened.
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+use crate::error::Error;
+
+pub struct Interrupts {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+}
+
+impl Interrupts {
+    /// Installs the handlers. Fails (never panics) when the process cannot, e.g. when it is
+    /// out of file descriptors.
+    pub fn install() -> Result<Interrupts, Error> {
+        let handler = |kind| {
+            signal(kind).map_err(|err| {
+                Error::internal(
+                    format!("cannot handle signals: {err}"),
+                    "check the process's limits (`ulimit -n`: open files); nothing was done",
+                )
+            })
+        };
+        Ok(Interrupts {
+            interrupt: handler(SignalKind::interrupt())?,
+            terminate: handler(SignalKind::terminate())?,
+            hangup: handler(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next stop signal: its number and name.
+    pub async fn next(&mut self) -> (i32, &'static str) {
+        tokio::select! {
+            _ = self.interrupt.recv() => (libc::SIGINT, "SIGINT"),
+            _ = self.terminate.recv() => (libc::SIGTERM, "SIGTERM"),
+            _ = self.hangup.recv() => (libc::SIGHUP, "SIGHUP"),
+        }
+    }
+}
