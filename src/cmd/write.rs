@@ -9,8 +9,8 @@ use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::{Output, Report};
-use crate::target::object::{self as object_target, Expect, ObjectWritten};
 use crate::signals::Interrupts;
+use crate::target::object::{self as object_target, Expect, ObjectWritten};
 use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult, TxWrite};
 use crate::target::TargetSpec;
 

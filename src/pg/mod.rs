@@ -245,7 +245,11 @@ impl Target {
         };
         sent.map_err(|err| {
             Error::unavailable(
-                format!("cannot reach PostgreSQL at `{}` to cancel: {}", self.display, error_chain(&err)),
+                format!(
+                    "cannot reach PostgreSQL at `{}` to cancel: {}",
+                    self.display,
+                    error_chain(&err)
+                ),
                 "check that the server is reachable",
             )
         })

@@ -158,24 +158,8 @@ impl PgTarget {
         }
     }
 
-    /// The script of one fenced transaction. Only `sql` comes from the caller; it was checked
-    /// to hold no transaction control and to end outside any quote or comment.
     fn script(&self, write: &TxWrite<'_>) -> String {
-        let schema = &self.session.schema;
-        let resource = quote_literal(write.resource);
-        let owner = quote_literal(write.owner);
-        let token = write.token;
-        let ms = write.timeout.as_millis().max(1);
-        format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
-             SET LOCAL statement_timeout = {ms};\n\
-             SET LOCAL lock_timeout = {ms};\n\
-             SELECT {schema}.begin_write({resource}, {token}, {owner});\n\
-             {sql}\n;\n\
-             SELECT {schema}.end_write({resource}, {token}, {ms});\n\
-             COMMIT",
-            sql = write.sql
-        )
+        fenced_script(&self.session.schema, write)
     }
 
     /// Turns the server's answer into the outcome; `gave_up` says why fence stopped waiting
@@ -203,7 +187,8 @@ impl PgTarget {
         };
         // The transaction is aborted (or the connection gone): end it before anything else.
         let _ = self.client_rollback().await;
-        if is_missing_schema(&err) && (completed < PRELUDE_STATEMENTS || self.lacks_end_write().await)
+        if is_missing_schema(&err)
+            && (completed < PRELUDE_STATEMENTS || self.lacks_end_write().await)
         {
             return Err(Retry::MissingSchema);
         }
@@ -504,6 +489,11 @@ enum Retry {
 /// Statements fence sends before the caller's SQL: BEGIN, two SETs, begin_write.
 const PRELUDE_STATEMENTS: usize = 4;
 
+/// How much longer than a lock wait a statement may run: what the server cancels at `--timeout`
+/// is a lock wait, not the statement, when both would go together. end_write still refuses to
+/// commit after `--timeout`.
+const LOCK_BEFORE_STATEMENT: Duration = Duration::from_millis(500);
+
 /// How long past `--timeout` fence waits for the server's own timeouts (which give a definite
 /// "rolled back") before it sends a cancel request itself.
 const SERVER_FIRST: Duration = Duration::from_secs(2);
@@ -550,6 +540,29 @@ enum Answer {
         completed: usize,
         err: tokio_postgres::Error,
     },
+}
+
+/// The script of one fenced transaction, sent as one message. Only `write.sql` comes from the
+/// caller; it was checked to hold no transaction control and to end outside any quote or
+/// comment, and the newline after it ends a trailing `--` comment. (Public so that a test can
+/// send it with transaction control the checks would have refused, to prove `end_write`.)
+pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
+    let resource = quote_literal(write.resource);
+    let owner = quote_literal(write.owner);
+    let token = write.token;
+    let ms = write.timeout.as_millis().max(1);
+    // A lock wait times out before the statement does, so it is reported as a lock wait.
+    let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
+         SET LOCAL statement_timeout = {statement_ms};\n\
+         SET LOCAL lock_timeout = {ms};\n\
+         SELECT {schema}.begin_write({resource}, {token}, {owner});\n\
+         {sql}\n;\n\
+         SELECT {schema}.end_write({resource}, {token}, {ms});\n\
+         COMMIT",
+        sql = write.sql
+    )
 }
 
 /// Reads the answer to `script` message by message, counting completed statements, so a

@@ -1,0 +1,470 @@
+//! The fenced transaction of `fence write --sql` cannot be escaped or outlived (issue 15,
+//! items 1, 2, 5 and 8), asserting on the tables and on the server's own view
+//! (`pg_stat_activity`, `pg_prepared_xacts`):
+//! - transaction control slipped into the SQL never lets a statement outside the guarded
+//!   transaction apply (the message fence sends, proven without fence's checks in front);
+//! - a write fence gives up on (its `--timeout`, SIGINT/SIGTERM/SIGHUP, SIGKILL, lease loss
+//!   under `fence run`) is cancelled on the server: nothing applied, no backend left running;
+//! - a token the coordinator in the same schema never issued is refused, and the real holder
+//!   keeps writing; begin_write and the trigger agree on the token range;
+//! - a write stuck behind another writer's lock is `unavailable`, not `outcome_unknown`.
+
+mod common;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Store;
+use fence::target::postgres::{fenced_script, TxWrite};
+
+/// How long the server may take to notice and end a cancelled or orphaned backend. Measured:
+/// well under a second with `client_connection_check_interval = 1s`; generous for a loaded CI.
+const SERVER_SETTLES: Duration = Duration::from_secs(20);
+
+fn schema(store: &Store) -> String {
+    store.schema.clone().unwrap()
+}
+
+/// A target URL whose connections carry `name` as application_name, so a test finds its own
+/// backends in pg_stat_activity.
+fn tagged_url(store: &Store, name: &str) -> String {
+    format!("{}?application_name={name}", store.url)
+}
+
+fn one(store: &Store, sql: &str) -> String {
+    let rows = common::pg_query(&store.url, sql);
+    rows[0].get::<_, Option<String>>(0).unwrap_or_default()
+}
+
+fn setup_table(store: &Store) -> String {
+    let table = format!("{}.items", schema(store));
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (v int)",
+            s = schema(store)
+        ),
+    );
+    table
+}
+
+fn values(store: &Store, table: &str) -> String {
+    one(
+        store,
+        &format!("SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM {table}"),
+    )
+}
+
+/// Waits until `check` holds, failing the test after `limit`.
+fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Backends of this test's connections (by application_name), as (state, query).
+fn backends(store: &Store, name: &str) -> Vec<(String, String)> {
+    common::pg_query(
+        &store.url,
+        &format!(
+            "SELECT coalesce(state, ''), coalesce(query, '') FROM pg_stat_activity WHERE application_name = '{name}'"
+        ),
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// The first write of `token` for `resource` through fence, creating the guard row.
+fn first_write(store: &Store, resource: &str, token: i64, table: &str) {
+    store
+        .fence()
+        .args(["write", resource, "--token", &token.to_string()])
+        .args(["--target", &store.url])
+        .args(["--sql", &format!("INSERT INTO {table} VALUES (0)")])
+        .run()
+        .expect(0);
+}
+
+/// Sends fence's own transaction message with `sql` in it, as fence would, without the
+/// checks fence runs first: the second line of defence alone. Err(SQLSTATE) on failure.
+fn send_fenced(store: &Store, resource: &str, token: i64, sql: &str) -> Result<(), String> {
+    let write = TxWrite {
+        resource,
+        token,
+        owner: "test",
+        sql,
+        timeout: Duration::from_secs(30),
+    };
+    let script = fenced_script(&schema(store), &write);
+    common::pg_try_exec(&store.url, &script).map_err(|err| err[..5].to_owned())
+}
+
+#[test]
+fn transaction_control_in_the_sql_never_applies_anything_outside_the_guarded_transaction() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let guard = || {
+        one(
+            &store,
+            &format!(
+                "SELECT highest_token || '/' || accepted_writes FROM {}.guards WHERE resource = 'r'",
+                schema(&store)
+            ),
+        )
+    };
+    assert_eq!(guard(), "5/1");
+
+    // Stale token: the guard fails first, so the server skips every later statement of the
+    // message, the caller's COMMIT and what follows it included.
+    for escape in [
+        "COMMIT;",
+        "ROLLBACK;",
+        "END;",
+        "ABORT;",
+        "COMMIT AND CHAIN;",
+        "commit /* x */ work;",
+    ] {
+        let sql = format!("{escape} INSERT INTO {table} VALUES (1)");
+        assert_eq!(
+            send_fenced(&store, "r", 4, &sql),
+            Err("LF002".into()),
+            "{sql}"
+        );
+        assert_eq!(values(&store, &table), "0", "after stale {sql}");
+    }
+
+    // Current token: what runs after the caller's COMMIT or ROLLBACK is in a transaction
+    // begin_write never bound, so end_write fails and it rolls back.
+    let cases = [
+        // (SQL, the rows afterwards)
+        (format!("INSERT INTO {table} VALUES (2); ROLLBACK"), "0"),
+        (
+            format!("INSERT INTO {table} VALUES (3); ROLLBACK AND CHAIN; INSERT INTO {table} VALUES (4)"),
+            "0",
+        ),
+        // The first INSERT ran in the guarded transaction and committed with it; the second
+        // ran after and is rolled back.
+        (
+            format!("INSERT INTO {table} VALUES (5); COMMIT; INSERT INTO {table} VALUES (6)"),
+            "0,5",
+        ),
+        (
+            format!("INSERT INTO {table} VALUES (7); END; INSERT INTO {table} VALUES (8); SELECT 1"),
+            "0,5,7",
+        ),
+    ];
+    for (sql, after) in cases {
+        assert_eq!(
+            send_fenced(&store, "r", 5, &sql),
+            Err("LF009".into()),
+            "{sql}"
+        );
+        assert_eq!(values(&store, &table), after, "after {sql}");
+    }
+    // PREPARE TRANSACTION never leaves a prepared transaction (holding the guard row) behind.
+    let sql = format!("INSERT INTO {table} VALUES (9); PREPARE TRANSACTION 'fence_t'");
+    assert!(send_fenced(&store, "r", 5, &sql).is_err(), "{sql}");
+    assert_eq!(
+        one(&store, "SELECT count(*)::text FROM pg_prepared_xacts"),
+        "0"
+    );
+    assert_eq!(values(&store, &table), "0,5,7");
+    // The guard never moved for any of it but the writes that really committed.
+    assert_eq!(guard(), "5/3");
+}
+
+/// Starts `fence write` with SQL that changes the table and then sleeps, and waits until the
+/// server is running its sleep.
+fn start_slow_write(store: &Store, name: &str, table: &str, extra: &[&str]) -> Child {
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args([
+            "write",
+            "r",
+            "--token",
+            "5",
+            "--target",
+            &tagged_url(store, name),
+        ])
+        .args([
+            "--sql",
+            &format!("INSERT INTO {table} VALUES (1); SELECT pg_sleep(60)"),
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = fence.cmd.spawn().expect("start fence write");
+    wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
+        backends(store, name)
+            .iter()
+            .any(|(state, query)| state == "active" && query.contains("pg_sleep"))
+    });
+    child
+}
+
+/// The exit code and stderr of a finished fence process, failing after `limit`.
+fn finish(mut child: Child, limit: Duration) -> (i32, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+        }
+        assert!(start.elapsed() < limit, "fence did not exit in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Nothing of the write applied (the table holds only the first write's row), and no backend
+/// of it is left that could still commit.
+fn assert_nothing_left(store: &Store, name: &str, table: &str) {
+    wait_for("the write's backend to end", SERVER_SETTLES, || {
+        backends(store, name)
+            .iter()
+            .all(|(_, query)| !query.contains("pg_sleep"))
+    });
+    assert_eq!(values(store, table), "0");
+}
+
+#[test]
+fn a_write_slower_than_its_timeout_is_cancelled_on_the_server_and_reported_unapplied() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let name = format!("fence-{}-timeout", schema(&store));
+    let started = Instant::now();
+    let child = start_slow_write(&store, &name, &table, &["--timeout", "1s"]);
+    let (code, stderr) = finish(child, Duration::from_secs(30));
+    assert_eq!(code, 7, "{stderr}");
+    assert!(stderr.contains("--timeout"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_nothing_left(&store, &name, &table);
+}
+
+#[test]
+fn a_stop_signal_cancels_the_write_on_the_server() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    for (signal, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGHUP, "SIGHUP"),
+    ] {
+        let app = format!("fence-{}-{name}", schema(&store));
+        let child = start_slow_write(&store, &app, &table, &[]);
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let (code, stderr) = finish(child, Duration::from_secs(30));
+        assert_eq!(code, 7, "{name}: {stderr}");
+        assert!(stderr.contains(name), "{stderr}");
+        assert!(stderr.contains("nothing was applied"), "{stderr}");
+        assert_nothing_left(&store, &app, &table);
+    }
+}
+
+#[test]
+fn a_killed_writer_leaves_no_transaction_that_could_commit() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let name = format!("fence-{}-kill", schema(&store));
+    let mut child = start_slow_write(&store, &name, &table, &[]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The server notices the closed socket while the statement runs, and rolls back.
+    assert_nothing_left(&store, &name, &table);
+}
+
+#[test]
+fn lease_loss_under_run_cancels_the_write_it_supervises() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    common::pg_exec(&store.url, &format!("INSERT INTO {table} VALUES (0)"));
+    let name = format!("fence-{}-run", schema(&store));
+    let target = tagged_url(&store, &name);
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["run", "r", "--ttl", "2s", "--owner", "runner", "--", "sh", "-c"])
+        .arg(format!(
+            "exec fence write --target '{target}' --sql 'INSERT INTO {table} VALUES (1); SELECT pg_sleep(60)'"
+        ))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                std::path::Path::new(env!("CARGO_BIN_EXE_fence"))
+                    .parent()
+                    .unwrap()
+                    .display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    wait_for(
+        "the supervised write to reach pg_sleep",
+        SERVER_SETTLES,
+        || {
+            backends(&store, &name)
+                .iter()
+                .any(|(state, query)| state == "active" && query.contains("pg_sleep"))
+        },
+    );
+    // The lease is taken away (released with its own token), as an operator would.
+    let token = store.lease("r").expect("a lease").1;
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "runner",
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let (code, stderr) = finish(child, Duration::from_secs(60));
+    assert_eq!(code, 5, "{stderr}");
+    assert_nothing_left(&store, &name, &table);
+}
+
+#[test]
+fn a_token_the_coordinator_never_issued_is_refused_and_the_holder_keeps_writing() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    let token = store
+        .fence()
+        .args(["acquire", "r", "--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap();
+    first_write(&store, "r", token, &table);
+    for forged in [token + 1, 999_999_999_999, i64::MAX] {
+        let out = store
+            .fence()
+            .args(["write", "r", "--token", &forged.to_string()])
+            .args(["--target", &store.url, "--format", "json"])
+            .args(["--sql", &format!("INSERT INTO {table} VALUES (1)")])
+            .run()
+            .expect(6);
+        assert!(
+            out.stdout.contains("never issued") || out.stdout.contains("never"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(values(&store, &table), "0");
+    assert_eq!(
+        one(
+            &store,
+            &format!(
+                "SELECT highest_token::text FROM {}.guards WHERE resource = 'r'",
+                schema(&store)
+            )
+        ),
+        token.to_string()
+    );
+    first_write(&store, "r", token, &table);
+    assert_eq!(values(&store, &table), "0,0");
+}
+
+#[test]
+fn begin_write_and_the_trigger_accept_the_same_tokens() {
+    // A target whose schema holds no coordinator: any token up to 2^63-1 is the caller's.
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    store
+        .fence()
+        .args(["protect", "--target", &store.url, "--table", &table])
+        .args(["--resource", "r"])
+        .run()
+        .expect(0);
+    let max = i64::MAX.to_string();
+    store
+        .fence()
+        .args(["write", "r", "--token", &max, "--target", &store.url])
+        .args(["--sql", &format!("INSERT INTO {table} VALUES (1)")])
+        .run()
+        .expect(0);
+    assert_eq!(values(&store, &table), "1");
+}
+
+#[test]
+fn a_write_waiting_behind_another_writers_lock_is_unavailable_not_unknown() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    // Another writer of the same resource holds the guard row inside an open transaction.
+    let url = store.url.clone();
+    let schema_name = schema(&store);
+    let (hold, release) = std::sync::mpsc::channel::<()>();
+    let (held, is_held) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        common::block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute(&format!(
+                    "BEGIN; SELECT {schema_name}.begin_write('r', 5, 'other')"
+                ))
+                .await
+                .unwrap();
+            held.send(()).unwrap();
+            let _ = tokio::task::spawn_blocking(move || release.recv()).await;
+            client.batch_execute("ROLLBACK").await.unwrap();
+        })
+    });
+    is_held.recv().unwrap();
+    let started = Instant::now();
+    let out = store
+        .fence()
+        .args(["write", "r", "--token", "5", "--target", &store.url])
+        .args(["--timeout", "1s", "--format", "json"])
+        .args(["--sql", &format!("INSERT INTO {table} VALUES (1)")])
+        .run()
+        .expect(7);
+    assert!(out.stdout.contains("lock"), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    hold.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(values(&store, &table), "0");
+}
+
+#[test]
+fn a_non_integer_token_column_is_a_usage_error() {
+    let store = Store::postgres();
+    let table = format!("{}.jobs", schema(&store));
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (id int PRIMARY KEY, state text, last_fencing_token text); INSERT INTO {table} VALUES (1, 'new', NULL)",
+            s = schema(&store)
+        ),
+    );
+    let out = store
+        .fence()
+        .args(["write", "r", "--token", "3", "--target", &store.url])
+        .args(["--table", &table, "--key", "id=1", "--set", "state=done"])
+        .run()
+        .expect(2);
+    assert!(out.stderr.contains("not fencing tokens"), "{out:?}");
+    assert_eq!(
+        one(&store, &format!("SELECT state FROM {table} WHERE id = 1")),
+        "new"
+    );
+}
