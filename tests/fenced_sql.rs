@@ -468,3 +468,41 @@ fn a_non_integer_token_column_is_a_usage_error() {
         "new"
     );
 }
+
+#[test]
+fn text_read_back_from_a_store_or_target_is_escaped_for_the_terminal() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    store.fence().args(["acquire", "r"]).run().expect(0);
+    first_write(&store, "r", 1, &table);
+    let evil = "E'evil\\x1b]0;pwned\\x07\\x1b[31m\\u202e'";
+    // Someone with write access to the store and the target planted escape sequences.
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "UPDATE {s}.leases SET owner = {evil}; \
+             BEGIN; SELECT {s}.begin_write('r', 1, {evil}); INSERT INTO {table} VALUES (1); COMMIT;",
+            s = schema(&store)
+        ),
+    );
+    let out = store
+        .fence()
+        .args(["inspect", "r", "--history", "5", "--target", &store.url])
+        .run()
+        .expect(0);
+    assert!(!out.stdout.contains('\u{1b}'), "{out:?}");
+    assert!(!out.stdout.contains('\u{7}'), "{out:?}");
+    assert!(!out.stdout.contains('\u{202e}'), "{out:?}");
+    assert!(out.stdout.contains("evil\\u{1b}]0;pwned"), "{out:?}");
+    // JSON carries the stored text exactly (escaped by JSON itself).
+    let json = store
+        .fence()
+        .args(["inspect", "r", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        json["resources"][0]["owner"],
+        "evil\u{1b}]0;pwned\u{7}\u{1b}[31m\u{202e}"
+    );
+}

@@ -97,7 +97,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                     _ => LostReason::Unreachable,
                 };
                 if let Some(cause) = &last_error {
-                    eprintln!("fence: the last renewal attempt failed: {cause}");
+                    crate::output::warn(&format!("the last renewal attempt failed: {cause}"));
                 }
                 break End::Lost(lost(&lease, reason));
             }
@@ -144,9 +144,9 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     match end {
         End::Finished(status) => {
             if let Err(err) = coordinator.release(&lease).await {
-                eprintln!(
-                    "fence: warning: the command ended but its lease could not be released: {err}"
-                );
+                crate::output::warn(&format!(
+                    "warning: the command ended but its lease could not be released: {err}"
+                ));
             }
             let code = status
                 .code()

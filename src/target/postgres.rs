@@ -173,10 +173,10 @@ impl PgTarget {
         let (completed, err) = match answer {
             Answer::Done(messages) => {
                 if let Some(gave_up) = gave_up {
-                    eprintln!(
-                        "fence: {}, but the transaction had already committed",
+                    crate::output::warn(&format!(
+                        "{}, but the transaction had already committed",
                         gave_up.what()
-                    );
+                    ));
                 }
                 let mut results = statement_results(messages);
                 // BEGIN, two SETs and begin_write before; end_write and COMMIT after.
