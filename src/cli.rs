@@ -6,7 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_name, parse_schema, parse_token, parse_ttl, parse_wait, parse_write_timeout, DEFAULT_TTL,
+    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
+    parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
 
@@ -178,9 +179,16 @@ pub struct RunArgs {
     #[arg(value_parser = parse_name)]
     pub resource: String,
 
-    /// Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`.
-    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
+    /// Names who runs it: the lease's owner is `ID/<pid>/<8 hex>`, unique to this run, so a
+    /// second `fence run` with the same ID (a fixed FENCE_OWNER in a crontab) is busy and
+    /// never shares the lease. Default: `<hostname>/<pid>/<8 hex>`.
+    #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_run_owner)]
     pub owner: Option<String>,
+
+    /// Exit with CODE instead of 3 when the lease is busy (as flock's -E): `0` for a cron job
+    /// whose overlap with its previous run is not an error. COMMAND still never starts.
+    #[arg(long, value_name = "CODE")]
+    pub busy_exit_code: Option<u8>,
 
     /// The lease length; fence renews about every third of it.
     #[arg(long, default_value = DEFAULT_TTL, value_name = "DURATION", value_parser = parse_ttl)]

@@ -85,6 +85,21 @@ pub fn parse_wait(value: &str) -> Result<Duration, String> {
         .map_err(|err| format!("`{value}` is not a duration ({err}); write e.g. 30s, 5m, or leave it out to wait forever"))
 }
 
+/// What `fence run` appends to `--owner` (`/<pid>/<8 hex>`) takes at most this many bytes.
+pub const RUN_OWNER_SUFFIX: usize = 1 + 10 + 1 + 8;
+
+/// Parses `fence run --owner`: a name with room for the per-run suffix.
+pub fn parse_run_owner(value: &str) -> Result<String, String> {
+    let name = parse_name(value)?;
+    if name.len() + RUN_OWNER_SUFFIX > MAX_NAME_BYTES {
+        return Err(format!(
+            "`fence run` appends `/<pid>/<8 hex>` to the owner, so it may have at most {} bytes",
+            MAX_NAME_BYTES - RUN_OWNER_SUFFIX
+        ));
+    }
+    Ok(name)
+}
+
 /// Parses a fencing token: a positive 64-bit integer.
 pub fn parse_token(value: &str) -> Result<i64, String> {
     match value.trim().parse::<i64>() {

@@ -13,6 +13,7 @@ pub mod exit;
 pub mod object;
 pub mod output;
 pub mod pg;
+pub mod reaper;
 pub mod signals;
 pub mod store;
 pub mod target;
@@ -25,6 +26,9 @@ use crate::exit::Exit;
 /// Runs the program with the process's arguments and returns its exit status.
 pub fn main() -> Exit {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == reaper::ARG) {
+        return reaper::main(&args[2..]);
+    }
     let cli = match cli::Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(err) => return output::clap_error(&err, &args),

@@ -121,7 +121,14 @@ impl Output {
             }
             print_stdout(&Value::Object(object).to_string());
         } else {
-            self.diagnostic(&err.to_string(), &err.hint());
+            // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
+            // so that cron mails only real failures.
+            if !(self.quiet && matches!(err, Error::Busy { .. })) {
+                self.diagnostic(&err.to_string(), &err.hint());
+            }
+            if self.format == Format::Env {
+                print_stdout(&env_failure(op, err));
+            }
         }
         exit
     }
@@ -140,6 +147,19 @@ impl Output {
             let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
         }
     }
+}
+
+/// What `--format env` prints on stdout when the command failed: comment lines saying why,
+/// then a command that fails with fence's exit status. So `eval "$(fence acquire …)"` fails
+/// too (and stops a `set -e` script, or its `|| exit $?`) instead of evaluating nothing,
+/// which succeeds.
+fn env_failure(op: &str, err: &Error) -> String {
+    let code = err.exit().code();
+    format!(
+        "# fence {op} failed ({}, exit {code}): {}\n(exit {code})",
+        err.name(),
+        terminal_safe(&err.to_string(), false)
+    )
 }
 
 /// A warning on stderr, `fence: ` and one line, whatever it quotes.
@@ -219,14 +239,17 @@ pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
     if let Some(exact) = invalid_value_message(err) {
         message = exact;
     }
-    let wants_json = args
-        .windows(2)
-        .any(|w| w[0] == "--format" && w[1] == "json")
-        || args.iter().any(|a| a == "--format=json");
+    let wants = |format: &str| {
+        args.windows(2)
+            .any(|w| w[0] == "--format" && w[1] == format)
+            || args.iter().any(|a| *a == *format!("--format={format}"))
+    };
     let err = Error::usage(message, hint);
     let out = Output {
-        format: if wants_json {
+        format: if wants("json") {
             Format::Json
+        } else if wants("env") {
+            Format::Env
         } else {
             Format::Human
         },

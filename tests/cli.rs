@@ -613,7 +613,11 @@ fn env_format_is_only_for_acquire() {
         vec!["inspect"],
     ] {
         let (store, fence) = file_fence();
-        let out = fence.args(&op).args(["--format", "env"]).run();
+        let mut out = fence.args(&op).args(["--format", "env"]).run();
+        // stdout is for `eval`: a comment saying why, then a command that fails with 2.
+        let stdout = std::mem::take(&mut out.stdout);
+        assert!(stdout.starts_with("# fence "), "{stdout}");
+        assert!(stdout.ends_with("\n(exit 2)\n"), "{stdout}");
         let (cause, hint) = human_failure(&out, 2);
         assert!(cause.contains("--format env"), "{out:?}");
         assert!(hint.contains("--format human"), "{out:?}");

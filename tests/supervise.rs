@@ -85,12 +85,13 @@ fn the_command_sees_its_lease(store: &Store) {
     let out = run_cmd(
         store,
         &["job", "--owner", "me"],
-        "echo \"$FENCE_RESOURCE|$FENCE_OWNER|$FENCE_TOKEN\"",
+        "echo \"$FENCE_RESOURCE|${FENCE_OWNER%/*/*}|$FENCE_TOKEN\"",
         dir.path(),
     )
     .output()
     .unwrap();
     assert!(out.status.success(), "{out:?}");
+    // The owner is `me/<pid>/<8 hex>`: unique to this run.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job|me|1");
 }
 
@@ -163,7 +164,8 @@ fn renewal_keeps_a_short_lease_alive_through_a_long_command(store: &Store) {
         .args(["acquire", "job", "--owner", "intruder", "--format", "json"])
         .run()
         .expect(3);
-    assert_eq!(out.json()["holder"]["owner"], "runner");
+    let holder = out.json()["holder"]["owner"].as_str().unwrap().to_owned();
+    assert!(holder.starts_with("runner/"), "{holder}");
     let status = fence.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(start.elapsed() >= Duration::from_secs(10));
@@ -426,7 +428,7 @@ fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
             run_cmd(
                 &store,
                 &["job", "--wait", "30s", "--owner", &owner],
-                "echo \"$FENCE_TOKEN $FENCE_OWNER\" >> turns",
+                "echo \"$FENCE_TOKEN ${FENCE_OWNER%/*/*}\" >> turns",
                 dir.path(),
             )
             .spawn()
@@ -437,7 +439,11 @@ fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
             pg_queue(&store, "job") == (1, i)
         });
     }
-    assert_eq!(pg_waiters(&store, "job"), ["w0", "w1", "w2", "w3"]);
+    let queued: Vec<String> = pg_waiters(&store, "job")
+        .iter()
+        .map(|owner| owner.split('/').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(queued, ["w0", "w1", "w2", "w3"]);
     let expected: Vec<String> = (0..4).map(|i| format!("{} w{i}", held + 1 + i)).collect();
     assert_eq!(
         release_and_take_turns(&store, held, waiters, dir.path()),

@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 use crate::cli::AcquireArgs;
 use crate::cmd::wait;
 use crate::cmd::Context;
-use crate::config::{url_has_password, StoreKind};
+use crate::config::{redact_url, url_has_password, StoreKind};
 use crate::error::{shell_quote, Error};
 use crate::output::{Output, Report};
 use crate::store::{random_u64, Grant};
@@ -81,10 +81,17 @@ impl Report for Acquired {
             shell_quote(&lease.owner),
             lease.token
         );
-        // A URL with a password is left out: secrets are never printed. Export it yourself.
+        // Never the password (secrets are never printed), but never left out either: later
+        // commands must reach the same store, or fail loudly there for want of a password.
         let store = ctx.store.as_ref()?;
-        if !url_has_password(&store.url) {
-            lines.push_str(&format!("export FENCE_STORE={}\n", shell_quote(&store.url)));
+        lines.push_str(&format!(
+            "export FENCE_STORE={}\n",
+            shell_quote(&redact_url(&store.url))
+        ));
+        if url_has_password(&store.url) {
+            crate::output::warn(
+                "FENCE_STORE is exported without its password: later commands read it from ~/.pgpass, PGPASSFILE, PGSERVICE or PGPASSWORD, as libpq does",
+            );
         }
         if matches!(store.kind, StoreKind::Postgres(_)) {
             lines.push_str(&format!(

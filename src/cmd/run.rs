@@ -9,6 +9,8 @@
 //! gets SIGTERM and, after `--kill-after`, SIGKILL.
 
 use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -26,9 +28,29 @@ use crate::signals::Interrupts;
 use crate::store::LeaseRef;
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
+    let busy_exit = args.busy_exit_code;
     match supervise(args, ctx, out).await {
         Ok(exit) => exit,
-        Err(err) => out.error("run", ctx.store_display(), &err),
+        Err(err) => {
+            let exit = out.error("run", ctx.store_display(), &err);
+            match (&err, busy_exit) {
+                (Error::Busy { .. }, Some(code)) => Exit::Command(code),
+                _ => exit,
+            }
+        }
+    }
+}
+
+/// The owner of this run's lease: unique to the run, so that two runs never share a lease,
+/// whatever `--owner` they were given (only `acquire` reacquires a live lease of its own).
+fn run_owner(given: Option<&str>) -> String {
+    match given {
+        Some(name) => format!(
+            "{name}/{}/{:08x}",
+            std::process::id(),
+            crate::store::random_u64() as u32
+        ),
+        None => default_owner(),
     }
 }
 
@@ -39,7 +61,7 @@ enum End {
 }
 
 async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
-    let owner = args.owner.clone().unwrap_or_else(default_owner);
+    let owner = run_owner(args.owner.as_deref());
     let mut coordinator = ctx.coordinator().await?;
     // The bound starts before the acquire is sent.
     let sent = Instant::now();
@@ -63,7 +85,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
     let started = Interrupts::install()
-        .and_then(|interrupts| Ok((interrupts, spawn(&args.command, ctx, &lease)?)));
+        .and_then(|interrupts| Ok((interrupts, spawn(&args.command, ctx, &lease, out)?)));
     let (mut interrupts, mut child) = match started {
         Ok(started) => started,
         Err(err) => {
@@ -212,19 +234,44 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     let _ = child.wait().await;
 }
 
+/// Starts COMMAND under the reaper (see [`crate::reaper`]) in a new process group, and waits
+/// for the reaper's report that COMMAND runs (or why it could not start).
 fn spawn(
     command: &[OsString],
     ctx: &Context,
     lease: &LeaseRef,
+    out: &Output,
 ) -> Result<tokio::process::Child, Error> {
-    let (program, rest) = command.split_first().ok_or_else(|| {
+    let program = command.first().ok_or_else(|| {
         Error::usage(
             "no command to run",
             "put the command after `--`: fence run R -- ./job.sh",
         )
     })?;
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest)
+    let cannot = |err: &dyn std::fmt::Display| {
+        Error::usage(
+            format!("cannot start `{}`: {err}", program.to_string_lossy()),
+            "check the command's path and permissions; the lease was released",
+        )
+    };
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, which we own from here.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(cannot(&std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (mut report, write_end) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    let parent = std::process::id().to_string();
+    let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    cmd.arg(crate::reaper::ARG)
+        .arg(&parent)
+        .arg("--")
+        .args(command)
         .process_group(0)
         .env("FENCE_RESOURCE", &lease.resource)
         .env("FENCE_OWNER", &lease.owner)
@@ -233,10 +280,30 @@ fn spawn(
     if let Some(store) = &ctx.store {
         cmd.env("FENCE_STORE", &store.url);
     }
-    cmd.spawn().map_err(|err| {
-        Error::usage(
-            format!("cannot start `{}`: {err}", program.to_string_lossy()),
-            "check the command's path and permissions; the lease was released",
-        )
-    })
+    if out.format == Format::Json {
+        // stdout carries fence's one JSON object; the command's output goes to stderr.
+        cmd.stdout(std::io::stderr());
+    }
+    let raw_write = write_end.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls: dup2 puts the report pipe
+    // on the descriptor the reaper reads (dup2 clears close-on-exec), prctl sets the signal
+    // the reaper gets when this process dies.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(raw_write, crate::reaper::REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|err| cannot(&err))?;
+    drop(write_end);
+    // The reaper closes its end once COMMAND runs, or first writes why it could not start.
+    let mut why = String::new();
+    let _ = report.read_to_string(&mut why);
+    if !why.is_empty() {
+        return Err(cannot(&why));
+    }
+    Ok(child)
 }

@@ -1,0 +1,206 @@
+//! `fence run` fails closed (issue 16, items 2, 4, 5 and 8): two runs never share a lease,
+//! even under one owner name; the command dies with its supervisor however the supervisor
+//! dies; busy can be made silent and successful for cron without ever starting the command;
+//! `--format json` keeps stdout to fence's one object; a command that cannot start releases
+//! the lease.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::Store;
+
+fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
+    let mut fence = store
+        .fence()
+        .args(["run"])
+        .args(args)
+        .args(["--", "sh", "-c", script]);
+    fence.cmd.current_dir(dir).stdin(Stdio::null());
+    fence.cmd
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// Gone, or a zombie: no longer running either way.
+fn is_gone(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    matches!(
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next()),
+        Some('Z') | Some('X')
+    )
+}
+
+fn read_pid(path: &Path) -> u32 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn state(store: &Store, resource: &str) -> String {
+    store
+        .fence()
+        .args(["inspect", resource, "--format", "json"])
+        .run()
+        .expect(0)
+        .json()["resources"][0]["state"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn two_runs_with_one_owner_name_never_share_the_lease(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    for how in ["--owner", "FENCE_OWNER"] {
+        let _ = std::fs::remove_file(dir.path().join("go"));
+        let start = |script: &str| {
+            let args: &[&str] = if how == "--owner" {
+                &["job", "--owner", "cron"]
+            } else {
+                &["job"]
+            };
+            let mut cmd = run_cmd(store, args, script, dir.path());
+            if how == "FENCE_OWNER" {
+                cmd.env("FENCE_OWNER", "cron");
+            }
+            cmd
+        };
+        let mut first = start("echo first >> ran; while [ ! -e go ]; do sleep 0.02; done")
+            .spawn()
+            .unwrap();
+        wait_for(
+            "the first command to start",
+            Duration::from_secs(20),
+            || dir.path().join("ran").exists(),
+        );
+        let out = start("echo second >> ran").output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{how}: {out:?}");
+        std::fs::write(dir.path().join("go"), "").unwrap();
+        assert!(first.wait().unwrap().success());
+        let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap();
+        assert_eq!(ran, "first\n", "{how}: the second run started");
+        std::fs::remove_file(dir.path().join("ran")).unwrap();
+        assert_eq!(state(store, "job"), "free");
+    }
+}
+
+fn sigkill_of_fence_run_takes_the_command_and_its_grandchild_along(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fence = run_cmd(
+        store,
+        &["job", "--ttl", "1m"],
+        "sleep 300 & echo $! > grandchild; echo $$ > child; wait",
+        dir.path(),
+    )
+    .spawn()
+    .unwrap();
+    wait_for(
+        "the command and its child to start",
+        Duration::from_secs(20),
+        || dir.path().join("grandchild").exists() && dir.path().join("child").exists(),
+    );
+    let (child, grandchild) = (
+        read_pid(&dir.path().join("child")),
+        read_pid(&dir.path().join("grandchild")),
+    );
+    fence.kill().unwrap();
+    fence.wait().unwrap();
+    let died = Instant::now();
+    wait_for(
+        "the command and its grandchild to die",
+        Duration::from_secs(1),
+        || is_gone(child) && is_gone(grandchild),
+    );
+    eprintln!("gone {:?} after fence died", died.elapsed());
+}
+
+fn busy_can_exit_zero_quietly_for_cron_and_never_starts_the_command(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--ttl", "1m", "--owner", "previous-run"])
+        .run()
+        .expect(0);
+    let out = run_cmd(
+        store,
+        &["job", "-q", "--busy-exit-code", "0"],
+        "touch ran",
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stderr.is_empty() && out.stdout.is_empty(), "{out:?}");
+    let out = run_cmd(store, &["job", "-q"], "touch ran", dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(out.stderr.is_empty(), "-q silences busy: {out:?}");
+    let out = run_cmd(store, &["job"], "touch ran", dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("previous-run"));
+    assert!(!dir.path().join("ran").exists());
+}
+
+fn json_stdout_holds_only_fences_object(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_cmd(
+        store,
+        &["job", "--format", "json"],
+        "echo from-the-command; echo '{\"ok\":false}'; exit 3",
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.trim().lines().count(), 1, "{stdout}");
+    let object: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(object["op"], "run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("from-the-command"));
+}
+
+fn a_command_that_cannot_start_releases_the_lease(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fence = store
+        .fence()
+        .args(["run", "job", "--", "/nonexistent/command"]);
+    fence.cmd.current_dir(dir.path());
+    let out = fence.run().expect(2);
+    assert!(out.stderr.contains("/nonexistent/command"), "{out:?}");
+    assert_eq!(state(store, "job"), "free");
+}
+
+per_backend!(
+    two_runs_with_one_owner_name_never_share_the_lease,
+    sigkill_of_fence_run_takes_the_command_and_its_grandchild_along,
+    busy_can_exit_zero_quietly_for_cron_and_never_starts_the_command,
+    json_stdout_holds_only_fences_object,
+    a_command_that_cannot_start_releases_the_lease,
+);
+
+#[test]
+fn the_reaper_is_not_for_people() {
+    let home = tempfile::tempdir().unwrap();
+    let out = common::Fence::bare(home.path())
+        .args(["__reaper"])
+        .run()
+        .expect(2);
+    assert!(out.stderr.contains("started by `fence run`"), "{out:?}");
+}
