@@ -27,6 +27,7 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
 use crate::error::Error;
 
+mod libpq_files;
 pub mod session;
 
 /// How long to wait for a server to accept a connection, unless the URL or
@@ -57,13 +58,23 @@ pub struct Target {
 impl Target {
     /// Resolves a `postgres://` URL plus `PG*` fallbacks, without connecting.
     pub fn resolve(url: &str, display: &str) -> Result<Target, Error> {
-        let (url, sslmode, sslrootcert) = take_ssl_params(url);
+        let (url, params) = take_ssl_params(url);
         let mut config = Config::from_str(&url).map_err(|err| {
             Error::usage(
                 format!("`{display}` is not a valid PostgreSQL URL: {err}"),
                 "write it as postgres://user[:password]@host[:port]/database[?sslmode=require]",
             )
         })?;
+        // A service's settings come after the URL's and before the PG* variables (libpq).
+        let service = match params.service.or_else(|| env("PGSERVICE")) {
+            Some(name) => libpq_files::service(&name)?,
+            None => libpq_files::Service::new(),
+        };
+        apply_service(&mut config, &service, display)?;
+        let sslmode = params.sslmode.or_else(|| service.get("sslmode").cloned());
+        let sslrootcert = params
+            .sslrootcert
+            .or_else(|| service.get("sslrootcert").cloned());
         if config.get_hosts().is_empty() {
             match env("PGHOST") {
                 Some(hosts) => {
@@ -105,7 +116,7 @@ impl Target {
             }
         }
         if config.get_password().is_none() {
-            if let Some(password) = env("PGPASSWORD") {
+            if let Some(password) = env("PGPASSWORD").or_else(|| password_file(&config)) {
                 config.password(password);
             }
         }
@@ -323,7 +334,7 @@ impl Target {
         if cause.contains("password missing") {
             return Error::usage(
                 format!("PostgreSQL at `{display}` asks for a password and none was given"),
-                "put it in the URL (postgres://user:password@host/db) or set PGPASSWORD",
+                "put it in ~/.pgpass (mode 0600; or the file PGPASSFILE names), in a service (PGSERVICE), in PGPASSWORD, or in the URL (postgres://user:password@host/db)",
             );
         }
         if cause.contains("invalid configuration") {
@@ -571,17 +582,17 @@ fn os_user() -> Option<String> {
 
 /// Splits `sslmode` and `sslrootcert` out of a URL's query (tokio-postgres rejects
 /// `verify-full` and does not know `sslrootcert`).
-fn take_ssl_params(url: &str) -> (String, Option<String>, Option<String>) {
+fn take_ssl_params(url: &str) -> (String, UrlParams) {
+    let mut params = UrlParams::default();
     let Some((head, query)) = url.split_once('?') else {
-        return (url.to_owned(), None, None);
+        return (url.to_owned(), params);
     };
-    let mut sslmode = None;
-    let mut sslrootcert = None;
     let mut kept = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("sslmode", value)) => sslmode = Some(decode(value)),
-            Some(("sslrootcert", value)) => sslrootcert = Some(decode(value)),
+            Some(("sslmode", value)) => params.sslmode = Some(decode(value)),
+            Some(("sslrootcert", value)) => params.sslrootcert = Some(decode(value)),
+            Some(("service", value)) => params.service = Some(decode(value)),
             _ => kept.push(pair),
         }
     }
@@ -590,7 +601,83 @@ fn take_ssl_params(url: &str) -> (String, Option<String>, Option<String>) {
     } else {
         format!("{head}?{}", kept.join("&"))
     };
-    (url, sslmode, sslrootcert)
+    (url, params)
+}
+
+/// URL parameters fence handles itself (the driver does not know them).
+#[derive(Default)]
+struct UrlParams {
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+    service: Option<String>,
+}
+
+/// Fills what the URL left out from a service's settings.
+fn apply_service(
+    config: &mut Config,
+    service: &libpq_files::Service,
+    display: &str,
+) -> Result<(), Error> {
+    if config.get_hosts().is_empty() {
+        if let Some(hosts) = service.get("host") {
+            for host in hosts.split(',') {
+                add_host(config, host);
+            }
+        }
+    }
+    if config.get_ports().is_empty() {
+        if let Some(port) = service.get("port") {
+            let port = port.parse::<u16>().map_err(|_| {
+                Error::usage(
+                    format!("the service for `{display}` sets port `{port}`, which is not a port number"),
+                    "fix the port in the service file",
+                )
+            })?;
+            config.port(port);
+        }
+    }
+    if config.get_user().is_none() {
+        if let Some(user) = service.get("user") {
+            config.user(user);
+        }
+    }
+    if config.get_dbname().is_none() {
+        if let Some(db) = service.get("dbname") {
+            config.dbname(db);
+        }
+    }
+    if config.get_password().is_none() {
+        if let Some(password) = service.get("password") {
+            config.password(password.as_str());
+        }
+    }
+    if config.get_connect_timeout().is_none() {
+        if let Some(secs) = service
+            .get("connect_timeout")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            config.connect_timeout(Duration::from_secs(secs.max(1)));
+        }
+    }
+    if config.get_application_name().is_none() {
+        if let Some(name) = service.get("application_name") {
+            config.application_name(name);
+        }
+    }
+    Ok(())
+}
+
+/// The password file's password for the first host (libpq tries each host in turn; fence
+/// sends one password to all of them).
+fn password_file(config: &Config) -> Option<String> {
+    let host = match config.get_hosts().first()? {
+        Host::Tcp(name) => name.clone(),
+        Host::Unix(path) => path.display().to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user()?;
+    let database = config.get_dbname().unwrap_or(user);
+    libpq_files::password(&host, port, database, user)
 }
 
 fn decode(value: &str) -> String {
@@ -603,11 +690,12 @@ mod tests {
 
     #[test]
     fn ssl_params_are_split_out() {
-        let (url, mode, root) = take_ssl_params(
-            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x",
+        let (url, params) = take_ssl_params(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=%2Ftmp%2Fca.pem&application_name=x&service=ops",
         );
         assert_eq!(url, "postgres://u@h/db?application_name=x");
-        assert_eq!(mode.as_deref(), Some("verify-full"));
-        assert_eq!(root.as_deref(), Some("/tmp/ca.pem"));
+        assert_eq!(params.sslmode.as_deref(), Some("verify-full"));
+        assert_eq!(params.sslrootcert.as_deref(), Some("/tmp/ca.pem"));
+        assert_eq!(params.service.as_deref(), Some("ops"));
     }
 }
