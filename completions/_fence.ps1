@@ -58,7 +58,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;run' {
-            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`')
+            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Names who runs it: the lease''s owner is `ID/<pid>/<8 hex>`, unique to this run, so a second `fence run` with the same ID (a fixed FENCE_OWNER in a crontab) is busy and never shares the lease. Default: `<hostname>/<pid>/<8 hex>`')
+            [CompletionResult]::new('--busy-exit-code', '--busy-exit-code', [CompletionResultType]::ParameterName, 'Exit with CODE instead of 3 when the lease is busy (as flock''s -E): `0` for a cron job whose overlap with its previous run is not an error. COMMAND still never starts')
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'The lease length; fence renews about every third of it')
             [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first')
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL')
@@ -121,6 +122,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--if-generation-match', '--if-generation-match', [CompletionResultType]::ParameterName, 'Object form: write only if the object''s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)')
             [CompletionResult]::new('--sql', '--sql', [CompletionResultType]::ParameterName, 'SQL to run in the fenced transaction (one or more statements)')
             [CompletionResult]::new('--file', '--file', [CompletionResultType]::ParameterName, 'Read the SQL from a file (`-`: standard input)')
+            [CompletionResult]::new('--timeout', '--timeout', [CompletionResultType]::ParameterName, 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way')
             [CompletionResult]::new('--table', '--table', [CompletionResultType]::ParameterName, 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)')
             [CompletionResult]::new('--key', '--key', [CompletionResultType]::ParameterName, 'Row form: a key column and its value; repeat for composite keys')
             [CompletionResult]::new('--set', '--set', [CompletionResultType]::ParameterName, 'Row form: a column to set and its value; repeat for more')

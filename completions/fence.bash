@@ -557,13 +557,17 @@ _fence() {
             return 0
             ;;
         fence__subcmd__run)
-            opts="-q -h --owner --ttl --wait --kill-after --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --busy-exit-code --ttl --wait --kill-after --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --owner)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --busy-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -603,7 +607,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__write)
-            opts="-q -h --token --owner --target --from --if-match --if-generation-match --sql --file --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
+            opts="-q -h --token --owner --target --from --if-match --if-generation-match --sql --file --timeout --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -638,6 +642,10 @@ _fence() {
                     return 0
                     ;;
                 --file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

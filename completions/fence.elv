@@ -53,7 +53,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'fence;run'= {
-            cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`'
+            cand --owner 'Names who runs it: the lease''s owner is `ID/<pid>/<8 hex>`, unique to this run, so a second `fence run` with the same ID (a fixed FENCE_OWNER in a crontab) is busy and never shares the lease. Default: `<hostname>/<pid>/<8 hex>`'
+            cand --busy-exit-code 'Exit with CODE instead of 3 when the lease is busy (as flock''s -E): `0` for a cron job whose overlap with its previous run is not an error. COMMAND still never starts'
             cand --ttl 'The lease length; fence renews about every third of it'
             cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
             cand --kill-after 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL'
@@ -112,6 +113,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --if-generation-match 'Object form: write only if the object''s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)'
             cand --sql 'SQL to run in the fenced transaction (one or more statements)'
             cand --file 'Read the SQL from a file (`-`: standard input)'
+            cand --timeout 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way'
             cand --table 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)'
             cand --key 'Row form: a key column and its value; repeat for composite keys'
             cand --set 'Row form: a column to set and its value; repeat for more'

@@ -58,7 +58,8 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand acquire" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand run" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l owner -d 'Names who runs it: the lease\'s owner is `ID/<pid>/<8 hex>`, unique to this run, so a second `fence run` with the same ID (a fixed FENCE_OWNER in a crontab) is busy and never shares the lease. Default: `<hostname>/<pid>/<8 hex>`' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l busy-exit-code -d 'Exit with CODE instead of 3 when the lease is busy (as flock\'s -E): `0` for a cron job whose overlap with its previous run is not an error. COMMAND still never starts' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l ttl -d 'The lease length; fence renews about every third of it' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL' -r
@@ -117,6 +118,7 @@ complete -c fence -n "__fish_fence_using_subcommand write" -l if-match -d 'Objec
 complete -c fence -n "__fish_fence_using_subcommand write" -l if-generation-match -d 'Object form: write only if the object\'s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l sql -d 'SQL to run in the fenced transaction (one or more statements)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l file -d 'Read the SQL from a file (`-`: standard input)' -r -F
+complete -c fence -n "__fish_fence_using_subcommand write" -l timeout -d 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l table -d 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l key -d 'Row form: a key column and its value; repeat for composite keys' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l set -d 'Row form: a column to set and its value; repeat for more' -r

@@ -13,9 +13,10 @@ use crate::exit::Exit;
 
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
 ///
-/// A coordinator (PostgreSQL, or a local directory) grants a lease on a RESOURCE with a fencing
-/// token strictly greater than every token granted before for that resource. Pass the token to
-/// whatever you protect; a write that carries an older token is stale and must be refused.
+/// A coordinator (PostgreSQL, an S3 or GCS bucket, or a local directory) grants a lease on a
+/// RESOURCE with a fencing token strictly greater than every token granted before for that
+/// resource. Pass the token to whatever you protect; a write that carries an older token is
+/// stale and must be refused.
 #[derive(Debug, Parser)]
 #[command(
     name = "fence",
@@ -129,9 +130,14 @@ impl Command {
 /// (`reacquired`), so retrying after a lost answer is safe. Held by another owner: exit 3
 /// (`busy`), naming the holder, its token and when it expires.
 ///
+/// With --format env a failure prints a comment and `(exit N)`, so that `eval` fails too:
+///
 /// Examples:
 ///   fence acquire nightly-report --ttl 5m
-///   eval "$(fence acquire nightly-report --ttl 5m --format env)"
+///
+///   eval "$(fence acquire nightly-report --ttl 5m --format env)" || exit $?
+///   step_one
+///   fence release
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct AcquireArgs {
@@ -170,8 +176,8 @@ pub struct AcquireArgs {
 /// the lease is released and fence exits with COMMAND's status (128+N if killed by signal
 /// N). Busy without --wait: exit 3, COMMAND never started.
 ///
-/// Example (cron):
-///   */5 * * * *  fence run nightly-report --ttl 30s -- ./report.sh
+/// Example (a cron job's command; an overlap with the previous run exits 0, silently):
+///   fence run nightly-report --ttl 30s --busy-exit-code 0 -q -- ./report.sh
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -245,7 +251,11 @@ pub struct LeaseArgs {
 /// newer owner's lease.
 ///
 /// Example:
-///   eval "$(fence acquire job --ttl 1m --format env)"; step1; fence renew; step2
+///   eval "$(fence acquire job --ttl 1m --format env)" || exit $?
+///   step_one
+///   fence renew || exit $?
+///   step_two
+///   fence release
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RenewArgs {
@@ -520,16 +530,21 @@ pub struct InitArgs {}
 fn after_long_help() -> String {
     let mut text = String::from("Exit status:\n");
     for exit in Exit::ALL {
-        let name = exit.name().unwrap_or("-");
         text.push_str(&format!(
-            "  {:<2} {:<20} {}\n",
+            "  {:<2} {:<22} {}\n",
             exit.code(),
-            name,
+            exit.names().join(", "),
             exit.meaning()
         ));
     }
     text.push_str(
-        "\nEnvironment: FENCE_STORE, FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN, NO_COLOR,\nand PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGSSLROOTCERT for PostgreSQL;\nAWS_* (AWS_ENDPOINT_URL, AWS_REGION, credentials) for S3; GOOGLE_OAUTH_ACCESS_TOKEN,\nFENCE_GCS_ENDPOINT or STORAGE_EMULATOR_HOST for GCS.",
+        "\nEnvironment: FENCE_STORE, FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER, FENCE_TOKEN,\n\
+         FENCE_LEASE_EXPIRES_AT (exported by acquire --format env), NO_COLOR, XDG_STATE_HOME;\n\
+         PostgreSQL: PGHOST, PGPORT, PGUSER, PGPASSWORD, PGPASSFILE (~/.pgpass), PGSERVICE,\n\
+         PGSERVICEFILE, PGSYSCONFDIR, PGDATABASE, PGSSLMODE, PGSSLROOTCERT, PGCONNECT_TIMEOUT;\n\
+         S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n\
+         AWS_ENDPOINT_URL; GCS: GOOGLE_OAUTH_ACCESS_TOKEN, GOOGLE_APPLICATION_CREDENTIALS,\n\
+         FENCE_GCS_ENDPOINT or STORAGE_EMULATOR_HOST.",
     );
     text
 }

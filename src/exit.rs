@@ -74,22 +74,33 @@ impl Exit {
         }
     }
 
-    /// One line for the EXIT STATUS section of the man page.
+    /// Every `error` name a failure with this status can carry (`-` for success): `internal`
+    /// and `sql_failed` share 1.
+    pub fn names(self) -> Vec<&'static str> {
+        match self {
+            Exit::Internal => vec!["internal", "sql_failed"],
+            other => vec![other.name().unwrap_or("-")],
+        }
+    }
+
+    /// One line for the EXIT STATUS section of the man page, `--help` and the README.
     pub fn meaning(self) -> &'static str {
         match self {
             Exit::Success => "success",
             Exit::Internal => {
-                "unexpected failure (a bug, or local I/O); the message says what failed"
+                "unexpected failure (a bug, or local I/O); or, as `sql_failed`, your own SQL failed in `fence write` and was rolled back"
             }
             Exit::Usage => "bad arguments or configuration; nothing was attempted",
             Exit::Busy => "held by another live owner; not acquired, nothing changed",
             Exit::StaleFencingToken => "a newer token exists; rejected, nothing changed",
-            Exit::LeaseLost => "the lease expired or was taken before renewal",
+            Exit::LeaseLost => {
+                "the lease expired, was released or was taken before renewal; `run` stopped its command"
+            }
             Exit::Conflict => {
-                "another precondition failed (wrong owner, version changed, row missing)"
+                "another precondition failed (wrong owner, token never issued, no lease, version changed, row missing)"
             }
             Exit::Unavailable => {
-                "store or target unreachable before anything was applied; safe to retry"
+                "nothing was applied (store or target unreachable, or a write timed out or was cancelled in time); safe to retry"
             }
             Exit::OutcomeUnknown => {
                 "the request may or may not have applied; inspect before retrying"

@@ -32,10 +32,16 @@ const SHELLS: [(Shell, &str); 5] = [
 
 /// The ENVIRONMENT section of fence(1). Variables clap reads for an option are listed here too,
 /// and [`environment_lists_every_env_option`] keeps the two in step.
-const ENVIRONMENT: [(&str, &str); 15] = [
+const ENVIRONMENT: [(&str, &str); 29] = [
     (
         "FENCE_STORE",
-        "The coordinator, as --store: postgres://user@host/db or file:///dir.",
+        "The coordinator, as --store: postgres://user@host/db, s3://bucket/prefix, \
+         gs://bucket/prefix or file:///dir.",
+    ),
+    (
+        "FENCE_LEASE_EXPIRES_AT",
+        "Exported by fence acquire --format env: when the lease expires, by the coordinator's \
+         clock (RFC 3339 UTC). Informational; fence does not read it.",
     ),
     (
         "FENCE_SCHEMA",
@@ -74,7 +80,54 @@ const ENVIRONMENT: [(&str, &str); 15] = [
         "PGUSER",
         "User when the URL names none. Default: the operating-system user.",
     ),
-    ("PGPASSWORD", "Password when the URL carries none."),
+    (
+        "PGPASSWORD",
+        "Password when neither the URL nor the service carries one.",
+    ),
+    (
+        "PGPASSFILE",
+        "The password file (default ~/.pgpass), read as libpq does when no other password is \
+         given: host:port:database:user:password lines, ignored unless only its owner can read it.",
+    ),
+    (
+        "PGSERVICE",
+        "A connection service (as service= in the URL) whose settings fill what the URL leaves out.",
+    ),
+    (
+        "PGSERVICEFILE",
+        "The per-user service file (default ~/.pg_service.conf).",
+    ),
+    (
+        "PGSYSCONFDIR",
+        "Directory of the system service file pg_service.conf (default /etc/postgresql-common).",
+    ),
+    (
+        "AWS_ACCESS_KEY_ID",
+        "S3 credentials, with AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN.",
+    ),
+    ("AWS_SECRET_ACCESS_KEY", "S3 secret key."),
+    ("AWS_SESSION_TOKEN", "S3 session token, for temporary credentials."),
+    ("AWS_REGION", "S3 region (default us-east-1)."),
+    (
+        "AWS_ENDPOINT_URL",
+        "An S3-compatible server to use instead of AWS (path-style requests).",
+    ),
+    (
+        "GOOGLE_OAUTH_ACCESS_TOKEN",
+        "A GCS bearer token (e.g. from gcloud auth print-access-token).",
+    ),
+    (
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "A GCS service-account JSON key file, exchanged for access tokens at its token_uri.",
+    ),
+    (
+        "FENCE_GCS_ENDPOINT",
+        "A GCS-compatible server to use instead of Google's (JSON API).",
+    ),
+    (
+        "STORAGE_EMULATOR_HOST",
+        "As FENCE_GCS_ENDPOINT, when that is unset.",
+    ),
     ("PGDATABASE", "Database when the URL names none."),
     (
         "PGSSLMODE",
@@ -187,6 +240,55 @@ fn generated_files_are_up_to_date() {
         "checked-in files differ from what src/cli.rs, src/exit.rs and tests/generated.rs generate:\n{problems}\
          run `BLESS=1 cargo test --test generated` to regenerate"
     );
+}
+
+/// The README's exit-code table, between its markers, rendered from `src/exit.rs` like the
+/// man pages and `--help`, so the three cannot drift.
+#[test]
+fn readme_exit_codes_come_from_the_exit_table() {
+    const START: &str = "<!-- exit-codes: generated from src/exit.rs by tests/generated.rs -->\n";
+    const END: &str = "<!-- exit-codes end -->";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (head, rest) = readme
+        .split_once(START)
+        .expect("README marks the exit-code table");
+    let (current, tail) = rest
+        .split_once(END)
+        .expect("README ends the exit-code table");
+    let mut table = String::from("| code | `error` | meaning |\n|---|---|---|\n");
+    for exit in Exit::ALL {
+        let names: Vec<String> = exit
+            .names()
+            .iter()
+            .map(|n| {
+                if *n == "-" {
+                    "—".to_owned()
+                } else {
+                    format!("`{n}`")
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} |",
+            exit.code(),
+            names.join(", "),
+            exit.meaning()
+        );
+    }
+    let _ = writeln!(
+        table,
+        "| other | — | `fence run` passes on its command's status (128+N if it died of signal N) |"
+    );
+    if current == table {
+        return;
+    }
+    if std::env::var_os("BLESS").is_some_and(|v| !v.is_empty() && v != "0") {
+        std::fs::write(&path, format!("{head}{START}{table}{END}{tail}")).unwrap();
+        return;
+    }
+    panic!("README's exit-code table differs from src/exit.rs; run `BLESS=1 cargo test --test generated`:\n{table}");
 }
 
 /// Every generated file, by path relative to the crate root.
