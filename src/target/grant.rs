@@ -45,7 +45,7 @@ impl PgTarget {
             .call(
                 "list fence's functions",
                 false,
-                "SELECT format('%I.%I(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid)) \
+                "SELECT format('%I.%I(%s)', n.nspname, p.proname, oidvectortypes(p.proargtypes)) \
                  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
                  WHERE n.nspname = $1 AND p.proname = ANY($2) ORDER BY p.proname, 1",
                 &[(schema, Type::TEXT), (&names, Type::TEXT_ARRAY)],
@@ -58,7 +58,10 @@ impl PgTarget {
             .collect();
         let mut statements = vec![
             format!("GRANT USAGE ON SCHEMA {schema} TO {quoted_role}"),
-            format!("GRANT SELECT ON TABLE {} TO {quoted_role}", tables.join(", ")),
+            format!(
+                "GRANT SELECT ON TABLE {} TO {quoted_role}",
+                tables.join(", ")
+            ),
         ];
         if !functions.is_empty() {
             statements.push(format!(
@@ -121,11 +124,12 @@ impl PgTarget {
                 "look up the role",
                 false,
                 "SELECT quote_ident(r.rolname), r.rolsuper, \
-                   (SELECT string_agg(DISTINCT o.what, ', ') FROM ( \
-                      SELECT format('schema %I', n.nspname) AS what, n.nspowner AS owner FROM pg_namespace n WHERE n.nspname = $2 \
-                      UNION ALL SELECT format('table %I.%I', $2, c.relname), c.relowner FROM pg_class c \
-                        WHERE c.relnamespace = to_regnamespace($2) \
-                      UNION ALL SELECT format('function %I.%I', $2, p.proname), p.proowner FROM pg_proc p \
+                   (SELECT (array_agg(o.what ORDER BY o.rank, o.what))[1] || CASE WHEN count(*) > 1 \
+                             THEN format(' and %s more of its objects', count(*) - 1) ELSE '' END FROM ( \
+                      SELECT 0 AS rank, format('schema %I', n.nspname) AS what, n.nspowner AS owner FROM pg_namespace n WHERE n.nspname = $2 \
+                      UNION ALL SELECT 1, format('table %I.%I', $2, c.relname), c.relowner FROM pg_class c \
+                        WHERE c.relnamespace = to_regnamespace($2) AND c.relkind = 'r' \
+                      UNION ALL SELECT 2, format('function %I.%I', $2, p.proname), p.proowner FROM pg_proc p \
                         WHERE p.pronamespace = to_regnamespace($2)) o \
                     WHERE pg_has_role(r.oid, o.owner, 'MEMBER')), \
                    (SELECT string_agg(format('%I.%I', $2, c.relname), ', ') FROM pg_class c \
@@ -150,8 +154,8 @@ impl PgTarget {
         }
         if let Some(owned) = row.get::<_, Option<String>>(2) {
             return refuse(
-                format!("`{role}` owns fence's objects ({owned}), so it can write `bindings` and bypass `fence protect`"),
-                "make the admin their owner (ALTER SCHEMA … OWNER TO, and the same for each table and function), or prepare a fresh --schema with `fence init --target` as the admin",
+                format!("`{role}` owns fence's {owned}, so it can write `bindings` and bypass `fence protect`"),
+                "grant a role that owns none of fence's objects; if this is the application's role, make the admin their owner (ALTER … OWNER TO for the schema, its tables and functions) or prepare a fresh --schema with `fence init --target` as the admin",
             );
         }
         if let Some(tables) = row.get::<_, Option<String>>(3) {

@@ -142,9 +142,13 @@ impl PgTarget {
             .call(
                 &format!("read how {resolved} is protected"),
                 false,
-                "SELECT t.rel::text, t.parent::text, t.kind, t.depth, s.resource, s.enabled \
+                "SELECT (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
+                           JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = t.rel), \
+                        (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c \
+                           JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = t.parent), \
+                        t.kind, t.depth, s.resource, s.enabled \
                  FROM __SCHEMA__.protect_tree($1::regclass) t, __SCHEMA__.protect_state(t.rel) s \
-                 ORDER BY t.depth, t.rel::text",
+                 ORDER BY t.depth, 1",
                 &[(&resolved, Type::TEXT)],
             )
             .await?;
@@ -208,14 +212,18 @@ impl PgTarget {
         }
         let schema = &self.session().schema;
         // Event trigger names are per database: one per fence schema.
-        let name: String = format!("{schema}_protect_new_tables").chars().take(63).collect();
+        let name: String = format!("{schema}_protect_new_tables")
+            .chars()
+            .take(63)
+            .collect();
         let script = format!(
             "BEGIN; DROP EVENT TRIGGER IF EXISTS {name}; \
              CREATE EVENT TRIGGER {name} ON ddl_command_end WHEN TAG IN ({NEW_TABLE_TAGS}) \
                EXECUTE FUNCTION {schema}.protect_new_tables(); \
              ALTER EVENT TRIGGER {name} ENABLE ALWAYS; COMMIT;"
         );
-        self.run_script("protect tables added later", &script).await?;
+        self.run_script("protect tables added later", &script)
+            .await?;
         Ok(true)
     }
 
@@ -278,9 +286,10 @@ impl PgTarget {
     /// Runs a multi-statement script, rolling back if it fails.
     pub(crate) async fn run_script(&self, what: &str, script: &str) -> Result<(), Error> {
         let session = self.session();
-        let result = tokio::time::timeout(pg::REQUEST_TIMEOUT, session.client.batch_execute(script))
-            .await
-            .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
+        let result =
+            tokio::time::timeout(pg::REQUEST_TIMEOUT, session.client.batch_execute(script))
+                .await
+                .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
         if let Err(err) = result {
             let _ = session.client.batch_execute("ROLLBACK").await;
             return Err(pg::request_error(&err, &session.display, what, true));
@@ -301,7 +310,10 @@ fn changed_resources(covered: &[Covered], resource: &str) -> Vec<String> {
         .filter_map(|c| {
             let had = c.had_resource.as_deref()?;
             (had != resource).then(|| {
-                format!("{} was protected by `{had}`; it is now protected by `{resource}`", c.table)
+                format!(
+                    "{} was protected by `{had}`; it is now protected by `{resource}`",
+                    c.table
+                )
             })
         })
         .collect()
