@@ -572,3 +572,54 @@ fn a_writer_without_the_schema_is_sent_to_the_admin() {
     drop(db);
     drop_roles(&["roles_nocreate"]);
 }
+
+/// An application role that created fence's schema on its first write owns it: `protect`
+/// warns about it, and `grant` refuses to treat that role as a fenced writer.
+#[test]
+fn an_application_role_owning_the_schema_is_flagged_and_refused() {
+    drop_roles(&["roles_owner"]);
+    let db = Db::new("owner");
+    pg_exec(
+        &db.admin(),
+        &format!(
+            "CREATE ROLE roles_owner LOGIN; GRANT CREATE ON DATABASE {} TO roles_owner;
+             CREATE TABLE t (v int); GRANT ALL ON t TO roles_owner;",
+            db.name
+        ),
+    );
+    write(&db, "roles_owner", 1, "INSERT INTO t VALUES (1)").expect(0);
+    let out = db
+        .fence()
+        .args(["protect", "--target", &db.admin_url(), "--table", "t"])
+        .args(["--resource", "nightly-report", "--format", "json"])
+        .run()
+        .expect(0);
+    let warnings = out.json()["warnings"].to_string();
+    assert!(
+        warnings.contains("owned by roles_owner") && warnings.contains("bypass"),
+        "{out:?}"
+    );
+    let out = db
+        .fence()
+        .args([
+            "grant",
+            "--target",
+            &db.admin_url(),
+            "--role",
+            "roles_owner",
+        ])
+        .args(["--format", "json"])
+        .run()
+        .expect(2);
+    assert!(
+        out.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("owns fence's schema fence"),
+        "{out:?}"
+    );
+    // Nothing was granted: the role still owns the schema, and no statement ran.
+    assert_eq!(out.json()["error"], "usage");
+    drop(db);
+    pg_exec(&Db::server(), "DROP ROLE roles_owner");
+}

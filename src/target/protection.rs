@@ -261,7 +261,8 @@ impl PgTarget {
     }
 
     /// A warning when fence's schema is owned by a role that is neither a superuser nor this
-    /// user: its owner can write `bindings` and so bypass every protected table.
+    /// user (membership does not count: superusers are members of every role): its owner can
+    /// write `bindings` and so bypass every protected table.
     async fn owner_warning(&self) -> Result<Option<String>, Error> {
         let rows = self
             .session()
@@ -269,7 +270,7 @@ impl PgTarget {
                 "read who owns fence's schema",
                 false,
                 "SELECT n.nspowner::regrole::text FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner \
-                 WHERE n.nspname = $1 AND NOT r.rolsuper AND NOT pg_has_role(current_user, n.nspowner, 'MEMBER')",
+                 WHERE n.nspname = $1 AND NOT r.rolsuper AND r.rolname <> current_user",
                 &[(&self.session().schema, Type::TEXT)],
             )
             .await?;
