@@ -293,7 +293,7 @@ impl PgTarget {
                 .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
         if let Err(err) = result {
             let _ = session.client.batch_execute("ROLLBACK").await;
-            return Err(pg::request_error(&err, &session.display, what, true));
+            return Err(session.request_error(&err, what, true));
         }
         Ok(())
     }
