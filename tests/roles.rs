@@ -341,10 +341,26 @@ fn no_write_without_the_grant(db: &Db) {
     .unwrap_err();
     assert!(err.starts_with("42501"), "{err}");
 
-    db.fence()
-        .args(["grant", "--target", &db.admin_url(), "--role", "app_late"])
+    // --print changes nothing; the SQL it prints, run by the admin, is the grant.
+    let printed = db
+        .fence()
+        .args([
+            "grant",
+            "--target",
+            &db.admin_url(),
+            "--role",
+            "app_late",
+            "--print",
+        ])
         .run()
-        .expect(0);
+        .expect(0)
+        .stdout;
+    assert!(
+        printed.contains("GRANT USAGE ON SCHEMA fence TO app_late;"),
+        "{printed}"
+    );
+    write(db, "app_late", token, sql).expect(2);
+    pg_exec(&db.admin(), &printed);
     write(db, "app_late", token, sql).expect(0);
     assert!(db.contents("ledger").contains(&"(2026-06-01,7)".to_owned()));
     pg_exec(&db.admin(), "DROP OWNED BY app_late; DROP ROLE app_late;");
@@ -421,8 +437,47 @@ fn no_forged_records(db: &Db) {
     }
 }
 
-/// (d) A view cannot be protected: exit 2, nothing installed.
+/// (d) A view cannot be protected: exit 2, nothing installed. Nor can a foreign table below a
+/// protected one: `protect` refuses it (exit 2), and adding one later fails.
 fn views_are_refused(db: &Db) {
+    pg_exec(
+        &db.admin(),
+        &format!(
+            "CREATE EXTENSION postgres_fdw;
+             CREATE SERVER loopback FOREIGN DATA WRAPPER postgres_fdw OPTIONS (dbname '{}');
+             CREATE TABLE remote_2030 (LIKE ledger);
+             CREATE TABLE other (day date, amount numeric) PARTITION BY RANGE (day);
+             CREATE FOREIGN TABLE other_2030 PARTITION OF other FOR VALUES FROM ('2030-01-01') TO ('2031-01-01')
+               SERVER loopback OPTIONS (table_name 'remote_2030');",
+            db.name
+        ),
+    );
+    let out = db
+        .fence()
+        .args(["protect", "--target", &db.admin_url(), "--table", "other"])
+        .args(["--resource", "nightly-report", "--format", "json"])
+        .run()
+        .expect(2);
+    assert!(
+        out.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("other_2030 is a foreign table"),
+        "{out:?}"
+    );
+    let err = pg_try_exec(
+        &db.admin(),
+        "CREATE TABLE remote_audit (note text);
+         CREATE FOREIGN TABLE audit_remote () INHERITS (audit) SERVER loopback OPTIONS (table_name 'remote_audit')",
+    )
+    .unwrap_err();
+    assert!(err.starts_with("LF021"), "{err}");
+    assert!(
+        pg_query(&db.admin(), "SELECT to_regclass('audit_remote')::text")[0]
+            .get::<_, Option<String>>(0)
+            .is_none()
+    );
+
     pg_exec(
         &db.admin(),
         "CREATE VIEW ledger_view AS SELECT * FROM ledger",
