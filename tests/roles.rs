@@ -192,6 +192,7 @@ fn the_readme_role_recipe_fences_a_writer_on_every_partition_and_child() {
     assert_eq!(out.code, 0, "the README's recipe failed: {out:?}");
     // (e) The writer's fenced write landed; the reader saw the guard and the tree.
     assert_eq!(db.contents("ledger"), ["(2026-12-04,42)"]);
+    assert!(out.stdout.contains("created schema `fence` in"), "{out:?}");
     assert!(out.stdout.contains("committed with token 1"), "{out:?}");
     assert!(out.stdout.contains("public.ledger_2026"), "{out:?}");
 

@@ -214,3 +214,41 @@ impl PgTarget {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names of fence's functions that `source` calls as `<schema>.name(`, however the
+    /// schema is spelled (`__SCHEMA__`, `{}` or `{schema}` in a format string).
+    fn called_functions(source: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for prefix in ["__SCHEMA__.", "{}.", "{schema}."] {
+            for (at, _) in source.match_indices(prefix) {
+                let rest = &source[at + prefix.len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && rest[name.len()..].starts_with('(') {
+                    names.push(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// Every function the write path calls is one `fence grant` gives a writer: a new one
+    /// must be added to WRITER_FUNCTIONS, or writers granted by the README lose access.
+    #[test]
+    fn the_writer_grant_covers_every_function_the_write_path_calls() {
+        let called = called_functions(include_str!("postgres.rs"));
+        assert!(called.iter().any(|n| n == "begin_write"), "{called:?}");
+        for name in &called {
+            assert!(
+                WRITER_FUNCTIONS.contains(&name.as_str()),
+                "the write path calls {name}, which `fence grant` does not give writers"
+            );
+        }
+    }
+}

@@ -111,21 +111,22 @@ impl PgTarget {
                 had_resource: r.get(2),
             })
             .collect();
-        let covers_later_tables = if remove {
-            false
-        } else {
-            self.cover_later_tables().await?
-        };
-        let mut warnings = Vec::new();
-        if !remove {
-            warnings.extend(changed_resources(&covered, resource));
-            if !covers_later_tables && self.may_get_children(&covered) {
-                warnings.push(format!(
-                    "partitions and inheritance children added to {resolved} later are not protected: run `fence protect` again after adding them, or run it once as a superuser so that fence protects them as they are added"
-                ));
-            }
-            warnings.extend(self.owner_warning().await?);
+        if remove {
+            return Ok(Coverage {
+                table: resolved,
+                covered,
+                covers_later_tables: false,
+                warnings: Vec::new(),
+            });
         }
+        let covers_later_tables = self.cover_later_tables().await?;
+        let mut warnings = changed_resources(&covered, resource);
+        if !covers_later_tables && may_get_children(&covered) {
+            warnings.push(format!(
+                "partitions and inheritance children added to {resolved} later are not protected: run `fence protect` again after adding them, or run it once as a superuser so that fence protects them as they are added"
+            ));
+        }
+        warnings.extend(self.owner_warning().await?);
         Ok(Coverage {
             table: resolved,
             covered,
@@ -254,12 +255,6 @@ impl PgTarget {
         ))
     }
 
-    /// Whether rows could later live below these tables: a partitioned table, or a table
-    /// that already has children (any table can gain inheritance children).
-    fn may_get_children(&self, covered: &[Covered]) -> bool {
-        covered.len() > 1 || covered.iter().any(|c| c.kind == "partitioned table")
-    }
-
     /// A warning when fence's schema is owned by a role that is neither a superuser nor this
     /// user (membership does not count: superusers are members of every role): its owner can
     /// write `bindings` and so bypass every protected table.
@@ -304,6 +299,13 @@ struct EventTrigger {
     enabled: bool,
 }
 
+/// Whether rows could later live below these tables: a partitioned table, or a table that
+/// already has children (any table can gain inheritance children, but warning on every plain
+/// table would drown the warnings that matter).
+fn may_get_children(covered: &[Covered]) -> bool {
+    covered.len() > 1 || covered.iter().any(|c| c.kind == "partitioned table")
+}
+
 /// Warnings for tables that were protected by another resource before.
 fn changed_resources(covered: &[Covered], resource: &str) -> Vec<String> {
     covered
@@ -328,5 +330,38 @@ fn protect_error(err: Error) -> Error {
             "detach it from the protected table, or protect the remote table in its own database",
         ),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covered(table: &str, had: Option<&str>) -> Covered {
+        Covered {
+            table: table.into(),
+            kind: "table",
+            had_resource: had.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_change_of_resource_is_a_warning() {
+        let tables = [
+            covered("s.a", None),
+            covered("s.b", Some("r")),
+            covered("s.c", Some("old")),
+        ];
+        assert_eq!(
+            changed_resources(&tables, "r"),
+            ["s.c was protected by `old`; it is now protected by `r`"]
+        );
+    }
+
+    #[test]
+    fn relation_kinds_are_named() {
+        assert_eq!(kind_name(b'p' as i8), "partitioned table");
+        assert_eq!(kind_name(b'v' as i8), "view");
+        assert_eq!(kind_name(b'f' as i8), "foreign table");
     }
 }
