@@ -414,3 +414,21 @@ REVOKE ALL ON SCHEMA __SCHEMA__ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA __SCHEMA__ FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA __SCHEMA__ FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA __SCHEMA__ FROM PUBLIC;
+
+-- A role granted the write path (`fence grant`) before a function joined it, in an upgrade,
+-- gets that function too, so that its writes keep working. The names are WRITER_FUNCTIONS in
+-- src/target/grant.rs.
+DO $grant$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT a.grantee::regrole AS grantee, p.oid::regprocedure AS fn
+               FROM pg_proc b, aclexplode(b.proacl) a, pg_proc p
+              WHERE b.pronamespace = '__SCHEMA__'::regnamespace AND b.proname = 'begin_write'
+                AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, b.proowner)
+                AND p.pronamespace = '__SCHEMA__'::regnamespace
+                AND p.proname IN ('begin_write', 'end_write', 'note_rejected', 'write_row') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn, r.grantee);
+    END LOOP;
+END
+$grant$;
