@@ -146,7 +146,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
             [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
-            [CompletionResult]::new('--remove', '--remove', [CompletionResultType]::ParameterName, 'Remove the trigger instead')
+            [CompletionResult]::new('--remove', '--remove', [CompletionResultType]::ParameterName, 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')

@@ -136,7 +136,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
             cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
-            cand --remove 'Remove the trigger instead'
+            cand --remove 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)'
             cand -q 'Print nothing on success; errors are still reported on stderr'
             cand --quiet 'Print nothing on success; errors are still reported on stderr'
             cand -h 'Print help (see more with ''--help'')'

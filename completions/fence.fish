@@ -145,7 +145,7 @@ env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the trigger instead'
+complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand grant" -l target -d 'The database whose fence schema to grant access to (connect as its admin)' -r

@@ -434,7 +434,8 @@ pub struct ProtectArgs {
     #[arg(long, value_parser = parse_name, required_unless_present = "remove")]
     pub resource: Option<String>,
 
-    /// Remove the trigger instead.
+    /// Remove the triggers instead, from TABLE and everything below it (refused for a
+    /// partition or child of a protected table: it would open a hole in that protection).
     #[arg(long)]
     pub remove: bool,
 }

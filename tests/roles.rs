@@ -594,6 +594,20 @@ fn protect_without_a_superuser_warns_and_covers_partitions_when_run_again() {
         .iter()
         .all(|row| row["protected"] == true));
 
+    // Not from a partition alone: that would open a hole in the tree's protection.
+    let out = store
+        .fence()
+        .args([
+            "protect",
+            "--target",
+            &store.url,
+            "--table",
+            &format!("{s}.pt_1"),
+        ])
+        .args(["--remove", "--format", "json"])
+        .run()
+        .expect(2);
+    assert!(out.json()["hint"].as_str().unwrap().contains(&t), "{out:?}");
     let v = protect(&["--remove"]);
     assert_eq!(names(&v).len(), 4);
     pg_exec(&store.url, &format!("DELETE FROM {s}.pt_2"));

@@ -87,6 +87,9 @@ impl PgTarget {
         remove: bool,
     ) -> Result<Coverage, Error> {
         let resolved = self.resolve_table(table).await?;
+        if remove {
+            self.refuse_partial_removal(&resolved).await?;
+        }
         let what = format!("protect {resolved}");
         let sql = if remove {
             "SELECT table_name, table_kind, had_resource FROM __SCHEMA__.unprotect_table($1::regclass)"
@@ -202,6 +205,34 @@ impl PgTarget {
                 "protect the tables it reads from or writes to instead",
             )),
         }
+    }
+
+    /// Removing the triggers from a partition or child of a protected table would open a
+    /// hole in its protection: a usage error naming the table to unprotect instead.
+    async fn refuse_partial_removal(&self, table: &str) -> Result<(), Error> {
+        let rows = self
+            .session()
+            .call(
+                &format!("look for a protected table above {table}"),
+                false,
+                "SELECT format('%I.%I', n.nspname, c.relname), __SCHEMA__.protect_inherited(i.inhparent) \
+                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE i.inhrelid = $1::regclass",
+                &[(&table, Type::TEXT)],
+            )
+            .await?;
+        let Some(row) = rows
+            .iter()
+            .find(|r| r.get::<_, Option<String>>(1).is_some())
+        else {
+            return Ok(());
+        };
+        let parent: String = row.get(0);
+        let resource: String = row.get(1);
+        Err(Error::usage(
+            format!("{table} is below {parent}, which is protected by `{resource}`: removing its triggers alone would leave a hole in that protection"),
+            format!("remove the protection from the top of the tree instead: fence protect --table {parent} --remove …"),
+        ))
     }
 
     /// Makes sure the event trigger that protects tables added later exists, when this user
