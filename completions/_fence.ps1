@@ -38,7 +38,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database or an object with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
-            [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
+            [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
+            [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -103,6 +104,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         'fence;inspect' {
             [CompletionResult]::new('--history', '--history', [CompletionResultType]::ParameterName, 'How many recent events to show per resource. Default: 5 with named resources, 0 without')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token')
+            [CompletionResult]::new('--table', '--table', [CompletionResultType]::ParameterName, 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence''s triggers are enabled (`always`: they fire whatever `session_replication_role` is)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
@@ -146,7 +148,22 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
             [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
-            [CompletionResult]::new('--remove', '--remove', [CompletionResultType]::ParameterName, 'Remove the trigger instead')
+            [CompletionResult]::new('--remove', '--remove', [CompletionResultType]::ParameterName, 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'fence;grant' {
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'The database whose fence schema to grant access to (connect as its admin)')
+            [CompletionResult]::new('--role', '--role', [CompletionResultType]::ParameterName, 'The role to grant to, as named in the database')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('--reader', '--reader', [CompletionResultType]::ParameterName, 'Grant read access only (inspect), not the write path')
+            [CompletionResult]::new('--print', '--print', [CompletionResultType]::ParameterName, 'Print the SQL instead of running it')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
@@ -154,6 +171,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;init' {
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Prepare fence''s schema in this PostgreSQL database rather than the store')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
@@ -192,7 +210,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database or an object with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
-            [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store (safe to run again)')
+            [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
+            [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -216,6 +235,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;protect' {
+            break
+        }
+        'fence;help;grant' {
             break
         }
         'fence;help;init' {

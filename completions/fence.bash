@@ -22,6 +22,9 @@ _fence() {
             fence,bench)
                 cmd="fence__subcmd__bench"
                 ;;
+            fence,grant)
+                cmd="fence__subcmd__grant"
+                ;;
             fence,help)
                 cmd="fence__subcmd__help"
                 ;;
@@ -51,6 +54,9 @@ _fence() {
                 ;;
             fence__subcmd__help,bench)
                 cmd="fence__subcmd__help__subcmd__bench"
+                ;;
+            fence__subcmd__help,grant)
+                cmd="fence__subcmd__help__subcmd__grant"
                 ;;
             fence__subcmd__help,help)
                 cmd="fence__subcmd__help__subcmd__help"
@@ -83,7 +89,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect init bench help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -212,8 +218,46 @@ _fence() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        fence__subcmd__grant)
+            opts="-q -h --target --role --reader --print --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --role)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect write protect init bench help"
+            opts="acquire run renew release inspect write protect grant init bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -241,6 +285,20 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__bench)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__grant)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -367,12 +425,16 @@ _fence() {
             return 0
             ;;
         fence__subcmd__init)
-            opts="-q -h --store --schema --format --quiet --color --help"
+            opts="-q -h --target --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --store)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -397,7 +459,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__inspect)
-            opts="-q -h --history --target --store --schema --format --quiet --color --help"
+            opts="-q -h --history --target --table --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -408,6 +470,10 @@ _fence() {
                     return 0
                     ;;
                 --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --table)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

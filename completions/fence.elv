@@ -35,7 +35,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand inspect 'Show who holds what, with which token, and what happened lately'
             cand write 'Write to a protected PostgreSQL database or an object with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
-            cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+            cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -95,6 +96,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;inspect'= {
             cand --history 'How many recent events to show per resource. Default: 5 with named resources, 0 without'
             cand --target 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token'
+            cand --table 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence''s triggers are enabled (`always`: they fire whatever `session_replication_role` is)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
@@ -136,13 +138,28 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
             cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
-            cand --remove 'Remove the trigger instead'
+            cand --remove 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;grant'= {
+            cand --target 'The database whose fence schema to grant access to (connect as its admin)'
+            cand --role 'The role to grant to, as named in the database'
+            cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand --reader 'Grant read access only (inspect), not the write path'
+            cand --print 'Print the SQL instead of running it'
             cand -q 'Print nothing on success; errors are still reported on stderr'
             cand --quiet 'Print nothing on success; errors are still reported on stderr'
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
         }
         &'fence;init'= {
+            cand --target 'Prepare fence''s schema in this PostgreSQL database rather than the store'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
@@ -179,7 +196,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand inspect 'Show who holds what, with which token, and what happened lately'
             cand write 'Write to a protected PostgreSQL database or an object with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
-            cand init 'Create or migrate fence''s own tables in the store (safe to run again)'
+            cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+            cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -196,6 +214,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;write'= {
         }
         &'fence;help;protect'= {
+        }
+        &'fence;help;grant'= {
         }
         &'fence;help;init'= {
         }

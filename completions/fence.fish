@@ -42,7 +42,8 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lea
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
 complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
+complete -c fence -n "__fish_fence_needs_command" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
 complete -c fence -n "__fish_fence_needs_command" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output' -r
@@ -100,6 +101,7 @@ complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'P
 complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l history -d 'How many recent events to show per resource. Default: 5 with named resources, 0 without' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l table -d 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence\'s triggers are enabled (`always`: they fire whatever `session_replication_role` is)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
@@ -145,9 +147,24 @@ env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the trigger instead'
+complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand grant" -l target -d 'The database whose fence schema to grant access to (connect as its admin)' -r
+complete -c fence -n "__fish_fence_using_subcommand grant" -l role -d 'The role to grant to, as named in the database' -r
+complete -c fence -n "__fish_fence_using_subcommand grant" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand grant" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand grant" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+complete -c fence -n "__fish_fence_using_subcommand grant" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand grant" -l reader -d 'Grant read access only (inspect), not the write path'
+complete -c fence -n "__fish_fence_using_subcommand grant" -l print -d 'Print the SQL instead of running it'
+complete -c fence -n "__fish_fence_using_subcommand grant" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand grant" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand init" -l target -d 'Prepare fence\'s schema in this PostgreSQL database rather than the store' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
@@ -179,13 +196,14 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l renew -d 'Renew on
 complete -c fence -n "__fish_fence_using_subcommand bench" -l prefill -d 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store (safe to run again)'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect init bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -102,6 +102,7 @@ pub enum Command {
     Inspect(InspectArgs),
     Write(WriteArgs),
     Protect(ProtectArgs),
+    Grant(GrantArgs),
     Init(InitArgs),
     Bench(BenchArgs),
 }
@@ -117,6 +118,7 @@ impl Command {
             Command::Inspect(_) => "inspect",
             Command::Write(_) => "write",
             Command::Protect(_) => "protect",
+            Command::Grant(_) => "grant",
             Command::Init(_) => "init",
             Command::Bench(_) => "bench",
         }
@@ -307,6 +309,12 @@ pub struct InspectArgs {
     /// its version and stored token.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
+
+    /// With --target (a PostgreSQL database): show instead whether TABLE and each partition
+    /// and inheritance child below it is protected, for which resource, and whether fence's
+    /// triggers are enabled (`always`: they fire whatever `session_replication_role` is).
+    #[arg(long, value_name = "TABLE", requires = "target", conflicts_with_all = ["resources", "history"])]
+    pub table: Option<String>,
 }
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
@@ -423,11 +431,17 @@ pub struct WriteArgs {
 
 /// Make every write to a table go through the fence.
 ///
-/// Installs (idempotently) a statement-level trigger so that every INSERT, UPDATE, DELETE and
+/// Installs (idempotently) statement-level triggers so that every INSERT, UPDATE, DELETE and
 /// TRUNCATE on TABLE must run in a transaction that `fence write` (or
 /// `SELECT <schema>.begin_write(resource, token, who)`) has bound to a current token for
 /// RESOURCE. Raw psql, an ORM or a forgotten admin script are refused with SQLSTATE LF001
 /// (no token), LF002 (stale token) or LF003 (no guard row yet). --remove restores plain access.
+///
+/// The triggers go on TABLE and on every partition and inheritance child below it, which are
+/// listed. Run by a superuser, fence also installs an event trigger that protects partitions
+/// and children added later; otherwise run `fence protect` again after adding them. Views
+/// and foreign tables cannot be protected (exit 2). Run it as the admin who owns the tables,
+/// never as the application's role.
 ///
 /// Example:
 ///   fence protect --target postgres://admin@db/app --table totals --resource report
@@ -446,7 +460,8 @@ pub struct ProtectArgs {
     #[arg(long, value_parser = parse_name, required_unless_present = "remove")]
     pub resource: Option<String>,
 
-    /// Remove the trigger instead.
+    /// Remove the triggers instead, from TABLE and everything below it (refused for a
+    /// partition or child of a protected table: it would open a hole in that protection).
     #[arg(long)]
     pub remove: bool,
 }
@@ -520,12 +535,56 @@ pub enum BenchMode {
     Handoff,
 }
 
-/// Create or migrate fence's own tables in the store (safe to run again).
+/// Create or migrate fence's own tables in the store, or in a target (safe to run again).
 ///
 /// Other commands create them on first use when the store allows it; run `fence init` ahead
 /// of time when the account fence runs as may not create tables.
+///
+/// With --target, prepares fence's schema in that PostgreSQL database instead. Run it as the
+/// admin: the schema's owner can bypass `fence protect`, so an application's role must never
+/// own it. Then `fence grant` gives the application's role what it needs.
+///
+/// Example:
+///   fence init --target postgres://admin@db/app
 #[derive(Debug, Args)]
-pub struct InitArgs {}
+#[command(verbatim_doc_comment)]
+pub struct InitArgs {
+    /// Prepare fence's schema in this PostgreSQL database rather than the store.
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
+}
+
+/// Give a role exactly what a fenced writer (or a reader) needs in a target database.
+///
+/// A writer gets USAGE on fence's schema, EXECUTE on the functions `fence write` calls
+/// (begin_write, note_rejected, write_row, …) and SELECT on the guard rows and write events
+/// (for `fence inspect --target`); a reader (--reader) gets USAGE and SELECT only. Nothing
+/// granted defeats `fence protect`: no write on fence's tables, no ownership, no TRIGGER. A
+/// superuser, a role owning fence's objects, or one that may write fence's tables is refused
+/// (exit 2). Grants on the application's own tables are yours to give.
+///
+/// Examples:
+///   fence grant --target postgres://admin@db/app --role app_writer
+///   fence grant --target postgres://admin@db/app --role app_reader --reader --print
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct GrantArgs {
+    /// The database whose fence schema to grant access to (connect as its admin).
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+
+    /// The role to grant to, as named in the database.
+    #[arg(long, value_name = "ROLE")]
+    pub role: String,
+
+    /// Grant read access only (inspect), not the write path.
+    #[arg(long)]
+    pub reader: bool,
+
+    /// Print the SQL instead of running it.
+    #[arg(long)]
+    pub print: bool,
+}
 
 fn after_long_help() -> String {
     let mut text = String::from("Exit status:\n");

@@ -322,14 +322,14 @@ fn lease_loss_under_run_cancels_the_write_it_supervises() {
         },
     );
     // The lease is taken away (released with its own token), as an operator would.
-    let token = store.lease("r").expect("a lease").1;
+    let (owner, token, _) = store.lease("r").expect("a lease");
     store
         .fence()
         .args([
             "release",
             "r",
             "--owner",
-            "runner",
+            &owner,
             "--token",
             &token.to_string(),
         ])

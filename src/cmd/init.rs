@@ -1,4 +1,5 @@
-//! `fence init`: create or migrate the store's own records ahead of first use.
+//! `fence init`: create or migrate the store's own records ahead of first use, or, with
+//! `--target`, fence's schema in a target database (prepared by the admin, who owns it).
 
 use serde_json::{json, Map, Value};
 
@@ -7,15 +8,33 @@ use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
 use crate::store::InitReport;
+use crate::target::postgres::PgTarget;
+use crate::target::TargetSpec;
 
 pub struct Initialised {
     report: InitReport,
 }
 
-pub async fn run(_args: InitArgs, ctx: &Context) -> Result<Initialised, Error> {
+pub async fn run(args: InitArgs, ctx: &Context) -> Result<Initialised, Error> {
+    if let Some(url) = &args.target {
+        return init_target(url, ctx).await;
+    }
     let coordinator = ctx.coordinator().await?;
     let report = coordinator.init().await?;
     Ok(Initialised { report })
+}
+
+async fn init_target(url: &str, ctx: &Context) -> Result<Initialised, Error> {
+    let spec = TargetSpec::resolve(url)?;
+    let target = PgTarget::connect(spec.postgres("`fence init --target`")?, &ctx.schema).await?;
+    let (action, schema_version) = target.session().init().await?;
+    Ok(Initialised {
+        report: InitReport {
+            action,
+            schema_version,
+            location: format!("schema `{}` in {}", ctx.schema, spec.display),
+        },
+    })
 }
 
 impl Report for Initialised {

@@ -2,6 +2,7 @@
 
 mod acquire;
 mod bench;
+mod grant;
 mod init;
 mod inspect;
 mod protect;
@@ -52,7 +53,13 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         );
         return out.error(op, None, &err);
     }
-    let needs_store = !matches!(cli.command, Command::Write(_) | Command::Protect(_));
+    // Commands that only talk to a target need no store.
+    let needs_store = match &cli.command {
+        Command::Write(_) | Command::Protect(_) | Command::Grant(_) => false,
+        Command::Init(args) => args.target.is_none(),
+        Command::Inspect(args) => args.table.is_none(),
+        _ => true,
+    };
     let store = if needs_store {
         match StoreSpec::resolve(cli.global.store.as_deref()) {
             Ok(store) => Some(store),
@@ -70,9 +77,13 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Run(args) => return run::run(args, &ctx, out).await,
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),
+        Command::Inspect(args) if args.table.is_some() => {
+            protect::inspect(args, &ctx).await.map(boxed)
+        }
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
+        Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
         Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),
     };

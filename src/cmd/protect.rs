@@ -1,16 +1,20 @@
-//! `fence protect`: make every write path to a table go through the fence.
+//! `fence protect`: make every write path to a table, its partitions and its inheritance
+//! children go through the fence; and `fence inspect --target … --table T`, which shows how a
+//! table and everything below it is protected.
 
+use comfy_table::{presets, Table};
 use serde_json::{json, Map, Value};
 
-use crate::cli::ProtectArgs;
+use crate::cli::{InspectArgs, ProtectArgs};
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
 use crate::target::postgres::PgTarget;
+use crate::target::protection::{Coverage, TreeProtection};
 use crate::target::TargetSpec;
 
 pub struct Protected {
-    table: String,
+    coverage: Coverage,
     resource: Option<String>,
     removed: bool,
     target: String,
@@ -20,34 +24,153 @@ pub async fn run(args: ProtectArgs, ctx: &Context) -> Result<Protected, Error> {
     let spec = TargetSpec::resolve(&args.target)?;
     let target = PgTarget::connect(spec.postgres("`fence protect`")?, &ctx.schema).await?;
     let resource = args.resource.clone().unwrap_or_default();
-    let table = target.protect(&args.table, &resource, args.remove).await?;
+    let coverage = target.protect(&args.table, &resource, args.remove).await?;
     Ok(Protected {
-        table,
+        coverage,
         resource: args.resource,
         removed: args.remove,
         target: spec.display,
     })
 }
 
+/// Names and text from the database, with control characters escaped for the terminal.
+fn shown(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_debug().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 impl Report for Protected {
     fn json(&self) -> Map<String, Value> {
+        let c = &self.coverage;
         let mut map = Map::new();
-        map.insert("table".into(), json!(self.table));
+        map.insert("table".into(), json!(c.table));
         map.insert("resource".into(), json!(self.resource));
         map.insert("protected".into(), json!(!self.removed));
         map.insert("target".into(), json!(self.target));
+        let covered: Vec<&str> = c.covered.iter().map(|t| t.table.as_str()).collect();
+        map.insert("covered".into(), json!(covered));
+        map.insert(
+            "covers_later_partitions".into(),
+            json!(c.covers_later_tables),
+        );
+        map.insert("warnings".into(), json!(c.warnings));
         map
     }
 
     fn human(&self) -> String {
-        if self.removed {
-            format!("{} is no longer protected by fence\n", self.table)
+        let c = &self.coverage;
+        let mut text = if self.removed {
+            format!("{} is no longer protected by fence\n", shown(&c.table))
         } else {
             format!(
                 "{} is protected: every write must carry a current token for `{}`\n",
-                self.table,
-                self.resource.as_deref().unwrap_or_default()
+                shown(&c.table),
+                shown(self.resource.as_deref().unwrap_or_default())
             )
+        };
+        let verb = if self.removed {
+            "triggers removed from"
+        } else {
+            "triggers on"
+        };
+        text.push_str(&format!("{verb}:\n"));
+        for t in &c.covered {
+            text.push_str(&format!("  {} ({})\n", shown(&t.table), t.kind));
         }
+        if !self.removed && c.covers_later_tables {
+            text.push_str("partitions and children added later are protected as they are added\n");
+        }
+        for warning in &c.warnings {
+            text.push_str(&format!("warning: {}\n", shown(warning)));
+        }
+        text
+    }
+}
+
+pub struct Inspected {
+    tree: TreeProtection,
+    target: String,
+}
+
+/// `fence inspect --target URL --table T`.
+pub async fn inspect(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
+    let url = args.target.as_deref().unwrap_or_default();
+    let table = args.table.as_deref().unwrap_or_default();
+    let spec = TargetSpec::resolve(url)?;
+    let target = PgTarget::connect(spec.postgres("`fence inspect --table`")?, &ctx.schema).await?;
+    Ok(Inspected {
+        tree: target.protection(table).await?,
+        target: spec.display,
+    })
+}
+
+impl Report for Inspected {
+    fn json(&self) -> Map<String, Value> {
+        let tables: Vec<Value> = self
+            .tree
+            .tables
+            .iter()
+            .map(|t| {
+                json!({
+                    "table": t.table,
+                    "parent": t.parent,
+                    "kind": t.kind,
+                    "protected": t.protected(),
+                    "resource": t.resource,
+                    "enabled": t.enabled,
+                })
+            })
+            .collect();
+        let mut map = Map::new();
+        map.insert("target".into(), json!(self.target));
+        map.insert("tables".into(), Value::Array(tables));
+        map.insert(
+            "covers_later_partitions".into(),
+            json!(self.tree.covers_later_tables),
+        );
+        map
+    }
+
+    fn human(&self) -> String {
+        if self.tree.tables.is_empty() {
+            return format!(
+                "fence's schema is not in `{}` yet: nothing there is protected\n",
+                self.target
+            );
+        }
+        let dash = || "-".to_owned();
+        let mut table = Table::new();
+        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        table.set_header(["TABLE", "KIND", "PROTECTED", "RESOURCE", "TRIGGERS"]);
+        for t in &self.tree.tables {
+            let indent = "  ".repeat(usize::try_from(t.depth).unwrap_or_default());
+            table.add_row([
+                format!("{indent}{}", shown(&t.table)),
+                t.kind.to_owned(),
+                if t.protected() { "yes" } else { "NO" }.to_owned(),
+                t.resource.as_deref().map_or_else(dash, shown),
+                t.enabled.clone().unwrap_or_else(|| {
+                    if t.resource.is_some() {
+                        "incomplete".into()
+                    } else {
+                        dash()
+                    }
+                }),
+            ]);
+        }
+        let later = if self.tree.covers_later_tables {
+            "partitions and children added later are protected as they are added"
+        } else {
+            "partitions and children added later are NOT protected until `fence protect` runs again"
+        };
+        format!("{table}\n{later}\n")
     }
 }

@@ -486,7 +486,7 @@ pub fn request_error(
         if *code == SqlState::INSUFFICIENT_PRIVILEGE {
             return Error::usage(
                 format!("PostgreSQL at `{display}` refused to {what}: {}", db.message()),
-                "grant this user the privileges fence needs (USAGE on its schema, SELECT/INSERT/UPDATE on its tables, EXECUTE on its functions), or use a --schema this user owns",
+                "for a store: grant this user the privileges fence needs (USAGE on its schema, EXECUTE on its functions, SELECT/INSERT/UPDATE on the coordinator's tables meta, leases, events, waiters), or use a --schema this user owns; for a target database: have the admin run `fence grant`, and never grant writes on its `guards` or `bindings`",
             );
         }
         if *code == SqlState::READ_ONLY_SQL_TRANSACTION {

@@ -105,10 +105,10 @@ impl Session {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {
                     Ok(rows) => Ok(rows),
-                    Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
+                    Err(err) => Err(self.request_error(&err, what, mutating)),
                 }
             }
-            Err(err) => Err(pg::request_error(&err, &self.display, what, mutating)),
+            Err(err) => Err(self.request_error(&err, what, mutating)),
         }
     }
 
@@ -227,6 +227,24 @@ impl Session {
         result
     }
 
+    /// [`pg::request_error`], except that a target database's missing privileges point to
+    /// `fence grant`: the generic hint (write access to fence's tables, a schema the user
+    /// owns) would let that user bypass `fence protect`.
+    pub fn request_error(&self, err: &tokio_postgres::Error, what: &str, mutating: bool) -> Error {
+        match err.as_db_error() {
+            Some(db) if self.spec.purpose == "target" && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => {
+                Error::usage(
+                    format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
+                    format!(
+                        "if this is fence's schema `{}`, have the admin run `fence grant --target URL --role ROLE` for this user (never grant it writes on fence's tables or ownership of the schema: either bypasses `fence protect`); privileges on your own tables are granted as usual",
+                        self.schema
+                    ),
+                )
+            }
+            _ => pg::request_error(err, &self.display, what, mutating),
+        }
+    }
+
     async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {
         let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
             .await
@@ -235,6 +253,13 @@ impl Session {
             Some(db) if db.code().code() == "LF010" => Error::usage(
                 format!("PostgreSQL at `{}`: {}", self.display, db.message()),
                 "upgrade fence, or use another --schema",
+            ),
+            Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE && self.spec.purpose == "target" => Error::usage(
+                format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
+                format!(
+                    "the admin prepares a target: run `fence init --target URL --schema {}` as the admin, then `fence grant --target URL --role ROLE` for this user; the application's role must never own fence's schema",
+                    self.schema
+                ),
             ),
             Some(db) if *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => Error::usage(
                 format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),

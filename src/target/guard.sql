@@ -145,12 +145,18 @@ BEGIN
 END
 $fn$;
 
--- Records a write that was rejected (called after the rollback, in its own transaction).
+-- Records a write that was rejected (called after the rollback, in its own transaction). It
+-- records only what it can verify: a token below the highest this database has accepted, with
+-- its own detail (p_detail is ignored), so a caller cannot forge a rejection of a current token.
+-- Only roles given it by `fence grant` may call it.
 CREATE OR REPLACE FUNCTION __SCHEMA__.note_rejected(p_resource text, p_token bigint, p_owner text, p_detail text)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
     INSERT INTO __SCHEMA__.write_events (resource, kind, owner, token, detail)
-    VALUES (p_resource, 'write_rejected', nullif(p_owner, ''), p_token, p_detail);
+    SELECT p_resource, 'write_rejected', nullif(p_owner, ''), p_token,
+           format('token %s accepted before', g.highest_token)
+      FROM __SCHEMA__.guards g
+     WHERE g.resource = p_resource AND g.highest_token > p_token;
 $fn$;
 
 -- The statement-level guard that `fence protect` installs. The resource comes from the
@@ -203,6 +209,164 @@ BEGIN
             USING ERRCODE = 'LF001', HINT = 'begin the transaction with begin_write, as `fence write` does';
     END IF;
     RETURN NULL;
+END
+$fn$;
+
+-- `fence protect` covers where the rows live: the table and every partition and inheritance
+-- child below it, recursively, since statement-level triggers are not cloned to partitions.
+
+-- The resource named by a table's fence_protect trigger when it calls this schema's
+-- protect_check; NULL otherwise.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_resource(p_rel regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT convert_from(substring(t.tgargs FROM 1 FOR position(decode('00', 'hex') IN t.tgargs) - 1),
+                        current_setting('server_encoding'))
+      FROM pg_trigger t
+     WHERE t.tgrelid = p_rel AND t.tgname = 'fence_protect'
+       AND t.tgfoid = '__SCHEMA__.protect_check()'::regprocedure
+$fn$;
+
+-- How one table is protected: the resource, and the weakest state of fence's two triggers
+-- ('always', 'origin', 'replica', 'disabled'; NULL when one of them is missing).
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_state(p_rel regclass, OUT resource text, OUT enabled text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT __SCHEMA__.protect_resource(p_rel),
+           CASE WHEN count(*) < 2 THEN NULL
+                WHEN bool_and(t.tgenabled = 'A') THEN 'always'
+                WHEN bool_or(t.tgenabled = 'D') THEN 'disabled'
+                WHEN bool_or(t.tgenabled = 'R') THEN 'replica'
+                ELSE 'origin' END
+      FROM pg_trigger t
+     WHERE t.tgrelid = p_rel AND t.tgname IN ('fence_protect', 'fence_protect_truncate')
+       AND t.tgfoid = '__SCHEMA__.protect_check()'::regprocedure
+$fn$;
+
+-- The table and every partition and inheritance child below it, parents first.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_tree(p_rel regclass)
+RETURNS TABLE (rel regclass, parent regclass, kind "char", depth int)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    WITH RECURSIVE tree AS (
+        SELECT p_rel::oid AS rel, NULL::oid AS parent, 0 AS depth
+        UNION ALL
+        SELECT i.inhrelid, i.inhparent, tree.depth + 1
+          FROM pg_inherits i JOIN tree ON i.inhparent = tree.rel
+    )
+    SELECT rel, parent, kind, depth FROM (
+        SELECT DISTINCT ON (tree.rel) tree.rel::regclass AS rel, tree.parent::regclass AS parent,
+               c.relkind AS kind, tree.depth
+          FROM tree JOIN pg_class c ON c.oid = tree.rel
+         ORDER BY tree.rel, tree.depth
+    ) AS t
+    ORDER BY depth, rel::text
+$fn$;
+
+-- The resource of the nearest protected table at or above p_rel.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_inherited(p_rel regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    WITH RECURSIVE up AS (
+        SELECT p_rel::oid AS rel, 0 AS depth
+        UNION ALL
+        SELECT i.inhparent, up.depth + 1 FROM pg_inherits i JOIN up ON i.inhrelid = up.rel
+    )
+    SELECT r FROM (SELECT __SCHEMA__.protect_resource(up.rel::regclass) AS r, up.depth FROM up) AS x
+     WHERE r IS NOT NULL ORDER BY depth LIMIT 1
+$fn$;
+
+-- fence's two statement-level triggers on one table, for p_resource, ENABLE ALWAYS (so that
+-- session_replication_role = replica does not switch them off).
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_install(p_rel regclass, p_resource text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    -- A foreign table cannot have a TRUNCATE trigger, and its rows are written on another
+    -- server anyway: refuse rather than protect it in part.
+    IF (SELECT relkind FROM pg_class WHERE oid = p_rel) = 'f' THEN
+        RAISE EXCEPTION '% is a foreign table: its rows live on another server, where fence cannot protect them', p_rel
+            USING ERRCODE = 'LF021',
+                  HINT = 'detach it from the protected table, or protect the remote table in its own database';
+    END IF;
+    EXECUTE format('CREATE OR REPLACE TRIGGER fence_protect BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.protect_check(%L)', p_rel, p_resource);
+    EXECUTE format('CREATE OR REPLACE TRIGGER fence_protect_truncate BEFORE TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.protect_check(%L)', p_rel, p_resource);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fence_protect', p_rel);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fence_protect_truncate', p_rel);
+END
+$fn$;
+
+-- `fence protect`: p_rel and everything below it, all for p_resource. One row per table, with
+-- the resource that protected it before (NULL: none).
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_table(p_rel regclass, p_resource text)
+RETURNS TABLE (table_name text, table_kind "char", had_resource text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT * FROM __SCHEMA__.protect_tree(p_rel) LOOP
+        table_name := r.rel::text;
+        table_kind := r.kind;
+        had_resource := __SCHEMA__.protect_resource(r.rel);
+        PERFORM __SCHEMA__.protect_install(r.rel, p_resource);
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+-- `fence protect --remove`: fence's triggers off p_rel and everything below it.
+CREATE OR REPLACE FUNCTION __SCHEMA__.unprotect_table(p_rel regclass)
+RETURNS TABLE (table_name text, table_kind "char", had_resource text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT * FROM __SCHEMA__.protect_tree(p_rel) LOOP
+        table_name := r.rel::text;
+        table_kind := r.kind;
+        had_resource := __SCHEMA__.protect_resource(r.rel);
+        EXECUTE format('DROP TRIGGER IF EXISTS fence_protect ON %s', r.rel);
+        EXECUTE format('DROP TRIGGER IF EXISTS fence_protect_truncate ON %s', r.rel);
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+
+-- Tables added below a protected one (CREATE TABLE … PARTITION OF / INHERITS, ALTER TABLE …
+-- ATTACH PARTITION / INHERIT) get its triggers, for the resource of their nearest protected
+-- ancestor. Tables that have fence's triggers are left as they are, even disabled: that is
+-- an admin's visible choice (`fence inspect --table`), not an accident.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_cover(p_rel regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+    v_resource text;
+BEGIN
+    FOR r IN SELECT * FROM __SCHEMA__.protect_tree(p_rel) LOOP
+        CONTINUE WHEN (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = r.rel
+                        AND t.tgname IN ('fence_protect', 'fence_protect_truncate')) = 2;
+        v_resource := __SCHEMA__.protect_inherited(r.rel);
+        CONTINUE WHEN v_resource IS NULL;
+        BEGIN
+            PERFORM __SCHEMA__.protect_install(r.rel, v_resource);
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'fence could not protect %, added below a table protected by fence resource %: %',
+                r.rel, v_resource, SQLERRM
+                USING ERRCODE = 'LF020',
+                      HINT = 'fence''s functions must be owned by a superuser for new partitions to be protected as they are added; otherwise add the table, then run `fence protect` again as its owner';
+        END;
+    END LOOP;
+END
+$fn$;
+
+-- The event trigger `fence protect` installs when run by a superuser. SECURITY DEFINER: it
+-- creates triggers on tables whose creator may not use fence's functions.
+CREATE OR REPLACE FUNCTION __SCHEMA__.protect_new_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT c.objid FROM pg_event_trigger_ddl_commands() AS c
+              WHERE c.classid = 'pg_class'::regclass AND c.object_type IN ('table', 'foreign table') LOOP
+        PERFORM __SCHEMA__.protect_cover(r.objid::regclass);
+    END LOOP;
 END
 $fn$;
 
@@ -295,3 +459,29 @@ $fn$;
 
 INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '2')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+
+-- Least privilege (DESIGN §10): nothing of fence's is PUBLIC's. PostgreSQL grants EXECUTE on
+-- new functions to PUBLIC; `fence grant` gives a writer or a reader exactly what it needs.
+-- Keep this last, so that it covers every function above.
+REVOKE ALL ON SCHEMA __SCHEMA__ FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA __SCHEMA__ FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA __SCHEMA__ FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA __SCHEMA__ FROM PUBLIC;
+
+-- A role granted the write path (`fence grant`) before a function joined it, in an upgrade,
+-- gets that function too, so that its writes keep working. The names are WRITER_FUNCTIONS in
+-- src/target/grant.rs.
+DO $grant$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT a.grantee::regrole AS grantee, p.oid::regprocedure AS fn
+               FROM pg_proc b, aclexplode(b.proacl) a, pg_proc p
+              WHERE b.pronamespace = '__SCHEMA__'::regnamespace AND b.proname = 'begin_write'
+                AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, b.proowner)
+                AND p.pronamespace = '__SCHEMA__'::regnamespace
+                AND p.proname IN ('begin_write', 'end_write', 'note_rejected', 'write_row') LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn, r.grantee);
+    END LOOP;
+END
+$grant$;

@@ -2,8 +2,10 @@
 //! I6). The target keeps the highest token it has accepted per resource and refuses a write
 //! carrying a lower one, atomically with the write itself.
 
+pub mod grant;
 pub mod object;
 pub mod postgres;
+pub mod protection;
 
 use crate::config::redact_url;
 use crate::error::Error;

@@ -186,11 +186,16 @@ impl PgTarget {
             Answer::Failed { completed, err } => (completed, err),
         };
         // The transaction is aborted (or the connection gone): end it before anything else.
-        let _ = self.client_rollback().await;
+        let _ = self.session.client.batch_execute("ROLLBACK").await;
         if is_missing_schema(&err)
             && (completed < PRELUDE_STATEMENTS || self.lacks_end_write().await)
         {
             return Err(Retry::MissingSchema);
+        }
+        if completed < PRELUDE_STATEMENTS {
+            if let Some(refused) = self.missing_grant(&err) {
+                return Err(Retry::Fail(refused));
+            }
         }
         let code = err.code().map(|c| c.code().to_owned());
         let rolled_back = |why: String| {
@@ -330,10 +335,6 @@ impl PgTarget {
         error
     }
 
-    async fn client_rollback(&self) -> Result<(), tokio_postgres::Error> {
-        self.session.client.batch_execute("ROLLBACK").await
-    }
-
     /// One conditional row write guarded by the row's own token column.
     pub async fn write_row(
         &self,
@@ -387,56 +388,9 @@ impl PgTarget {
         }
     }
 
-    /// Installs (or with `remove`, removes) the guard trigger on `table` for `resource`.
-    pub async fn protect(
-        &self,
-        table: &str,
-        resource: &str,
-        remove: bool,
-    ) -> Result<String, Error> {
-        let quoted = quote_table(table)?;
-        let what = format!("protect {quoted}");
-        // Make sure the table exists and our functions do, before touching it.
-        let rows = self
-            .session
-            .call(&what, true, "SELECT to_regclass($1)::text, (SELECT value FROM __SCHEMA__.target_meta WHERE key = 'schema_version')", &[(&quoted, Type::TEXT)])
-            .await?;
-        let Some(resolved) = rows.first().and_then(|r| r.get::<_, Option<String>>(0)) else {
-            return Err(Error::usage(
-                format!("there is no table {quoted} in `{}`", self.display()),
-                "name an existing table (SCHEMA.TABLE if it is not on the search_path)",
-            ));
-        };
-        let script = if remove {
-            format!(
-                "BEGIN; DROP TRIGGER IF EXISTS fence_protect ON {quoted}; \
-                 DROP TRIGGER IF EXISTS fence_protect_truncate ON {quoted}; COMMIT;"
-            )
-        } else {
-            let schema = &self.session.schema;
-            let arg = quote_literal(resource);
-            format!(
-                "BEGIN; \
-                 CREATE OR REPLACE TRIGGER fence_protect BEFORE INSERT OR UPDATE OR DELETE ON {quoted} \
-                   FOR EACH STATEMENT EXECUTE FUNCTION {schema}.protect_check({arg}); \
-                 CREATE OR REPLACE TRIGGER fence_protect_truncate BEFORE TRUNCATE ON {quoted} \
-                   FOR EACH STATEMENT EXECUTE FUNCTION {schema}.protect_check({arg}); \
-                 ALTER TABLE {quoted} ENABLE ALWAYS TRIGGER fence_protect; \
-                 ALTER TABLE {quoted} ENABLE ALWAYS TRIGGER fence_protect_truncate; \
-                 COMMIT;"
-            )
-        };
-        let result = tokio::time::timeout(
-            pg::REQUEST_TIMEOUT,
-            self.session.client.batch_execute(&script),
-        )
-        .await
-        .map_err(|_| pg::lost(self.display(), &what, "no answer in time", true))?;
-        if let Err(err) = result {
-            let _ = self.client_rollback().await;
-            return Err(pg::request_error(&err, self.display(), &what, true));
-        }
-        Ok(resolved)
+    /// The connection and schema, for the other modules that act on a target database.
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
     }
 
     /// The guard rows of `resources` (all when empty).
