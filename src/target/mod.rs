@@ -4,6 +4,7 @@
 
 pub mod object;
 pub mod postgres;
+pub mod sql_check;
 
 use crate::config::redact_url;
 use crate::error::Error;
