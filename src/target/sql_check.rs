@@ -174,12 +174,9 @@ fn classify(tokens: &[Token]) -> Option<(String, &'static str)> {
         }
         "set" => set(tokens),
         "reset" if second == Some("all") => Some(("RESET ALL".into(), HINT_RESET_ALL)),
-        "reset" => fence_setting(&tokens[1..]).map(|name| {
-            (
-                format!("RESET of fence's setting `{name}`"),
-                HINT_FENCE_SETTING,
-            )
-        }),
+        "reset" => {
+            fence_setting(&tokens[1..]).map(|name| (format!("RESET of {name}"), HINT_FENCE_SETTING))
+        }
         "discard" => Some(("DISCARD".into(), HINT_DISCARD)),
         "copy" => copy(tokens),
         _ => None,
@@ -207,28 +204,28 @@ fn set(tokens: &[Token]) -> Option<(String, &'static str)> {
         Some("session" | "local") => rest = &rest[1..],
         _ => {}
     }
-    fence_setting(rest).map(|name| {
-        (
-            format!("SET of fence's setting `{name}`"),
-            HINT_FENCE_SETTING,
-        )
-    })
+    fence_setting(rest).map(|name| (format!("SET of {name}"), HINT_FENCE_SETTING))
 }
 
-/// The setting name at the start of `tokens` (`a.b`, `"a".b`, `"a.b"`, ...), lowercased, if it is
-/// one of fence's: setting names are case-insensitive, quoted or not.
+/// The setting named at the start of `tokens` (`a.b`, `"a".b`, `"a.b"`, ...), if it is or could
+/// be one of fence's. Setting names are case-insensitive, quoted or not; the escapes of
+/// `U&"..."` are not decoded, so such a name could be anything.
 fn fence_setting(tokens: &[Token]) -> Option<String> {
+    if tokens.first() == Some(&Token::UnicodeQuoted) {
+        return Some("a setting named with `U&\"...\"`, which could be one of fence's".into());
+    }
     let mut parts = Vec::new();
     let mut rest = tokens;
     while let Some(part) = rest.first().and_then(Token::name) {
-        parts.push(part.to_lowercase());
+        parts.push(part.to_ascii_lowercase());
         match rest.get(1) {
             Some(Token::Punct(b'.')) => rest = &rest[2..],
             _ => break,
         }
     }
     let name = parts.join(".");
-    (name == "fence" || name.starts_with("fence.")).then(|| excerpt(&name))
+    (name == "fence" || name.starts_with("fence."))
+        .then(|| format!("fence's setting `{}`", excerpt(&name)))
 }
 
 /// `COPY ... FROM STDIN` and `COPY ... TO STDOUT`, which need a data stream fence does not send.
@@ -301,6 +298,8 @@ enum Token {
     Word(String),
     /// A quoted identifier's content.
     Quoted(String),
+    /// A `U&"..."` identifier, whose escapes are not decoded.
+    UnicodeQuoted,
     /// A string, number or parameter.
     Literal,
     /// A backslash and the name after it.
@@ -391,6 +390,10 @@ impl<'a> Lexer<'a> {
         self.bytes.get(self.pos + ahead).copied()
     }
 
+    fn eat(&mut self, keep: impl Fn(u8) -> bool) {
+        self.pos = skip(self.bytes, self.pos, keep);
+    }
+
     /// The input ended inside `what`.
     fn unterminated(&self, what: &str) -> Unlexable {
         if self.truncated {
@@ -415,9 +418,7 @@ impl<'a> Lexer<'a> {
                 b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => self.pos += 1,
                 b'-' if self.peek(1) == Some(b'-') => {
                     // Unterminated at the end is fine: fence appends a newline.
-                    while self.peek(0).is_some_and(|c| c != b'\n' && c != b'\r') {
-                        self.pos += 1;
-                    }
+                    self.eat(|c| c != b'\n' && c != b'\r');
                 }
                 b'/' if self.peek(1) == Some(b'*') => self.block_comment()?,
                 _ => return self.token(c).map(Some),
@@ -434,20 +435,15 @@ impl<'a> Lexer<'a> {
             }
             b'"' => {
                 self.pos += 1;
-                self.quoted_identifier()
+                self.quoted_identifier().map(Token::Quoted)
             }
             b'$' => self.dollar(),
             b'\\' => {
                 self.pos += 1;
                 let start = self.pos;
-                while self
-                    .peek(0)
-                    .is_some_and(|c| c.is_ascii_graphic() && c != b'\\')
-                    && self.pos - start < 20
-                {
-                    self.pos += 1;
-                }
-                Ok(Token::Meta(self.sql[start..self.pos].to_owned()))
+                self.eat(|c| c.is_ascii_graphic() && c != b'\\');
+                let shown = self.pos.min(start + 20);
+                Ok(Token::Meta(self.sql[start..shown].to_owned()))
             }
             b'0'..=b'9' => {
                 self.number();
@@ -527,13 +523,7 @@ impl<'a> Lexer<'a> {
                     at += 1;
                 }
                 b'-' if self.bytes.get(at + 1) == Some(&b'-') => {
-                    while self
-                        .bytes
-                        .get(at)
-                        .is_some_and(|&c| c != b'\n' && c != b'\r')
-                    {
-                        at += 1;
-                    }
+                    at = skip(self.bytes, at, |c| c != b'\n' && c != b'\r');
                 }
                 _ => break,
             }
@@ -542,7 +532,7 @@ impl<'a> Lexer<'a> {
     }
 
     /// `"..."` or `U&"..."` from after its opening quote; `""` is a quote.
-    fn quoted_identifier(&mut self) -> Result<Token, Unlexable> {
+    fn quoted_identifier(&mut self) -> Result<String, Unlexable> {
         let start = self.pos;
         loop {
             match self.peek(0) {
@@ -550,8 +540,7 @@ impl<'a> Lexer<'a> {
                 Some(b'"') if self.peek(1) == Some(b'"') => self.pos += 2,
                 Some(b'"') => {
                     self.pos += 1;
-                    let content = self.sql[start..self.pos - 1].replace("\"\"", "\"");
-                    return Ok(Token::Quoted(content));
+                    return Ok(self.sql[start..self.pos - 1].replace("\"\"", "\""));
                 }
                 Some(_) => self.pos += 1,
             }
@@ -567,13 +556,7 @@ impl<'a> Lexer<'a> {
         }
         let mut end = self.pos + 1;
         if self.bytes.get(end).is_some_and(|&c| is_ident_start(c)) {
-            while self
-                .bytes
-                .get(end)
-                .is_some_and(|&c| is_ident_cont(c) && c != b'$')
-            {
-                end += 1;
-            }
+            end = skip(self.bytes, end, |c| is_ident_cont(c) && c != b'$');
         }
         if self.bytes.get(end) != Some(&b'$') {
             self.pos += 1;
@@ -603,12 +586,7 @@ impl<'a> Lexer<'a> {
                 .is_some_and(|c| c.is_ascii_hexdigit() || c == b'_');
         if radix {
             self.pos += 2;
-            while self
-                .peek(0)
-                .is_some_and(|c| c.is_ascii_hexdigit() || c == b'_')
-            {
-                self.pos += 1;
-            }
+            self.eat(|c| c.is_ascii_hexdigit() || c == b'_');
             return;
         }
         self.digits();
@@ -626,12 +604,7 @@ impl<'a> Lexer<'a> {
     }
 
     fn digits(&mut self) {
-        while self
-            .peek(0)
-            .is_some_and(|c| c.is_ascii_digit() || c == b'_')
-        {
-            self.pos += 1;
-        }
+        self.eat(|c| c.is_ascii_digit() || c == b'_');
     }
 
     /// A number or parameter directly followed by a name character or `$` is an error from
@@ -655,7 +628,7 @@ impl<'a> Lexer<'a> {
             (b'u', Some(b'&'), Some(b'\'')) => Some((3, Quote::Doubling)),
             (b'u', Some(b'&'), Some(b'"')) => {
                 self.pos += 3;
-                return self.quoted_identifier();
+                return self.quoted_identifier().map(|_| Token::UnicodeQuoted);
             }
             _ => None,
         };
@@ -665,11 +638,14 @@ impl<'a> Lexer<'a> {
             return Ok(Token::Literal);
         }
         let start = self.pos;
-        while self.peek(0).is_some_and(is_ident_cont) {
-            self.pos += 1;
-        }
+        self.eat(is_ident_cont);
         Ok(Token::Word(self.sql[start..self.pos].to_ascii_lowercase()))
     }
+}
+
+/// The first position from `at` on whose byte is not one to `keep`.
+fn skip(bytes: &[u8], at: usize, keep: impl Fn(u8) -> bool) -> usize {
+    at + bytes[at..].iter().take_while(|&&c| keep(c)).count()
 }
 
 /// scan.l's `ident_start`: any byte of a non-ASCII character counts as a letter.
@@ -928,6 +904,7 @@ mod tests {
             "SET \"FENCE\".Token = 9",
             "set FENCE . txid = 1",
             "SET /* c */ LOCAL /* c */ fence.txid = 1",
+            "SET \"fence.\" = 1",
         ] {
             let refusal = check(sql).expect_err(sql);
             assert_eq!(refusal.statement, 1, "{sql:?}");
@@ -947,6 +924,18 @@ mod tests {
             1,
             "RESET of fence's setting `fence.txid`",
         );
+        let unicode = "a setting named with `U&\"...\"`, which could be one of fence's";
+        refused(
+            "SET U&\"\\0066ence\".token = 9",
+            1,
+            &format!("SET of {unicode}"),
+        );
+        refused(
+            "RESET u&\"!0066ence.token\" UESCAPE '!'",
+            1,
+            &format!("RESET of {unicode}"),
+        );
+        passes("SET app.U&\"\\0066ence\" = 1");
         refused("RESET ALL", 1, "RESET ALL");
         refused("reset all", 1, "RESET ALL");
         refused("DISCARD ALL", 1, "DISCARD");
