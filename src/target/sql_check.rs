@@ -19,6 +19,8 @@
 //!   inside a transaction block, and a statement that fails aborts fence's transaction.
 //! - A backslash outside strings and comments is a syntax error for the server; it is reported
 //!   as the psql meta-command it almost certainly is.
+//! - `SET`/`RESET` of `fence.*` is refused as a courtesy, not as a guarantee: `set_config` and
+//!   dynamic SQL reach the same settings, which is why the guard does not trust them (guard.sql).
 
 use std::fmt;
 
