@@ -506,3 +506,85 @@ fn text_read_back_from_a_store_or_target_is_escaped_for_the_terminal() {
         "evil\u{1b}]0;pwned\u{7}\u{1b}[31m\u{202e}"
     );
 }
+
+/// Through fence itself: transaction control in any spelling, given by --sql, --file or
+/// --file -, is refused before anything is sent (exit 2) with a stale or a current token;
+/// nothing applies, the guard does not move, no prepared transaction is left.
+#[test]
+fn transaction_control_is_refused_before_anything_is_sent() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let guard = || {
+        one(
+            &store,
+            &format!(
+                "SELECT highest_token || '/' || accepted_writes FROM {}.guards WHERE resource = 'r'",
+                schema(&store)
+            ),
+        )
+    };
+    let insert = format!("INSERT INTO {table} VALUES (1)");
+    let spellings = [
+        format!("COMMIT; {insert}"),
+        format!("{insert}; ROLLBACK"),
+        format!("{insert};\nend"),
+        format!("abort; {insert}"),
+        format!("{insert}; commit /* c */ and -- x\n chain; {insert}"),
+        format!("{insert}; Rollback Work And No Chain"),
+        format!("start transaction; {insert}"),
+        format!("{insert}; PREPARE TRANSACTION 'fence_x'"),
+        format!("COMMIT PREPARED 'fence_x'; {insert}"),
+        format!("{insert}; set local fence.token = 99"),
+        format!("{insert}; reset all"),
+        format!("COPY {table} FROM STDIN"),
+        format!("{insert}; /* unterminated"),
+        format!("SELECT $$ {insert}"),
+        format!("\\copy {table} from 'x'"),
+    ];
+    for sql in &spellings {
+        for token in ["4", "5"] {
+            let base = || {
+                store
+                    .fence()
+                    .args(["write", "r", "--token", token, "--target", &store.url])
+            };
+            let file = store.home.path().join("script.sql");
+            std::fs::write(&file, sql).unwrap();
+            let outs = [
+                base().args(["--sql", sql]).run(),
+                base()
+                    .args([std::ffi::OsStr::new("--file"), file.as_os_str()])
+                    .run(),
+                {
+                    let mut fence = base().args(["--file", "-"]);
+                    fence.cmd.stdin(std::fs::File::open(&file).unwrap());
+                    fence.run()
+                },
+            ];
+            for out in outs {
+                assert_eq!(out.code, 2, "{sql} with token {token}: {out:?}");
+                assert!(out.stderr.contains("statement"), "{out:?}");
+            }
+        }
+        assert_eq!(values(&store, &table), "0", "after {sql}");
+    }
+    assert_eq!(guard(), "5/1");
+    assert_eq!(
+        one(&store, "SELECT count(*)::text FROM pg_prepared_xacts"),
+        "0"
+    );
+    // Savepoints stay inside the transaction and are allowed.
+    store
+        .fence()
+        .args(["write", "r", "--token", "5", "--target", &store.url])
+        .args([
+            "--sql",
+            &format!(
+                "SAVEPOINT a; {insert}; ROLLBACK TO SAVEPOINT a; INSERT INTO {table} VALUES (2)"
+            ),
+        ])
+        .run()
+        .expect(0);
+    assert_eq!(values(&store, &table), "0,2");
+}

@@ -12,7 +12,7 @@ use crate::output::{Output, Report};
 use crate::signals::Interrupts;
 use crate::target::object::{self as object_target, Expect, ObjectWritten};
 use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult, TxWrite};
-use crate::target::TargetSpec;
+use crate::target::{sql_check, TargetSpec};
 
 pub struct Written {
     resource: String,
@@ -149,6 +149,9 @@ fn read_sql(args: &WriteArgs) -> Result<String, Error> {
             "give the statements with --sql, or a non-empty --file",
         ));
     }
+    // Nothing that could leave fence's transaction (or swallow its closing statements) is
+    // ever sent; end_write is the second line of defence (see target/postgres.rs).
+    sql_check::check(&sql).map_err(|refusal| Error::usage(refusal.to_string(), refusal.hint))?;
     Ok(sql)
 }
 

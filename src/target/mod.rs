@@ -6,6 +6,7 @@ pub mod grant;
 pub mod object;
 pub mod postgres;
 pub mod protection;
+pub mod sql_check;
 
 use crate::config::redact_url;
 use crate::error::Error;
