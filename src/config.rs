@@ -50,8 +50,8 @@ pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return Err(format!(
             "a lease lasts from {} to {}; `{value}` is outside that range",
-            humantime::format_duration(MIN_TTL),
-            humantime::format_duration(MAX_TTL)
+            crate::time::duration(MIN_TTL),
+            crate::time::duration(MAX_TTL)
         ));
     }
     Ok(ttl)
@@ -69,8 +69,8 @@ pub fn parse_write_timeout(value: &str) -> Result<Duration, String> {
     if timeout < MIN_TTL || timeout > MAX_WRITE_TIMEOUT {
         return Err(format!(
             "a write may take from {} to {}; `{value}` is outside that range",
-            humantime::format_duration(MIN_TTL),
-            humantime::format_duration(MAX_WRITE_TIMEOUT)
+            crate::time::duration(MIN_TTL),
+            crate::time::duration(MAX_WRITE_TIMEOUT)
         ));
     }
     Ok(timeout)
@@ -212,7 +212,7 @@ pub(crate) fn percent_decode(text: &str) -> Option<String> {
 }
 
 /// `file://$XDG_STATE_HOME/fence`, falling back to `$HOME/.local/state/fence`.
-fn default_store_url() -> Result<String, Error> {
+pub fn default_store_url() -> Result<String, Error> {
     let base =
         match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
             Some(state) => PathBuf::from(state),

@@ -114,7 +114,7 @@ impl Output {
             object.insert("error".into(), json!(err.name()));
             object.insert("exit_code".into(), json!(exit.code()));
             object.insert("message".into(), json!(err.to_string()));
-            object.insert("hint".into(), json!(err.hint()));
+            object.insert("hint".into(), json!(hint_with_store(err, store)));
             object.extend(err.json_fields());
             if let Some(store) = store {
                 object.insert("store".into(), json!(store));
@@ -124,7 +124,7 @@ impl Output {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
             // so that cron mails only real failures.
             if !(self.quiet && matches!(err, Error::Busy { .. })) {
-                self.diagnostic(&err.to_string(), &err.hint());
+                self.diagnostic(&err.to_string(), &hint_with_store(err, store));
             }
             if self.format == Format::Env {
                 print_stdout(&env_failure(op, err));
@@ -146,6 +146,23 @@ impl Output {
         if !hint.is_empty() {
             let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
         }
+    }
+}
+
+/// The error's hint, naming the store in the commands it suggests (unless it is the default
+/// one), so that they act on the same store as the command that failed.
+fn hint_with_store(err: &Error, store: Option<&str>) -> String {
+    let hint = err.hint();
+    let default = crate::config::default_store_url().ok();
+    match store.filter(|store| Some(*store) != default.as_deref()) {
+        Some(store) => hint.replace(
+            "`fence inspect ",
+            &format!(
+                "`fence --store {} inspect ",
+                crate::error::shell_word(store)
+            ),
+        ),
+        None => hint,
     }
 }
 

@@ -15,16 +15,29 @@ pub fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-/// A span such as `12.3s`, `4m 10s` or `250ms`.
+/// A span such as `250ms`, `12.3s`, `4m 10s`, `1h 30m` or `24h`: the one way fence prints
+/// durations, and one that `--ttl`, `--wait` and `--timeout` accept back.
 pub fn span(ms: i64) -> String {
     let ms = ms.unsigned_abs();
     if ms < 1_000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    } else {
-        humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+        return format!("{ms}ms");
     }
+    if ms < 60_000 {
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    let secs = ms / 1000;
+    let parts = [(secs / 3600, "h"), (secs / 60 % 60, "m"), (secs % 60, "s")];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// [`span`] of a [`Duration`].
+pub fn duration(d: Duration) -> String {
+    span(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// `expires in 12.3s` or `expired 2.0s ago`.
@@ -46,6 +59,9 @@ mod tests {
         assert_eq!(span(250), "250ms");
         assert_eq!(span(12_345), "12.3s");
         assert_eq!(span(250_000), "4m 10s");
+        assert_eq!(span(86_400_000), "24h");
+        assert_eq!(span(5_400_000), "1h 30m");
+        assert_eq!(duration(Duration::from_secs(10)), "10.0s");
         assert_eq!(expires_in(-2_000), "expired 2.0s ago");
     }
 }

@@ -499,7 +499,10 @@ test "$FENCE_OWNER" = "$OWNER"
         .env("OWNER", owner)
         .env("FENCE_STORE", &store.url);
     if let Some(schema) = &store.schema {
-        cmd.env("FENCE_SCHEMA", schema);
+        // `--format env` exports the URL without its password; the password comes from
+        // the environment, as libpq's would (or from ~/.pgpass, see tests/pgpass.rs).
+        cmd.env("FENCE_SCHEMA", schema)
+            .env("PGPASSWORD", common::env_or_panic("FENCE_TEST_PG_PASSWORD"));
     }
     if let Some((server, _)) = &store.objects {
         cmd.envs(server.env());

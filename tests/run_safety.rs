@@ -204,3 +204,31 @@ fn the_reaper_is_not_for_people() {
         .expect(2);
     assert!(out.stderr.contains("started by `fence run`"), "{out:?}");
 }
+
+/// The commands a hint suggests act on the store the failing command used.
+#[test]
+fn the_busy_hint_names_the_store_that_was_given() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "a"])
+        .run()
+        .expect(0);
+    let out = store
+        .fence()
+        .args(["acquire", "job", "--owner", "b"])
+        .run()
+        .expect(3);
+    assert!(
+        out.stderr
+            .contains(&format!("`fence --store {} inspect job`", store.url)),
+        "{out:?}"
+    );
+    let json = store
+        .fence()
+        .args(["acquire", "job", "--owner", "b", "--format", "json"])
+        .run()
+        .expect(3)
+        .json();
+    assert!(json["hint"].as_str().unwrap().contains("--store"), "{json}");
+}

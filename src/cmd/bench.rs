@@ -132,7 +132,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         spinner.set_message(format!(
             "benchmarking {} for {}",
             spec.display,
-            humantime::format_duration(args.duration)
+            crate::time::duration(args.duration)
         ));
     }
     let handles: Vec<_> = (0..args.workers)

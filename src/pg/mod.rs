@@ -195,9 +195,9 @@ impl Target {
             .map_err(|_| {
                 Error::unavailable(
                     format!(
-                        "PostgreSQL at `{}` did not complete the connection within {}s",
+                        "PostgreSQL at `{}` did not complete the connection within {}",
                         self.display,
-                        limit.as_secs_f64()
+                        crate::time::duration(limit)
                     ),
                     "check that the address is a PostgreSQL server and that it is not overloaded; nothing was done, so it is safe to retry",
                 )

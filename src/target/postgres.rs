@@ -151,7 +151,7 @@ impl PgTarget {
                 ),
                 hint: format!(
                     "the transaction may or may not commit (it cannot commit later than {} after it began): check `fence inspect {} --target …` and the data before retrying",
-                    crate::time::span(write.timeout.as_millis() as i64),
+                    crate::time::duration(write.timeout),
                     crate::error::shell_word(write.resource)
                 ),
             })),
@@ -214,13 +214,13 @@ impl PgTarget {
             (Some("57014" | "LF010"), None) => Err(rolled_back(format!(
                 "the write to `{}` did not finish within its {} timeout (--timeout), so PostgreSQL at `{}` cancelled it",
                 write.resource,
-                crate::time::span(write.timeout.as_millis() as i64),
+                crate::time::duration(write.timeout),
                 self.display()
             ))),
             (Some("55P03"), _) => Err(rolled_back(format!(
                 "the write to `{}` waited {} for a lock held by another transaction (another fenced write of the same resource, or a writer of the same rows)",
                 write.resource,
-                crate::time::span(write.timeout.as_millis() as i64)
+                crate::time::duration(write.timeout)
             ))),
             _ => Err(Retry::Fail(self.classify(&err, write).await)),
         }
@@ -480,7 +480,7 @@ impl GaveUp {
         match self {
             GaveUp::Timeout(timeout) => format!(
                 "the server did not answer within the {} timeout (--timeout)",
-                crate::time::span(timeout.as_millis() as i64)
+                crate::time::duration(timeout)
             ),
             GaveUp::Signal(name) => format!("interrupted by {name}"),
         }
