@@ -673,7 +673,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__write)
-            opts="-q -h --token --owner --target --from --if-match --if-generation-match --sql --file --timeout --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
+            opts="-q -h --token --owner --target --from --if-match --if-generation-match --sql --file --id --timeout --table --key --set --token-column --upsert --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -708,6 +708,10 @@ _fence() {
                     return 0
                     ;;
                 --file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --id)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -115,6 +115,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --if-generation-match 'Object form: write only if the object''s generation is N (GCS, file://); 0: only if the object does not exist (on S3 too)'
             cand --sql 'SQL to run in the fenced transaction (one or more statements)'
             cand --file 'Read the SQL from a file (`-`: standard input)'
+            cand --id 'Transaction form: a write id (idempotency key), e.g. `publish-2026-12-04`. Recorded with the effect in the same transaction; a write whose id was already applied for RESOURCE — by anyone, with any token — runs nothing and exits 0 (`"replayed": true`). After exit 8, run the same command again: it says whether the first one landed'
             cand --timeout 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way'
             cand --table 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)'
             cand --key 'Row form: a key column and its value; repeat for composite keys'

@@ -397,6 +397,13 @@ pub struct WriteArgs {
     #[arg(long, value_name = "PATH")]
     pub file: Option<std::path::PathBuf>,
 
+    /// Transaction form: a write id (idempotency key), e.g. `publish-2026-12-04`. Recorded
+    /// with the effect in the same transaction; a write whose id was already applied for
+    /// RESOURCE — by anyone, with any token — runs nothing and exits 0 (`"replayed": true`).
+    /// After exit 8, run the same command again: it says whether the first one landed.
+    #[arg(long, value_name = "KEY", value_parser = parse_name)]
+    pub id: Option<String>,
+
     /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
     /// server cancels it then, and it can never commit later, even if fence is gone; fence
     /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way.

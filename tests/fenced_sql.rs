@@ -95,6 +95,7 @@ fn send_fenced(store: &Store, resource: &str, token: i64, sql: &str) -> Result<(
         resource,
         token,
         owner: "test",
+        write_id: None,
         sql,
         timeout: Duration::from_secs(30),
     };

@@ -246,6 +246,7 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
                     resource: &resource,
                     token: lease.token,
                     owner: &owner,
+                    write_id: None,
                     sql: "SELECT 1",
                     timeout: BENCH_WRITE_TIMEOUT,
                 };

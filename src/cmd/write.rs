@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
 use crate::target::object::{self as object_target, Expect, ObjectWritten};
-use crate::target::postgres::{PgTarget, RowOutcome, RowWrite, StatementResult, TxWrite};
+use crate::target::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
 use crate::target::{sql_check, TargetSpec};
 
 pub struct Written {
@@ -22,8 +22,14 @@ pub struct Written {
 }
 
 enum Outcome {
-    Transaction(Vec<StatementResult>),
-    Row { table: String, outcome: RowOutcome },
+    Transaction {
+        write_id: Option<String>,
+        outcome: TxOutcome,
+    },
+    Row {
+        table: String,
+        outcome: RowOutcome,
+    },
     Object(ObjectWritten),
 }
 
@@ -43,6 +49,12 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             if_generation_match: args.if_generation_match,
         };
         object_target::check_flags(url, &expect)?;
+        if args.id.is_some() {
+            return Err(Error::usage(
+                "--id works with PostgreSQL targets only, for now",
+                "leave --id out for object targets; `--if-generation-match` / `--if-match` make a retry safe",
+            ));
+        }
         let body = read_bytes(from)?;
         let bar = out.upload_bar(body.len(), &spec.display);
         let written =
@@ -74,6 +86,12 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             ));
         }
         let target = PgTarget::connect(&spec, &ctx.schema).await?;
+        if args.id.is_some() {
+            return Err(Error::usage(
+                "--id works with the transaction form (--sql, --file) only",
+                "write the row with --sql (an UPDATE … WHERE …) to give it an id",
+            ));
+        }
         let outcome = target.write_row(&args.resource, args.token, &write).await?;
         Outcome::Row {
             table: table.clone(),
@@ -89,16 +107,28 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             resource: &args.resource,
             token: args.token,
             owner: &owner,
+            write_id: args.id.as_deref(),
             sql: &sql,
             timeout: args.timeout,
         };
-        Outcome::Transaction(target.write_transaction(&write, &mut interrupts).await?)
+        Outcome::Transaction {
+            write_id: args.id.clone(),
+            outcome: target.write_transaction(&write, &mut interrupts).await?,
+        }
     };
     Ok(Written {
         resource: args.resource,
         token: args.token,
         target: spec.display,
         outcome,
+    })
+}
+
+fn ledger_json(entry: &LedgerEntry) -> Value {
+    json!({
+        "at": crate::time::rfc3339(entry.applied_at_ms),
+        "token": entry.token,
+        "owner": entry.owner,
     })
 }
 
@@ -183,8 +213,20 @@ impl Report for Written {
         map.insert("token".into(), json!(self.token));
         map.insert("target".into(), json!(self.target));
         match &self.outcome {
-            Outcome::Transaction(statements) => {
+            Outcome::Transaction { write_id, outcome } => {
                 map.insert("form".into(), json!("transaction"));
+                map.insert("write_id".into(), json!(write_id));
+                let statements = match outcome {
+                    TxOutcome::Applied(statements) => {
+                        map.insert("replayed".into(), json!(false));
+                        statements.as_slice()
+                    }
+                    TxOutcome::Replayed(entry) => {
+                        map.insert("replayed".into(), json!(true));
+                        map.insert("applied".into(), ledger_json(entry));
+                        &[]
+                    }
+                };
                 let statements: Vec<Value> = statements
                     .iter()
                     .map(|s| {
@@ -231,7 +273,28 @@ impl Report for Written {
                 self.token,
                 self.resource
             ),
-            Outcome::Transaction(statements) => {
+            Outcome::Transaction {
+                write_id: Some(id),
+                outcome: TxOutcome::Replayed(entry),
+            } => format!(
+                "write `{id}` of `{}` was already applied at {} with token {}{}: nothing was run now\n",
+                self.resource,
+                crate::time::rfc3339(entry.applied_at_ms),
+                entry.token,
+                entry
+                    .owner
+                    .as_deref()
+                    .map(|o| format!(" by `{o}`"))
+                    .unwrap_or_default()
+            ),
+            Outcome::Transaction {
+                outcome: TxOutcome::Replayed(_),
+                ..
+            } => String::new(),
+            Outcome::Transaction {
+                outcome: TxOutcome::Applied(statements),
+                ..
+            } => {
                 let mut text = String::new();
                 for s in statements {
                     if s.columns.is_empty() {

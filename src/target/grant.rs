@@ -12,13 +12,19 @@ use crate::target::postgres::PgTarget;
 
 /// Functions the write path calls (`fence write`, both forms). `end_write` is granted when
 /// the schema has it.
-const WRITER_FUNCTIONS: [&str; 4] = ["begin_write", "end_write", "note_rejected", "write_row"];
+const WRITER_FUNCTIONS: [&str; 5] = [
+    "begin_write",
+    "begin_write_once",
+    "end_write",
+    "note_rejected",
+    "write_row",
+];
 
 /// Read-only functions behind `fence inspect --table`.
 const READER_FUNCTIONS: [&str; 3] = ["protect_tree", "protect_state", "protect_resource"];
 
 /// fence's tables a reader may read.
-const READER_TABLES: [&str; 3] = ["target_meta", "guards", "write_events"];
+const READER_TABLES: [&str; 4] = ["target_meta", "guards", "write_events", "write_ledger"];
 
 /// The statements that give `role` its access, and what fence noticed about the role.
 #[derive(Debug)]

@@ -41,6 +41,19 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.bindings (
 );
 REVOKE ALL ON __SCHEMA__.bindings FROM PUBLIC;
 
+-- Write ids (`fence write --id KEY`): one row per resource and id, written in the same
+-- transaction as the effect, so "was it applied?" has a durable answer after a lost COMMIT,
+-- and a second write with the same id — by anyone, with any token — does nothing. Rows are
+-- kept until an admin deletes them (see the README: Write ids).
+CREATE TABLE IF NOT EXISTS __SCHEMA__.write_ledger (
+    resource text NOT NULL,
+    write_id text NOT NULL,
+    token bigint NOT NULL,
+    owner text,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (resource, write_id)
+);
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.guards_keep() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
@@ -142,6 +155,39 @@ BEGIN
             USING ERRCODE = 'LF010',
                   HINT = 'nothing was applied; raise --timeout if the SQL needs longer';
     END IF;
+END
+$fn$;
+
+-- begin_write for a write with an id: an id already applied raises LF011 (with when, which
+-- token and whose, in DETAIL) before the token is even looked at, so a retry after a lost
+-- COMMIT gets a definite answer even once a newer owner holds the resource; otherwise the
+-- token is checked (begin_write) and the id recorded in this transaction. Two writers with one
+-- id: the second waits for the first's commit on the ledger row, then raises LF011.
+CREATE OR REPLACE FUNCTION __SCHEMA__.begin_write_once(p_resource text, p_token bigint, p_owner text, p_write_id text)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_highest bigint;
+    v_seen __SCHEMA__.write_ledger;
+BEGIN
+    IF p_write_id IS NULL OR p_write_id = '' OR length(p_write_id) > 200 THEN
+        RAISE EXCEPTION 'a write id is 1 to 200 characters' USING ERRCODE = 'LF012';
+    END IF;
+    SELECT * INTO v_seen FROM __SCHEMA__.write_ledger WHERE resource = p_resource AND write_id = p_write_id;
+    IF NOT FOUND THEN
+        v_highest := __SCHEMA__.begin_write(p_resource, p_token, p_owner);
+        INSERT INTO __SCHEMA__.write_ledger (resource, write_id, token, owner)
+        VALUES (p_resource, p_write_id, p_token, nullif(p_owner, ''))
+        ON CONFLICT (resource, write_id) DO NOTHING;
+        IF FOUND THEN
+            RETURN v_highest;
+        END IF;
+        SELECT * INTO v_seen FROM __SCHEMA__.write_ledger WHERE resource = p_resource AND write_id = p_write_id;
+    END IF;
+    RAISE EXCEPTION 'write % of % was already applied', p_write_id, p_resource
+        USING ERRCODE = 'LF011',
+              DETAIL = json_build_object('applied_at', floor(extract(epoch FROM v_seen.applied_at) * 1000)::bigint,
+                                         'token', v_seen.token, 'owner', v_seen.owner)::text;
 END
 $fn$;
 
@@ -480,7 +526,7 @@ BEGIN
               WHERE b.pronamespace = '__SCHEMA__'::regnamespace AND b.proname = 'begin_write'
                 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, b.proowner)
                 AND p.pronamespace = '__SCHEMA__'::regnamespace
-                AND p.proname IN ('begin_write', 'end_write', 'note_rejected', 'write_row') LOOP
+                AND p.proname IN ('begin_write', 'begin_write_once', 'end_write', 'note_rejected', 'write_row') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn, r.grantee);
     END LOOP;
 END

@@ -85,7 +85,7 @@ impl PgTarget {
         &self,
         write: &TxWrite<'_>,
         interrupts: &mut Interrupts,
-    ) -> Result<Vec<StatementResult>, Error> {
+    ) -> Result<TxOutcome, Error> {
         match self.fenced(write, interrupts).await {
             Err(Retry::MissingSchema) => {
                 self.session.migrate().await?;
@@ -111,7 +111,7 @@ impl PgTarget {
         &self,
         write: &TxWrite<'_>,
         interrupts: &mut Interrupts,
-    ) -> Result<Vec<StatementResult>, Retry> {
+    ) -> Result<TxOutcome, Retry> {
         let client = &self.session.client;
         let script = self.script(write);
         // The checks on the caller's SQL read string literals as standard_conforming_strings
@@ -169,7 +169,7 @@ impl PgTarget {
         answer: Answer,
         write: &TxWrite<'_>,
         gave_up: Option<GaveUp>,
-    ) -> Result<Vec<StatementResult>, Retry> {
+    ) -> Result<TxOutcome, Retry> {
         let (completed, err) = match answer {
             Answer::Done(messages) => {
                 if let Some(gave_up) = gave_up {
@@ -181,7 +181,9 @@ impl PgTarget {
                 let mut results = statement_results(messages);
                 // BEGIN, two SETs and begin_write before; end_write and COMMIT after.
                 results.truncate(results.len().saturating_sub(2));
-                return Ok(results.split_off(PRELUDE_STATEMENTS.min(results.len())));
+                return Ok(TxOutcome::Applied(
+                    results.split_off(PRELUDE_STATEMENTS.min(results.len())),
+                ));
             }
             Answer::Failed { completed, err } => (completed, err),
         };
@@ -195,6 +197,9 @@ impl PgTarget {
         if completed < PRELUDE_STATEMENTS {
             if let Some(refused) = self.missing_grant(&err) {
                 return Err(Retry::Fail(refused));
+            }
+            if let Some(replayed) = replayed(&err) {
+                return Ok(replayed);
             }
         }
         let code = err.code().map(|c| c.code().to_owned());
@@ -456,12 +461,42 @@ const SERVER_FIRST: Duration = Duration::from_secs(2);
 /// unknown.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
+/// What a fenced transaction did.
+#[derive(Debug)]
+pub enum TxOutcome {
+    /// Committed now: one result per statement of the caller's SQL.
+    Applied(Vec<StatementResult>),
+    /// Its write id was applied before (by this or another owner): nothing ran now.
+    Replayed(LedgerEntry),
+}
+
+/// A write id's entry in the target's ledger.
+#[derive(Debug)]
+pub struct LedgerEntry {
+    pub applied_at_ms: i64,
+    pub token: i64,
+    pub owner: Option<String>,
+}
+
+/// The ledger entry an LF011 ("already applied") error carries in its DETAIL.
+fn replayed(err: &tokio_postgres::Error) -> Option<TxOutcome> {
+    let db = err.as_db_error().filter(|db| db.code().code() == "LF011")?;
+    let detail: serde_json::Value = serde_json::from_str(db.detail()?).ok()?;
+    Some(TxOutcome::Replayed(LedgerEntry {
+        applied_at_ms: detail["applied_at"].as_i64()?,
+        token: detail["token"].as_i64()?,
+        owner: detail["owner"].as_str().map(str::to_owned),
+    }))
+}
+
 /// One fenced transaction: who writes what, with which token, within how long.
 #[derive(Clone, Copy)]
 pub struct TxWrite<'a> {
     pub resource: &'a str,
     pub token: i64,
     pub owner: &'a str,
+    /// `--id`: applied at most once per resource, whoever writes it.
+    pub write_id: Option<&'a str>,
     /// Checked by [`crate::target::sql_check`] before it gets here.
     pub sql: &'a str,
     /// The server cancels the transaction after this long, and it can never commit later.
@@ -504,6 +539,13 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
     let resource = quote_literal(write.resource);
     let owner = quote_literal(write.owner);
     let token = write.token;
+    let begin = match write.write_id {
+        Some(id) => format!(
+            "{schema}.begin_write_once({resource}, {token}, {owner}, {})",
+            quote_literal(id)
+        ),
+        None => format!("{schema}.begin_write({resource}, {token}, {owner})"),
+    };
     let ms = write.timeout.as_millis().max(1);
     // A lock wait times out before the statement does, so it is reported as a lock wait.
     let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
@@ -511,7 +553,7 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
         "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
          SET LOCAL statement_timeout = {statement_ms};\n\
          SET LOCAL lock_timeout = {ms};\n\
-         SELECT {schema}.begin_write({resource}, {token}, {owner});\n\
+         SELECT {begin};\n\
          {sql}\n;\n\
          SELECT {schema}.end_write({resource}, {token}, {ms});\n\
          COMMIT",

@@ -1,0 +1,243 @@
+//! Write ids (issue 20, PostgreSQL targets): `fence write --id KEY` is applied at most once per
+//! resource, whoever writes it and with whatever token, and re-running the command after an
+//! `outcome_unknown` (exit 8) gives a definite answer. Asserted on row counts and the ledger:
+//! - the connection cut after the whole transaction was sent: exit 8, then the same command
+//!   exits 0, in both orders (the commit landed → replayed; it did not → applied now);
+//! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
+//!   after B is stale;
+//! - the README's "publish exactly once" cron recipe, run twice in a row and twice at once.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::proxy::{Mode, Proxy};
+use common::{Out, Store};
+
+const COMMIT_QUERY: &[u8] = b"COMMIT\0";
+
+fn schema(store: &Store) -> &str {
+    store.schema.as_deref().unwrap()
+}
+
+fn count(store: &Store, table: &str) -> i64 {
+    common::pg_query(&store.url, &format!("SELECT count(*) FROM {table}"))[0].get(0)
+}
+
+fn setup(store: &Store) -> String {
+    let table = format!("{}.published", schema(store));
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (what text)",
+            s = schema(store)
+        ),
+    );
+    table
+}
+
+fn write(store: &Store, target: &str, token: i64, id: &str, sql: &str) -> Out {
+    store
+        .fence()
+        .args([
+            "write",
+            "r",
+            "--token",
+            &token.to_string(),
+            "--target",
+            target,
+        ])
+        .args(["--id", id, "--sql", sql, "--format", "json"])
+        .run()
+}
+
+fn acquire(store: &Store, owner: &str) -> i64 {
+    store
+        .fence()
+        .args([
+            "acquire", "r", "--ttl", "100ms", "--owner", owner, "--format", "json",
+        ])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the server has ended every session the proxy opened.
+fn wait_backends_gone(store: &Store, proxy: &Proxy) {
+    let ports: Vec<String> = proxy.upstream_ports().iter().map(u16::to_string).collect();
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' AND client_port IN ({})",
+        ports.join(", ")
+    );
+    wait_for(
+        "the proxied sessions to end",
+        Duration::from_secs(20),
+        || common::pg_query(&store.url, &sql)[0].get::<_, i64>(0) == 0,
+    );
+}
+
+/// Cuts the connection right after the message holding COMMIT reached the server.
+fn cut_write(store: &Store, token: i64, id: &str, sql: &str) -> Out {
+    let cut = Proxy::start(
+        common::pg_upstream(),
+        Mode::CutWhenClientSends(COMMIT_QUERY.to_vec()),
+    );
+    let out = write(store, &common::pg_url_via(cut.addr()), token, id, sql);
+    assert_eq!(cut.cuts(), 1, "the proxy never saw COMMIT: {out:?}");
+    wait_backends_gone(store, &cut);
+    out
+}
+
+#[test]
+fn rerunning_after_outcome_unknown_gives_a_definite_answer_in_both_orders() {
+    let store = Store::postgres();
+    let table = setup(&store);
+    let token = acquire(&store, "a");
+    // The schema exists before the cut write, so the cut write is the one message.
+    write(&store, &store.url, token, "warm-up", "SELECT 1").expect(0);
+
+    // 1. The commit landed: the server had the whole message and the statement is quick.
+    let sql = format!("INSERT INTO {table} VALUES ('landed')");
+    let out = cut_write(&store, token, "k-landed", &sql);
+    assert_eq!(out.code, 8, "{out:?}");
+    assert_eq!(count(&store, &table), 1, "the commit landed");
+    let again = write(&store, &store.url, token, "k-landed", &sql)
+        .expect(0)
+        .json();
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["applied"]["token"], token);
+    assert_eq!(count(&store, &table), 1, "published once");
+
+    // 2. It did not land: the statement outlives the server's check of the client's socket
+    //    (1 s), which finds it gone and rolls back.
+    let sql = format!("INSERT INTO {table} VALUES ('lost'); SELECT pg_sleep(3)");
+    let out = cut_write(&store, token, "k-lost", &sql);
+    assert_eq!(out.code, 8, "{out:?}");
+    assert_eq!(count(&store, &table), 1, "the commit did not land");
+    let again = write(&store, &store.url, token, "k-lost", &sql)
+        .expect(0)
+        .json();
+    assert_eq!(again["replayed"], false, "{again}");
+    assert_eq!(count(&store, &table), 2);
+    let third = write(&store, &store.url, token, "k-lost", &sql)
+        .expect(0)
+        .json();
+    assert_eq!(third["replayed"], true, "{third}");
+    assert_eq!(count(&store, &table), 2, "applied once");
+}
+
+#[test]
+fn an_id_is_applied_once_across_owners_and_tokens() {
+    let store = Store::postgres();
+    let table = setup(&store);
+    let sql = format!("INSERT INTO {table} VALUES ('report')");
+    let a = acquire(&store, "a");
+    write(&store, &store.url, a, "daily", &sql).expect(0);
+    // A's 100ms lease runs out; B takes over with a newer token.
+    wait_for("A's lease to expire", Duration::from_secs(10), || {
+        store
+            .fence()
+            .args(["acquire", "r", "--owner", "b", "--ttl", "1m"])
+            .run()
+            .code
+            == 0
+    });
+    let b = store.lease("r").unwrap().1;
+    assert!(b > a);
+    let replay = write(&store, &store.url, b, "daily", &sql).expect(0).json();
+    assert_eq!(replay["replayed"], true);
+    assert_eq!(replay["applied"]["owner"], serde_json::Value::Null);
+    assert_eq!(count(&store, &table), 1);
+    // A replay advances nothing: the guard still holds A's token.
+    let guard: i64 = common::pg_query(
+        &store.url,
+        &format!(
+            "SELECT highest_token FROM {}.guards WHERE resource = 'r'",
+            schema(&store)
+        ),
+    )[0]
+    .get(0);
+    assert_eq!(guard, a);
+    write(&store, &store.url, b, "other", &sql).expect(0);
+    assert_eq!(count(&store, &table), 2);
+    // A, stale now, with a new id: refused; with the old id: the answer is still "applied".
+    write(&store, &store.url, a, "late", &sql).expect(4);
+    let old = write(&store, &store.url, a, "daily", &sql).expect(0).json();
+    assert_eq!(old["replayed"], true);
+    assert_eq!(count(&store, &table), 2);
+}
+
+#[test]
+fn ids_are_for_the_transaction_form() {
+    let store = Store::postgres();
+    let out = store
+        .fence()
+        .args(["write", "r", "--token", "1", "--target", &store.url])
+        .args(["--id", "x", "--table", "t", "--key", "id=1", "--set", "v=2"])
+        .run()
+        .expect(2);
+    assert!(out.stderr.contains("--id"), "{out:?}");
+}
+
+/// The README's recipe, run as written by `sh` with the environment it names.
+fn publish_once(store: &Store, bin: &std::path::Path, recipe: &str) -> std::process::Child {
+    Command::new("sh")
+        .args(["-c", recipe])
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("HOME", store.home.path())
+        .env("FENCE_STORE", &store.url)
+        .env("FENCE_SCHEMA", schema(store))
+        // The table lives in the test's own schema: put it on the search_path.
+        .env(
+            "DB",
+            format!("{}?options=-csearch_path%3D{}", store.url, schema(store)),
+        )
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn the_readme_publish_once_recipe_publishes_once() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let recipe = readme
+        .split("<!-- recipe-once -->\n```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("README marks the publish-once recipe");
+    let store = Store::postgres();
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {s}.published (day date)",
+            s = schema(&store)
+        ),
+    );
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fence"), bin.path().join("fence")).unwrap();
+    // Twice in a row, then twice at once.
+    for _ in 0..2 {
+        let status = publish_once(&store, bin.path(), recipe).wait().unwrap();
+        assert!(status.success());
+    }
+    let both = [
+        publish_once(&store, bin.path(), recipe),
+        publish_once(&store, bin.path(), recipe),
+    ];
+    for mut child in both {
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(count(&store, &format!("{}.published", schema(&store))), 1);
+}
