@@ -100,7 +100,7 @@ pub enum Command {
     Renew(RenewArgs),
     Release(ReleaseArgs),
     Inspect(InspectArgs),
-    Write(WriteArgs),
+    Write(Box<WriteArgs>),
     Protect(ProtectArgs),
     Grant(GrantArgs),
     Init(InitArgs),
