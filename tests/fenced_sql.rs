@@ -589,3 +589,44 @@ fn transaction_control_is_refused_before_anything_is_sent() {
         .expect(0);
     assert_eq!(values(&store, &table), "0,2");
 }
+
+/// With the coordinator elsewhere, the target cannot refuse a token it never saw issued; the
+/// operator's view flags it instead, and stays quiet on a healthy pair.
+#[test]
+fn inspect_flags_a_target_ahead_of_its_coordinator() {
+    let coordinator = Store::file();
+    let target = Store::postgres();
+    let table = setup_table(&target);
+    coordinator.fence().args(["acquire", "r"]).run().expect(0);
+    let write = |token: &str| {
+        coordinator
+            .fence()
+            .args(["--schema", &schema(&target)])
+            .args(["write", "r", "--token", token, "--target", &target.url])
+            .args(["--sql", &format!("INSERT INTO {table} VALUES (1)")])
+            .run()
+            .expect(0);
+    };
+    let inspect = || {
+        coordinator
+            .fence()
+            .args(["--schema", &schema(&target)])
+            .args(["inspect", "r", "--target", &target.url, "--format", "json"])
+            .run()
+            .expect(0)
+            .json()
+    };
+    write("1");
+    assert_eq!(inspect()["warnings"], serde_json::json!([]));
+    write("999");
+    let warnings = inspect()["warnings"].clone();
+    assert_eq!(warnings.as_array().unwrap().len(), 1, "{warnings}");
+    assert!(warnings[0].as_str().unwrap().contains("999"), "{warnings}");
+    let human = coordinator
+        .fence()
+        .args(["--schema", &schema(&target)])
+        .args(["inspect", "r", "--target", &target.url])
+        .run()
+        .expect(0);
+    assert!(human.stdout.contains("warning: "), "{human:?}");
+}

@@ -64,6 +64,38 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
     Ok(Inspected { views, targets })
 }
 
+impl Inspected {
+    /// Targets that accepted a token above the highest the coordinator issued for the
+    /// resource: a token it never issued was written there (a typo, a forgery, or a target
+    /// fenced by another coordinator), and the real holder's writes are now refused.
+    fn integrity_warnings(&self) -> Vec<String> {
+        let accepted: Vec<(&str, i64)> = match &self.targets {
+            Some((_, Targets::Guards(guards))) => guards
+                .iter()
+                .filter_map(|g| Some((g.resource.as_str(), g.highest_token?)))
+                .collect(),
+            Some((_, Targets::Object(o))) => {
+                o.resource.as_deref().zip(o.token).into_iter().collect()
+            }
+            None => Vec::new(),
+        };
+        let target = self.targets.as_ref().map_or("", |(t, _)| t.as_str());
+        accepted
+            .into_iter()
+            .filter_map(|(resource, highest)| {
+                let issued = self.views.iter().find(|v| v.resource == resource)?.token;
+                let ahead = issued.is_none_or(|issued| highest > issued);
+                ahead.then(|| {
+                    format!(
+                        "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}): check that the target is fenced by this store, and how that token was written",
+                        issued.map_or("none".to_owned(), |t| format!("up to {t}"))
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
 fn opt_time(ms: Option<i64>) -> Value {
     ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
 }
@@ -133,6 +165,9 @@ impl Report for Inspected {
                 })
                 .collect();
             map.insert("targets".into(), Value::Array(guards));
+        }
+        if self.targets.is_some() {
+            map.insert("warnings".into(), json!(self.integrity_warnings()));
         }
         map
     }
@@ -239,6 +274,9 @@ impl Report for Inspected {
                 "\nlast events of `{}`, most recent first:\n{events}\n",
                 v.resource
             ));
+        }
+        for warning in self.integrity_warnings() {
+            text.push_str(&format!("\nwarning: {warning}\n"));
         }
         text
     }
