@@ -40,6 +40,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check the store and targets for set-ups that weaken fence''s guarantees')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -183,6 +184,18 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
             break
         }
+        'fence;doctor' {
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also check this target database or object (repeat for several)')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
         'fence;bench' {
             [CompletionResult]::new('--workers', '--workers', [CompletionResultType]::ParameterName, 'Concurrent workers, each with its own connection')
             [CompletionResult]::new('--resources', '--resources', [CompletionResultType]::ParameterName, 'Resources to spread over (`spread` mode)')
@@ -213,6 +226,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
             [CompletionResult]::new('init', 'init', [CompletionResultType]::ParameterValue, 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).')
+            [CompletionResult]::new('doctor', 'doctor', [CompletionResultType]::ParameterValue, 'Check the store and targets for set-ups that weaken fence''s guarantees')
             [CompletionResult]::new('bench', 'bench', [CompletionResultType]::ParameterValue, 'Measure the store as your jobs would use it, before choosing a TTL.')
             [CompletionResult]::new('help', 'help', [CompletionResultType]::ParameterValue, 'Print this message or the help of the given subcommand(s)')
             break
@@ -242,6 +256,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;init' {
+            break
+        }
+        'fence;help;doctor' {
             break
         }
         'fence;help;bench' {

@@ -22,6 +22,9 @@ _fence() {
             fence,bench)
                 cmd="fence__subcmd__bench"
                 ;;
+            fence,doctor)
+                cmd="fence__subcmd__doctor"
+                ;;
             fence,grant)
                 cmd="fence__subcmd__grant"
                 ;;
@@ -54,6 +57,9 @@ _fence() {
                 ;;
             fence__subcmd__help,bench)
                 cmd="fence__subcmd__help__subcmd__bench"
+                ;;
+            fence__subcmd__help,doctor)
+                cmd="fence__subcmd__help__subcmd__doctor"
                 ;;
             fence__subcmd__help,grant)
                 cmd="fence__subcmd__help__subcmd__grant"
@@ -89,7 +95,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init bench help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -218,6 +224,40 @@ _fence() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        fence__subcmd__doctor)
+            opts="-q -h --target --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         fence__subcmd__grant)
             opts="-q -h --target --role --reader --print --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -257,7 +297,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect write protect grant init bench help"
+            opts="acquire run renew release inspect write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -285,6 +325,20 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__bench)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__doctor)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

@@ -37,6 +37,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand protect 'Make every write to a table go through the fence.'
             cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
             cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
+            cand doctor 'Check the store and targets for set-ups that weaken fence''s guarantees'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -170,6 +171,17 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
         }
+        &'fence;doctor'= {
+            cand --target 'Also check this target database or object (repeat for several)'
+            cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
         &'fence;bench'= {
             cand --workers 'Concurrent workers, each with its own connection'
             cand --resources 'Resources to spread over (`spread` mode)'
@@ -199,6 +211,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand protect 'Make every write to a table go through the fence.'
             cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
             cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
+            cand doctor 'Check the store and targets for set-ups that weaken fence''s guarantees'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
@@ -219,6 +232,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;grant'= {
         }
         &'fence;help;init'= {
+        }
+        &'fence;help;doctor'= {
         }
         &'fence;help;bench'= {
         }

@@ -44,6 +44,7 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a p
 complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
+complete -c fence -n "__fish_fence_needs_command" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
 complete -c fence -n "__fish_fence_needs_command" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l owner -d 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output' -r
@@ -176,6 +177,17 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l target -d 'Also check this target database or object (repeat for several)' -r
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand doctor" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand bench" -l workers -d 'Concurrent workers, each with its own connection' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l resources -d 'Resources to spread over (`spread` mode)' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l duration -d 'How long to run' -r
@@ -197,14 +209,15 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l renew -d 'Renew on
 complete -c fence -n "__fish_fence_using_subcommand bench" -l prefill -d 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -104,6 +104,7 @@ pub enum Command {
     Protect(ProtectArgs),
     Grant(GrantArgs),
     Init(InitArgs),
+    Doctor(DoctorArgs),
     Bench(BenchArgs),
 }
 
@@ -120,6 +121,7 @@ impl Command {
             Command::Protect(_) => "protect",
             Command::Grant(_) => "grant",
             Command::Init(_) => "init",
+            Command::Doctor(_) => "doctor",
             Command::Bench(_) => "bench",
         }
     }
@@ -591,6 +593,26 @@ pub struct GrantArgs {
     /// Print the SQL instead of running it.
     #[arg(long)]
     pub print: bool,
+}
+
+/// Check the store and targets for set-ups that weaken fence's guarantees
+///
+/// Reports, without changing anything, each finding as ok, warn or fail, with what it means
+/// and how to fix it. PostgreSQL: server version, asynchronous standbys (a failover can lose
+/// the last granted tokens), a pooler or proxy in between (LISTEN degrades to polling), who
+/// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
+/// the server's clock offset (informational). Directory store: network filesystems (flock is
+/// not enough there), permissions, free space. Object stores: endpoint, credentials, the S3
+/// ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
+///
+/// Example:
+///   fence doctor --store postgres://app@db/app --target postgres://app@db/app
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct DoctorArgs {
+    /// Also check this target database or object (repeat for several).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
 }
 
 fn after_long_help() -> String {

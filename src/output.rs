@@ -224,6 +224,11 @@ fn use_color(choice: ColorChoice) -> bool {
     }
 }
 
+/// One line of data on stdout, for commands that print their own report.
+pub fn print_line(text: &str) {
+    print_stdout(text);
+}
+
 fn print_stdout(text: &str) {
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (`fence … | head -0`) is not worth a panic; the exit code still tells.

@@ -2,6 +2,7 @@
 
 mod acquire;
 mod bench;
+mod doctor;
 mod grant;
 mod init;
 mod inspect;
@@ -85,6 +86,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
+        Command::Doctor(args) => return doctor::run(args, &ctx, out).await,
         Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),
     };
     match result {

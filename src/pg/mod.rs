@@ -225,6 +225,11 @@ impl Target {
         Ok((client, drive(connection)))
     }
 
+    /// The first port the connection tries (`None`: the default, 5432).
+    pub fn port(&self) -> Option<u16> {
+        self.config.get_ports().first().copied()
+    }
+
     /// The TLS connector `sslmode` asks for (`None`: plain TCP).
     fn tls(&self) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, Error> {
         if self.ssl == Ssl::Disable {

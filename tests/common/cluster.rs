@@ -75,6 +75,45 @@ impl Cluster {
         cluster
     }
 
+    /// A streaming standby of this cluster (`pg_basebackup -R`), asynchronous as by default,
+    /// named `name` in the primary's `pg_stat_replication`, started on a socket of its own.
+    pub fn standby(&self, name: &str) -> Cluster {
+        let as_root = self.as_root;
+        let dir = tempfile::tempdir().unwrap();
+        if as_root {
+            let out = Command::new("chown")
+                .args(["-R", "postgres", &dir.path().display().to_string()])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+        }
+        let standby = Cluster { dir, as_root };
+        let data = standby.data();
+        let primary = self.dir.path().display().to_string();
+        self.run(&[
+            &pg_bin("pg_basebackup"),
+            "-D",
+            &data,
+            "-R",
+            "-h",
+            &primary,
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+        ]);
+        let conf = format!(
+            "unix_socket_directories = '{}'\ncluster_name = '{name}'\n",
+            standby.dir.path().display()
+        );
+        let conf_path = Path::new(&data).join("postgresql.auto.conf");
+        let mut text = std::fs::read_to_string(&conf_path).unwrap_or_default();
+        text.push_str(&conf);
+        std::fs::write(&conf_path, text).unwrap();
+        standby.pg_ctl("start");
+        standby
+    }
+
     pub fn data(&self) -> String {
         self.dir.path().join("data").display().to_string()
     }

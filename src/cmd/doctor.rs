@@ -1,0 +1,587 @@
+//! `fence doctor`: finds the set-ups that silently weaken fence's guarantees before they cost a
+//! token — an asynchronous standby that can be promoted with the last grants missing, a role
+//! that owns fence's schema (and so can bypass `protect`), a pooler between fence and the
+//! server, a directory store on a network filesystem — and says what each means and how to fix
+//! it. It changes nothing. Each finding is `ok`, `warn` or `fail`; any `fail` makes the exit
+//! status 2 (a configuration problem).
+
+use std::path::Path;
+
+use comfy_table::{presets, Table};
+use serde_json::{json, Map, Value};
+use tokio_postgres::Client;
+
+use crate::cli::{DoctorArgs, Format};
+use crate::cmd::Context;
+use crate::config::StoreKind;
+use crate::error::Error;
+use crate::exit::Exit;
+use crate::output::Output;
+use crate::pg;
+use crate::target::TargetSpec;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Severity {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Severity {
+    fn as_str(self) -> &'static str {
+        match self {
+            Severity::Ok => "ok",
+            Severity::Warn => "warn",
+            Severity::Fail => "fail",
+        }
+    }
+}
+
+struct Finding {
+    /// Where: `store` or the target's URL (without password).
+    subject: String,
+    /// A stable name for the check, e.g. `postgres.replication`.
+    check: &'static str,
+    severity: Severity,
+    message: String,
+    /// What to do about it (empty when nothing needs doing).
+    fix: String,
+}
+
+/// Collects findings for one subject.
+struct Findings<'a> {
+    subject: &'a str,
+    all: &'a mut Vec<Finding>,
+}
+
+impl Findings<'_> {
+    fn add(&mut self, check: &'static str, severity: Severity, message: String, fix: &str) {
+        self.all.push(Finding {
+            subject: self.subject.to_owned(),
+            check,
+            severity,
+            message,
+            fix: fix.to_owned(),
+        });
+    }
+}
+
+/// Which role a PostgreSQL database plays.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Coordinator,
+    Target,
+}
+
+pub async fn run(args: DoctorArgs, ctx: &Context, out: &Output) -> Exit {
+    let mut all = Vec::new();
+    if let Err(err) = check_all(&args, ctx, &mut all).await {
+        return out.error("doctor", ctx.store_display(), &err);
+    }
+    report(&all, ctx, out)
+}
+
+async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> Result<(), Error> {
+    if let Some(store) = &ctx.store {
+        let mut findings = Findings {
+            subject: "store",
+            all,
+        };
+        match &store.kind {
+            StoreKind::Postgres(url) => {
+                postgres(
+                    url,
+                    &store.display,
+                    &ctx.schema,
+                    Role::Coordinator,
+                    &mut findings,
+                )
+                .await
+            }
+            StoreKind::File(dir) => directory(dir, &mut findings),
+            StoreKind::Object(_) => object_store(&store.display, &mut findings),
+        }
+    }
+    for target in &args.targets {
+        let spec = TargetSpec::resolve(target)?;
+        let mut findings = Findings {
+            subject: &spec.display,
+            all,
+        };
+        match &spec.object {
+            None => {
+                postgres(
+                    &spec.url,
+                    &spec.display,
+                    &ctx.schema,
+                    Role::Target,
+                    &mut findings,
+                )
+                .await
+            }
+            Some(_) => object_store(&spec.display, &mut findings),
+        }
+    }
+    Ok(())
+}
+
+fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
+    let failed = all.iter().any(|f| f.severity == Severity::Fail);
+    let count = |s: Severity| all.iter().filter(|f| f.severity == s).count();
+    if out.format == Format::Json {
+        let findings: Vec<Value> = all
+            .iter()
+            .map(|f| {
+                json!({
+                    "subject": f.subject,
+                    "check": f.check,
+                    "severity": f.severity.as_str(),
+                    "message": f.message,
+                    "fix": f.fix,
+                })
+            })
+            .collect();
+        let mut object = Map::new();
+        object.insert("ok".into(), json!(!failed));
+        object.insert("op".into(), json!("doctor"));
+        object.insert("findings".into(), Value::Array(findings));
+        object.insert(
+            "summary".into(),
+            json!({"ok": count(Severity::Ok), "warn": count(Severity::Warn), "fail": count(Severity::Fail)}),
+        );
+        if let Some(store) = ctx.store_display() {
+            object.insert("store".into(), json!(store));
+        }
+        crate::output::print_line(&Value::Object(object).to_string());
+    } else if !out.quiet || failed {
+        let mut table = Table::new();
+        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        table.set_header(["", "WHERE", "CHECK", "FINDING", "FIX"]);
+        for f in all {
+            table.add_row([
+                f.severity.as_str(),
+                f.subject.as_str(),
+                f.check,
+                f.message.as_str(),
+                f.fix.as_str(),
+            ]);
+        }
+        crate::output::print_line(&crate::output::terminal_safe(
+            &format!(
+                "{table}\n{} ok, {} warn, {} fail",
+                count(Severity::Ok),
+                count(Severity::Warn),
+                count(Severity::Fail)
+            ),
+            true,
+        ));
+    }
+    if failed {
+        Exit::Usage
+    } else {
+        Exit::Success
+    }
+}
+
+async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Findings<'_>) {
+    let client = match connect(url, display).await {
+        Ok(client) => client,
+        Err(err) => {
+            f.add(
+                "postgres.connect",
+                Severity::Fail,
+                err.to_string(),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    version(&client, f).await;
+    if role == Role::Coordinator {
+        f.add(
+            "postgres.synchronous_commit",
+            Severity::Ok,
+            "fence sets synchronous_commit = on for each of its own transactions, whatever the server default".into(),
+            "",
+        );
+        replication(&client, f).await;
+    }
+    pooler(&client, url, display, f).await;
+    ownership(&client, schema, role, f).await;
+    public_grants(&client, schema, f).await;
+    clock(&client, f).await;
+}
+
+async fn connect(url: &str, display: &str) -> Result<Client, Error> {
+    let server = pg::Target::resolve(url, display)?;
+    Ok(server.connect().await?.0)
+}
+
+/// One value (as text) from a query, or why it could not be read.
+async fn one(client: &Client, sql: &str) -> Result<Option<String>, String> {
+    match client.simple_query(sql).await {
+        Ok(messages) => Ok(messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })),
+        Err(err) => Err(err
+            .as_db_error()
+            .map_or_else(|| err.to_string(), |db| db.message().to_owned())),
+    }
+}
+
+async fn version(client: &Client, f: &mut Findings<'_>) {
+    match one(client, "SHOW server_version_num").await {
+        Ok(Some(v)) if v.parse::<u32>().unwrap_or(0) >= 140_000 => f.add(
+            "postgres.version",
+            Severity::Ok,
+            format!("PostgreSQL {}", pretty_version(&v)),
+            "",
+        ),
+        Ok(v) => f.add(
+            "postgres.version",
+            Severity::Warn,
+            format!(
+                "PostgreSQL {} is older than 14: the server cannot notice a vanished client while a fenced write runs, so a killed `fence write` can still commit up to its --timeout",
+                pretty_version(v.as_deref().unwrap_or("?"))
+            ),
+            "upgrade to PostgreSQL 14 or later",
+        ),
+        Err(err) => f.add("postgres.version", Severity::Warn, err, ""),
+    }
+}
+
+fn pretty_version(num: &str) -> String {
+    match num.parse::<u32>() {
+        Ok(n) => format!("{}.{}", n / 10_000, n % 10_000),
+        Err(_) => num.to_owned(),
+    }
+}
+
+async fn replication(client: &Client, f: &mut Findings<'_>) {
+    let sql = "SELECT coalesce(string_agg(coalesce(application_name, '?') || '=' || coalesce(sync_state, 'unknown'), ',' ORDER BY application_name), '') FROM pg_stat_replication";
+    let standbys = match one(client, sql).await {
+        Ok(list) => list.unwrap_or_default(),
+        Err(err) => {
+            f.add(
+                "postgres.replication",
+                Severity::Warn,
+                format!("cannot read pg_stat_replication: {err}"),
+                "grant this role pg_monitor to let doctor check replication",
+            );
+            return;
+        }
+    };
+    let standbys: Vec<(&str, &str)> = standbys
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.split_once('='))
+        .collect();
+    let unsafe_ones: Vec<&str> = standbys
+        .iter()
+        .filter(|(_, state)| !matches!(*state, "sync" | "quorum"))
+        .map(|(name, state)| if *state == "unknown" { "?" } else { name })
+        .collect();
+    if standbys.is_empty() {
+        f.add(
+            "postgres.replication",
+            Severity::Ok,
+            "no streaming standby".into(),
+            "",
+        );
+    } else if unsafe_ones.is_empty() {
+        f.add(
+            "postgres.replication",
+            Severity::Ok,
+            format!("{} synchronous standby(s)", standbys.len()),
+            "",
+        );
+    } else {
+        f.add(
+            "postgres.replication",
+            Severity::Warn,
+            format!(
+                "standby {} replicates asynchronously: promoted after a failover, it can lack the last granted tokens and grant them again",
+                unsafe_ones.join(", ")
+            ),
+            "name it in synchronous_standby_names (synchronous replication), or never promote it while leases are in use",
+        );
+    }
+}
+
+/// A pooler or proxy shows as a server port other than the one in the URL.
+async fn pooler(client: &Client, url: &str, display: &str, f: &mut Findings<'_>) {
+    let Ok(Some(server_port)) = one(client, "SELECT coalesce(inet_server_port(), 0)").await else {
+        return;
+    };
+    let asked = pg::Target::resolve(url, display)
+        .ok()
+        .and_then(|t| t.port())
+        .unwrap_or(5432);
+    if server_port == "0" || server_port == asked.to_string() {
+        f.add(
+            "postgres.pooler",
+            Severity::Ok,
+            "connected to the server directly".into(),
+            "",
+        );
+    } else {
+        f.add(
+            "postgres.pooler",
+            Severity::Warn,
+            format!("port {asked} is not the server's ({server_port}): a pooler or proxy is in between; in transaction pooling (PgBouncer's default for many set-ups) LISTEN is dropped, so `--wait` wakes up by polling, not at once"),
+            "nothing is unsafe; point waiters at a session-mode pool or the server directly for prompt wake-ups",
+        );
+    }
+}
+
+async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'_>) {
+    let sql = format!(
+        "SELECT n.nspowner::regrole::text || '|' || current_user || '|' || \
+         (pg_has_role(current_user, n.nspowner, 'MEMBER'))::text || '|' || \
+         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text \
+         FROM pg_namespace n WHERE n.nspname = '{schema}'"
+    );
+    match one(client, &sql).await {
+        Ok(None) => f.add(
+            "postgres.schema",
+            Severity::Warn,
+            format!("fence's schema `{schema}` does not exist yet"),
+            if role == Role::Target {
+                "run `fence init --target URL` as the admin, then `fence grant`"
+            } else {
+                "run `fence init` (or let the first command create it)"
+            },
+        ),
+        Ok(Some(row)) => {
+            let parts: Vec<&str> = row.split('|').collect();
+            let [owner, user, member, superuser] = parts.as_slice() else {
+                return;
+            };
+            if role == Role::Target && (*member == "true" || *superuser == "true") {
+                f.add(
+                    "postgres.schema_owner",
+                    Severity::Warn,
+                    format!("the connecting role `{user}` owns (or is a member of the owner `{owner}` of) fence's schema `{schema}`, or is a superuser: it can write `bindings` and disable triggers, so `protect` does not hold against it"),
+                    "let applications connect as a role granted with `fence grant`, never as the schema's owner",
+                );
+            } else {
+                f.add(
+                    "postgres.schema_owner",
+                    Severity::Ok,
+                    format!("fence's schema `{schema}` is owned by `{owner}`"),
+                    "",
+                );
+            }
+        }
+        Err(err) => f.add("postgres.schema", Severity::Warn, err, ""),
+    }
+}
+
+async fn public_grants(client: &Client, schema: &str, f: &mut Findings<'_>) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_class c, aclexplode(c.relacl) a \
+         WHERE c.relnamespace = to_regnamespace('{schema}') AND a.grantee = 0 \
+         AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')"
+    );
+    match one(client, &sql).await {
+        Ok(Some(n)) if n != "0" => f.add(
+            "postgres.public_grants",
+            Severity::Warn,
+            format!("{n} write privilege(s) on fence's tables in `{schema}` are granted to PUBLIC"),
+            "run `fence init` (and `fence init --target`) again as the admin: it revokes them",
+        ),
+        Ok(_) => f.add(
+            "postgres.public_grants",
+            Severity::Ok,
+            "nothing of fence's is writable by PUBLIC".into(),
+            "",
+        ),
+        Err(err) => f.add("postgres.public_grants", Severity::Warn, err, ""),
+    }
+}
+
+/// Informational: fence never compares this host's clock with the server's.
+async fn clock(client: &Client, f: &mut Findings<'_>) {
+    let sent = std::time::SystemTime::now();
+    let Ok(Some(server)) = one(
+        client,
+        "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    )
+    .await
+    else {
+        return;
+    };
+    let here = sent
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let offset = server.parse::<i64>().unwrap_or(here) - here;
+    f.add(
+        "postgres.clock",
+        Severity::Ok,
+        format!(
+            "the server's clock is {} {} this host's (informational: expiry is judged by the server's clock alone)",
+            crate::time::span(offset),
+            if offset >= 0 { "ahead of" } else { "behind" }
+        ),
+        "",
+    );
+}
+
+fn directory(dir: &Path, f: &mut Findings<'_>) {
+    // The store may not exist yet; judge the nearest existing ancestor.
+    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    match filesystem(existing) {
+        Some((kind, Severity::Fail)) => f.add(
+            "directory.filesystem",
+            Severity::Fail,
+            format!("`{}` is on {kind}: its file locks do not serialise processes on different machines the way fence needs", dir.display()),
+            "put the store on a local filesystem, or use a PostgreSQL, S3 or GCS store for several machines",
+        ),
+        Some((kind, Severity::Warn)) => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
+            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
+        ),
+        Some((kind, _)) => f.add(
+            "directory.filesystem",
+            Severity::Ok,
+            format!("`{}` is on a local filesystem ({kind})", dir.display()),
+            "",
+        ),
+        None => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("cannot tell the filesystem of `{}`", dir.display()),
+            "",
+        ),
+    }
+    if !dir.exists() {
+        f.add(
+            "directory.exists",
+            Severity::Ok,
+            format!(
+                "`{}` does not exist yet; the first acquire creates it",
+                dir.display()
+            ),
+            "",
+        );
+        return;
+    }
+    let writable = std::fs::metadata(dir).map(|m| !m.permissions().readonly());
+    if !matches!(writable, Ok(true)) || access_denied(dir) {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!("this user cannot write `{}`", dir.display()),
+            "fix the directory's owner or mode, or choose another --store",
+        );
+    }
+    match free_bytes(dir) {
+        Some(free) if free < 64 << 20 => f.add(
+            "directory.space",
+            Severity::Warn,
+            format!("only {} MiB free under `{}`", free >> 20, dir.display()),
+            "free some space: a full disk fails acquisitions",
+        ),
+        Some(free) => f.add(
+            "directory.space",
+            Severity::Ok,
+            format!("{} MiB free", free >> 20),
+            "",
+        ),
+        None => {}
+    }
+}
+
+fn access_denied(dir: &Path) -> bool {
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return true;
+    };
+    // SAFETY: access(2) reads a NUL-terminated path we own.
+    unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) != 0 }
+}
+
+/// The filesystem's kind and how much to trust it, from statfs(2)'s magic number.
+fn filesystem(path: &Path) -> Option<(&'static str, Severity)> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs fills the zeroed struct we pass for a NUL-terminated path we own.
+    let fs = unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        if libc::statfs(c.as_ptr(), &mut fs) != 0 {
+            return None;
+        }
+        fs
+    };
+    #[allow(clippy::unnecessary_cast)]
+    let magic = fs.f_type as i64;
+    Some(match magic {
+        0x6969 => ("NFS", Severity::Fail),
+        0x517b => ("SMB", Severity::Fail),
+        0xff53_4d42 | 0xfe53_4d42 => ("CIFS/SMB2", Severity::Fail),
+        0x0027_e0eb => ("cgroup", Severity::Warn),
+        0x6573_5546 => ("FUSE", Severity::Warn),
+        0xef53 => ("ext2/3/4", Severity::Ok),
+        0x5846_5342 => ("xfs", Severity::Ok),
+        0x9123_683e => ("btrfs", Severity::Ok),
+        0x0102_1994 => ("tmpfs", Severity::Ok),
+        0x794c_7630 => ("overlayfs", Severity::Ok),
+        0x2fc1_2fc1 => ("zfs", Severity::Ok),
+        _ => ("an unrecognised filesystem", Severity::Warn),
+    })
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct we pass for a NUL-terminated path we own.
+    unsafe {
+        let mut vfs: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut vfs) != 0 {
+            return None;
+        }
+        Some(vfs.f_bavail as u64 * vfs.f_frsize as u64)
+    }
+}
+
+/// What doctor can say about an object store without writing to it.
+fn object_store(display: &str, f: &mut Findings<'_>) {
+    let s3 = display.starts_with("s3://");
+    let (endpoint, credentials) = if s3 {
+        (
+            std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into()),
+            if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() {
+                "AWS_ACCESS_KEY_ID"
+            } else {
+                "none found (AWS_ACCESS_KEY_ID is unset)"
+            },
+        )
+    } else {
+        (
+            std::env::var("FENCE_GCS_ENDPOINT")
+                .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
+                .unwrap_or_else(|_| "Google Cloud Storage".into()),
+            if std::env::var_os("GOOGLE_OAUTH_ACCESS_TOKEN").is_some() {
+                "GOOGLE_OAUTH_ACCESS_TOKEN"
+            } else if std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS").is_some() {
+                "GOOGLE_APPLICATION_CREDENTIALS"
+            } else {
+                "none found"
+            },
+        )
+    };
+    f.add(
+        "object.endpoint",
+        Severity::Ok,
+        format!("endpoint: {endpoint}; credentials: {credentials}"),
+        "",
+    );
+    if s3 {
+        f.add(
+            "object.etag_aba",
+            Severity::Warn,
+            "S3 ETags are hashes of the bytes: a fenced object write can miss a newer writer that stored identical bytes between fence's read and its put".into(),
+            "prefer GCS or file:// objects, or write bytes that differ per writer (see the README)",
+        );
+    }
+}

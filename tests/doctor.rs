@@ -1,0 +1,126 @@
+//! `fence doctor` (issue 21) on real set-ups, asserted on its JSON findings: a healthy
+//! PostgreSQL, one with an asynchronous streaming standby (a second cluster made with
+//! pg_basebackup), a target whose schema the connecting role owns, and directory stores.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::{Fence, Store};
+use serde_json::Value;
+
+fn doctor(fence: Fence) -> (i32, Value) {
+    doctor_with(fence, &[])
+}
+
+fn doctor_with(fence: Fence, extra: &[&str]) -> (i32, Value) {
+    let out = fence.args(["doctor", "--format", "json"]).args(extra).run();
+    let json = out.json();
+    (out.code, json)
+}
+
+/// The findings of `check`, as (severity, message).
+fn finding(json: &Value, check: &str) -> Vec<(String, String)> {
+    json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == check)
+        .map(|f| {
+            (
+                f["severity"].as_str().unwrap().to_owned(),
+                f["message"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_healthy_postgresql_has_no_failures() {
+    let store = Store::postgres();
+    store.fence().args(["init"]).run().expect(0);
+    let (code, json) = doctor(store.fence());
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["ok"], true);
+    assert_eq!(finding(&json, "postgres.replication")[0].0, "ok", "{json}");
+    assert_eq!(finding(&json, "postgres.pooler")[0].0, "ok", "{json}");
+    assert_eq!(finding(&json, "postgres.version")[0].0, "ok", "{json}");
+    assert_eq!(
+        finding(&json, "postgres.public_grants")[0].0,
+        "ok",
+        "{json}"
+    );
+}
+
+#[test]
+fn an_asynchronous_standby_is_named() {
+    let primary = Cluster::start();
+    let _standby = primary.standby("standby_b");
+    // Wait until the primary sees the standby streaming.
+    let start = std::time::Instant::now();
+    loop {
+        let home = tempfile::tempdir().unwrap();
+        let (_, json) = doctor(Fence::bare(home.path()).args(["--store", &primary.url()]));
+        let replication = finding(&json, "postgres.replication");
+        if replication[0].0 == "warn" {
+            assert!(replication[0].1.contains("standby_b"), "{json}");
+            assert!(replication[0].1.contains("asynchronously"), "{json}");
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the standby never showed: {json}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_target_schema_owned_by_the_connecting_role_is_flagged() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    common::pg_exec(
+        &store.url,
+        &format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (v int)"),
+    );
+    store
+        .fence()
+        .args([
+            "protect",
+            "--target",
+            &store.url,
+            "--table",
+            &format!("{schema}.t"),
+        ])
+        .args(["--resource", "r"])
+        .run()
+        .expect(0);
+    let (_, json) = doctor_with(store.fence(), &["--target", &store.url]);
+    let owner: Vec<_> = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
+        .collect();
+    assert_eq!(owner.len(), 1, "{json}");
+    assert_eq!(owner[0]["severity"], "warn", "{json}");
+    assert!(
+        owner[0]["message"].as_str().unwrap().contains("protect"),
+        "{json}"
+    );
+}
+
+#[test]
+fn a_local_directory_store_is_fine_and_an_unwritable_one_fails() {
+    let store = Store::file();
+    store.fence().args(["acquire", "r"]).run().expect(0);
+    let (code, json) = doctor(store.fence());
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(finding(&json, "directory.filesystem")[0].0, "ok", "{json}");
+    // /proc is not a place for a store; as root every directory is writable, so use a
+    // pseudo-filesystem's directory that nobody can write into.
+    let home = tempfile::tempdir().unwrap();
+    let (code, json) = doctor(Fence::bare(home.path()).args(["--store", "file:///proc/1"]));
+    assert_eq!(code, 2, "{json}");
+    assert_eq!(json["ok"], false);
+    assert!(json["summary"]["fail"].as_u64().unwrap() >= 1, "{json}");
+}
