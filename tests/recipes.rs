@@ -20,10 +20,15 @@ const STEPS: [&str; 4] = ["step_one", "step_two", "report.sh", "generate-report.
 const RESOURCES: [&str; 4] = ["db-migration", "nightly-report", "job", "report"];
 
 fn readme_recipes() -> Vec<String> {
+    readme_blocks("<!-- recipe -->\n")
+}
+
+/// The sh blocks that follow `marker` in the README.
+fn readme_blocks(marker: &str) -> Vec<String> {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     readme
-        .split("<!-- recipe -->\n")
+        .split(marker)
         .skip(1)
         .map(|after| {
             after
@@ -38,6 +43,15 @@ fn readme_recipes() -> Vec<String> {
 /// Example paragraphs of every subcommand's --help that guard a step: consecutive lines
 /// indented by two spaces, up to a blank line.
 fn help_recipes() -> Vec<String> {
+    help_examples()
+        .into_iter()
+        .filter(|recipe| STEPS.iter().any(|step| recipe.contains(step)))
+        .collect()
+}
+
+/// Every example paragraph of every subcommand's --help (the man pages are generated from
+/// the same text).
+fn help_examples() -> Vec<String> {
     let fence = env!("CARGO_BIN_EXE_fence");
     let mut recipes = Vec::new();
     for sub in [
@@ -53,7 +67,10 @@ fn help_recipes() -> Vec<String> {
                 }
                 _ => {
                     let recipe = paragraph.join("\n");
-                    if STEPS.iter().any(|step| recipe.contains(step)) {
+                    if recipe.starts_with("fence ")
+                        || recipe.starts_with("eval ")
+                        || recipe.contains("| fence ")
+                    {
                         recipes.push(recipe);
                     }
                     paragraph.clear();
@@ -234,5 +251,38 @@ fn readme_recipes_fail_closed() {
 fn help_recipes_fail_closed() {
     for recipe in help_recipes() {
         check(&recipe);
+    }
+}
+
+/// Examples that name example hosts (`postgres://app@db/app`, `s3://bucket/…`) cannot succeed
+/// here; run exactly as written, each must end with one of fence's documented statuses (or the
+/// shell's own for a missing stand-in command), never a crash.
+#[test]
+fn every_other_example_runs_and_fails_cleanly() {
+    let bench = Bench::new();
+    let examples: Vec<String> = help_examples()
+        .into_iter()
+        .filter(|e| !STEPS.iter().any(|step| e.contains(step)))
+        .chain(readme_blocks("<!-- example -->\n"))
+        .collect();
+    assert!(examples.len() >= 8, "{examples:?}");
+    let store = format!("file://{}/examples", bench.dir.path().display());
+    for example in examples {
+        // `some-command` stands for the user's producer of bytes.
+        let script =
+            format!("some_command() {{ echo data; }}\nalias some-command=some_command\n{example}");
+        let out = bench.run(
+            "bash",
+            false,
+            &format!("shopt -s expand_aliases\n{script}"),
+            &store,
+        );
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0..=8) | Some(127)),
+            "`{example}` ended with {code:?}: {out:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "`{example}`: {stderr}");
     }
 }
