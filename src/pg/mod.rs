@@ -20,18 +20,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
+use tokio::time::Instant;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::TlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
 use crate::error::Error;
+use crate::store::random_u64;
 
 pub mod session;
 
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection is retried while the server answers that it cannot take one now,
+/// when the caller sets no longer bound (`--wait` does).
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How long fence waits for the answer to one request before giving up on it.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -170,8 +176,49 @@ impl Target {
     }
 
     /// Connects and spawns the connection task on the current runtime; the receiver gets the
-    /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to.
+    /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to. A server that
+    /// cannot take the connection now is retried for [`CONNECT_PATIENCE`].
     pub async fn connect(&self) -> Result<(Client, Notifications), Error> {
+        self.connect_until(Instant::now() + CONNECT_PATIENCE).await
+    }
+
+    /// [`Self::connect`], retrying with jittered exponential back-off (25 ms doubling to 1 s)
+    /// while the server answers that it has no slot for this connection ("too many
+    /// connections", SQLSTATE 53300, per server or per role) or is starting or stopping
+    /// ("cannot connect now", 57P03), until `until`. Nothing has been sent then, so retrying
+    /// is always safe; any other failure is final at once.
+    pub async fn connect_until(&self, until: Instant) -> Result<(Client, Notifications), Error> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(25);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let refusal = match self.connect_once().await {
+                Ok(connected) => return Ok(connected),
+                Err(Attempt::Final(err)) => return Err(err),
+                Err(Attempt::Refused(refusal)) => refusal,
+            };
+            // Between half and all of the pause, so that refused clients spread out.
+            let nap = pause / 2
+                + Duration::from_micros(random_u64() % (pause.as_micros() as u64 / 2 + 1));
+            if Instant::now() + nap > until {
+                return Err(Error::unavailable(
+                    format!(
+                        "PostgreSQL at `{}` refused to take a connection: {refusal}; fence retried {} for {:.1}s and gave up",
+                        self.display,
+                        if attempts == 1 { "once".to_owned() } else { format!("{attempts} times") },
+                        started.elapsed().as_secs_f64()
+                    ),
+                    "nothing was done, so it is safe to retry; if the server (or this role) is often out of connection slots, size max_connections and the roles' CONNECTION LIMIT for fence's processes (README, Connection sizing)",
+                ));
+            }
+            tokio::time::sleep(nap).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// One connection attempt, bounded as libpq's connect_timeout bounds it.
+    async fn connect_once(&self) -> Result<(Client, Notifications), Attempt> {
         // tokio-postgres bounds only the TCP connect; libpq's connect_timeout bounds the
         // whole connection (TLS, start-up, login), and so do we.
         let limit = self
@@ -182,18 +229,18 @@ impl Target {
         tokio::time::timeout(limit, self.connect_unbounded())
             .await
             .map_err(|_| {
-                Error::unavailable(
+                Attempt::Final(Error::unavailable(
                     format!(
                         "PostgreSQL at `{}` did not complete the connection within {}s",
                         self.display,
                         limit.as_secs_f64()
                     ),
                     "check that the address is a PostgreSQL server and that it is not overloaded; nothing was done, so it is safe to retry",
-                )
+                ))
             })?
     }
 
-    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Error> {
+    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Attempt> {
         let mut config = self.config.clone();
         if self.ssl == Ssl::Disable {
             let (client, connection) = config
@@ -208,17 +255,17 @@ impl Target {
             SslMode::Require
         });
         let roots = match self.ssl {
-            Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs()?,
+            Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs().map_err(Attempt::Final)?,
             _ => Vec::new(),
         };
         let tls = tls_config(roots, self.ssl == Ssl::VerifyFull).map_err(|err| {
-            Error::usage(
+            Attempt::Final(Error::usage(
                 format!(
                     "cannot use the CA certificate `{}`: {err}",
                     self.root_cert.as_deref().unwrap_or(Path::new("")).display()
                 ),
                 "point sslrootcert (or PGSSLROOTCERT) at the CA certificate that signed the server's",
-            )
+            ))
         })?;
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls);
         let (client, connection) = config
@@ -252,7 +299,17 @@ impl Target {
         Ok(certs)
     }
 
-    fn connect_error(&self, err: &tokio_postgres::Error) -> Error {
+    fn connect_error(&self, err: &tokio_postgres::Error) -> Attempt {
+        if let Some(db) = err.as_db_error() {
+            let code = db.code();
+            if *code == SqlState::TOO_MANY_CONNECTIONS || *code == SqlState::CANNOT_CONNECT_NOW {
+                return Attempt::Refused(format!("{} (SQLSTATE {})", db.message(), code.code()));
+            }
+        }
+        Attempt::Final(self.connect_failure(err))
+    }
+
+    fn connect_failure(&self, err: &tokio_postgres::Error) -> Error {
         let display = &self.display;
         if let Some(db) = err.as_db_error() {
             let code = db.code();
@@ -310,6 +367,14 @@ impl Target {
             "check that the server is running and reachable from here; nothing was done, so it is safe to retry",
         )
     }
+}
+
+/// Why one connection attempt failed.
+enum Attempt {
+    /// The server could not take the connection now (no free slot, starting, stopping): its
+    /// message and SQLSTATE, to retry.
+    Refused(String),
+    Final(Error),
 }
 
 /// A TLS configuration that, as libpq, trusts only `roots` (and verifies nothing without
@@ -417,7 +482,12 @@ where
             std::task::Poll::Pending => return std::task::Poll::Pending,
         }
     }));
-    CONNECTIONS.with(|open| open.borrow_mut().push(task));
+    CONNECTIONS.with(|open| {
+        let mut open = open.borrow_mut();
+        // A waiter reconnects for every poll: forget the connections that have ended.
+        open.retain(|task| !task.is_finished());
+        open.push(task);
+    });
     rx
 }
 
