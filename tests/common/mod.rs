@@ -440,3 +440,35 @@ macro_rules! per_coordinator {
 pub mod cluster;
 pub mod objects;
 pub mod proxy;
+
+/// A superuser connection string for the test server (over its private unix socket).
+pub fn pg_superuser() -> String {
+    format!(
+        "host={} port={} user={} dbname={}",
+        env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+        env_or_panic("FENCE_TEST_PG_SUPER_USER"),
+        env_or_panic("FENCE_TEST_PG_DB")
+    )
+}
+
+/// A new login role of the test database with `CONNECTION LIMIT limit` that may create
+/// schemas there; returns its name and a URL that logs in as it (TCP, like fence's users).
+pub fn pg_limited_role(limit: u32) -> (String, String) {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let role = format!("limited_{}_{n}", std::process::id());
+    let db = env_or_panic("FENCE_TEST_PG_DB");
+    pg_exec(
+        &pg_superuser(),
+        &format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
+             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};"
+        ),
+    );
+    let url = format!(
+        "postgres://{role}:limited-secret@{}:{}/{db}?sslmode=disable",
+        env_or_panic("FENCE_TEST_PG_HOST"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+    );
+    (role, url)
+}
