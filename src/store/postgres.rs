@@ -51,13 +51,20 @@ pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
 /// that a release reaches it at once, and the next, so that the head's grant does too and a
 /// fresh head is ready for the following release.
 pub const WINDOW: i64 = 2;
+/// The most waiters of one resource that keep a connection: behind the window, a waiter
+/// whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its connection
+/// and listens too, so that a hot resource with short critical sections is not held down
+/// to the pace at which far waiters reconnect (a release or grant then wakes up to this
+/// many waiters, each for one short poll).
+pub const HELD_MAX: i64 = 8;
+const HOLD_SOONER: Duration = Duration::from_millis(500);
 /// How often the waiters of the window poll, whatever they hear: notifications are not
 /// durable, a lease can expire without one, and a transaction-mode pooler drops `LISTEN`.
 pub const NEAR_POLL: Duration = Duration::from_millis(250);
 /// Poll interval of the first waiter outside the window, and the growth per place behind it.
 const FAR_STEP: Duration = Duration::from_millis(200);
 /// The shortest and the longest poll interval outside the window.
-const FAR_MIN: Duration = Duration::from_millis(50);
+const FAR_MIN: Duration = Duration::from_millis(25);
 pub const FAR_MAX: Duration = Duration::from_secs(10);
 /// How long past its promised next poll a waiter's row lives: the waiter is late (a slow
 /// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
@@ -67,17 +74,32 @@ pub const GRACE: Duration = Duration::from_secs(5);
 const FOREVER: Duration = Duration::from_secs(3600);
 
 /// The poll interval of a waiter at `place` (> [`WINDOW`]) whose queue has been granting
-/// about one lease per `per_grant`: it wakes a little before its turn could come at that
-/// pace (so its number of polls grows with the log of its place), and never later than
-/// [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next waiters
-/// awake soon enough. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue, the polls
-/// per second are about 5·ln(N) + N/10 for N waiters behind a long-held lease.
+/// about one lease per `per_grant`: it wakes halfway to when its turn could come at that
+/// pace (so it polls about log2 of its place times on the way to the head), and never later
+/// than [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next
+/// waiters awake soon enough. Halfway rather than just before: the pace is measured from
+/// the queue itself, and a waiter that came only just in time would hold the pace down to
+/// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue, the
+/// polls per second are about 5·ln(N) + N/10 for N waiters behind a long-held lease.
 pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
     let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
-    let paced = per_grant.saturating_mul(ahead).mul_f64(0.8);
+    let paced = per_grant.saturating_mul(ahead) / 2;
     paced
         .min(FAR_STEP.saturating_mul(ahead))
         .clamp(FAR_MIN, FAR_MAX)
+}
+
+/// How many places at the head of a queue going at `per_grant` keep their connection and
+/// listen: the window, and behind it those whose turn should come within [`HOLD_SOONER`],
+/// up to [`HELD_MAX`].
+fn held_places(per_grant: Duration) -> i64 {
+    let mut places = WINDOW;
+    while places < HELD_MAX
+        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < HOLD_SOONER
+    {
+        places += 1;
+    }
+    places
 }
 
 /// The longest a waiter at `place` sleeps before its next poll, whatever the pace: what its
@@ -111,9 +133,13 @@ struct Queue {
     place: i64,
     /// What its last poll promised: the row lives this much past it, less [`GRACE`].
     promised: Duration,
-    /// Whether this poll brought it into the window (it listens from now on, and polls
-    /// once more at once: a release between its poll and its `LISTEN` was not sent to it).
-    entered_window: bool,
+    /// Up to which place its last poll asked to listen (see [`held_places`]).
+    listen_within: i64,
+    /// Whether its connection listens.
+    listening: bool,
+    /// Whether its last poll made it listen: it polls once more at once, since a release
+    /// between its poll and its `LISTEN` was not sent to it.
+    started_listening: bool,
     /// The pace of the queue, for [`far_poll`]: the lease's token and the time at the last
     /// poll, and the estimated time per grant.
     last_token: Option<i64>,
@@ -186,11 +212,16 @@ impl PgCoordinator {
     /// A queued waiter's attempt: joins the queue (first call) or polls it; rejoins at the
     /// back, saying so, when its row was deleted while it was paused or cut off.
     async fn poll_queue(&self, resource: &str, owner: &str, ttl: i64) -> Result<Answer, Error> {
-        let (waiter, promise) = self
+        let (waiter, promise, listen_within) = self
             .queue
             .borrow()
             .as_ref()
-            .map_or((None, FAR_MAX), |queue| (queue.waiter, queue.promised));
+            .map_or((None, FAR_MAX, WINDOW), |queue| {
+                (queue.waiter, queue.promised, held_places(queue.per_grant))
+            });
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.listen_within = listen_within;
+        }
         let live = i64::try_from((promise + GRACE).as_millis()).unwrap_or(i64::MAX);
         let what = format!("wait for `{resource}`");
         if let Some(waiter) = waiter {
@@ -205,7 +236,7 @@ impl PgCoordinator {
                         (&ttl, Type::INT8),
                         (&waiter, Type::INT8),
                         (&live, Type::INT8),
-                        (&WINDOW, Type::INT8),
+                        (&listen_within, Type::INT8),
                     ],
                 )
                 .await?;
@@ -230,7 +261,7 @@ impl PgCoordinator {
                     (&owner, Type::TEXT),
                     (&ttl, Type::INT8),
                     (&live, Type::INT8),
-                    (&WINDOW, Type::INT8),
+                    (&listen_within, Type::INT8),
                 ],
             )
             .await?;
@@ -244,7 +275,10 @@ impl PgCoordinator {
             return;
         };
         let now = Instant::now();
-        if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
+        if let Some(pace) = answer.pace_ms {
+            queue.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
+                .clamp(Duration::from_millis(1), FAR_MAX);
+        } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
             let elapsed = now.saturating_duration_since(queue.last_poll);
             let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(u32::MAX);
             queue.per_grant = if grants > 0 {
@@ -254,7 +288,9 @@ impl PgCoordinator {
             };
         }
         let place = answer.place.unwrap_or(queue.place);
-        queue.entered_window = place <= WINDOW && (queue.place == 0 || queue.place > WINDOW);
+        let listens = place <= queue.listen_within;
+        queue.started_listening = listens && !queue.listening;
+        queue.listening = listens || queue.listening;
         queue.waiter = answer.waiter.or(queue.waiter);
         queue.place = place;
         queue.last_token = answer.token;
@@ -279,6 +315,8 @@ struct Answer {
     /// A waiter's row and place (the queue functions only).
     waiter: Option<i64>,
     place: Option<i64>,
+    /// The resource's recent time per grant (on joining the queue).
+    pace_ms: Option<i64>,
 }
 
 impl Answer {
@@ -300,6 +338,7 @@ impl Answer {
             ttl_ms: row.get("ttl_ms"),
             waiter: row.try_get("waiter").ok().flatten(),
             place: row.try_get("place").ok().flatten(),
+            pace_ms: row.try_get("pace_ms").ok().flatten(),
         })
     }
 
@@ -577,7 +616,9 @@ impl Coordinator for PgCoordinator {
             waiter: None,
             place: 0,
             promised: FAR_MAX,
-            entered_window: false,
+            listen_within: WINDOW,
+            listening: false,
+            started_listening: false,
             last_token: None,
             last_poll: Instant::now(),
             per_grant: FAR_STEP,
@@ -612,9 +653,9 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
-        let (place, nap) = match self.queue.borrow().as_ref() {
-            Some(queue) if queue.place <= WINDOW => {
-                let nap = if queue.entered_window {
+        let (keep, nap) = match self.queue.borrow_mut().as_mut() {
+            Some(queue) => {
+                let nap = if queue.started_listening {
                     Duration::ZERO
                 } else if queue.place == 1 {
                     // The head also wakes when the holder's lease runs out.
@@ -622,20 +663,24 @@ impl Coordinator for PgCoordinator {
                         Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1)
                     });
                     NEAR_POLL.min(expiry)
-                } else {
+                } else if queue.place <= WINDOW {
                     NEAR_POLL
+                } else {
+                    far_poll(queue.place, queue.per_grant)
                 };
-                (queue.place, nap)
+                // The pace may have slowed since the poll: hold on only while it is worth it.
+                let keep = queue.place <= held_places(queue.per_grant);
+                queue.listening = queue.listening && keep;
+                (keep, nap)
             }
-            Some(queue) => (queue.place, far_poll(queue.place, queue.per_grant)),
-            None => (1, max),
+            None => (true, max),
         };
         // A tenth of jitter either way, so that waiters do not poll in lockstep.
         let tenth = nap.as_micros() as u64 / 10;
         let nap = (nap + Duration::from_micros(random_u64() % (2 * tenth + 1)))
             .saturating_sub(Duration::from_micros(tenth))
             .min(max);
-        if place > WINDOW {
+        if !keep {
             // Far from the head: no connection while asleep.
             self.session.borrow_mut().take();
             tokio::time::sleep(nap).await;

@@ -107,12 +107,12 @@ $fn$;
 -- resource: an index range); then, unless other waiters are queued for the resource (and the
 -- caller does not hold it live already), tries the acquire; if that is busy or was not
 -- tried, queues the caller at the back with a row that lives p_live_ms unless polled (and
--- LISTENs as wait_poll does).
+-- LISTENs as wait_poll does), and tells it how fast the queue has been moving.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_enter(p_resource text, p_owner text, p_ttl_ms bigint,
     p_live_ms bigint, p_listen_within bigint,
     OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
     OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
-    OUT waiter bigint, OUT place bigint)
+    OUT waiter bigint, OUT place bigint, OUT pace_ms bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_id bigint;
@@ -138,6 +138,13 @@ BEGIN
     IF place <= p_listen_within THEN
         LISTEN fence___SCHEMA__;
     END IF;
+    -- The resource's recent pace, for the newcomer's first poll interval: the time its last
+    -- 16 events span per grant among them (an index range of 16 rows).
+    SELECT (__SCHEMA__.ms(clock_timestamp()) - __SCHEMA__.ms(min(e.at)))
+           / greatest(count(*) FILTER (WHERE e.kind IN ('acquired', 'taken_over')), 1)
+    INTO pace_ms
+    FROM (SELECT ev.at, ev.kind FROM __SCHEMA__.events ev WHERE ev.resource = p_resource
+          ORDER BY ev.id DESC LIMIT 16) e;
 END
 $fn$;
 
