@@ -39,7 +39,35 @@ pub async fn acquire(
     wait: Option<Duration>,
     out: &Output,
 ) -> Result<Grant, Error> {
-    acquire_counting(coordinator, resource, owner, ttl, wait, Some(out), &mut 0).await
+    acquire_sent(coordinator, resource, owner, ttl, wait, out)
+        .await
+        .map(|(grant, _)| grant)
+}
+
+/// [`acquire`], also telling when the attempt that was granted was sent: the coordinator
+/// extended the lease at or after that instant, so a lease bound measured from there never
+/// outlives the coordinator's own expiry (`run` measures from it), however long the wait.
+pub async fn acquire_sent(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: &Output,
+) -> Result<(Grant, Instant), Error> {
+    let mut sent = Instant::now();
+    let grant = waiting(
+        coordinator,
+        resource,
+        owner,
+        ttl,
+        wait,
+        Some(out),
+        &mut 0,
+        &mut sent,
+    )
+    .await?;
+    Ok((grant, sent))
 }
 
 /// [`acquire`], counting refused attempts in `refused`; a spinner only with `out`.
@@ -52,9 +80,36 @@ pub async fn acquire_counting(
     out: Option<&Output>,
     refused: &mut u64,
 ) -> Result<Grant, Error> {
+    let mut sent = Instant::now();
+    waiting(
+        coordinator,
+        resource,
+        owner,
+        ttl,
+        wait,
+        out,
+        refused,
+        &mut sent,
+    )
+    .await
+}
+
+/// [`acquire_counting`], setting `sent` to when the last attempt was sent.
+#[allow(clippy::too_many_arguments)]
+async fn waiting(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: Option<&Output>,
+    refused: &mut u64,
+    sent: &mut Instant,
+) -> Result<Grant, Error> {
     let started = Instant::now();
     let deadline = wait.and_then(|wait| started.checked_add(wait));
     let queued = wait.is_some() && coordinator.queue_up(resource, owner, deadline);
+    *sent = Instant::now();
     let first = coordinator.acquire(resource, owner, ttl).await;
     let Some(wait) = wait else {
         return first;
@@ -117,6 +172,7 @@ pub async fn acquire_counting(
             nap = nap.min(left);
         }
         coordinator.wait_for_release(resource, nap).await?;
+        *sent = Instant::now();
         match coordinator.acquire(resource, owner, ttl).await {
             Err(Error::Busy { holder: next, .. }) => {
                 *refused += 1;

@@ -472,3 +472,23 @@ pub fn pg_limited_role(limit: u32) -> (String, String) {
     );
     (role, url)
 }
+
+/// A URL that logs in as `role` over the test server's unix socket (trust authentication:
+/// no SCRAM exchange, which costs tens of milliseconds of CPU in a debug build of fence).
+pub fn pg_socket_url(role: &str) -> String {
+    let dir: String = env_or_panic("FENCE_TEST_PG_SOCKET_DIR")
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!(
+        "postgres:///{}?host={dir}&port={}&user={role}",
+        env_or_panic("FENCE_TEST_PG_DB"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+    )
+}
