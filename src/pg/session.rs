@@ -91,8 +91,12 @@ impl Session {
         match self.request(what, mutating, &sql, params).await? {
             Ok(rows) => Ok(rows),
             // A read of a schema that does not exist yet has nothing to report; only writes
-            // create it.
+            // create it. Nor has a read of a column an older version did not have yet (the
+            // waiters' deadline before version 3): the next write migrates the schema.
             Err(err) if is_missing_schema(&err) && !mutating => Ok(Vec::new()),
+            Err(err) if err.code() == Some(&SqlState::UNDEFINED_COLUMN) && !mutating => {
+                Ok(Vec::new())
+            }
             Err(err) if is_missing_schema(&err) => {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {
