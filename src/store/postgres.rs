@@ -663,7 +663,8 @@ impl Coordinator for PgCoordinator {
                         Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1)
                     });
                     NEAR_POLL.min(expiry)
-                } else if queue.place <= WINDOW {
+                } else if queue.listening {
+                    // Notifications keep it up to date: polls only prove it alive.
                     NEAR_POLL
                 } else {
                     far_poll(queue.place, queue.per_grant)
@@ -693,18 +694,42 @@ impl Coordinator for PgCoordinator {
         let mut notifications = session.notifications.lock().await;
         let deadline = Instant::now() + nap;
         loop {
-            match tokio::time::timeout_at(deadline, notifications.recv()).await {
-                Ok(Some(payload)) => {
-                    // `:<resource>`: a release, a grant, or a waiter leaving.
-                    let (_, moved) = payload.split_once(':').unwrap_or(("", &payload));
-                    if moved == resource {
-                        // Whatever else is pending is older than the poll that follows.
-                        while notifications.try_recv().is_ok() {}
-                        return Ok(());
-                    }
-                }
+            let payload = match tokio::time::timeout_at(deadline, notifications.recv()).await {
+                Ok(Some(payload)) => payload,
                 // The connection is gone (the next poll reconnects), or the time is up.
                 Ok(None) | Err(_) => return Ok(()),
+            };
+            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted;
+            // `l<id>:<resource>` waiter <id> left.
+            let Some((event, moved)) = payload.split_once(':') else {
+                continue;
+            };
+            if moved != resource {
+                continue;
+            }
+            let mut queue = self.queue.borrow_mut();
+            let Some(queue) = queue.as_mut() else {
+                return Ok(());
+            };
+            let ahead = |id: &str| {
+                id.parse::<i64>()
+                    .is_ok_and(|id| queue.waiter.is_some_and(|mine| id < mine))
+            };
+            let poll = match event.split_at_checked(1) {
+                // Only the head can take a released lease.
+                Some(("r", _)) => queue.place <= 1,
+                // The queue moved up: follow it; a new head polls at once only if the lease
+                // may be free (a waiter left; a grant means the lease is held).
+                Some((kind @ ("g" | "l"), id)) if ahead(id) => {
+                    queue.place = (queue.place - 1).max(1);
+                    kind == "l" && queue.place == 1
+                }
+                _ => false,
+            };
+            if poll {
+                // Whatever else is pending is older than the poll that follows.
+                while notifications.try_recv().is_ok() {}
+                return Ok(());
             }
         }
     }

@@ -188,7 +188,7 @@ BEGIN
     place := 1;
     IF status <> 'busy' THEN
         DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
-        PERFORM pg_notify('fence___SCHEMA__', ':' || p_resource);
+        PERFORM pg_notify('fence___SCHEMA__', 'g' || p_waiter || ':' || p_resource);
         UNLISTEN fence___SCHEMA__;
     ELSE
         LISTEN fence___SCHEMA__;
@@ -203,7 +203,7 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter AND w.resource = p_resource;
-    PERFORM pg_notify('fence___SCHEMA__', ':' || p_resource);
+    PERFORM pg_notify('fence___SCHEMA__', 'l' || p_waiter || ':' || p_resource);
     UNLISTEN fence___SCHEMA__;
 END
 $fn$;
@@ -392,10 +392,11 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
     VALUES (p_resource, 'released', p_owner, r.token);
-    -- Wake the waiters of the resource that listen (the head and the next; payload
-    -- `:<resource>`). Sent at commit; not durable, and dropped behind a transaction-mode
-    -- pooler, so those waiters also poll.
-    PERFORM pg_notify('fence___SCHEMA__', ':' || p_resource);
+    -- Wake the head of the resource's queue (payload `r:<resource>`; the waiters' grants
+    -- and departures are `g<id>:` and `l<id>:`, so that the listening waiters behind the head
+    -- follow their place without polling). Sent at commit; not durable, and dropped behind a
+    -- transaction-mode pooler, so the listening waiters also poll.
+    PERFORM pg_notify('fence___SCHEMA__', 'r:' || p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;
