@@ -6,7 +6,9 @@
 //! unix-socket hosts, and `sslmode=verify-ca|verify-full` with `sslrootcert`. Errors are mapped
 //! to exit codes by what they mean for a retry: refused login or bad TLS settings are usage
 //! errors (2), an unreachable server is unavailable (7), and a connection lost after a request
-//! that changes state was sent is outcome unknown (8).
+//! that changes state was sent is outcome unknown (8). A server that answers that it cannot
+//! take a connection now (no free slot, 53300; starting or stopping, 57P03) is retried with
+//! jittered back-off, for [`CONNECT_PATIENCE`] or as long as the caller's own bound.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;

@@ -12,15 +12,22 @@
 //! or "cannot connect now" is retried (for a couple of seconds, or for a whole `--wait`).
 //!
 //! Waiting (`--wait`) is a durable queue, the `waiters` table (see `schema.sql`): a row per
-//! waiter, its id the arrival order, kept alive by the waiter's polls. Only the head of the
-//! queue is granted, so waiters are served exactly in arrival order; a waiter that stops
-//! polling (killed, paused) is deleted once its promised deadline passes and is skipped. Only
-//! the first [`WINDOW`] waiters keep a connection: they `LISTEN` (a release or a grant wakes
-//! them at once) and poll every [`NEAR_POLL`] (a pooler drops `LISTEN`). The others close
-//! their connection and poll on a fresh one, less often the further back they are
-//! ([`far_poll`]), so that a thousand waiters hold two connections and open a few dozen a
-//! second between them. A newcomer to `--wait` joins at the back when others wait; a plain
-//! `acquire` (no `--wait`) is not queued and can take a free resource before the head does.
+//! waiter, its id the arrival order, kept alive by the waiter's polls, each of which promises
+//! the next. Only the head of the queue is granted, so waiters are served exactly in arrival
+//! order; a waiter that stops polling (killed, paused) is deleted once its promise plus
+//! [`GRACE`] has passed, and skipped. The first [`WINDOW`] waiters keep their connection and
+//! `LISTEN` (a release wakes the head, a grant moves everyone up), polling every
+//! [`NEAR_POLL`] besides (a pooler drops `LISTEN`); when the queue moves fast, up to
+//! [`HELD_MAX`] do. The others close their connection and poll on a fresh one, less often the
+//! further back they are ([`far_poll`]): a thousand waiters behind a long-held lease hold two
+//! connections and open about a hundred a second between them. A newcomer to `--wait` joins
+//! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
+//! free resource before the head does.
+//!
+//! The price of exact order, measured with `fence bench` (README, Performance): a released
+//! lease always goes to another process (the head), never back to the releasing worker, so a
+//! hot resource with sub-millisecond critical sections hands over at the pace of a
+//! notification and a poll (~5 ms here) rather than at the pace of one worker's loop.
 
 use std::cell::RefCell;
 use std::rc::Rc;
