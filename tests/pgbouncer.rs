@@ -131,3 +131,85 @@ fn concurrent_waiting_runs_through_pgbouncer_never_overlap() {
     }
     assert_eq!(waiter_rows(&store), 0);
 }
+
+/// Issue 15, done-when 5 (the write half): fenced transactions and the row form land through
+/// the pool, and a stale token is refused there too.
+#[test]
+fn fenced_writes_land_through_pgbouncer() {
+    let store = pooled();
+    let url = store.url.clone();
+    let table = format!("{}_t", store.schema.as_deref().unwrap());
+    let direct = env_or_panic("FENCE_TEST_PG_URL");
+    common::pg_exec(
+        &direct,
+        &format!("CREATE TABLE {table} (k int PRIMARY KEY, v int, last_fencing_token bigint)"),
+    );
+    let acquire = |owner: &str| {
+        store
+            .fence()
+            .args([
+                "acquire", "job", "--owner", owner, "--ttl", "30s", "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json()["token"]
+            .as_i64()
+            .unwrap()
+    };
+    let write = |token: i64, args: &[&str]| {
+        store
+            .fence()
+            .args([
+                "write",
+                "job",
+                "--token",
+                &token.to_string(),
+                "--target",
+                &url,
+            ])
+            .args(args)
+            .run()
+    };
+    let old = acquire("a");
+    for k in 1..=3 {
+        write(
+            old,
+            &[
+                "--sql",
+                &format!("INSERT INTO {table} VALUES ({k}, {k}, {old})"),
+            ],
+        )
+        .expect(0);
+    }
+    store
+        .fence()
+        .args([
+            "release",
+            "job",
+            "--owner",
+            "a",
+            "--token",
+            &old.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let new = acquire("b");
+    // The transaction form advances the resource's guard, the row form the row's own token.
+    write(
+        new,
+        &["--sql", &format!("UPDATE {table} SET v = 30 WHERE k = 3")],
+    )
+    .expect(0);
+    write(new, &["--table", &table, "--key", "k=1", "--set", "v=10"]).expect(0);
+    write(old, &["--sql", &format!("UPDATE {table} SET v = 0")]).expect(4);
+    write(old, &["--table", &table, "--key", "k=1", "--set", "v=0"]).expect(4);
+    let rows: Vec<(i32, i32, i64)> = common::pg_query(
+        &direct,
+        &format!("SELECT k, v, last_fencing_token FROM {table} ORDER BY k"),
+    )
+    .iter()
+    .map(|row| (row.get(0), row.get(1), row.get(2)))
+    .collect();
+    common::pg_exec(&direct, &format!("DROP TABLE {table}"));
+    assert_eq!(rows, [(1, 10, new), (2, 2, old), (3, 30, old)]);
+}

@@ -76,8 +76,10 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
     since timestamptz NOT NULL DEFAULT clock_timestamp(),
     deadline timestamptz NOT NULL
 );
+-- No index on deadline: every poll updates it, and with no index on it those updates are
+-- HOT (no index entries, pruned in the page). The table holds only waiting processes, so the
+-- purge of overdue rows in wait_enter reads it whole at little cost.
 CREATE INDEX IF NOT EXISTS waiters_resource_id ON __SCHEMA__.waiters (resource, id);
-CREATE INDEX IF NOT EXISTS waiters_deadline ON __SCHEMA__.waiters (deadline);
 
 -- What a waiter's poll answers besides the lease: its row and its place (1 = head).
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_answer(p_resource text, p_waiter bigint,
@@ -104,7 +106,7 @@ END
 $fn$;
 
 -- A `--wait` acquire's first call: deletes every waiter row past its deadline (any
--- resource: an index range); then, unless other waiters are queued for the resource (and the
+-- resource); then, unless other waiters are queued for the resource (and the
 -- caller does not hold it live already), tries the acquire; if that is busy or was not
 -- tried, queues the caller at the back with a row that lives p_live_ms unless polled (and
 -- LISTENs as wait_poll does), and tells it how fast the queue has been moving.
