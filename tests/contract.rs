@@ -706,7 +706,7 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(first["action"], "created");
-    assert_eq!(first["schema_version"], 2);
+    assert_eq!(first["schema_version"], 3);
     let again = store
         .fence()
         .args(["init", "--format", "json"])
@@ -725,20 +725,39 @@ fn postgres_init_is_idempotent() {
     assert_eq!(init["action"], "up_to_date");
 }
 
-/// Makes `store`'s schema look as a version-1 fence left it: no waiters' queue functions, and
-/// version 1 in `meta`.
-fn downgrade_to_schema_v1(store: &Store) {
+/// Makes `store`'s schema look as a version-1 or version-2 fence left it: the waiters table
+/// of those versions (with a row), no queue functions of version 3, and (version 2) the
+/// advisory-lock queue's functions.
+fn downgrade_schema(store: &Store, version: u32) {
     let s = store.schema.clone().unwrap();
+    let v2 = if version == 2 {
+        format!(
+            "CREATE FUNCTION {s}.wait_turn(p_resource text, p_timeout_ms bigint) RETURNS boolean
+                 LANGUAGE sql AS $$ SELECT true $$;
+             CREATE FUNCTION {s}.acquire_queued(p_resource text, p_owner text, p_ttl_ms bigint)
+                 RETURNS void LANGUAGE sql AS $$ SELECT $$;
+             CREATE FUNCTION {s}.leave_queue(p_resource text) RETURNS void LANGUAGE sql AS $$ SELECT $$;"
+        )
+    } else {
+        String::new()
+    };
     common::pg_exec(
         &store.url,
         &format!(
-            "DROP FUNCTION {s}.acquire_queued(text, text, bigint);
-             DROP FUNCTION {s}.wait_turn(text, bigint);
-             DROP FUNCTION {s}.unwait(text);
-             DROP FUNCTION {s}.leave_queue(text);
-             CREATE FUNCTION {s}.unwait(p_resource text) RETURNS void LANGUAGE sql AS
-                 $$ DELETE FROM {s}.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource $$;
-             UPDATE {s}.meta SET value = '1' WHERE key = 'schema_version';"
+            "DROP FUNCTION {s}.wait_enter(text, text, bigint, bigint, bigint);
+             DROP FUNCTION {s}.wait_poll(text, text, bigint, bigint, bigint, bigint);
+             DROP FUNCTION {s}.wait_leave(text, bigint);
+             DROP FUNCTION {s}.wait_answer(text, bigint);
+             DROP TABLE {s}.waiters;
+             CREATE TABLE {s}.waiters (resource text NOT NULL, owner text NOT NULL,
+                 since timestamptz NOT NULL DEFAULT clock_timestamp(),
+                 backend_pid int NOT NULL DEFAULT pg_backend_pid());
+             INSERT INTO {s}.waiters (resource, owner) VALUES ('job', 'gone');
+             CREATE FUNCTION {s}.wait_begin(p_resource text, p_owner text) RETURNS int
+                 LANGUAGE sql AS $$ SELECT 0 $$;
+             CREATE FUNCTION {s}.unwait(p_resource text) RETURNS void LANGUAGE sql AS $$ SELECT $$;
+             {v2}
+             UPDATE {s}.meta SET value = '{version}' WHERE key = 'schema_version';"
         ),
     );
 }
@@ -752,29 +771,57 @@ fn schema_version(store: &Store) -> String {
     .get(0)
 }
 
-/// A version-1 schema (before the waiters' queue) is migrated by `fence init`, and lazily by
-/// the first command that needs what version 2 added: a `--wait` waiter gets its lease.
-#[test]
-fn postgres_a_version_1_schema_is_migrated() {
-    let store = Store::postgres();
-    store.fence().args(["init", "-q"]).run().expect(0);
-    downgrade_to_schema_v1(&store);
-    let init = store
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
-    assert_eq!(
-        (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(2))
-    );
-    assert_eq!(schema_version(&store), "2");
+/// The functions of the schema whose names start with `wait`, `unwait`, `leave` or
+/// `acquire_queued`, sorted.
+fn queue_functions(store: &Store) -> Vec<String> {
+    let s = store.schema.clone().unwrap();
+    store
+        .pg_rows(
+            "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND (p.proname LIKE 'wait%' OR p.proname IN ('unwait', 'leave_queue', 'acquire_queued')) \
+             ORDER BY 1",
+            &s,
+        )
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
 
-    downgrade_to_schema_v1(&store);
-    let held = acquire(&store, "job", "alice", "30s");
-    // Registered as a waiter (version 1 has that), so its next call needs version 2.
-    let (waiter, _) = start_waiter(&store, "bob");
-    release_to_waiter(&store, &held, waiter, "bob");
-    assert_eq!(schema_version(&store), "2");
+/// A version-1 or version-2 schema (waiters queued on session advisory locks) is migrated to
+/// version 3 (the durable queue) by `fence init`, and lazily by the first `--wait` waiter,
+/// which then gets its lease; the old waiters table and functions are gone.
+#[test]
+fn postgres_a_version_1_or_2_schema_is_migrated() {
+    let current = ["wait_answer", "wait_enter", "wait_leave", "wait_poll"];
+    for version in [1, 2] {
+        let store = Store::postgres();
+        store.fence().args(["init", "-q"]).run().expect(0);
+        downgrade_schema(&store, version);
+        let init = store
+            .fence()
+            .args(["init", "--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        assert_eq!(
+            (init["action"].as_str(), init["schema_version"].as_i64()),
+            (Some("migrated"), Some(3))
+        );
+        assert_eq!(schema_version(&store), "3");
+        assert_eq!(queue_functions(&store), current);
+
+        downgrade_schema(&store, version);
+        let held = acquire(&store, "job", "alice", "30s");
+        // Its first call needs version 3's queue, so it migrates the schema.
+        let (waiter, view) = start_waiter(&store, "bob");
+        let owners: Vec<&str> = view.resources[0]
+            .waiters
+            .iter()
+            .map(|w| w.owner.as_str())
+            .collect();
+        assert_eq!(owners, ["bob"], "the old table's row is gone");
+        release_to_waiter(&store, &held, waiter, "bob");
+        assert_eq!(schema_version(&store), "3");
+        assert_eq!(queue_functions(&store), current);
+    }
 }

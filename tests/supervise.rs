@@ -319,17 +319,18 @@ per_backend!(
 /// PostgreSQL waiters queue on one session advisory lock per resource (see `wait_turn` in
 /// the schema): the head holds it and LISTENs, the others block in the server.
 /// `(granted, waiting)` for `resource`'s queue in `store`'s schema.
-fn pg_queue(store: &Store, resource: &str) -> (i64, i64) {
+/// The owners of the rows of the resource's queue of waiters, in arrival order (dead ones
+/// included until a poll deletes them).
+fn pg_queue(store: &Store, resource: &str) -> Vec<String> {
     let schema = store.schema.as_deref().unwrap();
-    let rows = store.pg_rows(
-        &format!(
-            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
-             FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
-             AND classid = hashtext('fence queue {schema}')::oid AND objid = hashtext($1)::oid"
-        ),
-        resource,
-    );
-    (rows[0].get(0), rows[0].get(1))
+    store
+        .pg_rows(
+            &format!("SELECT owner FROM {schema}.waiters WHERE resource = $1 ORDER BY id"),
+            resource,
+        )
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }
 
 fn pg_waiters(store: &Store, resource: &str) -> Vec<String> {
@@ -414,10 +415,9 @@ fn granted_token(child: Child, owner: &str) -> i64 {
     got["token"].as_i64().unwrap()
 }
 
-/// Waiters get the lease in the order they arrived, one at a time: one heads the queue,
-/// the others block on its lock in the server, and each release wakes the head only.
+/// Waiters get the lease in the order they arrived, one at a time, from the durable queue.
 #[test]
-fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
+fn postgres_waiters_queue_and_are_served_in_arrival_order() {
     let store = Store::postgres();
     let dir = tempfile::tempdir().unwrap();
     let held = pg_hold(&store, "job", "holder");
@@ -436,7 +436,7 @@ fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
         );
         // Each waiter is in the queue before the next one starts.
         wait_for("the waiter to queue", Duration::from_secs(10), || {
-            pg_queue(&store, "job") == (1, i)
+            pg_queue(&store, "job").len() == i + 1
         });
     }
     let queued: Vec<String> = pg_waiters(&store, "job")
@@ -449,15 +449,16 @@ fn postgres_waiters_queue_on_one_lock_and_are_served_in_arrival_order() {
         release_and_take_turns(&store, held, waiters, dir.path()),
         expected
     );
-    // Served waiters leave no trace: no lock, no row, and the grants are in the log.
-    assert_eq!(pg_queue(&store, "job"), (0, 0));
+    // Served waiters leave no trace: no row, and the grants are in the log.
+    assert!(pg_queue(&store, "job").is_empty());
     assert!(pg_waiters(&store, "job").is_empty());
     assert_eq!(store.lease("job").map(|l| l.1), Some(held + 4));
 }
 
-/// A waiter paused (SIGSTOP) at the head of the queue cannot hold the others up: they stop
-/// waiting for its lock after their poll interval, find the resource free and take it; the
-/// paused waiter, resumed, is served later with a higher token.
+/// A waiter paused (SIGSTOP) at the head of the queue cannot hold the others up for longer
+/// than its heartbeat bound: its row is then deleted and skipped, and the next waiter takes
+/// the lease; the paused waiter, resumed, rejoins at the back and is served later with a
+/// higher token.
 #[test]
 fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
     let store = Store::postgres();
@@ -466,7 +467,7 @@ fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
     wait_for(
         "the first waiter to head the queue",
         Duration::from_secs(10),
-        || pg_queue(&store, "job") == (1, 0),
+        || pg_queue(&store, "job") == ["paused"],
     );
     kill(paused.id(), libc::SIGSTOP);
     let next = pg_waiter(&store, "job", "next");
@@ -494,8 +495,9 @@ fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
     assert_eq!(store.lease("job").map(|l| l.1), Some(held + 2));
 }
 
-/// The row of a waiter killed outright (no chance to unregister) is hidden by `inspect` at
-/// once and deleted by the next waiter of that resource.
+/// The row of a waiter killed outright (no chance to unregister) is hidden by `inspect` once
+/// its deadline passes (its promised poll plus a grace of 5 s) and deleted by the next
+/// waiter to join.
 #[test]
 fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     let store = Store::postgres();
@@ -504,7 +506,7 @@ fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     let raw = |store: &Store| -> Vec<String> {
         store
             .pg_rows(
-                &format!("SELECT owner FROM {schema}.waiters WHERE resource = $1 ORDER BY since"),
+                &format!("SELECT owner FROM {schema}.waiters WHERE resource = $1 ORDER BY id"),
                 "job",
             )
             .iter()
@@ -517,9 +519,11 @@ fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     });
     kill(killed.id(), libc::SIGKILL);
     killed.wait().unwrap();
-    wait_for("its backend to go", Duration::from_secs(10), || {
-        pg_waiters(&store, "job").is_empty()
-    });
+    wait_for(
+        "its row to pass its deadline",
+        Duration::from_secs(10),
+        || pg_waiters(&store, "job").is_empty(),
+    );
     assert_eq!(raw(&store), ["killed"], "the row outlives its process");
     let next = pg_waiter(&store, "job", "next");
     wait_for(
@@ -533,9 +537,9 @@ fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     assert!(raw(&store).is_empty());
 }
 
-/// A `statement_timeout` shorter than a waiter's poll interval (set for the role, or in the
-/// URL's `options` as here) ends the waits of queued waiters in the server early: they queue
-/// again instead of failing, and each still gets its turn.
+/// A short `statement_timeout` (set for the role, or in the URL's `options` as here) does not
+/// disturb waiters: nothing of theirs blocks in the server, each poll is one short statement,
+/// and each still gets its turn in order.
 #[test]
 fn postgres_waiters_survive_a_short_statement_timeout() {
     let store = Store::postgres();
@@ -564,7 +568,7 @@ fn postgres_waiters_survive_a_short_statement_timeout() {
     wait_for("three waiters", Duration::from_secs(10), || {
         pg_waiters(&store, "job").len() == 3
     });
-    // Several timeouts long: the queued ones have been cancelled and queued again.
+    // Several timeouts long, and several polls.
     sleep(Duration::from_millis(1500));
     assert_eq!(pg_waiters(&store, "job").len(), 3, "a waiter gave up");
     let expected: Vec<String> = (1..=3).map(|i| (held + i).to_string()).collect();

@@ -63,9 +63,8 @@ enum End {
 async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
     let owner = run_owner(args.owner.as_deref());
     let mut coordinator = ctx.coordinator().await?;
-    // The bound starts before the acquire is sent.
-    let sent = Instant::now();
-    let grant = wait::acquire(
+    // The bound starts before the granted attempt was sent (not before a `--wait`).
+    let (grant, sent) = wait::acquire_sent(
         coordinator.as_ref(),
         &args.resource,
         &owner,

@@ -5,12 +5,12 @@
 //! refused attempt writes nothing on any store, so many waiters cost the holder nothing; the
 //! jitter keeps them from retrying in lockstep.
 //!
-//! On PostgreSQL waiters queue in arrival order on a session advisory lock per resource and
-//! only the head LISTENs, so a release wakes one waiter (backend and client) instead of all;
-//! the others block in the server, and leave and rejoin the queue once per fallback poll so
-//! that a paused head cannot hold them up for longer. Elsewhere no order is promised: the
-//! first waiter to retry after a release wins. Nowhere is a free resource reserved for the
-//! head: a newcomer asking at that moment can be granted first.
+//! On PostgreSQL waiters join a durable queue before their first attempt and are granted in
+//! arrival order; the coordinator decides how long each sleeps and whether it keeps its
+//! connection (only the two at the head do, and they listen for releases; see
+//! `store/postgres.rs`). Elsewhere no order is promised: the first waiter to retry after a
+//! release wins. Nowhere is a free resource reserved for the waiters: a plain `acquire`
+//! (without `--wait`) asking at that moment can be granted first.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -25,6 +25,8 @@ use crate::time;
 
 /// The fallback poll when wake-ups are pushed.
 const PUSHED_FALLBACK: Duration = Duration::from_millis(1000);
+/// The longest a queued waiter is left to sleep at once (its coordinator sleeps less).
+const QUEUED_MAX_NAP: Duration = Duration::from_secs(3600);
 /// The first and the longest poll interval on stores without pushed wake-ups.
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(250);
@@ -37,7 +39,35 @@ pub async fn acquire(
     wait: Option<Duration>,
     out: &Output,
 ) -> Result<Grant, Error> {
-    acquire_counting(coordinator, resource, owner, ttl, wait, Some(out), &mut 0).await
+    acquire_sent(coordinator, resource, owner, ttl, wait, out)
+        .await
+        .map(|(grant, _)| grant)
+}
+
+/// [`acquire`], also telling when the attempt that was granted was sent: the coordinator
+/// extended the lease at or after that instant, so a lease bound measured from there never
+/// outlives the coordinator's own expiry (`run` measures from it), however long the wait.
+pub async fn acquire_sent(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: &Output,
+) -> Result<(Grant, Instant), Error> {
+    let mut sent = Instant::now();
+    let grant = waiting(
+        coordinator,
+        resource,
+        owner,
+        ttl,
+        wait,
+        Some(out),
+        &mut 0,
+        &mut sent,
+    )
+    .await?;
+    Ok((grant, sent))
 }
 
 /// [`acquire`], counting refused attempts in `refused`; a spinner only with `out`.
@@ -50,18 +80,61 @@ pub async fn acquire_counting(
     out: Option<&Output>,
     refused: &mut u64,
 ) -> Result<Grant, Error> {
+    let mut sent = Instant::now();
+    waiting(
+        coordinator,
+        resource,
+        owner,
+        ttl,
+        wait,
+        out,
+        refused,
+        &mut sent,
+    )
+    .await
+}
+
+/// [`acquire_counting`], setting `sent` to when the last attempt was sent.
+#[allow(clippy::too_many_arguments)]
+async fn waiting(
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    owner: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+    out: Option<&Output>,
+    refused: &mut u64,
+    sent: &mut Instant,
+) -> Result<Grant, Error> {
+    let started = Instant::now();
+    let deadline = wait.and_then(|wait| started.checked_add(wait));
+    let queued = wait.is_some() && coordinator.queue_up(resource, owner, deadline);
+    *sent = Instant::now();
     let first = coordinator.acquire(resource, owner, ttl).await;
     let Some(wait) = wait else {
         return first;
     };
     let mut holder = match first {
         Err(Error::Busy { holder, .. }) => holder,
-        other => return other,
+        other => {
+            if queued && other.is_err() {
+                // Best effort: an unpolled row is deleted once its deadline passes anyway.
+                let _ = coordinator.unwait(resource).await;
+            }
+            return other;
+        }
     };
     *refused += 1;
-    let started = Instant::now();
-    let deadline = started.checked_add(wait);
-    coordinator.wait_begin(resource, owner).await?;
+    if wait.is_zero() {
+        let _ = coordinator.unwait(resource).await;
+        return Err(Error::Busy {
+            resource: resource.to_owned(),
+            holder,
+        });
+    }
+    if !queued {
+        coordinator.wait_begin(resource, owner).await?;
+    }
     let spinner = out.and_then(Output::spinner);
     let mut poll = POLL_MIN;
     let result = loop {
@@ -74,15 +147,20 @@ pub async fn acquire_counting(
                 time::span(started.elapsed().as_millis() as i64)
             ));
         }
-        let until_expiry = Duration::from_millis(holder.expires_in_ms.max(0) as u64);
-        let fallback = if coordinator.pushes_wakeups() {
-            PUSHED_FALLBACK
+        let mut nap = if queued {
+            // The queue's coordinator paces its waiters itself.
+            QUEUED_MAX_NAP
         } else {
-            poll = (poll * 2).min(POLL_MAX);
-            poll
+            let until_expiry = Duration::from_millis(holder.expires_in_ms.max(0) as u64);
+            let fallback = if coordinator.pushes_wakeups() {
+                PUSHED_FALLBACK
+            } else {
+                poll = (poll * 2).min(POLL_MAX);
+                poll
+            };
+            let jitter = Duration::from_micros(random_u64() % 5_000);
+            until_expiry.min(fallback) + jitter
         };
-        let jitter = Duration::from_micros(random_u64() % 5_000);
-        let mut nap = until_expiry.min(fallback) + jitter;
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -94,6 +172,7 @@ pub async fn acquire_counting(
             nap = nap.min(left);
         }
         coordinator.wait_for_release(resource, nap).await?;
+        *sent = Instant::now();
         match coordinator.acquire(resource, owner, ttl).await {
             Err(Error::Busy { holder: next, .. }) => {
                 *refused += 1;

@@ -6,7 +6,9 @@
 //! unix-socket hosts, and `sslmode=verify-ca|verify-full` with `sslrootcert`. Errors are mapped
 //! to exit codes by what they mean for a retry: refused login or bad TLS settings are usage
 //! errors (2), an unreachable server is unavailable (7), and a connection lost after a request
-//! that changes state was sent is outcome unknown (8).
+//! that changes state was sent is outcome unknown (8). A server that answers that it cannot
+//! take a connection now (no free slot, 53300; starting or stopping, 57P03) is retried with
+//! jittered back-off, for [`CONNECT_PATIENCE`] or as long as the caller's own bound.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -20,12 +22,14 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
+use tokio::time::Instant;
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::TlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
 use crate::error::Error;
+use crate::store::random_u64;
 
 mod libpq_files;
 pub mod session;
@@ -33,6 +37,10 @@ pub mod session;
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a connection is retried while the server answers that it cannot take one now,
+/// when the caller sets no longer bound (`--wait` does).
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// How long fence waits for the answer to one request before giving up on it.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -181,8 +189,49 @@ impl Target {
     }
 
     /// Connects and spawns the connection task on the current runtime; the receiver gets the
-    /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to.
+    /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to. A server that
+    /// cannot take the connection now is retried for [`CONNECT_PATIENCE`].
     pub async fn connect(&self) -> Result<(Client, Notifications), Error> {
+        self.connect_until(Instant::now() + CONNECT_PATIENCE).await
+    }
+
+    /// [`Self::connect`], retrying with jittered exponential back-off (25 ms doubling to 1 s)
+    /// while the server answers that it has no slot for this connection ("too many
+    /// connections", SQLSTATE 53300, per server or per role) or is starting or stopping
+    /// ("cannot connect now", 57P03), until `until`. Nothing has been sent then, so retrying
+    /// is always safe; any other failure is final at once.
+    pub async fn connect_until(&self, until: Instant) -> Result<(Client, Notifications), Error> {
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(25);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let refusal = match self.connect_once().await {
+                Ok(connected) => return Ok(connected),
+                Err(Attempt::Final(err)) => return Err(err),
+                Err(Attempt::Refused(refusal)) => refusal,
+            };
+            // Between half and all of the pause, so that refused clients spread out.
+            let nap = pause / 2
+                + Duration::from_micros(random_u64() % (pause.as_micros() as u64 / 2 + 1));
+            if Instant::now() + nap > until {
+                return Err(Error::unavailable(
+                    format!(
+                        "PostgreSQL at `{}` refused to take a connection: {refusal}; fence retried {} for {:.1}s and gave up",
+                        self.display,
+                        if attempts == 1 { "once".to_owned() } else { format!("{attempts} times") },
+                        started.elapsed().as_secs_f64()
+                    ),
+                    "nothing was done, so it is safe to retry; if the server (or this role) is often out of connection slots, size max_connections and the roles' CONNECTION LIMIT for fence's processes (README, Connection sizing)",
+                ));
+            }
+            tokio::time::sleep(nap).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// One connection attempt, bounded as libpq's connect_timeout bounds it.
+    async fn connect_once(&self) -> Result<(Client, Notifications), Attempt> {
         // tokio-postgres bounds only the TCP connect; libpq's connect_timeout bounds the
         // whole connection (TLS, start-up, login), and so do we.
         let limit = self
@@ -193,20 +242,20 @@ impl Target {
         tokio::time::timeout(limit, self.connect_unbounded())
             .await
             .map_err(|_| {
-                Error::unavailable(
+                Attempt::Final(Error::unavailable(
                     format!(
                         "PostgreSQL at `{}` did not complete the connection within {}",
                         self.display,
                         crate::time::duration(limit)
                     ),
                     "check that the address is a PostgreSQL server and that it is not overloaded; nothing was done, so it is safe to retry",
-                )
+                ))
             })?
     }
 
-    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Error> {
+    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Attempt> {
         let mut config = self.config.clone();
-        let Some(tls) = self.tls()? else {
+        let Some(tls) = self.tls().map_err(Attempt::Final)? else {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
@@ -295,7 +344,17 @@ impl Target {
         Ok(certs)
     }
 
-    fn connect_error(&self, err: &tokio_postgres::Error) -> Error {
+    fn connect_error(&self, err: &tokio_postgres::Error) -> Attempt {
+        if let Some(db) = err.as_db_error() {
+            let code = db.code();
+            if *code == SqlState::TOO_MANY_CONNECTIONS || *code == SqlState::CANNOT_CONNECT_NOW {
+                return Attempt::Refused(format!("{} (SQLSTATE {})", db.message(), code.code()));
+            }
+        }
+        Attempt::Final(self.connect_failure(err))
+    }
+
+    fn connect_failure(&self, err: &tokio_postgres::Error) -> Error {
         let display = &self.display;
         if let Some(db) = err.as_db_error() {
             let code = db.code();
@@ -353,6 +412,14 @@ impl Target {
             "check that the server is running and reachable from here; nothing was done, so it is safe to retry",
         )
     }
+}
+
+/// Why one connection attempt failed.
+enum Attempt {
+    /// The server could not take the connection now (no free slot, starting, stopping): its
+    /// message and SQLSTATE, to retry.
+    Refused(String),
+    Final(Error),
 }
 
 /// A TLS configuration that, as libpq, trusts only `roots` (and verifies nothing without
@@ -460,7 +527,12 @@ where
             std::task::Poll::Pending => return std::task::Poll::Pending,
         }
     }));
-    CONNECTIONS.with(|open| open.borrow_mut().push(task));
+    CONNECTIONS.with(|open| {
+        let mut open = open.borrow_mut();
+        // A waiter reconnects for every poll: forget the connections that have ended.
+        open.retain(|task| !task.is_finished());
+        open.push(task);
+    });
     rx
 }
 

@@ -2,15 +2,13 @@
 //! use (or by `fence init`) without adding a round trip to the hot path: requests run
 //! optimistically and the schema is created only when the server says it is missing.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
+use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
-use crate::pg::{self, Target, REQUEST_TIMEOUT};
+use crate::pg::{self, Target, CONNECT_PATIENCE, REQUEST_TIMEOUT};
 
 /// One of fence's schemas: where its version is kept and the script that creates it.
 pub struct SchemaSpec {
@@ -32,21 +30,6 @@ pub struct Session {
     /// Where the connection goes, kept to send cancel requests there.
     server: Target,
     spec: &'static SchemaSpec,
-    /// Each request's SQL, with its prepared statement from its second use on: a one-shot
-    /// process pays no extra round trip, and a long-lived session (bench workers, `run`'s
-    /// renewals, waiters) stops paying the server's parse and plan on every call.
-    statements: Mutex<HashMap<String, Prepared>>,
-}
-
-/// Where a request's SQL stands in [`Session::statements`].
-#[derive(Clone)]
-enum Prepared {
-    /// Run once, unprepared.
-    Seen,
-    Ready(Statement),
-    /// A prepared statement vanished (a transaction-mode pooler such as PgBouncer runs each
-    /// transaction on any server connection): always unprepared from then on.
-    Never,
 }
 
 impl Session {
@@ -56,8 +39,26 @@ impl Session {
         schema: &str,
         spec: &'static SchemaSpec,
     ) -> Result<Session, Error> {
+        Session::open_until(
+            url,
+            display,
+            schema,
+            spec,
+            Instant::now() + CONNECT_PATIENCE,
+        )
+        .await
+    }
+
+    /// [`Session::open`], retrying a server that cannot take the connection now until `until`.
+    pub async fn open_until(
+        url: &str,
+        display: &str,
+        schema: &str,
+        spec: &'static SchemaSpec,
+        until: Instant,
+    ) -> Result<Session, Error> {
         let server = Target::resolve(url, display)?;
-        let (client, notifications) = server.connect().await?;
+        let (client, notifications) = server.connect_until(until).await?;
         Ok(Session {
             client,
             notifications: tokio::sync::Mutex::new(notifications),
@@ -65,7 +66,6 @@ impl Session {
             schema: schema.to_owned(),
             server,
             spec,
-            statements: Mutex::new(HashMap::new()),
         })
     }
 
@@ -99,8 +99,12 @@ impl Session {
         match self.request(what, mutating, &sql, params).await? {
             Ok(rows) => Ok(rows),
             // A read of a schema that does not exist yet has nothing to report; only writes
-            // create it.
+            // create it. Nor has a read of a column an older version did not have yet (the
+            // waiters' deadline before version 3): the next write migrates the schema.
             Err(err) if is_missing_schema(&err) && !mutating => Ok(Vec::new()),
+            Err(err) if err.code() == Some(&SqlState::UNDEFINED_COLUMN) && !mutating => {
+                Ok(Vec::new())
+            }
             Err(err) if is_missing_schema(&err) => {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {
@@ -133,44 +137,19 @@ impl Session {
             })
     }
 
+    /// Every request is an unnamed statement (`query_typed`: Parse, Bind, Execute and Sync in
+    /// one round trip), never a named prepared statement: behind a transaction-mode pooler
+    /// (PgBouncer) consecutive transactions run on different server connections, where a
+    /// named statement is missing ("does not exist"), already taken ("s0 already exists"), or
+    /// worse, another client's statement of the same name. Measured with `fence bench`, the
+    /// server's parse and plan that preparing saved cost little (README, Performance): fence's
+    /// requests are one call of a PL/pgSQL function, whose own plans are cached per backend.
     async fn query(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        // None: the first use (or a poisoned lock): unprepared.
-        let known = self.statements.lock().ok().and_then(|mut statements| {
-            let known = statements.get(sql).cloned();
-            if known.is_none() {
-                statements.insert(sql.to_owned(), Prepared::Seen);
-            }
-            known
-        });
-        let statement = match known {
-            None | Some(Prepared::Never) => return self.client.query_typed(sql, params).await,
-            Some(Prepared::Ready(statement)) => statement,
-            Some(Prepared::Seen) => {
-                let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
-                let statement = self.client.prepare_typed(sql, &types).await?;
-                self.remember(sql, Prepared::Ready(statement.clone()));
-                statement
-            }
-        };
-        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(value, _)| *value).collect();
-        match self.client.query(&statement, &values).await {
-            // The statement is gone, so nothing ran: run it unprepared, now and from now on.
-            Err(err) if err.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => {
-                self.remember(sql, Prepared::Never);
-                self.client.query_typed(sql, params).await
-            }
-            other => other,
-        }
-    }
-
-    fn remember(&self, sql: &str, prepared: Prepared) {
-        if let Ok(mut statements) = self.statements.lock() {
-            statements.insert(sql.to_owned(), prepared);
-        }
+        self.client.query_typed(sql, params).await
     }
 
     /// The schema's version, or `None` when it does not exist yet. Never raises an SQL

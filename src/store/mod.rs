@@ -166,6 +166,20 @@ pub trait Coordinator {
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
 
+    /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
+    /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that
+    /// follow join and poll the queue (a newcomer cannot pass the waiters) and a server that
+    /// cannot take a connection is retried until `until` (`None`: for ever); returns true.
+    /// Elsewhere returns false, and the caller uses [`Self::wait_begin`] after a busy attempt.
+    fn queue_up(
+        &self,
+        _resource: &str,
+        _owner: &str,
+        _until: Option<tokio::time::Instant>,
+    ) -> bool {
+        false
+    }
+
     /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
 

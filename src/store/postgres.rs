@@ -1,55 +1,206 @@
 //! The PostgreSQL coordinator (DESIGN §7–§8).
 //!
-//! Each operation is one call of a PL/pgSQL function in autocommit, one round trip: sent with
-//! `query_typed` (Parse/Bind/Execute together) on its first use on a connection, as a prepared
-//! statement after that (see `Session`). The functions compute the next token from the
-//! locked row, read `clock_timestamp()` after the lock, set `synchronous_commit = on` for
-//! their own transaction, and write the event row in the same transaction, so a token is
-//! reported only after it is durably granted, whatever the server's default.
+//! Each operation is one call of a PL/pgSQL function in autocommit, one round trip, sent as
+//! an unnamed statement (`query_typed`; see `Session`). The functions compute the next token
+//! from the locked row, read `clock_timestamp()` after the lock, set `synchronous_commit = on`
+//! for their own transaction, and write the event row in the same transaction, so a token is
+//! reported only after it is durably granted, whatever the server's default. Nothing keeps
+//! session state (no advisory locks, no `SET`, no named statements), so every command also
+//! works through a transaction-mode pooler such as PgBouncer.
+//!
+//! The connection is opened on first use, and a server that answers "too many connections"
+//! or "cannot connect now" is retried (for a couple of seconds, or for a whole `--wait`).
+//!
+//! Waiting (`--wait`) is a durable queue, the `waiters` table (see `schema.sql`): a row per
+//! waiter, its id the arrival order, kept alive by the waiter's polls, each of which promises
+//! the next. Only the head of the queue is granted, so waiters are served exactly in arrival
+//! order; a waiter that stops polling (killed, paused) is deleted once its promise plus
+//! [`GRACE`] has passed, and skipped. The first [`WINDOW`] waiters keep their connection and
+//! `LISTEN` (a release wakes the head, a grant moves everyone up), polling every
+//! [`NEAR_POLL`] besides (a pooler drops `LISTEN`); when the queue moves fast, up to
+//! [`HELD_MAX`] do. The others close their connection and poll on a fresh one, less often the
+//! further back they are ([`far_poll`]): a thousand waiters behind a long-held lease hold two
+//! connections and open about a hundred a second between them. A newcomer to `--wait` joins
+//! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
+//! free resource before the head does.
+//!
+//! The price of exact order, measured with `fence bench` (README, Performance): a released
+//! lease always goes to another process (the head), never back to the releasing worker, so a
+//! hot resource with sub-millisecond critical sections hands over at the pace of a
+//! notification and a poll (~5 ms here) rather than at the pace of one worker's loop.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
+use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
-    ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
-    Waiter,
+    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
+    ResourceView, State, Waiter,
 };
-
-pub struct PgCoordinator {
-    session: Session,
-    /// Where this connection stands as a `--wait` waiter (see `wait_turn` in the schema).
-    queue: Cell<Queue>,
-}
-
-/// A waiter's place: registered (a `waiters` row, maybe in the advisory lock queue), or at
-/// the head of the queue (holding the lock and listening for releases).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Queue {
-    Out,
-    Waiting,
-    Head,
-}
 
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 2,
+    version: 3,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
 
+/// How many waiters at the head of a queue keep their connection and listen: the head, so
+/// that a release reaches it at once, and the next, so that the head's grant does too and a
+/// fresh head is ready for the following release.
+pub const WINDOW: i64 = 2;
+/// The most waiters of one resource that keep a connection: behind the window, a waiter
+/// whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its connection
+/// and listens too, so that a hot resource with short critical sections is not held down
+/// to the pace at which far waiters reconnect (a release or grant then wakes up to this
+/// many waiters, each for one short poll).
+pub const HELD_MAX: i64 = 8;
+const HOLD_SOONER: Duration = Duration::from_millis(500);
+/// How often the waiters of the window poll, whatever they hear: notifications are not
+/// durable, a lease can expire without one, and a transaction-mode pooler drops `LISTEN`.
+pub const NEAR_POLL: Duration = Duration::from_millis(250);
+/// Poll interval of the first waiter outside the window, and the growth per place behind it.
+const FAR_STEP: Duration = Duration::from_millis(200);
+/// The shortest and the longest poll interval outside the window.
+const FAR_MIN: Duration = Duration::from_millis(25);
+pub const FAR_MAX: Duration = Duration::from_secs(10);
+/// How long past its promised next poll a waiter's row lives: the waiter is late (a slow
+/// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
+/// the head holds the queue up for its promise plus this, then is skipped.
+pub const GRACE: Duration = Duration::from_secs(5);
+/// The longest a queued waiter sleeps when its wait has no end.
+const FOREVER: Duration = Duration::from_secs(3600);
+
+/// The poll interval of a waiter at `place` (> [`WINDOW`]) whose queue has been granting
+/// about one lease per `per_grant`: it wakes halfway to when its turn could come at that
+/// pace (so it polls about log2 of its place times on the way to the head), and never later
+/// than [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next
+/// waiters awake soon enough. Halfway rather than just before: the pace is measured from
+/// the queue itself, and a waiter that came only just in time would hold the pace down to
+/// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue, the
+/// polls per second are about 5·ln(N) + N/10 for N waiters behind a long-held lease.
+pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
+    let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
+    let paced = per_grant.saturating_mul(ahead) / 2;
+    paced
+        .min(FAR_STEP.saturating_mul(ahead))
+        .clamp(FAR_MIN, FAR_MAX)
+}
+
+/// How many places at the head of a queue going at `per_grant` keep their connection and
+/// listen: the window, and behind it those whose turn should come within [`HOLD_SOONER`],
+/// up to [`HELD_MAX`].
+fn held_places(per_grant: Duration) -> i64 {
+    let mut places = WINDOW;
+    while places < HELD_MAX
+        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < HOLD_SOONER
+    {
+        places += 1;
+    }
+    places
+}
+
+/// The longest a waiter at `place` sleeps before its next poll, whatever the pace: what its
+/// poll promises (its row lives that long plus [`GRACE`]). Never grows as the place shrinks.
+fn promise(place: i64) -> Duration {
+    if place <= WINDOW {
+        return NEAR_POLL;
+    }
+    let ahead = u32::try_from(place - WINDOW).unwrap_or(u32::MAX);
+    FAR_STEP.saturating_mul(ahead).min(FAR_MAX).max(NEAR_POLL)
+}
+
+pub struct PgCoordinator {
+    url: String,
+    display: String,
+    schema: String,
+    /// Opened on first use; a waiter far from the head closes it between polls.
+    session: RefCell<Option<Rc<Session>>>,
+    /// This process's place in a queue of waiters, while `--wait` lasts.
+    queue: RefCell<Option<Queue>>,
+}
+
+/// A waiter's state between its polls.
+struct Queue {
+    resource: String,
+    /// When the wait ends (`None`: never); reconnecting is retried until then.
+    until: Option<Instant>,
+    /// Its row, once it joined.
+    waiter: Option<i64>,
+    /// 1 = head; 0 before joining.
+    place: i64,
+    /// What its last poll promised: the row lives this much past it, less [`GRACE`].
+    promised: Duration,
+    /// Up to which place its last poll asked to listen (see [`held_places`]).
+    listen_within: i64,
+    /// Whether its connection listens.
+    listening: bool,
+    /// Whether its last poll made it listen: it polls once more at once, since a release
+    /// between its poll and its `LISTEN` was not sent to it.
+    started_listening: bool,
+    /// The pace of the queue, for [`far_poll`]: the lease's token and the time at the last
+    /// poll, and the estimated time per grant.
+    last_token: Option<i64>,
+    last_poll: Instant,
+    per_grant: Duration,
+    /// The holder's remaining lease at the last poll.
+    expires_in_ms: Option<i64>,
+}
+
 impl PgCoordinator {
+    /// Checks the URL; connects on first use.
     pub async fn connect(url: &str, display: &str, schema: &str) -> Result<PgCoordinator, Error> {
+        crate::pg::Target::resolve(url, display)?;
         Ok(PgCoordinator {
-            session: Session::open(url, display, schema, &COORDINATOR_SCHEMA).await?,
-            queue: Cell::new(Queue::Out),
+            url: url.to_owned(),
+            display: display.to_owned(),
+            schema: schema.to_owned(),
+            session: RefCell::new(None),
+            queue: RefCell::new(None),
         })
+    }
+
+    /// The open session, or a new one. A waiter retries a full server until its wait ends;
+    /// anything else for [`CONNECT_PATIENCE`].
+    async fn session(&self) -> Result<Rc<Session>, Error> {
+        let now = Instant::now();
+        let until = match self.queue.borrow().as_ref() {
+            Some(queue) => queue
+                .until
+                .unwrap_or_else(|| now + FOREVER)
+                .max(now + CONNECT_PATIENCE),
+            None => now + CONNECT_PATIENCE,
+        };
+        self.session_until(until).await
+    }
+
+    async fn session_until(&self, until: Instant) -> Result<Rc<Session>, Error> {
+        if let Some(session) = self.session.borrow().as_ref() {
+            if !session.client.is_closed() {
+                return Ok(session.clone());
+            }
+        }
+        let session = Rc::new(
+            Session::open_until(
+                &self.url,
+                &self.display,
+                &self.schema,
+                &COORDINATOR_SCHEMA,
+                until,
+            )
+            .await?,
+        );
+        *self.session.borrow_mut() = Some(session.clone());
+        Ok(session)
     }
 
     async fn call(
@@ -59,7 +210,102 @@ impl PgCoordinator {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        self.session.call(what, mutating, sql, params).await
+        self.session()
+            .await?
+            .call(what, mutating, sql, params)
+            .await
+    }
+
+    /// A queued waiter's attempt: joins the queue (first call) or polls it; rejoins at the
+    /// back, saying so, when its row was deleted while it was paused or cut off.
+    async fn poll_queue(&self, resource: &str, owner: &str, ttl: i64) -> Result<Answer, Error> {
+        let (waiter, promise, listen_within) = self
+            .queue
+            .borrow()
+            .as_ref()
+            .map_or((None, FAR_MAX, WINDOW), |queue| {
+                (queue.waiter, queue.promised, held_places(queue.per_grant))
+            });
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.listen_within = listen_within;
+        }
+        let live = i64::try_from((promise + GRACE).as_millis()).unwrap_or(i64::MAX);
+        let what = format!("wait for `{resource}`");
+        if let Some(waiter) = waiter {
+            let rows = self
+                .call(
+                    &what,
+                    true,
+                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6)",
+                    &[
+                        (&resource, Type::TEXT),
+                        (&owner, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&waiter, Type::INT8),
+                        (&live, Type::INT8),
+                        (&listen_within, Type::INT8),
+                    ],
+                )
+                .await?;
+            let answer = Answer::from_rows(&rows)?;
+            if answer.status != "lapsed" {
+                return Ok(answer);
+            }
+            eprintln!(
+                "fence: warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
+                GRACE.as_secs()
+            );
+        }
+        // Joining: the row must outlive the slowest first poll.
+        let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
+        let rows = self
+            .call(
+                &what,
+                true,
+                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5)",
+                &[
+                    (&resource, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&live, Type::INT8),
+                    (&listen_within, Type::INT8),
+                ],
+            )
+            .await?;
+        Answer::from_rows(&rows)
+    }
+
+    /// Notes a busy poll's answer: place, pace, and the next promise.
+    fn queued(&self, answer: &Answer) {
+        let mut queue = self.queue.borrow_mut();
+        let Some(queue) = queue.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if let Some(pace) = answer.pace_ms {
+            queue.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
+                .clamp(Duration::from_millis(1), FAR_MAX);
+        } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
+            let elapsed = now.saturating_duration_since(queue.last_poll);
+            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(u32::MAX);
+            queue.per_grant = if grants > 0 {
+                (queue.per_grant + elapsed / grants) / 2
+            } else {
+                queue.per_grant.max(elapsed)
+            };
+        }
+        let place = answer.place.unwrap_or(queue.place);
+        let listens = place <= queue.listen_within;
+        queue.started_listening = listens && !queue.listening;
+        queue.listening = listens || queue.listening;
+        queue.waiter = answer.waiter.or(queue.waiter);
+        queue.place = place;
+        queue.last_token = answer.token;
+        queue.last_poll = now;
+        queue.expires_in_ms = answer.expires_in_ms;
+        // Places only move forward and no interval outgrows its place's bound, so the row
+        // is kept alive until the latest the next poll can come.
+        queue.promised = promise(place);
     }
 }
 
@@ -73,6 +319,11 @@ struct Answer {
     expires_ms: Option<i64>,
     expires_in_ms: Option<i64>,
     ttl_ms: Option<i64>,
+    /// A waiter's row and place (the queue functions only).
+    waiter: Option<i64>,
+    place: Option<i64>,
+    /// The resource's recent time per grant (on joining the queue).
+    pace_ms: Option<i64>,
 }
 
 impl Answer {
@@ -92,6 +343,9 @@ impl Answer {
             expires_ms: row.get("expires_ms"),
             expires_in_ms: row.get("expires_in_ms"),
             ttl_ms: row.get("ttl_ms"),
+            waiter: row.try_get("waiter").ok().flatten(),
+            place: row.try_get("place").ok().flatten(),
+            pace_ms: row.try_get("pace_ms").ok().flatten(),
         })
     }
 
@@ -157,38 +411,46 @@ impl Answer {
 #[async_trait(?Send)]
 impl Coordinator for PgCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
-        let (action, schema_version) = self.session.init().await?;
+        let (action, schema_version) = self.session().await?.init().await?;
         Ok(InitReport {
             action,
             schema_version,
-            location: format!("schema `{}`", self.session.schema),
+            location: format!("schema `{}`", self.schema),
         })
     }
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
-        // A waiter's grant also takes it out of the queue, in the same round trip.
-        let queued = self.queue.get() != Queue::Out;
-        let rows = self
-            .call(
-                &format!("acquire `{resource}`"),
-                true,
-                if queued {
-                    "SELECT * FROM __SCHEMA__.acquire_queued($1, $2, $3)"
-                } else {
-                    "SELECT * FROM __SCHEMA__.acquire($1, $2, $3)"
-                },
-                &[
-                    (&resource, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&ttl, Type::INT8),
-                ],
-            )
-            .await?;
-        let answer = Answer::from_rows(&rows)?;
+        let queued = self
+            .queue
+            .borrow()
+            .as_ref()
+            .is_some_and(|queue| queue.resource == resource);
+        let answer = if queued {
+            self.poll_queue(resource, owner, ttl).await?
+        } else {
+            let rows = self
+                .call(
+                    &format!("acquire `{resource}`"),
+                    true,
+                    "SELECT * FROM __SCHEMA__.acquire($1, $2, $3)",
+                    &[
+                        (&resource, Type::TEXT),
+                        (&owner, Type::TEXT),
+                        (&ttl, Type::INT8),
+                    ],
+                )
+                .await?;
+            Answer::from_rows(&rows)?
+        };
         let lease = answer.lease(resource);
-        if answer.status != "busy" {
-            self.queue.set(Queue::Out);
+        if queued {
+            if answer.status == "busy" {
+                self.queued(&answer);
+            } else {
+                // Granted: the grant took the row out of the queue in the same transaction.
+                *self.queue.borrow_mut() = None;
+            }
         }
         match answer.status.as_str() {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
@@ -275,9 +537,11 @@ impl Coordinator for PgCoordinator {
         let rows = self
             .call(what, false, leases_sql, &[(&names, Type::TEXT_ARRAY)])
             .await?;
-        let waiters_sql = "SELECT w.resource, w.owner, __SCHEMA__.ms(w.since) FROM __SCHEMA__.waiters w \
+        // Rows past their deadline belong to dead or paused waiters (the next poll deletes them).
+        let waiters_sql =
+            "SELECT w.resource, w.owner, __SCHEMA__.ms(w.since) FROM __SCHEMA__.waiters w \
              WHERE ($1::text[] IS NULL OR w.resource = ANY($1)) \
-             AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.backend_pid) ORDER BY w.since";
+             AND w.deadline >= clock_timestamp() ORDER BY w.id";
         let waiter_rows = self
             .call(what, false, waiters_sql, &[(&names, Type::TEXT_ARRAY)])
             .await?;
@@ -352,64 +616,127 @@ impl Coordinator for PgCoordinator {
         Ok(views)
     }
 
+    fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {
+        *self.queue.borrow_mut() = Some(Queue {
+            resource: resource.to_owned(),
+            until,
+            waiter: None,
+            place: 0,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            listening: false,
+            started_listening: false,
+            last_token: None,
+            last_poll: Instant::now(),
+            per_grant: FAR_STEP,
+            expires_in_ms: None,
+        });
+        true
+    }
+
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
-        self.call(
-            "register as a waiter",
-            true,
-            "SELECT __SCHEMA__.wait_begin($1, $2)",
-            &[(&resource, Type::TEXT), (&owner, Type::TEXT)],
-        )
-        .await?;
-        self.queue.set(Queue::Waiting);
+        // Waiters join the queue through `queue_up` and their next acquire; this is for a
+        // caller that does not know about queues.
+        self.queue_up(resource, owner, None);
         Ok(())
     }
 
     async fn unwait(&self, resource: &str) -> Result<(), Error> {
-        if self.queue.get() == Queue::Out {
-            return Ok(()); // a grant already left the queue
-        }
-        self.queue.set(Queue::Out);
-        self.call(
-            "unregister as a waiter",
-            true,
-            "SELECT __SCHEMA__.unwait($1)",
-            &[(&resource, Type::TEXT)],
-        )
-        .await?;
+        let queue = self.queue.borrow_mut().take();
+        let Some(waiter) = queue.and_then(|queue| queue.waiter) else {
+            return Ok(()); // never joined, or a grant already left the queue
+        };
+        // One connection attempt: the wait is over, and a row left behind dies at its deadline.
+        self.session_until(Instant::now())
+            .await?
+            .call(
+                &format!("leave the queue of `{resource}`"),
+                true,
+                "SELECT __SCHEMA__.wait_leave($1, $2)",
+                &[(&resource, Type::TEXT), (&waiter, Type::INT8)],
+            )
+            .await?;
         Ok(())
     }
 
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
-        if self.queue.get() != Queue::Head {
-            // Block in the server until this waiter heads the queue, then return so that the
-            // caller retries at once: releases before the LISTEN were not sent to us.
-            let timeout = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
-            let rows = self
-                .call(
-                    "wait for a turn",
-                    false,
-                    "SELECT __SCHEMA__.wait_turn($1, $2)",
-                    &[(&resource, Type::TEXT), (&timeout, Type::INT8)],
-                )
-                .await?;
-            if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
-                self.queue.set(Queue::Head);
+        let (keep, nap) = match self.queue.borrow_mut().as_mut() {
+            Some(queue) => {
+                let nap = if queue.started_listening {
+                    Duration::ZERO
+                } else if queue.place == 1 {
+                    // The head also wakes when the holder's lease runs out.
+                    let expiry = queue.expires_in_ms.map_or(NEAR_POLL, |ms| {
+                        Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1)
+                    });
+                    NEAR_POLL.min(expiry)
+                } else if queue.listening {
+                    // Notifications keep it up to date: polls only prove it alive.
+                    NEAR_POLL
+                } else {
+                    far_poll(queue.place, queue.per_grant)
+                };
+                // The pace may have slowed since the poll: hold on only while it is worth it.
+                let keep = queue.place <= held_places(queue.per_grant);
+                queue.listening = queue.listening && keep;
+                (keep, nap)
             }
+            None => (true, max),
+        };
+        // A tenth of jitter either way, so that waiters do not poll in lockstep.
+        let tenth = nap.as_micros() as u64 / 10;
+        let nap = (nap + Duration::from_micros(random_u64() % (2 * tenth + 1)))
+            .saturating_sub(Duration::from_micros(tenth))
+            .min(max);
+        if !keep {
+            // Far from the head: no connection while asleep.
+            self.session.borrow_mut().take();
+            tokio::time::sleep(nap).await;
             return Ok(());
         }
-        let mut notifications = self.session.notifications.lock().await;
-        let deadline = tokio::time::Instant::now() + max;
+        let Some(session) = self.session.borrow().clone() else {
+            tokio::time::sleep(nap).await;
+            return Ok(());
+        };
+        let mut notifications = session.notifications.lock().await;
+        let deadline = Instant::now() + nap;
         loop {
-            match tokio::time::timeout_at(deadline, notifications.recv()).await {
-                Ok(Some(payload)) => {
-                    // `:<resource>` (older versions put a waiter's backend pid first).
-                    let (_, released) = payload.split_once(':').unwrap_or(("", &payload));
-                    if released == resource {
-                        return Ok(());
-                    }
-                }
-                // The connection is gone, or the time is up: the next attempt tells.
+            let payload = match tokio::time::timeout_at(deadline, notifications.recv()).await {
+                Ok(Some(payload)) => payload,
+                // The connection is gone (the next poll reconnects), or the time is up.
                 Ok(None) | Err(_) => return Ok(()),
+            };
+            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted;
+            // `l<id>:<resource>` waiter <id> left.
+            let Some((event, moved)) = payload.split_once(':') else {
+                continue;
+            };
+            if moved != resource {
+                continue;
+            }
+            let mut queue = self.queue.borrow_mut();
+            let Some(queue) = queue.as_mut() else {
+                return Ok(());
+            };
+            let ahead = |id: &str| {
+                id.parse::<i64>()
+                    .is_ok_and(|id| queue.waiter.is_some_and(|mine| id < mine))
+            };
+            let poll = match event.split_at_checked(1) {
+                // Only the head can take a released lease.
+                Some(("r", _)) => queue.place <= 1,
+                // The queue moved up: follow it; a new head polls at once only if the lease
+                // may be free (a waiter left; a grant means the lease is held).
+                Some((kind @ ("g" | "l"), id)) if ahead(id) => {
+                    queue.place = (queue.place - 1).max(1);
+                    kind == "l" && queue.place == 1
+                }
+                _ => false,
+            };
+            if poll {
+                // Whatever else is pending is older than the poll that follows.
+                while notifications.try_recv().is_ok() {}
+                return Ok(());
             }
         }
     }

@@ -1,7 +1,8 @@
--- fence coordinator schema, version 2. `__SCHEMA__` is replaced by the validated --schema name.
+-- fence coordinator schema, version 3. `__SCHEMA__` is replaced by the validated --schema name.
 -- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily; a
--- version-1 schema is migrated by running it again (version 2 added the waiters' queue:
--- wait_turn, leave_queue, acquire_queued).
+-- version-1 or version-2 schema is migrated by running it again (version 2 added a waiters'
+-- queue on session advisory locks; version 3 replaced it with the durable queue below, which
+-- holds no session state and so works behind a transaction-mode pooler).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -11,7 +12,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
 
 DO $gate$
 BEGIN
-    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 2 THEN
+    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 3 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
             USING ERRCODE = 'LF010', HINT = 'upgrade fence, or use another --schema';
@@ -44,74 +45,168 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.events (
 );
 CREATE INDEX IF NOT EXISTS events_resource_id ON __SCHEMA__.events (resource, id DESC);
 
--- Processes blocked in `--wait`, for `inspect`. A row whose backend is gone is stale.
+-- The waiters' queue (`--wait`). One row per waiting process; its id (a sequence) is its place
+-- in arrival order. A waiter keeps its row alive by polling: every poll moves `deadline` (by
+-- the server's clock) to as far ahead as the waiter promises to poll again, plus a grace. A
+-- row past its deadline belongs to a waiter that is dead or paused: any poll of the resource
+-- deletes it, and a waiter that comes back to find its row gone joins again at the back.
+-- Waiter bookkeeping is not safety-relevant: it is written with synchronous_commit off, and
+-- nothing here takes a lock or keeps state beyond one transaction.
+DO $v3$
+BEGIN
+    -- Versions 1 and 2 kept (resource, owner, since, backend_pid): replaced, with the
+    -- functions of the advisory-lock queue. Rows of waiters of that time are dropped; such
+    -- waiters fail on their next call and can be restarted.
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '__SCHEMA__'
+               AND table_name = 'waiters' AND column_name = 'backend_pid') THEN
+        DROP TABLE __SCHEMA__.waiters;
+    END IF;
+    DROP FUNCTION IF EXISTS __SCHEMA__.wait_begin(text, text);
+    DROP FUNCTION IF EXISTS __SCHEMA__.wait_turn(text, bigint);
+    DROP FUNCTION IF EXISTS __SCHEMA__.acquire_queued(text, text, bigint);
+    DROP FUNCTION IF EXISTS __SCHEMA__.unwait(text);
+    DROP FUNCTION IF EXISTS __SCHEMA__.leave_queue(text);
+END
+$v3$;
+
 CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
+    id bigserial PRIMARY KEY,
     resource text NOT NULL,
     owner text NOT NULL,
     since timestamptz NOT NULL DEFAULT clock_timestamp(),
-    backend_pid int NOT NULL DEFAULT pg_backend_pid()
+    deadline timestamptz NOT NULL
 );
+-- No index on deadline: every poll updates it, and with no index on it those updates are
+-- HOT (no index entries, pruned in the page). The table holds only waiting processes, so the
+-- purge of overdue rows in wait_enter reads it whole at little cost.
+CREATE INDEX IF NOT EXISTS waiters_resource_id ON __SCHEMA__.waiters (resource, id);
 
--- Waiters queue per resource on a session advisory lock and only the head of the queue
--- LISTENs, so that a release wakes one backend and one client instead of every waiter (every
--- listening backend of a database is signalled by each NOTIFY, whatever its channel). The
--- queue is FIFO (PostgreSQL's lock queue); a waiter whose turn does not come within its
--- poll interval leaves the lock queue, retries the acquire and queues again, so a paused
--- head delays the others by one poll interval at most.
---
--- Waiter bookkeeping is not safety-relevant: no need to wait for the disk.
-CREATE OR REPLACE FUNCTION __SCHEMA__.wait_begin(p_resource text, p_owner text) RETURNS int
+-- What a waiter's poll answers besides the lease: its row and its place (1 = head).
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_answer(p_resource text, p_waiter bigint,
+    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
+    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
+    OUT waiter bigint, OUT place bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r __SCHEMA__.leases;
+BEGIN
+    status := 'busy';
+    waiter := p_waiter;
+    SELECT count(*) INTO place FROM __SCHEMA__.waiters w
+    WHERE w.resource = p_resource AND w.id <= p_waiter;
+    SELECT * INTO r FROM __SCHEMA__.leases AS l WHERE l.resource = p_resource;
+    IF FOUND THEN
+        token := r.token; owner := r.owner;
+        acquired_ms := __SCHEMA__.ms(r.acquired_at); renewed_ms := __SCHEMA__.ms(r.renewed_at);
+        expires_ms := __SCHEMA__.ms(r.expires_at);
+        expires_in_ms := __SCHEMA__.ms(r.expires_at) - __SCHEMA__.ms(clock_timestamp());
+        ttl_ms := r.ttl_ms;
+    END IF;
+END
+$fn$;
+
+-- A `--wait` acquire's first call: deletes every waiter row past its deadline (any
+-- resource); then, unless other waiters are queued for the resource (and the
+-- caller does not hold it live already), tries the acquire; if that is busy or was not
+-- tried, queues the caller at the back with a row that lives p_live_ms unless polled (and
+-- LISTENs as wait_poll does), and tells it how fast the queue has been moving.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_enter(p_resource text, p_owner text, p_ttl_ms bigint,
+    p_live_ms bigint, p_listen_within bigint,
+    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
+    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
+    OUT waiter bigint, OUT place bigint, OUT pace_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id bigint;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM __SCHEMA__.waiters w WHERE w.deadline < clock_timestamp();
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource)
+       OR EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.resource = p_resource
+                  AND l.owner = p_owner AND l.expires_at > clock_timestamp()) THEN
+        -- acquire() makes its own transaction's commit synchronous again.
+        SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
+        FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
+        IF status <> 'busy' THEN
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO __SCHEMA__.waiters (resource, owner, deadline)
+    VALUES (p_resource, p_owner, clock_timestamp() + p_live_ms * interval '1 millisecond')
+    RETURNING waiters.id INTO v_id;
+    SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
+        waiter, place
+    FROM __SCHEMA__.wait_answer(p_resource, v_id);
+    IF place <= p_listen_within THEN
+        LISTEN fence___SCHEMA__;
+    END IF;
+    -- The resource's recent pace, for the newcomer's first poll interval: the time its last
+    -- 16 events span per grant among them (an index range of 16 rows).
+    SELECT (__SCHEMA__.ms(clock_timestamp()) - __SCHEMA__.ms(min(e.at)))
+           / greatest(count(*) FILTER (WHERE e.kind IN ('acquired', 'taken_over')), 1)
+    INTO pace_ms
+    FROM (SELECT ev.at, ev.kind FROM __SCHEMA__.events ev WHERE ev.resource = p_resource
+          ORDER BY ev.id DESC LIMIT 16) e;
+END
+$fn$;
+
+-- A queued waiter's poll, one short statement: extends the caller's row for p_live_ms,
+-- deletes the resource's rows past their deadline (dead or paused waiters are skipped, and
+-- told when they come back), and, if the caller now heads the queue, tries the acquire. A
+-- grant removes the row and notifies the resource's channel, so that the next waiter, if it
+-- listens, takes the head at once. A waiter within p_listen_within of the head LISTENs (it
+-- keeps its connection); a granted one stops. (Behind a transaction-mode pooler LISTEN is
+-- lost with the server connection it ran on: the waiters near the head poll as well.)
+-- `lapsed`: the caller's row was deleted as dead.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_poll(p_resource text, p_owner text, p_ttl_ms bigint,
+    p_waiter bigint, p_live_ms bigint, p_listen_within bigint,
+    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
+    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
+    OUT waiter bigint, OUT place bigint)
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    -- Rows of waiters that are gone (killed, or a reused backend pid) are only removed here.
-    -- (pg_stat_get_activity, not the pg_stat_activity view: its joins cost more to plan
-    -- and run than the rest of this function.)
+    UPDATE __SCHEMA__.waiters w
+    SET deadline = clock_timestamp() + p_live_ms * interval '1 millisecond'
+    WHERE w.id = p_waiter AND w.resource = p_resource;
+    IF NOT FOUND THEN
+        status := 'lapsed';
+        RETURN;
+    END IF;
     DELETE FROM __SCHEMA__.waiters w
-    WHERE w.resource = p_resource
-      AND (w.backend_pid = pg_backend_pid()
-           OR w.backend_pid <> ALL (SELECT a.pid FROM pg_stat_get_activity(NULL) a
-                                    WHERE a.pid IS NOT NULL));
-    INSERT INTO __SCHEMA__.waiters (resource, owner) VALUES (p_resource, p_owner);
-    RETURN pg_backend_pid();
+    WHERE w.resource = p_resource AND w.id < p_waiter AND w.deadline < clock_timestamp();
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource AND w.id < p_waiter) THEN
+        SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
+            waiter, place
+        FROM __SCHEMA__.wait_answer(p_resource, p_waiter);
+        IF place <= p_listen_within THEN
+            LISTEN fence___SCHEMA__;
+        END IF;
+        RETURN;
+    END IF;
+    SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
+    FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
+    waiter := p_waiter;
+    place := 1;
+    IF status <> 'busy' THEN
+        DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
+        PERFORM pg_notify('fence___SCHEMA__', 'g' || p_waiter || ':' || p_resource);
+        UNLISTEN fence___SCHEMA__;
+    ELSE
+        LISTEN fence___SCHEMA__;
+    END IF;
 END
 $fn$;
 
--- Blocks until this session heads the resource's queue (true: it now LISTENs) or until
--- p_timeout_ms passes (false). A statement_timeout shorter than that (set for the role, say)
--- ends the wait early, which is a false too: the caller retries and queues again. The lock
--- key is a hash of the resource's name: two resources that hash alike share one queue, and a
--- waiter behind the other's head then waits up to its poll interval (about a second).
-CREATE OR REPLACE FUNCTION __SCHEMA__.wait_turn(p_resource text, p_timeout_ms bigint) RETURNS boolean
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM set_config('lock_timeout', greatest(p_timeout_ms, 1) || 'ms', true);
-    PERFORM pg_advisory_lock(hashtext('fence queue __SCHEMA__'), hashtext(p_resource));
-    LISTEN fence___SCHEMA__;
-    RETURN true;
-EXCEPTION WHEN lock_not_available OR query_canceled THEN
-    RETURN false;
-END
-$fn$;
-
--- Leaves the queue: no waiter row, no place in the lock queue, no LISTEN. Only this queue's
--- lock is released (a waiter that never headed the queue holds none: unlocking then only
--- warns, and the warning is not sent).
-CREATE OR REPLACE FUNCTION __SCHEMA__.leave_queue(p_resource text) RETURNS void
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    DELETE FROM __SCHEMA__.waiters WHERE backend_pid = pg_backend_pid() AND resource = p_resource;
-    PERFORM set_config('client_min_messages', 'error', true);
-    PERFORM pg_advisory_unlock(hashtext('fence queue __SCHEMA__'), hashtext(p_resource));
-    UNLISTEN fence___SCHEMA__;
-END
-$fn$;
-
-CREATE OR REPLACE FUNCTION __SCHEMA__.unwait(p_resource text) RETURNS void
+-- Leaves the queue (the wait ran out, or failed). If the caller was the head, the next
+-- waiter is told at once.
+CREATE OR REPLACE FUNCTION __SCHEMA__.wait_leave(p_resource text, p_waiter bigint) RETURNS void
 LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM __SCHEMA__.leave_queue(p_resource);
+    DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter AND w.resource = p_resource;
+    PERFORM pg_notify('fence___SCHEMA__', 'l' || p_waiter || ':' || p_resource);
+    UNLISTEN fence___SCHEMA__;
 END
 $fn$;
 
@@ -201,21 +296,6 @@ BEGIN
         ttl_ms := r.ttl_ms;
         RETURN;
     END LOOP;
-END
-$fn$;
-
--- The acquire of a waiter: a grant also leaves the queue, in the same round trip and the
--- same (durable) transaction.
-CREATE OR REPLACE FUNCTION __SCHEMA__.acquire_queued(p_resource text, p_owner text, p_ttl_ms bigint,
-    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
-    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint)
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
-    FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
-    IF status <> 'busy' THEN
-        PERFORM __SCHEMA__.leave_queue(p_resource);
-    END IF;
 END
 $fn$;
 
@@ -314,15 +394,16 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
     VALUES (p_resource, 'released', p_owner, r.token);
-    -- Wake the head of the resource's queue, the only waiter listening (payload
-    -- `:<resource>`; before the colon, older versions named one waiter's backend pid). Sent
-    -- at commit; not durable, so waiters also poll slowly.
-    PERFORM pg_notify('fence___SCHEMA__', ':' || p_resource);
+    -- Wake the head of the resource's queue (payload `r:<resource>`; the waiters' grants
+    -- and departures are `g<id>:` and `l<id>:`, so that the listening waiters behind the head
+    -- follow their place without polling). Sent at commit; not durable, and dropped behind a
+    -- transaction-mode pooler, so the listening waiters also poll.
+    PERFORM pg_notify('fence___SCHEMA__', 'r:' || p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '2')
+INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '3')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -440,3 +440,55 @@ macro_rules! per_coordinator {
 pub mod cluster;
 pub mod objects;
 pub mod proxy;
+
+/// A superuser connection string for the test server (over its private unix socket).
+pub fn pg_superuser() -> String {
+    format!(
+        "host={} port={} user={} dbname={}",
+        env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+        env_or_panic("FENCE_TEST_PG_SUPER_USER"),
+        env_or_panic("FENCE_TEST_PG_DB")
+    )
+}
+
+/// A new login role of the test database with `CONNECTION LIMIT limit` that may create
+/// schemas there; returns its name and a URL that logs in as it (TCP, like fence's users).
+pub fn pg_limited_role(limit: u32) -> (String, String) {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let role = format!("limited_{}_{n}", std::process::id());
+    let db = env_or_panic("FENCE_TEST_PG_DB");
+    pg_exec(
+        &pg_superuser(),
+        &format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
+             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};"
+        ),
+    );
+    let url = format!(
+        "postgres://{role}:limited-secret@{}:{}/{db}?sslmode=disable",
+        env_or_panic("FENCE_TEST_PG_HOST"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+    );
+    (role, url)
+}
+
+/// A URL that logs in as `role` over the test server's unix socket (trust authentication:
+/// no SCRAM exchange, which costs tens of milliseconds of CPU in a debug build of fence).
+pub fn pg_socket_url(role: &str) -> String {
+    let dir: String = env_or_panic("FENCE_TEST_PG_SOCKET_DIR")
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!(
+        "postgres:///{}?host={dir}&port={}&user={role}",
+        env_or_panic("FENCE_TEST_PG_DB"),
+        env_or_panic("FENCE_TEST_PG_PORT"),
+    )
+}
