@@ -124,3 +124,20 @@ fn a_local_directory_store_is_fine_and_an_unwritable_one_fails() {
     assert_eq!(json["ok"], false);
     assert!(json["summary"]["fail"].as_u64().unwrap() >= 1, "{json}");
 }
+
+#[test]
+fn a_pooler_in_between_is_named() {
+    let store = Store::postgres();
+    let pooled = common::env_or_panic("FENCE_TEST_PGBOUNCER_URL");
+    let home = tempfile::tempdir().unwrap();
+    let (code, json) = doctor(Fence::bare(home.path()).args([
+        "--store",
+        &pooled,
+        "--schema",
+        store.schema.as_deref().unwrap(),
+    ]));
+    assert_eq!(code, 0, "{json}");
+    let pooler = finding(&json, "postgres.pooler");
+    assert_eq!(pooler[0].0, "warn", "{json}");
+    assert!(pooler[0].1.contains("LISTEN"), "{json}");
+}
