@@ -70,6 +70,20 @@ pub enum Error {
     )]
     Busy { resource: String, holder: Holder },
 
+    /// Still busy when `--wait` ran out: exit 3 as [`Error::Busy`], saying how long it waited.
+    #[error(
+        "`{resource}` is still held by `{}` with token {} ({}) after waiting {}",
+        holder.owner,
+        holder.token,
+        time::expires_in(holder.expires_in_ms),
+        time::span(*waited_ms)
+    )]
+    WaitedOut {
+        resource: String,
+        holder: Holder,
+        waited_ms: i64,
+    },
+
     #[error("token {token} for `{resource}` is stale: token {highest_token} is newer")]
     Stale {
         resource: String,
@@ -183,7 +197,7 @@ impl Error {
     pub fn exit(&self) -> Exit {
         match self {
             Error::Usage { .. } => Exit::Usage,
-            Error::Busy { .. } => Exit::Busy,
+            Error::Busy { .. } | Error::WaitedOut { .. } => Exit::Busy,
             Error::Stale { .. } => Exit::StaleFencingToken,
             Error::LeaseLost { .. } => Exit::LeaseLost,
             Error::Conflict { .. } => Exit::Conflict,
@@ -211,6 +225,10 @@ impl Error {
             | Error::Internal { hint, .. } => hint.clone(),
             Error::Busy { resource, .. } => format!(
                 "try again once it is released or expires; `fence inspect {}` shows the holder",
+                shell_word(resource)
+            ),
+            Error::WaitedOut { resource, .. } => format!(
+                "wait longer (--wait DURATION, or --wait alone for no limit); `fence inspect {}` shows the holder",
                 shell_word(resource)
             ),
             Error::Stale { resource, .. } => format!(
@@ -248,7 +266,13 @@ impl Error {
     pub fn json_fields(&self) -> Map<String, Value> {
         let mut map = Map::new();
         match self {
-            Error::Busy { resource, holder } => {
+            Error::Busy { resource, holder }
+            | Error::WaitedOut {
+                resource, holder, ..
+            } => {
+                if let Error::WaitedOut { waited_ms, .. } = self {
+                    map.insert("waited_ms".into(), json!(waited_ms));
+                }
                 map.insert("resource".into(), json!(resource));
                 map.insert(
                     "holder".into(),

@@ -123,7 +123,7 @@ impl Output {
         } else {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
             // so that cron mails only real failures.
-            if !(self.quiet && matches!(err, Error::Busy { .. })) {
+            if !(self.quiet && matches!(err, Error::Busy { .. } | Error::WaitedOut { .. })) {
                 self.diagnostic(&err.to_string(), &hint_with_store(err, store));
             }
             if self.format == Format::Env {

@@ -169,7 +169,9 @@ fn worker(index: usize, run: Run) -> Tally {
                         }
                     }
                 }
-                Err(Error::Busy { .. }) if waiting => panic!("no turn within {WAIT:?}"),
+                Err(Error::Busy { .. } | Error::WaitedOut { .. }) if waiting => {
+                    panic!("no turn within {WAIT:?}")
+                }
                 Err(Error::Busy { .. }) => tally.busy += 1,
                 Err(err) => panic!("acquire failed: {err} ({:?})", err.exit()),
             }

@@ -74,6 +74,8 @@ struct ErrorOut {
     holder: Option<HolderOut>,
     holder_owner: Option<String>,
     reason: Option<String>,
+    /// How long `--wait` waited before giving up (busy after a wait).
+    waited_ms: Option<i64>,
     store: Option<String>,
 }
 
@@ -631,6 +633,7 @@ fn wait_gives_up_with_busy_after_its_duration(store: &Store) {
     assert!(start.elapsed() >= Duration::from_millis(300));
     let err: ErrorOut = parse(&out);
     assert_eq!(err.holder.unwrap().owner, "alice");
+    assert!(err.waited_ms.unwrap() >= 300, "{:?}", err.waited_ms);
 }
 
 per_coordinator!(

@@ -232,3 +232,31 @@ fn the_busy_hint_names_the_store_that_was_given() {
         .json();
     assert!(json["hint"].as_str().unwrap().contains("--store"), "{json}");
 }
+
+/// A `--wait` that runs out says how long it waited, and is still exit 3.
+#[test]
+fn a_wait_that_runs_out_says_so() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "a"])
+        .run()
+        .expect(0);
+    let out = store
+        .fence()
+        .args(["acquire", "job", "--owner", "b", "--wait", "300ms"])
+        .run()
+        .expect(3);
+    assert!(out.stderr.contains("after waiting"), "{out:?}");
+    let json = store
+        .fence()
+        .args([
+            "acquire", "job", "--owner", "b", "--wait", "300ms", "--format", "json",
+        ])
+        .run()
+        .expect(3)
+        .json();
+    assert_eq!(json["error"], "busy");
+    assert!(json["waited_ms"].as_i64().unwrap() >= 300, "{json}");
+    assert_eq!(json["holder"]["owner"], "a");
+}

@@ -222,7 +222,7 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
             .await
             {
                 Ok(grant) => grant,
-                Err(Error::Busy { .. }) => continue,
+                Err(Error::Busy { .. } | Error::WaitedOut { .. }) => continue,
                 Err(err) => return Err(err),
             };
             let granted = Instant::now();

@@ -34,7 +34,7 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
         Err(err) => {
             let exit = out.error("run", ctx.store_display(), &err);
             match (&err, busy_exit) {
-                (Error::Busy { .. }, Some(code)) => Exit::Command(code),
+                (Error::Busy { .. } | Error::WaitedOut { .. }, Some(code)) => Exit::Command(code),
                 _ => exit,
             }
         }

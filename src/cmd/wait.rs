@@ -164,9 +164,10 @@ async fn waiting(
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break Err(Error::Busy {
+                break Err(Error::WaitedOut {
                     resource: resource.to_owned(),
                     holder,
+                    waited_ms: started.elapsed().as_millis() as i64,
                 });
             }
             nap = nap.min(left);
