@@ -86,8 +86,9 @@ const FOREVER: Duration = Duration::from_secs(3600);
 /// than [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next
 /// waiters awake soon enough. Halfway rather than just before: the pace is measured from
 /// the queue itself, and a waiter that came only just in time would hold the pace down to
-/// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue, the
-/// polls per second are about 5·ln(N) + N/10 for N waiters behind a long-held lease.
+/// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue behind a
+/// long-held lease, the polls per second are about 5·H(50) + (N − 50)/10 ≈ 23 + N/10 for N
+/// waiters (H the harmonic number).
 pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
     let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
     let paced = per_grant.saturating_mul(ahead) / 2;
