@@ -206,7 +206,7 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
             &store,
             &url,
             &owner,
-            "echo \"$FENCE_OWNER $FENCE_TOKEN\" >> turns",
+            "echo \"${FENCE_OWNER%/*/*} $FENCE_TOKEN\" >> turns",
             dir.path(),
         ));
         // Arrival order is well defined: each waiter is queued before the next one starts.
@@ -231,7 +231,11 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
     }
     let queued = started.elapsed();
     eprintln!("{WAITERS} waiters queued in {queued:?}");
-    let rows = queue_rows(&schema, "job");
+    // `fence run` owns its lease as `<--owner>/<pid>/<hex>`: compare the names given.
+    let rows: Vec<String> = queue_rows(&schema, "job")
+        .iter()
+        .map(|owner| owner.split('/').next().unwrap().to_owned())
+        .collect();
     let expected: Vec<String> = (0..WAITERS).map(|i| format!("w{i:03}")).collect();
     assert_eq!(rows, expected);
     release_at(&store, &url, "job", "holder", held);
