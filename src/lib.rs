@@ -34,16 +34,12 @@ pub fn main() -> Exit {
         Err(err) => return output::clap_error(&err, &args),
     };
     let out = output::Output::new(&cli.global);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match build_runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
+        Err(cause) => {
             let err = error::Error::Internal {
-                message: format!("cannot start the async runtime: {err}"),
-                hint: "this is a bug or a resource limit (threads, file descriptors); report it"
-                    .into(),
+                message: format!("cannot start the async runtime: {cause}"),
+                hint: "this is a resource limit (open files: `ulimit -n`; threads) or a bug; nothing was done".into(),
             };
             return out.error(cli.command.op(), None, &err);
         }
@@ -53,4 +49,27 @@ pub fn main() -> Exit {
         pg::close_all().await;
         exit
     })
+}
+
+/// The runtime, or why it could not start. tokio panics (instead of returning an error) when
+/// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
+/// caught, silently, and turned into the error it is.
+fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    });
+    std::panic::set_hook(hook);
+    match built {
+        Ok(Ok(runtime)) => Ok(runtime),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "it panicked".to_owned())),
+    }
 }

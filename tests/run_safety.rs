@@ -260,3 +260,38 @@ fn a_wait_that_runs_out_says_so() {
     assert!(json["waited_ms"].as_i64().unwrap() >= 300, "{json}");
     assert_eq!(json["holder"]["owner"], "a");
 }
+
+/// Out of file descriptors, fence fails with its own error, never a panic (exit 101).
+#[test]
+fn a_low_open_file_limit_is_an_error_not_a_panic() {
+    let store = Store::file();
+    let fence = env!("CARGO_BIN_EXE_fence");
+    // Below 5 the dynamic loader itself cannot start the binary (exit 127), before fence runs.
+    for limit in 5..24 {
+        for args in [
+            "acquire job --owner lim",
+            "release job --owner lim --token 1",
+            "run job -- true",
+            "inspect job",
+        ] {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "ulimit -n {limit} && exec '{fence}' --store '{}' {args}",
+                    store.url
+                ))
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env("HOME", store.home.path())
+                .output()
+                .unwrap();
+            let code = out.status.code();
+            assert!(
+                matches!(code, Some(0..=8)),
+                "ulimit -n {limit}, fence {args}: {code:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+        }
+    }
+}
