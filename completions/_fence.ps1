@@ -103,6 +103,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;inspect' {
+            [CompletionResult]::new('--state', '--state', [CompletionResultType]::ParameterName, 'Only resources in this state')
+            [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'At most N resources (ordered by name); JSON''s `next_after` names the cursor for the next page')
+            [CompletionResult]::new('--after', '--after', [CompletionResultType]::ParameterName, 'Only resources named after RESOURCE (byte order): the next page after `--limit`')
             [CompletionResult]::new('--history', '--history', [CompletionResultType]::ParameterName, 'How many recent events to show per resource. Default: 5 with named resources, 0 without')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token')
             [CompletionResult]::new('--table', '--table', [CompletionResultType]::ParameterName, 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence''s triggers are enabled (`always`: they fire whatever `session_replication_role` is)')

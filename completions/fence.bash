@@ -513,12 +513,24 @@ _fence() {
             return 0
             ;;
         fence__subcmd__inspect)
-            opts="-q -h --history --target --table --store --schema --format --quiet --color --help"
+            opts="-q -h --state --limit --after --history --target --table --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --state)
+                    COMPREPLY=($(compgen -W "held expired free" -- "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --history)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

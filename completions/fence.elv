@@ -95,6 +95,9 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'fence;inspect'= {
+            cand --state 'Only resources in this state'
+            cand --limit 'At most N resources (ordered by name); JSON''s `next_after` names the cursor for the next page'
+            cand --after 'Only resources named after RESOURCE (byte order): the next page after `--limit`'
             cand --history 'How many recent events to show per resource. Default: 5 with named resources, 0 without'
             cand --target 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token'
             cand --table 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence''s triggers are enabled (`always`: they fire whatever `session_replication_role` is)'

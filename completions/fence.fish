@@ -100,6 +100,11 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l state -d 'Only resources in this state' -r -f -a "held\t''
+expired\t''
+free\t''"
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l limit -d 'At most N resources (ordered by name); JSON\'s `next_after` names the cursor for the next page' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l after -d 'Only resources named after RESOURCE (byte order): the next page after `--limit`' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l history -d 'How many recent events to show per resource. Default: 5 with named resources, 0 without' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l table -d 'With --target (a PostgreSQL database): show instead whether TABLE and each partition and inheritance child below it is protected, for which resource, and whether fence\'s triggers are enabled (`always`: they fire whatever `session_replication_role` is)' -r

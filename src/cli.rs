@@ -302,6 +302,19 @@ pub struct InspectArgs {
     #[arg(value_parser = parse_name)]
     pub resources: Vec<String>,
 
+    /// Only resources in this state.
+    #[arg(long, value_enum, value_name = "STATE")]
+    pub state: Option<StateFilter>,
+
+    /// At most N resources (ordered by name); JSON's `next_after` names the cursor for the
+    /// next page.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+
+    /// Only resources named after RESOURCE (byte order): the next page after `--limit`.
+    #[arg(long, value_name = "RESOURCE")]
+    pub after: Option<String>,
+
     /// How many recent events to show per resource. Default: 5 with named resources, 0 without.
     #[arg(long, value_name = "N")]
     pub history: Option<usize>,
@@ -542,6 +555,14 @@ pub enum BenchMode {
     Spread,
     /// Like contend, holding each lease for --hold.
     Handoff,
+}
+
+/// A resource state for `inspect --state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StateFilter {
+    Held,
+    Expired,
+    Free,
 }
 
 /// Create or migrate fence's own tables in the store, or in a target (safe to run again).

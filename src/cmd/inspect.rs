@@ -4,11 +4,11 @@
 use comfy_table::{presets, Table};
 use serde_json::{json, Map, Value};
 
-use crate::cli::InspectArgs;
+use crate::cli::{InspectArgs, StateFilter};
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::ResourceView;
+use crate::store::{InspectQuery, ResourceView, State};
 use crate::target::object::{self as object_target, ObjectView};
 use crate::target::postgres::{GuardView, PgTarget};
 use crate::target::TargetSpec;
@@ -19,6 +19,10 @@ const DEFAULT_HISTORY: usize = 5;
 
 pub struct Inspected {
     views: Vec<ResourceView>,
+    /// With `--limit`, when the page is full: the `--after` of the next page.
+    next_after: Option<String>,
+    /// `--state` or `--after` narrowed the answer.
+    filtered: bool,
     /// The target's guard rows, with `--target`.
     targets: Option<(String, Targets)>,
 }
@@ -43,7 +47,23 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         .map(TargetSpec::resolve)
         .transpose()?;
     let coordinator = ctx.coordinator().await?;
-    let views = coordinator.inspect(&args.resources, history).await?;
+    let query = InspectQuery {
+        resources: &args.resources,
+        history,
+        state: args.state.map(|s| match s {
+            StateFilter::Held => State::Held,
+            StateFilter::Expired => State::Expired,
+            StateFilter::Free => State::Free,
+        }),
+        after: args.after.as_deref(),
+        limit: args.limit,
+    };
+    let views = coordinator.inspect_query(&query).await?;
+    // A full page may be followed by more: the last name is the next page's cursor.
+    let next_after = args
+        .limit
+        .filter(|&limit| limit > 0 && views.len() >= limit)
+        .and_then(|_| views.last().map(|v| v.resource.clone()));
     let targets = match target {
         Some(spec) => match &spec.object {
             Some(url) => Some((
@@ -61,7 +81,12 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         },
         None => None,
     };
-    Ok(Inspected { views, targets })
+    Ok(Inspected {
+        views,
+        targets,
+        next_after,
+        filtered: args.state.is_some() || args.after.is_some(),
+    })
 }
 
 impl Inspected {
@@ -138,6 +163,9 @@ impl Report for Inspected {
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
+        if let Some(next) = &self.next_after {
+            map.insert("next_after".into(), json!(next));
+        }
         if let Some((target, Targets::Object(o))) = &self.targets {
             let entry = json!({
                 "target": target,
@@ -174,7 +202,11 @@ impl Report for Inspected {
 
     fn human(&self) -> String {
         if self.views.is_empty() {
-            return "no leases in this store yet\n".into();
+            return if self.filtered {
+                "no resource matches\n".into()
+            } else {
+                "no leases in this store yet\n".into()
+            };
         }
         let dash = || "-".to_owned();
         let mut table = Table::new();
@@ -273,6 +305,12 @@ impl Report for Inspected {
             text.push_str(&format!(
                 "\nlast events of `{}`, most recent first:\n{events}\n",
                 v.resource
+            ));
+        }
+        if let Some(next) = &self.next_after {
+            text.push_str(&format!(
+                "\nmore may follow: add --after {}\n",
+                crate::error::shell_word(next)
             ));
         }
         for warning in self.integrity_warnings() {

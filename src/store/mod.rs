@@ -74,6 +74,38 @@ impl State {
     }
 }
 
+/// Which resources an `inspect` answer holds: a page of the resources (by name) in a state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InspectQuery<'a> {
+    /// The named resources (every known one when empty).
+    pub resources: &'a [String],
+    /// Events per resource, most recent first.
+    pub history: usize,
+    /// Only resources in this state.
+    pub state: Option<State>,
+    /// Only resources named after this one (byte order): the cursor of the previous page.
+    pub after: Option<&'a str>,
+    /// At most this many resources.
+    pub limit: Option<usize>,
+}
+
+impl InspectQuery<'_> {
+    /// Applies the filters to a full answer, for stores that cannot filter at the source.
+    pub fn apply(&self, mut views: Vec<ResourceView>) -> Vec<ResourceView> {
+        if self.resources.is_empty() {
+            views.sort_by(|a, b| a.resource.cmp(&b.resource));
+        }
+        views.retain(|v| {
+            self.state.is_none_or(|s| v.state == s)
+                && self.after.is_none_or(|after| v.resource.as_str() > after)
+        });
+        if let Some(limit) = self.limit {
+            views.truncate(limit);
+        }
+        views
+    }
+}
+
 /// One resource in an `inspect` answer.
 #[derive(Clone, Debug)]
 pub struct ResourceView {
@@ -165,6 +197,13 @@ pub trait Coordinator {
         resources: &[String],
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
+
+    /// [`Self::inspect`] with filters and a page; stores that can filter at the source
+    /// (PostgreSQL) do, so that a page of a large store costs what the page holds.
+    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Vec<ResourceView>, Error> {
+        let views = self.inspect(query.resources, query.history).await?;
+        Ok(query.apply(views))
+    }
 
     /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
     /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that

@@ -42,8 +42,8 @@ use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
-    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
-    ResourceView, State, Waiter,
+    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Lease, LeaseRef,
+    Released, ResourceView, State, Waiter,
 };
 
 /// fence's own tables in the coordinator database.
@@ -523,40 +523,48 @@ impl Coordinator for PgCoordinator {
         resources: &[String],
         history: usize,
     ) -> Result<Vec<ResourceView>, Error> {
-        let names: Option<Vec<String>> = (!resources.is_empty()).then(|| resources.to_vec());
-        let leases_sql = "SELECT resource, owner, token, __SCHEMA__.ms(acquired_at) AS acquired_ms, \
+        self.inspect_query(&InspectQuery {
+            resources,
+            history,
+            ..InspectQuery::default()
+        })
+        .await
+    }
+
+    /// One page of leases, filtered in the server, then the last events of each resource of
+    /// the page through its index (`events (resource, id DESC)`, one LATERAL range each) and
+    /// its live waiters; merged in one pass. The cost follows the page, not the store.
+    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Vec<ResourceView>, Error> {
+        let names: Option<Vec<String>> =
+            (!query.resources.is_empty()).then(|| query.resources.to_vec());
+        let state = query.state.map(State::as_str);
+        let after = query.after;
+        let limit = query.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+        let leases_sql =
+            "SELECT resource, owner, token, __SCHEMA__.ms(acquired_at) AS acquired_ms, \
              __SCHEMA__.ms(renewed_at) AS renewed_ms, __SCHEMA__.ms(expires_at) AS expires_ms, \
              __SCHEMA__.ms(expires_at) - __SCHEMA__.ms(clock_timestamp()) AS expires_in_ms \
-             FROM __SCHEMA__.leases WHERE $1::text[] IS NULL OR resource = ANY($1) ORDER BY resource";
-        let history = i64::try_from(history).unwrap_or(i64::MAX);
-        let events_sql =
-            "SELECT resource, __SCHEMA__.ms(at) AS at_ms, kind, owner, token, detail FROM ( \
-             SELECT e.*, row_number() OVER (PARTITION BY resource ORDER BY id DESC) AS n \
-             FROM __SCHEMA__.events e WHERE $1::text[] IS NULL OR resource = ANY($1)) recent \
-             WHERE n <= $2 ORDER BY resource, id DESC";
+             FROM __SCHEMA__.leases \
+             WHERE ($1::text[] IS NULL OR resource = ANY($1)) \
+             AND ($2::text IS NULL OR resource COLLATE \"C\" > $2) \
+             AND CASE $3::text WHEN 'held' THEN expires_at > clock_timestamp() \
+                 WHEN 'expired' THEN expires_at <= clock_timestamp() \
+                 WHEN 'free' THEN expires_at IS NULL ELSE true END \
+             ORDER BY resource COLLATE \"C\" LIMIT $4";
         let what = "inspect leases";
         let rows = self
-            .call(what, false, leases_sql, &[(&names, Type::TEXT_ARRAY)])
-            .await?;
-        // Rows past their deadline belong to dead or paused waiters (the next poll deletes them).
-        let waiters_sql =
-            "SELECT w.resource, w.owner, __SCHEMA__.ms(w.since) FROM __SCHEMA__.waiters w \
-             WHERE ($1::text[] IS NULL OR w.resource = ANY($1)) \
-             AND w.deadline >= clock_timestamp() ORDER BY w.id";
-        let waiter_rows = self
-            .call(what, false, waiters_sql, &[(&names, Type::TEXT_ARRAY)])
-            .await?;
-        let event_rows = if history > 0 {
-            self.call(
+            .call(
                 what,
                 false,
-                events_sql,
-                &[(&names, Type::TEXT_ARRAY), (&history, Type::INT8)],
+                leases_sql,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&after, Type::TEXT),
+                    (&state, Type::TEXT),
+                    (&limit, Type::INT8),
+                ],
             )
-            .await?
-        } else {
-            Vec::new()
-        };
+            .await?;
         let mut views: Vec<ResourceView> = rows
             .iter()
             .map(|row| {
@@ -585,34 +593,69 @@ impl Coordinator for PgCoordinator {
                 }
             })
             .collect();
-        for name in resources {
+        // Named resources never acquired are shown as such (when the filters let them).
+        for name in query.resources {
             if !views.iter().any(|v| &v.resource == name) {
                 views.push(ResourceView::unknown(name));
             }
         }
-        for row in &event_rows {
-            let resource: String = row.get("resource");
-            if let Some(view) = views.iter_mut().find(|v| v.resource == resource) {
-                view.events.push(Event {
-                    at_ms: row.get("at_ms"),
-                    kind: row.get("kind"),
-                    owner: row.get("owner"),
-                    token: row.get("token"),
-                    detail: row.get("detail"),
-                });
+        if !query.resources.is_empty() {
+            views = query.apply(views);
+        }
+        let page: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
+        let index: std::collections::HashMap<String, usize> = page
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (name.clone(), i))
+            .collect();
+        let history = i64::try_from(query.history).unwrap_or(i64::MAX);
+        if history > 0 && !page.is_empty() {
+            let events_sql = "SELECT p.resource, __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail \
+                 FROM unnest($1::text[]) AS p(resource) CROSS JOIN LATERAL ( \
+                   SELECT * FROM __SCHEMA__.events e WHERE e.resource = p.resource \
+                   ORDER BY e.id DESC LIMIT $2) e";
+            let event_rows = self
+                .call(
+                    what,
+                    false,
+                    events_sql,
+                    &[(&page, Type::TEXT_ARRAY), (&history, Type::INT8)],
+                )
+                .await?;
+            for row in &event_rows {
+                let resource: String = row.get("resource");
+                if let Some(&i) = index.get(&resource) {
+                    views[i].events.push(Event {
+                        at_ms: row.get("at_ms"),
+                        kind: row.get("kind"),
+                        owner: row.get("owner"),
+                        token: row.get("token"),
+                        detail: row.get("detail"),
+                    });
+                }
             }
         }
-        for row in &waiter_rows {
-            let resource: String = row.get(0);
-            if let Some(view) = views.iter_mut().find(|v| v.resource == resource) {
-                view.waiters.push(Waiter {
-                    owner: row.get(1),
-                    since_ms: row.get(2),
-                });
+        if !page.is_empty() {
+            // Rows past their deadline belong to dead or paused waiters (the next poll deletes
+            // them).
+            let waiters_sql =
+                "SELECT w.resource, w.owner, __SCHEMA__.ms(w.since) FROM __SCHEMA__.waiters w \
+                 WHERE w.resource = ANY($1) AND w.deadline >= clock_timestamp() ORDER BY w.id";
+            let waiter_rows = self
+                .call(what, false, waiters_sql, &[(&page, Type::TEXT_ARRAY)])
+                .await?;
+            for row in &waiter_rows {
+                let resource: String = row.get(0);
+                if let Some(&i) = index.get(&resource) {
+                    views[i].waiters.push(Waiter {
+                        owner: row.get(1),
+                        since_ms: row.get(2),
+                    });
+                }
             }
         }
-        if !resources.is_empty() {
-            views.sort_by_key(|v| resources.iter().position(|r| r == &v.resource));
+        if !query.resources.is_empty() {
+            views.sort_by_key(|v| query.resources.iter().position(|r| r == &v.resource));
         }
         Ok(views)
     }
