@@ -106,7 +106,12 @@ impl Output {
     /// Prints an error once (JSON on stdout, or `fence: error: …` and a hint on stderr) and
     /// returns its exit status.
     pub fn error(&self, op: &str, store: Option<&str>, err: &Error) -> Exit {
-        let exit = err.exit();
+        self.error_as(op, store, err, err.exit())
+    }
+
+    /// [`Output::error`] for a failure the caller exits from with `exit` instead of the
+    /// error's own status (`fence run --busy-exit-code`): what is printed says so.
+    pub fn error_as(&self, op: &str, store: Option<&str>, err: &Error, exit: Exit) -> Exit {
         if self.format == Format::Json {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
@@ -127,7 +132,7 @@ impl Output {
                 self.diagnostic(&err.to_string(), &hint_with_store(err, store));
             }
             if self.format == Format::Env {
-                print_stdout(&env_failure(op, err));
+                print_stdout(&env_failure(op, err, exit));
             }
         }
         exit
@@ -170,8 +175,8 @@ fn hint_with_store(err: &Error, store: Option<&str>) -> String {
 /// then a command that fails with fence's exit status. So `eval "$(fence acquire …)"` fails
 /// too (and stops a `set -e` script, or its `|| exit $?`) instead of evaluating nothing,
 /// which succeeds.
-fn env_failure(op: &str, err: &Error) -> String {
-    let code = err.exit().code();
+fn env_failure(op: &str, err: &Error, exit: Exit) -> String {
+    let code = exit.code();
     format!(
         "# fence {op} failed ({}, exit {code}): {}\n(exit {code})",
         err.name(),

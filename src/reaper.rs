@@ -3,12 +3,18 @@
 //!
 //! `fence run` starts its own binary as `fence __reaper PARENT -- COMMAND…` in a new process
 //! group, with a parent-death signal (SIGUSR1) set before exec. The reaper starts COMMAND in
-//! that group and waits for it. When `fence run` dies, the kernel sends the reaper SIGUSR1 and
-//! the reaper kills the whole group with SIGKILL: the command and every descendant that stayed
-//! in the group. SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are caught
-//! (and so reset to their defaults in COMMAND by exec) so that the reaper stays to pass on
-//! COMMAND's status: its exit code, or death by the same signal. If the reaper itself is
-//! SIGKILLed, COMMAND gets SIGKILL too (its own parent-death signal).
+//! that group and waits for it and for signals. When `fence run` dies, the kernel sends the reaper
+//! SIGUSR1 and the reaper SIGKILLs every descendant and the whole group, itself included.
+//! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are caught (and so reset
+//! to their defaults in COMMAND by exec) so that the reaper stays to pass on COMMAND's status
+//! (its exit code, or death by the same signal), and passed on to descendants that left the
+//! group. SIGUSR2 from `fence run` (a lost lease past `--kill-after`) SIGKILLs every
+//! descendant. If the reaper itself is SIGKILLed, COMMAND gets SIGKILL too (its own
+//! parent-death signal) and `fence run` stops what is left of the group.
+//!
+//! The reaper is also the command's subreaper: a descendant that leaves the group (`setsid`,
+//! as daemons do) is handed to it when its parent ends, so the reaper finds it in /proc by its
+//! parent links; when COMMAND ends, the reaper stops every descendant left.
 //!
 //! A command that cannot be started is reported to `fence run` on file descriptor 3 (the
 //! reaper closes it once COMMAND runs), so `fence run` can say why and release the lease.
@@ -37,21 +43,26 @@ pub fn main(args: &[OsString]) -> Exit {
         eprintln!("fence: error: `fence {ARG}` is started by `fence run`, not by hand");
         return Exit::Usage;
     };
-    if sep != "--" {
+    // `fence run` makes the reaper the leader of a new process group; anything else (typed
+    // by hand) must not get to signal the group it is in, its shell's.
+    // SAFETY: getpgrp and getpid have no preconditions.
+    if sep != "--" || unsafe { libc::getpgrp() != libc::getpid() } {
         eprintln!("fence: error: `fence {ARG}` is started by `fence run`, not by hand");
         return Exit::Usage;
     }
-    // SAFETY: installing async-signal-safe handlers before any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGUSR1, kill_group as *const () as libc::sighandler_t);
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::signal(signal, stay as *const () as libc::sighandler_t);
-        }
-    }
+    // The signals the reaper acts on are blocked and taken one at a time with sigtimedwait:
+    // no handler, no race between looking at the command and a signal arriving. COMMAND gets
+    // the original mask back before exec.
+    let (watched, original) = block_watched_signals();
+    // Orphaned descendants of COMMAND become our children, not init's, so that we can find
+    // them (see kill_descendants).
+    // SAFETY: prctl on this process only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
-        kill_group(libc::SIGUSR1);
+        eprintln!("fence: error: `fence run` is gone; nothing was started");
+        return Exit::Internal;
     }
     // SAFETY: fd 3 was set up by `fence run` for this report alone; we own it from here.
     let mut report = unsafe { std::fs::File::from_raw_fd(REPORT_FD) };
@@ -61,7 +72,8 @@ pub fn main(args: &[OsString]) -> Exit {
     command.args(rest);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
+            libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
@@ -74,15 +86,44 @@ pub fn main(args: &[OsString]) -> Exit {
         }
     };
     drop(report);
-    let status = match child.wait() {
-        Ok(status) => status,
-        Err(_) => return Exit::Internal,
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(_) => return Exit::Internal,
+        }
+        let timeout = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: waits for one of the blocked signals of `watched`, at most a second.
+        let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
+        match signal {
+            libc::SIGUSR1 => {
+                // `fence run` died: nothing may outlive it, in the group or not.
+                signal_descendants(libc::SIGKILL, false);
+                // SAFETY: the group is the one `fence run` made for us; we go with it.
+                unsafe { libc::kill(-libc::getpgrp(), libc::SIGKILL) };
+            }
+            libc::SIGUSR2 => signal_descendants(libc::SIGKILL, false),
+            libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
+                // The group got it from `fence run`; descendants that left it did not.
+                signal_descendants(signal, true);
+                signal_descendants(libc::SIGCONT, true);
+            }
+            // SIGCHLD, a timeout: look at the command again.
+            _ => {}
+        }
     };
+    // Descendants that left the process group (setsid: daemons) were handed to us as their
+    // subreaper when their parents ended; none may outlive COMMAND.
+    kill_descendants();
     if let Some(signal) = status.signal() {
         // Die of the same signal, so `fence run` reports 128+N as for any command.
         // SAFETY: restoring the default action and raising a signal on ourselves.
         unsafe {
             libc::signal(signal, libc::SIG_DFL);
+            libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             libc::raise(signal);
         }
         return Exit::Command(128u8.wrapping_add(signal as u8));
@@ -90,11 +131,95 @@ pub fn main(args: &[OsString]) -> Exit {
     Exit::Command(status.code().unwrap_or(1) as u8)
 }
 
-/// SIGINT, SIGTERM, SIGHUP: meant for the command, which gets them through the group.
-extern "C" fn stay(_: libc::c_int) {}
+/// Every process descended from this one, by the parent links in /proc.
+fn descendants() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(i32, i32)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut family = vec![me];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    family.split_off(1)
+}
 
-/// `fence run` is gone: nothing may outlive it.
-extern "C" fn kill_group(_: libc::c_int) {
-    // SAFETY: kill(2) is async-signal-safe; the group is the one `fence run` made for us.
-    unsafe { libc::kill(-libc::getpgrp(), libc::SIGKILL) };
+/// SIGTERM to every descendant left, SIGKILL a second later to those still there; reaps the
+/// orphans handed to us, so none is left a zombie.
+fn kill_descendants() {
+    let reap = || {
+        // SAFETY: waitpid on our own children, without blocking.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    };
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        let left = descendants();
+        if left.is_empty() {
+            return;
+        }
+        for &pid in &left {
+            // SAFETY: kill(2) on our own descendants.
+            unsafe { libc::kill(pid, signal) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while std::time::Instant::now() < deadline {
+            reap();
+            if descendants().is_empty() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    reap();
+}
+
+/// Blocks the signals the reaper acts on; returns them and the mask before.
+fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
+    // SAFETY: sigset operations on sets we own; sigprocmask on this single-threaded process.
+    unsafe {
+        let mut watched: libc::sigset_t = std::mem::zeroed();
+        let mut original: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut watched);
+        for signal in [
+            libc::SIGCHLD,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+        ] {
+            libc::sigaddset(&mut watched, signal);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &watched, &mut original);
+        (watched, original)
+    }
+}
+
+/// `signal` to every descendant (only those outside our process group when `outside`).
+fn signal_descendants(signal: i32, outside: bool) {
+    // SAFETY: getpgrp has no preconditions.
+    let group = unsafe { libc::getpgrp() };
+    for pid in descendants() {
+        // SAFETY: getpgid and kill(2) on our own descendants.
+        unsafe {
+            if !outside || libc::getpgid(pid) != group {
+                libc::kill(pid, signal);
+            }
+        }
+    }
 }

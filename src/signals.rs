@@ -2,6 +2,8 @@
 //! that what fence started is never left half done: `run` passes them on to its command,
 //! `write` cancels its transaction on the server and reports what really happened.
 
+use std::future::Future;
+
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::error::Error;
@@ -29,6 +31,16 @@ impl Interrupts {
             terminate: handler(SignalKind::terminate())?,
             hangup: handler(SignalKind::hangup())?,
         })
+    }
+
+    /// A stop signal that already arrived, without waiting for one.
+    pub fn pending(&mut self) -> Option<&'static str> {
+        let next = std::pin::pin!(self.next());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match next.poll(&mut cx) {
+            std::task::Poll::Ready((_, name)) => Some(name),
+            std::task::Poll::Pending => None,
+        }
     }
 
     /// The next stop signal: its number and name.

@@ -32,11 +32,11 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     match supervise(args, ctx, out).await {
         Ok(exit) => exit,
         Err(err) => {
-            let exit = out.error("run", ctx.store_display(), &err);
-            match (&err, busy_exit) {
+            let exit = match (&err, busy_exit) {
                 (Error::Busy { .. } | Error::WaitedOut { .. }, Some(code)) => Exit::Command(code),
-                _ => exit,
-            }
+                _ => err.exit(),
+            };
+            out.error_as("run", ctx.store_display(), &err, exit)
         }
     }
 }
@@ -126,7 +126,10 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 Ok(status) => break End::Finished(status),
                 Err(err) => return Err(Error::internal(format!("cannot wait for the command: {err}"), "check the system's process limits")),
             },
-            (signal, _) = interrupts.next() => forward(pgid, signal),
+            (signal, _) = interrupts.next() => {
+                forward(pgid, signal);
+                forward(pgid, libc::SIGCONT);
+            }
             _ = sleep_until(next_renew) => {
                 if reconnect {
                     let left = valid_until.saturating_duration_since(Instant::now());
@@ -164,6 +167,9 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
 
     match end {
         End::Finished(status) => {
+            // Whatever the command left running in its group (a background job, or all of
+            // its children if the reaper was killed) must not outlive the lease.
+            stop_leftovers(pgid, args.kill_after).await;
             if let Err(err) = coordinator.release(&lease).await {
                 crate::output::warn(&format!(
                     "warning: the command ended but its lease could not be released: {err}"
@@ -185,7 +191,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 if let Some(store) = ctx.store_display() {
                     object.insert("store".into(), json!(store));
                 }
-                println!("{}", serde_json::Value::Object(object));
+                crate::output::print_line(&serde_json::Value::Object(object).to_string());
             }
             Ok(Exit::Command(code))
         }
@@ -228,9 +234,38 @@ fn forward(pgid: Option<i32>, signal: i32) {
 /// SIGTERM to the whole group, SIGKILL after `kill_after` (and always, for stragglers).
 async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: Duration) {
     forward(pgid, libc::SIGTERM);
+    // A stopped command acts on SIGTERM only once continued.
+    forward(pgid, libc::SIGCONT);
     let _ = tokio::time::timeout(kill_after, child.wait()).await;
+    // The reaper SIGKILLs every descendant, in the group or not, then reports; the group's
+    // SIGKILL is the fallback should the reaper not answer.
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) on our own child, the reaper.
+        unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
+        let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
+    }
     forward(pgid, libc::SIGKILL);
     let _ = child.wait().await;
+}
+
+/// Whether any process is left in the command's group.
+fn group_alive(pgid: Option<i32>) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the group has a member.
+    pgid.is_some_and(|pgid| unsafe { libc::kill(-pgid, 0) } == 0)
+}
+
+/// SIGTERM to what is left of the group, SIGKILL after `kill_after` to what still is.
+async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) {
+    if !group_alive(pgid) {
+        return;
+    }
+    forward(pgid, libc::SIGTERM);
+    forward(pgid, libc::SIGCONT);
+    let deadline = Instant::now() + kill_after;
+    while group_alive(pgid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    forward(pgid, libc::SIGKILL);
 }
 
 /// Starts COMMAND under the reaper (see [`crate::reaper`]) in a new process group, and waits
@@ -296,7 +331,16 @@ fn spawn(
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|err| cannot(&err))?;
+    let child = cmd.spawn().map_err(|err| {
+        if std::path::Path::new("/proc/self/exe").exists() {
+            cannot(&err)
+        } else {
+            Error::internal(
+                format!("cannot start fence's supervisor of the command (/proc/self/exe): {err}"),
+                "fence run needs /proc mounted; nothing was started and the lease was released",
+            )
+        }
+    })?;
     drop(write_end);
     // The reaper closes its end once COMMAND runs, or first writes why it could not start.
     let mut why = String::new();

@@ -136,6 +136,8 @@ async fn waiting(
         coordinator.wait_begin(resource, owner).await?;
     }
     let spinner = out.and_then(Output::spinner);
+    // Without handlers (no descriptors left), a signal ends fence as by default.
+    let mut interrupts = crate::signals::Interrupts::install().ok();
     let mut poll = POLL_MIN;
     let result = loop {
         if let Some(spinner) = &spinner {
@@ -172,7 +174,24 @@ async fn waiting(
             }
             nap = nap.min(left);
         }
-        coordinator.wait_for_release(resource, nap).await?;
+        // A stop signal ends the wait with a failure (`--format env` then prints one that
+        // `eval` fails on) instead of killing fence silently; nothing was acquired.
+        let interrupted = match interrupts.as_mut() {
+            Some(interrupts) => tokio::select! {
+                waited = coordinator.wait_for_release(resource, nap) => { waited?; None }
+                (_, name) = interrupts.next() => Some(name),
+            },
+            None => {
+                coordinator.wait_for_release(resource, nap).await?;
+                None
+            }
+        };
+        if let Some(name) = interrupted {
+            break Err(Error::unavailable(
+                format!("interrupted by {name} while waiting for `{resource}`; not acquired"),
+                "nothing was acquired or changed; run the command again to wait again",
+            ));
+        }
         *sent = Instant::now();
         match coordinator.acquire(resource, owner, ttl).await {
             Err(Error::Busy { holder: next, .. }) => {

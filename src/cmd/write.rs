@@ -102,7 +102,13 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         // Caught from before the connection on: a stop signal cancels the transaction on the
         // server instead of leaving it to run to its COMMIT.
         let mut interrupts = Interrupts::install()?;
-        let target = PgTarget::connect(&spec, &ctx.schema).await?;
+        let target = tokio::select! {
+            target = PgTarget::connect(&spec, &ctx.schema) => target?,
+            (_, name) = interrupts.next() => return Err(Error::unavailable(
+                format!("interrupted by {name} while connecting to `{}`", spec.display),
+                "nothing was sent, so nothing was applied; it is safe to retry",
+            )),
+        };
         let write = TxWrite {
             resource: &args.resource,
             token: args.token,

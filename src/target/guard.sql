@@ -143,12 +143,25 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.end_write(p_resource text, p_token bigint,
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
-    IF current_setting('fence.txid', true) IS DISTINCT FROM txid_current()::text
-       OR current_setting('fence.resource', true) IS DISTINCT FROM p_resource
-       OR current_setting('fence.token', true) IS DISTINCT FROM p_token::text THEN
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.bindings
+                    WHERE txid = txid_current_if_assigned() AND resource = p_resource AND token = p_token) THEN
         RAISE EXCEPTION 'the fenced transaction of % ended inside the SQL (COMMIT, ROLLBACK or similar)', p_resource
             USING ERRCODE = 'LF009',
                   HINT = 'remove transaction control from the SQL: fence runs it in one transaction of its own';
+    END IF;
+    IF current_setting('fence.txid', true) IS DISTINCT FROM txid_current()::text
+       OR current_setting('fence.resource', true) IS DISTINCT FROM p_resource
+       OR current_setting('fence.token', true) IS DISTINCT FROM p_token::text THEN
+        RAISE EXCEPTION 'the SQL changed fence''s settings (fence.txid, fence.resource, fence.token) of the fenced transaction of %', p_resource
+            USING ERRCODE = 'LF013',
+                  HINT = 'leave the fence.* settings alone: nothing was applied';
+    END IF;
+    -- What the caller's SQL may have turned off, on again for the COMMIT: deferred constraint
+    -- triggers run now (inside the deadline below, not after it in COMMIT), and the server
+    -- watches the client's socket while they run.
+    SET CONSTRAINTS ALL IMMEDIATE;
+    IF current_setting('server_version_num')::int >= 140000 THEN
+        PERFORM set_config('client_connection_check_interval', '1000', true);
     END IF;
     IF clock_timestamp() > now() + p_timeout_ms * interval '1 millisecond' THEN
         RAISE EXCEPTION 'the fenced transaction of % ran longer than its %ms timeout', p_resource, p_timeout_ms

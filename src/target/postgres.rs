@@ -112,6 +112,16 @@ impl PgTarget {
         write: &TxWrite<'_>,
         interrupts: &mut Interrupts,
     ) -> Result<TxOutcome, Retry> {
+        // A stop signal that came while connecting (or creating the schema): send nothing.
+        if let Some(name) = interrupts.pending() {
+            return Err(Retry::Fail(Error::unavailable(
+                format!(
+                    "interrupted by {name} before the write to `{}` was sent",
+                    write.resource
+                ),
+                "nothing was sent, so nothing was applied; it is safe to retry",
+            )));
+        }
         let client = &self.session.client;
         let script = self.script(write);
         // The checks on the caller's SQL read string literals as standard_conforming_strings
@@ -227,7 +237,7 @@ impl PgTarget {
                 write.resource,
                 crate::time::duration(write.timeout)
             ))),
-            _ => Err(Retry::Fail(self.classify(&err, write).await)),
+            _ => Err(Retry::Fail(self.classify(&err, write, completed).await)),
         }
     }
 
@@ -245,7 +255,15 @@ impl PgTarget {
     }
 
     /// Maps a failure inside the fenced transaction to its outcome, recording rejections.
-    async fn classify(&self, err: &tokio_postgres::Error, write: &TxWrite<'_>) -> Error {
+    /// `completed`: how many statements of the message completed before the failure. Only
+    /// fence's own guard (before the caller's SQL) speaks for the token: the same SQLSTATEs
+    /// raised later come from the caller's SQL, which failed (`sql_failed`).
+    async fn classify(
+        &self,
+        err: &tokio_postgres::Error,
+        write: &TxWrite<'_>,
+        completed: usize,
+    ) -> Error {
         let TxWrite {
             resource,
             token,
@@ -265,7 +283,20 @@ impl PgTarget {
                 other => other,
             };
         };
+        let guard = completed < PRELUDE_STATEMENTS;
         let error = match db.code().code() {
+            "LF002" | "LF008" if !guard => {
+                return Error::SqlFailed {
+                    resource: resource.to_owned(),
+                    token,
+                    sqlstate: db.code().code().to_owned(),
+                    message: db.message().to_owned(),
+                }
+            }
+            "LF013" => Error::usage(
+                format!("the SQL changed fence's own settings: {}", db.message()),
+                "leave fence.txid, fence.resource and fence.token alone; the transaction was rolled back and nothing was applied",
+            ),
             "LF002" => Error::Stale {
                 resource: resource.to_owned(),
                 token,
