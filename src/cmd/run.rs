@@ -93,6 +93,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
         }
     };
     let pgid = child.id().map(|pid| pid as i32);
+    let terminal = Terminal::give(pgid);
 
     let every = ttl / 3;
     let mut next_renew = Instant::now() + every;
@@ -165,6 +166,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
         }
     };
 
+    terminal.take_back();
     match end {
         End::Finished(status) => {
             // Whatever the command left running in its group (a background job, or all of
@@ -246,6 +248,45 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     }
     forward(pgid, libc::SIGKILL);
     let _ = child.wait().await;
+}
+
+/// The terminal, when `fence run` holds its foreground: handed to the command's process group
+/// (which would otherwise stop as soon as it reads the terminal, while fence kept renewing),
+/// and taken back when the command is done.
+struct Terminal {
+    given: bool,
+}
+
+impl Terminal {
+    fn give(pgid: Option<i32>) -> Terminal {
+        let Some(pgid) = pgid else {
+            return Terminal { given: false };
+        };
+        // SAFETY: isatty/tcgetpgrp/tcsetpgrp on standard input, kill(2) on the command's group.
+        let given = unsafe {
+            libc::isatty(0) == 1
+                && libc::tcgetpgrp(0) == libc::getpgrp()
+                && libc::tcsetpgrp(0, pgid) == 0
+        };
+        if given {
+            // It may have read the terminal before it was its own: go on.
+            forward(Some(pgid), libc::SIGCONT);
+        }
+        Terminal { given }
+    }
+
+    fn take_back(&self) {
+        if !self.given {
+            return;
+        }
+        // SAFETY: a background process group taking the terminal back must not be stopped by
+        // SIGTTOU for it; the old action is restored at once.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
 }
 
 /// Whether any process is left in the command's group.
@@ -335,7 +376,7 @@ fn spawn(
         if std::path::Path::new("/proc/self/exe").exists() {
             cannot(&err)
         } else {
-            Error::internal(
+            Error::usage(
                 format!("cannot start fence's supervisor of the command (/proc/self/exe): {err}"),
                 "fence run needs /proc mounted; nothing was started and the lease was released",
             )

@@ -124,6 +124,7 @@ impl PgTarget {
         }
         let client = &self.session.client;
         let script = self.script(write);
+        let sent = std::time::Instant::now();
         // The checks on the caller's SQL read string literals as standard_conforming_strings
         // does; it must be on when the server parses the script, so it is set by the message
         // before (PgBouncer tracks this setting per client).
@@ -139,14 +140,14 @@ impl PgTarget {
         };
         tokio::pin!(answer);
         let gave_up = tokio::select! {
-            answer = &mut answer => return self.settle(answer, write, None).await,
+            answer = &mut answer => return self.settle(answer, write, None, sent).await,
             _ = tokio::time::sleep(write.timeout + SERVER_FIRST) => GaveUp::Timeout(write.timeout),
             (_, name) = interrupts.next() => GaveUp::Signal(name),
         };
         // Cancel on the server and wait for the answer: it says whether the COMMIT got in first.
         let cancelled = self.session.cancel().await;
         match tokio::time::timeout(CANCEL_WAIT, &mut answer).await {
-            Ok(answer) => self.settle(answer, write, Some(gave_up)).await,
+            Ok(answer) => self.settle(answer, write, Some(gave_up), sent).await,
             Err(_) => Err(Retry::Fail(Error::OutcomeUnknown {
                 message: format!(
                     "{}; fence asked PostgreSQL at `{}` to cancel the write to `{}`{} and got no answer within {}s",
@@ -179,6 +180,7 @@ impl PgTarget {
         answer: Answer,
         write: &TxWrite<'_>,
         gave_up: Option<GaveUp>,
+        sent: std::time::Instant,
     ) -> Result<TxOutcome, Retry> {
         let (completed, err) = match answer {
             Answer::Done(messages) => {
@@ -219,6 +221,12 @@ impl PgTarget {
                 "the transaction was rolled back and nothing was applied; it is safe to retry",
             ))
         };
+        // fence's own timeouts fire only once --timeout has passed; the same SQLSTATEs earlier
+        // come from the caller's SQL (its own timeouts, or a RAISE), which failed.
+        let ours = gave_up.is_some() || sent.elapsed() >= write.timeout;
+        if !ours && matches!(code.as_deref(), Some("57014" | "LF010" | "55P03")) {
+            return Err(Retry::Fail(self.classify(&err, write, completed).await));
+        }
         match (code.as_deref(), gave_up) {
             (Some("57014" | "LF010"), Some(gave_up)) => Err(rolled_back(format!(
                 "{}: fence cancelled the write to `{}` on PostgreSQL at `{}`",
@@ -336,7 +344,9 @@ impl PgTarget {
                     )
                     .to_owned(),
             ),
-            code if code.starts_with("LF") => pg::request_error(err, self.display(), &what, true),
+            code if code.starts_with("LF") && guard => {
+                pg::request_error(err, self.display(), &what, true)
+            }
             code => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),

@@ -84,7 +84,9 @@ const HINT_TWO_PHASE: &str =
 const HINT_CHARACTERISTICS: &str =
     "fence sets its transactions' characteristics itself; run this outside `fence write`";
 const HINT_FENCE_SETTING: &str =
-    "the `fence.*` settings bind your token to fence's transaction; leave them to fence";
+    "fence sets these to bind your token to its transaction (and to watch for a vanished client); leave them to fence";
+const HINT_DBLINK: &str =
+    "dblink writes in a session of its own that commits at once, outside the fenced transaction; write through this connection";
 const HINT_RESET_ALL: &str =
     "it would also reset the `fence.*` settings that bind your token to fence's transaction; \
      reset the settings you changed by name";
@@ -142,6 +144,14 @@ fn classify(tokens: &[Token]) -> Option<(String, &'static str)> {
         _ => None,
     }) {
         return Some((format!("a psql meta-command (`\\{name}`)"), HINT_META));
+    }
+    // dblink runs its statement in a second session that commits on its own, outside the
+    // fenced transaction (and after fence may have reported "nothing applied").
+    if let Some(name) = tokens.windows(2).find_map(|w| match w {
+        [Token::Word(name), Token::Punct(b'(')] if name.starts_with("dblink") => Some(name),
+        _ => None,
+    }) {
+        return Some((format!("a call of `{}`", excerpt(name)), HINT_DBLINK));
     }
     let words: Vec<Option<&str>> = tokens.iter().map(Token::keyword).collect();
     if words
@@ -226,7 +236,9 @@ fn fence_setting(tokens: &[Token]) -> Option<String> {
         }
     }
     let name = parts.join(".");
-    (name == "fence" || name.starts_with("fence."))
+    // client_connection_check_interval is the server's watch on a vanished client, which
+    // begin_write sets so that a killed `fence write` cannot commit later.
+    (name == "fence" || name.starts_with("fence.") || name == "client_connection_check_interval")
         .then(|| format!("fence's setting `{}`", excerpt(&name)))
 }
 
@@ -949,6 +961,10 @@ mod tests {
         );
         passes("SET LOCAL search_path = app; SET statement_timeout = 0; RESET search_path");
         passes("SET fencex.y = 1; SET myfence.token = 1; SET app.fence = 1");
+        assert!(check("SET LOCAL client_connection_check_interval = 0").is_err());
+        assert!(check("select dblink_exec('host=x', 'insert into t values (1)')").is_err());
+        assert!(check("SELECT * FROM dblink ('c', 'select 1') AS t(x int)").is_err());
+        passes("SELECT 'dblink_exec(' AS text, dblink_note FROM t");
         passes("SET SESSION AUTHORIZATION DEFAULT; RESET SESSION AUTHORIZATION");
         passes("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; SET CONSTRAINTS ALL DEFERRED");
     }
