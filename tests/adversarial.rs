@@ -206,16 +206,28 @@ impl Sut {
         )
     }
 
-    /// The durable state: coordinator events, target events, guards, data rows.
+    /// The durable state: coordinator events, target events, guards, data rows. A record
+    /// that should exist and does not is noted in `h.missing` (a violation), never read as
+    /// an empty history. Call it once `h.ops` is complete.
     fn collect(&self, h: &mut History) {
         let s = self.schema();
-        h.coord = self.coord_events();
+        let record = self.coord_record();
+        h.coord = record.events;
+        h.missing = record.missing;
+        // A skewed process stamps the file store's events with its faked wall clock.
+        h.coord_clock = match record.clock {
+            CoordClock::Approximate { .. } if h.ops.iter().any(|o| o.skewed) => {
+                CoordClock::DisplayOnly
+            }
+            clock => clock,
+        };
         let url = pg_url();
-        if table_exists(&url, &format!("{s}.write_events")) {
+        let target_events = format!("{s}.write_events");
+        if table_exists(&url, &target_events) {
             h.target = common::pg_query(
                 &url,
                 &format!(
-                    "SELECT id, resource, kind, owner, token FROM {s}.write_events ORDER BY id"
+                    "SELECT id, resource, kind, owner, token FROM {target_events} ORDER BY id"
                 ),
             )
             .iter()
@@ -227,13 +239,22 @@ impl Sut {
                 token: r.get(4),
             })
             .collect();
+        } else {
+            h.missing
+                .push(format!("the target's write log `{target_events}`"));
+        }
+        let guards = format!("{s}.guards");
+        if table_exists(&url, &guards) {
             h.guards = common::pg_query(
                 &url,
-                &format!("SELECT resource, highest_token FROM {s}.guards"),
+                &format!("SELECT resource, highest_token FROM {guards}"),
             )
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
+        } else {
+            h.missing
+                .push(format!("the target's guard table `{guards}`"));
         }
         h.data.clear();
         for r in &self.resources {
@@ -252,34 +273,73 @@ impl Sut {
     }
 
     fn coord_events(&self) -> Vec<CoordEvent> {
+        self.coord_record().events
+    }
+
+    /// The coordinator's event log of every resource of the test (each was acquired at least
+    /// once, so each must have one), and the clock its timestamps are on.
+    fn coord_record(&self) -> CoordRecord {
+        let mut record = CoordRecord {
+            events: Vec::new(),
+            missing: Vec::new(),
+            clock: CoordClock::Authoritative,
+        };
         match self.coord.backend {
             Backend::File => {
-                let mut events = Vec::new();
+                let mut boot_clock = true;
                 for r in &self.resources {
                     let path = self.coord.dir().join("events").join(format!("{r}.jsonl"));
-                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    let text = match std::fs::read_to_string(&path) {
+                        Ok(text) => text,
+                        Err(err) => {
+                            record
+                                .missing
+                                .push(format!("the event log `{}` ({err})", path.display()));
+                            continue;
+                        }
+                    };
                     for (i, line) in text.lines().enumerate() {
                         let v: Value = serde_json::from_str(line).expect("event line is JSON");
-                        events.push(CoordEvent {
+                        // The instant on CLOCK_BOOTTIME that decided, when the store records
+                        // it; otherwise the wall clock read with it, whole milliseconds.
+                        let at_us = match v["boot_ns"].as_u64() {
+                            Some(ns) => (ns / 1000) as i64,
+                            None => {
+                                boot_clock = false;
+                                v["at_ms"].as_i64().expect("event line has at_ms") * 1000
+                            }
+                        };
+                        record.events.push(CoordEvent {
                             resource: r.clone(),
                             seq: i as i64,
-                            at_us: v["at_ms"].as_i64().unwrap_or(0) * 1000,
-                            kind: v["kind"].as_str().unwrap_or_default().to_owned(),
+                            at_us,
+                            kind: v["kind"].as_str().expect("event kind").to_owned(),
                             owner: v["owner"].as_str().map(str::to_owned),
                             token: v["token"].as_i64(),
                         });
                     }
                 }
-                events
+                if !boot_clock {
+                    // Whole-millisecond truncation (< 1 ms) plus the wall clock's slew
+                    // against CLOCK_BOOTTIME over a lease of at most seconds (< 1 ms).
+                    record.clock = CoordClock::Approximate {
+                        tolerance_us: 2_000,
+                    };
+                }
             }
             Backend::S3 | Backend::Gcs => {
                 // The event objects, oldest first. Their timestamps (Last-Modified, whole
-                // seconds on S3) are not read: the history's clock is `DisplayOnly` for an
-                // object-store coordinator (see `Recorder::history`).
-                let mut events = Vec::new();
+                // seconds on S3) are not read: they cannot bound a lease (see `CoordClock`).
+                record.clock = CoordClock::DisplayOnly;
                 for r in &self.resources {
-                    for (i, (kind, owner, token)) in self.coord.events(r).into_iter().enumerate() {
-                        events.push(CoordEvent {
+                    let events = self.coord.events(r);
+                    if events.is_empty() {
+                        record
+                            .missing
+                            .push(format!("the coordinator's event objects of `{r}`"));
+                    }
+                    for (i, (kind, owner, token)) in events.into_iter().enumerate() {
+                        record.events.push(CoordEvent {
                             resource: r.clone(),
                             seq: i as i64,
                             at_us: 0,
@@ -289,15 +349,36 @@ impl Sut {
                         });
                     }
                 }
-                events
             }
             _ => {
                 let url = self.coord_url();
                 let s = self.coord.schema.clone().unwrap();
-                coord_events_at(&url, &s)
+                if table_exists(&url, &format!("{s}.events")) {
+                    record.events = coord_events_at(&url, &s);
+                    for r in &self.resources {
+                        if !record.events.iter().any(|e| &e.resource == r) {
+                            record
+                                .missing
+                                .push(format!("the coordinator's events of `{r}` in `{s}.events`"));
+                        }
+                    }
+                } else {
+                    record
+                        .missing
+                        .push(format!("the coordinator's event log `{s}.events`"));
+                }
             }
         }
+        record
     }
+}
+
+/// The coordinator's durable record as collected for the checker.
+struct CoordRecord {
+    events: Vec<CoordEvent>,
+    /// Records that should exist and do not.
+    missing: Vec<String>,
+    clock: CoordClock,
 }
 
 fn coord_events_at(url: &str, schema: &str) -> Vec<CoordEvent> {
@@ -423,6 +504,9 @@ fn run(mut cmd: Command, fault: Fault) -> Ran {
         killed,
     }
 }
+
+/// The SQLSTATEs with which a protected table refuses a write (see `Recorder::raw`).
+const REFUSED: [&str; 3] = ["LF001 ", "LF002 ", "LF003 "];
 
 /// The record of one test: ops in the order they were recorded, ids, fault count.
 struct Recorder {
@@ -588,7 +672,9 @@ impl Recorder {
     }
 
     /// Records a write by another path (`sql` gets the op id as `__OP__`): code 0 if the
-    /// server took it, 4 if it refused.
+    /// server took it, 4 if fence's trigger or `begin_write` refused it (SQLSTATE LF001 no
+    /// token bound, LF002 stale token, LF003 no guard row), 1 if it failed for any other
+    /// reason (not a refusal: the checker's I6 still judges what it left).
     fn raw(&self, url: &str, resource: &str, token: Option<i64>, what: &str, sql: &str) -> Op {
         let id = self.ids.fetch_add(1, Ordering::SeqCst);
         let start = self.epoch.elapsed();
@@ -604,7 +690,11 @@ impl Recorder {
             ttl_ms: None,
             start,
             end,
-            code: if result.is_ok() { 0 } else { 4 },
+            code: match &result {
+                Ok(()) => 0,
+                Err(e) if REFUSED.iter().any(|state| e.starts_with(state)) => 4,
+                Err(_) => 1,
+            },
             json: Value::String(result.err().unwrap_or_default()),
             fault: Some(what.to_owned()),
             cancelled: false,
@@ -616,16 +706,8 @@ impl Recorder {
     }
 
     fn history(&self, sut: &Sut) -> History {
-        // Only PostgreSQL stamps its events with the clock that decided expiry, precisely.
-        // The file store's stamps are display-only; S3's are Last-Modified, whole seconds,
-        // with expiry judged with up to two seconds' slack in the holder's favour, so I3 on
-        // them could only flag false overlaps: both are checked on the test's clock instead.
-        let clock = if sut.is_pg() {
-            CoordClock::Authoritative
-        } else {
-            CoordClock::DisplayOnly
-        };
-        let mut h = History::new(clock);
+        // `collect` sets the clock the coordinator's record is on.
+        let mut h = History::new(CoordClock::DisplayOnly);
         h.ops = self.ops.lock().unwrap().clone();
         h.faults = self.faults.load(Ordering::SeqCst);
         sut.collect(&mut h);
@@ -1189,10 +1271,10 @@ fn seed_every_alternate_write_path(backend: Backend) {
     for (what, url, sql) in &attempts {
         let op = rec.raw(url, "r0", Some(tb), what, sql);
         let msg = op.json.as_str().unwrap_or_default();
-        if op.code != 4 {
-            bypasses.push(format!("{what} bypassed the fence: {op}"));
-        } else if !msg.starts_with("LF0") {
-            bypasses.push(format!("{what}: refused for the wrong reason: {msg}"));
+        match op.code {
+            4 => {}
+            0 => bypasses.push(format!("{what} bypassed the fence: {op}")),
+            _ => bypasses.push(format!("{what}: failed for another reason: {msg}")),
         }
     }
     // COPY FROM STDIN, as psql sends it.
@@ -1232,13 +1314,14 @@ fn seed_every_alternate_write_path(backend: Backend) {
         .filter(|(_, op)| !bypassed.contains(op))
         .collect();
     assert_eq!(unchanged, before, "a refused path changed the table");
-    // The documented admin path, with the current token, is a fenced path: it writes.
+    // The documented admin path, with the current token, is a fenced path: it writes (on
+    // behalf of B, the holder, so that the checker can match the write to B's grant).
     let admin = rec.raw(
         &pg_url(),
         "r0",
         Some(tb),
         "admin begin_write",
-        &format!("BEGIN; SELECT {s}.begin_write('r0', {tb}, 'admin'); INSERT INTO {t} (token, op) VALUES (current_setting('fence.token')::bigint, __OP__); COMMIT;"),
+        &format!("BEGIN; SELECT {s}.begin_write('r0', {tb}, 'B'); INSERT INTO {t} (token, op) VALUES (current_setting('fence.token')::bigint, __OP__); COMMIT;"),
     );
     assert_eq!(admin.code, 0, "{admin}");
     {
@@ -1877,6 +1960,7 @@ mod checker_self_test {
     /// A acquires (1), writes, releases; B acquires (2), writes; a late write of A refused.
     fn good() -> History {
         let mut h = History::new(CoordClock::Authoritative);
+        // (Each test below removes or adds one piece of this history.)
         h.ops = vec![
             op(1, OpKind::Acquire, "A", 1, Some(300), 0, 10, 0),
             op(2, OpKind::Write, "A", 1, None, 20, 30, 0),
@@ -1997,6 +2081,140 @@ mod checker_self_test {
         h.ops.push(c);
         let found = invariants(&h);
         assert!(found.contains(&"I7"), "{found:?}");
+    }
+
+    /// Asserts that `h` has violations and that all are of `invariant`.
+    fn only(h: &History, invariant: &str) {
+        let violations = checker::check(h);
+        assert!(
+            !violations.is_empty() && violations.iter().all(|v| v.invariant == invariant),
+            "expected only {invariant} violations, got {violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_record_is_a_violation() {
+        let mut h = good();
+        h.missing.push("the event log `events/r.jsonl`".into());
+        only(&h, "evidence");
+    }
+
+    #[test]
+    fn an_empty_coordinator_record_is_a_violation() {
+        let mut h = good();
+        h.coord.clear();
+        only(&h, "evidence");
+    }
+
+    #[test]
+    fn a_reported_grant_missing_from_the_record_is_a_violation() {
+        let mut h = good();
+        h.coord.retain(|e| e.owner.as_deref() != Some("B"));
+        let violations = checker::check(&h);
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.invariant == "evidence" && v.slice.iter().any(|l| l.contains("op#4"))),
+            "{violations:?}"
+        );
+        // A grant recorded for another owner is not B's grant either.
+        let mut h = good();
+        h.coord[2].owner = Some("someone else".into());
+        assert!(invariants(&h).contains(&"evidence"));
+    }
+
+    #[test]
+    fn a_successful_renew_or_release_missing_from_the_record_is_a_violation() {
+        let mut h = good();
+        h.coord.retain(|e| e.kind != "released");
+        assert!(invariants(&h).contains(&"evidence"));
+        let mut h = good();
+        h.ops
+            .push(op(8, OpKind::Renew, "B", 2, Some(300), 120, 130, 0));
+        assert!(checker::check(&h)
+            .iter()
+            .any(|v| v.invariant == "evidence" && v.message.contains("Renew")));
+        // Released before (`already_released`): nothing new to record.
+        let mut h = good();
+        let mut again = op(8, OpKind::Release, "A", 1, None, 52, 58, 0);
+        again.json = json!({"already_released": true});
+        h.ops.push(again);
+        assert!(checker::check(&h).is_empty());
+    }
+
+    #[test]
+    fn an_accepted_write_missing_from_the_write_log_is_a_violation() {
+        let mut h = good();
+        h.target.retain(|e| e.owner.as_deref() != Some("B"));
+        assert!(invariants(&h).contains(&"evidence"));
+        let mut h = good();
+        h.target.clear();
+        assert!(invariants(&h).contains(&"evidence"));
+    }
+
+    #[test]
+    fn an_accepted_write_without_its_data_row_is_a_violation() {
+        let mut h = good();
+        h.data.retain(|r| r.op != 5);
+        only(&h, "I6");
+    }
+
+    #[test]
+    fn a_written_resource_without_a_guard_row_is_a_violation() {
+        let mut h = good();
+        h.guards.clear();
+        only(&h, "evidence");
+    }
+
+    #[test]
+    fn a_takeover_1ms_early_by_the_coordinators_clock_is_a_violation() {
+        // B's lease: granted at 65 ms for 300 ms, so it ends at 365 ms.
+        let takeover = |at_ms: i64, clock: CoordClock| {
+            let mut h = good();
+            h.coord_clock = clock;
+            h.coord.push(ev(5, at_ms, "taken_over", "C", 3));
+            h.ops.push(op(
+                8,
+                OpKind::Acquire,
+                "C",
+                3,
+                Some(300),
+                at_ms as u64 - 2,
+                at_ms as u64 + 1,
+                0,
+            ));
+            invariants(&h)
+        };
+        assert_eq!(takeover(364, CoordClock::Authoritative), vec!["I3"]);
+        assert!(takeover(365, CoordClock::Authoritative).is_empty());
+        // A renewal moves the end: renewed at 200 ms for 300 ms, live until 500 ms.
+        let mut h = good();
+        h.coord.push(ev(5, 200, "renewed", "B", 2));
+        h.ops
+            .push(op(8, OpKind::Renew, "B", 2, Some(300), 198, 202, 0));
+        h.coord.push(ev(6, 499, "taken_over", "C", 3));
+        h.ops
+            .push(op(9, OpKind::Acquire, "C", 3, Some(300), 497, 500, 0));
+        assert_eq!(invariants(&h), vec!["I3"]);
+        h.coord[5].at_us = 500_000;
+        assert!(invariants(&h).is_empty());
+        // Within a clock's stated tolerance an overlap cannot be told from the truncation
+        // of its stamps; beyond it, it is a violation.
+        let approximate = CoordClock::Approximate {
+            tolerance_us: 2_000,
+        };
+        assert!(takeover(364, approximate).is_empty());
+        assert_eq!(takeover(362, approximate), vec!["I3"]);
+    }
+
+    #[test]
+    fn a_token_used_by_another_owner_is_a_violation() {
+        // C was never reported token 2 (B was): its write with it is accepted.
+        let mut h = good();
+        h.ops.push(op(8, OpKind::Write, "C", 2, None, 95, 99, 0));
+        h.target.push(tev(4, "write_accepted", "C", 2));
+        h.data.push(row(3, 2, 8));
+        only(&h, "I5");
     }
 
     #[test]
