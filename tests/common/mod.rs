@@ -531,3 +531,22 @@ impl Drop for RowLock {
         }
     }
 }
+
+/// Waits for `child` to exit and collects its output; kills it and fails the test, naming
+/// `what`, if it is still running after `timeout` (a bound for a hang, not a timing).
+pub fn wait_output(
+    what: &str,
+    mut child: std::process::Child,
+    timeout: std::time::Duration,
+) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} was still running after {timeout:?}: {out:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
