@@ -922,17 +922,19 @@ fn seed_pause_past_expiry(backend: Backend) {
         .any(|e| e.kind == "write_rejected" && e.token == Some(ta)));
 }
 
-/// A's write crawls through a slow network until B has written → refused (4), B's row stays.
-/// (Each round trip is slower by half the coordinator's expiry slack, so that A's write still
-/// arrives after B's commit when A's lease may outlive its TTL, as on S3.)
+/// A's write is held in the network, just before its transaction reaches the target, until B
+/// has written (a gate in a proxy, so the premise holds however loaded the machine and however
+/// long the coordinator's expiry slack) → refused (4), B's row stays.
 fn seed_delayed_write(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
     let ta = acquire(&rec, &sut, "r0", "A", 300);
     expect(&write(&rec, &sut, "r0", "A", ta), 0); // target schema exists: one pipeline
-    let delay = Duration::from_millis(700) + sut.slack() / 2;
-    let slow = Proxy::start(common::pg_upstream(), Mode::Delay(delay));
-    let slow_url = via(&slow);
+    let gate = Proxy::start(
+        common::pg_upstream(),
+        Mode::HoldWhenClientSends(b"begin_write".to_vec()),
+    );
+    let gate_url = via(&gate);
     let b_committed = Mutex::new(None);
     let a_write = thread::scope(|scope| {
         let late = scope.spawn(|| {
@@ -940,22 +942,26 @@ fn seed_delayed_write(backend: Backend) {
                 &sut,
                 Req::new(OpKind::Write, "r0", "A")
                     .token(ta)
-                    .target(&slow_url)
-                    .fault(Fault::None, format!("target delay {delay:?}")),
+                    .target(&gate_url)
+                    .fault(Fault::None, "target held until a newer write"),
             )
+        });
+        wait_for("A's write at the gate", Duration::from_secs(30), || {
+            gate.held() == 1
         });
         wait_expired(&sut, "r0");
         let tb = acquire(&rec, &sut, "r0", "B", 30_000);
         expect(&write(&rec, &sut, "r0", "B", tb), 0);
         *b_committed.lock().unwrap() = Some(Instant::now());
+        gate.open();
         late.join().unwrap()
     });
-    let arrived = slow
+    let arrived = gate
         .client_sent_at(b"begin_write")
         .unwrap_or_else(|| panic!("A's write never reached the server: {a_write}"));
     assert!(
         arrived > b_committed.lock().unwrap().unwrap(),
-        "premise broken (machine too slow for the delay, not a fence bug): A's write arrived before B's commit"
+        "the gate let A's write through before B's commit"
     );
     expect(&a_write, 4);
     let rows = data_ops(&sut, "r0");
