@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent};
 use common::cluster::Cluster;
 use common::proxy::{Mode, Proxy};
-use common::{env_or_panic, Backend, Store};
+use common::{env_or_panic, wait_for, Backend, Store};
 use serde_json::Value;
 
 /// Default total number of fence invocations of the randomised workloads.
@@ -772,14 +772,6 @@ fn kinds(sut: &Sut, r: &str) -> Vec<(String, Option<String>, Option<i64>)> {
         .collect()
 }
 
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Whether the coordinator (a private cluster, when the test set one) holds `r` live now.
 fn coord_live(sut: &Sut, r: &str) -> bool {
     match &sut.coord_url_override {
@@ -802,23 +794,6 @@ fn wait_expired(sut: &Sut, r: &str) {
         "the lease to expire by the coordinator's clock",
         Duration::from_secs(10),
         || sut.coord.lease(r).is_some_and(|(_, _, live)| !live),
-    );
-}
-
-/// Waits until the server ended every session the proxy made (a cut transaction settled).
-fn wait_backends_gone(proxy: &Proxy) {
-    let ports: Vec<String> = proxy.upstream_ports().iter().map(u16::to_string).collect();
-    if ports.is_empty() {
-        return;
-    }
-    let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' AND client_port IN ({})",
-        ports.join(", ")
-    );
-    wait_for(
-        "the server to end the proxied sessions",
-        Duration::from_secs(15),
-        || common::pg_query(&pg_url(), &sql)[0].get::<_, i64>(0) == 0,
     );
 }
 
@@ -1053,7 +1028,7 @@ fn seed_cancelled_acquisition(backend: Backend) {
         // Not killed, but it never learnt its outcome: cancelled.
         assert_ne!(op.code, 0, "{op}");
         rec.ops.lock().unwrap().last_mut().unwrap().cancelled = true;
-        wait_backends_gone(&proxy);
+        proxy.wait_backends_gone(&pg_url());
         cut = Some(proxy);
     }
     let killed_grants = |sut: &Sut| {

@@ -153,23 +153,6 @@ fn finish(child: Child, limit: Duration) -> Out {
     }
 }
 
-/// Waits until the server has finished with every connection the proxy made, so that what a
-/// cut-off transaction did (commit or rollback) is settled before the test reads the tables.
-fn wait_backends_gone(store: &Store, proxy: &Proxy) {
-    let ports: Vec<String> = proxy.upstream_ports().iter().map(u16::to_string).collect();
-    assert!(!ports.is_empty(), "the proxy made no upstream connection");
-    let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' \
-         AND client_port IN ({})",
-        ports.join(", ")
-    );
-    wait_for(
-        "the server to end the proxied sessions",
-        Duration::from_secs(10),
-        || rows(store, &sql)[0].get::<_, i64>(0) == 0,
-    );
-}
-
 /// The cut-off fence must say the outcome is unknown, and tell the user to look first.
 fn assert_outcome_unknown(out: &Out) {
     assert_eq!(
@@ -311,7 +294,7 @@ fn cut_during_commit(sql: &str) -> (Store, Out, i64) {
         cut.client_sent_at(b"begin_write").is_some(),
         "the fenced transaction never reached the server: {out:?}"
     );
-    wait_backends_gone(&store, &cut);
+    cut.wait_backends_gone(&store.url);
     (store, out, t)
 }
 
@@ -410,7 +393,7 @@ fn connection_cut_while_connecting_is_unavailable() {
         eprintln!("cut during {when}: fence said {out:?}");
         assert_eq!(json["error"], "unavailable", "{out:?}");
         assert_eq!(json["exit_code"], 7, "{out:?}");
-        wait_backends_gone(&store, &cut);
+        cut.wait_backends_gone(&store.url);
         assert_eq!(data(&store), vec![(1, "w1".to_owned())], "during {when}");
         assert_eq!(guard(&store), Some((t, 1)), "during {when}");
     }

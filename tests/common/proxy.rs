@@ -406,3 +406,23 @@ fn delay_line(conn: &Conn, shared: &Shared, rx: mpsc::Receiver<(Instant, Vec<u8>
         let _ = conn.upstream.shutdown(Shutdown::Write);
     }
 }
+
+impl Proxy {
+    /// Waits until the PostgreSQL server at `url` has ended every session this proxy opened
+    /// to it, so that what a cut-off transaction did (commit or rollback) is settled before a
+    /// test reads the tables. A proxy that opened no session fails the test.
+    pub fn wait_backends_gone(&self, url: &str) {
+        let ports: Vec<String> = self.upstream_ports().iter().map(u16::to_string).collect();
+        assert!(!ports.is_empty(), "the proxy made no upstream connection");
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' \
+             AND client_port IN ({})",
+            ports.join(", ")
+        );
+        super::wait_for(
+            "the server to end the proxied sessions",
+            Duration::from_secs(30),
+            || super::pg_query(url, &sql)[0].get::<_, i64>(0) == 0,
+        );
+    }
+}
