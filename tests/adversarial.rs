@@ -508,6 +508,16 @@ fn run(mut cmd: Command, fault: Fault) -> Ran {
 /// The SQLSTATEs with which a protected table refuses a write (see `Recorder::raw`).
 const REFUSED: [&str; 3] = ["LF001 ", "LF002 ", "LF003 "];
 
+/// The exit code a raw write is recorded with (see `Recorder::raw`); `result` is
+/// `common::pg_try_exec`'s, whose errors start with the SQLSTATE.
+fn raw_code(result: &Result<(), String>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) if REFUSED.iter().any(|state| e.starts_with(state)) => 4,
+        Err(_) => 1,
+    }
+}
+
 /// The record of one test: ops in the order they were recorded, ids, fault count.
 struct Recorder {
     epoch: Instant,
@@ -690,11 +700,7 @@ impl Recorder {
             ttl_ms: None,
             start,
             end,
-            code: match &result {
-                Ok(()) => 0,
-                Err(e) if REFUSED.iter().any(|state| e.starts_with(state)) => 4,
-                Err(_) => 1,
-            },
+            code: raw_code(&result),
             json: Value::String(result.err().unwrap_or_default()),
             fault: Some(what.to_owned()),
             cancelled: false,
@@ -2253,6 +2259,18 @@ mod checker_self_test {
         h.target.push(tev(4, "write_accepted", "C", 2));
         h.data.push(row(3, 2, 8));
         only(&h, "I5");
+    }
+
+    #[test]
+    fn raw_writes_count_as_refused_only_for_the_fences_sqlstates() {
+        let code = |e: &str| super::raw_code(&Err(e.to_owned()));
+        assert_eq!(super::raw_code(&Ok(())), 0);
+        assert_eq!(code("LF001 t is protected by fence resource r"), 4);
+        assert_eq!(code("LF002 fencing token 3 for r is stale"), 4);
+        assert_eq!(code("LF003 fence resource r has no guard row"), 4);
+        assert_eq!(code("LF008 fencing token 9 was never issued"), 1);
+        assert_eq!(code("42501 permission denied for table t"), 1);
+        assert_eq!(code("connection refused"), 1);
     }
 
     #[test]
