@@ -469,8 +469,8 @@ fn read_exactly(stream: &mut TcpStream, n: usize) -> Vec<u8> {
 }
 
 #[test]
-fn proxy_passes_delays_in_order_and_cuts() {
-    let (addr, echo) = echo_server(4);
+fn proxy_passes_delays_in_order_holds_and_cuts() {
+    let (addr, echo) = echo_server(5);
 
     let pass = Proxy::start(addr, Mode::Pass);
     let mut c = connect(&pass);
@@ -523,6 +523,22 @@ fn proxy_passes_delays_in_order_and_cuts() {
     );
     drop(c);
 
+    // A gate: the chunk with the pattern, and what follows, wait until the test opens it.
+    let gate = Proxy::start(addr, Mode::HoldWhenClientSends(b"WAIT".to_vec()));
+    let mut c = connect(&gate);
+    c.write_all(b"a").unwrap();
+    assert_eq!(read_exactly(&mut c, 1), b"a");
+    c.write_all(b"WAIT").unwrap();
+    wait_for("the chunk at the gate", Duration::from_secs(30), || {
+        gate.held() == 1
+    });
+    c.write_all(b"b").unwrap();
+    assert!(gate.client_sent_at(b"WAIT").is_none(), "the gate leaked");
+    gate.open();
+    assert_eq!(read_exactly(&mut c, 5), b"WAITb");
+    assert_eq!(gate.held(), 0);
+    drop(c);
+
     // Dropping a proxy with a live, idle connection returns promptly.
     let idle = Proxy::start(addr, Mode::Pass);
     let _c = connect(&idle);
@@ -535,6 +551,6 @@ fn proxy_passes_delays_in_order_and_cuts() {
     wait_for("the proxy's drop", Duration::from_secs(30), || {
         dropping.is_finished()
     });
-    drop((pass, slow, cut));
+    drop((pass, slow, cut, gate));
     echo.join().unwrap();
 }
