@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::Store;
+use common::{wait_for, Store};
 use serde_json::Value;
 
 /// Runs SQL on the test database directly (not through fence).
@@ -106,14 +106,6 @@ fn process_state(pid: u32) -> Option<char> {
         .and_then(|(_, rest)| rest.chars().next())
 }
 
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Seed scenario 1: A acquires, is paused (SIGSTOP) past expiry, B acquires and writes,
 /// A resumes and writes → A is refused (exit 4) and B's row stays.
 #[test]
@@ -150,7 +142,11 @@ echo $? > code
         .trim()
         .parse()
         .unwrap();
-    thread::sleep(Duration::from_millis(500)); // past A's expiry
+    wait_for(
+        "A's lease to expire by the coordinator's clock",
+        Duration::from_secs(10),
+        || store.lease("job").is_some_and(|(_, _, live)| !live),
+    );
 
     let token_b = acquire(&store, "job", "B", "30s");
     assert!(token_b > token_a);
@@ -459,39 +455,49 @@ fn protect_refuses_every_write_path_without_a_current_token() {
 }
 
 /// Two writes with the same token are both applied, one after the other in commit order
-/// (the README states this rule): the second waits for the first's guard-row lock.
+/// (the README states this rule): the second waits for the first's guard-row lock. The first
+/// is held inside its transaction by a gate (a row lock the test holds), so the second is
+/// seen waiting for the guard row, on the server, for as long as the test likes.
 #[test]
 fn two_writes_with_the_same_token_are_serialised_and_both_applied() {
     let store = Store::postgres();
     let s = schema(&store);
-    sql(&store, &format!("CREATE SCHEMA {s}; CREATE TABLE {s}.log (at timestamptz DEFAULT clock_timestamp(), v text);"));
+    sql(&store, &format!("CREATE SCHEMA {s}; CREATE TABLE {s}.log (at timestamptz DEFAULT clock_timestamp(), v text); CREATE TABLE {s}.gate (x int); INSERT INTO {s}.gate VALUES (1);"));
     write(&store, "same", 7, "SELECT 1").expect(0);
-    let (url, schema, home) = (store.url.clone(), s.clone(), store.home.path().to_owned());
-    let first = thread::spawn(move || {
-        common::Fence::bare(&home)
-            .args([
-                "--schema", &schema, "write", "same", "--token", "7", "--target", &url,
-            ])
-            .args([
-                "--sql",
-                &format!("INSERT INTO {schema}.log (v) VALUES ('first'); SELECT pg_sleep(1)"),
-            ])
-            .run()
-    });
-    thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
-    write(
-        &store,
-        "same",
-        7,
-        &format!("INSERT INTO {s}.log (v) VALUES ('second')"),
-    )
-    .expect(0);
-    assert!(
-        started.elapsed() > Duration::from_millis(300),
-        "the second write waited for the first"
+    let gate = common::RowLock::hold(&store.url, &format!("{s}.gate"));
+    let spawn_write = |v: &'static str, then: String| {
+        let (url, schema, home) = (store.url.clone(), s.clone(), store.home.path().to_owned());
+        thread::spawn(move || {
+            common::Fence::bare(&home)
+                .args([
+                    "--schema", &schema, "write", "same", "--token", "7", "--target", &url,
+                ])
+                .args([
+                    "--sql",
+                    &format!("INSERT INTO {schema}.log (v) VALUES ('{v}'){then}"),
+                ])
+                .run()
+        })
+    };
+    // The first holds the guard row (begin_write ran) and waits at the gate.
+    let first = spawn_write("first", format!("; SELECT x FROM {s}.gate FOR UPDATE"));
+    wait_for(
+        "the first write at the gate",
+        Duration::from_secs(30),
+        || common::lock_waiters(&store.url, &format!("{s}.gate FOR UPDATE")) == 1,
     );
+    // The second waits too: its script takes no other lock than the guard row's. (A session
+    // shows its whole script as its query, so each is told apart by its own SQL.)
+    let second = spawn_write("second", String::new());
+    wait_for(
+        "the second write to wait for the guard row",
+        Duration::from_secs(30),
+        || common::lock_waiters(&store.url, &format!("{s}.log (v) VALUES ('second')")) == 1,
+    );
+    assert!(!first.is_finished() && !second.is_finished());
+    gate.release();
     first.join().unwrap().expect(0);
+    second.join().unwrap().expect(0);
     let order: Vec<String> = column(&store, &format!("SELECT v FROM {s}.log ORDER BY at"))
         .into_iter()
         .flatten()

@@ -171,14 +171,19 @@ impl fmt::Display for DataRow {
 /// Which clock the coordinator's event timestamps are on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoordClock {
-    /// The coordinator's own clock decided expiry and stamped the events (PostgreSQL):
-    /// I3 is checked on these timestamps, exactly.
+    /// The timestamps are the instants at which the coordinator's own clock decided
+    /// (PostgreSQL's `clock_timestamp()`, µs; the file store's CLOCK_BOOTTIME when its events
+    /// carry it): I3 is checked on them exactly, so a takeover 1 µs early is a violation.
     Authoritative,
-    /// The timestamps are display-only (the file store stamps wall-clock time of the calling
-    /// process, but judges expiry on CLOCK_BOOTTIME; S3 events carry Last-Modified to the
-    /// whole second, and expiry there is judged with up to two seconds' slack in the
-    /// holder's favour, so the stamps cannot bound a lease precisely): I3 is checked on the
-    /// test's own clock only (a lower bound of every lease's validity, sound on S3 too).
+    /// The timestamps track the deciding clock within `tolerance_us`: the file store stamps
+    /// each event with the wall clock (whole ms) read together with the CLOCK_BOOTTIME that
+    /// decided, so the two differ by the truncation (< 1 ms) plus the wall clock's slew over
+    /// a lease's length. An overlap longer than the tolerance is a violation.
+    Approximate { tolerance_us: i64 },
+    /// The timestamps cannot bound a lease (S3 events carry Last-Modified to the whole
+    /// second and expiry there is judged with up to two seconds' slack in the holder's
+    /// favour; skewed processes stamp the file store's events with a faked wall clock): I3 is
+    /// checked on the test's own clock only (a lower bound of every lease's validity).
     DisplayOnly,
 }
 
@@ -196,6 +201,9 @@ pub struct History {
     /// Whether `data` records every accepted write (false when a test writes rows some other
     /// way, so that I6 "accepted writes left their row" cannot be judged).
     pub data_complete: bool,
+    /// Records the collection expected and did not find (an event file, a table): each is a
+    /// violation, never an empty history.
+    pub missing: Vec<String>,
 }
 
 impl History {
@@ -209,6 +217,7 @@ impl History {
             guards: BTreeMap::new(),
             faults: 0,
             data_complete: true,
+            missing: Vec::new(),
         }
     }
 
@@ -253,6 +262,7 @@ const GRANT_KINDS: [&str; 2] = ["acquired", "taken_over"];
 /// Runs every check.
 pub fn check(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
+    check_evidence(h, &mut out);
     check_i1(h, &mut out);
     check_i2(h, &mut out);
     check_i3(h, &mut out);
@@ -287,9 +297,127 @@ fn by_resource<T>(items: &[T], key: impl Fn(&T) -> &str) -> BTreeMap<&str, Vec<&
     map
 }
 
-/// I1: per resource, tokens of new grants strictly increase in the coordinator's grant order;
-/// every granted acquire the tool reported is in that record with its owner; and an acquire
-/// that completed before another started got the lower token.
+/// The evidence is complete: everything a client was told succeeded left its durable record,
+/// so that no other check can pass for want of data. Every missing record the collection
+/// noticed; every successful acquire, renew and release in the coordinator's event log with
+/// its owner and token; every accepted write in the target's write log with its owner and
+/// token, and (when the data is complete) its data row; a guard row for every resource that
+/// was written.
+fn check_evidence(h: &History, out: &mut Vec<Violation>) {
+    for what in &h.missing {
+        out.push(v(
+            "evidence",
+            format!("{what} is missing: the checks that need it cannot run"),
+            vec![],
+        ));
+    }
+    // How many durable events of each (resource, owner, token) and kind class there are,
+    // against how many successful ops claim one.
+    type Key<'a> = (&'a str, &'a str, i64);
+    let count = |kinds: &[&str]| {
+        let mut m: HashMap<Key, usize> = HashMap::new();
+        for e in h.coord.iter().filter(|e| kinds.contains(&e.kind.as_str())) {
+            if let (Some(owner), Some(token)) = (e.owner.as_deref(), e.token) {
+                *m.entry((e.resource.as_str(), owner, token)).or_default() += 1;
+            }
+        }
+        m
+    };
+    let grants = count(&["acquired", "taken_over", "reacquired"]);
+    let renewals = count(&["renewed"]);
+    let releases = count(&["released"]);
+    let mut accepted: HashMap<Key, usize> = HashMap::new();
+    for e in h.target.iter().filter(|e| e.kind == "write_accepted") {
+        if let (Some(owner), Some(token)) = (e.owner.as_deref(), e.token) {
+            *accepted
+                .entry((e.resource.as_str(), owner, token))
+                .or_default() += 1;
+        }
+    }
+    let mut claimed: HashMap<(OpKind, Key), Vec<&Op>> = HashMap::new();
+    for op in h.ops.iter().filter(|o| o.ok()) {
+        if op.kind == OpKind::RawWrite {
+            continue; // judged by I2: a raw write must not succeed at all
+        }
+        if op.kind == OpKind::Release && op.json["already_released"] == Value::Bool(true) {
+            continue; // released before: nothing new to record
+        }
+        let Some(token) = op.token else {
+            out.push(v(
+                "evidence",
+                format!("a successful {:?} carries no token", op.kind),
+                vec![op.to_string()],
+            ));
+            continue;
+        };
+        claimed
+            .entry((op.kind, (op.resource.as_str(), op.owner.as_str(), token)))
+            .or_default()
+            .push(op);
+    }
+    let mut claims: Vec<_> = claimed.into_iter().collect();
+    claims.sort_by_key(|(_, ops)| ops[0].id);
+    for ((kind, key), ops) in claims {
+        let (record, found) = match kind {
+            OpKind::Acquire => ("grant in the coordinator's event log", grants.get(&key)),
+            OpKind::Renew => (
+                "`renewed` event in the coordinator's event log",
+                renewals.get(&key),
+            ),
+            OpKind::Release => (
+                "`released` event in the coordinator's event log",
+                releases.get(&key),
+            ),
+            OpKind::Write => (
+                "`write_accepted` event in the target's write log",
+                accepted.get(&key),
+            ),
+            OpKind::RawWrite => continue,
+        };
+        // A reacquisition repeats the grant's token: one event per successful acquire.
+        let found = found.copied().unwrap_or(0);
+        if found < ops.len() {
+            out.push(v(
+                "evidence",
+                format!(
+                    "{} successful {kind:?}s of `{}` by {} with token {} but {found} {record}",
+                    ops.len(),
+                    key.0,
+                    key.1,
+                    key.2
+                ),
+                ops.iter().map(|o| o.to_string()).collect(),
+            ));
+        }
+    }
+    // Every resource something was written to has its guard row.
+    let written: BTreeSet<&str> = h
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Write && o.ok())
+        .map(|o| o.resource.as_str())
+        .chain(
+            h.target
+                .iter()
+                .filter(|e| e.kind == "write_accepted")
+                .map(|e| e.resource.as_str()),
+        )
+        .chain(h.data.iter().map(|r| r.resource.as_str()))
+        .collect();
+    for resource in written {
+        if !h.guards.contains_key(resource) {
+            out.push(v(
+                "evidence",
+                format!("`{resource}` was written but has no guard row"),
+                vec![],
+            ));
+        }
+    }
+}
+
+/// I1: per resource, tokens of new grants strictly increase in the coordinator's grant order,
+/// and an acquire that completed before another started got the lower token. (That every
+/// reported grant is in the record is [`check_evidence`]'s.)
 fn check_i1(h: &History, out: &mut Vec<Violation>) {
     for (resource, events) in by_resource(&h.coord, |e| &e.resource) {
         let mut events = events;
@@ -312,26 +440,6 @@ fn check_i1(h: &History, out: &mut Vec<Violation>) {
                 }
             }
             last = Some(e);
-        }
-    }
-    // Reported grants are in the durable record (a token shown is durably granted).
-    if !h.coord.is_empty() {
-        let granted: BTreeSet<(&str, &str, i64)> = h
-            .coord
-            .iter()
-            .filter(|e| GRANT_KINDS.contains(&e.kind.as_str()) || e.kind == "reacquired")
-            .filter_map(|e| Some((e.resource.as_str(), e.owner.as_deref()?, e.token?)))
-            .collect();
-        for op in h.ops.iter().filter(|o| o.kind == OpKind::Acquire && o.ok()) {
-            if let Some(t) = op.token {
-                if !granted.contains(&(op.resource.as_str(), op.owner.as_str(), t)) {
-                    out.push(v(
-                        "I1",
-                        format!("a reported grant of token {t} is not in the coordinator's record"),
-                        vec![op.to_string()],
-                    ));
-                }
-            }
         }
     }
     // Real-time order: a grant that ended before another began has the lower token.
@@ -374,6 +482,7 @@ fn check_i2(h: &History, out: &mut Vec<Violation>) {
             }
         }
         let max = accepted.iter().filter_map(|e| e.token).max();
+        // A missing guard row is `check_evidence`'s violation.
         if let (Some(max), Some(guard)) = (max, h.guards.get(resource)) {
             if *guard != max {
                 out.push(v(
@@ -412,6 +521,7 @@ fn check_i2(h: &History, out: &mut Vec<Violation>) {
                 _ => high = Some(row),
             }
         }
+        // A missing guard row is `check_evidence`'s violation.
         if let (Some(high), Some(guard)) = (high, h.guards.get(resource)) {
             if high.token > *guard {
                 out.push(v(
@@ -451,7 +561,12 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             "I3"
         }
     };
-    if h.coord_clock == CoordClock::Authoritative {
+    let tolerance_us = match h.coord_clock {
+        CoordClock::Authoritative => Some(0),
+        CoordClock::Approximate { tolerance_us } => Some(tolerance_us),
+        CoordClock::DisplayOnly => None,
+    };
+    if let Some(tolerance_us) = tolerance_us {
         // TTL per (owner, op kind): what the owner's acquire/renew asked for, from every op
         // that may have taken effect (not from definite rejections). Owners are unique per
         // acquisition in the workloads; the largest asked-for TTL is the safe bound.
@@ -504,7 +619,7 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             }
             for pair in spans.windows(2) {
                 let (a, b) = (&pair[0], &pair[1]);
-                if b.start_us < a.end_us {
+                if b.start_us + tolerance_us < a.end_us {
                     let owners: Vec<&str> = a
                         .events
                         .iter()
@@ -648,14 +763,17 @@ fn check_i4(h: &History, out: &mut Vec<Violation>) {
     }
 }
 
-/// I5: every accepted write carries a token from an acquisition that completed and reported
-/// it to that owner; tokens of cancelled acquisitions never wrote.
+/// I5: every accepted write carries a token that a completed acquisition reported to the
+/// owner that wrote (keyed by resource, owner and token: a token reported to one owner and
+/// used by another is a violation); tokens of cancelled acquisitions never wrote, renewed or
+/// released.
 fn check_i5(h: &History, out: &mut Vec<Violation>) {
-    let reported: BTreeSet<(&str, i64)> = h
+    type Key<'a> = (&'a str, &'a str, i64);
+    let reported: BTreeSet<Key> = h
         .ops
         .iter()
         .filter(|o| o.kind == OpKind::Acquire && o.ok())
-        .filter_map(|o| Some((o.resource.as_str(), o.token?)))
+        .filter_map(|o| Some((o.resource.as_str(), o.owner.as_str(), o.token?)))
         .collect();
     // Tokens the coordinator granted to acquisitions that never completed.
     let cancelled_owners: BTreeSet<&str> = h
@@ -675,36 +793,31 @@ fn check_i5(h: &History, out: &mut Vec<Violation>) {
         })
         .filter_map(|e| Some((e.resource.as_str(), e.token?)))
         .collect();
-    for e in h.target.iter().filter(|e| e.kind == "write_accepted") {
-        let Some(t) = e.token else { continue };
-        let key = (e.resource.as_str(), t);
-        if cancelled_tokens.contains(&key) || !reported.contains(&key) {
-            out.push(v(
-                "I5",
-                format!(
-                    "`{}`: the target accepted token {t}, which no completed acquisition reported{}",
-                    e.resource,
-                    if cancelled_tokens.contains(&key) {
-                        " (a cancelled acquisition's token)"
-                    } else {
-                        ""
-                    }
-                ),
-                vec![e.to_string()],
+    let judge = |resource: &str, owner: Option<&str>, token: Option<i64>| -> Option<String> {
+        let Some(token) = token else {
+            return Some("an accepted write carries no token".into());
+        };
+        if cancelled_tokens.contains(&(resource, token)) {
+            return Some(format!(
+                "`{resource}`: token {token}, a cancelled acquisition's, wrote"
             ));
         }
+        let owner = owner.unwrap_or_default();
+        (!reported.contains(&(resource, owner, token))).then(|| {
+            format!("`{resource}`: token {token} wrote as `{owner}`, to whom no completed acquisition reported it")
+        })
+    };
+    for e in h.target.iter().filter(|e| e.kind == "write_accepted") {
+        if let Some(message) = judge(&e.resource, e.owner.as_deref(), e.token) {
+            out.push(v("I5", message, vec![e.to_string()]));
+        }
     }
+    let ops: HashMap<usize, &Op> = h.ops.iter().map(|o| (o.id, o)).collect();
     for row in &h.data {
-        let key = (row.resource.as_str(), row.token);
-        if cancelled_tokens.contains(&key) || !reported.contains(&key) {
-            out.push(v(
-                "I5",
-                format!(
-                    "`{}`: data written with token {}, which no completed acquisition reported",
-                    row.resource, row.token
-                ),
-                vec![row.to_string()],
-            ));
+        // A row of no recorded op is I6's violation.
+        let Some(op) = ops.get(&row.op) else { continue };
+        if let Some(message) = judge(&row.resource, Some(&op.owner), Some(row.token)) {
+            out.push(v("I5", message, vec![row.to_string(), op.to_string()]));
         }
     }
     // A renew/release succeeding with a cancelled acquisition's token.

@@ -41,6 +41,11 @@ impl Cluster {
     }
 
     pub fn start() -> Cluster {
+        Cluster::start_with("")
+    }
+
+    /// A cluster with `conf` appended to its `postgresql.conf` (settings a test relies on).
+    pub fn start_with(conf: &str) -> Cluster {
         let as_root = is_root();
         let dir = tempfile::tempdir().unwrap();
         if as_root {
@@ -64,7 +69,7 @@ impl Cluster {
             "--no-locale",
         ]);
         let conf = format!(
-            "listen_addresses = ''\nunix_socket_directories = '{}'\nsynchronous_commit = off\nfsync = on\n",
+            "listen_addresses = ''\nunix_socket_directories = '{}'\nsynchronous_commit = off\nfsync = on\n{conf}",
             cluster.dir.path().display()
         );
         let conf_path = Path::new(&data).join("postgresql.conf");

@@ -441,6 +441,116 @@ pub mod cluster;
 pub mod objects;
 pub mod proxy;
 
+/// Waits until `done` holds, polling every 10 ms; fails the test, naming `what`, after
+/// `timeout` (a bound for a hang, never a timing the test relies on).
+pub fn wait_for(what: &str, timeout: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// How many sessions of the database at `url` wait for a lock in a statement containing
+/// `pattern` (`pg_stat_activity`): a condition to wait on instead of a sleep.
+pub fn lock_waiters(url: &str, pattern: &str) -> i64 {
+    pg_query(
+        url,
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND position({} in query) > 0",
+            quote_literal(pattern)
+        ),
+    )[0]
+    .get(0)
+}
+
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// A gate: the rows of a table locked `FOR UPDATE` by a `psql` session the test holds open in
+/// a transaction, so that a statement needing them waits until [`RowLock::release`]. Dropping
+/// it without releasing kills the session (the server then rolls it back).
+pub struct RowLock {
+    psql: std::process::Child,
+}
+
+impl RowLock {
+    /// Locks `table`'s rows; returns once the lock is held.
+    pub fn hold(url: &str, table: &str) -> RowLock {
+        use std::io::Write;
+        let name = format!(
+            "fence-test-gate-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut psql = Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", url])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("PGAPPNAME", &name)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start psql");
+        writeln!(
+            psql.stdin.as_mut().unwrap(),
+            "BEGIN; SELECT * FROM {table} FOR UPDATE;"
+        )
+        .unwrap();
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = {} \
+             AND state = 'idle in transaction'",
+            quote_literal(&name)
+        );
+        wait_for(
+            "the gate's lock",
+            std::time::Duration::from_secs(30),
+            || pg_query(url, &sql)[0].get::<_, i64>(0) == 1,
+        );
+        RowLock { psql }
+    }
+
+    /// Commits the locking transaction: the waiting statements go on.
+    pub fn release(mut self) {
+        use std::io::Write;
+        let mut stdin = self.psql.stdin.take().unwrap();
+        writeln!(stdin, "COMMIT;").unwrap();
+        drop(stdin);
+        let status = self.psql.wait().unwrap();
+        assert!(status.success(), "the gate's psql failed: {status:?}");
+    }
+}
+
+impl Drop for RowLock {
+    fn drop(&mut self) {
+        if self.psql.stdin.is_some() {
+            let _ = self.psql.kill();
+            let _ = self.psql.wait();
+        }
+    }
+}
+
+/// Waits for `child` to exit and collects its output; kills it and fails the test, naming
+/// `what`, if it is still running after `timeout` (a bound for a hang, not a timing).
+pub fn wait_output(
+    what: &str,
+    mut child: std::process::Child,
+    timeout: std::time::Duration,
+) -> std::process::Output {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} was still running after {timeout:?}: {out:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// A superuser connection string for the test server (over its private unix socket).
 pub fn pg_superuser() -> String {
     format!(

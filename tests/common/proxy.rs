@@ -42,6 +42,11 @@ pub enum Mode {
     /// its input after the chunk (as if the client had gone away). The server's replies are
     /// read and discarded, so it is never reset mid-reply.
     CutWhenClientSends(Vec<u8>),
+    /// Relay normally until a client→server chunk contains this byte pattern (also when it
+    /// straddles two chunks); hold that chunk, and everything the client sends after it,
+    /// until [`Proxy::open`]: a statement that reaches the server only once the test lets it,
+    /// however fast or slow the machine. [`Proxy::held`] counts the connections waiting.
+    HoldWhenClientSends(Vec<u8>),
 }
 
 /// A client→server chunk as it was forwarded upstream.
@@ -59,6 +64,8 @@ struct Shared {
     stop: AtomicBool,
     accepted: AtomicUsize,
     cuts: AtomicUsize,
+    held: AtomicUsize,
+    open: AtomicBool,
     forwarded: Mutex<Vec<Forwarded>>,
     /// Local ports of the proxy's upstream sockets, one per accepted connection.
     upstream_ports: Mutex<Vec<u16>>,
@@ -124,6 +131,16 @@ impl Proxy {
     /// How many connections were cut ([`Mode::CutWhenClientSends`]).
     pub fn cuts(&self) -> usize {
         self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// How many connections are holding their pattern ([`Mode::HoldWhenClientSends`]).
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets held chunks (and all later ones) through ([`Mode::HoldWhenClientSends`]).
+    pub fn open(&self) {
+        self.shared.open.store(true, Ordering::SeqCst);
     }
 
     /// The local ports of the proxy's upstream connections: a PostgreSQL server reports them
@@ -261,7 +278,10 @@ fn relay(
             client_to_server(&conn2, &shared2, None)
         }),
         Mode::CutWhenClientSends(pattern) => shared.spawn(format!("proxy-{id}-c2s"), move || {
-            client_to_server(&conn2, &shared2, Some(&pattern))
+            client_to_server(&conn2, &shared2, Some((&pattern, OnPattern::Cut)))
+        }),
+        Mode::HoldWhenClientSends(pattern) => shared.spawn(format!("proxy-{id}-c2s"), move || {
+            client_to_server(&conn2, &shared2, Some((&pattern, OnPattern::Hold)))
         }),
         Mode::Delay(delay) => {
             let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
@@ -313,11 +333,18 @@ fn server_to_client(conn: &Conn, shared: &Shared) {
     }
 }
 
-fn client_to_server(conn: &Conn, shared: &Shared, cut_on: Option<&[u8]>) {
+/// What the client→server relay does at its pattern.
+#[derive(Clone, Copy)]
+enum OnPattern {
+    Cut,
+    Hold,
+}
+
+fn client_to_server(conn: &Conn, shared: &Shared, mut on: Option<(&[u8], OnPattern)>) {
     // The last bytes seen, to find a pattern that straddles two chunks.
     let mut tail: Vec<u8> = Vec::new();
     read_loop(&conn.client, shared, |chunk| {
-        let Some(pattern) = cut_on else {
+        let Some((pattern, action)) = on else {
             return conn.to_upstream(shared, chunk).is_ok();
         };
         let mut window = std::mem::take(&mut tail);
@@ -325,6 +352,17 @@ fn client_to_server(conn: &Conn, shared: &Shared, cut_on: Option<&[u8]>) {
         if !contains(&window, pattern) {
             let keep = pattern.len().saturating_sub(1).min(window.len());
             tail = window[window.len() - keep..].to_vec();
+            return conn.to_upstream(shared, chunk).is_ok();
+        }
+        if let OnPattern::Hold = action {
+            // Not reading meanwhile: whatever the client sends next waits in the socket, in
+            // order, behind this chunk.
+            shared.held.fetch_add(1, Ordering::SeqCst);
+            while !shared.open.load(Ordering::SeqCst) && !shared.stopped() {
+                thread::sleep(Duration::from_millis(2));
+            }
+            shared.held.fetch_sub(1, Ordering::SeqCst);
+            on = None;
             return conn.to_upstream(shared, chunk).is_ok();
         }
         // Cut: from now on the client hears nothing more; the server gets the chunk and the
@@ -366,5 +404,25 @@ fn delay_line(conn: &Conn, shared: &Shared, rx: mpsc::Receiver<(Instant, Vec<u8>
     }
     if !shared.stopped() {
         let _ = conn.upstream.shutdown(Shutdown::Write);
+    }
+}
+
+impl Proxy {
+    /// Waits until the PostgreSQL server at `url` has ended every session this proxy opened
+    /// to it, so that what a cut-off transaction did (commit or rollback) is settled before a
+    /// test reads the tables. A proxy that opened no session fails the test.
+    pub fn wait_backends_gone(&self, url: &str) {
+        let ports: Vec<String> = self.upstream_ports().iter().map(u16::to_string).collect();
+        assert!(!ports.is_empty(), "the proxy made no upstream connection");
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' \
+             AND client_port IN ({})",
+            ports.join(", ")
+        );
+        super::wait_for(
+            "the server to end the proxied sessions",
+            Duration::from_secs(30),
+            || super::pg_query(url, &sql)[0].get::<_, i64>(0) == 0,
+        );
     }
 }
