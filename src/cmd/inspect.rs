@@ -8,7 +8,7 @@ use crate::cli::InspectArgs;
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::ResourceView;
+use crate::store::{Finding, ResourceView};
 use crate::target::object::{self as object_target, ObjectView};
 use crate::target::postgres::{GuardView, PgTarget};
 use crate::target::TargetSpec;
@@ -19,6 +19,10 @@ const DEFAULT_HISTORY: usize = 5;
 
 pub struct Inspected {
     views: Vec<ResourceView>,
+    /// What is wrong with the store's own files (damaged, restored, unreadable lines).
+    findings: Vec<Finding>,
+    /// The store read, as shown to people.
+    store: String,
     /// The target's guard rows, with `--target`.
     targets: Option<(String, Targets)>,
 }
@@ -43,7 +47,10 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         .map(TargetSpec::resolve)
         .transpose()?;
     let coordinator = ctx.coordinator().await?;
-    let views = coordinator.inspect(&args.resources, history).await?;
+    let inspection = coordinator
+        .inspect_checked(&args.resources, history)
+        .await?;
+    let views = inspection.views;
     let targets = match target {
         Some(spec) => match &spec.object {
             Some(url) => Some((
@@ -61,7 +68,12 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         },
         None => None,
     };
-    Ok(Inspected { views, targets })
+    Ok(Inspected {
+        views,
+        findings: inspection.findings,
+        store: ctx.store_display().unwrap_or_default().to_owned(),
+        targets,
+    })
 }
 
 fn opt_time(ms: Option<i64>) -> Value {
@@ -87,9 +99,15 @@ impl Report for Inspected {
                         })
                     })
                     .collect();
+                let reason = self
+                    .findings
+                    .iter()
+                    .find(|f| f.resource == v.resource && f.kind == "damaged")
+                    .map(|f| f.message.clone());
                 json!({
                     "resource": v.resource,
                     "state": v.state.as_str(),
+                    "reason": reason,
                     "owner": v.owner,
                     "token": v.token,
                     "acquired_at": opt_time(v.acquired_at_ms),
@@ -106,6 +124,13 @@ impl Report for Inspected {
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
+        map.insert("integrity_ok".into(), json!(self.findings.is_empty()));
+        let warnings: Vec<Value> = self
+            .findings
+            .iter()
+            .map(|f| json!({ "resource": f.resource, "kind": f.kind, "message": f.message }))
+            .collect();
+        map.insert("warnings".into(), Value::Array(warnings));
         if let Some((target, Targets::Object(o))) = &self.targets {
             let entry = json!({
                 "target": target,
@@ -139,7 +164,7 @@ impl Report for Inspected {
 
     fn human(&self) -> String {
         if self.views.is_empty() {
-            return "no leases in this store yet\n".into();
+            return format!("no leases in store `{}` yet\n", self.store);
         }
         let dash = || "-".to_owned();
         let mut table = Table::new();
@@ -164,7 +189,13 @@ impl Report for Inspected {
                 expires,
             ]);
         }
-        let mut text = format!("{table}\n");
+        let mut text = format!("store `{}`:\n{table}\n", self.store);
+        if !self.findings.is_empty() {
+            text.push_str("\nintegrity warnings (the store's own files):\n");
+            for f in &self.findings {
+                text.push_str(&format!("  {}: {}\n", f.kind, f.message));
+            }
+        }
         if let Some((target, Targets::Object(o))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);

@@ -62,6 +62,8 @@ pub enum State {
     Held,
     Expired,
     Free,
+    /// The store's own files for the resource cannot be read (local directory store).
+    Damaged,
 }
 
 impl State {
@@ -70,6 +72,7 @@ impl State {
             State::Held => "held",
             State::Expired => "expired",
             State::Free => "free",
+            State::Damaged => "damaged",
         }
     }
 }
@@ -119,6 +122,22 @@ impl ResourceView {
     }
 }
 
+/// Something wrong with a store's own files, found by `inspect` (local directory store).
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub resource: String,
+    /// `damaged`, `restored`, `record_missing` or `skipped_log_lines`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// An `inspect` answer with the integrity findings of the store.
+#[derive(Clone, Debug, Default)]
+pub struct Inspection {
+    pub views: Vec<ResourceView>,
+    pub findings: Vec<Finding>,
+}
+
 /// One entry of a resource's append-only history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -165,6 +184,19 @@ pub trait Coordinator {
         resources: &[String],
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
+
+    /// [`Self::inspect`] with what is wrong with the store's own files; stores whose
+    /// records live in a server have nothing of the kind to report.
+    async fn inspect_checked(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Inspection, Error> {
+        Ok(Inspection {
+            views: self.inspect(resources, history).await?,
+            findings: Vec::new(),
+        })
+    }
 
     /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
