@@ -86,6 +86,19 @@ impl FileCoordinator {
                     "choose a directory fence can write with `--store file:///path` (or FENCE_STORE), or fix its permissions",
                 )
             }
+            _ if matches!(
+                err.raw_os_error(),
+                Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
+            ) =>
+            {
+                // Every write fence makes is a new file renamed into place, an in-place
+                // rewrite of a mark that only rises, or an append that is undone on failure:
+                // one that fails for want of space leaves the lease as it was.
+                Error::unavailable(
+                    message,
+                    "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
+                )
+            }
             _ => Error::internal(message, "check the disk and the store directory, then retry"),
         }
     }
