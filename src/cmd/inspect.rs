@@ -99,15 +99,9 @@ impl Report for Inspected {
                         })
                     })
                     .collect();
-                let reason = self
-                    .findings
-                    .iter()
-                    .find(|f| f.resource == v.resource && f.kind == "damaged")
-                    .map(|f| f.message.clone());
-                json!({
+                let mut resource = json!({
                     "resource": v.resource,
                     "state": v.state.as_str(),
-                    "reason": reason,
                     "owner": v.owner,
                     "token": v.token,
                     "acquired_at": opt_time(v.acquired_at_ms),
@@ -119,18 +113,30 @@ impl Report for Inspected {
                         "owner": w.owner,
                         "since": time::rfc3339(w.since_ms),
                     })).collect::<Vec<_>>(),
-                })
+                });
+                // Only for a damaged resource: the answer for a healthy store keeps its shape.
+                if let Some(f) = self
+                    .findings
+                    .iter()
+                    .find(|f| f.resource == v.resource && f.kind == "damaged")
+                {
+                    resource["reason"] = json!(f.message);
+                }
+                resource
             })
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
-        map.insert("integrity_ok".into(), json!(self.findings.is_empty()));
-        let warnings: Vec<Value> = self
-            .findings
-            .iter()
-            .map(|f| json!({ "resource": f.resource, "kind": f.kind, "message": f.message }))
-            .collect();
-        map.insert("warnings".into(), Value::Array(warnings));
+        // Only when something is wrong, so that a healthy store's answer keeps its shape.
+        if !self.findings.is_empty() {
+            let warnings: Vec<Value> = self
+                .findings
+                .iter()
+                .map(|f| json!({ "resource": f.resource, "kind": f.kind, "message": f.message }))
+                .collect();
+            map.insert("integrity_ok".into(), json!(false));
+            map.insert("warnings".into(), Value::Array(warnings));
+        }
         if let Some((target, Targets::Object(o))) = &self.targets {
             let entry = json!({
                 "target": target,

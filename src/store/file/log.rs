@@ -108,12 +108,14 @@ pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
         .max())
 }
 
-/// Applies the retention when the log has grown past [`MAX_LOG_BYTES`]: keeps the last
-/// [`KEEP_EVENTS`] events after a `pruned` event carrying `high`, the highest token issued.
-pub(super) fn prune_if_long(path: &Path, high: i64, now_ms: i64) -> io::Result<bool> {
-    if std::fs::metadata(path)?.len() <= MAX_LOG_BYTES {
-        return Ok(false);
-    }
+/// Whether the log has grown past [`MAX_LOG_BYTES`] and the retention applies.
+pub(super) fn is_long(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_LOG_BYTES)
+}
+
+/// Applies the retention: keeps the last [`KEEP_EVENTS`] events after a `pruned` event
+/// carrying `high`, the highest token issued.
+pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
     let kept = tail(path, KEEP_EVENTS)?;
     let mut body = serde_json::to_vec(&EventLine {
         at_ms: now_ms,
@@ -130,6 +132,5 @@ pub(super) fn prune_if_long(path: &Path, high: i64, now_ms: i64) -> io::Result<b
         body.extend(serde_json::to_vec(event).map_err(io::Error::other)?);
         body.push(b'\n');
     }
-    replace(path, &body, true)?;
-    Ok(true)
+    replace(path, &body, true)
 }

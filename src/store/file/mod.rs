@@ -199,10 +199,15 @@ impl FileCoordinator {
     ) -> Result<(), Error> {
         self.write_record(&paths.lease, record, durable)?;
         let Err(err) = log::append(&paths.events, event) else {
-            if let Ok(high) = self.issued(paths) {
-                if let Err(err) =
-                    log::prune_if_long(&paths.events, high.max(record.token), event.at_ms)
-                {
+            if log::is_long(&paths.events) {
+                let pruned = self
+                    .issued(paths)
+                    .map_err(|err| err.to_string())
+                    .and_then(|high| {
+                        log::prune(&paths.events, high.max(record.token), event.at_ms)
+                            .map_err(|err| err.to_string())
+                    });
+                if let Err(err) = pruned {
                     crate::output::warn(&format!(
                         "warning: cannot prune the event log `{}`: {err}; it keeps growing until that succeeds",
                         paths.events.display()
