@@ -11,7 +11,8 @@
 //! Layout: `leases/<name>.json`, `locks/<name>.lock`, `events/<name>.jsonl`,
 //! `tokens/<name>.high`, where `<name>` is the resource percent-encoded (long names are
 //! shortened and suffixed with a hash; the full name is stored inside the record and checked
-//! on every read). Operations: [`ops`] (acquire, renew, release), [`view`] (inspect).
+//! on every read). Operations: [`ops`] (acquire, renew, release), [`view`] (inspect),
+//! [`waiters`] (who waits, for `--wait`).
 
 mod counter;
 mod disk;
@@ -20,13 +21,13 @@ mod log;
 mod ops;
 mod record;
 mod view;
+mod waiters;
 
 use std::fs;
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::store::Waiter;
 
 pub(crate) use lock::{lock_exclusive, Locked};
 use log::EventLine;
@@ -231,48 +232,6 @@ impl FileCoordinator {
                 hint: format!("fix the disk, then run `fence inspect {resource}` to see whether the lease is held, and release it with its owner and token if so"),
             }),
         }
-    }
-
-    fn waiters_dir(&self, resource: &str) -> PathBuf {
-        self.dir.join("waiters").join(encode_name(resource))
-    }
-
-    /// Waiter files with their waiter, or `None` when the process is gone.
-    fn read_waiters(&self, dir: &Path) -> Vec<(PathBuf, Option<Waiter>)> {
-        let Ok(entries) = fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|entry| {
-                let path = entry.path();
-                let pid: i32 = path.file_stem()?.to_str()?.parse().ok()?;
-                // SAFETY: kill with signal 0 only checks that the process exists.
-                let alive = unsafe { libc::kill(pid, 0) } == 0
-                    || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-                let waiter = fs::read(&path)
-                    .ok()
-                    .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-                    .and_then(|v| {
-                        Some(Waiter {
-                            owner: v["owner"].as_str()?.to_owned(),
-                            since_ms: v["since_ms"].as_i64()?,
-                        })
-                    });
-                Some((path, waiter.filter(|_| alive)))
-            })
-            .collect()
-    }
-
-    /// The live waiters of a resource, longest waiting first.
-    fn waiters(&self, resource: &str) -> Vec<Waiter> {
-        let mut waiters: Vec<Waiter> = self
-            .read_waiters(&self.waiters_dir(resource))
-            .into_iter()
-            .filter_map(|(_, w)| w)
-            .collect();
-        waiters.sort_by_key(|w| w.since_ms);
-        waiters
     }
 }
 
