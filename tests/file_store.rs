@@ -100,6 +100,18 @@ fn a_restored_older_record_never_reissues_and_inspect_warns() {
     );
     assert_eq!(inspect["integrity_ok"], false, "{inspect}");
 
+    // The holder of token 5 is told the truth, not "token 5 was never issued".
+    let out = store
+        .fence()
+        .args(["renew", "r", "--owner", "e", "--token", "5"])
+        .run();
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.contains("restored from an older copy"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("never issued"), "{out:?}");
+
     let out = store
         .fence()
         .args(["acquire", "r", "--owner", "f", "--format", "json"])

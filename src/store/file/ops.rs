@@ -77,6 +77,22 @@ impl FileCoordinator {
                 highest_token: record.token,
             }
         } else if record.token < lease.token {
+            let issued = self.issued(paths).unwrap_or(0);
+            if lease.token <= issued {
+                // The token was issued, but the record no longer shows it: not "never issued".
+                return Error::internal(
+                    format!(
+                        "the lease record `{}` holds token {}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
+                        paths.lease.display(),
+                        record.token,
+                        lease.token
+                    ),
+                    format!(
+                        "stop using token {} and acquire `{}` again (the next token continues above {issued})",
+                        lease.token, lease.resource
+                    ),
+                );
+            }
             return Error::Conflict {
                 resource: lease.resource.clone(),
                 token: lease.token,
