@@ -25,6 +25,8 @@ use crate::exit::Exit;
 
 /// Runs the program with the process's arguments and returns its exit status.
 pub fn main() -> Exit {
+    // SAFETY: ignoring SIGXFSZ at start-up, before any thread: a write past RLIMIT_FSIZE then fails with EFBIG, which fence reports, instead of killing it mid-operation.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == reaper::ARG) {
         return reaper::main(&args[2..]);

@@ -69,8 +69,20 @@ impl Output {
         }
     }
 
-    /// Prints a successful result and returns exit 0.
+    /// Prints a successful result and returns exit 0. A failure to write stdout is left to
+    /// the caller's next reader (`fence … | head -0` is not an error); commands for which an
+    /// unseen answer matters use [`Self::try_success`].
     pub fn success(&self, op: &str, ctx: &Context, report: &dyn Report) -> Exit {
+        self.try_success(op, ctx, report).unwrap_or(Exit::Success)
+    }
+
+    /// [`Self::success`], failing when the answer could not be written to stdout.
+    pub fn try_success(
+        &self,
+        op: &str,
+        ctx: &Context,
+        report: &dyn Report,
+    ) -> std::io::Result<Exit> {
         match self.format {
             Format::Json => {
                 let mut object = Map::new();
@@ -80,27 +92,27 @@ impl Output {
                 if let Some(store) = ctx.store_display() {
                     object.insert("store".into(), json!(store));
                 }
-                print_stdout(&Value::Object(object).to_string());
+                print_stdout(&Value::Object(object).to_string())?;
             }
             Format::Env => match report.env(ctx) {
-                Some(lines) => print_stdout(lines.trim_end()),
+                Some(lines) => print_stdout(lines.trim_end())?,
                 None => {
                     // The resolve step refuses `--format env` for other commands.
                     let err = Error::internal(
                         format!("`--format env` has no output for `{op}`"),
                         "use --format human or json; this is a bug, please report it",
                     );
-                    return self.error(op, ctx.store_display(), &err);
+                    return Ok(self.error(op, ctx.store_display(), &err));
                 }
             },
             Format::Human => {
                 let text = report.human();
                 if !self.quiet && !text.is_empty() {
-                    print_stdout(&terminal_safe(text.trim_end(), true));
+                    print_stdout(&terminal_safe(text.trim_end(), true))?;
                 }
             }
         }
-        Exit::Success
+        Ok(Exit::Success)
     }
 
     /// Prints an error once (JSON on stdout, or `fence: error: …` and a hint on stderr) and
@@ -124,7 +136,7 @@ impl Output {
             if let Some(store) = store {
                 object.insert("store".into(), json!(store));
             }
-            print_stdout(&Value::Object(object).to_string());
+            let _ = print_stdout(&Value::Object(object).to_string());
         } else {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
             // so that cron mails only real failures.
@@ -132,7 +144,7 @@ impl Output {
                 self.diagnostic(&err.to_string(), &hint_with_store(err, store));
             }
             if self.format == Format::Env {
-                print_stdout(&env_failure(op, err, exit));
+                let _ = print_stdout(&env_failure(op, err, exit));
             }
         }
         exit
@@ -229,16 +241,18 @@ fn use_color(choice: ColorChoice) -> bool {
     }
 }
 
-/// One line of data on stdout, for commands that print their own report.
+/// One line of data on stdout, for commands that print their own report; a failure to write
+/// it (a full disk, a closed pipe) is ignored, as for every answer but acquire's.
 pub fn print_line(text: &str) {
-    print_stdout(text);
+    let _ = print_stdout(text);
 }
 
-fn print_stdout(text: &str) {
+/// Writes one answer to stdout and flushes it, reporting a failure (a full disk, a closed
+/// pipe) instead of panicking; callers decide whether an unseen answer matters.
+fn print_stdout(text: &str) -> std::io::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    // A closed stdout (`fence … | head -0`) is not worth a panic; the exit code still tells.
-    let _ = writeln!(stdout, "{text}");
-    let _ = stdout.flush();
+    writeln!(stdout, "{text}")?;
+    stdout.flush()
 }
 
 /// Reports a command-line parse error (or prints help/version) and returns the exit status.

@@ -7,8 +7,9 @@ use crate::cmd::wait;
 use crate::cmd::Context;
 use crate::config::{redact_url, url_has_password, StoreKind};
 use crate::error::{shell_quote, Error};
+use crate::exit::Exit;
 use crate::output::{Output, Report};
-use crate::store::{random_u64, Grant};
+use crate::store::{random_u64, Grant, LeaseRef};
 use crate::time;
 
 pub struct Acquired {
@@ -28,6 +29,50 @@ pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acqui
     )
     .await?;
     Ok(Acquired { grant })
+}
+
+/// Acquires and prints the answer. A new lease whose answer could not be written to stdout
+/// (a full disk, a closed pipe) is released again, since nobody saw its token, and the
+/// command fails: a granted lease nobody knows of would block the resource until it expires.
+pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Exit {
+    let op = "acquire";
+    let acquired = match run(args, ctx, out).await {
+        Ok(acquired) => acquired,
+        Err(err) => return out.error(op, ctx.store_display(), &err),
+    };
+    let write_err = match out.try_success(op, ctx, &acquired) {
+        Ok(exit) => return exit,
+        Err(err) => err,
+    };
+    let lease = &acquired.grant.lease;
+    let (resource, token) = (&lease.resource, lease.token);
+    let failure = if acquired.grant.reacquired {
+        Error::OutcomeUnknown {
+            message: format!("cannot write the answer to standard output: {write_err}; the lease on `{resource}` was reacquired and is still held with token {token}"),
+            hint: "make standard output writable; the lease stays held until it expires or is released".into(),
+        }
+    } else {
+        let lease_ref = LeaseRef {
+            resource: resource.clone(),
+            owner: lease.owner.clone(),
+            token,
+        };
+        let released = match ctx.coordinator().await {
+            Ok(coordinator) => coordinator.release(&lease_ref).await.map(|_| ()),
+            Err(err) => Err(err),
+        };
+        match released {
+            Ok(()) => Error::unavailable(
+                format!("cannot write the answer to standard output: {write_err}; the lease on `{resource}` with token {token} was released again, since nobody saw its token"),
+                "make standard output writable (a full disk? a closed pipe?) and retry",
+            ),
+            Err(err) => Error::OutcomeUnknown {
+                message: format!("cannot write the answer to standard output: {write_err}, and releasing the lease it got failed: {err}"),
+                hint: format!("the lease on `{resource}` (token {token}, owner `{}`) may stay held until it expires; `fence inspect {resource}` shows it", lease.owner),
+            },
+        }
+    };
+    out.error(op, ctx.store_display(), &failure)
 }
 
 /// `<hostname>/<pid>/<8 hex>`: unique per process, and readable in `inspect`.

@@ -8,7 +8,7 @@ use crate::cli::{InspectArgs, StateFilter};
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::{InspectQuery, ResourceView, State};
+use crate::store::{Finding, InspectQuery, ResourceView, State};
 use crate::target::object::{self as object_target, ObjectView};
 use crate::target::postgres::{GuardView, PgTarget};
 use crate::target::TargetSpec;
@@ -23,6 +23,10 @@ pub struct Inspected {
     next_after: Option<String>,
     /// `--state` or `--after` narrowed the answer.
     filtered: bool,
+    /// What is wrong with the store's own files (damaged, restored, unreadable lines).
+    findings: Vec<Finding>,
+    /// The store read, as shown to people.
+    store: String,
     /// The target's guard rows, with `--target`.
     targets: Option<(String, Targets)>,
 }
@@ -58,7 +62,8 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         after: args.after.as_deref(),
         limit: args.limit,
     };
-    let views = coordinator.inspect_query(&query).await?;
+    let inspection = coordinator.inspect_query(&query).await?;
+    let views = inspection.views;
     // A full page may be followed by more: the last name is the next page's cursor.
     let next_after = args
         .limit
@@ -83,6 +88,8 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
     };
     Ok(Inspected {
         views,
+        findings: inspection.findings,
+        store: ctx.store_display().unwrap_or_default().to_owned(),
         targets,
         next_after,
         filtered: args.state.is_some() || args.after.is_some(),
@@ -93,7 +100,7 @@ impl Inspected {
     /// Targets that accepted a token above the highest the coordinator issued for the
     /// resource: a token it never issued was written there (a typo, a forgery, or a target
     /// fenced by another coordinator), and the real holder's writes are now refused.
-    fn integrity_warnings(&self) -> Vec<String> {
+    fn integrity_warnings(&self) -> Vec<(String, String)> {
         let accepted: Vec<(&str, i64)> = match &self.targets {
             Some((_, Targets::Guards(guards))) => guards
                 .iter()
@@ -111,10 +118,10 @@ impl Inspected {
                 let issued = self.views.iter().find(|v| v.resource == resource)?.token;
                 let ahead = issued.is_none_or(|issued| highest > issued);
                 ahead.then(|| {
-                    format!(
+                    (resource.to_owned(), format!(
                         "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}): check that the target is fenced by this store, and how that token was written",
                         issued.map_or("none".to_owned(), |t| format!("up to {t}"))
-                    )
+                    ))
                 })
             })
             .collect()
@@ -144,7 +151,7 @@ impl Report for Inspected {
                         })
                     })
                     .collect();
-                json!({
+                let mut resource = json!({
                     "resource": v.resource,
                     "state": v.state.as_str(),
                     "owner": v.owner,
@@ -158,13 +165,37 @@ impl Report for Inspected {
                         "owner": w.owner,
                         "since": time::rfc3339(w.since_ms),
                     })).collect::<Vec<_>>(),
-                })
+                });
+                // Only for a damaged resource: the answer for a healthy store keeps its shape.
+                if let Some(f) = self
+                    .findings
+                    .iter()
+                    .find(|f| f.resource == v.resource && f.kind == "damaged")
+                {
+                    resource["reason"] = json!(f.message);
+                }
+                resource
             })
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
         if let Some(next) = &self.next_after {
             map.insert("next_after".into(), json!(next));
+        }
+        // Only when something is wrong, so that a healthy store's answer keeps its shape.
+        let mut warnings: Vec<Value> = self
+            .findings
+            .iter()
+            .map(|f| json!({ "resource": f.resource, "kind": f.kind, "message": f.message }))
+            .collect();
+        warnings.extend(
+            self.integrity_warnings()
+                .into_iter()
+                .map(|(resource, message)| json!({ "resource": resource, "kind": "target_ahead", "message": message })),
+        );
+        if !warnings.is_empty() {
+            map.insert("integrity_ok".into(), json!(false));
+            map.insert("warnings".into(), Value::Array(warnings));
         }
         if let Some((target, Targets::Object(o))) = &self.targets {
             let entry = json!({
@@ -194,18 +225,15 @@ impl Report for Inspected {
                 .collect();
             map.insert("targets".into(), Value::Array(guards));
         }
-        if self.targets.is_some() {
-            map.insert("warnings".into(), json!(self.integrity_warnings()));
-        }
         map
     }
 
     fn human(&self) -> String {
         if self.views.is_empty() {
             return if self.filtered {
-                "no resource matches\n".into()
+                format!("no resource in store `{}` matches\n", self.store)
             } else {
-                "no leases in this store yet\n".into()
+                format!("no leases in store `{}` yet\n", self.store)
             };
         }
         let dash = || "-".to_owned();
@@ -231,7 +259,13 @@ impl Report for Inspected {
                 expires,
             ]);
         }
-        let mut text = format!("{table}\n");
+        let mut text = format!("store `{}`:\n{table}\n", self.store);
+        if !self.findings.is_empty() {
+            text.push_str("\nintegrity warnings (the store's own files):\n");
+            for f in &self.findings {
+                text.push_str(&format!("  {}: {}\n", f.kind, f.message));
+            }
+        }
         if let Some((target, Targets::Object(o))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);
@@ -313,7 +347,7 @@ impl Report for Inspected {
                 crate::error::shell_word(next)
             ));
         }
-        for warning in self.integrity_warnings() {
+        for (_, warning) in self.integrity_warnings() {
             text.push_str(&format!("\nwarning: {warning}\n"));
         }
         text

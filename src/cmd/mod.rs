@@ -74,7 +74,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         schema: cli.global.schema.clone(),
     };
     let result: Result<Box<dyn Report>, Error> = match cli.command {
-        Command::Acquire(args) => acquire::run(args, &ctx, out).await.map(boxed),
+        Command::Acquire(args) => return acquire::run_and_print(args, &ctx, out).await,
         Command::Run(args) => return run::run(args, &ctx, out).await,
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),

@@ -62,6 +62,8 @@ pub enum State {
     Held,
     Expired,
     Free,
+    /// The store's own files for the resource cannot be read (local directory store).
+    Damaged,
 }
 
 impl State {
@@ -70,6 +72,7 @@ impl State {
             State::Held => "held",
             State::Expired => "expired",
             State::Free => "free",
+            State::Damaged => "damaged",
         }
     }
 }
@@ -151,6 +154,22 @@ impl ResourceView {
     }
 }
 
+/// Something wrong with a store's own files, found by `inspect` (local directory store).
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub resource: String,
+    /// `damaged`, `restored`, `record_missing` or `skipped_log_lines`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// An `inspect` answer with the integrity findings of the store.
+#[derive(Clone, Debug, Default)]
+pub struct Inspection {
+    pub views: Vec<ResourceView>,
+    pub findings: Vec<Finding>,
+}
+
 /// One entry of a resource's append-only history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -198,11 +217,25 @@ pub trait Coordinator {
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
 
-    /// [`Self::inspect`] with filters and a page; stores that can filter at the source
-    /// (PostgreSQL) do, so that a page of a large store costs what the page holds.
-    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Vec<ResourceView>, Error> {
-        let views = self.inspect(query.resources, query.history).await?;
-        Ok(query.apply(views))
+    /// [`Self::inspect`] with what is wrong with the store's own files; stores whose
+    /// records live in a server have nothing of the kind to report.
+    async fn inspect_checked(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Inspection, Error> {
+        Ok(Inspection {
+            views: self.inspect(resources, history).await?,
+            findings: Vec::new(),
+        })
+    }
+
+    /// [`Self::inspect_checked`] with filters and a page; stores that can filter at the
+    /// source (PostgreSQL) do, so that a page of a large store costs what the page holds.
+    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Inspection, Error> {
+        let mut inspection = self.inspect_checked(query.resources, query.history).await?;
+        inspection.views = query.apply(inspection.views);
+        Ok(inspection)
     }
 
     /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this

@@ -42,8 +42,8 @@ use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
-    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Lease, LeaseRef,
-    Released, ResourceView, State, Waiter,
+    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
+    LeaseRef, Released, ResourceView, State, Waiter,
 };
 
 /// fence's own tables in the coordinator database.
@@ -523,18 +523,20 @@ impl Coordinator for PgCoordinator {
         resources: &[String],
         history: usize,
     ) -> Result<Vec<ResourceView>, Error> {
-        self.inspect_query(&InspectQuery {
-            resources,
-            history,
-            ..InspectQuery::default()
-        })
-        .await
+        Ok(self
+            .inspect_query(&InspectQuery {
+                resources,
+                history,
+                ..InspectQuery::default()
+            })
+            .await?
+            .views)
     }
 
     /// One page of leases, filtered in the server, then the last events of each resource of
     /// the page through its index (`events (resource, id DESC)`, one LATERAL range each) and
     /// its live waiters; merged in one pass. The cost follows the page, not the store.
-    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Vec<ResourceView>, Error> {
+    async fn inspect_query(&self, query: &InspectQuery<'_>) -> Result<Inspection, Error> {
         let names: Option<Vec<String>> =
             (!query.resources.is_empty()).then(|| query.resources.to_vec());
         let state = query.state.map(State::as_str);
@@ -657,7 +659,10 @@ impl Coordinator for PgCoordinator {
         if !query.resources.is_empty() {
             views.sort_by_key(|v| query.resources.iter().position(|r| r == &v.resource));
         }
-        Ok(views)
+        Ok(Inspection {
+            views,
+            findings: Vec::new(),
+        })
     }
 
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {

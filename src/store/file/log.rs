@@ -1,0 +1,136 @@
+//! The event log (`events/<name>.jsonl`): one JSON line per event, appended under the
+//! resource's lock after the record it describes, and read from its end.
+//!
+//! The log is history, not the counter: it is not fsynced (a power loss may cost its last
+//! lines; the high-water file keeps the token), and a failed append undoes the change it
+//! describes (see `FileCoordinator::commit`). Retention: when a log grows past
+//! [`MAX_LOG_BYTES`], it is rewritten to its last [`KEEP_EVENTS`] events after one `pruned`
+//! event that carries the highest token issued, so the log alone still knows it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::disk::{replace, share};
+
+/// A log larger than this is pruned at the next append.
+pub(crate) const MAX_LOG_BYTES: u64 = 4 << 20;
+/// How many of the most recent events pruning keeps.
+pub(crate) const KEEP_EVENTS: usize = 10_000;
+/// How far back from the end the log's highest token is looked for.
+const TOKEN_SCAN_EVENTS: usize = 256;
+/// Bytes read from the end at a time.
+const CHUNK: u64 = 64 * 1024;
+
+/// A line of `events/<name>.jsonl`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct EventLine {
+    pub at_ms: i64,
+    pub kind: String,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The end of a log, most recent event first.
+#[derive(Default)]
+pub(super) struct Tail {
+    pub events: Vec<EventLine>,
+    /// Lines among those read that are not events (damaged, or torn by a crash).
+    pub skipped: usize,
+}
+
+pub(super) fn append(path: &Path, event: &EventLine) -> io::Result<()> {
+    let mut line = serde_json::to_vec(event).map_err(io::Error::other)?;
+    line.push(b'\n');
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    share(&file, path);
+    file.write_all(&line)
+}
+
+/// Reads whole lines backwards from the end until `want` events are found or the file
+/// starts: the cost depends on `want`, not on the log's length.
+pub(super) fn tail(path: &Path, want: usize) -> io::Result<Tail> {
+    let mut tail = Tail::default();
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(tail),
+        Err(err) => return Err(err),
+    };
+    let mut pos = file.metadata()?.len();
+    // The bytes after `pos` not yet split into lines: the start of a line that began earlier.
+    let mut carry: Vec<u8> = Vec::new();
+    while tail.events.len() < want {
+        if pos == 0 {
+            take(&carry, &mut tail);
+            break;
+        }
+        let start = pos.saturating_sub(CHUNK);
+        let mut chunk = vec![0; usize::try_from(pos - start).unwrap_or(0)];
+        file.read_exact_at(&mut chunk, start)?;
+        pos = start;
+        chunk.extend_from_slice(&carry);
+        let mut end = chunk.len();
+        while tail.events.len() < want {
+            let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') else {
+                break;
+            };
+            take(&chunk[newline + 1..end], &mut tail);
+            end = newline;
+        }
+        chunk.truncate(end);
+        carry = chunk;
+    }
+    Ok(tail)
+}
+
+fn take(line: &[u8], tail: &mut Tail) {
+    if line.is_empty() {
+        return;
+    }
+    match serde_json::from_slice::<EventLine>(line) {
+        Ok(event) => tail.events.push(event),
+        Err(_) => tail.skipped += 1,
+    }
+}
+
+/// The highest token among the log's last events (every event after a grant carries that
+/// grant's token or an older one, and a `pruned` event the highest before it).
+pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
+    Ok(tail(path, TOKEN_SCAN_EVENTS)?
+        .events
+        .iter()
+        .filter_map(|e| e.token)
+        .max())
+}
+
+/// Whether the log has grown past [`MAX_LOG_BYTES`] and the retention applies.
+pub(super) fn is_long(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_LOG_BYTES)
+}
+
+/// Applies the retention: keeps the last [`KEEP_EVENTS`] events after a `pruned` event
+/// carrying `high`, the highest token issued.
+pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
+    let kept = tail(path, KEEP_EVENTS)?;
+    let mut body = serde_json::to_vec(&EventLine {
+        at_ms: now_ms,
+        kind: "pruned".into(),
+        owner: None,
+        token: Some(high),
+        detail: Some(format!(
+            "older events removed by retention (the last {KEEP_EVENTS} are kept); {high} is the highest token issued"
+        )),
+    })
+    .map_err(io::Error::other)?;
+    body.push(b'\n');
+    for event in kept.events.iter().rev() {
+        body.extend(serde_json::to_vec(event).map_err(io::Error::other)?);
+        body.push(b'\n');
+    }
+    replace(path, &body, true)
+}

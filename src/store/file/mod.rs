@@ -1,0 +1,279 @@
+//! The local-directory coordinator (`file:///dir`), the embedded default store.
+//!
+//! Safe for many processes on one machine: every change to a resource happens under an
+//! exclusive `flock` on its lock file ([`lock`]), and lease records ([`record`]) are
+//! replaced by write-to-temp and rename ([`disk`]). A grant of a new token first raises the
+//! resource's durable high-water mark ([`counter`]), then writes the record durably, then
+//! appends to the event log ([`log`]); the next token is above the record's, the mark's and
+//! the log's, so no single restored, damaged or lost file makes a token be issued twice (I1).
+//! A change whose history entry cannot be written is undone and refused (exit 7).
+//!
+//! Layout: `leases/<name>.json`, `locks/<name>.lock`, `events/<name>.jsonl`,
+//! `tokens/<name>.high`, where `<name>` is the resource percent-encoded (long names are
+//! shortened and suffixed with a hash; the full name is stored inside the record and checked
+//! on every read). Operations: [`ops`] (acquire, renew, release), [`view`] (inspect),
+//! [`waiters`] (who waits, for `--wait`).
+
+mod counter;
+mod disk;
+mod lock;
+mod log;
+mod ops;
+mod record;
+mod view;
+mod waiters;
+
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+
+use crate::error::Error;
+
+pub(crate) use lock::{lock_exclusive, Locked};
+use log::EventLine;
+use record::Record;
+
+const FORMAT_VERSION: i32 = 1;
+
+/// Directories of the kernel's pseudo file systems: never a place for a store.
+const KERNEL_DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
+
+pub struct FileCoordinator {
+    dir: PathBuf,
+    boot_id: String,
+}
+
+/// The files of one resource.
+struct Paths {
+    lease: PathBuf,
+    lock: PathBuf,
+    events: PathBuf,
+    high: PathBuf,
+}
+
+impl FileCoordinator {
+    pub fn open(dir: &Path) -> Result<FileCoordinator, Error> {
+        let shown = dir.display();
+        if dir.as_os_str().as_encoded_bytes().contains(&0) {
+            return Err(Error::usage(
+                format!(
+                    "the store path `{}` contains a NUL byte (`%00`)",
+                    shown.to_string().escape_default()
+                ),
+                "write the directory's path after `file://` without `%00`",
+            ));
+        }
+        if KERNEL_DIRS.iter().any(|k| dir.starts_with(k)) {
+            return Err(Error::usage(
+                format!("`{shown}` is inside a kernel pseudo file system, not a directory that can keep leases"),
+                "choose a directory on a real disk with `--store file:///path` (or FENCE_STORE)",
+            ));
+        }
+        let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Ok(FileCoordinator {
+            dir: dir.to_owned(),
+            boot_id,
+        })
+    }
+
+    fn io_error(&self, what: &str, path: &Path, err: &io::Error) -> Error {
+        let message = format!("cannot {what} `{}`: {err}", path.display());
+        match err.kind() {
+            ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem | ErrorKind::NotADirectory => {
+                Error::usage(
+                    message,
+                    "choose a directory fence can write with `--store file:///path` (or FENCE_STORE), or fix its permissions",
+                )
+            }
+            _ if matches!(
+                err.raw_os_error(),
+                Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
+            ) =>
+            {
+                // Every write fence makes is a new file renamed into place, an in-place
+                // rewrite of a mark that only rises, or an append that is undone on failure:
+                // one that fails for want of space leaves the lease as it was.
+                Error::unavailable(
+                    message,
+                    "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
+                )
+            }
+            _ => Error::internal(message, "check the disk and the store directory, then retry"),
+        }
+    }
+
+    /// Creates the store's directories (idempotent).
+    fn ensure(&self) -> Result<(), Error> {
+        for sub in ["leases", "locks", "events", "tokens"] {
+            let path = self.dir.join(sub);
+            fs::create_dir_all(&path)
+                .map_err(|err| self.io_error("create the store directory", &path, &err))?;
+        }
+        Ok(())
+    }
+
+    fn paths(&self, resource: &str) -> Paths {
+        let name = encode_name(resource);
+        Paths {
+            lease: self.dir.join("leases").join(format!("{name}.json")),
+            lock: self.dir.join("locks").join(format!("{name}.lock")),
+            events: self.dir.join("events").join(format!("{name}.jsonl")),
+            high: self.dir.join("tokens").join(format!("{name}.high")),
+        }
+    }
+
+    fn read_record(&self, paths: &Paths, resource: &str) -> Result<Option<Record>, Error> {
+        let path = &paths.lease;
+        let bytes = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(self.io_error("read the lease record", path, &err)),
+        };
+        let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
+            Error::internal(
+                format!("the lease record `{}` is damaged: {err}", path.display()),
+                format!(
+                    "move it aside and retry: the next token continues above the high-water mark in `{}` and the event log, so no token is issued twice (the lease it described, if live, is lost)",
+                    paths.high.display()
+                ),
+            )
+        })?;
+        if record.resource != resource {
+            return Err(Error::internal(
+                format!(
+                    "`{}` holds the lease of `{}`, not of `{resource}` (shortened names collided)",
+                    path.display(),
+                    record.resource
+                ),
+                "use a shorter resource name",
+            ));
+        }
+        Ok(Some(record))
+    }
+
+    /// The highest token issued by the high-water file and the log (not the record).
+    fn issued(&self, paths: &Paths) -> Result<i64, Error> {
+        let mark = match counter::read(&paths.high)
+            .map_err(|err| self.io_error("read the high-water mark", &paths.high, &err))?
+        {
+            counter::Mark::Token(token) => token,
+            counter::Mark::Missing => 0,
+            counter::Mark::Damaged(what) => {
+                return Err(Error::internal(
+                    format!("the high-water file `{}` is damaged: {what}", paths.high.display()),
+                    "move it aside and retry: the next token continues above the lease record and the event log",
+                ))
+            }
+        };
+        let logged = log::highest_token(&paths.events)
+            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?
+            .unwrap_or(0);
+        Ok(mark.max(logged))
+    }
+
+    /// Replaces a lease record atomically; `durable` also waits for the disk.
+    ///
+    /// Only a grant of a new token must survive a power loss (I1), and its high-water mark
+    /// already has. Renewals, releases and reacquisitions need not: after a reboot every
+    /// lease of the earlier boot has expired anyway (the boot id changed), and a process
+    /// crash loses nothing the page cache holds.
+    fn write_record(&self, path: &Path, record: &Record, durable: bool) -> Result<(), Error> {
+        let body = serde_json::to_vec(record)
+            .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+        disk::replace(path, &body, durable)
+            .map_err(|err| self.io_error("write the lease record", path, &err))
+    }
+
+    /// Writes `record` and appends `event`; when the append fails, writes `undo` back and
+    /// refuses (exit 7: nothing applied), or, if even that fails, reports the outcome as
+    /// unknown (exit 8). `what` completes "the lease on `r` was not …".
+    fn commit(
+        &self,
+        paths: &Paths,
+        record: &Record,
+        undo: &Record,
+        durable: bool,
+        event: &EventLine,
+        what: &str,
+    ) -> Result<(), Error> {
+        self.write_record(&paths.lease, record, durable)?;
+        let Err(err) = log::append(&paths.events, event) else {
+            if log::is_long(&paths.events) {
+                let pruned = self
+                    .issued(paths)
+                    .map_err(|err| err.to_string())
+                    .and_then(|high| {
+                        log::prune(&paths.events, high.max(record.token), event.at_ms)
+                            .map_err(|err| err.to_string())
+                    });
+                if let Err(err) = pruned {
+                    crate::output::warn(&format!(
+                        "warning: cannot prune the event log `{}`: {err}; it keeps growing until that succeeds",
+                        paths.events.display()
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        let events = paths.events.display();
+        let resource = &record.resource;
+        match self.write_record(&paths.lease, undo, false) {
+            Ok(()) => Err(Error::unavailable(
+                format!("the lease on `{resource}` was not {what}: its history could not be written to `{events}`: {err}"),
+                "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied (a token this used up is never issued again)",
+            )),
+            Err(undo_err) => Err(Error::OutcomeUnknown {
+                message: format!(
+                    "the lease on `{resource}` was {what} with token {}, but its history could not be written to `{events}` ({err}) and undoing it failed: {undo_err}",
+                    record.token
+                ),
+                hint: format!("fix the disk, then run `fence inspect {resource}` to see whether the lease is held, and release it with its owner and token if so"),
+            }),
+        }
+    }
+}
+
+/// A file-name-safe, reversible-looking encoding of a resource name: bytes outside
+/// `[A-Za-z0-9_.-]` (and a leading `.`) become `%XX`; names whose encoding is long are cut
+/// and suffixed with a 64-bit FNV-1a hash of the full name.
+fn encode_name(resource: &str) -> String {
+    let mut out = String::with_capacity(resource.len());
+    for (i, byte) in resource.bytes().enumerate() {
+        let plain =
+            byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' || (byte == b'.' && i > 0);
+        if plain {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if out.len() <= 180 {
+        return out;
+    }
+    let mut cut = 120;
+    while out.as_bytes()[cut - 1] == b'%' || out.as_bytes()[cut - 2] == b'%' {
+        cut -= 1;
+    }
+    let hash = resource.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{}~{hash:016x}", &out[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode_name;
+
+    #[test]
+    fn names_encode_safely() {
+        assert_eq!(encode_name("nightly-report"), "nightly-report");
+        assert_eq!(encode_name("a/b c"), "a%2Fb%20c");
+        assert_eq!(encode_name(".."), "%2E.");
+        let long = "ü".repeat(100);
+        let encoded = encode_name(&long);
+        assert!(encoded.len() < 200, "{encoded}");
+        assert_ne!(encoded, encode_name(&"ü".repeat(99)));
+    }
+}

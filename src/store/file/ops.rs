@@ -1,0 +1,312 @@
+//! Acquire, renew and release: each one read-decide-write under the resource's lock.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::log::EventLine;
+use super::record::{Now, Record};
+use super::{FileCoordinator, Paths, FORMAT_VERSION};
+use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::store::{
+    ttl_ms, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, Released, ResourceView,
+};
+
+impl FileCoordinator {
+    /// Runs `change` on a resource's record under its lock.
+    fn with_lock<T>(
+        &self,
+        resource: &str,
+        change: impl FnOnce(&Self, Option<Record>, &Paths) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.ensure()?;
+        let paths = self.paths(resource);
+        let _lock = self.lock(&paths.lock)?;
+        let record = self.read_record(&paths, resource)?;
+        change(self, record, &paths)
+    }
+
+    fn lock(&self, path: &std::path::Path) -> Result<super::Locked, Error> {
+        super::lock_exclusive(path).map_err(|(what, err)| self.io_error(what, path, &err))
+    }
+
+    /// The next token for a new grant: above the record's, the high-water mark's and the
+    /// log's. Warns when the record is below the others (restored or rolled back).
+    fn next_token(&self, paths: &Paths, previous: Option<&Record>) -> Result<i64, Error> {
+        let issued = self.issued(paths)?;
+        let recorded = previous.map_or(0, |r| r.token);
+        if previous.is_some() && recorded < issued {
+            crate::output::warn(&format!(
+                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy or rolled back; the new token continues above {issued}",
+                paths.lease.display()
+            ));
+        }
+        Ok(recorded.max(issued) + 1)
+    }
+
+    fn event(now: &Now, kind: &str, owner: &str, token: i64) -> EventLine {
+        EventLine {
+            at_ms: now.wall_ms,
+            kind: kind.to_owned(),
+            owner: Some(owner.to_owned()),
+            token: Some(token),
+            detail: None,
+        }
+    }
+
+    /// Classifies a renew or release whose owner/token/expiry did not match.
+    fn refuse(
+        &self,
+        op: &str,
+        lease: &LeaseRef,
+        record: Option<&Record>,
+        now: &Now,
+        paths: &Paths,
+    ) -> Error {
+        let Some(record) = record else {
+            return Error::Conflict {
+                resource: lease.resource.clone(),
+                token: lease.token,
+                kind: ConflictKind::NoLease,
+            };
+        };
+        let error = if record.token > lease.token {
+            Error::Stale {
+                resource: lease.resource.clone(),
+                token: lease.token,
+                highest_token: record.token,
+            }
+        } else if record.token < lease.token {
+            let issued = self.issued(paths).unwrap_or(0);
+            if lease.token <= issued {
+                // The token was issued, but the record no longer shows it: not "never issued".
+                return Error::internal(
+                    format!(
+                        "the lease record `{}` holds token {}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
+                        paths.lease.display(),
+                        record.token,
+                        lease.token
+                    ),
+                    format!(
+                        "stop using token {} and acquire `{}` again (the next token continues above {issued})",
+                        lease.token, lease.resource
+                    ),
+                );
+            }
+            return Error::Conflict {
+                resource: lease.resource.clone(),
+                token: lease.token,
+                kind: ConflictKind::NeverIssued {
+                    highest_token: record.token,
+                },
+            };
+        } else if record.owner != lease.owner {
+            return Error::Conflict {
+                resource: lease.resource.clone(),
+                token: lease.token,
+                kind: ConflictKind::WrongOwner {
+                    holder: record.owner.clone(),
+                },
+            };
+        } else {
+            Error::LeaseLost {
+                resource: lease.resource.clone(),
+                owner: lease.owner.clone(),
+                token: lease.token,
+                reason: if record.released {
+                    LostReason::Released
+                } else {
+                    LostReason::Expired
+                },
+            }
+        };
+        let detail = match &error {
+            Error::Stale { highest_token, .. } => format!("token {highest_token} issued since"),
+            Error::LeaseLost {
+                reason: LostReason::Released,
+                ..
+            } => "released".into(),
+            _ => "expired".into(),
+        };
+        if let Err(err) = super::log::append(
+            &paths.events,
+            &EventLine {
+                at_ms: now.wall_ms,
+                kind: format!("{op}_rejected"),
+                owner: Some(lease.owner.clone()),
+                token: Some(lease.token),
+                detail: Some(detail),
+            },
+        ) {
+            // The refusal is the true answer; only its history entry is missing.
+            crate::output::warn(&format!(
+                "warning: cannot record the refused {op} in `{}`: {err}",
+                paths.events.display()
+            ));
+        }
+        error
+    }
+}
+
+#[async_trait(?Send)]
+impl Coordinator for FileCoordinator {
+    async fn init(&self) -> Result<InitReport, Error> {
+        let meta = self.dir.join("fence-store.json");
+        let existed = meta.exists();
+        self.ensure()?;
+        if !existed {
+            let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
+            std::fs::write(&meta, body).map_err(|err| self.io_error("write", &meta, &err))?;
+        }
+        self.sweep();
+        Ok(InitReport {
+            action: if existed { "up_to_date" } else { "created" },
+            schema_version: FORMAT_VERSION,
+            location: format!("directory `{}`", self.dir.display()),
+        })
+    }
+
+    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
+        let ttl = ttl_ms(ttl);
+        self.with_lock(resource, |store, previous, paths| {
+            let now = Now::read()?;
+            if let Some(record) = previous
+                .as_ref()
+                .filter(|r| r.is_live(&now, &store.boot_id))
+            {
+                if record.owner != owner {
+                    return Err(Error::Busy {
+                        resource: resource.to_owned(),
+                        holder: Holder {
+                            owner: record.owner.clone(),
+                            token: record.token,
+                            expires_at_ms: record.expires_at_ms,
+                            expires_in_ms: record.expires_in_ms(&now, &store.boot_id),
+                        },
+                    });
+                }
+                let mut extended = record.clone();
+                extended.extend(&now, &store.boot_id, ttl);
+                let event = Self::event(&now, "reacquired", owner, record.token);
+                store.commit(paths, &extended, record, false, &event, "reacquired")?;
+                return Ok(Grant {
+                    lease: extended.lease(&Now::read()?, &store.boot_id),
+                    reacquired: true,
+                });
+            }
+            let kind = match &previous {
+                Some(r) if !r.released && r.owner != owner => "taken_over",
+                _ => "acquired",
+            };
+            let token = store.next_token(paths, previous.as_ref())?;
+            // The mark is durable before the token exists anywhere else: whatever happens
+            // next, this token is never issued again.
+            super::counter::write(&paths.high, token)
+                .map_err(|err| store.io_error("record the high-water mark", &paths.high, &err))?;
+            let record = Record::grant(resource, owner, token, ttl, &now, &store.boot_id);
+            let mut undo = record.clone();
+            undo.released = true;
+            let event = Self::event(&now, kind, owner, token);
+            store.commit(paths, &record, &undo, true, &event, "acquired")?;
+            Ok(Grant {
+                lease: record.lease(&Now::read()?, &store.boot_id),
+                reacquired: false,
+            })
+        })
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
+        self.with_lock(&lease.resource, |store, record, paths| {
+            let now = Now::read()?;
+            match record {
+                Some(record)
+                    if record.token == lease.token
+                        && record.owner == lease.owner
+                        && record.is_live(&now, &store.boot_id) =>
+                {
+                    let ttl = ttl.map_or(record.ttl_ms, ttl_ms);
+                    let mut renewed = record.clone();
+                    renewed.extend(&now, &store.boot_id, ttl);
+                    let event = Self::event(&now, "renewed", &lease.owner, lease.token);
+                    store.commit(paths, &renewed, &record, false, &event, "renewed")?;
+                    Ok(renewed.lease(&Now::read()?, &store.boot_id))
+                }
+                other => Err(store.refuse("renew", lease, other.as_ref(), &now, paths)),
+            }
+        })
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
+        self.with_lock(&lease.resource, |store, record, paths| {
+            let now = Now::read()?;
+            match record {
+                Some(record)
+                    if record.token == lease.token
+                        && record.owner == lease.owner
+                        && record.released =>
+                {
+                    Ok(Released::Already)
+                }
+                Some(record) if record.token == lease.token && record.owner == lease.owner => {
+                    let mut released = record.clone();
+                    released.released = true;
+                    let event = Self::event(&now, "released", &lease.owner, lease.token);
+                    store.commit(paths, &released, &record, false, &event, "released")?;
+                    Ok(Released::Now)
+                }
+                other => Err(store.refuse("release", lease, other.as_ref(), &now, paths)),
+            }
+        })
+    }
+
+    async fn inspect(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Vec<ResourceView>, Error> {
+        Ok(self.inspect_store(resources, history)?.views)
+    }
+
+    async fn inspect_checked(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Inspection, Error> {
+        self.inspect_store(resources, history)
+    }
+
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
+        let dir = self.waiters_dir(resource);
+        std::fs::create_dir_all(&dir).map_err(|err| self.io_error("create", &dir, &err))?;
+        for (path, waiter) in self.read_waiters(&dir) {
+            if waiter.is_none() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        let since_ms = Now::read()?.wall_ms;
+        let body = serde_json::json!({ "owner": owner, "since_ms": since_ms }).to_string();
+        let path = dir.join(format!("{}.json", std::process::id()));
+        std::fs::write(&path, body).map_err(|err| self.io_error("write", &path, &err))
+    }
+
+    async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        let path = self
+            .waiters_dir(resource)
+            .join(format!("{}.json", std::process::id()));
+        match std::fs::remove_file(&path) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                Err(self.io_error("remove", &path, &err))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn wait_for_release(&self, _resource: &str, max: Duration) -> Result<(), Error> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+
+    fn pushes_wakeups(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,209 @@
+//! `inspect` of the directory store: the resources, their history read from the end of each
+//! log, and what is wrong with the store's own files (damaged records, records below the
+//! high-water mark, unreadable log lines), so that damage is never shown as "nothing here".
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::ErrorKind;
+
+use super::counter::{self, Mark};
+use super::disk::sweep_temporaries;
+use super::log;
+use super::record::{Now, Record};
+use super::{FileCoordinator, Paths};
+use crate::config::percent_decode;
+use crate::error::Error;
+use crate::store::{Event, Finding, Inspection, ResourceView, State};
+
+impl FileCoordinator {
+    /// Removes temporary files of killed processes (records and pruned logs being written).
+    pub(super) fn sweep(&self) {
+        for sub in ["leases", "events"] {
+            sweep_temporaries(&self.dir.join(sub));
+        }
+    }
+
+    /// Every resource with a record or a high-water file, by the names of its files.
+    fn known_names(&self) -> Result<Vec<String>, Error> {
+        let mut names = BTreeSet::new();
+        for (sub, suffix) in [("leases", ".json"), ("tokens", ".high")] {
+            let dir = self.dir.join(sub);
+            let entries = match fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(err) if err.kind() == ErrorKind::NotFound => continue,
+                Err(err) => return Err(self.io_error("list", &dir, &err)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|err| self.io_error("list", &dir, &err))?;
+                let file_name = entry.file_name();
+                let Some(stem) = file_name
+                    .to_str()
+                    .filter(|n| !n.starts_with('.'))
+                    .and_then(|n| n.strip_suffix(suffix))
+                else {
+                    continue;
+                };
+                // A shortened name (`…~hash`) cannot be decoded: the record holds the name.
+                let name = match fs::read(entry.path())
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Record>(&b).ok())
+                {
+                    Some(record) => record.resource,
+                    None => percent_decode(stem).unwrap_or_else(|| stem.to_owned()),
+                };
+                names.insert(name);
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    pub(super) fn inspect_store(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Inspection, Error> {
+        if !self.dir.is_dir() {
+            return Err(Error::usage(
+                format!("no store at `{}`", self.dir.display()),
+                "check --store or FENCE_STORE (under cron, HOME and XDG_STATE_HOME may differ from your shell's); `fence init` or the first `fence acquire` creates a store",
+            ));
+        }
+        self.sweep();
+        let now = Now::read()?;
+        let names = if resources.is_empty() {
+            self.known_names()?
+        } else {
+            resources.to_vec()
+        };
+        let mut inspection = Inspection::default();
+        for name in &names {
+            let paths = self.paths(name);
+            let (view, findings) = self.view(name, &paths, &now, history)?;
+            inspection.views.push(view);
+            inspection.findings.extend(findings);
+        }
+        Ok(inspection)
+    }
+
+    fn view(
+        &self,
+        name: &str,
+        paths: &Paths,
+        now: &Now,
+        history: usize,
+    ) -> Result<(ResourceView, Vec<Finding>), Error> {
+        let mut findings = Vec::new();
+        let mut finding = |kind: &'static str, message: String| {
+            findings.push(Finding {
+                resource: name.to_owned(),
+                kind,
+                message,
+            });
+        };
+        let tail = log::tail(&paths.events, history.max(256))
+            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+        if tail.skipped > 0 {
+            finding(
+                "skipped_log_lines",
+                format!(
+                    "{} line(s) of the event log `{}` are not events (damaged, or torn by a crash) and were skipped",
+                    tail.skipped,
+                    paths.events.display()
+                ),
+            );
+        }
+        let logged = tail
+            .events
+            .iter()
+            .filter_map(|e| e.token)
+            .max()
+            .unwrap_or(0);
+        let mark = match counter::read(&paths.high) {
+            Ok(Mark::Token(token)) => token,
+            Ok(Mark::Missing) => 0,
+            Ok(Mark::Damaged(what)) => {
+                finding(
+                    "damaged",
+                    format!(
+                        "the high-water file `{}` is damaged: {what}",
+                        paths.high.display()
+                    ),
+                );
+                0
+            }
+            Err(err) => return Err(self.io_error("read", &paths.high, &err)),
+        };
+        let issued = mark.max(logged);
+        let mut view = match self.read_record(paths, name) {
+            Err(Error::Internal { message, .. }) => {
+                finding("damaged", message);
+                let mut view = ResourceView::unknown(name);
+                view.state = State::Damaged;
+                view
+            }
+            Err(err) => return Err(err),
+            Ok(None) => {
+                if issued > 0 {
+                    finding(
+                        "record_missing",
+                        format!(
+                            "the lease record `{}` is missing (moved aside or deleted); token {issued} was issued, and the next token continues above it",
+                            paths.lease.display()
+                        ),
+                    );
+                }
+                ResourceView::unknown(name)
+            }
+            Ok(Some(record)) => {
+                if record.token < issued {
+                    finding(
+                        "restored",
+                        format!(
+                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy or rolled back; the next token continues above {issued}",
+                            paths.lease.display(),
+                            record.token
+                        ),
+                    );
+                }
+                self.record_view(name, &record, now)
+            }
+        };
+        view.waiters = self.waiters(name);
+        view.events = tail
+            .events
+            .into_iter()
+            .take(history)
+            .map(|e| Event {
+                at_ms: e.at_ms,
+                kind: e.kind,
+                owner: e.owner,
+                token: e.token,
+                detail: e.detail,
+            })
+            .collect();
+        Ok((view, findings))
+    }
+
+    fn record_view(&self, name: &str, record: &Record, now: &Now) -> ResourceView {
+        let state = if record.released {
+            State::Free
+        } else if record.is_live(now, &self.boot_id) {
+            State::Held
+        } else {
+            State::Expired
+        };
+        let shown = state != State::Free;
+        ResourceView {
+            resource: name.to_owned(),
+            state,
+            owner: shown.then(|| record.owner.clone()),
+            token: Some(record.token),
+            acquired_at_ms: Some(record.acquired_at_ms),
+            renewed_at_ms: Some(record.renewed_at_ms),
+            expires_at_ms: shown.then_some(record.expires_at_ms),
+            waiters: Vec::new(),
+            expires_in_ms: shown.then(|| record.expires_in_ms(now, &self.boot_id)),
+            events: Vec::new(),
+        }
+    }
+}
