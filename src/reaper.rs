@@ -64,6 +64,7 @@ pub fn main(args: &[OsString]) -> Exit {
         eprintln!("fence: error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
+    take_terminal(parent);
     // SAFETY: fd 3 was set up by `fence run` for this report alone; we own it from here.
     let mut report = unsafe { std::fs::File::from_raw_fd(REPORT_FD) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
@@ -186,6 +187,27 @@ fn kill_descendants() {
         }
     }
     reap();
+}
+
+/// When `fence run` holds the terminal's foreground, takes it for the command's group before
+/// the command starts (a background group that reads the terminal is stopped), so that a
+/// command that reads its terminal works as it would without fence. `fence run` takes it
+/// back when the command is done.
+fn take_terminal(parent: i32) {
+    // SAFETY: terminal calls on standard input; SIGTTOU is blocked around tcsetpgrp, as a
+    // background process group taking the foreground must.
+    unsafe {
+        if libc::isatty(0) != 1 || libc::tcgetpgrp(0) != libc::getpgid(parent) {
+            return;
+        }
+        let mut ttou: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut ttou);
+        libc::sigaddset(&mut ttou, libc::SIGTTOU);
+        libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut before);
+        libc::tcsetpgrp(0, libc::getpgrp());
+        libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+    }
 }
 
 /// Blocks the signals the reaper acts on; returns them and the mask before.

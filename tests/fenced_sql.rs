@@ -14,68 +14,13 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Store;
+use common::fenced::{backends, finish, one, schema, setup_table, tagged_url, values};
+use common::{wait_for, Store};
 use fence::target::postgres::{fenced_script, TxWrite};
 
 /// How long the server may take to notice and end a cancelled or orphaned backend. Measured:
 /// well under a second with `client_connection_check_interval = 1s`; generous for a loaded CI.
 const SERVER_SETTLES: Duration = Duration::from_secs(20);
-
-fn schema(store: &Store) -> String {
-    store.schema.clone().unwrap()
-}
-
-/// A target URL whose connections carry `name` as application_name, so a test finds its own
-/// backends in pg_stat_activity.
-fn tagged_url(store: &Store, name: &str) -> String {
-    format!("{}?application_name={name}", store.url)
-}
-
-fn one(store: &Store, sql: &str) -> String {
-    let rows = common::pg_query(&store.url, sql);
-    rows[0].get::<_, Option<String>>(0).unwrap_or_default()
-}
-
-fn setup_table(store: &Store) -> String {
-    let table = format!("{}.items", schema(store));
-    common::pg_exec(
-        &store.url,
-        &format!(
-            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (v int)",
-            s = schema(store)
-        ),
-    );
-    table
-}
-
-fn values(store: &Store, table: &str) -> String {
-    one(
-        store,
-        &format!("SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM {table}"),
-    )
-}
-
-/// Waits until `check` holds, failing the test after `limit`.
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Backends of this test's connections (by application_name), as (state, query).
-fn backends(store: &Store, name: &str) -> Vec<(String, String)> {
-    common::pg_query(
-        &store.url,
-        &format!(
-            "SELECT coalesce(state, ''), coalesce(query, '') FROM pg_stat_activity WHERE application_name = '{name}'"
-        ),
-    )
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
-}
 
 /// The first write of `token` for `resource` through fence, creating the guard row.
 fn first_write(store: &Store, resource: &str, token: i64, table: &str) {
@@ -109,8 +54,7 @@ fn transaction_control_in_the_sql_never_applies_anything_outside_the_guarded_tra
     let table = setup_table(&store);
     first_write(&store, "r", 5, &table);
     let guard = || {
-        one(
-            &store,
+        one(&store.url,
             &format!(
                 "SELECT highest_token || '/' || accepted_writes FROM {}.guards WHERE resource = 'r'",
                 schema(&store)
@@ -170,7 +114,7 @@ fn transaction_control_in_the_sql_never_applies_anything_outside_the_guarded_tra
     let sql = format!("INSERT INTO {table} VALUES (9); PREPARE TRANSACTION 'fence_t'");
     assert!(send_fenced(&store, "r", 5, &sql).is_err(), "{sql}");
     assert_eq!(
-        one(&store, "SELECT count(*)::text FROM pg_prepared_xacts"),
+        one(&store.url, "SELECT count(*)::text FROM pg_prepared_xacts"),
         "0"
     );
     assert_eq!(values(&store, &table), "0,5,7");
@@ -203,25 +147,9 @@ fn start_slow_write(store: &Store, name: &str, table: &str, extra: &[&str]) -> C
     wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
         backends(store, name)
             .iter()
-            .any(|(state, query)| state == "active" && query.contains("pg_sleep"))
+            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
     });
     child
-}
-
-/// The exit code and stderr of a finished fence process, failing after `limit`.
-fn finish(mut child: Child, limit: Duration) -> (i32, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return (
-                status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
-        }
-        assert!(start.elapsed() < limit, "fence did not exit in time");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Nothing of the write applied (the table holds only the first write's row), and no backend
@@ -230,7 +158,7 @@ fn assert_nothing_left(store: &Store, name: &str, table: &str) {
     wait_for("the write's backend to end", SERVER_SETTLES, || {
         backends(store, name)
             .iter()
-            .all(|(_, query)| !query.contains("pg_sleep"))
+            .all(|(_, _, query)| !query.contains("pg_sleep"))
     });
     assert_eq!(values(store, table), "0");
 }
@@ -243,7 +171,7 @@ fn a_write_slower_than_its_timeout_is_cancelled_on_the_server_and_reported_unapp
     let name = format!("fence-{}-timeout", schema(&store));
     let started = Instant::now();
     let child = start_slow_write(&store, &name, &table, &["--timeout", "1s"]);
-    let (code, stderr) = finish(child, Duration::from_secs(30));
+    let (code, _, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(code, 7, "{stderr}");
     assert!(stderr.contains("--timeout"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30));
@@ -264,7 +192,7 @@ fn a_stop_signal_cancels_the_write_on_the_server() {
         let child = start_slow_write(&store, &app, &table, &[]);
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
-        let (code, stderr) = finish(child, Duration::from_secs(30));
+        let (code, _, stderr) = finish(child, Duration::from_secs(30));
         assert_eq!(code, 7, "{name}: {stderr}");
         assert!(stderr.contains(name), "{stderr}");
         assert!(stderr.contains("nothing was applied"), "{stderr}");
@@ -319,7 +247,7 @@ fn lease_loss_under_run_cancels_the_write_it_supervises() {
         || {
             backends(&store, &name)
                 .iter()
-                .any(|(state, query)| state == "active" && query.contains("pg_sleep"))
+                .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
         },
     );
     // The lease is taken away (released with its own token), as an operator would.
@@ -336,7 +264,7 @@ fn lease_loss_under_run_cancels_the_write_it_supervises() {
         ])
         .run()
         .expect(0);
-    let (code, stderr) = finish(child, Duration::from_secs(60));
+    let (code, _, stderr) = finish(child, Duration::from_secs(60));
     assert_eq!(code, 5, "{stderr}");
     assert_nothing_left(&store, &name, &table);
 }
@@ -370,7 +298,7 @@ fn a_token_the_coordinator_never_issued_is_refused_and_the_holder_keeps_writing(
     assert_eq!(values(&store, &table), "0");
     assert_eq!(
         one(
-            &store,
+            &store.url,
             &format!(
                 "SELECT highest_token::text FROM {}.guards WHERE resource = 'r'",
                 schema(&store)
@@ -465,7 +393,10 @@ fn a_non_integer_token_column_is_a_usage_error() {
         .expect(2);
     assert!(out.stderr.contains("not fencing tokens"), "{out:?}");
     assert_eq!(
-        one(&store, &format!("SELECT state FROM {table} WHERE id = 1")),
+        one(
+            &store.url,
+            &format!("SELECT state FROM {table} WHERE id = 1")
+        ),
         "new"
     );
 }
@@ -517,8 +448,7 @@ fn transaction_control_is_refused_before_anything_is_sent() {
     let table = setup_table(&store);
     first_write(&store, "r", 5, &table);
     let guard = || {
-        one(
-            &store,
+        one(&store.url,
             &format!(
                 "SELECT highest_token || '/' || accepted_writes FROM {}.guards WHERE resource = 'r'",
                 schema(&store)
@@ -572,7 +502,7 @@ fn transaction_control_is_refused_before_anything_is_sent() {
     }
     assert_eq!(guard(), "5/1");
     assert_eq!(
-        one(&store, "SELECT count(*)::text FROM pg_prepared_xacts"),
+        one(&store.url, "SELECT count(*)::text FROM pg_prepared_xacts"),
         "0"
     );
     // Savepoints stay inside the transaction and are allowed.

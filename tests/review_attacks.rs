@@ -7,22 +7,16 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, Store};
+use common::fenced::{backends, finish, one, schema, setup_table, tagged_url, values};
+use common::process::{is_gone, kill, read_pid};
+use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Store};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
-
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Whether `check` holds at some point within `limit`.
 fn becomes(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
@@ -36,30 +30,10 @@ fn becomes(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
-/// Gone, or a zombie: no longer running either way.
-fn is_gone(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    matches!(
-        stat.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next()),
-        Some('Z') | Some('X')
-    )
-}
-
 fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let (_, rest) = stat.rsplit_once(") ").unwrap();
     rest.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-fn read_pid(path: &Path) -> u32 {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// Kills a process the test left behind, whatever the test's outcome.
@@ -72,11 +46,6 @@ impl Drop for Reap {
             unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
         }
     }
-}
-
-fn kill(pid: u32, signal: i32) {
-    // SAFETY: kill(2) on a process this test started.
-    unsafe { libc::kill(pid as i32, signal) };
 }
 
 /// PATH with the fence under test first, for commands that call `fence` themselves.
@@ -117,85 +86,12 @@ fn lease_state(store: &Store, resource: &str) -> String {
         .to_owned()
 }
 
-fn schema(store: &Store) -> String {
-    store.schema.clone().unwrap()
-}
-
-fn tagged_url(store: &Store, name: &str) -> String {
-    format!("{}?application_name={name}", store.url)
-}
-
-fn one(url: &str, sql: &str) -> String {
-    let rows = pg_query(url, sql);
-    rows[0].get::<_, Option<String>>(0).unwrap_or_default()
-}
-
-/// A table `<schema>.items (v int)` (the schema is the store's, fence's target schema too).
-fn setup_table(store: &Store) -> String {
-    let table = format!("{}.items", schema(store));
-    pg_exec(
-        &store.url,
-        &format!(
-            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (v int)",
-            s = schema(store)
-        ),
-    );
-    table
-}
-
-fn values(store: &Store, table: &str) -> String {
-    one(
-        &store.url,
-        &format!("SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM {table}"),
-    )
-}
-
 fn write(store: &Store, token: &str, sql: &str) -> common::Out {
     store
         .fence()
         .args(["write", "r", "--token", token, "--target", &store.url])
         .args(["--format", "json", "--sql", sql])
         .run()
-}
-
-fn backends(store: &Store, name: &str) -> Vec<(String, String, String)> {
-    pg_query(
-        &store.url,
-        &format!(
-            "SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(query, '') \
-             FROM pg_stat_activity WHERE application_name = '{name}'"
-        ),
-    )
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
-}
-
-fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return (
-                status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
-        }
-        assert!(start.elapsed() < limit, "fence did not exit in time");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The superuser on the test database (unix socket, trust).
-fn superuser_url() -> String {
-    format!(
-        "host={} port={} user={} dbname={}",
-        env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-        env_or_panic("FENCE_TEST_PG_PORT"),
-        env_or_panic("FENCE_TEST_PG_SUPER_USER"),
-        env_or_panic("FENCE_TEST_PG_DB")
-    )
 }
 
 // ---------------------------------------------------------------------------------------
@@ -922,7 +818,7 @@ fn dblink_cannot_take_a_write_out_of_the_fenced_transaction() {
     // In a schema of its own (fence's migration revokes from PUBLIC what is in its schema).
     let ext = format!("{s}_dblink");
     pg_exec(
-        &superuser_url(),
+        &common::pg_superuser(),
         &format!(
             "CREATE SCHEMA {ext}; CREATE EXTENSION dblink SCHEMA {ext}; GRANT USAGE ON SCHEMA {ext} TO {}",
             env_or_panic("FENCE_TEST_PG_USER")
@@ -990,7 +886,7 @@ struct DropSchema(String);
 impl Drop for DropSchema {
     fn drop(&mut self) {
         let _ = pg_try_exec(
-            &superuser_url(),
+            &common::pg_superuser(),
             &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
         );
     }

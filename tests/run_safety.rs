@@ -8,10 +8,10 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::Store;
+use common::process::{is_gone, read_pid};
+use common::{wait_for, Store};
 
 fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
     let mut fence = store
@@ -21,34 +21,6 @@ fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
         .args(["--", "sh", "-c", script]);
     fence.cmd.current_dir(dir).stdin(Stdio::null());
     fence.cmd
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        sleep(Duration::from_millis(10));
-    }
-}
-
-/// Gone, or a zombie: no longer running either way.
-fn is_gone(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return true;
-    };
-    matches!(
-        stat.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next()),
-        Some('Z') | Some('X')
-    )
-}
-
-fn read_pid(path: &Path) -> u32 {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 fn state(store: &Store, resource: &str) -> String {

@@ -250,28 +250,20 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     let _ = child.wait().await;
 }
 
-/// The terminal, when `fence run` holds its foreground: handed to the command's process group
-/// (which would otherwise stop as soon as it reads the terminal, while fence kept renewing),
-/// and taken back when the command is done.
+/// The terminal, when `fence run` held its foreground: the reaper hands it to the command's
+/// process group before the command starts (which would otherwise stop as soon as it read the
+/// terminal, while fence kept renewing), and fence takes it back when the command is done.
 struct Terminal {
     given: bool,
 }
 
 impl Terminal {
+    /// Whether the reaper took the terminal for the command's group (see
+    /// [`crate::reaper`]), so that fence must take it back.
     fn give(pgid: Option<i32>) -> Terminal {
-        let Some(pgid) = pgid else {
-            return Terminal { given: false };
-        };
-        // SAFETY: isatty/tcgetpgrp/tcsetpgrp on standard input, kill(2) on the command's group.
-        let given = unsafe {
-            libc::isatty(0) == 1
-                && libc::tcgetpgrp(0) == libc::getpgrp()
-                && libc::tcsetpgrp(0, pgid) == 0
-        };
-        if given {
-            // It may have read the terminal before it was its own: go on.
-            forward(Some(pgid), libc::SIGCONT);
-        }
+        // SAFETY: isatty/tcgetpgrp on standard input.
+        let given =
+            pgid.is_some_and(|pgid| unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == pgid });
         Terminal { given }
     }
 

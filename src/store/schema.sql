@@ -44,6 +44,9 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.events (
     detail text
 );
 CREATE INDEX IF NOT EXISTS events_resource_id ON __SCHEMA__.events (resource, id DESC);
+-- `inspect --limit/--after` pages resources in byte order: this index serves the page
+-- without sorting the whole table.
+CREATE INDEX IF NOT EXISTS leases_resource_bytes ON __SCHEMA__.leases (resource COLLATE "C");
 
 -- The waiters' queue (`--wait`). One row per waiting process; its id (a sequence) is its place
 -- in arrival order. A waiter keeps its row alive by polling: every poll moves `deadline` (by

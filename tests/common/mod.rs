@@ -438,7 +438,9 @@ macro_rules! per_coordinator {
     };
 }
 pub mod cluster;
+pub mod fenced;
 pub mod objects;
+pub mod process;
 pub mod proxy;
 
 /// Waits until `done` holds, polling every 10 ms; fails the test, naming `what`, after

@@ -1,0 +1,76 @@
+//! Helpers for tests of fenced PostgreSQL writes: a table in the store's own schema, its
+//! contents as one string, the server's view of a test's sessions (tagged by
+//! application_name), and a `fence` child's end within a deadline.
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use super::{pg_exec, pg_query, Store};
+
+/// The store's schema (fence's tables, and the test's own).
+pub fn schema(store: &Store) -> String {
+    store.schema.clone().expect("a PostgreSQL store")
+}
+
+/// A target URL whose sessions carry `name` as application_name.
+pub fn tagged_url(store: &Store, name: &str) -> String {
+    format!("{}?application_name={name}", store.url)
+}
+
+/// The first column of the first row, as text ("" for NULL).
+pub fn one(url: &str, sql: &str) -> String {
+    let rows = pg_query(url, sql);
+    rows[0].get::<_, Option<String>>(0).unwrap_or_default()
+}
+
+/// A table `<schema>.items (v int)`.
+pub fn setup_table(store: &Store) -> String {
+    let table = format!("{}.items", schema(store));
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (v int)",
+            s = schema(store)
+        ),
+    );
+    table
+}
+
+/// The table's values, sorted, comma-separated.
+pub fn values(store: &Store, table: &str) -> String {
+    one(
+        &store.url,
+        &format!("SELECT coalesce(string_agg(v::text, ',' ORDER BY v), '') FROM {table}"),
+    )
+}
+
+/// The sessions tagged `name`, as (state, wait event type, query).
+pub fn backends(store: &Store, name: &str) -> Vec<(String, String, String)> {
+    pg_query(
+        &store.url,
+        &format!(
+            "SELECT coalesce(state, ''), coalesce(wait_event_type, ''), coalesce(query, '') \
+             FROM pg_stat_activity WHERE application_name = '{name}'"
+        ),
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+/// The exit code, stdout and stderr of a child, failing the test after `limit`.
+pub fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            return (
+                status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+        }
+        assert!(start.elapsed() < limit, "the process did not exit in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
