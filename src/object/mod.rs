@@ -21,6 +21,7 @@ mod local;
 mod s3;
 #[cfg(any(feature = "s3", feature = "gcs"))]
 mod upload;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -37,7 +37,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::object::{self, encode_key, Cond, Meta, ObjectApi, ObjectUrl, Put};
+use crate::object::{self, encode_key, verify, Cond, Meta, ObjectApi, ObjectUrl, Put};
 use crate::store::{
     random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
     ResourceView, State, Waiter,
@@ -52,6 +52,8 @@ pub struct ObjectCoordinator {
     url: ObjectUrl,
     /// This process's waiter record name.
     waiter_id: String,
+    /// Whether this process has seen the prefix verified (`None`: not looked yet).
+    verified: std::cell::Cell<Option<bool>>,
 }
 
 /// The lease object's body.
@@ -71,6 +73,10 @@ struct Body {
     /// (the grant itself cannot know its own Last-Modified before it is stored).
     #[serde(default)]
     acquired_at_ms: Option<i64>,
+    /// Written after the store was proven to enforce preconditions (`object::verify`), so a
+    /// process that finds this record needs no proof of its own.
+    #[serde(default)]
+    verified: bool,
 }
 
 /// An event object's body; its time is the object's Last-Modified.
@@ -135,6 +141,7 @@ impl ObjectCoordinator {
             api: object::open(url)?,
             url: url.clone(),
             waiter_id: format!("{}-{}", std::process::id(), nonce()),
+            verified: std::cell::Cell::new(None),
         })
     }
 
@@ -171,6 +178,21 @@ impl ObjectCoordinator {
             body,
             meta: fetched.meta,
         }))
+    }
+
+    /// Whether the prefix was proven to enforce preconditions, proving it now if it never was
+    /// (exit 2 when the server ignores them). `false` only when the proof was skipped on the
+    /// caller's explicit request.
+    async fn verified(&self, current: Option<&Current>) -> Result<bool, Error> {
+        if current.is_some_and(|c| c.body.verified) {
+            return Ok(true);
+        }
+        if let Some(known) = self.verified.get() {
+            return Ok(known);
+        }
+        let known = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, false).await?;
+        self.verified.set(Some(known));
+        Ok(known)
     }
 
     /// The store's clock now: the Last-Modified of a probe object written for the purpose.
@@ -368,6 +390,7 @@ impl ObjectCoordinator {
 #[async_trait(?Send)]
 impl Coordinator for ObjectCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
+        let verified = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, true).await?;
         let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
         let put = self
             .api
@@ -384,7 +407,15 @@ impl Coordinator for ObjectCoordinator {
                 Put::Lost => "up_to_date",
             },
             schema_version: FORMAT_VERSION,
-            location: format!("objects under `{}`", self.url.display),
+            location: format!(
+                "objects under `{}` ({})",
+                self.url.display,
+                if verified {
+                    "conditional writes verified, recorded in `.fence/verified`"
+                } else {
+                    "conditional writes NOT verified"
+                }
+            ),
         })
     }
 
@@ -393,6 +424,7 @@ impl Coordinator for ObjectCoordinator {
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(resource).await?;
+            let verified = self.verified(current.as_ref()).await?;
             let now = match &current {
                 Some(c) if c.held() => Some(self.now().await?),
                 _ => None,
@@ -429,6 +461,7 @@ impl Coordinator for ObjectCoordinator {
                         nonce: String::new(),
                         seq: 0,
                         acquired_at_ms: None,
+                        verified,
                     };
                     (body, kind)
                 }
@@ -436,6 +469,7 @@ impl Coordinator for ObjectCoordinator {
             let body = Body {
                 nonce: nonce(),
                 seq: current.as_ref().map_or(0, |c| c.body.seq) + 1,
+                verified,
                 ..body
             };
             let Some(meta) = self.write(current.as_ref(), &body).await? else {

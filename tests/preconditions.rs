@@ -1,0 +1,247 @@
+//! Verify before trusting (issue 18): an object store is used as a coordinator, or as the
+//! home of fenced objects, only after fence proved that it enforces the preconditions fence
+//! relies on. The non-enforcing server is moto or fake-gcs-server behind an HTTP proxy of ours
+//! that strips `If-None-Match` / `If-Match` (S3) or the `ifGenerationMatch` query parameter
+//! (GCS): it answers every conditional put with success, exactly as s3rver and
+//! gcp-storage-emulator do. Every test reads the bucket itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use common::objects::{Server, Service};
+use common::proxy::{HttpProxy, Verdict};
+use common::{Backend, Fence, Out, Store};
+
+fn backend(service: Service) -> Backend {
+    match service {
+        Service::S3 => Backend::S3,
+        Service::Gcs => Backend::Gcs,
+    }
+}
+
+fn endpoint_var(service: Service) -> &'static str {
+    match service {
+        Service::S3 => "AWS_ENDPOINT_URL",
+        Service::Gcs => "FENCE_GCS_ENDPOINT",
+    }
+}
+
+/// A proxy in front of the test server that removes every precondition from every request.
+fn ignoring(server: &Server) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(
+        upstream,
+        Arc::new(|request| {
+            request.remove_header("if-match");
+            request.remove_header("if-none-match");
+            request.remove_query("ifGenerationMatch");
+            Verdict::Forward
+        }),
+    )
+}
+
+/// A proxy that changes nothing (it counts).
+fn passing(server: &Server) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(upstream, Arc::new(|_| Verdict::Forward))
+}
+
+/// `fence` on `store`, its requests going through `proxy`.
+fn via(store: &Store, proxy: &HttpProxy) -> Fence {
+    let service = store.server().0.service;
+    store.fence().env(endpoint_var(service), proxy.endpoint())
+}
+
+/// The precondition the message must name.
+fn precondition(service: Service) -> &'static str {
+    match service {
+        Service::S3 => "If-None-Match",
+        Service::Gcs => "ifGenerationMatch",
+    }
+}
+
+#[track_caller]
+fn assert_refused(out: &Out, service: Service) {
+    assert_eq!(out.code, 2, "{out:?}");
+    let error = out.json();
+    assert_eq!(error["error"], "usage", "{out:?}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(precondition(service)) && message.contains("does not enforce"),
+        "the message names the ignored precondition: {message}"
+    );
+}
+
+/// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
+/// (exit 2, naming the precondition), and nothing of fence's but scratch probes is stored:
+/// no lease record, no verification record, no object written.
+fn ignoring_server_is_refused(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    let out = via(&store, &proxy).args(["init", "--format", "json"]).run();
+    assert_refused(&out, service);
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_refused(&out, service);
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let out = via(&store, &proxy)
+        .args([
+            "write", "res", "--token", "1", "--target", &target, "--from",
+        ])
+        .args([&file])
+        .args(["--format", "json"])
+        .run();
+    assert_refused(&out, service);
+    let stored = server.list(prefix);
+    assert!(
+        stored.iter().all(|key| key.contains("/.fence/probe-")),
+        "only scratch probes were stored: {stored:?}"
+    );
+    assert!(
+        !proxy.seen().is_empty(),
+        "the premise: fence's requests went through the proxy"
+    );
+}
+
+#[test]
+fn s3_ignoring_server_is_refused() {
+    ignoring_server_is_refused(Service::S3);
+}
+
+#[test]
+fn gcs_ignoring_server_is_refused() {
+    ignoring_server_is_refused(Service::Gcs);
+}
+
+/// Ten races of two owners for a fresh resource on the ignoring server: never two grants
+/// (without the check, every race gave two).
+fn races_never_grant_twice(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    for race in 0..10 {
+        let resource = format!("race-{race}");
+        let contenders: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|owner| {
+                let fence = via(&store, &proxy).args([
+                    "acquire", &resource, "--owner", owner, "--ttl", "30s", "--format", "json",
+                ]);
+                thread::spawn(move || fence.run())
+            })
+            .collect();
+        let outs: Vec<Out> = contenders.into_iter().map(|t| t.join().unwrap()).collect();
+        let grants = outs.iter().filter(|o| o.code == 0).count();
+        assert!(grants <= 1, "race {race}: two grants: {outs:?}");
+        for out in &outs {
+            assert!([2, 3].contains(&out.code), "race {race}: {out:?}");
+        }
+    }
+    let leases = server.list(&format!("{prefix}/leases"));
+    assert!(leases.is_empty(), "no lease record was stored: {leases:?}");
+}
+
+#[test]
+fn s3_races_never_grant_twice() {
+    races_never_grant_twice(Service::S3);
+}
+
+#[test]
+fn gcs_races_never_grant_twice() {
+    races_never_grant_twice(Service::Gcs);
+}
+
+/// On an enforcing server the first acquire (no `init`) proves the prefix and records it in
+/// `<prefix>/.fence/verified` (with the endpoint); its scratch probe is gone; the lease record
+/// says it was written after the proof. A second process reads no verification record at all;
+/// `init` proves the prefix again.
+fn verification_is_recorded_once(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    store
+        .fence()
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let record = server
+        .get(&format!("{prefix}/.fence/verified"))
+        .expect("the verification record");
+    let record: serde_json::Value = serde_json::from_slice(&record.body).unwrap();
+    assert_eq!(record["endpoint"], server.endpoint.as_str(), "{record}");
+    assert_eq!(record["verified"].as_array().unwrap().len(), 3, "{record}");
+    let fence_dir = server.list(&format!("{prefix}/.fence"));
+    assert_eq!(fence_dir, [format!("{prefix}/.fence/verified")]);
+    let lease = server
+        .get(&format!("{prefix}/leases/res"))
+        .expect("the lease record");
+    let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
+    assert_eq!(lease["verified"], true, "{lease}");
+
+    let proxy = passing(server);
+    via(&store, &proxy)
+        .args(["acquire", "other", "--owner", "b", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    via(&store, &proxy)
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let seen = proxy.seen();
+    assert!(
+        seen.iter().filter(|r| r.contains(".fence")).count() == 1,
+        "one read of the record (the fresh resource), none for the verified lease: {seen:?}"
+    );
+    let out = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0);
+    assert!(out.stdout.contains("verified"), "{out:?}");
+}
+
+#[test]
+fn s3_verification_is_recorded_once() {
+    verification_is_recorded_once(Service::S3);
+}
+
+#[test]
+fn gcs_verification_is_recorded_once() {
+    verification_is_recorded_once(Service::Gcs);
+}
+
+/// The one way past the check: the loudly named variable. fence warns, and records no proof.
+#[test]
+fn the_check_is_skipped_only_when_asked_loudly() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    let out = via(&store, &proxy)
+        .env("FENCE_I_KNOW_THE_STORE_IGNORES_PRECONDITIONS", "1")
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    assert!(
+        out.stderr.contains("WARNING") && out.stderr.contains("several owners"),
+        "{out:?}"
+    );
+    assert!(server.get(&format!("{prefix}/.fence/verified")).is_none());
+    let lease = server.get(&format!("{prefix}/leases/res")).unwrap();
+    let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
+    assert_eq!(lease["verified"], false, "{lease}");
+}
