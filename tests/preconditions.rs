@@ -245,3 +245,180 @@ fn the_check_is_skipped_only_when_asked_loudly() {
     let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
     assert_eq!(lease["verified"], false, "{lease}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Definite answers are not retried; what was applied is reported as applied.
+// ---------------------------------------------------------------------------------------------
+
+/// A proxy that answers `status` to the requests `pick` selects and forwards the rest.
+fn answering(
+    server: &Server,
+    status: u16,
+    pick: impl Fn(&common::proxy::HttpRequest) -> bool + Send + Sync + 'static,
+) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(
+        upstream,
+        Arc::new(move |request| {
+            if pick(request) {
+                Verdict::Answer {
+                    status,
+                    body: format!("<Error><Code>Proxy{status}</Code><Message>answered by the test proxy</Message></Error>"),
+                }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    )
+}
+
+/// Whether a request is a conditional write of a lease record.
+fn conditional_write(service: Service, request: &common::proxy::HttpRequest) -> bool {
+    match service {
+        Service::S3 => {
+            request.method == "PUT"
+                && (request.header("if-none-match").is_some()
+                    || request.header("if-match").is_some())
+        }
+        Service::Gcs => request.method == "POST" && request.target.contains("ifGenerationMatch"),
+    }
+}
+
+/// A store whose prefix is already verified (so the proxy's answers reach the lease path).
+fn verified_store(service: Service) -> Store {
+    let store = Store::new(backend(service));
+    store.fence().args(["init"]).run().expect(0);
+    store
+}
+
+/// 501 to the conditional put: exit 2 at once, one request, the status named; 400: exit 7,
+/// equally at once. Nothing is stored and nothing is called unknown.
+fn definite_answers_are_final(service: Service) {
+    for (status, code) in [(501, 2), (400, 7)] {
+        let store = verified_store(service);
+        let (server, prefix) = store.server();
+        let proxy = answering(server, status, move |r| conditional_write(service, r));
+        let started = std::time::Instant::now();
+        let out = via(&store, &proxy)
+            .args([
+                "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+            ])
+            .run();
+        assert_eq!(out.code, code, "HTTP {status}: {out:?}");
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&format!("HTTP {status}")) && message.contains("nothing was written"),
+            "{message}"
+        );
+        let writes = proxy
+            .seen()
+            .iter()
+            .filter(|r| r.starts_with("PUT") || r.starts_with("POST"))
+            .count();
+        assert_eq!(writes, 1, "asked once: {:?}", proxy.seen());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "at once"
+        );
+        assert!(server.list(&format!("{prefix}/leases")).is_empty());
+    }
+}
+
+#[test]
+fn s3_definite_answers_are_final() {
+    definite_answers_are_final(Service::S3);
+}
+
+#[test]
+fn gcs_definite_answers_are_final() {
+    definite_answers_are_final(Service::Gcs);
+}
+
+/// The lease record was replaced, then the event's put keeps getting 429: the grant stands
+/// (exit 0, with a warning), and `inspect` shows the true holder.
+fn event_failure_after_the_grant_is_reported_as_applied(service: Service) {
+    let store = verified_store(service);
+    let (server, _) = store.server();
+    let proxy = answering(server, 429, move |r| match service {
+        Service::S3 => r.method == "PUT" && r.target.contains("/events/"),
+        Service::Gcs => r.method == "POST" && !r.target.contains("ifGenerationMatch"),
+    });
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.stderr.contains("missing from the history") && out.stderr.contains("429"),
+        "{out:?}"
+    );
+    let view = store
+        .fence()
+        .args(["inspect", "res", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(view["resources"][0]["state"], "held", "{view}");
+    assert_eq!(view["resources"][0]["owner"], "a", "{view}");
+    assert_eq!(view["resources"][0]["token"], out.json()["token"], "{view}");
+}
+
+#[test]
+fn s3_event_failure_after_the_grant_is_reported_as_applied() {
+    event_failure_after_the_grant_is_reported_as_applied(Service::S3);
+}
+
+#[test]
+fn gcs_event_failure_after_the_grant_is_reported_as_applied() {
+    event_failure_after_the_grant_is_reported_as_applied(Service::Gcs);
+}
+
+/// A bucket that does not exist is a usage error naming it, for the coordinator and for
+/// `inspect --target` (never `(absent)` with exit 0).
+fn missing_bucket_is_named(service: Service) {
+    let store = Store::new(backend(service));
+    let scheme = match service {
+        Service::S3 => "s3",
+        Service::Gcs => "gs",
+    };
+    let out = Fence::bare(store.home.path())
+        .args(["--store", &format!("{scheme}://nosuchbucket/p")])
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .env(endpoint_var(service), &store.server().0.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "fence-test")
+        .env("AWS_SECRET_ACCESS_KEY", "fence-test-secret")
+        .env("AWS_REGION", "us-east-1")
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("bucket `nosuchbucket` does not exist"),
+        "{out:?}"
+    );
+    let out = store
+        .fence()
+        .args(["inspect", "--target", &format!("{scheme}://nosuchbucket/x")])
+        .args(["--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains("nosuchbucket"), "{out:?}");
+}
+
+#[test]
+fn s3_missing_bucket_is_named() {
+    missing_bucket_is_named(Service::S3);
+}
+
+#[test]
+fn gcs_missing_bucket_is_named() {
+    missing_bucket_is_named(Service::Gcs);
+}

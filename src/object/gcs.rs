@@ -21,7 +21,8 @@ use serde_json::{json, Value};
 use crate::error::Error;
 use crate::object::gcs_auth::Auth;
 use crate::object::{
-    put_unknown, unavailable, upload, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds,
+    put_unknown, refused, retry_pause, transient, unavailable, upload, Cond, Fetched, Meta,
+    ObjectApi, Put, VersionKinds,
 };
 
 pub struct GcsObjects {
@@ -79,18 +80,6 @@ impl GcsObjects {
         })
     }
 
-    async fn request(
-        &self,
-        method: reqwest::Method,
-        url: String,
-    ) -> Result<reqwest::RequestBuilder, Error> {
-        let builder = self.client.request(method, url);
-        Ok(match self.auth.bearer(&self.client).await? {
-            Some(token) => builder.bearer_auth(token),
-            None => builder,
-        })
-    }
-
     fn object_url(&self, key: &str) -> String {
         format!(
             "{}/storage/v1/b/{}/o/{}",
@@ -134,20 +123,76 @@ impl GcsObjects {
         })
     }
 
-    async fn send(
+    /// Sends the request `make` builds (anew for each attempt, with the current bearer token).
+    /// Transient answers (429, 5xx but 501) are retried with back-off, and so are lost
+    /// connections of reads; a 401 is retried once with a fresh token when the credentials can
+    /// be refreshed (a service account's token expired early or was revoked). `write`: the
+    /// key of a write, whose lost connection or exhausted retries leave its outcome unknown.
+    /// Any other answer is the caller's to read.
+    async fn call(
         &self,
         what: &str,
-        request: reqwest::RequestBuilder,
+        write: Option<&str>,
+        make: &dyn Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, Error> {
-        request
-            .send()
-            .await
-            .map_err(|err| unavailable(&self.display, what, err))
+        let mut attempt = 0;
+        let mut refreshed = false;
+        loop {
+            let mut builder = make();
+            if let Some(token) = self.auth.bearer(&self.client).await? {
+                builder = builder.bearer_auth(token);
+            }
+            let pause = retry_pause(attempt);
+            attempt += 1;
+            match builder.send().await {
+                Err(err) => match (write, pause) {
+                    (None, Some(pause)) => tokio::time::sleep(pause).await,
+                    (None, None) => return Err(unavailable(&self.display, what, err)),
+                    (Some(key), _) => return Err(put_unknown(&self.display, key, err)),
+                },
+                Ok(response)
+                    if response.status() == StatusCode::UNAUTHORIZED
+                        && !refreshed
+                        && self.auth.refreshable() =>
+                {
+                    self.auth.forget();
+                    refreshed = true;
+                }
+                Ok(response) if transient(response.status().as_u16()) => {
+                    let status = response.status();
+                    match (pause, write) {
+                        (Some(pause), _) => tokio::time::sleep(pause).await,
+                        (None, _) if status == StatusCode::TOO_MANY_REQUESTS => {
+                            return Err(self.failed(what, response).await)
+                        }
+                        (None, Some(key)) => {
+                            return Err(put_unknown(&self.display, key, format!("HTTP {status}")))
+                        }
+                        (None, None) => return Err(self.failed(what, response).await),
+                    }
+                }
+                Ok(response) => return Ok(response),
+            }
+        }
     }
 
+    /// The error for an answer fence cannot use: a definite refusal (4xx, 501) says what it
+    /// means; anything else is the store being unavailable.
     async fn failed(&self, what: &str, response: reqwest::Response) -> Error {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
+        if status.is_client_error()
+            || status == StatusCode::NOT_IMPLEMENTED
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
+            return refused(
+                &self.display,
+                what,
+                status.as_u16(),
+                &text,
+                self.auth.describe(),
+            );
+        }
         unavailable(
             &self.display,
             what,
@@ -174,10 +219,7 @@ impl ObjectApi for GcsObjects {
                 meta.version
             );
             let response = self
-                .send(
-                    "read an object",
-                    self.request(reqwest::Method::GET, url).await?,
-                )
+                .call("read an object", None, &|| self.client.get(&url))
                 .await?;
             match response.status() {
                 StatusCode::OK => {
@@ -202,12 +244,9 @@ impl ObjectApi for GcsObjects {
     }
 
     async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
+        let url = self.object_url(key);
         let response = self
-            .send(
-                "read object metadata",
-                self.request(reqwest::Method::GET, self.object_url(key))
-                    .await?,
-            )
+            .call("read object metadata", None, &|| self.client.get(&url))
             .await?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
@@ -251,23 +290,26 @@ impl ObjectApi for GcsObjects {
         );
         payload.extend_from_slice(&body);
         payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let request = self
-            .request(reqwest::Method::POST, url)
-            .await?
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                format!("multipart/related; boundary={boundary}"),
-            )
-            .header(reqwest::header::CONTENT_LENGTH, payload.len())
-            .timeout(upload::timeout(payload.len()))
-            .body(reqwest::Body::wrap(upload::Counted::new(
-                payload.into(),
-                self.bar.clone(),
-            )));
-        let response = request
-            .send()
-            .await
-            .map_err(|err| put_unknown(&self.display, key, err))?;
+        let payload = bytes::Bytes::from(payload);
+        let what = format!("write `{key}`");
+        // A retried conditional write that had applied after all answers 412: the caller
+        // reads again and sees its own write (lease bodies carry a nonce).
+        let response = self
+            .call(&what, Some(key), &|| {
+                self.client
+                    .post(&url)
+                    .header(
+                        reqwest::header::CONTENT_TYPE,
+                        format!("multipart/related; boundary={boundary}"),
+                    )
+                    .header(reqwest::header::CONTENT_LENGTH, payload.len())
+                    .timeout(upload::timeout(payload.len()))
+                    .body(reqwest::Body::wrap(upload::Counted::new(
+                        payload.clone(),
+                        self.bar.clone(),
+                    )))
+            })
+            .await?;
         match response.status() {
             StatusCode::PRECONDITION_FAILED => Ok(Put::Lost),
             status if status.is_success() => {
@@ -276,10 +318,10 @@ impl ObjectApi for GcsObjects {
                     .map_err(|err| put_unknown(&self.display, key, err))?;
                 Ok(Put::Done(self.meta(&value)?))
             }
-            status if status.is_server_error() => {
+            status if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED => {
                 Err(put_unknown(&self.display, key, format!("HTTP {status}")))
             }
-            _ => Err(self.failed(&format!("write `{key}`"), response).await),
+            _ => Err(self.failed(&what, response).await),
         }
     }
 
@@ -298,10 +340,7 @@ impl ObjectApi for GcsObjects {
                 url.push_str(&format!("&pageToken={}", enc(token)));
             }
             let response = self
-                .send(
-                    "list objects",
-                    self.request(reqwest::Method::GET, url).await?,
-                )
+                .call("list objects", None, &|| self.client.get(&url))
                 .await?;
             if !response.status().is_success() {
                 return Err(self.failed("list objects", response).await);
@@ -324,12 +363,9 @@ impl ObjectApi for GcsObjects {
     }
 
     async fn delete(&self, key: &str) -> Result<(), Error> {
+        let url = self.object_url(key);
         let response = self
-            .send(
-                "delete an object",
-                self.request(reqwest::Method::DELETE, self.object_url(key))
-                    .await?,
-            )
+            .call("delete an object", None, &|| self.client.delete(&url))
             .await?;
         match response.status() {
             status if status.is_success() || status == StatusCode::NOT_FOUND => Ok(()),

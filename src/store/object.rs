@@ -261,6 +261,17 @@ impl ObjectCoordinator {
         self.api.put_blind(&key, bytes).await
     }
 
+    /// An event that could not be stored after the lease record was already changed (or a
+    /// refusal decided): the change stands and the caller is told so, with a warning that the
+    /// history misses it. Reporting "nothing applied" here would leave a lease held by an owner
+    /// nobody knows of.
+    fn unrecorded(&self, resource: &str, err: &Error) {
+        crate::output::warn(&format!(
+            "warning: the outcome for `{resource}` at `{}` stands (the lease record is as reported), but its event is missing from the history: {err}",
+            self.url.display
+        ));
+    }
+
     fn contended(&self, resource: &str) -> Error {
         Error::unavailable(
             format!(
@@ -339,7 +350,8 @@ impl ObjectCoordinator {
                 detail: Some(detail),
             },
         )
-        .await?;
+        .await
+        .unwrap_or_else(|err| self.unrecorded(&lease.resource, &err));
         Ok(error)
     }
 
@@ -486,7 +498,8 @@ impl Coordinator for ObjectCoordinator {
                     detail: None,
                 },
             )
-            .await?;
+            .await
+            .unwrap_or_else(|err| self.unrecorded(&body.resource, &err));
             let now = meta.last_modified_ms;
             return Ok(Grant {
                 lease: Current { body, meta }.lease(now),
@@ -531,7 +544,8 @@ impl Coordinator for ObjectCoordinator {
                     detail: None,
                 },
             )
-            .await?;
+            .await
+            .unwrap_or_else(|err| self.unrecorded(&body.resource, &err));
             let now = meta.last_modified_ms;
             return Ok(Current { body, meta }.lease(now));
         }
@@ -572,7 +586,8 @@ impl Coordinator for ObjectCoordinator {
                     detail: None,
                 },
             )
-            .await?;
+            .await
+            .unwrap_or_else(|err| self.unrecorded(&lease.resource, &err));
             return Ok(Released::Now);
         }
         Err(self.contended(&lease.resource))

@@ -187,6 +187,12 @@ pub async fn write(
 pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
     let api = object::open(url)?;
     let meta = api.head(&url.key).await?;
+    if meta.is_none() && url.service != object::Service::File {
+        // A missing object, or a missing bucket (a HEAD's 404 does not say which): a listing
+        // fails with the bucket named when the bucket is missing.
+        api.list(url.key.rsplit_once('/').map_or("", |(dir, _)| dir))
+            .await?;
+    }
     Ok(ObjectView {
         version: meta.as_ref().map(|m| m.version.clone()),
         token: meta.as_ref().map(stored_token).filter(|t| *t > 0),
