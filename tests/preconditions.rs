@@ -338,13 +338,17 @@ fn gcs_definite_answers_are_final() {
     definite_answers_are_final(Service::Gcs);
 }
 
-/// The lease record was replaced, then the event's put keeps getting 429: the grant stands
-/// (exit 0, with a warning), and `inspect` shows the true holder.
-fn event_failure_after_the_grant_is_reported_as_applied(service: Service) {
+/// A change and its event are one write (the record keeps its history): with every write of
+/// an event object answered 429, `acquire` still succeeds without a warning and `inspect`
+/// shows the holder and the `acquired` event. A refusal's event (written beside the record)
+/// that keeps getting 429 does not turn the refusal into "unavailable": `renew` of a released
+/// lease is still exit 5, with a warning.
+fn event_failures_never_hide_what_happened(service: Service) {
     let store = verified_store(service);
     let (server, _) = store.server();
     let proxy = answering(server, 429, move |r| match service {
         Service::S3 => r.method == "PUT" && r.target.contains("/events/"),
+        // Events and clock probes are the only unconditional uploads.
         Service::Gcs => r.method == "POST" && !r.target.contains("ifGenerationMatch"),
     });
     let out = via(&store, &proxy)
@@ -353,29 +357,136 @@ fn event_failure_after_the_grant_is_reported_as_applied(service: Service) {
         ])
         .run();
     assert_eq!(out.code, 0, "{out:?}");
+    assert!(!out.stderr.contains("warning"), "{out:?}");
+    let token = out.json()["token"].as_i64().unwrap();
+    let view = store
+        .fence()
+        .args(["inspect", "res", "--history", "5", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let resource = &view["resources"][0];
+    assert_eq!(resource["state"], "held", "{view}");
+    assert_eq!(resource["owner"], "a", "{view}");
+    assert_eq!(resource["token"], token, "{view}");
+    assert_eq!(resource["events"][0]["kind"], "acquired", "{view}");
+    assert_eq!(resource["events"][0]["owner"], "a", "{view}");
+
+    store
+        .fence()
+        .args([
+            "release",
+            "res",
+            "--owner",
+            "a",
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let out = via(&store, &proxy)
+        .args([
+            "renew",
+            "res",
+            "--owner",
+            "a",
+            "--token",
+            &token.to_string(),
+        ])
+        .args(["--format", "json"])
+        .run();
+    assert_eq!(out.code, 5, "{out:?}");
     assert!(
         out.stderr.contains("missing from the history") && out.stderr.contains("429"),
         "{out:?}"
     );
-    let view = store
+}
+
+#[test]
+fn s3_event_failures_never_hide_what_happened() {
+    event_failures_never_hide_what_happened(Service::S3);
+}
+
+#[test]
+fn gcs_event_failures_never_hide_what_happened() {
+    event_failures_never_hide_what_happened(Service::Gcs);
+}
+
+/// Requests per operation on the common path, counted through a proxy: `acquire` of a free
+/// resource, `release` and a fenced write of an object fence wrote before: 2 each (the read
+/// and the conditional write); `renew`: 3 (its expiry is judged by the store's clock, read
+/// from a write of the resource's clock probe).
+fn requests_per_operation(service: Service) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    // The resource and the object exist (the first use of each is not the common path).
+    let out = store
         .fence()
-        .args(["inspect", "res", "--format", "json"])
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
+        ])
         .run()
-        .expect(0)
-        .json();
-    assert_eq!(view["resources"][0]["state"], "held", "{view}");
-    assert_eq!(view["resources"][0]["owner"], "a", "{view}");
-    assert_eq!(view["resources"][0]["token"], out.json()["token"], "{view}");
+        .expect(0);
+    let token = out.json()["token"].as_i64().unwrap().to_string();
+    store
+        .fence()
+        .args([
+            "write", "res", "--token", &token, "--target", &target, "--from",
+        ])
+        .args([&file])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["release", "res", "--owner", "a", "--token", &token])
+        .run()
+        .expect(0);
+
+    let count = |args: &[&str]| {
+        let proxy = passing(server);
+        let out = via(&store, &proxy)
+            .args(args)
+            .args(["--format", "json"])
+            .run();
+        (out, proxy.seen())
+    };
+    let (out, seen) = count(&["acquire", "res", "--owner", "b", "--ttl", "60s"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "acquire: {seen:?}");
+    let token = out.json()["token"].as_i64().unwrap().to_string();
+    let (out, seen) = count(&["renew", "res", "--owner", "b", "--token", &token]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 3, "renew: {seen:?}");
+    let (out, seen) = count(&[
+        "write",
+        "res",
+        "--token",
+        &token,
+        "--target",
+        &target,
+        "--from",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "write: {seen:?}");
+    let (out, seen) = count(&["release", "res", "--owner", "b", "--token", &token]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "release: {seen:?}");
+    let stored = server.get(&format!("{prefix}/objects/obj")).unwrap();
+    assert_eq!(stored.token().map(|t| t.to_string()), Some(token));
 }
 
 #[test]
-fn s3_event_failure_after_the_grant_is_reported_as_applied() {
-    event_failure_after_the_grant_is_reported_as_applied(Service::S3);
+fn s3_requests_per_operation() {
+    requests_per_operation(Service::S3);
 }
 
 #[test]
-fn gcs_event_failure_after_the_grant_is_reported_as_applied() {
-    event_failure_after_the_grant_is_reported_as_applied(Service::Gcs);
+fn gcs_requests_per_operation() {
+    requests_per_operation(Service::Gcs);
 }
 
 /// A bucket that does not exist is a usage error naming it, for the coordinator and for
@@ -421,4 +532,78 @@ fn s3_missing_bucket_is_named() {
 #[test]
 fn gcs_missing_bucket_is_named() {
     missing_bucket_is_named(Service::Gcs);
+}
+
+/// The record keeps its latest changes and archives older ones: after 12 grants and releases
+/// the whole history (24 changes) is durable, in order, without duplicates, partly in an
+/// archive object; `inspect --history` shows all of it, newest first.
+fn history_survives_archiving(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    for n in 1..=12 {
+        let owner = format!("o{n}");
+        let out = store
+            .fence()
+            .args([
+                "acquire", "res", "--owner", &owner, "--ttl", "30s", "--format", "json",
+            ])
+            .run()
+            .expect(0);
+        let token = out.json()["token"].as_i64().unwrap();
+        assert_eq!(token, n);
+        store
+            .fence()
+            .args([
+                "release",
+                "res",
+                "--owner",
+                &owner,
+                "--token",
+                &token.to_string(),
+            ])
+            .run()
+            .expect(0);
+    }
+    let expected: Vec<(String, Option<String>, Option<i64>)> = (1..=12)
+        .flat_map(|n| {
+            ["acquired", "released"].map(|kind| (kind.to_owned(), Some(format!("o{n}")), Some(n)))
+        })
+        .collect();
+    assert_eq!(store.events("res"), expected);
+    let archives: Vec<String> = server
+        .list(&format!("{prefix}/events/res"))
+        .into_iter()
+        .filter(|k| k.ends_with("-archive"))
+        .collect();
+    assert!(!archives.is_empty(), "older changes were archived");
+    let view = store
+        .fence()
+        .args(["inspect", "res", "--history", "30", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let shown: Vec<(String, Option<String>, Option<i64>)> = view["resources"][0]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().map(str::to_owned),
+                e["token"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(shown, expected);
+}
+
+#[test]
+fn s3_history_survives_archiving() {
+    history_survives_archiving(Service::S3);
+}
+
+#[test]
+fn gcs_history_survives_archiving() {
+    history_survives_archiving(Service::Gcs);
 }

@@ -25,6 +25,8 @@ use crate::object::{
     ObjectApi, Put, VersionKinds,
 };
 
+const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+
 pub struct GcsObjects {
     client: reqwest::Client,
     /// Counts the bytes of uploads sent (hidden unless `fence write` shows it).
@@ -58,7 +60,7 @@ impl GcsObjects {
     pub fn new(bucket: &str, bar: ProgressBar) -> Result<GcsObjects, Error> {
         let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
             .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
-            .unwrap_or_else(|_| "https://storage.googleapis.com".into());
+            .unwrap_or_else(|_| DEFAULT_ENDPOINT.into());
         let endpoint = if endpoint.contains("://") {
             endpoint
         } else {
@@ -371,6 +373,20 @@ impl ObjectApi for GcsObjects {
             status if status.is_success() || status == StatusCode::NOT_FOUND => Ok(()),
             _ => Err(self.failed("delete an object", response).await),
         }
+    }
+
+    fn body_fits_metadata(&self) -> bool {
+        true
+    }
+
+    fn min_ttl(&self) -> Option<(i64, &'static str)> {
+        // Google Cloud Storage allows about one write per second to one object name (429
+        // beyond): renewals at a third of the TTL stay within it from 3 s. Emulators have no
+        // such limit (and the test suite uses short TTLs on them).
+        (self.endpoint == DEFAULT_ENDPOINT).then_some((
+            3_000,
+            "Google Cloud Storage allows about one write per second to one object, and a holder renews at a third of its TTL",
+        ))
     }
 
     fn clock_resolution_ms(&self) -> i64 {

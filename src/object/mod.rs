@@ -211,6 +211,19 @@ pub trait ObjectApi {
     /// Removes an object (waiter records only: fence never deletes a lease or event).
     async fn delete(&self, key: &str) -> Result<(), Error>;
 
+    /// Whether a small body is cheaper to keep a copy of in the object's metadata: GCS reads
+    /// metadata (with the generation and a millisecond `updated`) in one request, the bytes
+    /// with their generation in two.
+    fn body_fits_metadata(&self) -> bool {
+        false
+    }
+
+    /// The shortest lease TTL this store sustains, and why, if it has one: a holder renews at a
+    /// third of its TTL, one write of the lease object each time.
+    fn min_ttl(&self) -> Option<(i64, &'static str)> {
+        None
+    }
+
     /// How coarse `last_modified_ms` is: a lease counts as live for this much longer.
     fn clock_resolution_ms(&self) -> i64;
 

@@ -53,11 +53,37 @@ enum Failure {
 pub struct S3Objects {
     store: Arc<dyn ObjectStore>,
     display: String,
+    bucket: String,
+    /// The `Date` of successful PUT answers, by decoded URL path (see [`Dates`]).
+    dates: Dates,
+}
+
+/// S3 gives no Last-Modified in a PUT's answer, and reading it back would cost a request per
+/// write. Every answer carries the server's `Date`, though, taken after the object was stored:
+/// whole seconds, rounded down like Last-Modified, so it is Last-Modified or a second later
+/// at most (for a PUT answered within a second). fence reports a lease's expiry from it: never
+/// later than others may take over (Last-Modified + TTL + the 1 s resolution); others judge
+/// by the Last-Modified they read. Kept per path, so concurrent writes cannot mix them up.
+type Dates = Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>;
+
+/// An HTTP date (`Fri, 04 Dec 2026 12:53:57 GMT`) in milliseconds since the epoch.
+fn http_date_ms(text: &str) -> Option<i64> {
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = months.iter().position(|m| m == month)? + 1;
+    let at = humantime::parse_rfc3339(&format!("{year}-{month:02}-{day:0>2}T{time}Z")).ok()?;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    i64::try_from(ms).ok()
 }
 
 impl S3Objects {
     /// `bar`, when visible, counts the bytes of uploads as they are sent (through an HTTP
-    /// client of ours; otherwise object_store's own).
+    /// client of ours, which also keeps the `Date` of PUT answers).
     pub fn new(bucket: &str, bar: ProgressBar) -> Result<S3Objects, Error> {
         // Retries are fence's own (`Failure`): object_store would retry a 501 or a 4xx-like
         // answer it cannot tell from a transient one, and a definite answer must not be asked
@@ -68,9 +94,11 @@ impl S3Objects {
                 max_retries: 0,
                 ..RetryConfig::default()
             });
-        if !bar.is_hidden() {
-            builder = builder.with_http_connector(Reporting(bar));
-        }
+        let dates = Dates::default();
+        builder = builder.with_http_connector(Reporting {
+            bar,
+            dates: dates.clone(),
+        });
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
@@ -91,6 +119,8 @@ impl S3Objects {
         Ok(S3Objects {
             store: Arc::new(store),
             display: format!("s3://{bucket}"),
+            bucket: bucket.to_owned(),
+            dates,
         })
     }
 
@@ -226,13 +256,13 @@ impl ObjectApi for S3Objects {
         let payload = PutPayload::from(body);
         let what = format!("write `{key}`");
         let mut attempt = 0;
-        loop {
+        let written = loop {
             match self
                 .store
                 .put_opts(&path, payload.clone(), options.clone())
                 .await
             {
-                Ok(_) => break,
+                Ok(written) => break written,
                 Err(
                     object_store::Error::AlreadyExists { .. }
                     | object_store::Error::Precondition { .. },
@@ -245,8 +275,22 @@ impl ObjectApi for S3Objects {
                 },
             }
             attempt += 1;
+        };
+        // Path-style URLs end in `/bucket/key` (fence asks for them with an endpoint; AWS
+        // itself gets them too, object_store's default).
+        let date = self
+            .dates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&format!("/{}/{key}", self.bucket));
+        if let (Some(version), Some(last_modified_ms)) = (written.e_tag, date) {
+            return Ok(Put::Done(Meta {
+                version,
+                last_modified_ms,
+                metadata: metadata.clone(),
+            }));
         }
-        // S3 does not return Last-Modified on a put: read it back (the store's clock).
+        // No usable answer (no Date or ETag): read the object's state back.
         match self.fetch(key, true).await? {
             Some(fetched) => Ok(Put::Done(fetched.meta)),
             None => Err(put_unknown(
@@ -321,7 +365,10 @@ impl ObjectApi for S3Objects {
 }
 
 /// An HTTP client for object_store that sends request bodies as [`upload::Counted`] frames.
-struct Reporting(ProgressBar);
+struct Reporting {
+    bar: ProgressBar,
+    dates: Dates,
+}
 
 impl std::fmt::Debug for Reporting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -341,7 +388,8 @@ impl HttpConnector for Reporting {
             })?;
         Ok(HttpClient::new(ReportingService {
             client,
-            bar: self.0.clone(),
+            bar: self.bar.clone(),
+            dates: self.dates.clone(),
         }))
     }
 }
@@ -349,6 +397,7 @@ impl HttpConnector for Reporting {
 struct ReportingService {
     client: reqwest::Client,
     bar: ProgressBar,
+    dates: Dates,
 }
 
 impl std::fmt::Debug for ReportingService {
@@ -381,6 +430,8 @@ impl HttpService for ReportingService {
             .to_string()
             .parse()
             .map_err(|err| HttpError::new(HttpErrorKind::Request, err))?;
+        let put = parts.method == http::Method::PUT;
+        let path = crate::config::percent_decode(parts.uri.path());
         let mut request = reqwest::Request::new(parts.method, url);
         *request.headers_mut() = parts.headers;
         let data = body.collect().await?.to_bytes();
@@ -397,6 +448,17 @@ impl HttpService for ReportingService {
             .await
             .map_err(|err| HttpError::new(kind(&err), err))?;
         let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        if put && parts.status.is_success() {
+            let date = parts.headers.get(http::header::DATE);
+            if let (Some(path), Some(ms)) =
+                (path, date.and_then(|d| http_date_ms(d.to_str().ok()?)))
+            {
+                self.dates
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, ms);
+            }
+        }
         let body = HttpResponseBody::new(body.map_err(|err| HttpError::new(kind(&err), err)));
         Ok(HttpResponse::from_parts(parts, body))
     }
