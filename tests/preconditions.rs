@@ -607,3 +607,44 @@ fn s3_history_survives_archiving() {
 fn gcs_history_survives_archiving() {
     history_survives_archiving(Service::Gcs);
 }
+
+/// Names are checked before anything is sent: an object URL ending in `/` (a directory), a key
+/// with a newline, and a resource whose object names would pass 1024 bytes are usage errors,
+/// and nothing reaches the server.
+#[test]
+fn bad_names_are_refused_before_sending() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    let proxy = passing(server);
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    for target in [
+        server.url(&format!("{prefix}/dir/")),
+        server.url(&format!("{prefix}/a\nb")),
+    ] {
+        let out = via(&store, &proxy)
+            .args([
+                "write", "res", "--token", "1", "--target", &target, "--from",
+            ])
+            .args([&file])
+            .args(["--format", "json"])
+            .run();
+        assert_eq!(out.code, 2, "{target:?}: {out:?}");
+    }
+    // The longest resource name (200 bytes, 600 once encoded) under a long prefix.
+    let resource = "é".repeat(100);
+    let long_prefix = format!("{prefix}/{}", "p".repeat(500));
+    let mut fence = Fence::bare(store.home.path()).args(["--store", &server.url(&long_prefix)]);
+    for (key, value) in server.env() {
+        fence = fence.env(key, value);
+    }
+    let out = fence
+        .env("AWS_ENDPOINT_URL", proxy.endpoint())
+        .args([
+            "acquire", &resource, "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains("1024"), "{out:?}");
+    assert_eq!(proxy.seen(), Vec::<String>::new());
+}

@@ -115,9 +115,28 @@ impl ObjectUrl {
                 "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
             ));
         }
+        if want_key && key.ends_with('/') {
+            return Err(bad(
+                "ends with `/`: that names a directory, not an object (fence would not guess which)",
+            ));
+        }
         let key = key.trim_matches('/');
         if want_key && key.is_empty() {
             return Err(bad("names a bucket but no object key"));
+        }
+        // Both services limit names to 1024 bytes of UTF-8; control characters (a newline in
+        // a name) are legal on neither in practice and unreadable in every listing. fence adds
+        // up to ~60 bytes under a coordinator prefix.
+        if key.len() > MAX_KEY_BYTES {
+            return Err(bad(&format!(
+                "has a key of {} bytes; S3 and GCS allow at most 1024 (a coordinator prefix at most {MAX_KEY_BYTES})",
+                key.len()
+            )));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(bad(
+                "has a control character (a newline, a tab…) in its key",
+            ));
         }
         if key
             .split('/')
@@ -142,6 +161,11 @@ impl ObjectUrl {
         }
     }
 }
+
+/// The longest key (or coordinator prefix) accepted: S3's and GCS's 1024-byte limit, less
+/// the room fence's own names under a prefix need (`/events/<resource>/<seq>-…`; resource
+/// names are limited separately).
+const MAX_KEY_BYTES: usize = 1024 - 256;
 
 /// What a put is conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -383,6 +407,14 @@ mod tests {
         assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", false).unwrap().is_ok());
+        assert!(ObjectUrl::parse("s3://bkt/a\nb", true).unwrap().is_err());
+        let long = format!("s3://bkt/{}", "k".repeat(769));
+        assert!(ObjectUrl::parse(&long, true).unwrap().is_err());
+        assert!(ObjectUrl::parse(&long[..long.len() - 1], true)
+            .unwrap()
+            .is_ok());
         let f = ObjectUrl::parse("file:///tmp/d/obj", true)
             .unwrap()
             .unwrap();

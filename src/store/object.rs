@@ -387,6 +387,23 @@ impl ObjectCoordinator {
         ));
     }
 
+    /// Refuses a resource whose object names would exceed S3's and GCS's 1024 bytes (every
+    /// byte outside `[A-Za-z0-9-]` takes three in a name) before anything is sent.
+    fn check_resource(&self, resource: &str) -> Result<(), Error> {
+        // The longest name: `<prefix>/events/<enc>/<seq:020>-<n>-<ms:013>-<nonce:016>`.
+        let longest = self.events_prefix(resource).len() + 1 + 20 + 3 + 13 + 1 + 16;
+        if longest > 1024 {
+            return Err(Error::usage(
+                format!(
+                    "the resource name is too long for `{}`: its object names would take {longest} bytes, and S3 and GCS allow 1024",
+                    self.url.display
+                ),
+                "use a shorter resource name (letters, digits and `-` take one byte each, any other byte three)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Refuses a TTL shorter than the store sustains.
     fn check_ttl(&self, ttl_ms: i64) -> Result<(), Error> {
         match self.api.min_ttl() {
@@ -615,6 +632,7 @@ impl Coordinator for ObjectCoordinator {
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
         self.check_ttl(ttl)?;
+        self.check_resource(resource)?;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(resource).await?;
@@ -686,6 +704,7 @@ impl Coordinator for ObjectCoordinator {
         if let Some(ttl) = ttl {
             self.check_ttl(ttl_ms(ttl))?;
         }
+        self.check_resource(&lease.resource)?;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(&lease.resource).await?;
