@@ -203,3 +203,92 @@ fn an_expired_static_token_is_named() {
     assert!(!format!("{out:?}").contains("ya29.long-expired"), "{out:?}");
     assert!(lease_record(&store, "job").is_none());
 }
+
+/// GCS allows about one write per second to one object name. Through a proxy that answers
+/// 429 to a second write of the same name within a second, 12 `fence run`s on 12 resources
+/// (TTL 3 s: each renews its record every second) hold their leases for 12 s and exit 0: no
+/// object is shared between resources (per-resource clock probes), and a 429 is retried.
+/// (Issue 18 asks for 24 runs of 30 s; scaled down for the suite's two cores.)
+#[test]
+fn per_object_write_limits_are_respected() {
+    let store = Store::new(Backend::Gcs);
+    store.fence().args(["init"]).run();
+    let last: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let throttled = Arc::new(Mutex::new(0usize));
+    let upstream = store
+        .server()
+        .0
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = {
+        let (last, throttled) = (last.clone(), throttled.clone());
+        HttpProxy::start(
+            upstream,
+            Arc::new(move |request| {
+                if request.method != "POST" {
+                    return Verdict::Forward;
+                }
+                // The object's name is in the multipart body's JSON part.
+                let body = String::from_utf8_lossy(&request.body);
+                let Some(name) = body
+                    .split("\"name\":\"")
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                else {
+                    return Verdict::Forward;
+                };
+                let mut last = last.lock().unwrap();
+                let now = Instant::now();
+                match last.get(name) {
+                    Some(at) if now.duration_since(*at) < Duration::from_secs(1) => {
+                        *throttled.lock().unwrap() += 1;
+                        Verdict::Answer {
+                            status: 429,
+                            body: r#"{"error":{"code":429,"message":"The object exceeded the rate limit for object mutation operations"}}"#.into(),
+                        }
+                    }
+                    _ => {
+                        last.insert(name.to_owned(), now);
+                        Verdict::Forward
+                    }
+                }
+            }),
+        )
+    };
+    let runs: Vec<_> = (0..12)
+        .map(|n| {
+            let fence = store
+                .fence()
+                .env("FENCE_GCS_ENDPOINT", proxy.endpoint())
+                .args([
+                    "run",
+                    &format!("job-{n}"),
+                    "--ttl",
+                    "3s",
+                    "--owner",
+                    "nightly",
+                ])
+                .args(["--", "sleep", "12"]);
+            thread::spawn(move || fence.run())
+        })
+        .collect();
+    for (n, run) in runs.into_iter().enumerate() {
+        let out = run.join().unwrap();
+        assert_eq!(out.code, 0, "run {n}: {out:?}");
+    }
+    for n in 0..12 {
+        let lease = lease_record(&store, &format!("job-{n}")).expect("the lease record");
+        assert_eq!(lease["state"], "released", "{lease}");
+        assert!(
+            lease["seq"].as_u64().unwrap() >= 8,
+            "renewed all along: {lease}"
+        );
+    }
+    let names = last.lock().unwrap().len();
+    assert!(
+        names >= 24,
+        "each resource writes its own record and probe: {names}"
+    );
+}

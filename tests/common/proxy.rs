@@ -381,6 +381,8 @@ pub struct HttpRequest {
     /// Path and query, as on the request line.
     pub target: String,
     pub headers: Vec<(String, String)>,
+    /// The body as received (chunked bodies still framed).
+    pub body: Vec<u8>,
 }
 
 impl HttpRequest {
@@ -570,6 +572,7 @@ fn http_exchange(
             .filter_map(|l| l.split_once(':'))
             .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
             .collect(),
+        body: Vec::new(),
     };
     shared
         .seen
@@ -589,7 +592,7 @@ fn http_exchange(
             _ => true,
         }
     })?;
-    let body = buf[end..].to_vec();
+    request.body = buf[end..].to_vec();
     let reply = |status: u16, text: &str, headers: &str| {
         format!(
             "HTTP/1.1 {status} Proxy\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{text}",
@@ -614,7 +617,7 @@ fn http_exchange(
             }
             out.push_str("Connection: close\r\n\r\n");
             let mut bytes = out.into_bytes();
-            bytes.extend_from_slice(&body);
+            bytes.extend_from_slice(&request.body);
             (&server).write_all(&bytes)?;
             let mut response = Vec::new();
             read_until(&server, &mut response, &shared.stop, |_| false)?;
