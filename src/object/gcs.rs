@@ -283,16 +283,13 @@ impl ObjectApi for GcsObjects {
         }
         let boundary = format!("fence-{:016x}", crate::store::random_u64());
         let head = json!({ "name": key, "metadata": metadata }).to_string();
-        let mut payload = Vec::with_capacity(body.len() + head.len() + 200);
-        payload.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{head}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        payload.extend_from_slice(&body);
-        payload.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let payload = bytes::Bytes::from(payload);
+        // The envelope around the bytes, which are sent as they are (never copied).
+        let opening = bytes::Bytes::from(format!(
+            "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{head}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ));
+        let closing = bytes::Bytes::from(format!("\r\n--{boundary}--\r\n"));
+        let body = bytes::Bytes::from(body);
+        let length = opening.len() + body.len() + closing.len();
         let what = format!("write `{key}`");
         // A retried conditional write that had applied after all answers 412: the caller
         // reads again and sees its own write (lease bodies carry a nonce).
@@ -304,10 +301,10 @@ impl ObjectApi for GcsObjects {
                         reqwest::header::CONTENT_TYPE,
                         format!("multipart/related; boundary={boundary}"),
                     )
-                    .header(reqwest::header::CONTENT_LENGTH, payload.len())
-                    .timeout(upload::timeout(payload.len()))
-                    .body(reqwest::Body::wrap(upload::Counted::new(
-                        payload.clone(),
+                    .header(reqwest::header::CONTENT_LENGTH, length)
+                    .timeout(upload::timeout(length))
+                    .body(reqwest::Body::wrap(upload::Counted::parts(
+                        vec![opening.clone(), body.clone(), closing.clone()],
                         self.bar.clone(),
                     )))
             })
