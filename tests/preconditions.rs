@@ -648,3 +648,39 @@ fn bad_names_are_refused_before_sending() {
     assert!(out.stdout.contains("1024"), "{out:?}");
     assert_eq!(proxy.seen(), Vec::<String>::new());
 }
+
+/// Expired S3 session credentials (S3 answers 400 `ExpiredToken`) are named as expired, exit
+/// 7 at once, not "unreachable" and not retried.
+#[test]
+fn expired_s3_session_credentials_are_named() {
+    let store = verified_store(Service::S3);
+    let (server, _) = store.server();
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = HttpProxy::start(
+        upstream,
+        Arc::new(|_| {
+            Verdict::Answer {
+            status: 400,
+            body: "<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>".into(),
+        }
+        }),
+    );
+    let out = via(&store, &proxy)
+        .env("AWS_SESSION_TOKEN", "session-token-secret")
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 7, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("expired") && message.contains("AWS_SESSION_TOKEN"),
+        "{message}"
+    );
+    assert!(!format!("{out:?}").contains("session-token-secret"));
+    assert_eq!(proxy.seen().len(), 1, "asked once: {:?}", proxy.seen());
+}
