@@ -141,3 +141,37 @@ fn a_pooler_in_between_is_named() {
     assert_eq!(pooler[0].0, "warn", "{json}");
     assert!(pooler[0].1.contains("LISTEN"), "{json}");
 }
+
+/// An S3 server that ignores preconditions (moto behind a proxy that strips them) fails;
+/// the same server without the proxy passes.
+#[test]
+fn an_object_store_that_ignores_preconditions_fails() {
+    use std::sync::Arc;
+
+    use common::proxy::{HttpProxy, Verdict};
+
+    let store = Store::new(common::Backend::S3);
+    let upstream = store
+        .server()
+        .0
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let stripping = HttpProxy::start(
+        upstream,
+        Arc::new(|request| {
+            request.remove_header("if-match");
+            request.remove_header("if-none-match");
+            Verdict::Forward
+        }),
+    );
+    let (code, json) = doctor(store.fence().env("AWS_ENDPOINT_URL", stripping.endpoint()));
+    assert_eq!(code, 2, "{json}");
+    let check = finding(&json, "object.preconditions");
+    assert_eq!(check[0].0, "fail", "{json}");
+    assert!(check[0].1.contains("does not enforce"), "{json}");
+    let (code, json) = doctor(store.fence());
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(finding(&json, "object.preconditions")[0].0, "ok", "{json}");
+}

@@ -99,7 +99,10 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
                 .await
             }
             StoreKind::File(dir) => directory(dir, &mut findings),
-            StoreKind::Object(_) => object_store(&store.display, &mut findings),
+            StoreKind::Object(url) => {
+                object_store(&store.display, &mut findings);
+                preconditions(url, &url.key, &mut findings).await;
+            }
         }
     }
     for target in &args.targets {
@@ -119,7 +122,15 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
                 )
                 .await
             }
-            Some(_) => object_store(&spec.display, &mut findings),
+            Some(url) => {
+                object_store(&spec.display, &mut findings);
+                let dir = url
+                    .key
+                    .rsplit_once('/')
+                    .map_or("", |(dir, _)| dir)
+                    .to_owned();
+                preconditions(url, &dir, &mut findings).await;
+            }
         }
     }
     Ok(())
@@ -541,6 +552,47 @@ fn free_bytes(path: &Path) -> Option<u64> {
             return None;
         }
         Some(vfs.f_bavail as u64 * vfs.f_frsize as u64)
+    }
+}
+
+/// Whether the server enforces the conditional writes fence relies on: the verification
+/// record under `dir` when there is one, else the proof itself (which writes scratch objects
+/// under `<dir>/.fence/` and, when the server passes, the record).
+async fn preconditions(url: &crate::object::ObjectUrl, dir: &str, f: &mut Findings<'_>) {
+    if url.service == crate::object::Service::File {
+        return;
+    }
+    let api = match crate::object::open(url) {
+        Ok(api) => api,
+        Err(err) => {
+            f.add(
+                "object.preconditions",
+                Severity::Fail,
+                err.to_string(),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    match crate::object::verify::ensure(api.as_ref(), url, dir, false).await {
+        Ok(true) => f.add(
+            "object.preconditions",
+            Severity::Ok,
+            "the server enforces create-only and version-conditioned writes (verified)".into(),
+            "",
+        ),
+        Ok(false) => f.add(
+            "object.preconditions",
+            Severity::Fail,
+            "not verified: the check was skipped on purpose, so one lease may be granted to several owners".into(),
+            "use a server that enforces conditional writes, and unset the variable that skips the check",
+        ),
+        Err(err) => f.add(
+            "object.preconditions",
+            Severity::Fail,
+            err.to_string(),
+            &err.hint(),
+        ),
     }
 }
 

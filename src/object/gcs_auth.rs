@@ -1,9 +1,15 @@
 //! GCS credentials: a bearer token given in `GOOGLE_OAUTH_ACCESS_TOKEN`, or a service-account
-//! key file named by `GOOGLE_APPLICATION_CREDENTIALS`, exchanged once per process for an
-//! access token (OAuth 2.0 JWT bearer grant, RS256, at the key's `token_uri`). Nothing else:
-//! fence never asks a metadata server. Neither the key nor a token ever appears in a message.
+//! key file named by `GOOGLE_APPLICATION_CREDENTIALS`, exchanged for an access token (OAuth 2.0
+//! JWT bearer grant, RS256, at the key's `token_uri`). Nothing else: fence never asks a
+//! metadata server. Neither the key nor a token ever appears in a message.
+//!
+//! Access tokens expire (Google's after an hour; `expires_in` says when), and a `fence run`
+//! may hold a lease far longer: a service account's token is exchanged again once three
+//! quarters of its lifetime have passed, and at once after a 401 (revoked or expired early).
+//! A static `GOOGLE_OAUTH_ACCESS_TOKEN` cannot be renewed: a 401 names it as expired.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
@@ -25,7 +31,8 @@ pub enum Auth {
         key: ServiceKey,
         /// The key's private key, parsed once.
         signer: Box<RsaKeyPair>,
-        token: OnceLock<String>,
+        /// The current access token and when to exchange the key again.
+        token: Mutex<Option<(String, Instant)>>,
     },
 }
 
@@ -96,7 +103,7 @@ impl Auth {
         Ok(Auth::ServiceAccount {
             key,
             signer,
-            token: OnceLock::new(),
+            token: Mutex::new(None),
         })
     }
 }
@@ -156,8 +163,15 @@ impl ServiceKey {
         Ok(format!("{message}.{}", URL_SAFE_NO_PAD.encode(signature)))
     }
 
-    /// Exchanges the signed assertion for an access token at `token_uri`.
-    async fn fetch(&self, signer: &RsaKeyPair, client: &reqwest::Client) -> Result<String, Error> {
+    /// Exchanges the signed assertion for an access token at `token_uri`, with when to
+    /// exchange again: after three quarters of the lifetime the endpoint gives (`expires_in`,
+    /// one hour when absent).
+    async fn fetch(
+        &self,
+        signer: &RsaKeyPair,
+        client: &reqwest::Client,
+    ) -> Result<(String, Instant), Error> {
+        let asked = Instant::now();
         let uri = self.token_uri();
         let unavailable = |why: String| {
             Error::unavailable(
@@ -199,8 +213,11 @@ impl ServiceKey {
                 format!("`{uri}` refused it (HTTP {status}: {why})"),
             ));
         }
+        let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
         match body["access_token"].as_str() {
-            Some(token) if status.is_success() && !token.is_empty() => Ok(token.to_owned()),
+            Some(token) if status.is_success() && !token.is_empty() => {
+                Ok((token.to_owned(), asked + lifetime * 3 / 4))
+            }
             _ => Err(unavailable(format!(
                 "HTTP {status} without an access_token"
             ))),
@@ -209,17 +226,48 @@ impl ServiceKey {
 }
 
 impl Auth {
-    /// The bearer token for a request, if any (fetched on first use for a service account).
-    pub async fn bearer(&self, client: &reqwest::Client) -> Result<Option<&str>, Error> {
+    /// The bearer token for a request, if any (for a service account: exchanged on first use
+    /// and again when it is due).
+    pub async fn bearer(&self, client: &reqwest::Client) -> Result<Option<String>, Error> {
         match self {
             Auth::Anonymous => Ok(None),
-            Auth::Token(token) => Ok(Some(token)),
+            Auth::Token(token) => Ok(Some(token.clone())),
             Auth::ServiceAccount { key, signer, token } => {
-                if token.get().is_none() {
-                    let fetched = key.fetch(signer, client).await?;
-                    let _ = token.set(fetched);
+                let current = token.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                match current {
+                    Some((value, due)) if Instant::now() < due => Ok(Some(value)),
+                    _ => {
+                        let (value, due) = key.fetch(signer, client).await?;
+                        *token.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Some((value.clone(), due));
+                        Ok(Some(value))
+                    }
                 }
-                Ok(token.get().map(String::as_str))
+            }
+        }
+    }
+
+    /// Whether a refused token can be replaced by a fresh one.
+    pub fn refreshable(&self) -> bool {
+        matches!(self, Auth::ServiceAccount { .. })
+    }
+
+    /// Drops the current token (the server refused it): the next request exchanges the key.
+    pub fn forget(&self) {
+        if let Auth::ServiceAccount { token, .. } = self {
+            *token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Where the credentials come from, for messages.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Auth::Anonymous => {
+                "no credentials: neither GOOGLE_OAUTH_ACCESS_TOKEN nor GOOGLE_APPLICATION_CREDENTIALS is set"
+            }
+            Auth::Token(_) => "the static token in GOOGLE_OAUTH_ACCESS_TOKEN, which expires and cannot be renewed by fence",
+            Auth::ServiceAccount { .. } => {
+                "the service-account key in GOOGLE_APPLICATION_CREDENTIALS"
             }
         }
     }

@@ -21,6 +21,7 @@ mod local;
 mod s3;
 #[cfg(any(feature = "s3", feature = "gcs"))]
 mod upload;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -114,9 +115,28 @@ impl ObjectUrl {
                 "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
             ));
         }
+        if want_key && key.ends_with('/') {
+            return Err(bad(
+                "ends with `/`: that names a directory, not an object (fence would not guess which)",
+            ));
+        }
         let key = key.trim_matches('/');
         if want_key && key.is_empty() {
             return Err(bad("names a bucket but no object key"));
+        }
+        // Both services limit names to 1024 bytes of UTF-8; control characters (a newline in
+        // a name) are legal on neither in practice and unreadable in every listing. fence adds
+        // up to ~60 bytes under a coordinator prefix.
+        if key.len() > MAX_KEY_BYTES {
+            return Err(bad(&format!(
+                "has a key of {} bytes; S3 and GCS allow at most 1024 (a coordinator prefix at most {MAX_KEY_BYTES})",
+                key.len()
+            )));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(bad(
+                "has a control character (a newline, a tab…) in its key",
+            ));
         }
         if key
             .split('/')
@@ -141,6 +161,11 @@ impl ObjectUrl {
         }
     }
 }
+
+/// The longest key (or coordinator prefix) accepted: S3's and GCS's 1024-byte limit, less
+/// the room fence's own names under a prefix need (`/events/<resource>/<seq>-…`; resource
+/// names are limited separately).
+const MAX_KEY_BYTES: usize = 1024 - 256;
 
 /// What a put is conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,6 +235,19 @@ pub trait ObjectApi {
     /// Removes an object (waiter records only: fence never deletes a lease or event).
     async fn delete(&self, key: &str) -> Result<(), Error>;
 
+    /// Whether a small body is cheaper to keep a copy of in the object's metadata: GCS reads
+    /// metadata (with the generation and a millisecond `updated`) in one request, the bytes
+    /// with their generation in two.
+    fn body_fits_metadata(&self) -> bool {
+        false
+    }
+
+    /// The shortest lease TTL this store sustains, and why, if it has one: a holder renews at a
+    /// third of its TTL, one write of the lease object each time.
+    fn min_ttl(&self) -> Option<(i64, &'static str)> {
+        None
+    }
+
     /// How coarse `last_modified_ms` is: a lease counts as live for this much longer.
     fn clock_resolution_ms(&self) -> i64;
 
@@ -275,6 +313,76 @@ pub(crate) fn unavailable(display: &str, what: &str, err: impl std::fmt::Display
     )
 }
 
+/// Pauses before the further attempts of a request that got a transient answer (429, or a 5xx
+/// other than 501): about 3 s in all (plus jitter), so a lease renewed at a third of its TTL
+/// still has time for the renewal (the minimum TTL on object stores is documented above it).
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) const RETRY_PAUSES_MS: [u64; 5] = [100, 200, 400, 800, 1_600];
+
+/// Whether an HTTP status may change on retry: too many requests, or a server error other than
+/// "not implemented".
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) fn transient(status: u16) -> bool {
+    status == 429 || status == 408 || ((500..600).contains(&status) && status != 501)
+}
+
+/// The pause before attempt `n + 1` (`None`: give up), with up to 50% jitter so that many
+/// processes throttled together do not return together.
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) fn retry_pause(n: usize) -> Option<std::time::Duration> {
+    let base = *RETRY_PAUSES_MS.get(n)?;
+    let jitter = crate::store::random_u64() % (base / 2 + 1);
+    Some(std::time::Duration::from_millis(base + jitter))
+}
+
+/// A definite answer (a 4xx, or 501) to a request: the server refused it, nothing was
+/// applied, and asking again will not help. `credentials` names where the credentials came
+/// from, for 401/403 and expired tokens.
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) fn refused(
+    display: &str,
+    what: &str,
+    status: u16,
+    body: &str,
+    credentials: &str,
+) -> Error {
+    let body: String = body.chars().take(300).collect();
+    let bucket = display.split("://").nth(1).unwrap_or(display);
+    let expired = body.contains("ExpiredToken")
+        || body.contains("TokenRefreshRequired")
+        || body.to_ascii_lowercase().contains("expired");
+    match status {
+        404 => Error::usage(
+            format!("cannot {what}: the bucket `{bucket}` does not exist (HTTP 404 from `{display}`)"),
+            "create the bucket, or fix the bucket name in the URL",
+        ),
+        501 => Error::usage(
+            format!("cannot {what} at `{display}`: the server does not implement this request (HTTP 501 Not Implemented; nothing was written): {body}"),
+            "use a server that implements conditional writes (see the README's object store requirements)",
+        ),
+        401 | 403 | 400 if expired => Error::unavailable(
+            format!("cannot {what} at `{display}`: the credentials have expired ({credentials}; HTTP {status}, nothing was written)"),
+            format!("renew the credentials ({credentials}), then retry"),
+        ),
+        401 => Error::unavailable(
+            format!("cannot {what} at `{display}`: the credentials have expired or are invalid ({credentials}; HTTP 401, nothing was written)"),
+            format!("renew the credentials ({credentials}), then retry"),
+        ),
+        403 => Error::unavailable(
+            format!("cannot {what} at `{display}`: the credentials were refused ({credentials}; HTTP {status}, nothing was written): {body}"),
+            format!("check the credentials ({credentials}) and the permissions on the bucket, then retry"),
+        ),
+        429 => Error::unavailable(
+            format!("cannot {what} at `{display}`: the server kept answering HTTP 429 Too Many Requests (nothing was written)"),
+            "write less often to the same object (a longer --ttl renews less often), then retry",
+        ),
+        _ => Error::unavailable(
+            format!("cannot {what} at `{display}`: the server refused the request with HTTP {status} (nothing was written): {body}"),
+            "nothing was changed; fix what the server names, then retry",
+        ),
+    }
+}
+
 /// An error during a put whose outcome cannot be known.
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display) -> Error {
@@ -299,6 +407,14 @@ mod tests {
         assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
         assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", false).unwrap().is_ok());
+        assert!(ObjectUrl::parse("s3://bkt/a\nb", true).unwrap().is_err());
+        let long = format!("s3://bkt/{}", "k".repeat(769));
+        assert!(ObjectUrl::parse(&long, true).unwrap().is_err());
+        assert!(ObjectUrl::parse(&long[..long.len() - 1], true)
+            .unwrap()
+            .is_ok());
         let f = ObjectUrl::parse("file:///tmp/d/obj", true)
             .unwrap()
             .unwrap();

@@ -20,26 +20,85 @@ use object_store::client::{
 use object_store::path::Path;
 use object_store::{
     Attribute, AttributeValue, Attributes, GetOptions, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload, UpdateVersion,
+    PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 
 use crate::error::Error;
 use crate::object::upload;
-use crate::object::{put_unknown, unavailable, Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
+use crate::object::{
+    put_unknown, refused, retry_pause, transient, unavailable, Cond, Fetched, Meta, ObjectApi, Put,
+    VersionKinds,
+};
+
+/// Where S3 credentials come from, as messages name them.
+const CREDENTIALS: &str = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN";
+
+/// The HTTP status of the server's answer in an object_store error, with the text after it
+/// (object_store keeps the status only in its message once it wrapped the error).
+fn status_of(err: &object_store::Error) -> Option<(u16, String)> {
+    let text = err.to_string();
+    let at = text.find("status code: ")? + "status code: ".len();
+    let status = text.get(at..at + 3)?.parse().ok()?;
+    Some((status, text[at + 3..].to_owned()))
+}
+
+/// What to do with a failed request.
+enum Failure {
+    /// Worth another attempt after this pause.
+    Retry(std::time::Duration),
+    /// Final.
+    Fail(Error),
+}
 
 pub struct S3Objects {
     store: Arc<dyn ObjectStore>,
     display: String,
+    bucket: String,
+    /// The `Date` of successful PUT answers, by decoded URL path (see [`Dates`]).
+    dates: Dates,
+}
+
+/// S3 gives no Last-Modified in a PUT's answer, and reading it back would cost a request per
+/// write. Every answer carries the server's `Date`, though, taken after the object was stored:
+/// whole seconds, rounded down like Last-Modified, so it is Last-Modified or a second later
+/// at most (for a PUT answered within a second). fence reports a lease's expiry from it: never
+/// later than others may take over (Last-Modified + TTL + the 1 s resolution); others judge
+/// by the Last-Modified they read. Kept per path, so concurrent writes cannot mix them up.
+type Dates = Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>;
+
+/// An HTTP date (`Fri, 04 Dec 2026 12:53:57 GMT`) in milliseconds since the epoch.
+fn http_date_ms(text: &str) -> Option<i64> {
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = months.iter().position(|m| m == month)? + 1;
+    let at = humantime::parse_rfc3339(&format!("{year}-{month:02}-{day:0>2}T{time}Z")).ok()?;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    i64::try_from(ms).ok()
 }
 
 impl S3Objects {
     /// `bar`, when visible, counts the bytes of uploads as they are sent (through an HTTP
-    /// client of ours; otherwise object_store's own).
+    /// client of ours, which also keeps the `Date` of PUT answers).
     pub fn new(bucket: &str, bar: ProgressBar) -> Result<S3Objects, Error> {
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if !bar.is_hidden() {
-            builder = builder.with_http_connector(Reporting(bar));
-        }
+        // Retries are fence's own (`Failure`): object_store would retry a 501 or a 4xx-like
+        // answer it cannot tell from a transient one, and a definite answer must not be asked
+        // again.
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            });
+        let dates = Dates::default();
+        builder = builder.with_http_connector(Reporting {
+            bar,
+            dates: dates.clone(),
+        });
         if std::env::var_os("AWS_REGION").is_none()
             && std::env::var_os("AWS_DEFAULT_REGION").is_none()
         {
@@ -60,6 +119,8 @@ impl S3Objects {
         Ok(S3Objects {
             store: Arc::new(store),
             display: format!("s3://{bucket}"),
+            bucket: bucket.to_owned(),
+            dates,
         })
     }
 
@@ -78,27 +139,78 @@ impl S3Objects {
         }
     }
 
-    async fn fetch(&self, key: &str, head: bool) -> Result<Option<Fetched>, Error> {
-        let options = GetOptions {
-            head,
-            ..GetOptions::default()
+    /// Classifies a failed request (`attempt` counts from 0): transient answers and lost
+    /// connections are retried a few times; a definite answer fails at once. `unknown` makes
+    /// the error of a write that may have applied.
+    fn failure(
+        &self,
+        what: &str,
+        err: &object_store::Error,
+        attempt: usize,
+        unknown: Option<&str>,
+    ) -> Failure {
+        let status = status_of(err);
+        let retry = match &status {
+            Some((code, _)) => transient(*code),
+            // No answer: for a read, try again; for a write, it may have applied.
+            None => unknown.is_none(),
         };
-        match self.store.get_opts(&Path::from(key), options).await {
-            Ok(result) => {
-                let meta = Self::meta(&result.meta, &result.attributes);
-                let body = if head {
-                    Vec::new()
-                } else {
-                    result
-                        .bytes()
-                        .await
-                        .map_err(|err| unavailable(&self.display, "read an object", err))?
-                        .to_vec()
-                };
-                Ok(Some(Fetched { meta, body }))
+        if retry {
+            if let Some(pause) = retry_pause(attempt) {
+                return Failure::Retry(pause);
             }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(err) => Err(unavailable(&self.display, &format!("read `{key}`"), err)),
+        }
+        Failure::Fail(match (status, unknown) {
+            (Some((code, body)), _) if !transient(code) => {
+                refused(&self.display, what, code, &body, CREDENTIALS)
+            }
+            (Some((429, body)), _) => refused(&self.display, what, 429, &body, CREDENTIALS),
+            (_, Some(key)) => put_unknown(&self.display, key, err),
+            (_, None) => unavailable(&self.display, what, err),
+        })
+    }
+
+    async fn fetch(&self, key: &str, head: bool) -> Result<Option<Fetched>, Error> {
+        let what = format!("read `{key}`");
+        let mut attempt = 0;
+        loop {
+            let options = GetOptions {
+                head,
+                ..GetOptions::default()
+            };
+            let err = match self.store.get_opts(&Path::from(key), options).await {
+                Ok(result) => {
+                    let meta = Self::meta(&result.meta, &result.attributes);
+                    if head {
+                        return Ok(Some(Fetched {
+                            meta,
+                            body: Vec::new(),
+                        }));
+                    }
+                    match result.bytes().await {
+                        Ok(bytes) => {
+                            return Ok(Some(Fetched {
+                                meta,
+                                body: bytes.to_vec(),
+                            }))
+                        }
+                        Err(err) => err,
+                    }
+                }
+                Err(err @ object_store::Error::NotFound { .. }) => {
+                    // A GET's answer names a missing bucket; a HEAD's has no body.
+                    if err.to_string().contains("NoSuchBucket") {
+                        return Err(refused(&self.display, &what, 404, "", CREDENTIALS));
+                    }
+                    return Ok(None);
+                }
+                Err(err) => err,
+            };
+            match self.failure(&what, &err, attempt, None) {
+                Failure::Retry(pause) => tokio::time::sleep(pause).await,
+                Failure::Fail(err) => return Err(err),
+            }
+            attempt += 1;
         }
     }
 }
@@ -141,19 +253,44 @@ impl ObjectApi for S3Objects {
             ..PutOptions::default()
         };
         let path = Path::from(key);
-        match self
-            .store
-            .put_opts(&path, PutPayload::from(body), options)
-            .await
-        {
-            Ok(_) => {}
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => return Ok(Put::Lost),
-            Err(err) => return Err(put_unknown(&self.display, key, err)),
+        let payload = PutPayload::from(body);
+        let what = format!("write `{key}`");
+        let mut attempt = 0;
+        let written = loop {
+            match self
+                .store
+                .put_opts(&path, payload.clone(), options.clone())
+                .await
+            {
+                Ok(written) => break written,
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => return Ok(Put::Lost),
+                Err(err) => match self.failure(&what, &err, attempt, Some(key)) {
+                    // A retried conditional put that had applied after all answers 412: the
+                    // caller reads again and sees its own write (lease bodies carry a nonce).
+                    Failure::Retry(pause) => tokio::time::sleep(pause).await,
+                    Failure::Fail(err) => return Err(err),
+                },
+            }
+            attempt += 1;
+        };
+        // Path-style URLs end in `/bucket/key` (fence asks for them with an endpoint; AWS
+        // itself gets them too, object_store's default).
+        let date = self
+            .dates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&format!("/{}/{key}", self.bucket));
+        if let (Some(version), Some(last_modified_ms)) = (written.e_tag, date) {
+            return Ok(Put::Done(Meta {
+                version,
+                last_modified_ms,
+                metadata: metadata.clone(),
+            }));
         }
-        // S3 does not return Last-Modified on a put: read it back (the store's clock).
+        // No usable answer (no Date or ETag): read the object's state back.
         match self.fetch(key, true).await? {
             Some(fetched) => Ok(Put::Done(fetched.meta)),
             None => Err(put_unknown(
@@ -165,20 +302,35 @@ impl ObjectApi for S3Objects {
     }
 
     async fn put_blind(&self, key: &str, body: Vec<u8>) -> Result<(), Error> {
-        self.store
-            .put(&Path::from(key), PutPayload::from(body))
-            .await
-            .map(drop)
-            .map_err(|err| put_unknown(&self.display, key, err))
+        let path = Path::from(key);
+        let payload = PutPayload::from(body);
+        let what = format!("write `{key}`");
+        let mut attempt = 0;
+        loop {
+            match self.store.put(&path, payload.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(err) => match self.failure(&what, &err, attempt, Some(key)) {
+                    Failure::Retry(pause) => tokio::time::sleep(pause).await,
+                    Failure::Fail(err) => return Err(err),
+                },
+            }
+            attempt += 1;
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, Error> {
         let path = Path::from(prefix);
-        let listed = self
-            .store
-            .list_with_delimiter(Some(&path))
-            .await
-            .map_err(|err| unavailable(&self.display, "list objects", err))?;
+        let mut attempt = 0;
+        let listed = loop {
+            match self.store.list_with_delimiter(Some(&path)).await {
+                Ok(listed) => break listed,
+                Err(err) => match self.failure("list objects", &err, attempt, None) {
+                    Failure::Retry(pause) => tokio::time::sleep(pause).await,
+                    Failure::Fail(err) => return Err(err),
+                },
+            }
+            attempt += 1;
+        };
         Ok(listed
             .objects
             .iter()
@@ -187,9 +339,16 @@ impl ObjectApi for S3Objects {
     }
 
     async fn delete(&self, key: &str) -> Result<(), Error> {
-        match self.store.delete(&Path::from(key)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(err) => Err(unavailable(&self.display, "delete an object", err)),
+        let mut attempt = 0;
+        loop {
+            match self.store.delete(&Path::from(key)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => return Ok(()),
+                Err(err) => match self.failure("delete an object", &err, attempt, None) {
+                    Failure::Retry(pause) => tokio::time::sleep(pause).await,
+                    Failure::Fail(err) => return Err(err),
+                },
+            }
+            attempt += 1;
         }
     }
 
@@ -206,7 +365,10 @@ impl ObjectApi for S3Objects {
 }
 
 /// An HTTP client for object_store that sends request bodies as [`upload::Counted`] frames.
-struct Reporting(ProgressBar);
+struct Reporting {
+    bar: ProgressBar,
+    dates: Dates,
+}
 
 impl std::fmt::Debug for Reporting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -226,7 +388,8 @@ impl HttpConnector for Reporting {
             })?;
         Ok(HttpClient::new(ReportingService {
             client,
-            bar: self.0.clone(),
+            bar: self.bar.clone(),
+            dates: self.dates.clone(),
         }))
     }
 }
@@ -234,6 +397,7 @@ impl HttpConnector for Reporting {
 struct ReportingService {
     client: reqwest::Client,
     bar: ProgressBar,
+    dates: Dates,
 }
 
 impl std::fmt::Debug for ReportingService {
@@ -266,6 +430,8 @@ impl HttpService for ReportingService {
             .to_string()
             .parse()
             .map_err(|err| HttpError::new(HttpErrorKind::Request, err))?;
+        let put = parts.method == http::Method::PUT;
+        let path = crate::config::percent_decode(parts.uri.path());
         let mut request = reqwest::Request::new(parts.method, url);
         *request.headers_mut() = parts.headers;
         let data = body.collect().await?.to_bytes();
@@ -282,6 +448,17 @@ impl HttpService for ReportingService {
             .await
             .map_err(|err| HttpError::new(kind(&err), err))?;
         let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        if put && parts.status.is_success() {
+            let date = parts.headers.get(http::header::DATE);
+            if let (Some(path), Some(ms)) =
+                (path, date.and_then(|d| http_date_ms(d.to_str().ok()?)))
+            {
+                self.dates
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(path, ms);
+            }
+        }
         let body = HttpResponseBody::new(body.map_err(|err| HttpError::new(kind(&err), err)));
         Ok(HttpResponse::from_parts(parts, body))
     }

@@ -14,18 +14,31 @@ use indicatif::ProgressBar;
 
 const FRAME: usize = 64 * 1024;
 
-/// A request body that counts the bytes handed to the client on `bar`.
+/// A request body that counts the bytes handed to the client on `bar`. It may be made of
+/// several parts (a multipart upload's envelope around the object's bytes), sent in order
+/// without ever being copied into one buffer: an upload holds the object's bytes once.
 pub struct Counted {
-    data: Bytes,
+    parts: std::collections::VecDeque<Bytes>,
     bar: ProgressBar,
 }
 
 impl Counted {
     /// Starts the bar over: a retried request sends everything again.
     pub fn new(data: Bytes, bar: ProgressBar) -> Counted {
-        bar.set_length(data.len() as u64);
+        Counted::parts(vec![data], bar)
+    }
+
+    /// A body of `parts`, one after the other.
+    pub fn parts(parts: Vec<Bytes>, bar: ProgressBar) -> Counted {
+        let parts: std::collections::VecDeque<Bytes> =
+            parts.into_iter().filter(|p| !p.is_empty()).collect();
+        bar.set_length(parts.iter().map(|p| p.len() as u64).sum());
         bar.set_position(0);
-        Counted { data, bar }
+        Counted { parts, bar }
+    }
+
+    fn remaining(&self) -> u64 {
+        self.parts.iter().map(|p| p.len() as u64).sum()
     }
 }
 
@@ -37,21 +50,24 @@ impl Body for Counted {
         mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.data.is_empty() {
+        let Some(part) = self.parts.front_mut() else {
             return Poll::Ready(None);
+        };
+        let n = part.len().min(FRAME);
+        let frame = part.split_to(n);
+        if part.is_empty() {
+            self.parts.pop_front();
         }
-        let n = self.data.len().min(FRAME);
-        let frame = self.data.split_to(n);
         self.bar.inc(n as u64);
         Poll::Ready(Some(Ok(Frame::data(frame))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_empty()
+        self.parts.is_empty()
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.len() as u64)
+        SizeHint::with_exact(self.remaining())
     }
 }
 
@@ -75,5 +91,19 @@ mod tests {
         let sent = body.collect().await.unwrap().to_bytes();
         assert_eq!(sent.as_ref(), data.as_slice());
         assert_eq!((bar.position(), bar.length()), (200_000, Some(200_000)));
+
+        let parts = vec![
+            Bytes::from_static(b"head"),
+            Bytes::from(data.clone()),
+            Bytes::new(),
+            Bytes::from_static(b"tail"),
+        ];
+        let body = Counted::parts(parts, bar.clone());
+        assert_eq!(body.size_hint().exact(), Some(200_008));
+        let sent = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&sent[..4], b"head");
+        assert_eq!(&sent[4..200_004], data.as_slice());
+        assert_eq!(&sent[200_004..], b"tail");
+        assert_eq!(bar.position(), 200_008);
     }
 }

@@ -3,23 +3,29 @@
 //!
 //! Layout under the prefix (`<enc>` is the resource with every byte outside `[A-Za-z0-9-]`
 //! written as `_XX`):
-//! - `leases/<enc>`: JSON `{resource, owner, token, ttl_ms, state, nonce, seq, …}`. Created with
+//! - `leases/<enc>`: JSON `{resource, owner, token, ttl_ms, state, nonce, seq, history, …}`.
+//!   Created with
 //!   a create-only put, then only ever replaced conditioned on the exact version (ETag or
 //!   generation) just read, and never deleted, so the token counter survives release. Every
 //!   body carries the token and a fresh nonce, so no two versions have the same bytes (S3 ETags
 //!   are content hashes: this rules out ABA on lease objects). A lost precondition means
 //!   another process decided first: the record is read again and the decision retried, as
 //!   PostgreSQL's row lock would make a statement wait and re-check.
-//! - `events/<enc>/<seq>-<n>-<ms>-<nonce>`: one append-only object per event, named so that
-//!   names sort in the order the lease record was changed (`seq` counts the record's writes);
-//!   the event's time is the object's own Last-Modified (the store's clock). An event is
-//!   written after the lease record and before the caller is told, so every reported grant is
-//!   in the history (a crash in between leaves a grant nobody was told about, without event).
+//!   The record keeps its latest changes (`history`), so a change and its event are one write:
+//!   no grant is ever without its event, and a change costs no request of its own.
+//! - `events/<enc>/<seq>-<n>-<ms>-<nonce>`: one append-only object per refusal (`renew` or
+//!   `release` of a token no longer current, which changes nothing in the record), named so
+//!   that names sort in the order of the record's writes (`seq`); its time is the object's
+//!   Last-Modified (the store's clock). Records written by fence before the history moved into
+//!   them have their changes here too; `inspect` merges both.
+//! - `.fence/verified`: the proof that the server enforces preconditions (`object::verify`).
 //! - `waiters/<enc>/<id>`: one object per process in `--wait`, deleted when it stops waiting
 //!   (a waiter killed with SIGKILL stays listed until its object is removed). Wake-ups are
 //!   polled, not pushed.
-//! - `clock/<n>`: probe objects (16 of them, picked at random) that a judging process writes
-//!   to read the store's clock.
+//! - `clock/<enc>`: the resource's probe object, which a judging process writes to read the
+//!   store's clock. One per resource, never shared: stores limit writes per object name
+//!   (GCS: about one per second), and a shared probe would make healthy leases of unrelated
+//!   resources throttle each other.
 //!
 //! Expiry (DESIGN I7, §9): no machine's wall clock is compared with another's. A lease is live
 //! while `now < LM(lease) + ttl + resolution`, where `LM(lease)` is the Last-Modified of the
@@ -37,7 +43,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::object::{self, encode_key, Cond, Meta, ObjectApi, ObjectUrl, Put};
+use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, ObjectUrl, Put};
 use crate::store::{
     random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
     ResourceView, State, Waiter,
@@ -52,6 +58,8 @@ pub struct ObjectCoordinator {
     url: ObjectUrl,
     /// This process's waiter record name.
     waiter_id: String,
+    /// Whether this process has seen the prefix verified (`None`: not looked yet).
+    verified: std::cell::Cell<Option<bool>>,
 }
 
 /// The lease object's body.
@@ -71,9 +79,56 @@ struct Body {
     /// (the grant itself cannot know its own Last-Modified before it is stored).
     #[serde(default)]
     acquired_at_ms: Option<i64>,
+    /// Written after the store was proven to enforce preconditions (`object::verify`), so a
+    /// process that finds this record needs no proof of its own.
+    #[serde(default)]
+    verified: bool,
+    /// The latest changes of this record (at most [`HISTORY_KEPT`]), oldest first; the last
+    /// one is the change this version made.
+    #[serde(default)]
+    history: Vec<Change>,
 }
 
-/// An event object's body; its time is the object's Last-Modified.
+/// How many changes a lease record keeps (`inspect --history` shows at most this many of
+/// them, with the refusals stored beside the record).
+const HISTORY_KEPT: usize = 8;
+/// When the record holds this many changes, the oldest are archived (all but the newest
+/// [`HISTORY_KEPT`]) into one event object before the record is written: one extra request
+/// every eight changes, and the full history stays durable.
+const HISTORY_ARCHIVE_AT: usize = 2 * HISTORY_KEPT;
+/// Archiving that keeps failing (it is retried with every write) must not let the record
+/// grow without bound: beyond this many changes the write fails instead.
+const HISTORY_MAX: usize = 8 * HISTORY_KEPT;
+
+/// The metadata entry holding a copy of the record where reading metadata is one request
+/// and reading bytes two (GCS), so a decision needs one read. GCS allows 8 KiB of custom
+/// metadata per object; a larger record (very long owner names) is read from its bytes.
+const META_LEASE: &str = "fence-lease";
+const METADATA_COPY_MAX: usize = 6 * 1024;
+
+/// Changes archived out of the record, in one event object
+/// (`events/<enc>/<first seq>-0-archive`), oldest first.
+#[derive(Debug, Serialize, Deserialize)]
+struct Archive {
+    changes: Vec<Change>,
+}
+
+/// One change of the lease record, kept in the record itself, so a change costs no request of
+/// its own. Its time is the Last-Modified of the version that made it: unknown while that
+/// version is being written, so filled in by the next write (and read from the current
+/// version's own Last-Modified meanwhile).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Change {
+    seq: u64,
+    kind: String,
+    owner: String,
+    token: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    at_ms: Option<i64>,
+}
+
+/// An event object's body (refusals, which change nothing, and records written by fence
+/// before changes were kept in the record); its time is the object's Last-Modified.
 #[derive(Debug, Serialize, Deserialize)]
 struct EventBody {
     kind: String,
@@ -125,6 +180,23 @@ async fn backoff(attempt: usize) {
     }
 }
 
+/// The history a new version of the record carries: the read version's, its last change
+/// dated by its Last-Modified, and `kind` (by `owner` with `token`) as this write's change.
+fn history(read: Option<&Current>, seq: u64, kind: &str, owner: &str, token: i64) -> Vec<Change> {
+    let mut history = read.map_or_else(Vec::new, |c| c.body.history.clone());
+    if let (Some(last), Some(c)) = (history.last_mut(), read) {
+        last.at_ms.get_or_insert(c.meta.last_modified_ms);
+    }
+    history.push(Change {
+        seq,
+        kind: kind.to_owned(),
+        owner: owner.to_owned(),
+        token,
+        at_ms: None,
+    });
+    history
+}
+
 fn nonce() -> String {
     format!("{:016x}", random_u64())
 }
@@ -135,6 +207,7 @@ impl ObjectCoordinator {
             api: object::open(url)?,
             url: url.clone(),
             waiter_id: format!("{}-{}", std::process::id(), nonce()),
+            verified: std::cell::Cell::new(None),
         })
     }
 
@@ -159,7 +232,22 @@ impl ObjectCoordinator {
 
     async fn read(&self, resource: &str) -> Result<Option<Current>, Error> {
         let key = self.lease_key(resource);
-        let Some(fetched) = self.api.get(&key).await? else {
+        let fetched = if self.api.body_fits_metadata() {
+            match self.api.head(&key).await? {
+                None => None,
+                Some(mut meta) => match meta.metadata.remove(META_LEASE) {
+                    Some(copy) => Some(Fetched {
+                        meta,
+                        body: copy.into_bytes(),
+                    }),
+                    // Too large for the copy, or written by an earlier fence.
+                    None => self.api.get(&key).await?,
+                },
+            }
+        } else {
+            self.api.get(&key).await?
+        };
+        let Some(fetched) = fetched else {
             return Ok(None);
         };
         let body: Body =
@@ -173,9 +261,24 @@ impl ObjectCoordinator {
         }))
     }
 
+    /// Whether the prefix was proven to enforce preconditions, proving it now if it never was
+    /// (exit 2 when the server ignores them). `false` only when the proof was skipped on the
+    /// caller's explicit request.
+    async fn verified(&self, current: Option<&Current>) -> Result<bool, Error> {
+        if current.is_some_and(|c| c.body.verified) {
+            return Ok(true);
+        }
+        if let Some(known) = self.verified.get() {
+            return Ok(known);
+        }
+        let known = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, false).await?;
+        self.verified.set(Some(known));
+        Ok(known)
+    }
+
     /// The store's clock now: the Last-Modified of a probe object written for the purpose.
-    async fn now(&self) -> Result<i64, Error> {
-        let key = self.url.join(&format!("clock/{}", random_u64() % 16));
+    async fn now(&self, resource: &str) -> Result<i64, Error> {
+        let key = self.url.join(&format!("clock/{}", encode_key(resource)));
         match self
             .api
             .put(&key, nonce().into_bytes(), &Cond::None, &BTreeMap::new())
@@ -206,20 +309,54 @@ impl ObjectCoordinator {
             Some(current) => Cond::Match(current.meta.version.clone()),
             None => Cond::Create,
         };
-        let bytes = serde_json::to_vec(body)
+        let text = serde_json::to_string(body)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+        let mut metadata = BTreeMap::new();
+        if self.api.body_fits_metadata() && text.len() <= METADATA_COPY_MAX {
+            metadata.insert(META_LEASE.to_owned(), text.clone());
+        }
         match self
             .api
             .put(
                 &self.lease_key(&body.resource),
-                bytes,
+                text.into_bytes(),
                 &cond,
-                &BTreeMap::new(),
+                &metadata,
             )
             .await?
         {
             Put::Done(meta) => Ok(Some(meta)),
             Put::Lost => Ok(None),
+        }
+    }
+
+    /// Moves the oldest changes of `body` into an archive object once there are
+    /// [`HISTORY_ARCHIVE_AT`] of them (all dated: only the newest is not). The archive's name
+    /// is fixed by its first change, so a writer that archives and then loses its race leaves
+    /// exactly the object the winner writes again (same name, same changes). A failed
+    /// archive keeps the changes in the record, for the next write to archive.
+    async fn archive(&self, body: &mut Body) -> Result<(), Error> {
+        if body.history.len() < HISTORY_ARCHIVE_AT {
+            return Ok(());
+        }
+        let cut = body.history.len() - HISTORY_KEPT;
+        let archive = Archive {
+            changes: body.history[..cut].to_vec(),
+        };
+        let key = format!(
+            "{}/{:020}-0-archive",
+            self.events_prefix(&body.resource),
+            archive.changes[0].seq
+        );
+        let bytes = serde_json::to_vec(&archive)
+            .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+        match self.api.put_blind(&key, bytes).await {
+            Ok(()) => {
+                body.history.drain(..cut);
+                Ok(())
+            }
+            Err(err) if body.history.len() >= HISTORY_MAX => Err(err),
+            Err(_) => Ok(()),
         }
     }
 
@@ -237,6 +374,48 @@ impl ObjectCoordinator {
         let bytes = serde_json::to_vec(event)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
         self.api.put_blind(&key, bytes).await
+    }
+
+    /// An event that could not be stored after the lease record was already changed (or a
+    /// refusal decided): the change stands and the caller is told so, with a warning that the
+    /// history misses it. Reporting "nothing applied" here would leave a lease held by an owner
+    /// nobody knows of.
+    fn unrecorded(&self, resource: &str, err: &Error) {
+        crate::output::warn(&format!(
+            "warning: the outcome for `{resource}` at `{}` stands (the lease record is as reported), but its event is missing from the history: {err}",
+            self.url.display
+        ));
+    }
+
+    /// Refuses a resource whose object names would exceed S3's and GCS's 1024 bytes (every
+    /// byte outside `[A-Za-z0-9-]` takes three in a name) before anything is sent.
+    fn check_resource(&self, resource: &str) -> Result<(), Error> {
+        // The longest name: `<prefix>/events/<enc>/<seq:020>-<n>-<ms:013>-<nonce:016>`.
+        let longest = self.events_prefix(resource).len() + 1 + 20 + 3 + 13 + 1 + 16;
+        if longest > 1024 {
+            return Err(Error::usage(
+                format!(
+                    "the resource name is too long for `{}`: its object names would take {longest} bytes, and S3 and GCS allow 1024",
+                    self.url.display
+                ),
+                "use a shorter resource name (letters, digits and `-` take one byte each, any other byte three)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a TTL shorter than the store sustains.
+    fn check_ttl(&self, ttl_ms: i64) -> Result<(), Error> {
+        match self.api.min_ttl() {
+            Some((min, why)) if ttl_ms < min => Err(Error::usage(
+                format!(
+                    "a TTL of {ttl_ms} ms is too short for `{}`: {why}",
+                    self.url.display
+                ),
+                format!("use --ttl {}s or more", min / 1000),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn contended(&self, resource: &str) -> Error {
@@ -317,30 +496,83 @@ impl ObjectCoordinator {
                 detail: Some(detail),
             },
         )
-        .await?;
+        .await
+        .unwrap_or_else(|err| self.unrecorded(&lease.resource, &err));
         Ok(error)
     }
 
-    async fn events(&self, resource: &str, history: usize) -> Result<Vec<Event>, Error> {
+    /// The newest `history` events of a resource, newest first: the changes the record keeps,
+    /// and the event objects beside it (refusals, and changes made by earlier versions of
+    /// fence), in the order of the record's writes.
+    async fn events(
+        &self,
+        resource: &str,
+        current: Option<&Current>,
+        history: usize,
+    ) -> Result<Vec<Event>, Error> {
+        let mut events: Vec<((u64, u8), Event)> = Vec::new();
+        if let Some(c) = current {
+            for change in &c.body.history {
+                events.push((
+                    (change.seq, 0),
+                    Event {
+                        at_ms: change.at_ms.unwrap_or(c.meta.last_modified_ms),
+                        kind: change.kind.clone(),
+                        owner: Some(change.owner.clone()),
+                        token: Some(change.token),
+                        detail: None,
+                    },
+                ));
+            }
+        }
         let prefix = self.events_prefix(resource);
         let mut names = self.api.list(&prefix).await?;
         names.sort();
-        let mut events = Vec::new();
         for name in names.iter().rev().take(history) {
             let Some(fetched) = self.api.get(&format!("{prefix}/{name}")).await? else {
                 continue;
             };
+            if let Ok(archive) = serde_json::from_slice::<Archive>(&fetched.body) {
+                for change in archive.changes {
+                    events.push((
+                        (change.seq, 0),
+                        Event {
+                            at_ms: change.at_ms.unwrap_or(fetched.meta.last_modified_ms),
+                            kind: change.kind,
+                            owner: Some(change.owner),
+                            token: Some(change.token),
+                            detail: None,
+                        },
+                    ));
+                }
+                continue;
+            }
+            // `<seq>-<n>-<ms>-<nonce>`
+            let mut parts = name.split('-');
+            let seq = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            let n = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
             if let Ok(e) = serde_json::from_slice::<EventBody>(&fetched.body) {
-                events.push(Event {
-                    at_ms: fetched.meta.last_modified_ms,
-                    kind: e.kind,
-                    owner: e.owner,
-                    token: e.token,
-                    detail: e.detail,
-                });
+                events.push((
+                    (seq, n),
+                    Event {
+                        at_ms: fetched.meta.last_modified_ms,
+                        kind: e.kind,
+                        owner: e.owner,
+                        token: e.token,
+                        detail: e.detail,
+                    },
+                ));
             }
         }
-        Ok(events)
+        events.sort_by_key(|e| std::cmp::Reverse(e.0));
+        // A change archived by a writer that then lost its race may still be in the record
+        // too (when the winner's own archive failed): a change is listed once.
+        events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
+        Ok(events
+            .into_iter()
+            .take(history)
+            .map(|(_, event)| event)
+            .collect())
     }
 
     async fn waiters(&self, resource: &str) -> Result<Vec<Waiter>, Error> {
@@ -368,6 +600,7 @@ impl ObjectCoordinator {
 #[async_trait(?Send)]
 impl Coordinator for ObjectCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
+        let verified = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, true).await?;
         let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
         let put = self
             .api
@@ -384,17 +617,28 @@ impl Coordinator for ObjectCoordinator {
                 Put::Lost => "up_to_date",
             },
             schema_version: FORMAT_VERSION,
-            location: format!("objects under `{}`", self.url.display),
+            location: format!(
+                "objects under `{}` ({})",
+                self.url.display,
+                if verified {
+                    "conditional writes verified, recorded in `.fence/verified`"
+                } else {
+                    "conditional writes NOT verified"
+                }
+            ),
         })
     }
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
+        self.check_ttl(ttl)?;
+        self.check_resource(resource)?;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(resource).await?;
+            let verified = self.verified(current.as_ref()).await?;
             let now = match &current {
-                Some(c) if c.held() => Some(self.now().await?),
+                Some(c) if c.held() => Some(self.now(resource).await?),
                 _ => None,
             };
             let (body, kind) = match (&current, now) {
@@ -429,30 +673,24 @@ impl Coordinator for ObjectCoordinator {
                         nonce: String::new(),
                         seq: 0,
                         acquired_at_ms: None,
+                        verified,
+                        history: Vec::new(),
                     };
                     (body, kind)
                 }
             };
-            let body = Body {
+            let seq = current.as_ref().map_or(0, |c| c.body.seq) + 1;
+            let mut body = Body {
                 nonce: nonce(),
-                seq: current.as_ref().map_or(0, |c| c.body.seq) + 1,
+                seq,
+                verified,
+                history: history(current.as_ref(), seq, kind, owner, body.token),
                 ..body
             };
+            self.archive(&mut body).await?;
             let Some(meta) = self.write(current.as_ref(), &body).await? else {
                 continue;
             };
-            self.event(
-                resource,
-                body.seq,
-                0,
-                &EventBody {
-                    kind: kind.to_owned(),
-                    owner: Some(owner.to_owned()),
-                    token: Some(body.token),
-                    detail: None,
-                },
-            )
-            .await?;
             let now = meta.last_modified_ms;
             return Ok(Grant {
                 lease: Current { body, meta }.lease(now),
@@ -463,6 +701,10 @@ impl Coordinator for ObjectCoordinator {
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
+        if let Some(ttl) = ttl {
+            self.check_ttl(ttl_ms(ttl))?;
+        }
+        self.check_resource(&lease.resource)?;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(&lease.resource).await?;
@@ -472,32 +714,28 @@ impl Coordinator for ObjectCoordinator {
             let Some(c) = mine else {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
-            let now = self.now().await?;
+            let now = self.now(&lease.resource).await?;
             if !self.live(c, now) {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             }
-            let body = Body {
+            let mut body = Body {
                 ttl_ms: ttl.map_or(c.body.ttl_ms, ttl_ms),
                 nonce: nonce(),
                 seq: c.body.seq + 1,
                 acquired_at_ms: Some(c.lease(now).acquired_at_ms),
+                history: history(
+                    Some(c),
+                    c.body.seq + 1,
+                    "renewed",
+                    &lease.owner,
+                    lease.token,
+                ),
                 ..c.body.clone()
             };
+            self.archive(&mut body).await?;
             let Some(meta) = self.write(Some(c), &body).await? else {
                 continue;
             };
-            self.event(
-                &lease.resource,
-                body.seq,
-                0,
-                &EventBody {
-                    kind: "renewed".into(),
-                    owner: Some(lease.owner.clone()),
-                    token: Some(lease.token),
-                    detail: None,
-                },
-            )
-            .await?;
             let now = meta.last_modified_ms;
             return Ok(Current { body, meta }.lease(now));
         }
@@ -517,28 +755,24 @@ impl Coordinator for ObjectCoordinator {
             if !c.held() {
                 return Ok(Released::Already);
             }
-            let body = Body {
+            let mut body = Body {
                 state: "released".into(),
                 nonce: nonce(),
                 seq: c.body.seq + 1,
                 acquired_at_ms: Some(c.lease(0).acquired_at_ms),
+                history: history(
+                    Some(c),
+                    c.body.seq + 1,
+                    "released",
+                    &lease.owner,
+                    lease.token,
+                ),
                 ..c.body.clone()
             };
+            self.archive(&mut body).await?;
             if self.write(Some(c), &body).await?.is_none() {
                 continue;
             }
-            self.event(
-                &lease.resource,
-                body.seq,
-                0,
-                &EventBody {
-                    kind: "released".into(),
-                    owner: Some(lease.owner.clone()),
-                    token: Some(lease.token),
-                    detail: None,
-                },
-            )
-            .await?;
             return Ok(Released::Now);
         }
         Err(self.contended(&lease.resource))
@@ -572,19 +806,19 @@ impl Coordinator for ObjectCoordinator {
                 currents.push((name.clone(), self.read(name).await?));
             }
         }
-        let now = if currents.iter().any(|(_, c)| c.is_some()) {
-            self.now().await?
-        } else {
-            0
+        // One probe, that of the first resource with a record.
+        let now = match currents.iter().find(|(_, c)| c.is_some()) {
+            Some((name, _)) => self.now(name).await?,
+            None => 0,
         };
         let mut views = Vec::with_capacity(currents.len());
         for (name, current) in currents {
-            let mut view = match current {
+            let mut view = match &current {
                 None => ResourceView::unknown(&name),
                 Some(c) => {
                     let state = if !c.held() {
                         State::Free
-                    } else if self.live(&c, now) {
+                    } else if self.live(c, now) {
                         State::Held
                     } else {
                         State::Expired
@@ -592,7 +826,7 @@ impl Coordinator for ObjectCoordinator {
                     let lease = c.lease(now);
                     let shown = state != State::Free;
                     // An observer is told when others may take over (see `taken_over_at_ms`).
-                    let expires_at_ms = self.taken_over_at_ms(&c);
+                    let expires_at_ms = self.taken_over_at_ms(c);
                     ResourceView {
                         resource: name.clone(),
                         state,
@@ -609,7 +843,7 @@ impl Coordinator for ObjectCoordinator {
             };
             view.waiters = self.waiters(&name).await?;
             if history > 0 {
-                view.events = self.events(&name, history).await?;
+                view.events = self.events(&name, current.as_ref(), history).await?;
             }
             views.push(view);
         }
@@ -642,7 +876,7 @@ impl Coordinator for ObjectCoordinator {
 /// made.
 pub async fn remove_namespace(url: &ObjectUrl) -> Result<(), Error> {
     let api = object::open(url)?;
-    let mut dirs = vec![url.join("leases"), url.join("clock")];
+    let mut dirs = vec![url.join("leases"), url.join("clock"), url.join(".fence")];
     // Every resource with events or waiters has a lease record, named the same way.
     for name in api.list(&url.join("leases")).await? {
         dirs.push(url.join(&format!("events/{name}")));

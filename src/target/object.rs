@@ -20,7 +20,9 @@ use std::collections::BTreeMap;
 use indicatif::ProgressBar;
 
 use crate::error::{ConflictKind, Error};
-use crate::object::{self, Cond, Meta, ObjectUrl, Put, META_OWNER, META_RESOURCE, META_TOKEN};
+use crate::object::{
+    self, verify, Cond, Meta, ObjectUrl, Put, META_OWNER, META_RESOURCE, META_TOKEN,
+};
 
 /// The caller's own expectation of the current version.
 #[derive(Clone, Debug, Default)]
@@ -96,6 +98,15 @@ pub async fn write(
 ) -> Result<ObjectWritten, Error> {
     let api = object::open_reporting(url, bar.clone())?;
     let current = api.head(&url.key).await?;
+    // An object fence wrote before was written after its prefix was verified; any other
+    // write is the first fenced one here and needs the proof first.
+    if !current
+        .as_ref()
+        .is_some_and(|m| m.metadata.contains_key(META_TOKEN))
+    {
+        let dir = url.key.rsplit_once('/').map_or("", |(dir, _)| dir);
+        verify::ensure(api.as_ref(), url, dir, false).await?;
+    }
     let stale = |highest_token| Error::Stale {
         resource: resource.to_owned(),
         token,
@@ -176,6 +187,12 @@ pub async fn write(
 pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
     let api = object::open(url)?;
     let meta = api.head(&url.key).await?;
+    if meta.is_none() && url.service != object::Service::File {
+        // A missing object, or a missing bucket (a HEAD's 404 does not say which): a listing
+        // fails with the bucket named when the bucket is missing.
+        api.list(url.key.rsplit_once('/').map_or("", |(dir, _)| dir))
+            .await?;
+    }
     Ok(ObjectView {
         version: meta.as_ref().map(|m| m.version.clone()),
         token: meta.as_ref().map(stored_token).filter(|t| *t > 0),

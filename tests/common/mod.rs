@@ -157,22 +157,53 @@ impl Store {
                     .collect()
             }
             Backend::S3 | Backend::Gcs => {
+                // The record keeps its latest changes; older ones are archived in event
+                // objects (`{"changes": [...]}`), beside one object per refusal. All are
+                // ordered by the record's write number (`seq`), a refusal after the change
+                // it refused to follow.
                 let (server, prefix) = self.server();
                 let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
-                server
-                    .list(&dir)
-                    .iter()
-                    .map(|key| {
-                        let stored = server.get(key).expect("listed event object");
-                        let v: Value =
-                            serde_json::from_slice(&stored.body).expect("event body is JSON");
+                let change = |c: &Value| {
+                    (
+                        (c["seq"].as_u64().unwrap(), 0),
+                        (
+                            c["kind"].as_str().unwrap().to_owned(),
+                            c["owner"].as_str().map(str::to_owned),
+                            c["token"].as_i64(),
+                        ),
+                    )
+                };
+                let mut events = Vec::new();
+                for key in server.list(&dir) {
+                    let stored = server.get(&key).expect("listed event object");
+                    let v: Value =
+                        serde_json::from_slice(&stored.body).expect("event body is JSON");
+                    if let Some(changes) = v["changes"].as_array() {
+                        events.extend(changes.iter().map(change));
+                        continue;
+                    }
+                    let name = key.rsplit('/').next().unwrap();
+                    let mut parts = name.split('-');
+                    let seq: u64 = parts.next().unwrap().parse().unwrap();
+                    let n: u64 = parts.next().unwrap().parse().unwrap();
+                    events.push((
+                        (seq, n),
                         (
                             v["kind"].as_str().unwrap().to_owned(),
                             v["owner"].as_str().map(str::to_owned),
                             v["token"].as_i64(),
-                        )
-                    })
-                    .collect()
+                        ),
+                    ));
+                }
+                if let Some(record) = self.lease_object(resource) {
+                    if let Some(history) = record["history"].as_array() {
+                        events.extend(history.iter().map(change));
+                    }
+                }
+                events.sort_by_key(|(order, _)| *order);
+                // A change may be both archived and still in the record.
+                events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
+                events.into_iter().map(|(_, event)| event).collect()
             }
             Backend::Postgres | Backend::PostgresAsync => {
                 let sql = format!(

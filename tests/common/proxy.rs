@@ -426,3 +426,273 @@ impl Proxy {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// An HTTP-aware proxy: rewrites or answers requests (object-store servers that ignore or
+// reject preconditions, answer 429/501, …) and counts them.
+// ---------------------------------------------------------------------------------------------
+
+/// A request head as [`HttpProxy`] received it; a rule may change it before it is forwarded.
+#[derive(Clone, Debug)]
+pub struct HttpRequest {
+    pub method: String,
+    /// Path and query, as on the request line.
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    /// The body as received (chunked bodies still framed).
+    pub body: Vec<u8>,
+}
+
+impl HttpRequest {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Removes every header called `name`; whether there was one.
+    pub fn remove_header(&mut self, name: &str) -> bool {
+        let before = self.headers.len();
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        before != self.headers.len()
+    }
+
+    /// Removes the query parameter `name` from the target; whether there was one.
+    pub fn remove_query(&mut self, name: &str) -> bool {
+        let Some((path, query)) = self.target.split_once('?') else {
+            return false;
+        };
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|p| p.split('=').next() != Some(name))
+            .collect();
+        let removed = kept.len() != query.split('&').count();
+        self.target = if kept.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?{}", kept.join("&"))
+        };
+        removed
+    }
+}
+
+/// What a rule does with a request: forward it (possibly changed) or answer it itself.
+pub enum Verdict {
+    Forward,
+    Answer { status: u16, body: String },
+}
+
+pub type Rule = Arc<dyn Fn(&mut HttpRequest) -> Verdict + Send + Sync>;
+
+#[derive(Default)]
+struct HttpShared {
+    stop: AtomicBool,
+    /// `METHOD target` of every request received, before any rule changed it.
+    seen: Mutex<Vec<String>>,
+    sockets: Mutex<Vec<TcpStream>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A running HTTP proxy (one request per client connection, `Connection: close` both ways);
+/// stops when dropped.
+pub struct HttpProxy {
+    addr: SocketAddr,
+    shared: Arc<HttpShared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl HttpProxy {
+    pub fn start(upstream: SocketAddr, rule: Rule) -> HttpProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(HttpShared::default());
+        let accept = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("http-proxy-{addr}"))
+                .spawn(move || {
+                    while !shared.stop.load(Ordering::SeqCst) {
+                        match listener.accept() {
+                            Ok((client, _)) => {
+                                let (shared2, rule) = (Arc::clone(&shared), Arc::clone(&rule));
+                                if let Ok(copy) = client.try_clone() {
+                                    shared.sockets.lock().unwrap().push(copy);
+                                }
+                                let handle = thread::spawn(move || {
+                                    if let Err(err) =
+                                        http_exchange(client, upstream, &rule, &shared2)
+                                    {
+                                        if !shared2.stop.load(Ordering::SeqCst) {
+                                            eprintln!("http proxy: {err}");
+                                        }
+                                    }
+                                });
+                                shared.threads.lock().unwrap().push(handle);
+                            }
+                            Err(err) if err.kind() == ErrorKind::WouldBlock => {
+                                thread::sleep(Duration::from_millis(5))
+                            }
+                            Err(_) => thread::sleep(TICK),
+                        }
+                    }
+                })
+                .expect("spawn the proxy's accept thread")
+        };
+        HttpProxy {
+            addr,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `METHOD target` of every request received so far, in order.
+    pub fn seen(&self) -> Vec<String> {
+        self.shared.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for HttpProxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+        for socket in self.shared.sockets.lock().unwrap().iter() {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
+        let threads: Vec<_> = self.shared.threads.lock().unwrap().drain(..).collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Reads from `from` until `done(buffer)` holds or EOF, giving up after 30 s or on stop.
+fn read_until(
+    from: &TcpStream,
+    buf: &mut Vec<u8>,
+    stop: &AtomicBool,
+    mut done: impl FnMut(&[u8]) -> bool,
+) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut chunk = vec![0u8; 64 * 1024];
+    while !done(buf) {
+        if stop.load(Ordering::SeqCst) || Instant::now() > deadline {
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "gave up reading"));
+        }
+        match (&*from).read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+fn http_exchange(
+    client: TcpStream,
+    upstream: SocketAddr,
+    rule: &Rule,
+    shared: &HttpShared,
+) -> std::io::Result<()> {
+    client.set_nonblocking(false)?;
+    client.set_read_timeout(Some(TICK))?;
+    let mut buf = Vec::new();
+    read_until(&client, &mut buf, &shared.stop, |b| head_end(b).is_some())?;
+    let Some(end) = head_end(&buf) else {
+        return Ok(());
+    };
+    let head = String::from_utf8_lossy(&buf[..end - 4]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut request_line = lines.next().unwrap_or_default().split(' ');
+    let mut request = HttpRequest {
+        method: request_line.next().unwrap_or_default().to_owned(),
+        target: request_line.next().unwrap_or_default().to_owned(),
+        headers: lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+            .collect(),
+        body: Vec::new(),
+    };
+    shared
+        .seen
+        .lock()
+        .unwrap()
+        .push(format!("{} {}", request.method, request.target));
+    let length: Option<usize> = request
+        .header("content-length")
+        .and_then(|v| v.parse().ok());
+    let chunked = request
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    read_until(&client, &mut buf, &shared.stop, |b| {
+        match (length, chunked) {
+            (Some(n), _) => b.len() >= end + n,
+            (None, true) => b.ends_with(b"0\r\n\r\n"),
+            _ => true,
+        }
+    })?;
+    request.body = buf[end..].to_vec();
+    let reply = |status: u16, text: &str, headers: &str| {
+        format!(
+            "HTTP/1.1 {status} Proxy\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{text}",
+            text.len()
+        )
+    };
+    match rule(&mut request) {
+        Verdict::Answer { status, body } => {
+            (&client)
+                .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
+        }
+        Verdict::Forward => {
+            let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
+            server.set_read_timeout(Some(TICK))?;
+            if let Ok(copy) = server.try_clone() {
+                shared.sockets.lock().unwrap().push(copy);
+            }
+            request.remove_header("connection");
+            let mut out = format!("{} {} HTTP/1.1\r\n", request.method, request.target);
+            for (name, value) in &request.headers {
+                out.push_str(&format!("{name}: {value}\r\n"));
+            }
+            out.push_str("Connection: close\r\n\r\n");
+            let mut bytes = out.into_bytes();
+            bytes.extend_from_slice(&request.body);
+            (&server).write_all(&bytes)?;
+            let mut response = Vec::new();
+            read_until(&server, &mut response, &shared.stop, |_| false)?;
+            // Our own Connection header, so the client never reuses this connection.
+            let split = head_end(&response).unwrap_or(response.len());
+            let head = String::from_utf8_lossy(&response[..split]).into_owned();
+            let mut fixed: String = head
+                .trim_end_matches("\r\n")
+                .split("\r\n")
+                .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                .map(|l| format!("{l}\r\n"))
+                .collect();
+            fixed.push_str("Connection: close\r\n\r\n");
+            (&client).write_all(fixed.as_bytes())?;
+            (&client).write_all(&response[split..])?;
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! Verify before trusting (DESIGN §10): fence's guarantees rest entirely on the store refusing
+//! a conditional put whose precondition does not hold. Many S3- and GCS-compatible servers
+//! ignore `If-None-Match`, `If-Match` or `ifGenerationMatch` and store the object anyway; on
+//! such a server fence would grant one lease to two owners without a sign. So before a
+//! prefix is first used (as a coordinator, or as the home of fenced objects) fence proves on a
+//! scratch object of its own that the server
+//! - refuses a create-only put of an existing object with 412, leaving it unchanged;
+//! - refuses a put conditioned on a version that is not the current one with 412, leaving it
+//!   unchanged;
+//! - accepts a put conditioned on the current version (otherwise no lease could ever be
+//!   renewed),
+//!
+//! and records that in `<prefix>/.fence/verified` (JSON: when by the store's clock, against
+//! which endpoint, by which fence), so that later processes pay one read at most, and usually
+//! nothing (a lease record written after verification says so itself).
+//!
+//! A server that fails is refused with exit 2 naming the precondition it ignored. The only way
+//! past is [`UNVERIFIED_ENV`], named so that nobody sets it by accident.
+//!
+//! `file://` objects are fence's own implementation and need no proof.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use crate::error::Error;
+use crate::object::{Cond, ObjectApi, ObjectUrl, Put, Service};
+
+/// Set to `1` to use a store whose preconditions are not verified (or were found ignored):
+/// fence then warns on every use and may grant one lease to several owners.
+pub const UNVERIFIED_ENV: &str = "FENCE_I_KNOW_THE_STORE_IGNORES_PRECONDITIONS";
+
+/// The name of the verification record under a prefix.
+pub fn record_key(dir: &str) -> String {
+    join(dir, ".fence/verified")
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The endpoint requests go to, as the verification record names it.
+fn endpoint(url: &ObjectUrl) -> String {
+    let var = |names: &[&str], default: &str| {
+        names
+            .iter()
+            .find_map(|n| std::env::var(n).ok())
+            .unwrap_or_else(|| default.to_owned())
+    };
+    match url.service {
+        Service::S3 => var(&["AWS_ENDPOINT_URL"], "https://s3.amazonaws.com"),
+        Service::Gcs => var(
+            &["FENCE_GCS_ENDPOINT", "STORAGE_EMULATOR_HOST"],
+            "https://storage.googleapis.com",
+        ),
+        Service::File => "file".into(),
+    }
+}
+
+fn bypassed() -> bool {
+    std::env::var(UNVERIFIED_ENV).is_ok_and(|v| v == "1")
+}
+
+fn warn_unverified(url: &ObjectUrl) {
+    crate::output::warn(&format!(
+        "WARNING: {UNVERIFIED_ENV}=1: using `{}` without proof that it enforces conditional writes; on a server that ignores them one lease can be granted to several owners",
+        url.display
+    ));
+}
+
+/// Makes sure `dir` (a key prefix in `url`'s bucket) was verified, verifying it now if not.
+/// `force` verifies again even when a record exists (`fence init`). `false` only when the
+/// check was skipped through [`UNVERIFIED_ENV`] (after a loud warning).
+pub async fn ensure(
+    api: &dyn ObjectApi,
+    url: &ObjectUrl,
+    dir: &str,
+    force: bool,
+) -> Result<bool, Error> {
+    if url.service == Service::File {
+        return Ok(true);
+    }
+    if !force && api.head(&record_key(dir)).await?.is_some() {
+        return Ok(true);
+    }
+    if bypassed() {
+        warn_unverified(url);
+        return Ok(false);
+    }
+    prove(api, url, dir).await?;
+    let record = json!({
+        "verified": ["create-only put of an existing object refused (412)", "put on a wrong version refused (412)", "put on the current version accepted"],
+        "endpoint": endpoint(url),
+        "by": format!("fence {}", env!("CARGO_PKG_VERSION")),
+    })
+    .to_string();
+    api.put(
+        &record_key(dir),
+        record.into_bytes(),
+        &Cond::None,
+        &BTreeMap::new(),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// What a failed check ignored, for the message.
+fn ignored(url: &ObjectUrl, what: &str, how: &str) -> Error {
+    Error::usage(
+        format!(
+            "`{}` (endpoint {}) does not enforce {what}: {how}; fence refuses to use a store that would let two owners hold one lease",
+            url.display,
+            endpoint(url)
+        ),
+        format!(
+            "use a server that enforces conditional writes atomically (AWS S3, Google Cloud Storage; see the README's object store requirements); only if you accept double grants, set {UNVERIFIED_ENV}=1"
+        ),
+    )
+}
+
+/// The condition names as the service spells them.
+fn names(url: &ObjectUrl) -> (&'static str, &'static str) {
+    match url.service {
+        Service::Gcs => ("`ifGenerationMatch=0`", "`ifGenerationMatch=<generation>`"),
+        _ => ("`If-None-Match: *`", "`If-Match: <etag>`"),
+    }
+}
+
+/// A version that is certainly not `current`.
+fn wrong_version(url: &ObjectUrl, current: &str) -> String {
+    match url.service {
+        Service::Gcs => current
+            .parse::<u64>()
+            .map_or_else(|_| "1".to_owned(), |g| (g + 1_000_000).to_string()),
+        _ => {
+            let wrong = "\"00000000000000000000000000000000\"";
+            if current == wrong {
+                "\"11111111111111111111111111111111\"".into()
+            } else {
+                wrong.into()
+            }
+        }
+    }
+}
+
+async fn prove(api: &dyn ObjectApi, url: &ObjectUrl, dir: &str) -> Result<(), Error> {
+    let (create, update) = names(url);
+    let probe = join(
+        dir,
+        &format!(".fence/probe-{:016x}", crate::store::random_u64()),
+    );
+    let probe = probe.as_str();
+    let none = BTreeMap::new();
+    let unsupported = |what: &str, err: Error| -> Error {
+        match err {
+            Error::Usage { .. } => err,
+            other => Error::usage(
+                format!(
+                    "cannot verify that `{}` enforces {what}: {other}",
+                    url.display
+                ),
+                "fix what the message names and run `fence init` again",
+            ),
+        }
+    };
+    let first = match api
+        .put(probe, b"first".to_vec(), &Cond::Create, &none)
+        .await
+        .map_err(|err| unsupported(create, err))?
+    {
+        Put::Done(meta) => meta,
+        Put::Lost => {
+            return Err(ignored(
+                url,
+                create,
+                "a create-only put of a new object was refused",
+            ))
+        }
+    };
+    let unchanged = |step: &'static str| async move {
+        match api.get(probe).await? {
+            Some(f) if f.body == b"first" => Ok(()),
+            _ => Err(ignored(
+                url,
+                step,
+                "the server answered 412 but the object changed",
+            )),
+        }
+    };
+    match api
+        .put(probe, b"second".to_vec(), &Cond::Create, &none)
+        .await
+        .map_err(|err| unsupported(create, err))?
+    {
+        Put::Done(_) => {
+            return Err(ignored(
+                url,
+                create,
+                "a create-only put of an existing object replaced it instead of answering 412",
+            ))
+        }
+        Put::Lost => unchanged(create).await?,
+    }
+    let wrong = Cond::Match(wrong_version(url, &first.version));
+    match api
+        .put(probe, b"third".to_vec(), &wrong, &none)
+        .await
+        .map_err(|err| unsupported(update, err))?
+    {
+        Put::Done(_) => {
+            return Err(ignored(
+                url,
+                update,
+                "a put conditioned on a version that is not the current one replaced the object instead of answering 412",
+            ))
+        }
+        Put::Lost => unchanged(update).await?,
+    }
+    match api
+        .put(
+            probe,
+            b"fourth".to_vec(),
+            &Cond::Match(first.version),
+            &none,
+        )
+        .await
+        .map_err(|err| unsupported(update, err))?
+    {
+        Put::Done(_) => {}
+        Put::Lost => {
+            return Err(ignored(
+                url,
+                update,
+                "a put conditioned on the current version was refused",
+            ))
+        }
+    }
+    // A probe left behind (no delete permission) is harmless: its name is never reused.
+    let _ = api.delete(probe).await;
+    Ok(())
+}

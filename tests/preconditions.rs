@@ -1,0 +1,686 @@
+//! Verify before trusting (issue 18): an object store is used as a coordinator, or as the
+//! home of fenced objects, only after fence proved that it enforces the preconditions fence
+//! relies on. The non-enforcing server is moto or fake-gcs-server behind an HTTP proxy of ours
+//! that strips `If-None-Match` / `If-Match` (S3) or the `ifGenerationMatch` query parameter
+//! (GCS): it answers every conditional put with success, exactly as s3rver and
+//! gcp-storage-emulator do. Every test reads the bucket itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use common::objects::{Server, Service};
+use common::proxy::{HttpProxy, Verdict};
+use common::{Backend, Fence, Out, Store};
+
+fn backend(service: Service) -> Backend {
+    match service {
+        Service::S3 => Backend::S3,
+        Service::Gcs => Backend::Gcs,
+    }
+}
+
+fn endpoint_var(service: Service) -> &'static str {
+    match service {
+        Service::S3 => "AWS_ENDPOINT_URL",
+        Service::Gcs => "FENCE_GCS_ENDPOINT",
+    }
+}
+
+/// A proxy in front of the test server that removes every precondition from every request.
+fn ignoring(server: &Server) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(
+        upstream,
+        Arc::new(|request| {
+            request.remove_header("if-match");
+            request.remove_header("if-none-match");
+            request.remove_query("ifGenerationMatch");
+            Verdict::Forward
+        }),
+    )
+}
+
+/// A proxy that changes nothing (it counts).
+fn passing(server: &Server) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(upstream, Arc::new(|_| Verdict::Forward))
+}
+
+/// `fence` on `store`, its requests going through `proxy`.
+fn via(store: &Store, proxy: &HttpProxy) -> Fence {
+    let service = store.server().0.service;
+    store.fence().env(endpoint_var(service), proxy.endpoint())
+}
+
+/// The precondition the message must name.
+fn precondition(service: Service) -> &'static str {
+    match service {
+        Service::S3 => "If-None-Match",
+        Service::Gcs => "ifGenerationMatch",
+    }
+}
+
+#[track_caller]
+fn assert_refused(out: &Out, service: Service) {
+    assert_eq!(out.code, 2, "{out:?}");
+    let error = out.json();
+    assert_eq!(error["error"], "usage", "{out:?}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(precondition(service)) && message.contains("does not enforce"),
+        "the message names the ignored precondition: {message}"
+    );
+}
+
+/// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
+/// (exit 2, naming the precondition), and nothing of fence's but scratch probes is stored:
+/// no lease record, no verification record, no object written.
+fn ignoring_server_is_refused(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    let out = via(&store, &proxy).args(["init", "--format", "json"]).run();
+    assert_refused(&out, service);
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_refused(&out, service);
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let out = via(&store, &proxy)
+        .args([
+            "write", "res", "--token", "1", "--target", &target, "--from",
+        ])
+        .args([&file])
+        .args(["--format", "json"])
+        .run();
+    assert_refused(&out, service);
+    let stored = server.list(prefix);
+    assert!(
+        stored.iter().all(|key| key.contains("/.fence/probe-")),
+        "only scratch probes were stored: {stored:?}"
+    );
+    assert!(
+        !proxy.seen().is_empty(),
+        "the premise: fence's requests went through the proxy"
+    );
+}
+
+#[test]
+fn s3_ignoring_server_is_refused() {
+    ignoring_server_is_refused(Service::S3);
+}
+
+#[test]
+fn gcs_ignoring_server_is_refused() {
+    ignoring_server_is_refused(Service::Gcs);
+}
+
+/// Ten races of two owners for a fresh resource on the ignoring server: never two grants
+/// (without the check, every race gave two).
+fn races_never_grant_twice(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    for race in 0..10 {
+        let resource = format!("race-{race}");
+        let contenders: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|owner| {
+                let fence = via(&store, &proxy).args([
+                    "acquire", &resource, "--owner", owner, "--ttl", "30s", "--format", "json",
+                ]);
+                thread::spawn(move || fence.run())
+            })
+            .collect();
+        let outs: Vec<Out> = contenders.into_iter().map(|t| t.join().unwrap()).collect();
+        let grants = outs.iter().filter(|o| o.code == 0).count();
+        assert!(grants <= 1, "race {race}: two grants: {outs:?}");
+        for out in &outs {
+            assert!([2, 3].contains(&out.code), "race {race}: {out:?}");
+        }
+    }
+    let leases = server.list(&format!("{prefix}/leases"));
+    assert!(leases.is_empty(), "no lease record was stored: {leases:?}");
+}
+
+#[test]
+fn s3_races_never_grant_twice() {
+    races_never_grant_twice(Service::S3);
+}
+
+#[test]
+fn gcs_races_never_grant_twice() {
+    races_never_grant_twice(Service::Gcs);
+}
+
+/// On an enforcing server the first acquire (no `init`) proves the prefix and records it in
+/// `<prefix>/.fence/verified` (with the endpoint); its scratch probe is gone; the lease record
+/// says it was written after the proof. A second process reads no verification record at all;
+/// `init` proves the prefix again.
+fn verification_is_recorded_once(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    store
+        .fence()
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let record = server
+        .get(&format!("{prefix}/.fence/verified"))
+        .expect("the verification record");
+    let record: serde_json::Value = serde_json::from_slice(&record.body).unwrap();
+    assert_eq!(record["endpoint"], server.endpoint.as_str(), "{record}");
+    assert_eq!(record["verified"].as_array().unwrap().len(), 3, "{record}");
+    let fence_dir = server.list(&format!("{prefix}/.fence"));
+    assert_eq!(fence_dir, [format!("{prefix}/.fence/verified")]);
+    let lease = server
+        .get(&format!("{prefix}/leases/res"))
+        .expect("the lease record");
+    let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
+    assert_eq!(lease["verified"], true, "{lease}");
+
+    let proxy = passing(server);
+    via(&store, &proxy)
+        .args(["acquire", "other", "--owner", "b", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    via(&store, &proxy)
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let seen = proxy.seen();
+    assert!(
+        seen.iter().filter(|r| r.contains(".fence")).count() == 1,
+        "one read of the record (the fresh resource), none for the verified lease: {seen:?}"
+    );
+    let out = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0);
+    assert!(out.stdout.contains("verified"), "{out:?}");
+}
+
+#[test]
+fn s3_verification_is_recorded_once() {
+    verification_is_recorded_once(Service::S3);
+}
+
+#[test]
+fn gcs_verification_is_recorded_once() {
+    verification_is_recorded_once(Service::Gcs);
+}
+
+/// The one way past the check: the loudly named variable. fence warns, and records no proof.
+#[test]
+fn the_check_is_skipped_only_when_asked_loudly() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    let proxy = ignoring(server);
+    let out = via(&store, &proxy)
+        .env("FENCE_I_KNOW_THE_STORE_IGNORES_PRECONDITIONS", "1")
+        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    assert!(
+        out.stderr.contains("WARNING") && out.stderr.contains("several owners"),
+        "{out:?}"
+    );
+    assert!(server.get(&format!("{prefix}/.fence/verified")).is_none());
+    let lease = server.get(&format!("{prefix}/leases/res")).unwrap();
+    let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
+    assert_eq!(lease["verified"], false, "{lease}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Definite answers are not retried; what was applied is reported as applied.
+// ---------------------------------------------------------------------------------------------
+
+/// A proxy that answers `status` to the requests `pick` selects and forwards the rest.
+fn answering(
+    server: &Server,
+    status: u16,
+    pick: impl Fn(&common::proxy::HttpRequest) -> bool + Send + Sync + 'static,
+) -> HttpProxy {
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    HttpProxy::start(
+        upstream,
+        Arc::new(move |request| {
+            if pick(request) {
+                Verdict::Answer {
+                    status,
+                    body: format!("<Error><Code>Proxy{status}</Code><Message>answered by the test proxy</Message></Error>"),
+                }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    )
+}
+
+/// Whether a request is a conditional write of a lease record.
+fn conditional_write(service: Service, request: &common::proxy::HttpRequest) -> bool {
+    match service {
+        Service::S3 => {
+            request.method == "PUT"
+                && (request.header("if-none-match").is_some()
+                    || request.header("if-match").is_some())
+        }
+        Service::Gcs => request.method == "POST" && request.target.contains("ifGenerationMatch"),
+    }
+}
+
+/// A store whose prefix is already verified (so the proxy's answers reach the lease path).
+fn verified_store(service: Service) -> Store {
+    let store = Store::new(backend(service));
+    store.fence().args(["init"]).run().expect(0);
+    store
+}
+
+/// 501 to the conditional put: exit 2 at once, one request, the status named; 400: exit 7,
+/// equally at once. Nothing is stored and nothing is called unknown.
+fn definite_answers_are_final(service: Service) {
+    for (status, code) in [(501, 2), (400, 7)] {
+        let store = verified_store(service);
+        let (server, prefix) = store.server();
+        let proxy = answering(server, status, move |r| conditional_write(service, r));
+        let started = std::time::Instant::now();
+        let out = via(&store, &proxy)
+            .args([
+                "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+            ])
+            .run();
+        assert_eq!(out.code, code, "HTTP {status}: {out:?}");
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&format!("HTTP {status}")) && message.contains("nothing was written"),
+            "{message}"
+        );
+        let writes = proxy
+            .seen()
+            .iter()
+            .filter(|r| r.starts_with("PUT") || r.starts_with("POST"))
+            .count();
+        assert_eq!(writes, 1, "asked once: {:?}", proxy.seen());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "at once"
+        );
+        assert!(server.list(&format!("{prefix}/leases")).is_empty());
+    }
+}
+
+#[test]
+fn s3_definite_answers_are_final() {
+    definite_answers_are_final(Service::S3);
+}
+
+#[test]
+fn gcs_definite_answers_are_final() {
+    definite_answers_are_final(Service::Gcs);
+}
+
+/// A change and its event are one write (the record keeps its history): with every write of
+/// an event object answered 429, `acquire` still succeeds without a warning and `inspect`
+/// shows the holder and the `acquired` event. A refusal's event (written beside the record)
+/// that keeps getting 429 does not turn the refusal into "unavailable": `renew` of a released
+/// lease is still exit 5, with a warning.
+fn event_failures_never_hide_what_happened(service: Service) {
+    let store = verified_store(service);
+    let (server, _) = store.server();
+    let proxy = answering(server, 429, move |r| match service {
+        Service::S3 => r.method == "PUT" && r.target.contains("/events/"),
+        // Events and clock probes are the only unconditional uploads.
+        Service::Gcs => r.method == "POST" && !r.target.contains("ifGenerationMatch"),
+    });
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!out.stderr.contains("warning"), "{out:?}");
+    let token = out.json()["token"].as_i64().unwrap();
+    let view = store
+        .fence()
+        .args(["inspect", "res", "--history", "5", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let resource = &view["resources"][0];
+    assert_eq!(resource["state"], "held", "{view}");
+    assert_eq!(resource["owner"], "a", "{view}");
+    assert_eq!(resource["token"], token, "{view}");
+    assert_eq!(resource["events"][0]["kind"], "acquired", "{view}");
+    assert_eq!(resource["events"][0]["owner"], "a", "{view}");
+
+    store
+        .fence()
+        .args([
+            "release",
+            "res",
+            "--owner",
+            "a",
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let out = via(&store, &proxy)
+        .args([
+            "renew",
+            "res",
+            "--owner",
+            "a",
+            "--token",
+            &token.to_string(),
+        ])
+        .args(["--format", "json"])
+        .run();
+    assert_eq!(out.code, 5, "{out:?}");
+    assert!(
+        out.stderr.contains("missing from the history") && out.stderr.contains("429"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn s3_event_failures_never_hide_what_happened() {
+    event_failures_never_hide_what_happened(Service::S3);
+}
+
+#[test]
+fn gcs_event_failures_never_hide_what_happened() {
+    event_failures_never_hide_what_happened(Service::Gcs);
+}
+
+/// Requests per operation on the common path, counted through a proxy: `acquire` of a free
+/// resource, `release` and a fenced write of an object fence wrote before: 2 each (the read
+/// and the conditional write); `renew`: 3 (its expiry is judged by the store's clock, read
+/// from a write of the resource's clock probe).
+fn requests_per_operation(service: Service) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    // The resource and the object exist (the first use of each is not the common path).
+    let out = store
+        .fence()
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let token = out.json()["token"].as_i64().unwrap().to_string();
+    store
+        .fence()
+        .args([
+            "write", "res", "--token", &token, "--target", &target, "--from",
+        ])
+        .args([&file])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["release", "res", "--owner", "a", "--token", &token])
+        .run()
+        .expect(0);
+
+    let count = |args: &[&str]| {
+        let proxy = passing(server);
+        let out = via(&store, &proxy)
+            .args(args)
+            .args(["--format", "json"])
+            .run();
+        (out, proxy.seen())
+    };
+    let (out, seen) = count(&["acquire", "res", "--owner", "b", "--ttl", "60s"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "acquire: {seen:?}");
+    let token = out.json()["token"].as_i64().unwrap().to_string();
+    let (out, seen) = count(&["renew", "res", "--owner", "b", "--token", &token]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 3, "renew: {seen:?}");
+    let (out, seen) = count(&[
+        "write",
+        "res",
+        "--token",
+        &token,
+        "--target",
+        &target,
+        "--from",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "write: {seen:?}");
+    let (out, seen) = count(&["release", "res", "--owner", "b", "--token", &token]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "release: {seen:?}");
+    let stored = server.get(&format!("{prefix}/objects/obj")).unwrap();
+    assert_eq!(stored.token().map(|t| t.to_string()), Some(token));
+}
+
+#[test]
+fn s3_requests_per_operation() {
+    requests_per_operation(Service::S3);
+}
+
+#[test]
+fn gcs_requests_per_operation() {
+    requests_per_operation(Service::Gcs);
+}
+
+/// A bucket that does not exist is a usage error naming it, for the coordinator and for
+/// `inspect --target` (never `(absent)` with exit 0).
+fn missing_bucket_is_named(service: Service) {
+    let store = Store::new(backend(service));
+    let scheme = match service {
+        Service::S3 => "s3",
+        Service::Gcs => "gs",
+    };
+    let out = Fence::bare(store.home.path())
+        .args(["--store", &format!("{scheme}://nosuchbucket/p")])
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .env(endpoint_var(service), &store.server().0.endpoint)
+        .env("AWS_ACCESS_KEY_ID", "fence-test")
+        .env("AWS_SECRET_ACCESS_KEY", "fence-test-secret")
+        .env("AWS_REGION", "us-east-1")
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("bucket `nosuchbucket` does not exist"),
+        "{out:?}"
+    );
+    let out = store
+        .fence()
+        .args(["inspect", "--target", &format!("{scheme}://nosuchbucket/x")])
+        .args(["--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains("nosuchbucket"), "{out:?}");
+}
+
+#[test]
+fn s3_missing_bucket_is_named() {
+    missing_bucket_is_named(Service::S3);
+}
+
+#[test]
+fn gcs_missing_bucket_is_named() {
+    missing_bucket_is_named(Service::Gcs);
+}
+
+/// The record keeps its latest changes and archives older ones: after 12 grants and releases
+/// the whole history (24 changes) is durable, in order, without duplicates, partly in an
+/// archive object; `inspect --history` shows all of it, newest first.
+fn history_survives_archiving(service: Service) {
+    let store = Store::new(backend(service));
+    let (server, prefix) = store.server();
+    for n in 1..=12 {
+        let owner = format!("o{n}");
+        let out = store
+            .fence()
+            .args([
+                "acquire", "res", "--owner", &owner, "--ttl", "30s", "--format", "json",
+            ])
+            .run()
+            .expect(0);
+        let token = out.json()["token"].as_i64().unwrap();
+        assert_eq!(token, n);
+        store
+            .fence()
+            .args([
+                "release",
+                "res",
+                "--owner",
+                &owner,
+                "--token",
+                &token.to_string(),
+            ])
+            .run()
+            .expect(0);
+    }
+    let expected: Vec<(String, Option<String>, Option<i64>)> = (1..=12)
+        .flat_map(|n| {
+            ["acquired", "released"].map(|kind| (kind.to_owned(), Some(format!("o{n}")), Some(n)))
+        })
+        .collect();
+    assert_eq!(store.events("res"), expected);
+    let archives: Vec<String> = server
+        .list(&format!("{prefix}/events/res"))
+        .into_iter()
+        .filter(|k| k.ends_with("-archive"))
+        .collect();
+    assert!(!archives.is_empty(), "older changes were archived");
+    let view = store
+        .fence()
+        .args(["inspect", "res", "--history", "30", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let shown: Vec<(String, Option<String>, Option<i64>)> = view["resources"][0]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().map(str::to_owned),
+                e["token"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(shown, expected);
+}
+
+#[test]
+fn s3_history_survives_archiving() {
+    history_survives_archiving(Service::S3);
+}
+
+#[test]
+fn gcs_history_survives_archiving() {
+    history_survives_archiving(Service::Gcs);
+}
+
+/// Names are checked before anything is sent: an object URL ending in `/` (a directory), a key
+/// with a newline, and a resource whose object names would pass 1024 bytes are usage errors,
+/// and nothing reaches the server.
+#[test]
+fn bad_names_are_refused_before_sending() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    let proxy = passing(server);
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    for target in [
+        server.url(&format!("{prefix}/dir/")),
+        server.url(&format!("{prefix}/a\nb")),
+    ] {
+        let out = via(&store, &proxy)
+            .args([
+                "write", "res", "--token", "1", "--target", &target, "--from",
+            ])
+            .args([&file])
+            .args(["--format", "json"])
+            .run();
+        assert_eq!(out.code, 2, "{target:?}: {out:?}");
+    }
+    // The longest resource name (200 bytes, 600 once encoded) under a long prefix.
+    let resource = "é".repeat(100);
+    let long_prefix = format!("{prefix}/{}", "p".repeat(500));
+    let mut fence = Fence::bare(store.home.path()).args(["--store", &server.url(&long_prefix)]);
+    for (key, value) in server.env() {
+        fence = fence.env(key, value);
+    }
+    let out = fence
+        .env("AWS_ENDPOINT_URL", proxy.endpoint())
+        .args([
+            "acquire", &resource, "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains("1024"), "{out:?}");
+    assert_eq!(proxy.seen(), Vec::<String>::new());
+}
+
+/// Expired S3 session credentials (S3 answers 400 `ExpiredToken`) are named as expired, exit
+/// 7 at once, not "unreachable" and not retried.
+#[test]
+fn expired_s3_session_credentials_are_named() {
+    let store = verified_store(Service::S3);
+    let (server, _) = store.server();
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = HttpProxy::start(
+        upstream,
+        Arc::new(|_| {
+            Verdict::Answer {
+            status: 400,
+            body: "<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>".into(),
+        }
+        }),
+    );
+    let out = via(&store, &proxy)
+        .env("AWS_SESSION_TOKEN", "session-token-secret")
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 7, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("expired") && message.contains("AWS_SESSION_TOKEN"),
+        "{message}"
+    );
+    assert!(!format!("{out:?}").contains("session-token-secret"));
+    assert_eq!(proxy.seen().len(), 1, "asked once: {:?}", proxy.seen());
+}
