@@ -60,7 +60,17 @@ fn the_debian_package_installs_works_and_removes() {
          complete -p fence",
         store = store.path().display()
     ));
+    // The package holds the very binary it was given (the repository's build): the same
+    // bytes, so the same performance.
+    let same = Command::new("cmp")
+        .args(["/usr/bin/fence", env!("CARGO_BIN_EXE_fence")])
+        .status()
+        .unwrap();
     let removed = sh("dpkg -r fence");
+    assert!(
+        same.success(),
+        "the installed binary differs from the one packaged"
+    );
     assert!(used.status.success(), "{used:?}");
     let text = String::from_utf8_lossy(&used.stdout);
     assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");

@@ -159,6 +159,40 @@ fn a_command_that_cannot_start_releases_the_lease(store: &Store) {
     assert_eq!(state(store, "job"), "free");
 }
 
+/// `fence run --wait` behind a holder for three times its own TTL: the lease's bound starts
+/// at the granting request, so the command runs to completion (renewed), exit 0.
+fn a_wait_longer_than_the_ttl_still_runs_the_command(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "holder", "--ttl", "3s"])
+        .run()
+        .expect(0);
+    let started = std::time::Instant::now();
+    let out = run_cmd(
+        store,
+        &["job", "--wait", "60s", "--ttl", "1s"],
+        "sleep 2; echo done > out",
+        dir.path(),
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(started.elapsed() >= Duration::from_secs(3), "it did wait");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out")).unwrap(),
+        "done\n"
+    );
+    assert_eq!(state(store, "job"), "free");
+}
+
+/// On every coordinator (apart from the per-backend tests below, whose modules share names).
+mod every_coordinator {
+    use super::*;
+
+    per_coordinator!(a_wait_longer_than_the_ttl_still_runs_the_command);
+}
+
 per_backend!(
     two_runs_with_one_owner_name_never_share_the_lease,
     sigkill_of_fence_run_takes_the_command_and_its_grandchild_along,
