@@ -56,7 +56,7 @@ pub fn main() -> Exit {
 /// The runtime, or why it could not start. tokio panics (instead of returning an error) when
 /// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
 /// caught, silently, and turned into the error it is.
-fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
+pub(crate) fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let built = std::panic::catch_unwind(|| {

@@ -214,3 +214,90 @@ fn postgres_prefill_creates_every_resource_before_timing() {
     assert!(out.prefilled && out.resources == 50_000, "{out:?}");
     assert!(out.critical_sections > 0, "{out:?}");
 }
+
+/// Whether the bench's scratch namespace of process `pid` is still there.
+fn scratch_left(store: &Store, pid: u32) -> bool {
+    match store.backend {
+        common::Backend::File => std::fs::read_dir(store.dir())
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy() == format!("bench-{pid}"))
+            })
+            .unwrap_or(false),
+        _ => !store
+            .pg_rows(
+                "SELECT nspname::text FROM pg_namespace WHERE nspname = $1",
+                &format!("fence_bench_{pid}"),
+            )
+            .is_empty(),
+    }
+}
+
+/// Out of file descriptors (`ulimit -n 64`, 32 workers), the bench fails at once with the
+/// cause (no hang, no panic) and leaves no scratch namespace.
+fn a_low_open_file_limit_fails_promptly_and_cleans_up(store: &Store) {
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let schema = store.schema.clone().unwrap_or_else(|| "fence".into());
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec '{fence}' --store '{}' --schema {schema} bench --workers 32 --duration 30s",
+            store.url
+        ))
+        .env("HOME", store.home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "the bench hung instead of failing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("open"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!scratch_left(store, pid), "scratch namespace left behind");
+}
+
+/// SIGINT while the bench runs: it stops early, says so, and removes its scratch namespace.
+fn an_interrupted_bench_removes_its_scratch(store: &Store) {
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["bench", "--workers", "2", "--duration", "60s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    common::wait_for(
+        "the bench to create its scratch namespace",
+        std::time::Duration::from_secs(20),
+        || scratch_left(store, pid),
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGINT"));
+    assert!(!scratch_left(store, pid), "scratch namespace left behind");
+}
+
+/// File and PostgreSQL (apart from the per-coordinator tests above, whose modules share names).
+mod exhaustion {
+    use super::*;
+
+    per_backend!(
+        a_low_open_file_limit_fails_promptly_and_cleans_up,
+        an_interrupted_bench_removes_its_scratch
+    );
+}

@@ -6,6 +6,7 @@
 //! holder's grant received) needs no clock comparison. Nothing here is asserted in tests;
 //! the tests check arguments and the JSON shape only.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,8 +68,11 @@ struct Plan {
     hold: Duration,
     renew: bool,
     duration: Duration,
-    /// Every worker connects first; timing starts when all are ready.
-    ready: Arc<std::sync::Barrier>,
+    /// Every worker connects first; timing starts when all are ready (or none, when one
+    /// could not start).
+    gate: Arc<Gate>,
+    /// Set when the bench must end early (a worker failed, or fence was asked to stop).
+    stop: Arc<AtomicBool>,
     /// When the last holder of the hot resource sent its release.
     last_release: Arc<Mutex<Option<Instant>>>,
 }
@@ -124,7 +128,8 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         },
         renew: args.renew,
         duration: args.duration,
-        ready: Arc::new(std::sync::Barrier::new(args.workers as usize + 1)),
+        gate: Arc::new(Gate::default()),
+        stop: Arc::new(AtomicBool::new(false)),
         last_release: Arc::new(Mutex::new(None)),
     };
     let spinner = out.spinner();
@@ -135,26 +140,67 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             crate::time::duration(args.duration)
         ));
     }
-    let handles: Vec<_> = (0..args.workers)
-        .map(|i| {
-            let plan = plan.clone();
-            std::thread::spawn(move || worker(i, plan))
-        })
-        .collect();
-    // Blocking is fine here: this thread has nothing else to do until the workers finish.
-    plan.ready.wait();
-    let start = Instant::now();
-    let mut totals = Stats::default();
+    // Workers that cannot start (no threads, no file descriptors) fail the bench at once, and
+    // a stop signal ends it early; either way the scratch namespace is removed below.
+    let mut interrupts = Interrupts::install();
+    let mut handles = Vec::new();
     let mut failure = None;
-    for handle in handles {
-        match handle.join() {
-            Ok(Ok(stats)) => totals.merge(stats),
-            Ok(Err(err)) => failure = Some(err),
-            Err(_) => {
+    for i in 0..args.workers {
+        let plan = plan.clone();
+        match std::thread::Builder::new().spawn(move || worker(i, plan)) {
+            Ok(handle) => handles.push(handle),
+            Err(err) => {
                 failure = Some(Error::internal(
+                    format!("cannot start bench worker {i}: {err}"),
+                    "lower --workers (or raise the process's limits)",
+                ));
+                break;
+            }
+        }
+    }
+    let started = plan.gate.open_when(handles.len(), failure.is_none());
+    if !started {
+        plan.stop.store(true, Ordering::SeqCst);
+    }
+    let start = Instant::now();
+    let stop = plan.stop.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        handles
+            .into_iter()
+            .map(|handle| handle.join())
+            .collect::<Vec<_>>()
+    });
+    tokio::pin!(joined);
+    let results = loop {
+        let signal = async {
+            match interrupts.as_mut() {
+                Ok(interrupts) => Some(interrupts.next().await.1),
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            results = &mut joined => break results,
+            Some(name) = signal => {
+                stop.store(true, Ordering::SeqCst);
+                failure.get_or_insert(Error::unavailable(
+                    format!("interrupted by {name}; the bench stopped early"),
+                    "its scratch namespace was removed; run it again",
+                ));
+            }
+        }
+    };
+    let mut totals = Stats::default();
+    for result in results.unwrap_or_default() {
+        match result {
+            Ok(Ok(stats)) => totals.merge(stats),
+            Ok(Err(err)) => {
+                failure.get_or_insert(err);
+            }
+            Err(_) => {
+                failure.get_or_insert(Error::internal(
                     "a bench worker panicked",
                     "report this bug",
-                ))
+                ));
             }
         }
     }
@@ -177,15 +223,16 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
 }
 
 fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| {
-            Error::internal(
-                format!("cannot start a bench worker: {err}"),
-                "lower --workers",
-            )
-        })?;
+    let runtime = match crate::build_runtime() {
+        Ok(runtime) => runtime,
+        Err(cause) => {
+            plan.gate.arrive(false);
+            return Err(Error::internal(
+                format!("cannot start bench worker {index}: {cause}"),
+                "lower --workers (or raise the open-file limit, `ulimit -n`)",
+            ));
+        }
+    };
     runtime.block_on(async move {
         let connected = async {
             let coordinator = store::open(&plan.spec, &plan.schema).await?;
@@ -199,13 +246,16 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
             Ok::<_, Error>((coordinator, target))
         }
         .await;
-        plan.ready.wait();
+        let go = plan.gate.arrive(connected.is_ok());
         let (coordinator, mut target) = connected?;
+        if !go {
+            return Ok(Stats::default());
+        }
         let end = Instant::now() + plan.duration;
         let owner = format!("bench-{}-{index}", std::process::id());
         let mut stats = Stats::default();
         let waiting = plan.mode != BenchMode::Spread;
-        while Instant::now() < end {
+        while Instant::now() < end && !plan.stop.load(Ordering::SeqCst) {
             let resource = format!("bench-{}", random_u64() % u64::from(plan.resources));
             let asked = Instant::now();
             // Contended modes block as `--wait` does (until the run ends); spread is refused.
@@ -270,6 +320,59 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
         }
         Ok(stats)
     })
+}
+
+/// Where the workers wait for each other before timing starts: each arrives (saying whether it
+/// is ready) and waits; the main thread opens the gate once every started worker arrived, and
+/// tells them to go only if all were ready.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    arrived: usize,
+    all_ready: bool,
+    failed: bool,
+    open: bool,
+}
+
+impl Gate {
+    /// A worker arrives; returns whether to run (false: another could not start).
+    fn arrive(&self, ready: bool) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        state.arrived += 1;
+        state.failed |= !ready;
+        self.changed.notify_all();
+        while !state.open {
+            state = match self.changed.wait(state) {
+                Ok(state) => state,
+                Err(_) => return false,
+            };
+        }
+        state.all_ready
+    }
+
+    /// Waits for `workers` arrivals, opens the gate; true when all were ready and `ok`.
+    fn open_when(&self, workers: usize, ok: bool) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        while state.arrived < workers {
+            state = match self.changed.wait(state) {
+                Ok(state) => state,
+                Err(_) => return false,
+            };
+        }
+        state.all_ready = ok && !state.failed;
+        state.open = true;
+        self.changed.notify_all();
+        state.all_ready
+    }
 }
 
 fn poisoned<T>(_: T) -> Error {
