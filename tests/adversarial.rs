@@ -1600,14 +1600,30 @@ fn run_workload(w: Workload) {
         "{}: seed {seed}: no write was applied",
         w.name
     );
-    assert!(
-        h.ops.iter().any(
-            |o| matches!(o.kind, OpKind::Write | OpKind::Renew | OpKind::Release) && o.code == 4
-        ),
-        "{}: seed {seed}: no stale token was refused (no takeover happened)",
-        w.name
-    );
+    // A takeover is random: with the default budgets (120–250 operations) some seeds have
+    // none (seen once in CI on clock_skew(file)); the soak's budgets make one certain, so it
+    // is required there and reported here.
+    let takeover = h
+        .ops
+        .iter()
+        .any(|o| matches!(o.kind, OpKind::Write | OpKind::Renew | OpKind::Release) && o.code == 4);
+    if h.ops.len() >= TAKEOVER_REQUIRED_FROM {
+        assert!(
+            takeover,
+            "{}: seed {seed}: no stale token was refused (no takeover happened)",
+            w.name
+        );
+    } else if !takeover {
+        eprintln!(
+            "{}: seed {seed}: no takeover happened in {} operations (required from {TAKEOVER_REQUIRED_FROM})",
+            w.name,
+            h.ops.len()
+        );
+    }
 }
+
+/// From this many operations on, a workload without a single takeover fails.
+const TAKEOVER_REQUIRED_FROM: usize = 1_000;
 
 fn exit_histogram(ops: &[Op]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();

@@ -401,3 +401,82 @@ fn postgres_a_full_server_is_retried_for_the_whole_wait() {
         Some(("patient".to_owned(), true))
     );
 }
+
+/// Issue 25, done-when 2: the holder's connection is terminated (`pg_terminate_backend`) while
+/// newcomers keep the role's slots full. The holder either reconnects within its lease's bound
+/// (the command runs to its end, exit 0) or stops its command and exits 5 naming the real cause
+/// (the server's "too many connections", SQLSTATE 53300) — never another story.
+#[test]
+fn postgres_a_holder_cut_off_while_the_server_is_full_reconnects_or_names_the_cause() {
+    let (role, url) = pg_limited_role(2);
+    let mut store = Store::postgres();
+    store.url = url.clone();
+    fence_at(&store, &url).args(["init", "-q"]).run().expect(0);
+    let tag = format!("holder_{role}");
+    let tagged = format!("{url}&application_name={tag}");
+    let holder = fence_at(&store, &tagged)
+        .args([
+            "run",
+            "job",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sleep",
+            "8",
+        ])
+        .cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let backend = || {
+        pg_query(
+            &pg_superuser(),
+            &format!("SELECT pid FROM pg_stat_activity WHERE application_name = '{tag}'"),
+        )
+        .first()
+        .map(|row| row.get::<_, i32>(0))
+    };
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = backend() {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the holder never connected"
+        );
+        sleep(Duration::from_millis(20));
+    };
+    pg_query(
+        &pg_superuser(),
+        &format!("SELECT pg_terminate_backend({pid})"),
+    );
+    let outcome = block_on(async {
+        // Newcomers take every slot the role has, as fast as they can.
+        let mut idle = Vec::new();
+        let until = Instant::now() + Duration::from_secs(3);
+        while idle.len() < 2 && Instant::now() < until {
+            if let Ok((client, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                idle.push((client, tokio::spawn(conn)));
+            } else {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        tokio::task::spawn_blocking(move || holder.wait_with_output().unwrap())
+            .await
+            .unwrap()
+    });
+    let stderr = String::from_utf8_lossy(&outcome.stderr);
+    match outcome.status.code() {
+        Some(0) => {}
+        Some(5) => assert!(
+            stderr.contains("53300") || stderr.contains("too many connections"),
+            "exit 5 without the real cause: {stderr}"
+        ),
+        other => panic!("unexpected exit {other:?}: {stderr}"),
+    }
+    eprintln!("holder: exit {:?}; {stderr}", outcome.status.code());
+}

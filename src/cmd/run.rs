@@ -156,7 +156,12 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                         // again soon on a fresh connection, but only while the bound lasts.
                         last_error = Some(match other {
                             Ok(Err(err)) => err.to_string(),
-                            _ => "no answer in time".to_owned(),
+                            _ => match crate::pg::last_refusal() {
+                                Some(refusal) => format!(
+                                    "no answer in time: PostgreSQL was refusing connections ({refusal})"
+                                ),
+                                None => "no answer in time".to_owned(),
+                            },
                         });
                         reconnect = true;
                         next_renew = Instant::now() + retry_after(ttl);

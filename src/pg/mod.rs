@@ -207,10 +207,14 @@ impl Target {
         loop {
             attempts += 1;
             let refusal = match self.connect_once().await {
-                Ok(connected) => return Ok(connected),
+                Ok(connected) => {
+                    LAST_REFUSAL.with(|last| last.borrow_mut().take());
+                    return Ok(connected);
+                }
                 Err(Attempt::Final(err)) => return Err(err),
                 Err(Attempt::Refused(refusal)) => refusal,
             };
+            LAST_REFUSAL.with(|last| *last.borrow_mut() = Some(refusal.clone()));
             // Between half and all of the pause, so that refused clients spread out.
             let nap = pause / 2
                 + Duration::from_micros(random_u64() % (pause.as_micros() as u64 / 2 + 1));
@@ -540,6 +544,18 @@ thread_local! {
     /// The connection tasks of this thread, so that they can end cleanly before exit.
     static CONNECTIONS: std::cell::RefCell<Vec<tokio::task::JoinHandle<()>>> =
         const { std::cell::RefCell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// The server's answer to the last connection attempt it refused (no slot, starting,
+    /// stopping), until a connection succeeds: what a caller that gave up waiting reports.
+    static LAST_REFUSAL: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Why the server was refusing connections, if the last attempt was refused (and none has
+/// succeeded since): for a caller whose own deadline cut a retrying connection short.
+pub fn last_refusal() -> Option<String> {
+    LAST_REFUSAL.with(|last| last.borrow().clone())
 }
 
 /// Lets every connection whose client has been dropped say goodbye (`Terminate`) before the
