@@ -14,7 +14,9 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fenced::{backends, finish, one, schema, setup_table, tagged_url, values};
+use common::fenced::{
+    backends, finish, one, release_as_operator, schema, setup_table, tagged_url, values,
+};
 use common::{wait_for, Store};
 use fence::target::postgres::{fenced_script, TxWrite};
 
@@ -251,19 +253,7 @@ fn lease_loss_under_run_cancels_the_write_it_supervises() {
         },
     );
     // The lease is taken away (released with its own token), as an operator would.
-    let (owner, token, _) = store.lease("r").expect("a lease");
-    store
-        .fence()
-        .args([
-            "release",
-            "r",
-            "--owner",
-            &owner,
-            "--token",
-            &token.to_string(),
-        ])
-        .run()
-        .expect(0);
+    release_as_operator(&store, "r");
     let (code, _, stderr) = finish(child, Duration::from_secs(60));
     assert_eq!(code, 5, "{stderr}");
     assert_nothing_left(&store, &name, &table);

@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fenced::{backends, finish, one, schema, setup_table, tagged_url, values};
+use common::fenced::{
+    backends, finish, one, release_as_operator, schema, setup_table, tagged_url, values,
+};
 use common::process::{is_gone, kill, read_pid};
 use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Store};
 
@@ -1352,19 +1354,7 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
                 .any(|(_, wait, query)| wait == "Lock" && query.contains("advisory"))
         },
     );
-    let (owner, token, _) = store.lease("r").expect("a lease");
-    store
-        .fence()
-        .args([
-            "release",
-            "r",
-            "--owner",
-            &owner,
-            "--token",
-            &token.to_string(),
-        ])
-        .run()
-        .expect(0);
+    release_as_operator(&store, "r");
     // fence run notices at its next renewal (ttl/3) and signals the write.
     std::thread::sleep(Duration::from_secs(3));
     hold.send(()).unwrap();

@@ -10,10 +10,10 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::proxy::{Mode, Proxy};
-use common::{Out, Store};
+use common::{wait_for, Out, Store};
 
 const COMMIT_QUERY: &[u8] = b"COMMIT\0";
 
@@ -65,28 +65,6 @@ fn acquire(store: &Store, owner: &str) -> i64 {
         .unwrap()
 }
 
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the server has ended every session the proxy opened.
-fn wait_backends_gone(store: &Store, proxy: &Proxy) {
-    let ports: Vec<String> = proxy.upstream_ports().iter().map(u16::to_string).collect();
-    let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = '127.0.0.1' AND client_port IN ({})",
-        ports.join(", ")
-    );
-    wait_for(
-        "the proxied sessions to end",
-        Duration::from_secs(20),
-        || common::pg_query(&store.url, &sql)[0].get::<_, i64>(0) == 0,
-    );
-}
-
 /// Cuts the connection right after the message holding COMMIT reached the server.
 fn cut_write(store: &Store, token: i64, id: &str, sql: &str) -> Out {
     let cut = Proxy::start(
@@ -95,7 +73,7 @@ fn cut_write(store: &Store, token: i64, id: &str, sql: &str) -> Out {
     );
     let out = write(store, &common::pg_url_via(cut.addr()), token, id, sql);
     assert_eq!(cut.cuts(), 1, "the proxy never saw COMMIT: {out:?}");
-    wait_backends_gone(store, &cut);
+    cut.wait_backends_gone(&store.url);
     out
 }
 

@@ -195,8 +195,8 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
 }
 
 async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Findings<'_>) {
-    let client = match connect(url, display).await {
-        Ok(client) => client,
+    let (client, port) = match connect(url, display).await {
+        Ok(connected) => connected,
         Err(err) => {
             f.add(
                 "postgres.connect",
@@ -217,15 +217,17 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
         );
         replication(&client, f).await;
     }
-    pooler(&client, url, display, f).await;
+    pooler(&client, port, f).await;
     ownership(&client, schema, role, f).await;
     public_grants(&client, schema, f).await;
     clock(&client, f).await;
 }
 
-async fn connect(url: &str, display: &str) -> Result<Client, Error> {
+/// A connection, and the port the URL (or PGPORT) asked for.
+async fn connect(url: &str, display: &str) -> Result<(Client, u16), Error> {
     let server = pg::Target::resolve(url, display)?;
-    Ok(server.connect().await?.0)
+    let port = server.port().unwrap_or(5432);
+    Ok((server.connect().await?.0, port))
 }
 
 /// One value (as text) from a query, or why it could not be read.
@@ -321,14 +323,10 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
 }
 
 /// A pooler or proxy shows as a server port other than the one in the URL.
-async fn pooler(client: &Client, url: &str, display: &str, f: &mut Findings<'_>) {
+async fn pooler(client: &Client, asked: u16, f: &mut Findings<'_>) {
     let Ok(Some(server_port)) = one(client, "SELECT coalesce(inet_server_port(), 0)").await else {
         return;
     };
-    let asked = pg::Target::resolve(url, display)
-        .ok()
-        .and_then(|t| t.port())
-        .unwrap_or(5432);
     if server_port == "0" || server_port == asked.to_string() {
         f.add(
             "postgres.pooler",

@@ -74,3 +74,21 @@ pub fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Takes `resource`'s lease away from its holder, as an operator would: releases it with the
+/// holder's own owner and token.
+pub fn release_as_operator(store: &Store, resource: &str) {
+    let (owner, token, _) = store.lease(resource).expect("a lease");
+    store
+        .fence()
+        .args([
+            "release",
+            resource,
+            "--owner",
+            &owner,
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+}
