@@ -1355,10 +1355,8 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
         },
     );
     release_as_operator(&store, "r");
-    // fence run notices at its next renewal (ttl/3) and signals the write.
-    std::thread::sleep(Duration::from_secs(3));
-    hold.send(()).unwrap();
-    holder.join().unwrap();
+    // fence run notices at its next renewal (ttl/3), signals the write (still waiting for the
+    // schema lock, nothing sent) and ends; only then may the schema's creator go on.
     let start = Instant::now();
     let status = loop {
         if let Some(status) = run.try_wait().unwrap() {
@@ -1367,6 +1365,15 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
         assert!(start.elapsed() < Duration::from_secs(60), "fence run hangs");
         std::thread::sleep(Duration::from_millis(20));
     };
+    hold.send(()).unwrap();
+    holder.join().unwrap();
+    // The orphaned session (its client gone) finishes the schema and ends; the write itself
+    // was never sent.
+    wait_for(
+        "the write's session to end",
+        Duration::from_secs(30),
+        || backends(&store, &name).is_empty(),
+    );
     assert_eq!(status.code(), Some(5));
     assert_eq!(
         values(&store, &table),

@@ -88,7 +88,21 @@ impl PgTarget {
     ) -> Result<TxOutcome, Error> {
         match self.fenced(write, interrupts).await {
             Err(Retry::MissingSchema) => {
-                self.session.migrate().await?;
+                // Creating the schema may wait behind another process's creation of it: a stop
+                // signal ends that wait, before anything of the write was sent.
+                tokio::select! {
+                    migrated = self.session.migrate() => migrated?,
+                    (_, name) = interrupts.next() => {
+                        return Err(Error::unavailable(
+                            format!(
+                                "interrupted by {name} while creating fence's schema in `{}`, before the write to `{}` was sent",
+                                self.display(),
+                                write.resource
+                            ),
+                            "nothing was sent, so nothing was applied; it is safe to retry",
+                        ))
+                    }
+                }
                 match self.fenced(write, interrupts).await {
                     Err(Retry::MissingSchema) => Err(Error::internal(
                         "fence's guard functions are still missing after creating them",
