@@ -104,7 +104,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         }
         'fence;inspect' {
             [CompletionResult]::new('--state', '--state', [CompletionResultType]::ParameterName, 'Only resources in this state')
-            [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'At most N resources (ordered by name); JSON''s `next_after` names the cursor for the next page')
+            [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'At most N resources, N ≥ 1 (ordered by name); JSON''s `next_after` names the cursor for the next page. Pages list the store, so not with named resources')
             [CompletionResult]::new('--after', '--after', [CompletionResultType]::ParameterName, 'Only resources named after RESOURCE (byte order): the next page after `--limit`')
             [CompletionResult]::new('--history', '--history', [CompletionResultType]::ParameterName, 'How many recent events to show per resource. Default: 5 with named resources, 0 without')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token')

@@ -96,7 +96,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;inspect'= {
             cand --state 'Only resources in this state'
-            cand --limit 'At most N resources (ordered by name); JSON''s `next_after` names the cursor for the next page'
+            cand --limit 'At most N resources, N ≥ 1 (ordered by name); JSON''s `next_after` names the cursor for the next page. Pages list the store, so not with named resources'
             cand --after 'Only resources named after RESOURCE (byte order): the next page after `--limit`'
             cand --history 'How many recent events to show per resource. Default: 5 with named resources, 0 without'
             cand --target 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token'

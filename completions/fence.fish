@@ -103,7 +103,7 @@ complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Pr
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l state -d 'Only resources in this state' -r -f -a "held\t''
 expired\t''
 free\t''"
-complete -c fence -n "__fish_fence_using_subcommand inspect" -l limit -d 'At most N resources (ordered by name); JSON\'s `next_after` names the cursor for the next page' -r
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l limit -d 'At most N resources, N ≥ 1 (ordered by name); JSON\'s `next_after` names the cursor for the next page. Pages list the store, so not with named resources' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l after -d 'Only resources named after RESOURCE (byte order): the next page after `--limit`' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l history -d 'How many recent events to show per resource. Default: 5 with named resources, 0 without' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l target -d 'Also show the highest token this target has accepted for each resource: a PostgreSQL database written with `fence write`, or an object (`s3://`, `gs://`, `file://`) with its version and stored token' -r

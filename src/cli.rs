@@ -306,13 +306,18 @@ pub struct InspectArgs {
     #[arg(long, value_enum, value_name = "STATE")]
     pub state: Option<StateFilter>,
 
-    /// At most N resources (ordered by name); JSON's `next_after` names the cursor for the
-    /// next page.
-    #[arg(long, value_name = "N")]
-    pub limit: Option<usize>,
+    /// At most N resources, N ≥ 1 (ordered by name); JSON's `next_after` names the cursor for
+    /// the next page. Pages list the store, so not with named resources.
+    #[arg(long, value_name = "N", conflicts_with = "resources", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
 
     /// Only resources named after RESOURCE (byte order): the next page after `--limit`.
-    #[arg(long, value_name = "RESOURCE")]
+    #[arg(
+        long,
+        value_name = "RESOURCE",
+        conflicts_with = "resources",
+        allow_hyphen_values = true
+    )]
     pub after: Option<String>,
 
     /// How many recent events to show per resource. Default: 5 with named resources, 0 without.

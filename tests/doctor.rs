@@ -123,6 +123,16 @@ fn a_local_directory_store_is_fine_and_an_unwritable_one_fails() {
     assert_eq!(code, 2, "{json}");
     assert_eq!(json["ok"], false);
     assert!(json["summary"]["fail"].as_u64().unwrap() >= 1, "{json}");
+    // A file, or a path below one, can never hold a store.
+    let file = home.path().join("plain-file");
+    std::fs::write(&file, "x").unwrap();
+    for path in [file.clone(), file.join("sub")] {
+        let (code, json) = doctor(
+            Fence::bare(home.path()).args(["--store", &format!("file://{}", path.display())]),
+        );
+        assert_eq!(code, 2, "{json}");
+        assert_eq!(finding(&json, "directory.path")[0].0, "fail", "{json}");
+    }
 }
 
 #[test]

@@ -105,3 +105,27 @@ fn pages_and_states(store: &Store) {
 }
 
 per_coordinator!(pages_and_states);
+
+/// Pages list the store: with named resources `--limit`/`--after` are usage errors (they
+/// would skip or repeat names), as is `--limit 0`; a cursor may start with `-`.
+#[test]
+fn page_arguments_that_cannot_page_are_refused() {
+    let store = Store::file();
+    store.fence().args(["acquire", "--", "-x"]).run().expect(0);
+    store.fence().args(["acquire", "a"]).run().expect(0);
+    for args in [
+        &["a", "--limit", "1"][..],
+        &["a", "--after", "a"],
+        &["--limit", "0"],
+    ] {
+        store.fence().args(["inspect"]).args(args).run().expect(2);
+    }
+    let page = inspect(&store, &["--after", "-x"]);
+    assert_eq!(names(&page), ["a"]);
+    let human = store
+        .fence()
+        .args(["inspect", "--limit", "1"])
+        .run()
+        .expect(0);
+    assert!(human.stdout.contains("--after=-x"), "{human:?}");
+}

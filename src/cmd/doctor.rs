@@ -438,8 +438,41 @@ async fn clock(client: &Client, f: &mut Findings<'_>) {
 }
 
 fn directory(dir: &Path, f: &mut Findings<'_>) {
-    // The store may not exist yet; judge the nearest existing ancestor.
+    // What the store itself refuses (kernel pseudo file systems, NUL bytes) fails here too.
+    if let Err(err) = crate::store::file::FileCoordinator::open(dir) {
+        f.add(
+            "directory.path",
+            Severity::Fail,
+            err.to_string(),
+            &err.hint(),
+        );
+        return;
+    }
+    // The store may not exist yet; judge the nearest existing ancestor, which must be a
+    // directory this user can write (the first acquire creates the rest).
     let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    if !existing.is_dir() {
+        f.add(
+            "directory.path",
+            Severity::Fail,
+            format!(
+                "`{}` is not a directory, so no store can live at `{}`",
+                existing.display(),
+                dir.display()
+            ),
+            "point --store at a directory (file:///path/to/dir)",
+        );
+        return;
+    }
+    if access_denied(existing) {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!("this user cannot write `{}`", existing.display()),
+            "fix the directory's owner or mode, or choose another --store",
+        );
+        return;
+    }
     match filesystem(existing) {
         Some((kind, Severity::Fail)) => f.add(
             "directory.filesystem",
@@ -477,15 +510,6 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
             "",
         );
         return;
-    }
-    let writable = std::fs::metadata(dir).map(|m| !m.permissions().readonly());
-    if !matches!(writable, Ok(true)) || access_denied(dir) {
-        f.add(
-            "directory.permissions",
-            Severity::Fail,
-            format!("this user cannot write `{}`", dir.display()),
-            "fix the directory's owner or mode, or choose another --store",
-        );
     }
     match free_bytes(dir) {
         Some(free) if free < 64 << 20 => f.add(

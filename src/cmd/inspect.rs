@@ -60,14 +60,14 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
             StateFilter::Free => State::Free,
         }),
         after: args.after.as_deref(),
-        limit: args.limit,
+        limit: args.limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
     };
     let inspection = coordinator.inspect_query(&query).await?;
     let views = inspection.views;
     // A full page may be followed by more: the last name is the next page's cursor.
     let next_after = args
         .limit
-        .filter(|&limit| limit > 0 && views.len() >= limit)
+        .filter(|&limit| views.len() as u64 >= limit)
         .and_then(|_| views.last().map(|v| v.resource.clone()));
     let targets = match target {
         Some(spec) => match &spec.object {
@@ -343,7 +343,7 @@ impl Report for Inspected {
         }
         if let Some(next) = &self.next_after {
             text.push_str(&format!(
-                "\nmore may follow: add --after {}\n",
+                "\nmore may follow: add --after={}\n",
                 crate::error::shell_word(next)
             ));
         }
