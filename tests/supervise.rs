@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::Store;
+use common::process::{is_gone, read_pid};
+use common::{wait_for, Store};
 
 fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
     let mut fence = store
@@ -21,33 +22,6 @@ fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
         .args(["--", "sh", "-c", script]);
     fence.cmd.current_dir(dir).stdin(Stdio::null());
     fence.cmd
-}
-
-fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-}
-
-/// Gone, or a zombie waiting for init to reap it: either way no longer running.
-fn is_gone(pid: u32) -> bool {
-    matches!(state(pid), None | Some('Z') | Some('X'))
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        sleep(Duration::from_millis(10));
-    }
-}
-
-fn read_pid(path: &Path) -> u32 {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 fn kill(pid: u32, signal: i32) {

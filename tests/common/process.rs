@@ -15,13 +15,26 @@ pub fn is_gone(pid: u32) -> bool {
     )
 }
 
-/// The pid a command wrote to `path`.
+/// The pid a command wrote to `path` (`echo $! > path`). A shell creates the file before it
+/// writes the line, so a test that waited for the file to exist can read it empty: wait for the
+/// whole line (under load this takes a scheduling slice or two; 20 s is far above any seen).
 pub fn read_pid(path: &Path) -> u32 {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.strip_suffix('\n') {
+            return line
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: {line:?} is not a pid: {e}", path.display()));
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{} did not get a whole line in 20 s: {text:?}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// `signal` to a process the test started.
