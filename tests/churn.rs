@@ -60,7 +60,7 @@ struct Profile {
 
 fn profile(backend: Backend) -> Profile {
     match backend {
-        Backend::S3 => Profile {
+        Backend::S3 | Backend::LocalStack => Profile {
             ttl: Duration::from_millis(500),
             abandon: Duration::from_millis(2_600),
             run_for: Duration::from_secs(6),
@@ -292,6 +292,11 @@ fn churn_on_postgres_with_synchronous_commit_off_by_default() {
 #[test]
 fn churn_on_s3() {
     churn(&Store::new(Backend::S3), false);
+}
+
+#[test]
+fn churn_on_localstack() {
+    churn(&Store::new(Backend::LocalStack), false);
 }
 
 #[test]

@@ -205,12 +205,12 @@ fn an_expired_static_token_is_named() {
 }
 
 /// GCS allows about one write per second to one object name. Through a proxy that answers
-/// 429 to a second write of the same name within a second, 12 `fence run`s on 12 resources
-/// (TTL 3 s: each renews its record every second) hold their leases for 12 s and exit 0: no
+/// 429 to a second write of the same name within a second, 24 `fence run`s on 24 resources
+/// (TTL 3 s: each renews its record every second) hold their leases for 30 s and exit 0: no
 /// object is shared between resources (per-resource clock probes), and a 429 is retried.
-/// (Issue 18 asks for 24 runs of 30 s; scaled down for the suite's two cores.)
 #[test]
 fn per_object_write_limits_are_respected() {
+    const RUNS: usize = 24;
     let store = Store::new(Backend::Gcs);
     store.fence().args(["init"]).run();
     let last: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -257,7 +257,7 @@ fn per_object_write_limits_are_respected() {
             }),
         )
     };
-    let runs: Vec<_> = (0..12)
+    let runs: Vec<_> = (0..RUNS)
         .map(|n| {
             let fence = store
                 .fence()
@@ -270,7 +270,7 @@ fn per_object_write_limits_are_respected() {
                     "--owner",
                     "nightly",
                 ])
-                .args(["--", "sleep", "12"]);
+                .args(["--", "sleep", "30"]);
             thread::spawn(move || fence.run())
         })
         .collect();
@@ -278,17 +278,22 @@ fn per_object_write_limits_are_respected() {
         let out = run.join().unwrap();
         assert_eq!(out.code, 0, "run {n}: {out:?}");
     }
-    for n in 0..12 {
+    for n in 0..RUNS {
         let lease = lease_record(&store, &format!("job-{n}")).expect("the lease record");
         assert_eq!(lease["state"], "released", "{lease}");
+        // 30 s on a 3 s lease: at least ten renewals, between the grant and the release.
         assert!(
-            lease["seq"].as_u64().unwrap() >= 8,
+            lease["seq"].as_u64().unwrap() >= 12,
             "renewed all along: {lease}"
         );
     }
+    assert!(
+        *throttled.lock().unwrap() > 0,
+        "the proxy never had to throttle: the test exercised nothing"
+    );
     let names = last.lock().unwrap().len();
     assert!(
-        names >= 24,
+        names >= 2 * RUNS,
         "each resource writes its own record and probe: {names}"
     );
 }

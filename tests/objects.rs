@@ -1,6 +1,7 @@
-//! Fenced object writes (issue 4) on S3 (moto), GCS (fake-gcs-server) and `file://` objects,
-//! each with the coordinator of the same kind. Every test reads the stored object back from
-//! the server (or the directory) itself: bytes, `fence-token` metadata, version.
+//! Fenced object writes (issue 4) on S3 (moto and LocalStack), GCS (fake-gcs-server) and
+//! `file://` objects, each with the coordinator of the same kind. Every test reads the stored
+//! object back from the server (or the directory) itself: bytes, `fence-token` metadata,
+//! version.
 
 mod common;
 
@@ -232,7 +233,7 @@ fn own_preconditions_not_met_are_conflicts(backend: Backend) {
     let v2 = version_of(&bed.write("doc", token, b"v2", &[]).expect(0));
     assert_ne!(v1, v2);
 
-    let stale_flag = if backend == Backend::S3 {
+    let stale_flag = if matches!(backend, Backend::S3 | Backend::LocalStack) {
         vec!["--if-match".to_owned(), v1.clone()]
     } else {
         vec!["--if-generation-match".to_owned(), v1.clone()]
@@ -254,7 +255,7 @@ fn own_preconditions_not_met_are_conflicts(backend: Backend) {
     assert_eq!(stored.token(), Some(token));
 
     // The current version passes.
-    let current = if backend == Backend::S3 {
+    let current = if matches!(backend, Backend::S3 | Backend::LocalStack) {
         vec!["--if-match".to_owned(), v2.clone()]
     } else {
         vec!["--if-generation-match".to_owned(), v2.clone()]
@@ -480,6 +481,7 @@ fn large_writes_show_progress_on_a_terminal(backend: Backend) {
 macro_rules! per_object_store {
     ($($name:ident),* $(,)?) => {
         mod s3 { $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )* }
+        mod localstack { $( #[test] fn $name() { super::$name(crate::common::Backend::LocalStack) } )* }
         mod gcs { $( #[test] fn $name() { super::$name(crate::common::Backend::Gcs) } )* }
         mod file { $( #[test] fn $name() { super::$name(crate::common::Backend::File) } )* }
     };

@@ -24,6 +24,8 @@ pub enum Backend {
     PostgresAsync,
     /// moto, through `s3://bucket/prefix`.
     S3,
+    /// LocalStack's S3, through `s3://bucket/prefix`: a second S3 implementation.
+    LocalStack,
     /// fake-gcs-server, through `gs://bucket/prefix`.
     Gcs,
 }
@@ -54,6 +56,7 @@ impl Store {
         let unique = format!("t{}_{n}", std::process::id());
         let objects = match backend {
             Backend::S3 => Some((objects::Server::new(objects::Service::S3), unique.clone())),
+            Backend::LocalStack => Some((objects::Server::localstack(), unique.clone())),
             Backend::Gcs => Some((objects::Server::new(objects::Service::Gcs), unique.clone())),
             _ => None,
         };
@@ -61,7 +64,7 @@ impl Store {
             Backend::File => (format!("file://{}/store", home.path().display()), None),
             Backend::Postgres => (env_or_panic("FENCE_TEST_PG_URL"), Some(unique)),
             Backend::PostgresAsync => (env_or_panic("FENCE_TEST_PG_ASYNC_URL"), Some(unique)),
-            Backend::S3 | Backend::Gcs => {
+            Backend::S3 | Backend::LocalStack | Backend::Gcs => {
                 let (server, prefix) = objects.as_ref().unwrap();
                 (server.url(prefix), None)
             }
@@ -104,7 +107,7 @@ impl Store {
     /// none elsewhere.
     pub fn expiry_slack(&self) -> std::time::Duration {
         match self.backend {
-            Backend::S3 => std::time::Duration::from_millis(2_000),
+            Backend::S3 | Backend::LocalStack => std::time::Duration::from_millis(2_000),
             Backend::Gcs => std::time::Duration::from_millis(2),
             _ => std::time::Duration::ZERO,
         }
@@ -156,7 +159,7 @@ impl Store {
                     })
                     .collect()
             }
-            Backend::S3 | Backend::Gcs => {
+            Backend::S3 | Backend::LocalStack | Backend::Gcs => {
                 // The record keeps its latest changes; older ones are archived in event
                 // objects (`{"changes": [...]}`), beside one object per refusal. All are
                 // ordered by the record's write number (`seq`), a refusal after the change
@@ -231,7 +234,7 @@ impl Store {
                     self.inspect_held(resource) && !v["released"].as_bool().unwrap(),
                 ))
             }
-            Backend::S3 | Backend::Gcs => {
+            Backend::S3 | Backend::LocalStack | Backend::Gcs => {
                 let v = self.lease_object(resource)?;
                 Some((
                     v["owner"].as_str().unwrap().to_owned(),
@@ -455,13 +458,16 @@ macro_rules! per_backend {
     };
 }
 
-/// Like [`per_backend!`], and on the S3 and GCS coordinators too.
+/// Like [`per_backend!`], and on the S3 (moto and LocalStack) and GCS coordinators too.
 #[macro_export]
 macro_rules! per_coordinator {
     ($($name:ident),* $(,)?) => {
         $crate::per_backend!($($name),*);
         mod s3 {
             $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::S3)) } )*
+        }
+        mod localstack {
+            $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::LocalStack)) } )*
         }
         mod gcs {
             $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::Gcs)) } )*

@@ -1,5 +1,6 @@
-//! Direct reads of the S3 (moto) and GCS (fake-gcs-server) test servers that `tests/run`
-//! starts on loopback, so tests can assert on what is durably stored, not on what fence said.
+//! Direct reads of the S3 (moto, LocalStack) and GCS (fake-gcs-server) test servers that
+//! `tests/run` starts on loopback, so tests can assert on what is durably stored, not on what
+//! fence said.
 //! Requests go through `curl` to 127.0.0.1 only; moto accepts unsigned requests and
 //! fake-gcs-server needs no credentials.
 
@@ -47,10 +48,23 @@ impl Server {
             Service::S3 => ("FENCE_TEST_S3_ENDPOINT", "FENCE_TEST_S3_BUCKET"),
             Service::Gcs => ("FENCE_TEST_GCS_ENDPOINT", "FENCE_TEST_GCS_BUCKET"),
         };
+        Server::at(service, env_or_panic(endpoint), env_or_panic(bucket))
+    }
+
+    /// LocalStack's S3, which `tests/run` starts beside moto (same bucket name).
+    pub fn localstack() -> Server {
+        Server::at(
+            Service::S3,
+            env_or_panic("FENCE_TEST_LOCALSTACK_ENDPOINT"),
+            env_or_panic("FENCE_TEST_S3_BUCKET"),
+        )
+    }
+
+    fn at(service: Service, endpoint: String, bucket: String) -> Server {
         let server = Server {
             service,
-            endpoint: env_or_panic(endpoint),
-            bucket: env_or_panic(bucket),
+            endpoint,
+            bucket,
         };
         assert!(
             server.endpoint.starts_with("http://127.0.0.1:"),
