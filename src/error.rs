@@ -115,6 +115,17 @@ pub enum Error {
     #[error("{message}")]
     Internal { message: String, hint: String },
 
+    /// The database refused a request for a reason the caller has no better name for. The
+    /// server's error is kept: its SQLSTATE classifies it ([`Error::sqlstate`]), never its
+    /// text. Exit 1, printed like [`Error::Internal`].
+    #[error("{message}")]
+    Database {
+        message: String,
+        hint: String,
+        #[source]
+        source: Box<tokio_postgres::error::DbError>,
+    },
+
     /// The caller's own SQL failed inside a fenced transaction, which was rolled back.
     #[error("the SQL failed and the transaction was rolled back: {message} (SQLSTATE {sqlstate})")]
     SqlFailed {
@@ -193,6 +204,14 @@ impl Error {
         }
     }
 
+    /// The SQLSTATE of a database error fence did not classify further.
+    pub fn sqlstate(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            Error::Database { source, .. } => Some(source.code()),
+            _ => None,
+        }
+    }
+
     /// The exit status: the one place errors become codes (DESIGN §5).
     pub fn exit(&self) -> Exit {
         match self {
@@ -203,7 +222,9 @@ impl Error {
             Error::Conflict { .. } => Exit::Conflict,
             Error::Unavailable { .. } => Exit::Unavailable,
             Error::OutcomeUnknown { .. } => Exit::OutcomeUnknown,
-            Error::Internal { .. } | Error::SqlFailed { .. } => Exit::Internal,
+            Error::Internal { .. } | Error::Database { .. } | Error::SqlFailed { .. } => {
+                Exit::Internal
+            }
         }
     }
 
@@ -222,7 +243,8 @@ impl Error {
             Error::Usage { hint, .. }
             | Error::Unavailable { hint, .. }
             | Error::OutcomeUnknown { hint, .. }
-            | Error::Internal { hint, .. } => hint.clone(),
+            | Error::Internal { hint, .. }
+            | Error::Database { hint, .. } => hint.clone(),
             Error::Busy { resource, .. } => format!(
                 "try again once it is released or expires; `fence inspect {}` shows the holder",
                 shell_word(resource)
@@ -363,7 +385,8 @@ impl Error {
             Error::Usage { .. }
             | Error::Unavailable { .. }
             | Error::OutcomeUnknown { .. }
-            | Error::Internal { .. } => {}
+            | Error::Internal { .. }
+            | Error::Database { .. } => {}
         }
         map
     }

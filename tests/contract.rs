@@ -828,3 +828,33 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
         assert_eq!(queue_functions(&store), current);
     }
 }
+
+/// A schema a newer fence made is never "up to date" nor migrated backwards: `init` refuses
+/// it (exit 2, naming both versions and what to do), and leaves it as it was.
+#[test]
+fn postgres_a_schema_from_a_newer_fence_is_refused() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let s = store.schema.clone().unwrap();
+    common::pg_exec(
+        &store.url,
+        &format!("UPDATE {s}.meta SET value = '99' WHERE key = 'schema_version'"),
+    );
+    let out = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(2);
+    let err = out.json();
+    assert_eq!(err["error"], "usage", "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.contains("newer fence") && message.contains("version 99"),
+        "{message}"
+    );
+    assert!(
+        err["hint"].as_str().unwrap().contains("upgrade fence"),
+        "{err}"
+    );
+    assert_eq!(schema_version(&store), "99", "the schema was left alone");
+}

@@ -33,6 +33,7 @@ use crate::store::random_u64;
 
 mod libpq_files;
 pub mod session;
+pub mod sqlstate;
 
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.
@@ -603,10 +604,11 @@ pub fn request_error(
                 mutating,
             );
         }
-        return Error::internal(
-            format!("PostgreSQL at `{display}` failed to {what}: {} (SQLSTATE {})", db.message(), code.code()),
-            "this is unexpected; check the server log, and report it if fence's own schema is intact",
-        );
+        return Error::Database {
+            message: format!("PostgreSQL at `{display}` failed to {what}: {} (SQLSTATE {})", db.message(), code.code()),
+            hint: "this is unexpected; check the server log, and report it if fence's own schema is intact".into(),
+            source: Box::new(db.clone()),
+        };
     }
     lost(display, what, &error_chain(err), mutating)
 }

@@ -8,6 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
+use crate::pg::sqlstate::Fence;
 use crate::pg::{self, Target, CONNECT_PATIENCE, REQUEST_TIMEOUT};
 
 /// One of fence's schemas: where its version is kept and the script that creates it.
@@ -78,7 +79,8 @@ impl Session {
     pub async fn init(&self) -> Result<(&'static str, i32), Error> {
         let before = self.schema_version().await?;
         let action = match before {
-            Some(v) if v >= self.spec.version => return Ok(("up_to_date", v)),
+            Some(v) if v > self.spec.version => return Err(self.newer_schema(v)),
+            Some(v) if v == self.spec.version => return Ok(("up_to_date", v)),
             Some(_) => "migrated",
             None => "created",
         };
@@ -181,6 +183,17 @@ impl Session {
             .and_then(|row| row.get::<_, String>(0).parse().ok()))
     }
 
+    /// A schema a newer fence made (or migrated): this fence must not use or "migrate" it.
+    fn newer_schema(&self, version: i32) -> Error {
+        Error::usage(
+            format!(
+                "PostgreSQL at `{}`: schema `{}` was created by a newer fence (version {version}; this fence knows up to {})",
+                self.display, self.schema, self.spec.version
+            ),
+            "upgrade fence, or use another --schema",
+        )
+    }
+
     /// Creates or migrates the schema in one transaction, under an advisory lock so that
     /// concurrent first uses do not race. A schema that is already current is left alone:
     /// re-running the DDL under live traffic would take table locks and can deadlock.
@@ -192,7 +205,8 @@ impl Session {
         );
         let result = match self.batch(&what, &lock).await {
             Ok(()) => match self.schema_version().await {
-                Ok(Some(v)) if v >= self.spec.version => self.batch(&what, "COMMIT").await,
+                Ok(Some(v)) if v > self.spec.version => Err(self.newer_schema(v)),
+                Ok(Some(v)) if v == self.spec.version => self.batch(&what, "COMMIT").await,
                 Ok(_) => {
                     let body = self.spec.sql.replace("__SCHEMA__", &self.schema);
                     self.batch(&what, &format!("{body}\nCOMMIT;")).await
@@ -230,7 +244,7 @@ impl Session {
             .await
             .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
         result.map_err(|err| match err.as_db_error() {
-            Some(db) if db.code().code() == "LF010" => Error::usage(
+            Some(db) if Fence::of(db.code()) == Some(Fence::NewerSchema) => Error::usage(
                 format!("PostgreSQL at `{}`: {}", self.display, db.message()),
                 "upgrade fence, or use another --schema",
             ),

@@ -15,7 +15,7 @@ BEGIN
     IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 3 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
-            USING ERRCODE = 'LF010', HINT = 'upgrade fence, or use another --schema';
+            USING ERRCODE = 'LF014', HINT = 'upgrade fence, or use another --schema';
     END IF;
 END
 $gate$;

@@ -9,11 +9,13 @@
 use std::time::Duration;
 
 use futures_core::Stream;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::error::{ConflictKind, Error};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
+use crate::pg::sqlstate::{self, Fence};
 use crate::pg::{self};
 use crate::signals::Interrupts;
 use crate::target::{quote_literal, quote_table, TargetSpec};
@@ -228,7 +230,12 @@ impl PgTarget {
                 return Ok(replayed);
             }
         }
-        let code = err.code().map(|c| c.code().to_owned());
+        // A timeout: the statement cancelled (by statement_timeout, or end_write past the
+        // deadline), or a lock not granted within lock_timeout.
+        let lock_wait = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+        let cancelled = err.code().is_some_and(|state| {
+            *state == SqlState::QUERY_CANCELED || Fence::of(state) == Some(Fence::TimedOut)
+        });
         let rolled_back = |why: String| {
             Retry::Fail(Error::unavailable(
                 why,
@@ -238,23 +245,23 @@ impl PgTarget {
         // fence's own timeouts fire only once --timeout has passed; the same SQLSTATEs earlier
         // come from the caller's SQL (its own timeouts, or a RAISE), which failed.
         let ours = gave_up.is_some() || sent.elapsed() >= write.timeout;
-        if !ours && matches!(code.as_deref(), Some("57014" | "LF010" | "55P03")) {
+        if !ours && (cancelled || lock_wait) {
             return Err(Retry::Fail(self.classify(&err, write, completed).await));
         }
-        match (code.as_deref(), gave_up) {
-            (Some("57014" | "LF010"), Some(gave_up)) => Err(rolled_back(format!(
+        match (cancelled, lock_wait, gave_up) {
+            (true, _, Some(gave_up)) => Err(rolled_back(format!(
                 "{}: fence cancelled the write to `{}` on PostgreSQL at `{}`",
                 gave_up.what(),
                 write.resource,
                 self.display()
             ))),
-            (Some("57014" | "LF010"), None) => Err(rolled_back(format!(
+            (true, _, None) => Err(rolled_back(format!(
                 "the write to `{}` did not finish within its {} timeout (--timeout), so PostgreSQL at `{}` cancelled it",
                 write.resource,
                 crate::time::duration(write.timeout),
                 self.display()
             ))),
-            (Some("55P03"), _) => Err(rolled_back(format!(
+            (_, true, _) => Err(rolled_back(format!(
                 "the write to `{}` waited {} for a lock held by another transaction (another fenced write of the same resource, or a writer of the same rows)",
                 write.resource,
                 crate::time::duration(write.timeout)
@@ -306,8 +313,8 @@ impl PgTarget {
             };
         };
         let guard = completed < PRELUDE_STATEMENTS;
-        let error = match db.code().code() {
-            "LF002" | "LF008" if !guard => {
+        let error = match Fence::of(db.code()) {
+            Some(Fence::Stale | Fence::NeverIssued) if !guard => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),
                     token,
@@ -315,11 +322,11 @@ impl PgTarget {
                     message: db.message().to_owned(),
                 }
             }
-            "LF013" => Error::usage(
+            Some(Fence::ForgedSettings) => Error::usage(
                 format!("the SQL changed fence's own settings: {}", db.message()),
                 "leave fence.txid, fence.resource and fence.token alone; the transaction was rolled back and nothing was applied",
             ),
-            "LF002" => Error::Stale {
+            Some(Fence::Stale) => Error::Stale {
                 resource: resource.to_owned(),
                 token,
                 highest_token: db
@@ -327,7 +334,7 @@ impl PgTarget {
                     .and_then(|d| d.parse().ok())
                     .unwrap_or(token + 1),
             },
-            "LF008" => Error::Conflict {
+            Some(Fence::NeverIssued) => Error::Conflict {
                 resource: resource.to_owned(),
                 token,
                 kind: ConflictKind::NeverIssued {
@@ -336,7 +343,7 @@ impl PgTarget {
             },
             // Defence in depth: the SQL ended fence's transaction although the checks before
             // sending found no transaction control. What ran before that may have committed.
-            "LF009" => Error::OutcomeUnknown {
+            Some(Fence::TransactionEnded) => Error::OutcomeUnknown {
                 message: format!(
                     "the SQL ended the fenced transaction of `{resource}` itself ({}); what ran after that was rolled back",
                     db.message()
@@ -346,7 +353,7 @@ impl PgTarget {
                     crate::error::shell_word(resource)
                 ),
             },
-            "LF001" | "LF003" => Error::usage(
+            Some(Fence::NoToken | Fence::NoGuard) => Error::usage(
                 format!(
                     "PostgreSQL at `{}` refused the write: {}",
                     self.display(),
@@ -358,14 +365,14 @@ impl PgTarget {
                     )
                     .to_owned(),
             ),
-            code if code.starts_with("LF") && guard => {
+            _ if guard && sqlstate::class(db.code()) == "LF" => {
                 pg::request_error(err, self.display(), &what, true)
             }
-            code => {
+            _ => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),
                     token,
-                    sqlstate: code.to_owned(),
+                    sqlstate: db.code().code().to_owned(),
                     message: db.message().to_owned(),
                 }
             }
@@ -535,7 +542,9 @@ pub struct LedgerEntry {
 
 /// The ledger entry an LF011 ("already applied") error carries in its DETAIL.
 fn replayed(err: &tokio_postgres::Error) -> Option<TxOutcome> {
-    let db = err.as_db_error().filter(|db| db.code().code() == "LF011")?;
+    let db = err
+        .as_db_error()
+        .filter(|db| Fence::of(db.code()) == Some(Fence::AlreadyApplied))?;
     let detail: serde_json::Value = serde_json::from_str(db.detail()?).ok()?;
     Some(TxOutcome::Replayed(LedgerEntry {
         applied_at_ms: detail["applied_at"].as_i64()?,
@@ -641,21 +650,22 @@ async fn collect(client: &tokio_postgres::Client, script: &str) -> Answer {
 }
 
 fn row_error(err: Error, table: &str) -> Error {
-    match err {
-        Error::Internal { message, .. } if message.contains("LF006") || message.contains("LF007") => Error::usage(
-            message,
-            format!("check the table and column names: {table}, --key, --set and --token-column name what is in the database"),
+    let Some(state) = err.sqlstate() else {
+        return err;
+    };
+    let hint = match (Fence::of(state), sqlstate::class(state)) {
+        (Some(Fence::NoColumn | Fence::NoTable), _) => format!(
+            "check the table and column names: {table}, --key, --set and --token-column name what is in the database"
         ),
-        Error::Internal { message, .. } if message.contains("SQLSTATE LF001") || message.contains("SQLSTATE LF002") => Error::usage(
-            message,
-            "this table is protected by `fence protect`: write to it with the transaction form (`--sql`)",
-        ),
-        Error::Internal { message, .. } if message.contains("SQLSTATE 22") || message.contains("SQLSTATE 23") => Error::usage(
-            message,
-            "a value does not fit its column (type or constraint); nothing was written",
-        ),
-        other => other,
-    }
+        (Some(Fence::NoToken | Fence::Stale), _) => {
+            "this table is protected by `fence protect`: write to it with the transaction form (`--sql`)".into()
+        }
+        (None, "22" | "23") => {
+            "a value does not fit its column (type or constraint); nothing was written".into()
+        }
+        _ => return err,
+    };
+    Error::usage(err.to_string(), hint)
 }
 
 /// Splits the caller's statements' replies into one result per statement.

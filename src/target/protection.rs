@@ -9,6 +9,7 @@ use tokio_postgres::types::Type;
 
 use crate::error::Error;
 use crate::pg;
+use crate::pg::sqlstate::Fence;
 use crate::target::postgres::PgTarget;
 use crate::target::quote_table;
 
@@ -355,12 +356,12 @@ fn changed_resources(covered: &[Covered], resource: &str) -> Vec<String> {
 
 /// A foreign table below the protected one is a usage error: fence cannot protect it.
 fn protect_error(err: Error) -> Error {
-    match err {
-        Error::Internal { message, .. } if message.contains("SQLSTATE LF021") => Error::usage(
-            message,
+    match err.sqlstate().and_then(Fence::of) {
+        Some(Fence::ForeignTable) => Error::usage(
+            err.to_string(),
             "detach it from the protected table, or protect the remote table in its own database",
         ),
-        other => other,
+        _ => err,
     }
 }
 
