@@ -77,6 +77,14 @@ struct Plan {
     last_release: Arc<Mutex<Option<Instant>>>,
 }
 
+/// A stop signal ended the bench (its scratch namespace is removed before this is reported).
+fn interrupted(name: &str) -> Error {
+    Error::unavailable(
+        format!("interrupted by {name}; the bench stopped early"),
+        "its scratch namespace was removed; run it again",
+    )
+}
+
 pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched, Error> {
     let base = ctx
         .store
@@ -93,9 +101,20 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             "add --mode spread, or drop --prefill",
         ));
     }
+    // Stop signals are caught before the scratch namespace exists: one that arrives at any
+    // moment from here on ends the bench with the namespace removed (during set-up, once
+    // set-up is done).
+    let mut interrupts = Interrupts::install();
     let (spec, schema) = store::scratch(&base);
     // Create the scratch schema once, so that workers do not all race to create it.
-    store::open(&spec, &schema).await?.init().await?;
+    let created = match store::open(&spec, &schema).await {
+        Ok(store) => store.init().await.map(drop),
+        Err(err) => Err(err),
+    };
+    if let Err(err) = created {
+        store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        return Err(err);
+    }
     if args.prefill {
         let spinner = out.spinner();
         if let Some(spinner) = &spinner {
@@ -109,6 +128,10 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             store::remove_scratch(&spec, &schema, target.as_ref()).await?;
             return Err(err);
         }
+    }
+    if let Some(name) = interrupts.as_mut().ok().and_then(Interrupts::pending) {
+        store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        return Err(interrupted(name));
     }
     let plan = Plan {
         spec: spec.clone(),
@@ -142,7 +165,6 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     }
     // Workers that cannot start (no threads, no file descriptors) fail the bench at once, and
     // a stop signal ends it early; either way the scratch namespace is removed below.
-    let mut interrupts = Interrupts::install();
     let mut handles = Vec::new();
     let mut failure = None;
     for i in 0..args.workers {
@@ -182,10 +204,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
             results = &mut joined => break results,
             Some(name) = signal => {
                 stop.store(true, Ordering::SeqCst);
-                failure.get_or_insert(Error::unavailable(
-                    format!("interrupted by {name}; the bench stopped early"),
-                    "its scratch namespace was removed; run it again",
-                ));
+                failure.get_or_insert(interrupted(name));
             }
         }
     };
