@@ -81,7 +81,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Inspect(args) if args.table.is_some() => {
             protect::inspect(args, &ctx).await.map(boxed)
         }
-        Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
+        Command::Inspect(args) => return inspect::run_and_print(args, &ctx, out).await,
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),

@@ -238,6 +238,13 @@ pub trait Coordinator {
         Ok(inspection)
     }
 
+    /// Whether [`Self::inspect_query`] filters and pages at the source, so that reading a
+    /// large answer page by page costs what each page holds (PostgreSQL); elsewhere every
+    /// page would read the whole store.
+    fn pages_at_source(&self) -> bool {
+        false
+    }
+
     /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
     /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that
     /// follow join and poll the queue (a newcomer cannot pass the waiters) and a server that

@@ -665,6 +665,10 @@ impl Coordinator for PgCoordinator {
         })
     }
 
+    fn pages_at_source(&self) -> bool {
+        true
+    }
+
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {
         *self.queue.borrow_mut() = Some(Queue {
             resource: resource.to_owned(),
