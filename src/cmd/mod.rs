@@ -7,6 +7,7 @@ mod grant;
 mod init;
 mod inspect;
 mod protect;
+mod prune;
 mod release;
 mod renew;
 mod run;
@@ -88,6 +89,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
         Command::Doctor(args) => return doctor::run(args, &ctx, out).await,
         Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),
+        Command::Prune(args) => prune::run(args, &ctx).await.map(boxed),
     };
     match result {
         Ok(report) => out.success(op, &ctx, report.as_ref()),
