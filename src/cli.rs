@@ -629,7 +629,8 @@ pub struct GrantArgs {
 /// and how to fix it. PostgreSQL: server version, asynchronous standbys (a failover can lose
 /// the last granted tokens), a pooler or proxy in between (LISTEN degrades to polling), who
 /// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
-/// the server's clock offset (informational). Directory store: network filesystems (flock is
+/// connection sizing (the role's CONNECTION LIMIT against the server's slots and the 10
+/// connections one busy resource can use), the server's clock offset (informational). Directory store: network filesystems (flock is
 /// not enough there), permissions, free space. Object stores: endpoint, credentials, the S3
 /// ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
 ///

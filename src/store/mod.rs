@@ -10,6 +10,9 @@ pub(crate) mod file;
 mod object;
 mod postgres;
 
+/// The most connections the waiters of one busy resource keep on PostgreSQL.
+pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
