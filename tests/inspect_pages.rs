@@ -137,22 +137,8 @@ fn page_arguments_that_cannot_page_are_refused() {
 #[test]
 fn large_answers_are_streamed_page_by_page() {
     let store = Store::postgres();
-    store.fence().args(["init"]).run().expect(0);
+    fill(&store);
     let schema = store.schema.clone().unwrap();
-    // 2,500 resources, the even ones held; one event each.
-    common::pg_exec(
-        &store.url,
-        &format!(
-            "INSERT INTO {schema}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event)
-             SELECT format('res-%s', lpad(i::text, 5, '0')), 'holder', i, now(), now(),
-                    CASE WHEN i % 2 = 0 THEN now() + interval '1 hour' END, 3600000,
-                    CASE WHEN i % 2 = 0 THEN 'acquired' ELSE 'released' END
-             FROM generate_series(1, 2500) AS i;
-             INSERT INTO {schema}.events (resource, kind, owner, token)
-             SELECT format('res-%s', lpad(i::text, 5, '0')), 'acquired', 'holder', i
-             FROM generate_series(1, 2500) AS i;"
-        ),
-    );
     let held: Vec<String> = common::pg_query(
         &store.url,
         &format!(
@@ -230,5 +216,67 @@ fn large_answers_are_streamed_page_by_page() {
         lines[3].starts_with("  event ") && lines[3].contains("  acquired  holder  2"),
         "{}",
         lines[3]
+    );
+}
+
+/// A streamed answer whose second page cannot be read still ends one JSON object: the first
+/// page's resources, then `"ok": false` with the error and its exit status (7: a read, nothing
+/// changed); for people, the lines printed so far and the error on stderr.
+#[test]
+fn a_stream_cut_midway_ends_with_the_error() {
+    let store = Store::postgres();
+    fill(&store);
+    // The second page's names are sent only once the first page is printed.
+    let proxy = common::proxy::Proxy::start(
+        common::pg_upstream(),
+        common::proxy::Mode::CutWhenClientSends(b"res-01001".to_vec()),
+    );
+    let via = common::pg_url_via(proxy.addr());
+    let home = tempfile::tempdir().unwrap();
+    let fence = || {
+        common::Fence::bare(home.path()).args([
+            "--store",
+            &via,
+            "--schema",
+            store.schema.as_deref().unwrap(),
+            "inspect",
+        ])
+    };
+    let out = fence().args(["--format", "json"]).run().expect(7);
+    let json = out.json();
+    assert_eq!(json["ok"], false, "{json}");
+    assert_eq!(json["error"], "unavailable", "{json}");
+    assert_eq!(json["exit_code"], 7, "{json}");
+    assert_eq!(names(&json).len(), 1000);
+    assert_eq!(names(&json).last().map(String::as_str), Some("res-01000"));
+    assert_eq!(proxy.cuts(), 1);
+
+    let out = fence().run().expect(7);
+    assert_eq!(
+        out.stdout.lines().filter(|l| l.starts_with("res-")).count(),
+        1000
+    );
+    assert!(
+        out.stderr.contains("fence: error: lost PostgreSQL"),
+        "{out:?}"
+    );
+}
+
+/// 2,500 resources, the even ones held; one event each.
+fn fill(store: &Store) {
+    store.fence().args(["init"]).run().expect(0);
+    let schema = store.schema.clone().unwrap();
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "INSERT INTO {schema}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event)
+             SELECT format('res-%s', lpad(i::text, 5, '0')), 'holder', i, now(), now(),
+                    CASE WHEN i % 2 = 0 THEN now() + interval '1 hour' END, 3600000,
+                    CASE WHEN i % 2 = 0 THEN 'acquired' ELSE 'released' END
+             FROM generate_series(1, 2500) AS i;
+             INSERT INTO {schema}.events (resource, kind, owner, token)
+             SELECT format('res-%s', lpad(i::text, 5, '0')), 'acquired', 'holder', i
+             FROM generate_series(1, 2500) AS i;"
+        ),
     );
 }
