@@ -241,6 +241,18 @@ fn help_examples() -> Vec<String> {
         .collect()
 }
 
+/// The `fence prune` lines of the README (its cron line), exactly as shown.
+fn readme_examples() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("fence prune "))
+        .map(str::to_owned)
+        .collect()
+}
+
 #[test]
 fn help_examples_run_as_written() {
     let examples = help_examples();
@@ -275,5 +287,21 @@ fn help_examples_run_as_written() {
     assert_eq!(store.events("nightly-report").len(), 4);
     let json: Value = serde_json::from_str(run(&examples[2]).trim()).unwrap();
     assert_eq!(json["events_deleted"], 0);
+    assert_eq!(store.events("nightly-report").len(), 4);
+
+    // The README's cron line: silent; a month kept, and the last 100 of each resource.
+    let readme = readme_examples();
+    assert_eq!(readme.len(), 1, "{readme:?}");
+    let schema = store.schema.as_ref().unwrap();
+    pg_exec(
+        &store.url,
+        &format!(
+            "INSERT INTO {schema}.events (resource, at, kind, owner, token)
+             SELECT 'other', now() - interval '40 days', 'renewed', 'o', i
+             FROM generate_series(1, 200) AS i"
+        ),
+    );
+    assert_eq!(run(&readme[0]), "");
+    assert_eq!(tokens(&store, "other"), (101..=200).collect::<Vec<i64>>());
     assert_eq!(store.events("nightly-report").len(), 4);
 }
