@@ -305,3 +305,43 @@ fn help_examples_run_as_written() {
     assert_eq!(tokens(&store, "other"), (101..=200).collect::<Vec<i64>>());
     assert_eq!(store.events("nightly-report").len(), 4);
 }
+
+/// A role that may read fence's tables but not delete from them is told what prune needs
+/// (exit 2), and nothing is deleted.
+#[test]
+fn a_role_without_delete_is_told_what_prune_needs() {
+    let store = Store::postgres();
+    cycle(&store, "a", 1);
+    let schema = store.schema.clone().unwrap();
+    let (role, url) = common::pg_limited_role(5);
+    pg_exec(
+        &store.url,
+        &format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {role};
+             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role};"
+        ),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let out = common::Fence::bare(home.path())
+        .args(["--store", &url, "--schema", &schema])
+        .args(["prune", "--older-than", "0s", "--format", "json"])
+        .run()
+        .expect(2);
+    let json = out.json();
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("permission denied"),
+        "{json}"
+    );
+    assert!(
+        json["hint"]
+            .as_str()
+            .unwrap()
+            .contains("DELETE on its `events`"),
+        "{json}"
+    );
+    assert_eq!(store.events("a").len(), 2);
+}
