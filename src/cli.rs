@@ -293,6 +293,10 @@ pub struct ReleaseArgs {
 /// renewed, and when it expires by the coordinator's clock; then the last events (acquired,
 /// reacquired, renewed, released, taken over after expiry, renew/release rejected).
 ///
+/// An answer of more than 1,000 resources from PostgreSQL is printed as it is read, a page at
+/// a time: aligned lines instead of a table, and JSON with `ok` last (false, with the error,
+/// if a later page cannot be read).
+///
 /// Examples:
 ///   fence inspect                     every resource, no events
 ///   fence inspect nightly-report      one resource and its last 5 events

@@ -340,9 +340,10 @@ impl PgCoordinator {
         let mut after: Option<String> = None;
         loop {
             let page: Vec<String> = if query.resources.is_empty() {
+                // Once a batch is deleted, a failure is no longer "nothing changed".
                 self.call(
                     what,
-                    false,
+                    pruned.resources > 0,
                     "SELECT resource FROM __SCHEMA__.leases \
                      WHERE $1::text IS NULL OR resource COLLATE \"C\" > $1 \
                      ORDER BY resource COLLATE \"C\" LIMIT $2",
@@ -778,6 +779,11 @@ impl Coordinator for PgCoordinator {
             Error::Usage { message, .. } => Error::Usage {
                 message,
                 hint: "`fence prune` needs SELECT on fence's `leases` and DELETE on its `events` and `waiters`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
+            },
+            // Some batches may have been deleted, and repeating deletes only what is left.
+            Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+                message,
+                hint: "some of the old events may have been deleted already; run the same `fence prune` again (it is safe to repeat)".into(),
             },
             other => other,
         })
