@@ -219,6 +219,19 @@ fn nothing_to_prune_and_other_stores() {
         "{out:?}"
     );
     assert_eq!(file.events("x").len(), 1);
+    let s3 = Store::new(common::Backend::S3);
+    let out = s3
+        .fence()
+        .args(["prune", "--older-than", "30d", "--format", "json"])
+        .run()
+        .expect(2);
+    assert!(
+        out.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("PostgreSQL stores only"),
+        "{out:?}"
+    );
     store
         .fence()
         .args(["prune", "--older-than", "a month"])
@@ -344,4 +357,44 @@ fn a_role_without_delete_is_told_what_prune_needs() {
         "{json}"
     );
     assert_eq!(store.events("a").len(), 2);
+}
+
+/// The connection lost after a batch was sent: exit 8 (the batch may have been deleted),
+/// saying to run it again; run again, it finishes the job.
+#[test]
+fn a_connection_lost_midway_is_outcome_unknown() {
+    let store = Store::postgres();
+    cycle(&store, "a", 2);
+    age(&store, "a", 2, 40);
+    let proxy = common::proxy::Proxy::start(
+        common::pg_upstream(),
+        common::proxy::Mode::CutWhenClientSends(b"WITH cut AS".to_vec()),
+    );
+    let via = common::pg_url_via(proxy.addr());
+    let schema = store.schema.clone().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let out = common::Fence::bare(home.path())
+        .args(["--store", &via, "--schema", &schema])
+        .args(["prune", "--older-than", "30d", "--format", "json"])
+        .run()
+        .expect(8);
+    let json = out.json();
+    assert_eq!(json["error"], "outcome_unknown", "{json}");
+    assert!(
+        json["hint"]
+            .as_str()
+            .unwrap()
+            .contains("run the same `fence prune` again"),
+        "{json}"
+    );
+    assert_eq!(proxy.cuts(), 1);
+    let json = store
+        .fence()
+        .args(["prune", "--older-than", "30d", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    // The cut batch may or may not have committed; either way nothing old is left.
+    assert!(store.events("a").is_empty(), "{json}");
+    assert_eq!(store.lease("a").map(|l| l.1), Some(2));
 }
