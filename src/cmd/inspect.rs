@@ -226,7 +226,7 @@ fn row_cells(v: &ResourceView) -> [String; 7] {
 }
 
 /// Resources per page of a streamed answer.
-pub const PAGE: usize = 1_000;
+const PAGE: usize = 1_000;
 
 /// An answer of more than one page, read and printed a page at a time. One that fits in a
 /// page is printed as [`Inspected`] always was. Each page is its own read, so pages are

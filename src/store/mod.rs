@@ -278,7 +278,8 @@ pub trait Coordinator {
 
     /// Whether [`Self::inspect_query`] filters and pages at the source, so that reading a
     /// large answer page by page costs what each page holds (PostgreSQL); elsewhere every
-    /// page would read the whole store.
+    /// page would read the whole store. Such a store has no integrity findings to report
+    /// (its records live in a server): an answer printed page by page has no place for them.
     fn pages_at_source(&self) -> bool {
         false
     }
