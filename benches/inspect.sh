@@ -4,6 +4,8 @@
 #   fence inspect --state held
 #   fence inspect --history 1 --limit 100
 #   fence inspect hot --history 5
+#   fence inspect --history 1            (every resource: an answer printed page by page)
+#   fence prune --older-than 0s --keep 1 (every resource; after the inspections)
 # Runs in a throwaway cluster from pg_virtualenv (fsync as the server's default, on) with the
 # release binary. Usage: benches/inspect.sh [runs per command, default 5]
 set -euo pipefail
@@ -50,3 +52,6 @@ measure() {
 measure "inspect --state held (10,000 of 100,000)" inspect --state held --format json
 measure "inspect --history 1 --limit 100" inspect --history 1 --limit 100 --format json
 measure "inspect hot --history 5 (1,000,000 events)" inspect hot --history 5 --format json
+measure "inspect --history 1 (all 100,001)" inspect --history 1 --format json
+# Once: the first run deletes 999,999 events of `hot`; later runs would find nothing to do.
+runs=1 measure "prune --older-than 0s --keep 1 (once)" prune --older-than 0s --keep 1 --format json

@@ -40,6 +40,9 @@ _fence() {
             fence,protect)
                 cmd="fence__subcmd__protect"
                 ;;
+            fence,prune)
+                cmd="fence__subcmd__prune"
+                ;;
             fence,release)
                 cmd="fence__subcmd__release"
                 ;;
@@ -76,6 +79,9 @@ _fence() {
             fence__subcmd__help,protect)
                 cmd="fence__subcmd__help__subcmd__protect"
                 ;;
+            fence__subcmd__help,prune)
+                cmd="fence__subcmd__help__subcmd__prune"
+                ;;
             fence__subcmd__help,release)
                 cmd="fence__subcmd__help__subcmd__release"
                 ;;
@@ -95,7 +101,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init doctor bench help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init doctor bench prune help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -297,7 +303,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect write protect grant init doctor bench help"
+            opts="acquire run renew release inspect write protect grant init doctor bench prune help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -409,6 +415,20 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__protect)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__prune)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -582,6 +602,44 @@ _fence() {
                     return 0
                     ;;
                 --resource)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__prune)
+            opts="-q -h --older-than --keep --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --older-than)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --keep)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

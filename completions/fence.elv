@@ -39,6 +39,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
             cand doctor 'Check the store and targets for set-ups that weaken fence''s guarantees'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
+            cand prune 'Delete old lease history (PostgreSQL); never the token counters'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'fence;acquire'= {
@@ -204,6 +205,18 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand -h 'Print help (see more with ''--help'')'
             cand --help 'Print help (see more with ''--help'')'
         }
+        &'fence;prune'= {
+            cand --older-than 'Delete events older than this (e.g. 12h, 30d, 8w), by the server''s clock'
+            cand --keep 'Keep at least the last N events of each resource, however old'
+            cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
         &'fence;help'= {
             cand acquire 'Take a lease on RESOURCE and print its fencing token'
             cand run 'Run a command while holding a lease, and stop it if the lease is lost.'
@@ -216,6 +229,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand init 'Create or migrate fence''s own tables in the store, or in a target (safe to run again).'
             cand doctor 'Check the store and targets for set-ups that weaken fence''s guarantees'
             cand bench 'Measure the store as your jobs would use it, before choosing a TTL.'
+            cand prune 'Delete old lease history (PostgreSQL); never the token counters'
             cand help 'Print this message or the help of the given subcommand(s)'
         }
         &'fence;help;acquire'= {
@@ -239,6 +253,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;doctor'= {
         }
         &'fence;help;bench'= {
+        }
+        &'fence;help;prune'= {
         }
         &'fence;help;help'= {
         }

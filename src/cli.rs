@@ -106,6 +106,7 @@ pub enum Command {
     Init(InitArgs),
     Doctor(DoctorArgs),
     Bench(BenchArgs),
+    Prune(PruneArgs),
 }
 
 impl Command {
@@ -123,6 +124,7 @@ impl Command {
             Command::Init(_) => "init",
             Command::Doctor(_) => "doctor",
             Command::Bench(_) => "bench",
+            Command::Prune(_) => "prune",
         }
     }
 }
@@ -290,6 +292,10 @@ pub struct ReleaseArgs {
 /// For each resource: state (held, expired, free), owner, token, when it was acquired and
 /// renewed, and when it expires by the coordinator's clock; then the last events (acquired,
 /// reacquired, renewed, released, taken over after expiry, renew/release rejected).
+///
+/// An answer of more than 1,000 resources from PostgreSQL is printed as it is read, a page at
+/// a time: aligned lines instead of a table, and JSON with `ok` last (false, with the error,
+/// if a later page cannot be read).
 ///
 /// Examples:
 ///   fence inspect                     every resource, no events
@@ -627,7 +633,8 @@ pub struct GrantArgs {
 /// and how to fix it. PostgreSQL: server version, asynchronous standbys (a failover can lose
 /// the last granted tokens), a pooler or proxy in between (LISTEN degrades to polling), who
 /// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
-/// the server's clock offset (informational). Directory store: network filesystems (flock is
+/// connection sizing (the role's CONNECTION LIMIT against the server's slots and the 10
+/// connections one busy resource can use), the server's clock offset (informational). Directory store: network filesystems (flock is
 /// not enough there), permissions, free space. Object stores: endpoint, credentials, the S3
 /// ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
 ///
@@ -639,6 +646,48 @@ pub struct DoctorArgs {
     /// Also check this target database or object (repeat for several).
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
+}
+
+/// Delete old lease history (PostgreSQL); never the token counters
+///
+/// Deletes the events `inspect --history` shows that are older than DURATION by the
+/// server's clock, of each RESOURCE or of every resource, except the last N events of each
+/// resource (--keep). Lease rows are never touched, so each resource's highest token stays:
+/// the next grant of a pruned resource still gets a token greater than all before it. Also
+/// deletes the rows of dead waiters: a `--wait` killed or paused past its promised next poll
+/// (a paused one that comes back joins the queue again at the back, as it would anyway).
+///
+/// Works in batches of 1,000 resources, one short transaction each; safe at any time (leases
+/// keep being granted meanwhile) and to repeat. Exit 7: nothing was deleted, retry; exit 8:
+/// the connection was lost midway, some batches may be deleted, run it again.
+///
+/// The directory store needs no pruning: a resource's log past 4 MiB is cut to its last
+/// 10,000 events. Object stores are not supported yet (exit 2).
+///
+/// Examples:
+///   fence prune --older-than 30d
+///   fence prune --older-than 7d --keep 100 nightly-report
+///   fence prune --older-than 90d --format json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct PruneArgs {
+    /// Resources whose history to prune. Default: every resource the store knows.
+    #[arg(value_parser = parse_name)]
+    pub resources: Vec<String>,
+
+    /// Delete events older than this (e.g. 12h, 30d, 8w), by the server's clock.
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub older_than: Duration,
+
+    /// Keep at least the last N events of each resource, however old.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub keep: u32,
+}
+
+/// Parses `prune --older-than`: any duration, 0s (everything) included.
+fn parse_age(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|err| format!("`{value}` is not a duration ({err}); write e.g. 12h, 30d, 8w"))
 }
 
 fn after_long_help() -> String {

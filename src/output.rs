@@ -128,14 +128,7 @@ impl Output {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
             object.insert("op".into(), json!(op));
-            object.insert("error".into(), json!(err.name()));
-            object.insert("exit_code".into(), json!(exit.code()));
-            object.insert("message".into(), json!(err.to_string()));
-            object.insert("hint".into(), json!(hint_with_store(err, store)));
-            object.extend(err.json_fields());
-            if let Some(store) = store {
-                object.insert("store".into(), json!(store));
-            }
+            object.extend(error_fields(err, store, exit));
             let _ = print_stdout(&Value::Object(object).to_string());
         } else {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
@@ -164,6 +157,21 @@ impl Output {
             let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
         }
     }
+}
+
+/// The fields of a failure's JSON object after `ok` and `op`: the error, its exit status,
+/// message and hint, the error's own fields, and the store.
+pub fn error_fields(err: &Error, store: Option<&str>, exit: Exit) -> Map<String, Value> {
+    let mut object = Map::new();
+    object.insert("error".into(), json!(err.name()));
+    object.insert("exit_code".into(), json!(exit.code()));
+    object.insert("message".into(), json!(err.to_string()));
+    object.insert("hint".into(), json!(hint_with_store(err, store)));
+    object.extend(err.json_fields());
+    if let Some(store) = store {
+        object.insert("store".into(), json!(store));
+    }
+    object
 }
 
 /// The error's hint, naming the store in the commands it suggests (unless it is the default

@@ -185,3 +185,57 @@ fn an_object_store_that_ignores_preconditions_fails() {
     assert_eq!(code, 0, "{json}");
     assert_eq!(finding(&json, "object.preconditions")[0].0, "ok", "{json}");
 }
+
+/// Connection sizing (issue 25): a role whose CONNECTION LIMIT is below what one busy
+/// resource can use is named in a warning with the limit to set; a role with room for a
+/// couple of busy resources, below the server's slots, gets no warning.
+#[test]
+fn connection_limits_are_sized() {
+    let check = |limit: u32| {
+        let (role, url) = common::pg_limited_role(limit);
+        let home = tempfile::tempdir().unwrap();
+        let (code, json) = doctor(Fence::bare(home.path()).args(["--store", &url]));
+        assert_eq!(code, 0, "{json}");
+        (role, finding(&json, "postgres.connections"), json)
+    };
+    let (role, found, json) = check(4);
+    assert_eq!(found.len(), 1, "{json}");
+    assert_eq!(found[0].0, "warn", "{json}");
+    assert!(
+        found[0]
+            .1
+            .contains(&format!("role `{role}` has CONNECTION LIMIT 4")),
+        "{json}"
+    );
+    let fix = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "postgres.connections")
+        .unwrap()["fix"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        fix.contains(&format!("ALTER ROLE {role} CONNECTION LIMIT 10")),
+        "{fix}"
+    );
+
+    let (role, found, json) = check(20);
+    assert_eq!(found.len(), 1, "{json}");
+    assert_eq!(found[0].0, "ok", "{json}");
+    assert!(
+        found[0].1.contains(&format!(
+            "role `{role}` may open 20 of the server's 197 slots"
+        )),
+        "{json}"
+    );
+    assert!(found[0].1.contains("enough for 2 busy resources"), "{json}");
+
+    // The test server's own role has no limit: it could take every slot.
+    let store = Store::postgres();
+    let (_, json) = doctor(store.fence());
+    let found = finding(&json, "postgres.connections");
+    assert_eq!(found[0].0, "warn", "{json}");
+    assert!(found[0].1.contains("has no CONNECTION LIMIT"), "{json}");
+}

@@ -56,6 +56,7 @@ fn help_examples() -> Vec<String> {
     let mut recipes = Vec::new();
     for sub in [
         "acquire", "run", "renew", "release", "inspect", "write", "protect", "init", "bench",
+        "prune",
     ] {
         let out = Command::new(fence).args([sub, "--help"]).output().unwrap();
         let help = String::from_utf8(out.stdout).unwrap();

@@ -216,6 +216,7 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
             "",
         );
         replication(&client, f).await;
+        connections(&client, f).await;
     }
     pooler(&client, port, f).await;
     ownership(&client, schema, role, f).await;
@@ -319,6 +320,118 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
             ),
             "name it in synchronous_standby_names (synchronous replication), or never promote it while leases are in use",
         );
+    }
+}
+
+/// What one busy resource can use at once: its holder, the waiters at the head of its
+/// queue that keep a connection, and one more for the short polls of the others and an
+/// `inspect` (README, Connection sizing).
+const PER_BUSY_RESOURCE: i64 = 1 + crate::store::PG_WAITER_CONNECTIONS + 1;
+
+/// Connection sizing: the connecting role's CONNECTION LIMIT against the slots the server
+/// has for non-superusers, and against what one busy resource needs.
+async fn connections(client: &Client, f: &mut Findings<'_>) {
+    let check = "postgres.connections";
+    // `reserved_connections` (PostgreSQL 16) is read as 0 where it does not exist.
+    let sql = "SELECT concat_ws('|', current_user, r.rolsuper, r.rolconnlimit, \
+                 current_setting('max_connections'), current_setting('superuser_reserved_connections'), \
+                 coalesce(current_setting('reserved_connections', true), '0'), \
+                 (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
+                 (SELECT datconnlimit FROM pg_database WHERE datname = current_database())) \
+               FROM pg_roles r WHERE r.rolname = current_user";
+    let row = match one(client, sql).await {
+        Ok(Some(row)) => row,
+        Ok(None) => return,
+        Err(err) => {
+            f.add(
+                check,
+                Severity::Warn,
+                format!("cannot read the connection settings: {err}"),
+                "",
+            );
+            return;
+        }
+    };
+    let parts: Vec<&str> = row.split('|').collect();
+    let [role, superuser, limit, max, reserved, reserved_more, in_use, db_limit] = parts.as_slice()
+    else {
+        return;
+    };
+    let number = |text: &str| text.parse::<i64>().unwrap_or(0);
+    let (limit, max, in_use, db_limit) =
+        (number(limit), number(max), number(in_use), number(db_limit));
+    let reserved = number(reserved) + number(reserved_more);
+    let slots = max - reserved;
+    let server = format!(
+        "the server's {slots} slots for ordinary roles (max_connections {max} less {reserved} reserved)"
+    );
+    let role_sql = sql_identifier(role);
+    let spare = (slots - (slots / 10).max(PER_BUSY_RESOURCE)).max(PER_BUSY_RESOURCE);
+    let bounded = format!(
+        "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see the README, Connection sizing"
+    );
+    if *superuser == "t" {
+        f.add(
+            check,
+            Severity::Warn,
+            format!("fence connects as superuser `{role}`: no CONNECTION LIMIT applies to it and it may take the reserved slots too, so a crowd of waiters can fill {server} and the superuser's own"),
+            &format!("let fence connect as an ordinary role with a CONNECTION LIMIT below the server's slots (e.g. `CREATE ROLE fence_jobs LOGIN CONNECTION LIMIT {spare}`), or through a session-mode pool; see the README, Connection sizing"),
+        );
+    } else if limit < 0 || limit >= slots {
+        let what = if limit < 0 {
+            "has no CONNECTION LIMIT".to_owned()
+        } else {
+            format!("has CONNECTION LIMIT {limit}, not below {server}")
+        };
+        f.add(
+            check,
+            Severity::Warn,
+            format!("role `{role}` {what}: its waiters (up to {} connections per busy resource, plus short polls) and holders may take every slot, and then no one, holders of other roles included, can connect to renew a lease until slots free up", crate::store::PG_WAITER_CONNECTIONS),
+            &bounded,
+        );
+    } else if limit < PER_BUSY_RESOURCE {
+        f.add(
+            check,
+            Severity::Warn,
+            format!("role `{role}` has CONNECTION LIMIT {limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use (its holder, up to {} waiters at the head of its queue, one for the others' polls and `inspect`): waiters keep retrying 'too many connections' and hand-overs slow down", crate::store::PG_WAITER_CONNECTIONS),
+            &format!("`ALTER ROLE {role_sql} CONNECTION LIMIT {}` (at least {PER_BUSY_RESOURCE} per resource busy at once), keeping the limits of all roles below {slots}", PER_BUSY_RESOURCE.max(limit)),
+        );
+    } else {
+        f.add(
+            check,
+            Severity::Ok,
+            format!("role `{role}` may open {limit} of {server}: enough for {} busy resources at once; {in_use} in use now", limit / PER_BUSY_RESOURCE),
+            "",
+        );
+    }
+    if (0..PER_BUSY_RESOURCE).contains(&db_limit) {
+        f.add(
+            check,
+            Severity::Warn,
+            format!("the database has CONNECTION LIMIT {db_limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use"),
+            "raise it with ALTER DATABASE … CONNECTION LIMIT",
+        );
+    }
+    if in_use * 10 >= slots * 9 {
+        f.add(
+            check,
+            Severity::Warn,
+            format!("{in_use} of {server} are in use: new connections will soon be refused (waiters retry; holders retry until their lease ends)"),
+            "raise max_connections, or lower the CONNECTION LIMIT of the roles that use most",
+        );
+    }
+}
+
+/// `name` as an SQL identifier: bare when PostgreSQL would read it back unchanged.
+fn sql_identifier(name: &str) -> String {
+    let bare = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if bare {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
 

@@ -1,14 +1,17 @@
 //! `fence inspect`: who holds what, with which token, and the recent history — the first
 //! thing an operator reads during an incident. Times are the coordinator's.
 
+use std::io::Write;
+
 use comfy_table::{presets, Table};
 use serde_json::{json, Map, Value};
 
-use crate::cli::{InspectArgs, StateFilter};
+use crate::cli::{Format, InspectArgs, StateFilter};
 use crate::cmd::Context;
 use crate::error::Error;
-use crate::output::Report;
-use crate::store::{Finding, InspectQuery, ResourceView, State};
+use crate::exit::Exit;
+use crate::output::{self, terminal_safe, Output, Report};
+use crate::store::{Coordinator, Finding, InspectQuery, ResourceView, State};
 use crate::target::object::{self as object_target, ObjectView};
 use crate::target::postgres::{GuardView, PgTarget};
 use crate::target::TargetSpec;
@@ -39,21 +42,37 @@ enum Targets {
     Object(ObjectView),
 }
 
-pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
-    let history = args.history.unwrap_or(if args.resources.is_empty() {
-        0
-    } else {
-        DEFAULT_HISTORY
-    });
-    let target = args
-        .target
-        .as_deref()
-        .map(TargetSpec::resolve)
-        .transpose()?;
-    let coordinator = ctx.coordinator().await?;
-    let query = InspectQuery {
+/// `fence inspect`, printed. An answer that may hold more than [`PAGE`] resources, from a
+/// store that pages at the source (PostgreSQL) and without `--target`, is read and printed a
+/// page at a time ([`stream`]): fence's memory then follows the page, not the store.
+/// Anything else is read whole and printed as one report.
+pub async fn run_and_print(args: InspectArgs, ctx: &Context, out: &Output) -> Exit {
+    let fail = |err: Error| out.error("inspect", ctx.store_display(), &err);
+    let coordinator = match ctx.coordinator().await {
+        Ok(coordinator) => coordinator,
+        Err(err) => return fail(err),
+    };
+    let large = args.target.is_none()
+        && args.resources.is_empty()
+        && args.limit.is_none_or(|limit| limit > PAGE as u64);
+    if large && coordinator.pages_at_source() {
+        return stream(&args, coordinator.as_ref(), ctx, out).await;
+    }
+    match run(args, coordinator.as_ref(), ctx).await {
+        Ok(report) => out.success("inspect", ctx, &report),
+        Err(err) => fail(err),
+    }
+}
+
+/// The store query the arguments ask for.
+fn query_of(args: &InspectArgs) -> InspectQuery<'_> {
+    InspectQuery {
         resources: &args.resources,
-        history,
+        history: args.history.unwrap_or(if args.resources.is_empty() {
+            0
+        } else {
+            DEFAULT_HISTORY
+        }),
         state: args.state.map(|s| match s {
             StateFilter::Held => State::Held,
             StateFilter::Expired => State::Expired,
@@ -61,8 +80,20 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
         }),
         after: args.after.as_deref(),
         limit: args.limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
-    };
-    let inspection = coordinator.inspect_query(&query).await?;
+    }
+}
+
+pub async fn run(
+    args: InspectArgs,
+    coordinator: &dyn Coordinator,
+    ctx: &Context,
+) -> Result<Inspected, Error> {
+    let target = args
+        .target
+        .as_deref()
+        .map(TargetSpec::resolve)
+        .transpose()?;
+    let inspection = coordinator.inspect_query(&query_of(&args)).await?;
     let views = inspection.views;
     // A full page may be followed by more: the last name is the next page's cursor.
     let next_after = args
@@ -132,50 +163,284 @@ fn opt_time(ms: Option<i64>) -> Value {
     ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
 }
 
+/// One resource of the JSON answer (`resources[]`).
+fn resource_json(v: &ResourceView, findings: &[Finding]) -> Value {
+    let events: Vec<Value> = v
+        .events
+        .iter()
+        .map(|e| {
+            json!({
+                "at": time::rfc3339(e.at_ms),
+                "kind": e.kind,
+                "owner": e.owner,
+                "token": e.token,
+                "detail": e.detail,
+            })
+        })
+        .collect();
+    let mut resource = json!({
+        "resource": v.resource,
+        "state": v.state.as_str(),
+        "owner": v.owner,
+        "token": v.token,
+        "acquired_at": opt_time(v.acquired_at_ms),
+        "renewed_at": opt_time(v.renewed_at_ms),
+        "expires_at": opt_time(v.expires_at_ms),
+        "expires_in_ms": v.expires_in_ms,
+        "events": events,
+        "waiters": v.waiters.iter().map(|w| json!({
+            "owner": w.owner,
+            "since": time::rfc3339(w.since_ms),
+        })).collect::<Vec<_>>(),
+    });
+    // Only for a damaged resource: the answer for a healthy store keeps its shape.
+    if let Some(f) = findings
+        .iter()
+        .find(|f| f.resource == v.resource && f.kind == "damaged")
+    {
+        resource["reason"] = json!(f.message);
+    }
+    resource
+}
+
+const COLUMNS: [&str; 7] = [
+    "RESOURCE", "STATE", "OWNER", "TOKEN", "ACQUIRED", "RENEWED", "EXPIRES",
+];
+
+/// One resource's cells under [`COLUMNS`].
+fn row_cells(v: &ResourceView) -> [String; 7] {
+    let dash = || "-".to_owned();
+    let expires = match (v.expires_at_ms, v.expires_in_ms) {
+        (Some(at), Some(left)) => format!("{} ({})", time::expires_in(left), time::rfc3339(at)),
+        _ => dash(),
+    };
+    [
+        v.resource.clone(),
+        v.state.as_str().to_owned(),
+        v.owner.clone().unwrap_or_else(dash),
+        v.token.map_or_else(dash, |t| t.to_string()),
+        v.acquired_at_ms.map_or_else(dash, time::rfc3339),
+        v.renewed_at_ms.map_or_else(dash, time::rfc3339),
+        expires,
+    ]
+}
+
+/// Resources per page of a streamed answer.
+const PAGE: usize = 1_000;
+
+/// An answer of more than one page, read and printed a page at a time. One that fits in a
+/// page is printed as [`Inspected`] always was. Each page is its own read, so pages are
+/// consistent in themselves, not with each other (a resource acquired meanwhile may be
+/// missing from a later page's `--state held`).
+async fn stream(
+    args: &InspectArgs,
+    coordinator: &dyn Coordinator,
+    ctx: &Context,
+    out: &Output,
+) -> Exit {
+    let wanted = args.limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+    let mut after = args.after.clone();
+    let mut shown = 0;
+    let mut printer: Option<Printer> = None;
+    loop {
+        let limit = wanted.map_or(PAGE, |wanted| (wanted - shown).min(PAGE));
+        let query = InspectQuery {
+            after: after.as_deref(),
+            limit: Some(limit),
+            ..query_of(args)
+        };
+        let page = match coordinator.inspect_query(&query).await {
+            Ok(page) => page,
+            Err(err) => {
+                return match printer {
+                    Some(printer) => printer.fail(&err, ctx),
+                    None => out.error("inspect", ctx.store_display(), &err),
+                }
+            }
+        };
+        let full = page.views.len() >= limit;
+        let printer = match printer.as_mut() {
+            Some(printer) => printer,
+            None if !full => {
+                let report = Inspected {
+                    views: page.views,
+                    next_after: None,
+                    filtered: args.state.is_some() || args.after.is_some(),
+                    findings: page.findings,
+                    store: ctx.store_display().unwrap_or_default().to_owned(),
+                    targets: None,
+                };
+                return out.success("inspect", ctx, &report);
+            }
+            None => printer.insert(Printer::start(out, ctx, &page.views)),
+        };
+        shown += page.views.len();
+        after = page.views.last().map(|v| v.resource.clone());
+        // A closed stdout (`| head`) ends the answer; no one reads the rest.
+        if printer.page(&page.views).is_err() {
+            return Exit::Success;
+        }
+        let limited = wanted.is_some_and(|wanted| shown >= wanted);
+        if !full || limited {
+            let _ = printer.finish(after.filter(|_| limited).as_deref(), ctx);
+            return Exit::Success;
+        }
+    }
+}
+
+/// Writes a streamed answer: JSON (`{"op": "inspect", "resources": [` …, then the closing
+/// fields with `ok` last, so that a read failing midway still ends one JSON object, with
+/// `"ok": false` and the error) or, for people, aligned lines instead of a table (a table's
+/// columns need every row first), each resource's waiters and events indented below it.
+struct Printer<'a> {
+    json: bool,
+    /// `--quiet` for people: nothing on stdout.
+    silent: bool,
+    /// Column widths, from the header and the first page.
+    widths: [usize; 7],
+    /// No resource written yet (JSON's commas).
+    first: bool,
+    out: std::io::BufWriter<std::io::Stdout>,
+    settings: &'a Output,
+}
+
+impl<'a> Printer<'a> {
+    fn start(out: &'a Output, ctx: &Context, first_page: &[ResourceView]) -> Printer<'a> {
+        let json = out.format == Format::Json;
+        let mut widths = COLUMNS.map(|c| c.chars().count());
+        for v in first_page {
+            for (width, cell) in widths.iter_mut().zip(row_cells(v)) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let mut printer = Printer {
+            json,
+            silent: !json && out.quiet,
+            widths,
+            first: true,
+            out: std::io::BufWriter::new(std::io::stdout()),
+            settings: out,
+        };
+        let store = ctx.store_display().unwrap_or_default();
+        let head = if json {
+            "{\"op\":\"inspect\",\"resources\":[".to_owned()
+        } else {
+            let header = printer.line(&COLUMNS.map(str::to_owned));
+            format!("store `{}`:\n{header}\n", terminal_safe(store, false))
+        };
+        let _ = printer.write(&head);
+        printer
+    }
+
+    /// Cells padded to the column widths, two spaces apart.
+    fn line(&self, cells: &[String; 7]) -> String {
+        let mut line = String::new();
+        for (cell, width) in cells.iter().zip(self.widths) {
+            line.push_str(&format!("{cell:<width$}  "));
+        }
+        line.trim_end().to_owned()
+    }
+
+    fn write(&mut self, text: &str) -> std::io::Result<()> {
+        if self.silent {
+            return Ok(());
+        }
+        self.out.write_all(text.as_bytes())
+    }
+
+    fn page(&mut self, views: &[ResourceView]) -> std::io::Result<()> {
+        for v in views {
+            if self.json {
+                let comma = if std::mem::take(&mut self.first) {
+                    ""
+                } else {
+                    ","
+                };
+                self.write(&format!("{comma}{}", resource_json(v, &[])))?;
+                continue;
+            }
+            let mut text = self.line(&row_cells(v));
+            for w in &v.waiters {
+                text.push_str(&format!(
+                    "\n  waiting since {}: {}",
+                    time::rfc3339(w.since_ms),
+                    w.owner
+                ));
+            }
+            for e in &v.events {
+                let dash = || "-".to_owned();
+                let event = format!(
+                    "\n  event {}  {}  {}  {}  {}",
+                    time::rfc3339(e.at_ms),
+                    e.kind,
+                    e.owner.clone().unwrap_or_else(dash),
+                    e.token.map_or_else(dash, |t| t.to_string()),
+                    e.detail.as_deref().unwrap_or_default()
+                );
+                text.push_str(event.trim_end());
+            }
+            let text = terminal_safe(&text, true).into_owned();
+            self.write(&format!("{text}\n"))?;
+        }
+        self.out.flush()
+    }
+
+    /// The end of a complete answer; `next_after` when `--limit` was reached.
+    fn finish(&mut self, next_after: Option<&str>, ctx: &Context) -> std::io::Result<()> {
+        let tail = if self.json {
+            let mut tail = Map::new();
+            if let Some(next) = next_after {
+                tail.insert("next_after".into(), json!(next));
+            }
+            if let Some(store) = ctx.store_display() {
+                tail.insert("store".into(), json!(store));
+            }
+            tail.insert("ok".into(), json!(true));
+            format!("]{}\n", json_fields(tail))
+        } else {
+            next_after.map_or_else(String::new, |next| {
+                format!(
+                    "\nmore may follow: add --after={}\n",
+                    terminal_safe(&crate::error::shell_word(next), false)
+                )
+            })
+        };
+        self.write(&tail)?;
+        self.out.flush()
+    }
+
+    /// The end of an answer cut short by `err`: for JSON the error's fields and `"ok": false`
+    /// close the object; for people the error goes to stderr, as always.
+    fn fail(mut self, err: &Error, ctx: &Context) -> Exit {
+        let exit = err.exit();
+        if !self.json {
+            let _ = self.out.flush();
+            return self.settings.error("inspect", ctx.store_display(), err);
+        }
+        let mut tail = output::error_fields(err, ctx.store_display(), exit);
+        tail.insert("ok".into(), json!(false));
+        let _ = self.write(&format!("]{}\n", json_fields(tail)));
+        let _ = self.out.flush();
+        exit
+    }
+}
+
+/// `,"key":value…}`: the fields that close a streamed JSON object.
+fn json_fields(fields: Map<String, Value>) -> String {
+    let mut text = String::new();
+    for (key, value) in fields {
+        text.push_str(&format!(",{}:{value}", Value::String(key)));
+    }
+    text.push('}');
+    text
+}
+
 impl Report for Inspected {
     fn json(&self) -> Map<String, Value> {
         let resources: Vec<Value> = self
             .views
             .iter()
-            .map(|v| {
-                let events: Vec<Value> = v
-                    .events
-                    .iter()
-                    .map(|e| {
-                        json!({
-                            "at": time::rfc3339(e.at_ms),
-                            "kind": e.kind,
-                            "owner": e.owner,
-                            "token": e.token,
-                            "detail": e.detail,
-                        })
-                    })
-                    .collect();
-                let mut resource = json!({
-                    "resource": v.resource,
-                    "state": v.state.as_str(),
-                    "owner": v.owner,
-                    "token": v.token,
-                    "acquired_at": opt_time(v.acquired_at_ms),
-                    "renewed_at": opt_time(v.renewed_at_ms),
-                    "expires_at": opt_time(v.expires_at_ms),
-                    "expires_in_ms": v.expires_in_ms,
-                    "events": events,
-                    "waiters": v.waiters.iter().map(|w| json!({
-                        "owner": w.owner,
-                        "since": time::rfc3339(w.since_ms),
-                    })).collect::<Vec<_>>(),
-                });
-                // Only for a damaged resource: the answer for a healthy store keeps its shape.
-                if let Some(f) = self
-                    .findings
-                    .iter()
-                    .find(|f| f.resource == v.resource && f.kind == "damaged")
-                {
-                    resource["reason"] = json!(f.message);
-                }
-                resource
-            })
+            .map(|v| resource_json(v, &self.findings))
             .collect();
         let mut map = Map::new();
         map.insert("resources".into(), Value::Array(resources));
@@ -239,25 +504,9 @@ impl Report for Inspected {
         let dash = || "-".to_owned();
         let mut table = Table::new();
         table.load_preset(presets::UTF8_FULL_CONDENSED);
-        table.set_header([
-            "RESOURCE", "STATE", "OWNER", "TOKEN", "ACQUIRED", "RENEWED", "EXPIRES",
-        ]);
+        table.set_header(COLUMNS);
         for v in &self.views {
-            let expires = match (v.expires_at_ms, v.expires_in_ms) {
-                (Some(at), Some(left)) => {
-                    format!("{} ({})", time::expires_in(left), time::rfc3339(at))
-                }
-                _ => dash(),
-            };
-            table.add_row([
-                v.resource.clone(),
-                v.state.as_str().to_owned(),
-                v.owner.clone().unwrap_or_else(dash),
-                v.token.map_or_else(dash, |t| t.to_string()),
-                v.acquired_at_ms.map_or_else(dash, time::rfc3339),
-                v.renewed_at_ms.map_or_else(dash, time::rfc3339),
-                expires,
-            ]);
+            table.add_row(row_cells(v));
         }
         let mut text = format!("store `{}`:\n{table}\n", self.store);
         if !self.findings.is_empty() {

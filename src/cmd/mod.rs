@@ -7,6 +7,7 @@ mod grant;
 mod init;
 mod inspect;
 mod protect;
+mod prune;
 mod release;
 mod renew;
 mod run;
@@ -81,13 +82,14 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Inspect(args) if args.table.is_some() => {
             protect::inspect(args, &ctx).await.map(boxed)
         }
-        Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
+        Command::Inspect(args) => return inspect::run_and_print(args, &ctx, out).await,
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),
         Command::Init(args) => init::run(args, &ctx).await.map(boxed),
         Command::Doctor(args) => return doctor::run(args, &ctx, out).await,
         Command::Bench(args) => bench::run(args, &ctx, out).await.map(boxed),
+        Command::Prune(args) => prune::run(args, &ctx).await.map(boxed),
     };
     match result {
         Ok(report) => out.success(op, &ctx, report.as_ref()),

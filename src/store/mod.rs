@@ -3,11 +3,15 @@
 //! Every coordinator keeps the same promises (DESIGN §6): a grant's token is strictly greater
 //! than every token granted before for the resource (I1), at most one live lease exists per
 //! resource by the coordinator's clock (I3), and a late renew or release never changes a newer
-//! owner's lease (I4). Records are never deleted, so counters survive release.
+//! owner's lease (I4). Lease records are never deleted, so counters survive release; only
+//! history (events) and dead waiters' rows may be (`fence prune`).
 
 pub(crate) mod file;
 mod object;
 mod postgres;
+
+/// The most connections the waiters of one busy resource keep on PostgreSQL.
+pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;
 
 use std::time::Duration;
 
@@ -182,6 +186,30 @@ pub struct Event {
     pub detail: Option<String>,
 }
 
+/// What `fence prune` deletes.
+#[derive(Clone, Copy, Debug)]
+pub struct PruneQuery<'a> {
+    /// The named resources (every known one when empty).
+    pub resources: &'a [String],
+    /// Events at least this old go.
+    pub older_than: Duration,
+    /// The last this many events of each resource stay, however old.
+    pub keep: u32,
+}
+
+/// What `fence prune` deleted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Pruned {
+    pub events: u64,
+    /// Rows of waiters past their deadline (dead or paused).
+    pub waiters: u64,
+    /// The resources looked at.
+    pub resources: u64,
+    /// Events recorded before this instant (ms since the epoch, the store's clock) were
+    /// candidates; `None` when the store holds no records yet.
+    pub before_ms: Option<i64>,
+}
+
 /// What `fence init` did.
 #[derive(Clone, Debug)]
 pub struct InitReport {
@@ -236,6 +264,24 @@ pub trait Coordinator {
         let mut inspection = self.inspect_checked(query.resources, query.history).await?;
         inspection.views = query.apply(inspection.views);
         Ok(inspection)
+    }
+
+    /// Deletes old events and the rows of dead waiters; never a lease record, so token
+    /// counters are untouched. Stores that keep their history bounded by themselves, or
+    /// cannot prune yet, refuse.
+    async fn prune(&self, _query: &PruneQuery<'_>) -> Result<Pruned, Error> {
+        Err(Error::usage(
+            "`fence prune` works on PostgreSQL stores only",
+            "the directory store keeps the last 10,000 events of a resource once its log passes 4 MiB; object stores keep their full history for now",
+        ))
+    }
+
+    /// Whether [`Self::inspect_query`] filters and pages at the source, so that reading a
+    /// large answer page by page costs what each page holds (PostgreSQL); elsewhere every
+    /// page would read the whole store. Such a store has no integrity findings to report
+    /// (its records live in a server): an answer printed page by page has no place for them.
+    fn pages_at_source(&self) -> bool {
+        false
     }
 
     /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this

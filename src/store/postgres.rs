@@ -43,7 +43,7 @@ use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
     random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
-    LeaseRef, Released, ResourceView, State, Waiter,
+    LeaseRef, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
 
 /// fence's own tables in the coordinator database.
@@ -77,6 +77,8 @@ pub const FAR_MAX: Duration = Duration::from_secs(10);
 /// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
 /// the head holds the queue up for its promise plus this, then is skipped.
 pub const GRACE: Duration = Duration::from_secs(5);
+/// Resources per `fence prune` statement: each is one short transaction.
+const PRUNE_PAGE: usize = 1_000;
 /// The longest a queued waiter sleeps when its wait has no end.
 const FOREVER: Duration = Duration::from_secs(3600);
 
@@ -307,6 +309,107 @@ impl PgCoordinator {
         // Places only move forward and no interval outgrows its place's bound, so the row
         // is kept alive until the latest the next poll can come.
         queue.promised = promise(place);
+    }
+
+    /// One bound for the whole run, by the server's clock; then pages of [`PRUNE_PAGE`]
+    /// resources (in name order, through `leases_resource_bytes`), each one statement: the
+    /// id of each resource's last kept event through `events_resource_id`, and the older
+    /// events below it deleted in the same range. `leases` is only read (its guard trigger
+    /// refuses deletes anyway), so no token counter can change.
+    async fn prune_all(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
+        let what = "prune old events";
+        let older = i64::try_from(query.older_than.as_millis()).unwrap_or(i64::MAX);
+        // A schema that does not exist yet (a read of it returns no rows) has nothing to prune.
+        let rows = self
+            .call(
+                what,
+                false,
+                "SELECT __SCHEMA__.ms(clock_timestamp()) - least($1, __SCHEMA__.ms(clock_timestamp()))",
+                &[(&older, Type::INT8)],
+            )
+            .await?;
+        let Some(before) = rows.first().map(|row| row.get::<_, i64>(0)) else {
+            return Ok(Pruned::default());
+        };
+        let keep = i64::from(query.keep);
+        let page_size = i64::try_from(PRUNE_PAGE).unwrap_or(i64::MAX);
+        let mut pruned = Pruned {
+            before_ms: Some(before),
+            ..Pruned::default()
+        };
+        let mut after: Option<String> = None;
+        loop {
+            let page: Vec<String> = if query.resources.is_empty() {
+                // Once a batch is deleted, a failure is no longer "nothing changed".
+                self.call(
+                    what,
+                    pruned.resources > 0,
+                    "SELECT resource FROM __SCHEMA__.leases \
+                     WHERE $1::text IS NULL OR resource COLLATE \"C\" > $1 \
+                     ORDER BY resource COLLATE \"C\" LIMIT $2",
+                    &[(&after, Type::TEXT), (&page_size, Type::INT8)],
+                )
+                .await?
+                .iter()
+                .map(|row| row.get(0))
+                .collect()
+            } else if after.is_none() {
+                query.resources.to_vec()
+            } else {
+                Vec::new()
+            };
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
+            let rows = self
+                .call(
+                    what,
+                    true,
+                    "WITH cut AS ( \
+                       SELECT p.resource, (SELECT k.id FROM __SCHEMA__.events k \
+                         WHERE k.resource = p.resource ORDER BY k.id DESC OFFSET $2 LIMIT 1) AS last_id \
+                       FROM unnest($1::text[]) AS p(resource)), \
+                     gone AS ( \
+                       DELETE FROM __SCHEMA__.events e USING cut c \
+                       WHERE e.resource = c.resource AND e.id <= c.last_id \
+                         AND e.at < to_timestamp($3::bigint / 1000.0) \
+                       RETURNING 1) \
+                     SELECT count(*) FROM gone",
+                    &[
+                        (&page, Type::TEXT_ARRAY),
+                        (&keep, Type::INT8),
+                        (&before, Type::INT8),
+                    ],
+                )
+                .await?;
+            pruned.events += rows
+                .first()
+                .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs());
+            pruned.resources += page.len() as u64;
+            if query.resources.is_empty() && page.len() < PRUNE_PAGE {
+                break;
+            }
+            after = Some(last);
+        }
+        // Past its deadline a waiter's row is dead (see `GRACE`): the queue itself deletes
+        // such rows when the resource is polled; these are of resources no one waits for now.
+        let names: Option<Vec<String>> =
+            (!query.resources.is_empty()).then(|| query.resources.to_vec());
+        let rows = self
+            .call(
+                what,
+                true,
+                "WITH gone AS (DELETE FROM __SCHEMA__.waiters w \
+                   WHERE w.deadline < clock_timestamp() AND ($1::text[] IS NULL OR w.resource = ANY($1)) \
+                   RETURNING 1) \
+                 SELECT count(*) FROM gone",
+                &[(&names, Type::TEXT_ARRAY)],
+            )
+            .await?;
+        pruned.waiters = rows
+            .first()
+            .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs());
+        Ok(pruned)
     }
 }
 
@@ -662,6 +765,27 @@ impl Coordinator for PgCoordinator {
         Ok(Inspection {
             views,
             findings: Vec::new(),
+        })
+    }
+
+    fn pages_at_source(&self) -> bool {
+        true
+    }
+
+    /// See [`PgCoordinator::prune_all`].
+    async fn prune(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
+        self.prune_all(query).await.map_err(|err| match err {
+            // The only usage error here: a privilege the role lacks.
+            Error::Usage { message, .. } => Error::Usage {
+                message,
+                hint: "`fence prune` needs SELECT on fence's `leases` and DELETE on its `events` and `waiters`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
+            },
+            // Some batches may have been deleted, and repeating deletes only what is left.
+            Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+                message,
+                hint: "some of the old events may have been deleted already; run the same `fence prune` again (it is safe to repeat)".into(),
+            },
+            other => other,
         })
     }
 

@@ -1,0 +1,84 @@
+//! `fence prune`: deletes old lease history and dead waiters' rows, never a lease record, so
+//! every resource's token counter stays (DESIGN I1).
+
+use serde_json::{json, Map, Value};
+
+use crate::cli::PruneArgs;
+use crate::cmd::Context;
+use crate::config::StoreKind;
+use crate::error::Error;
+use crate::output::Report;
+use crate::store::{PruneQuery, Pruned};
+use crate::time;
+
+pub struct PruneReport {
+    pruned: Pruned,
+    keep: u32,
+    older_than: std::time::Duration,
+    store: String,
+}
+
+pub async fn run(args: PruneArgs, ctx: &Context) -> Result<PruneReport, Error> {
+    if let Some(StoreKind::File(dir)) = ctx.store.as_ref().map(|s| &s.kind) {
+        return Err(Error::usage(
+            format!(
+                "the directory store `{}` prunes its history by itself: nothing for `fence prune` to do",
+                dir.display()
+            ),
+            "a resource's log is cut to its last 10,000 events once it passes 4 MiB; `fence prune` is for PostgreSQL stores",
+        ));
+    }
+    let coordinator = ctx.coordinator().await?;
+    let pruned = coordinator
+        .prune(&PruneQuery {
+            resources: &args.resources,
+            older_than: args.older_than,
+            keep: args.keep,
+        })
+        .await?;
+    Ok(PruneReport {
+        pruned,
+        keep: args.keep,
+        older_than: args.older_than,
+        store: ctx.store_display().unwrap_or_default().to_owned(),
+    })
+}
+
+impl Report for PruneReport {
+    fn json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert("events_deleted".into(), json!(self.pruned.events));
+        map.insert("waiters_deleted".into(), json!(self.pruned.waiters));
+        map.insert("resources".into(), json!(self.pruned.resources));
+        map.insert(
+            "before".into(),
+            self.pruned
+                .before_ms
+                .map_or(Value::Null, |ms| json!(time::rfc3339(ms))),
+        );
+        map.insert("keep".into(), json!(self.keep));
+        map
+    }
+
+    fn human(&self) -> String {
+        let Some(before) = self.pruned.before_ms else {
+            return format!(
+                "store `{}` has no records yet: nothing to prune\n",
+                self.store
+            );
+        };
+        let kept = match self.keep {
+            0 => String::new(),
+            n => format!(", keeping the last {n} of each"),
+        };
+        format!(
+            "deleted {} events older than {} (before {}) of {} resources{kept}, and {} rows of dead waiters, in store `{}`; token counters untouched\n",
+            self.pruned.events,
+            time::duration(self.older_than),
+            time::rfc3339(before),
+            self.pruned.resources,
+            self.pruned.waiters,
+            self.store
+        )
+    }
+}
