@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
+    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait, parse_write_id,
     parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
@@ -335,6 +335,19 @@ pub struct InspectArgs {
     /// triggers are enabled (`always`: they fire whatever `session_replication_role` is).
     #[arg(long, value_name = "TABLE", requires = "target", conflicts_with_all = ["resources", "history"])]
     pub table: Option<String>,
+
+    /// With --target and one RESOURCE: write id KEY's entry in the target's ledger — when,
+    /// with which token and by whom it was applied (objects: the version it made) — or that
+    /// it is not there (never applied; on an object, maybe older than its last 8 ids). Exit
+    /// 0 either way; JSON's `applied` says which.
+    #[arg(
+        long,
+        value_name = "KEY",
+        requires = "target",
+        conflicts_with_all = ["table", "history", "state", "limit", "after"],
+        value_parser = parse_write_id
+    )]
+    pub id: Option<String>,
 }
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
@@ -417,11 +430,14 @@ pub struct WriteArgs {
     #[arg(long, value_name = "PATH")]
     pub file: Option<std::path::PathBuf>,
 
-    /// Transaction form: a write id (idempotency key), e.g. `publish-2026-12-04`. Recorded
-    /// with the effect in the same transaction; a write whose id was already applied for
-    /// RESOURCE — by anyone, with any token — runs nothing and exits 0 (`"replayed": true`).
-    /// After exit 8, run the same command again: it says whether the first one landed.
-    #[arg(long, value_name = "KEY", value_parser = parse_name)]
+    /// A write id (idempotency key), e.g. `publish-2026-12-04`: 1 to 64 of A-Z a-z 0-9 . _ -
+    /// : @ +. Recorded with the effect, atomically (transaction form: in the same transaction;
+    /// objects: in the object's metadata, by the same conditional put). A write whose id was
+    /// already applied — by anyone, with any token — writes nothing and exits 0
+    /// (`"replayed": true`). After exit 8, run the same command again: it says whether the
+    /// first one landed. Under `fence run --id`, derive it from `$FENCE_RUN_ID`. Objects
+    /// remember their last 8 ids; PostgreSQL keeps them until deleted.
+    #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 
     /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
