@@ -404,7 +404,10 @@ fn ids_fence_cannot_keep_are_refused_before_anything_is_sent() {
     ] {
         let out = bed.write("obj", 1, "A", id, b"bytes");
         assert_eq!(out.code, 2, "`{id}`: {out:?}");
-        assert!(out.stderr.contains("write id"), "{out:?}");
+        assert!(
+            out.json()["message"].as_str().unwrap().contains("write id"),
+            "{out:?}"
+        );
     }
     assert!(bed.stored("obj").is_none());
     assert!(!bed.dir.as_ref().unwrap().path().join("obj").exists());
