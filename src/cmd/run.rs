@@ -35,7 +35,7 @@ use crate::error::{Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
 use crate::signals::Interrupts;
-use crate::store::{Coordinator, LeaseRef, ResourceView};
+use crate::store::{Coordinator, LeaseRef};
 
 /// The resource that records run id `id` of `resource` as completed; refused (exit 2) when the
 /// two do not fit a resource name.
@@ -52,13 +52,29 @@ fn done_marker(resource: &str, id: &str) -> Result<String, Error> {
     })
 }
 
-/// The completion record of a run id, if that run completed.
-async fn completed(
-    coordinator: &dyn Coordinator,
-    marker: &str,
-) -> Result<Option<ResourceView>, Error> {
-    let views = coordinator.inspect(&[marker.to_owned()], 0).await?;
-    Ok(views.into_iter().find(|v| v.token.is_some()))
+/// When and by whom a run id was completed.
+struct Done {
+    at_ms: Option<i64>,
+    owner: Option<String>,
+}
+
+/// The completion record of a run id, if that run completed: its last event (the release
+/// right after the command exited 0) says when and by whom, else the record itself.
+async fn completed(coordinator: &dyn Coordinator, marker: &str) -> Result<Option<Done>, Error> {
+    let views = coordinator.inspect(&[marker.to_owned()], 1).await?;
+    Ok(views
+        .into_iter()
+        .find(|v| v.token.is_some())
+        .map(|v| match v.events.first() {
+            Some(event) => Done {
+                at_ms: Some(event.at_ms),
+                owner: event.owner.clone().or(v.owner),
+            },
+            None => Done {
+                at_ms: v.renewed_at_ms.or(v.acquired_at_ms),
+                owner: v.owner,
+            },
+        }))
 }
 
 /// Records a run id as completed: the marker resource acquired and released at once, by this
@@ -84,9 +100,9 @@ async fn record_completed(
 }
 
 /// The answer of a run whose id was completed before: nothing was started.
-fn report_done(args: &RunArgs, ctx: &Context, out: &Output, done: &ResourceView) -> Exit {
+fn report_done(args: &RunArgs, ctx: &Context, out: &Output, done: &Done) -> Exit {
     let id = args.id.as_deref().unwrap_or_default();
-    let at = done.acquired_at_ms.map(crate::time::rfc3339);
+    let at = done.at_ms.map(crate::time::rfc3339);
     if out.format == Format::Json {
         let mut object = serde_json::Map::new();
         object.insert("ok".into(), json!(true));
