@@ -182,6 +182,10 @@ pub struct AcquireArgs {
 ///
 /// Example (a cron job's command; an overlap with the previous run exits 0, silently):
 ///   fence run nightly-report --ttl 30s --busy-exit-code 0 -q -- ./report.sh
+///
+/// Once a day at most (a run that completed today is skipped, exit 0; COMMAND gets
+/// FENCE_RUN_ID for the ids of its writes, e.g. --id "$FENCE_RUN_ID-publish"):
+///   fence run nightly-report --id "nightly-$(date +%F)" --busy-exit-code 0 -q -- ./report.sh
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -308,6 +312,7 @@ pub struct ReleaseArgs {
 ///   fence inspect                     every resource, no events
 ///   fence inspect nightly-report      one resource and its last 5 events
 ///   fence inspect nightly-report --history 50 --format json
+///   fence inspect nightly-report --target s3://bucket/out.csv --id nightly-2026-12-04-publish
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
