@@ -155,6 +155,28 @@ fn an_id_is_applied_once_across_owners_and_tokens() {
     let old = write(&store, &store.url, a, "daily", &sql).expect(0).json();
     assert_eq!(old["replayed"], true);
     assert_eq!(count(&store, &table), 2);
+    // inspect --id: the ledger entry, and a clear answer for an id never applied.
+    let inspect = |id: &str| {
+        store
+            .fence()
+            .args([
+                "inspect", "r", "--target", &store.url, "--id", id, "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json()
+    };
+    let seen = inspect("daily");
+    assert_eq!(seen["applied"], true, "{seen}");
+    assert_eq!(seen["entry"]["token"], a);
+    assert_eq!(inspect("other")["entry"]["token"], b);
+    assert_eq!(inspect("never")["applied"], false);
+    let human = store
+        .fence()
+        .args(["inspect", "r", "--target", &store.url, "--id", "never"])
+        .run()
+        .expect(0);
+    assert!(human.stdout.contains("not in the ledger"), "{human:?}");
 }
 
 #[test]
