@@ -65,8 +65,7 @@ pub fn parse_write_id(value: &str) -> Result<String, String> {
         .find(|c| !(c.is_ascii_alphanumeric() || "._-:@+".contains(*c)))
     {
         return Err(format!(
-            "a write id is made of ASCII letters, digits and . _ - : @ + (found {})",
-            c.escape_debug()
+            "a write id is made of ASCII letters, digits and . _ - : @ + (found {c:?})"
         ));
     }
     Ok(value.to_owned())
