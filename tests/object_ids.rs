@@ -412,3 +412,59 @@ fn ids_fence_cannot_keep_are_refused_before_anything_is_sent() {
     assert!(bed.stored("obj").is_none());
     assert!(!bed.dir.as_ref().unwrap().path().join("obj").exists());
 }
+
+/// A `fence write` to a `file://` object that crashed between its steps, recreated on disk
+/// (the bytes in a temporary file, the next sidecar naming their inode): before the commit
+/// (the rename of the bytes) the id is not applied and a rerun writes; after it, the id is
+/// applied and the metadata catches up with the bytes at the next access.
+#[test]
+fn file_objects_settle_an_interrupted_write() {
+    use std::os::unix::fs::MetadataExt;
+    let bed = Bed::new(Backend::File);
+    let token = bed.acquire("A");
+    bed.write("obj", token, "A", "first", b"one").expect(0);
+    let dir = bed.dir.as_ref().unwrap().path().to_owned();
+    let sidecar = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join(".obj.fence.json")).unwrap()).unwrap()
+    };
+    let next = dir.join(".obj.fence.next.json");
+    let crash_with = |bytes: &[u8], id: &str| {
+        let tmp = dir.join(format!(".fence-tmp-crashed-{id}"));
+        std::fs::write(&tmp, bytes).unwrap();
+        let mut pending = sidecar();
+        pending["generation"] = (pending["generation"].as_u64().unwrap() + 1).into();
+        pending["metadata"]["fence-id"] = id.into();
+        pending["inode"] = std::fs::metadata(&tmp).unwrap().ino().into();
+        std::fs::write(&next, pending.to_string()).unwrap();
+        tmp
+    };
+
+    // 1. Before the commit: the bytes never reached the object.
+    crash_with(b"two", "second");
+    let out = bed
+        .write("obj", token, "A", "second", b"two")
+        .expect(0)
+        .json();
+    assert_eq!(out["replayed"], false, "{out}");
+    assert!(!next.exists());
+    let stored = bed.stored("obj").unwrap();
+    assert_eq!(stored.body, b"two");
+    assert_eq!(sidecar()["generation"], 2);
+    assert_eq!(ledger_ids(&stored), ["second", "first"]);
+
+    // 2. After the commit: the bytes are in place, the sidecar was not renamed yet.
+    let tmp = crash_with(b"three", "third");
+    std::fs::rename(&tmp, dir.join("obj")).unwrap();
+    let seen = bed.inspect_id("obj", "third").expect(0).json();
+    assert_eq!(seen["applied"], true, "{seen}");
+    assert_eq!(seen["entry"]["version"], "3");
+    assert!(!next.exists());
+    let stored = bed.stored("obj").unwrap();
+    assert_eq!(stored.body, b"three");
+    assert_eq!(stored.metadata["fence-id"], "third");
+    let again = bed
+        .write("obj", token, "A", "third", b"three")
+        .expect(0)
+        .json();
+    assert_eq!(again["replayed"], true, "{again}");
+}
