@@ -204,17 +204,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "CODE")]
     pub busy_exit_code: Option<u8>,
 
-    /// A run id, e.g. `nightly-2026-12-04` (1 to 64 of A-Z a-z 0-9 . _ - : @ +). The command
-    /// gets it as FENCE_RUN_ID (derive write ids from it: `--id "$FENCE_RUN_ID-publish"`).
-    /// Once the command exits 0, the run is recorded as completed in the store (as resource
-    /// `RESOURCE#done:KEY`); a later run with the same id, once it holds the lease, starts
-    /// nothing and exits 0 (or --done-exit-code), saying when and by whom it was completed.
-    #[arg(long, env = "FENCE_RUN_ID", value_name = "KEY", value_parser = parse_write_id)]
+    /// A run id, e.g. `nightly-2026-12-04` (1 to 64 of A-Z a-z 0-9 . _ - : @ +); default:
+    /// FENCE_RUN_ID, unless an enclosing `fence run` set it. The command gets it as
+    /// FENCE_RUN_ID (without one: `run-<token>`, unique to this run); derive write ids from
+    /// it: `--id "$FENCE_RUN_ID-publish"`. Once the command exits 0, the run is recorded as
+    /// completed in the store (as resource `RESOURCE#done:KEY`); a later run with the same
+    /// id, once it holds the lease, starts nothing and exits 0 (or --done-exit-code), saying
+    /// when and by whom it was completed.
+    #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 
     /// Exit with CODE instead of 0 when the run id was already completed (COMMAND never
     /// starts), to tell "already done" apart from "done now".
-    #[arg(long, value_name = "CODE", requires = "id")]
+    #[arg(long, value_name = "CODE")]
     pub done_exit_code: Option<u8>,
 
     /// The lease length; fence renews about every third of it.

@@ -4,7 +4,7 @@
 //! - the command gets FENCE_RUN_ID; once it exited 0, a second run with the id starts nothing
 //!   and exits 0 (or --done-exit-code), JSON `"skipped": true`;
 //! - a run whose command failed is not recorded: the next run with the id runs;
-//! - FENCE_RUN_ID from the environment counts as --id;
+//! - FENCE_RUN_ID from the environment counts as --id, except the one an enclosing run set;
 //! - a resource and id too long to record are refused before anything starts (exit 2).
 
 mod common;
@@ -66,11 +66,58 @@ fn a_completed_run_is_skipped(store: &Store) {
     // The lease was released after each skip.
     let (_, _, live) = store.lease("r").unwrap();
     assert!(!live);
-    // Another id runs; no id runs every time (and sees no FENCE_RUN_ID).
+    // Another id runs; no id runs every time, with an id of its own (`run-<token>`).
     run(store, &["--id", "day-2"], 0).expect(0);
     run(store, &[], 0).expect(0);
     run(store, &[], 0).expect(0);
-    assert_eq!(log(store), ["day-1", "day-2", "none", "none"]);
+    let lines = log(store);
+    assert_eq!(lines[..2], ["day-1", "day-2"]);
+    let token = store.lease("r").unwrap().1;
+    assert_eq!(
+        lines[2..],
+        [format!("run-{}", token - 1), format!("run-{token}")]
+    );
+    // --done-exit-code without a run id has nothing to mean.
+    run(store, &["--done-exit-code", "9"], 0).expect(2);
+    assert_eq!(log(store).len(), 4);
+}
+
+/// A `fence run` inside a run's command does not take the enclosing run's id as its own:
+/// two inner runs of one resource both run (each with its own `run-<token>`).
+fn an_inner_run_does_not_inherit_the_id(store: &Store) {
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let path = store.home.path().join("log");
+    let inner = format!(
+        "{fence} run inner -- sh -c 'echo \"$FENCE_RUN_ID\" >> {log}'",
+        log = path.display()
+    );
+    store
+        .fence()
+        .args(["run", "r", "--id", "outer", "--", "sh", "-c"])
+        .args([format!("{inner} && {inner}")])
+        .run()
+        .expect(0);
+    let lines = log(store);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.iter().all(|l| l.starts_with("run-")), "{lines:?}");
+    assert_ne!(lines[0], lines[1]);
+    // An id the command sets itself is its own, and honoured.
+    let own = format!(
+        "FENCE_RUN_ID=step-2 {fence} run inner -- sh -c 'echo \"$FENCE_RUN_ID\" >> {log}'",
+        log = path.display()
+    );
+    for outer in ["outer-2", "outer-3"] {
+        store
+            .fence()
+            .args(["run", "r", "--id", outer, "--", "sh", "-c", &own])
+            .run()
+            .expect(0);
+    }
+    assert_eq!(
+        log(store)[2..],
+        ["step-2"],
+        "the second inner step-2 was skipped"
+    );
 }
 
 fn a_failed_run_is_not_recorded(store: &Store) {
@@ -126,5 +173,6 @@ fn the_run_id_comes_from_the_environment_too(store: &Store) {
 per_backend!(
     a_completed_run_is_skipped,
     a_failed_run_is_not_recorded,
-    the_run_id_comes_from_the_environment_too
+    the_run_id_comes_from_the_environment_too,
+    an_inner_run_does_not_inherit_the_id
 );

@@ -8,7 +8,11 @@
 //! past it, or on a definite answer (expired, taken over), the command's whole process group
 //! gets SIGTERM and, after `--kill-after`, SIGKILL.
 //!
-//! Run ids (`--id KEY`, `FENCE_RUN_ID`): the command gets `FENCE_RUN_ID`, and once it exits 0,
+//! Run ids (`--id KEY`, `FENCE_RUN_ID`): the command gets `FENCE_RUN_ID` (without an id,
+//! `run-<token>`: unique to this run, so a command's own retries of a write are replays), and
+//! `FENCE_RUN_PARENT_ID`, the same value: a `fence run` inside the command whose environment
+//! still holds that id ignores it, or its second run of one resource would be "already done".
+//! With an id given, once the command exits 0,
 //! still under the lease, fence records the run as completed in the coordinator, as a
 //! resource of its own (`RESOURCE#done:KEY`, acquired and released once: lease records are
 //! never deleted, and only go up). A later run with the same id checks that record once it
@@ -100,8 +104,7 @@ async fn record_completed(
 }
 
 /// The answer of a run whose id was completed before: nothing was started.
-fn report_done(args: &RunArgs, ctx: &Context, out: &Output, done: &Done) -> Exit {
-    let id = args.id.as_deref().unwrap_or_default();
+fn report_done(args: &RunArgs, id: &str, ctx: &Context, out: &Output, done: &Done) -> Exit {
     let at = done.at_ms.map(crate::time::rfc3339);
     if out.format == Format::Json {
         let mut object = serde_json::Map::new();
@@ -127,6 +130,29 @@ fn report_done(args: &RunArgs, ctx: &Context, out: &Output, done: &Done) -> Exit
         ));
     }
     Exit::Command(args.done_exit_code.unwrap_or(0))
+}
+
+/// The run id: `--id`, else `FENCE_RUN_ID` unless an enclosing `fence run` set it (its
+/// `FENCE_RUN_PARENT_ID` is the same).
+fn run_id(args: &RunArgs) -> Result<Option<String>, Error> {
+    if let Some(id) = &args.id {
+        return Ok(Some(id.clone()));
+    }
+    let Some(value) = std::env::var_os("FENCE_RUN_ID") else {
+        return Ok(None);
+    };
+    if std::env::var_os("FENCE_RUN_PARENT_ID").as_ref() == Some(&value) {
+        return Ok(None);
+    }
+    let value = value.to_string_lossy();
+    crate::config::parse_write_id(&value)
+        .map(Some)
+        .map_err(|why| {
+            Error::usage(
+                format!("FENCE_RUN_ID is not a run id: {why}"),
+                "set FENCE_RUN_ID to 1 to 64 of A-Z a-z 0-9 . _ - : @ +, or unset it",
+            )
+        })
 }
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
@@ -164,8 +190,14 @@ enum End {
 
 async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
     let owner = run_owner(args.owner.as_deref());
-    let marker = args
-        .id
+    let id = run_id(&args)?;
+    if id.is_none() && args.done_exit_code.is_some() {
+        return Err(Error::usage(
+            "--done-exit-code needs a run id",
+            "give the run an id with --id KEY (or FENCE_RUN_ID)",
+        ));
+    }
+    let marker = id
         .as_deref()
         .map(|id| done_marker(&args.resource, id))
         .transpose()?;
@@ -194,14 +226,16 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
             let _ = coordinator.release(&lease).await;
         }
         if let Some(done) = done? {
-            return Ok(report_done(&args, ctx, out, &done));
+            let id = id.as_deref().unwrap_or_default();
+            return Ok(report_done(&args, id, ctx, out, &done));
         }
     }
 
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
     let started = Interrupts::install().and_then(|interrupts| {
-        let child = spawn(&args.command, ctx, &lease, args.id.as_deref(), out)?;
+        let run_id = id.clone().unwrap_or_else(|| format!("run-{}", lease.token));
+        let child = spawn(&args.command, ctx, &lease, &run_id, out)?;
         Ok((interrupts, child))
     });
     let (mut interrupts, mut child) = match started {
@@ -301,7 +335,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 {
                     crate::output::warn(&format!(
                         "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
-                        args.id.as_deref().unwrap_or_default()
+                        id.as_deref().unwrap_or_default()
                     ));
                 }
             }
@@ -440,7 +474,7 @@ fn spawn(
     command: &[OsString],
     ctx: &Context,
     lease: &LeaseRef,
-    run_id: Option<&str>,
+    run_id: &str,
     out: &Output,
 ) -> Result<tokio::process::Child, Error> {
     let program = command.first().ok_or_else(|| {
@@ -481,9 +515,8 @@ fn spawn(
     if let Some(store) = &ctx.store {
         cmd.env("FENCE_STORE", &store.url);
     }
-    if let Some(id) = run_id {
-        cmd.env("FENCE_RUN_ID", id);
-    }
+    cmd.env("FENCE_RUN_ID", run_id)
+        .env("FENCE_RUN_PARENT_ID", run_id);
     if out.format == Format::Json {
         // stdout carries fence's one JSON object; the command's output goes to stderr.
         cmd.stdout(std::io::stderr());
