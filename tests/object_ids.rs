@@ -6,6 +6,8 @@
 //!   unchanged; it did not → written now);
 //! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
 //!   after B is stale; `inspect --id` shows the entry, and says so when an id is absent;
+//! - two writers with one id at once (S3, GCS): the loser of the put race answers "replayed";
+//! - a crash of a `file://` write, recreated on disk before and after its commit;
 //! - the ledger keeps the last 8 ids across writes with and without ids;
 //! - ids fence cannot keep are refused before anything is sent (exit 2).
 
@@ -467,4 +469,58 @@ fn file_objects_settle_an_interrupted_write() {
         .expect(0)
         .json();
     assert_eq!(again["replayed"], true, "{again}");
+}
+
+/// Two writers with the same id at once: A's put is held on its way to the server until B,
+/// with the same id, has written; A's put then finds another version, fence reads once more,
+/// sees the id applied, and answers "replayed" (exit 0): the effect is there once, B's.
+fn the_same_id_at_once_lands_once(service: Service) {
+    let bed = Bed::new(match service {
+        Service::S3 => Backend::S3,
+        Service::Gcs => Backend::Gcs,
+    });
+    let token = bed.acquire("A");
+    bed.write("obj", token, "A", "warm-up", b"first").expect(0);
+    let server = bed.store.server().0;
+    let upstream = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let put = match service {
+        Service::S3 => &b"PUT "[..],
+        Service::Gcs => &b"POST "[..],
+    };
+    let held = Proxy::start(upstream, Mode::HoldWhenClientSends(put.to_vec()));
+    let endpoint = format!("http://{}", held.addr());
+    let a = std::thread::scope(|scope| {
+        let a =
+            scope.spawn(|| bed.write_via(Some(&endpoint), "obj", token, "A", "once", b"from A"));
+        wait_for("A's put to be held", Duration::from_secs(20), || {
+            held.held() == 1
+        });
+        let b = bed
+            .write("obj", token, "B", "once", b"from B")
+            .expect(0)
+            .json();
+        assert_eq!(b["replayed"], false, "{b}");
+        held.open();
+        a.join().unwrap()
+    });
+    let a = a.expect(0).json();
+    assert_eq!(a["replayed"], true, "{a}");
+    assert_eq!(a["applied"]["owner"], "B");
+    let stored = bed.stored("obj").unwrap();
+    assert_eq!(stored.body, b"from B");
+    assert_eq!(ledger_ids(&stored), ["once", "warm-up"]);
+}
+
+#[test]
+fn s3_the_same_id_at_once_lands_once() {
+    the_same_id_at_once_lands_once(Service::S3);
+}
+
+#[test]
+fn gcs_the_same_id_at_once_lands_once() {
+    the_same_id_at_once_lands_once(Service::Gcs);
 }
