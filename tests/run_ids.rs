@@ -77,9 +77,11 @@ fn a_completed_run_is_skipped(store: &Store) {
         lines[2..],
         [format!("run-{}", token - 1), format!("run-{token}")]
     );
+    let json = run(store, &["--format", "json"], 0).expect(0).json();
+    assert_eq!(json["run_id"], format!("run-{}", token + 1), "{json}");
     // --done-exit-code without a run id has nothing to mean.
     run(store, &["--done-exit-code", "9"], 0).expect(2);
-    assert_eq!(log(store).len(), 4);
+    assert_eq!(log(store).len(), 5);
 }
 
 /// A `fence run` inside a run's command does not take the enclosing run's id as its own:

@@ -12,15 +12,15 @@
 //! `run-<token>`: unique to this run, so a command's own retries of a write are replays), and
 //! `FENCE_RUN_PARENT_ID`, the same value: a `fence run` inside the command whose environment
 //! still holds that id ignores it, or its second run of one resource would be "already done".
-//! With an id given, once the command exits 0,
-//! still under the lease, fence records the run as completed in the coordinator, as a
-//! resource of its own (`RESOURCE#done:KEY`, acquired and released once: lease records are
-//! never deleted, and only go up). A later run with the same id checks that record once it
-//! holds the lease — so it is ordered after any run that completed — and skips its command.
-//! The record goes to the coordinator through the same calls as every lease, so it is as
-//! durable and as consistent as the coordinator itself; it is written only after the command
-//! succeeded, so a crash in between means the next run runs again (which the command's own
-//! `fence write --id "$FENCE_RUN_ID-…"` turns into replays), never a skip of work not done.
+//! With an id given, once the command exits 0, still under the lease, fence records the run as
+//! completed in the coordinator, as a resource of its own (`RESOURCE#done:KEY`, acquired and
+//! released once: lease records are never deleted). A later run with the same id checks that
+//! record once it holds the lease — so it is ordered after any run that completed — and skips
+//! its command. The record goes through the coordinator's own calls, so it is as durable and
+//! as consistent as every lease (and needs nothing new from the stores); it is written only
+//! after the command succeeded, so a crash in between means the next run runs again (which the
+//! command's own `fence write --id "$FENCE_RUN_ID-…"` turns into replays), never a skip of
+//! work not done.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -82,7 +82,8 @@ async fn completed(coordinator: &dyn Coordinator, marker: &str) -> Result<Option
 }
 
 /// Records a run id as completed: the marker resource acquired and released at once, by this
-/// run's owner (with the run's TTL, which the store accepted). Busy means another run is recording the same id right now: recorded.
+/// run's owner (with the run's TTL, which the store accepted). Busy means another run is
+/// recording the same id right now: recorded.
 async fn record_completed(
     coordinator: &dyn Coordinator,
     marker: &str,
@@ -233,9 +234,9 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
 
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
+    let given_id = id.clone().unwrap_or_else(|| format!("run-{}", lease.token));
     let started = Interrupts::install().and_then(|interrupts| {
-        let run_id = id.clone().unwrap_or_else(|| format!("run-{}", lease.token));
-        let child = spawn(&args.command, ctx, &lease, &run_id, out)?;
+        let child = spawn(&args.command, ctx, &lease, &given_id, out)?;
         Ok((interrupts, child))
     });
     let (mut interrupts, mut child) = match started {
@@ -357,6 +358,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 object.insert("owner".into(), json!(lease.owner));
                 object.insert("token".into(), json!(lease.token));
                 object.insert("exit_status".into(), json!(code));
+                object.insert("run_id".into(), json!(given_id));
                 if let Some(store) = ctx.store_display() {
                     object.insert("store".into(), json!(store));
                 }

@@ -94,7 +94,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         let target = PgTarget::connect(&spec, &ctx.schema).await?;
         if args.id.is_some() {
             return Err(Error::usage(
-                "--id works with the transaction form (--sql, --file) only",
+                "--id works with the transaction form (--sql, --file) and objects, not the row form",
                 "write the row with --sql (an UPDATE … WHERE …) to give it an id",
             ));
         }
