@@ -306,7 +306,13 @@ pub async fn write(
 /// The entry of write id `id` in the object's ledger, with the resource the object belongs to
 /// (`None` when the object is absent or the id is not there).
 pub async fn lookup(url: &ObjectUrl, id: &str) -> Result<(Option<String>, Option<IdEntry>), Error> {
-    let meta = object::open(url)?.head(&url.key).await?;
+    let api = object::open(url)?;
+    let meta = api.head(&url.key).await?;
+    if meta.is_none() && url.service != object::Service::File {
+        // A missing bucket is not "never applied": a listing names it (as in `view`).
+        api.list(url.key.rsplit_once('/').map_or("", |(dir, _)| dir))
+            .await?;
+    }
     Ok((
         meta.as_ref()
             .and_then(|m| m.metadata.get(META_RESOURCE).cloned()),
