@@ -533,7 +533,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__inspect)
-            opts="-q -h --state --limit --after --history --target --table --store --schema --format --quiet --color --help"
+            opts="-q -h --state --limit --after --history --target --table --id --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -560,6 +560,10 @@ _fence() {
                     return 0
                     ;;
                 --table)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --id)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -747,7 +751,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__run)
-            opts="-q -h --owner --busy-exit-code --ttl --wait --kill-after --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --busy-exit-code --id --done-exit-code --ttl --wait --kill-after --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -758,6 +762,14 @@ _fence() {
                     return 0
                     ;;
                 --busy-exit-code)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --done-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

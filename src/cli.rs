@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
+    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait, parse_write_id,
     parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
@@ -184,6 +184,10 @@ pub struct AcquireArgs {
 ///
 /// Example (a cron job's command; an overlap with the previous run exits 0, silently):
 ///   fence run nightly-report --ttl 30s --busy-exit-code 0 -q -- ./report.sh
+///
+/// Once a day at most (a run that completed today is skipped, exit 0; COMMAND gets
+/// FENCE_RUN_ID for the ids of its writes, e.g. --id "$FENCE_RUN_ID-publish"):
+///   fence run nightly-report --id "nightly-$(date +%F)" --busy-exit-code 0 -q -- ./report.sh
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -201,6 +205,21 @@ pub struct RunArgs {
     /// whose overlap with its previous run is not an error. COMMAND still never starts.
     #[arg(long, value_name = "CODE")]
     pub busy_exit_code: Option<u8>,
+
+    /// A run id, e.g. `nightly-2026-12-04` (1 to 64 of A-Z a-z 0-9 . _ - : @ +); default:
+    /// FENCE_RUN_ID, unless an enclosing `fence run` set it. The command gets it as
+    /// FENCE_RUN_ID (without one: `run-<token>`, unique to this run); derive write ids from
+    /// it: `--id "$FENCE_RUN_ID-publish"`. Once the command exits 0, the run is recorded as
+    /// completed in the store (as resource `RESOURCE#done:KEY`); a later run with the same
+    /// id, once it holds the lease, starts nothing and exits 0 (or --done-exit-code), saying
+    /// when and by whom it was completed.
+    #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
+    pub id: Option<String>,
+
+    /// Exit with CODE instead of 0 when the run id was already completed (COMMAND never
+    /// starts), to tell "already done" apart from "done now".
+    #[arg(long, value_name = "CODE")]
+    pub done_exit_code: Option<u8>,
 
     /// The lease length; fence renews about every third of it.
     #[arg(long, default_value = DEFAULT_TTL, value_name = "DURATION", value_parser = parse_ttl)]
@@ -301,6 +320,7 @@ pub struct ReleaseArgs {
 ///   fence inspect                     every resource, no events
 ///   fence inspect nightly-report      one resource and its last 5 events
 ///   fence inspect nightly-report --history 50 --format json
+///   fence inspect nightly-report --target s3://bucket/out.csv --id nightly-2026-12-04-publish
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct InspectArgs {
@@ -341,6 +361,19 @@ pub struct InspectArgs {
     /// triggers are enabled (`always`: they fire whatever `session_replication_role` is).
     #[arg(long, value_name = "TABLE", requires = "target", conflicts_with_all = ["resources", "history"])]
     pub table: Option<String>,
+
+    /// With --target and one RESOURCE: write id KEY's entry in the target's ledger — when,
+    /// with which token and by whom it was applied (objects: the version it made) — or that
+    /// it is not there (never applied; on an object, maybe older than its last 8 ids). Exit
+    /// 0 either way; JSON's `applied` says which.
+    #[arg(
+        long,
+        value_name = "KEY",
+        requires = "target",
+        conflicts_with_all = ["table", "history", "state", "limit", "after"],
+        value_parser = parse_write_id
+    )]
+    pub id: Option<String>,
 }
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
@@ -423,11 +456,14 @@ pub struct WriteArgs {
     #[arg(long, value_name = "PATH")]
     pub file: Option<std::path::PathBuf>,
 
-    /// Transaction form: a write id (idempotency key), e.g. `publish-2026-12-04`. Recorded
-    /// with the effect in the same transaction; a write whose id was already applied for
-    /// RESOURCE — by anyone, with any token — runs nothing and exits 0 (`"replayed": true`).
-    /// After exit 8, run the same command again: it says whether the first one landed.
-    #[arg(long, value_name = "KEY", value_parser = parse_name)]
+    /// A write id (idempotency key), e.g. `publish-2026-12-04`: 1 to 64 of A-Z a-z 0-9 . _ -
+    /// : @ +. Recorded with the effect, atomically (transaction form: in the same transaction;
+    /// objects: in the object's metadata, by the same conditional put). A write whose id was
+    /// already applied — by anyone, with any token — writes nothing and exits 0
+    /// (`"replayed": true`). After exit 8, run the same command again: it says whether the
+    /// first one landed. Under `fence run --id`, derive it from `$FENCE_RUN_ID`. Objects
+    /// remember their last 8 ids; PostgreSQL keeps them until deleted.
+    #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 
     /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The

@@ -42,6 +42,35 @@ pub fn parse_name(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
+/// The longest write id (`--id`) or run id, in bytes: an object keeps its last
+/// [`crate::target::object::LEDGER_IDS`] ids in its metadata, and S3 allows 2 KB of it in all.
+pub const MAX_WRITE_ID_BYTES: usize = 64;
+
+/// Checks a write id (`fence write --id`, `fence run --id`, `FENCE_RUN_ID`): 1 to 64 ASCII
+/// letters, digits and `.` `_` `-` `:` `@` `+`. A narrow alphabet, so an id reads the same in
+/// a shell, a URL, an HTTP header (object metadata) and a ledger line, and never needs
+/// escaping.
+pub fn parse_write_id(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        return Err("a write id cannot be empty".into());
+    }
+    if value.len() > MAX_WRITE_ID_BYTES {
+        return Err(format!(
+            "a write id is at most {MAX_WRITE_ID_BYTES} bytes; this one has {} (use a shorter one, e.g. publish-2026-12-04)",
+            value.len()
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-:@+".contains(*c)))
+    {
+        return Err(format!(
+            "a write id is made of ASCII letters, digits and . _ - : @ + (found {c:?})"
+        ));
+    }
+    Ok(value.to_owned())
+}
+
 /// Parses a lease length such as `250ms`, `30s`, `5m` or `1h`, within [`MIN_TTL`]..=[`MAX_TTL`].
 pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(value).map_err(|err| {
@@ -283,6 +312,14 @@ mod tests {
         assert!(parse_name("trail\u{3000}").is_err());
         assert!(parse_name("bell\u{7}").is_err());
         assert!(parse_name(&"x".repeat(200)).is_ok());
+        assert!(parse_write_id("publish-2026-12-04").is_ok());
+        assert!(parse_write_id("nightly:run@host+1_a.b").is_ok());
+        assert!(parse_write_id(&"x".repeat(64)).is_ok());
+        assert!(parse_write_id(&"x".repeat(65)).is_err());
+        assert!(parse_write_id("").is_err());
+        assert!(parse_write_id("a b").is_err());
+        assert!(parse_write_id("a,b").is_err());
+        assert!(parse_write_id("é").is_err());
         assert!(parse_name(&"x".repeat(201)).is_err());
     }
 

@@ -32,7 +32,7 @@ const SHELLS: [(Shell, &str); 5] = [
 
 /// The ENVIRONMENT section of fence(1). Variables clap reads for an option are listed here too,
 /// and [`environment_lists_every_env_option`] keeps the two in step.
-const ENVIRONMENT: [(&str, &str); 29] = [
+const ENVIRONMENT: [(&str, &str); 31] = [
     (
         "FENCE_STORE",
         "The coordinator, as --store: postgres://user@host/db, s3://bucket/prefix, \
@@ -60,6 +60,18 @@ const ENVIRONMENT: [(&str, &str); 29] = [
         "FENCE_TOKEN",
         "The fencing token renew and release present, as --token; exported by \
          fence acquire --format env.",
+    ),
+    (
+        "FENCE_RUN_ID",
+        "The run id, as fence run --id (ignored when it is the FENCE_RUN_PARENT_ID an \
+         enclosing fence run set). fence run sets it in its command's environment (run-TOKEN \
+         without an id). fence write does not read it: derive write ids from it \
+         (--id \"$FENCE_RUN_ID-publish\").",
+    ),
+    (
+        "FENCE_RUN_PARENT_ID",
+        "Set by fence run in its command's environment, to the same value as FENCE_RUN_ID, so \
+         that a fence run inside the command does not take the enclosing run's id as its own.",
     ),
     (
         "NO_COLOR",

@@ -413,9 +413,9 @@ fn gcs_event_failures_never_hide_what_happened() {
 }
 
 /// Requests per operation on the common path, counted through a proxy: `acquire` of a free
-/// resource, `release` and a fenced write of an object fence wrote before: 2 each (the read
-/// and the conditional write); `renew`: 3 (its expiry is judged by the store's clock, read
-/// from a write of the resource's clock probe).
+/// resource, `release` and a fenced write of an object fence wrote before (with or without a
+/// write id): 2 each (the read and the conditional write); `renew`: 3 (its expiry is judged
+/// by the store's clock, read from a write of the resource's clock probe).
 fn requests_per_operation(service: Service) {
     let store = verified_store(service);
     let (server, prefix) = store.server();
@@ -472,6 +472,21 @@ fn requests_per_operation(service: Service) {
     ]);
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(seen.len(), 2, "write: {seen:?}");
+    // With a write id: the same read and put (the ledger is in the metadata read anyway).
+    let (out, seen) = count(&[
+        "write",
+        "res",
+        "--token",
+        &token,
+        "--target",
+        &target,
+        "--from",
+        file.to_str().unwrap(),
+        "--id",
+        "counted",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(seen.len(), 2, "write --id: {seen:?}");
     let (out, seen) = count(&["release", "res", "--owner", "b", "--token", &token]);
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(seen.len(), 2, "release: {seen:?}");

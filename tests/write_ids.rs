@@ -1,11 +1,12 @@
-//! Write ids (issue 20, PostgreSQL targets): `fence write --id KEY` is applied at most once per
+//! Write ids (issue 20; objects in tests/object_ids.rs): `fence write --id KEY` is applied at most once per
 //! resource, whoever writes it and with whatever token, and re-running the command after an
 //! `outcome_unknown` (exit 8) gives a definite answer. Asserted on row counts and the ledger:
 //! - the connection cut after the whole transaction was sent: exit 8, then the same command
 //!   exits 0, in both orders (the commit landed → replayed; it did not → applied now);
 //! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
 //!   after B is stale;
-//! - the README's "publish exactly once" cron recipe, run twice in a row and twice at once.
+//! - the README's "publish exactly once" cron recipes (PostgreSQL; objects on `file://`, S3 and
+//!   GCS), each run twice in a row and twice at once.
 
 mod common;
 
@@ -154,6 +155,28 @@ fn an_id_is_applied_once_across_owners_and_tokens() {
     let old = write(&store, &store.url, a, "daily", &sql).expect(0).json();
     assert_eq!(old["replayed"], true);
     assert_eq!(count(&store, &table), 2);
+    // inspect --id: the ledger entry, and a clear answer for an id never applied.
+    let inspect = |id: &str| {
+        store
+            .fence()
+            .args([
+                "inspect", "r", "--target", &store.url, "--id", id, "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json()
+    };
+    let seen = inspect("daily");
+    assert_eq!(seen["applied"], true, "{seen}");
+    assert_eq!(seen["entry"]["token"], a);
+    assert_eq!(inspect("other")["entry"]["token"], b);
+    assert_eq!(inspect("never")["applied"], false);
+    let human = store
+        .fence()
+        .args(["inspect", "r", "--target", &store.url, "--id", "never"])
+        .run()
+        .expect(0);
+    assert!(human.stdout.contains("not in the ledger"), "{human:?}");
 }
 
 #[test]
@@ -218,4 +241,116 @@ fn the_readme_publish_once_recipe_publishes_once() {
         assert!(child.wait().unwrap().success());
     }
     assert_eq!(count(&store, &format!("{}.published", schema(&store))), 1);
+}
+
+/// The README's object recipe, run as written by `sh` in a directory holding `report.csv`,
+/// against a coordinator and an object of the same kind: twice in a row, then twice at once.
+/// One effect: the object was written once (one version, the run's write id), and the run is
+/// recorded as completed.
+fn the_readme_object_recipe_publishes_once(backend: common::Backend) {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let recipe = readme
+        .split("<!-- recipe-once-object -->\n```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("README marks the object recipe");
+    let store = Store::new(backend);
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("report.csv"), "day,total\n").unwrap();
+    let (object, read): (String, Box<dyn Fn() -> common::objects::Stored>) = match backend {
+        common::Backend::File => {
+            let path = work.path().join("published.csv");
+            let sidecar = work.path().join(".published.csv.fence.json");
+            (
+                format!("file://{}", path.display()),
+                Box::new(move || {
+                    let meta: serde_json::Value =
+                        serde_json::from_slice(&std::fs::read(&sidecar).unwrap()).unwrap();
+                    assert_eq!(meta["generation"], 1, "written once: {meta}");
+                    common::objects::Stored {
+                        body: std::fs::read(&path).unwrap(),
+                        metadata: meta["metadata"]
+                            .as_object()
+                            .unwrap()
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                            .collect(),
+                    }
+                }),
+            )
+        }
+        _ => {
+            let (server, prefix) = store.server();
+            let key = format!("{prefix}/published.csv");
+            let server = server.clone();
+            (
+                server.url(&key),
+                Box::new(move || server.get(&key).unwrap()),
+            )
+        }
+    };
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fence"), bin.path().join("fence")).unwrap();
+    let spawn = || {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", recipe])
+            .current_dir(work.path())
+            .env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+            .env("HOME", store.home.path())
+            .env("FENCE_STORE", &store.url)
+            .env("OBJECT", &object);
+        if let Some((server, _)) = &store.objects {
+            sh.envs(server.env());
+        }
+        sh.spawn().unwrap()
+    };
+    for _ in 0..2 {
+        assert!(spawn().wait().unwrap().success());
+    }
+    let both = [spawn(), spawn()];
+    for mut child in both {
+        assert!(child.wait().unwrap().success());
+    }
+    let stored = read();
+    assert_eq!(stored.body, b"day,total\n");
+    let id = stored.metadata["fence-id"].clone();
+    assert!(
+        id.starts_with("publish-") && id.ends_with("-upload"),
+        "{id}"
+    );
+    assert_eq!(
+        stored.metadata.get("fence-ids"),
+        None,
+        "one write: {stored:?}"
+    );
+    let day = id.trim_end_matches("-upload");
+    let done = store
+        .fence()
+        .args([
+            "inspect",
+            &format!("publish#done:{day}"),
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(done["resources"][0]["token"], 1, "{done}");
+}
+
+#[test]
+fn the_readme_object_recipe_publishes_once_on_file_objects() {
+    the_readme_object_recipe_publishes_once(common::Backend::File);
+}
+
+#[test]
+fn the_readme_object_recipe_publishes_once_on_s3() {
+    the_readme_object_recipe_publishes_once(common::Backend::S3);
+}
+
+#[test]
+fn the_readme_object_recipe_publishes_once_on_gcs() {
+    the_readme_object_recipe_publishes_once(common::Backend::Gcs);
 }

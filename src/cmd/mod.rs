@@ -6,6 +6,7 @@ mod doctor;
 mod grant;
 mod init;
 mod inspect;
+mod inspect_id;
 mod protect;
 mod prune;
 mod release;
@@ -59,7 +60,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
     let needs_store = match &cli.command {
         Command::Write(_) | Command::Protect(_) | Command::Grant(_) => false,
         Command::Init(args) => args.target.is_none(),
-        Command::Inspect(args) => args.table.is_none(),
+        Command::Inspect(args) => args.table.is_none() && args.id.is_none(),
         _ => true,
     };
     let store = if needs_store {
@@ -82,6 +83,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Inspect(args) if args.table.is_some() => {
             protect::inspect(args, &ctx).await.map(boxed)
         }
+        Command::Inspect(args) if args.id.is_some() => inspect_id::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => return inspect::run_and_print(args, &ctx, out).await,
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),

@@ -7,6 +7,20 @@
 //! no wall clock is compared). Transient renewal errors are ridden out only within that bound;
 //! past it, or on a definite answer (expired, taken over), the command's whole process group
 //! gets SIGTERM and, after `--kill-after`, SIGKILL.
+//!
+//! Run ids (`--id KEY`, `FENCE_RUN_ID`): the command gets `FENCE_RUN_ID` (without an id,
+//! `run-<token>`: unique to this run, so a command's own retries of a write are replays), and
+//! `FENCE_RUN_PARENT_ID`, the same value: a `fence run` inside the command whose environment
+//! still holds that id ignores it, or its second run of one resource would be "already done".
+//! With an id given, once the command exits 0, still under the lease, fence records the run as
+//! completed in the coordinator, as a resource of its own (`RESOURCE#done:KEY`, acquired and
+//! released once: lease records are never deleted). A later run with the same id checks that
+//! record once it holds the lease — so it is ordered after any run that completed — and skips
+//! its command. The record goes through the coordinator's own calls, so it is as durable and
+//! as consistent as every lease (and needs nothing new from the stores); it is written only
+//! after the command succeeded, so a crash in between means the next run runs again (which the
+//! command's own `fence write --id "$FENCE_RUN_ID-…"` turns into replays), never a skip of
+//! work not done.
 
 use std::ffi::OsString;
 use std::io::Read;
@@ -25,7 +39,122 @@ use crate::error::{Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
 use crate::signals::Interrupts;
-use crate::store::LeaseRef;
+use crate::store::{Coordinator, LeaseRef};
+
+/// The resource that records run id `id` of `resource` as completed; refused (exit 2) when the
+/// two do not fit a resource name.
+fn done_marker(resource: &str, id: &str) -> Result<String, Error> {
+    let marker = format!("{resource}#done:{id}");
+    crate::config::parse_name(&marker).map_err(|why| {
+        Error::usage(
+            format!("--id cannot be recorded for `{resource}`: `{marker}` is not a resource name ({why})"),
+            format!(
+                "use a shorter resource name or id: the two take at most {} bytes together",
+                crate::config::MAX_NAME_BYTES - "#done:".len()
+            ),
+        )
+    })
+}
+
+/// When and by whom a run id was completed.
+struct Done {
+    at_ms: Option<i64>,
+    owner: Option<String>,
+}
+
+/// The completion record of a run id, if that run completed: its last event (the release
+/// right after the command exited 0) says when and by whom, else the record itself.
+async fn completed(coordinator: &dyn Coordinator, marker: &str) -> Result<Option<Done>, Error> {
+    let views = coordinator.inspect(&[marker.to_owned()], 1).await?;
+    Ok(views
+        .into_iter()
+        .find(|v| v.token.is_some())
+        .map(|v| match v.events.first() {
+            Some(event) => Done {
+                at_ms: Some(event.at_ms),
+                owner: event.owner.clone().or(v.owner),
+            },
+            None => Done {
+                at_ms: v.renewed_at_ms.or(v.acquired_at_ms),
+                owner: v.owner,
+            },
+        }))
+}
+
+/// Records a run id as completed: the marker resource acquired and released at once, by this
+/// run's owner (with the run's TTL, which the store accepted). Busy means another run is
+/// recording the same id right now: recorded.
+async fn record_completed(
+    coordinator: &dyn Coordinator,
+    marker: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<(), Error> {
+    match coordinator.acquire(marker, owner, ttl).await {
+        Ok(grant) => coordinator
+            .release(&LeaseRef {
+                resource: marker.to_owned(),
+                owner: owner.to_owned(),
+                token: grant.lease.token,
+            })
+            .await
+            .map(drop),
+        Err(Error::Busy { .. }) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// The answer of a run whose id was completed before: nothing was started.
+fn report_done(args: &RunArgs, id: &str, ctx: &Context, out: &Output, done: &Done) -> Exit {
+    let at = done.at_ms.map(crate::time::rfc3339);
+    if out.format == Format::Json {
+        let mut object = serde_json::Map::new();
+        object.insert("ok".into(), json!(true));
+        object.insert("op".into(), json!("run"));
+        object.insert("resource".into(), json!(args.resource));
+        object.insert("run_id".into(), json!(id));
+        object.insert("skipped".into(), json!(true));
+        object.insert("completed".into(), json!({ "at": at, "owner": done.owner }));
+        if let Some(store) = ctx.store_display() {
+            object.insert("store".into(), json!(store));
+        }
+        crate::output::print_line(&serde_json::Value::Object(object).to_string());
+    } else if !out.quiet {
+        crate::output::warn(&format!(
+            "run `{id}` of `{}` already completed{}{}: the command was not started",
+            args.resource,
+            at.map(|at| format!(" at {at}")).unwrap_or_default(),
+            done.owner
+                .as_deref()
+                .map(|o| format!(" by `{o}`"))
+                .unwrap_or_default()
+        ));
+    }
+    Exit::Command(args.done_exit_code.unwrap_or(0))
+}
+
+/// The run id: `--id`, else `FENCE_RUN_ID` unless an enclosing `fence run` set it (its
+/// `FENCE_RUN_PARENT_ID` is the same).
+fn run_id(args: &RunArgs) -> Result<Option<String>, Error> {
+    if let Some(id) = &args.id {
+        return Ok(Some(id.clone()));
+    }
+    let Some(value) = std::env::var_os("FENCE_RUN_ID") else {
+        return Ok(None);
+    };
+    if std::env::var_os("FENCE_RUN_PARENT_ID").as_ref() == Some(&value) {
+        return Ok(None);
+    }
+    let value = value.to_string_lossy();
+    crate::config::parse_write_id(&value)
+        .map(Some)
+        .map_err(|why| {
+            Error::usage(
+                format!("FENCE_RUN_ID is not a run id: {why}"),
+                "set FENCE_RUN_ID to 1 to 64 of A-Z a-z 0-9 . _ - : @ +, or unset it",
+            )
+        })
+}
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let busy_exit = args.busy_exit_code;
@@ -62,6 +191,17 @@ enum End {
 
 async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
     let owner = run_owner(args.owner.as_deref());
+    let id = run_id(&args)?;
+    if id.is_none() && args.done_exit_code.is_some() {
+        return Err(Error::usage(
+            "--done-exit-code needs a run id",
+            "give the run an id with --id KEY (or FENCE_RUN_ID)",
+        ));
+    }
+    let marker = id
+        .as_deref()
+        .map(|id| done_marker(&args.resource, id))
+        .transpose()?;
     let mut coordinator = ctx.coordinator().await?;
     // The bound starts before the granted attempt was sent (not before a `--wait`).
     let (grant, sent) = wait::acquire_sent(
@@ -80,11 +220,25 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     };
     let ttl = args.ttl;
     let mut valid_until = valid_bound(sent, ttl, grant.lease.expires_in_ms);
+    // Checked under the lease: a run that completed released it only after its record.
+    if let Some(marker) = &marker {
+        let done = completed(coordinator.as_ref(), marker).await;
+        if !matches!(done, Ok(None)) {
+            let _ = coordinator.release(&lease).await;
+        }
+        if let Some(done) = done? {
+            let id = id.as_deref().unwrap_or_default();
+            return Ok(report_done(&args, id, ctx, out, &done));
+        }
+    }
 
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
-    let started = Interrupts::install()
-        .and_then(|interrupts| Ok((interrupts, spawn(&args.command, ctx, &lease, out)?)));
+    let given_id = id.clone().unwrap_or_else(|| format!("run-{}", lease.token));
+    let started = Interrupts::install().and_then(|interrupts| {
+        let child = spawn(&args.command, ctx, &lease, &given_id, out)?;
+        Ok((interrupts, child))
+    });
     let (mut interrupts, mut child) = match started {
         Ok(started) => started,
         Err(err) => {
@@ -177,6 +331,15 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
             stop_leftovers(pgid, args.kill_after).await;
+            if let (Some(marker), Some(0)) = (&marker, status.code()) {
+                if let Err(err) = record_completed(coordinator.as_ref(), marker, &owner, ttl).await
+                {
+                    crate::output::warn(&format!(
+                        "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
+                        id.as_deref().unwrap_or_default()
+                    ));
+                }
+            }
             if let Err(err) = coordinator.release(&lease).await {
                 crate::output::warn(&format!(
                     "warning: the command ended but its lease could not be released: {err}"
@@ -195,6 +358,7 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
                 object.insert("owner".into(), json!(lease.owner));
                 object.insert("token".into(), json!(lease.token));
                 object.insert("exit_status".into(), json!(code));
+                object.insert("run_id".into(), json!(given_id));
                 if let Some(store) = ctx.store_display() {
                     object.insert("store".into(), json!(store));
                 }
@@ -312,6 +476,7 @@ fn spawn(
     command: &[OsString],
     ctx: &Context,
     lease: &LeaseRef,
+    run_id: &str,
     out: &Output,
 ) -> Result<tokio::process::Child, Error> {
     let program = command.first().ok_or_else(|| {
@@ -352,6 +517,8 @@ fn spawn(
     if let Some(store) = &ctx.store {
         cmd.env("FENCE_STORE", &store.url);
     }
+    cmd.env("FENCE_RUN_ID", run_id)
+        .env("FENCE_RUN_PARENT_ID", run_id);
     if out.format == Format::Json {
         // stdout carries fence's one JSON object; the command's output goes to stderr.
         cmd.stdout(std::io::stderr());

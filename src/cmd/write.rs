@@ -10,7 +10,7 @@ use crate::cmd::Context;
 use crate::error::Error;
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
-use crate::target::object::{self as object_target, Expect, ObjectWritten};
+use crate::target::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
 use crate::target::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
 use crate::target::{sql_check, TargetSpec};
 
@@ -30,7 +30,10 @@ enum Outcome {
         table: String,
         outcome: RowOutcome,
     },
-    Object(ObjectWritten),
+    Object {
+        write_id: Option<String>,
+        outcome: ObjectOutcome,
+    },
 }
 
 pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written, Error> {
@@ -49,23 +52,26 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             if_generation_match: args.if_generation_match,
         };
         object_target::check_flags(url, &expect)?;
-        if args.id.is_some() {
-            return Err(Error::usage(
-                "--id works with PostgreSQL targets only, for now",
-                "leave --id out for object targets; `--if-generation-match` / `--if-match` make a retry safe",
-            ));
-        }
         let body = read_bytes(from)?;
         let bar = out.upload_bar(body.len(), &spec.display);
-        let written =
-            object_target::write(url, &args.resource, args.token, &owner, body, &expect, &bar)
-                .await;
-        // Done: the bar stays, showing what was really sent; failed: the error says it all.
+        let write = ObjectWrite {
+            resource: &args.resource,
+            token: args.token,
+            owner: &owner,
+            write_id: args.id.as_deref(),
+            expect: &expect,
+        };
+        let written = object_target::write(url, &write, body, &bar).await;
+        // Done: the bar stays, showing what was really sent; failed or replayed: the error
+        // or the replay says it all.
         match &written {
-            Ok(_) => bar.abandon(),
-            Err(_) => bar.finish_and_clear(),
+            Ok(ObjectOutcome::Written(_)) => bar.abandon(),
+            _ => bar.finish_and_clear(),
         }
-        Outcome::Object(written?)
+        Outcome::Object {
+            write_id: args.id.clone(),
+            outcome: written?,
+        }
     } else if args.from.is_some() {
         return Err(Error::usage(
             format!("--from writes objects, but `{}` is a database", spec.display),
@@ -88,7 +94,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         let target = PgTarget::connect(&spec, &ctx.schema).await?;
         if args.id.is_some() {
             return Err(Error::usage(
-                "--id works with the transaction form (--sql, --file) only",
+                "--id works with the transaction form (--sql, --file) and objects, not the row form",
                 "write the row with --sql (an UPDATE … WHERE …) to give it an id",
             ));
         }
@@ -136,6 +142,25 @@ fn ledger_json(entry: &LedgerEntry) -> Value {
         "token": entry.token,
         "owner": entry.owner,
     })
+}
+
+/// An object's ledger entry, as `fence write` and `fence inspect --id` show it.
+pub fn id_entry_json(entry: &IdEntry) -> Value {
+    json!({
+        "at": crate::time::rfc3339(entry.applied_at_ms),
+        "token": entry.token,
+        "owner": entry.owner,
+        "version": entry.version,
+    })
+}
+
+/// "at T with token N by `O`": when and by whom an id was applied.
+pub fn applied_when(at_ms: i64, token: i64, owner: Option<&str>) -> String {
+    format!(
+        "at {} with token {token}{}",
+        crate::time::rfc3339(at_ms),
+        owner.map(|o| format!(" by `{o}`")).unwrap_or_default()
+    )
 }
 
 /// The object's new bytes, from a file or standard input.
@@ -254,11 +279,22 @@ impl Report for Written {
                 };
                 map.insert("status".into(), json!(status));
             }
-            Outcome::Object(written) => {
+            Outcome::Object { write_id, outcome } => {
                 map.insert("form".into(), json!("object"));
-                map.insert("version".into(), json!(written.version));
-                map.insert("previous_version".into(), json!(written.previous));
-                map.insert("bytes".into(), json!(written.bytes));
+                map.insert("write_id".into(), json!(write_id));
+                match outcome {
+                    ObjectOutcome::Written(written) => {
+                        map.insert("replayed".into(), json!(false));
+                        map.insert("version".into(), json!(written.version));
+                        map.insert("previous_version".into(), json!(written.previous));
+                        map.insert("bytes".into(), json!(written.bytes));
+                    }
+                    ObjectOutcome::Replayed(entry) => {
+                        map.insert("replayed".into(), json!(true));
+                        map.insert("applied".into(), id_entry_json(entry));
+                        map.insert("bytes".into(), json!(0));
+                    }
+                }
             }
         }
         map
@@ -266,9 +302,22 @@ impl Report for Written {
 
     fn human(&self) -> String {
         match &self.outcome {
-            Outcome::Object(written) => format!(
+            Outcome::Object {
+                outcome: ObjectOutcome::Written(written),
+                ..
+            } => format!(
                 "wrote {} bytes to `{}` with token {} for `{}` (version {})\n",
                 written.bytes, self.target, self.token, self.resource, written.version
+            ),
+            Outcome::Object {
+                write_id,
+                outcome: ObjectOutcome::Replayed(entry),
+            } => format!(
+                "write `{}` to `{}` was already applied {} (version {}): nothing was written now\n",
+                write_id.as_deref().unwrap_or_default(),
+                self.target,
+                applied_when(entry.applied_at_ms, entry.token, entry.owner.as_deref()),
+                entry.version
             ),
             Outcome::Row { table, outcome } => format!(
                 "{} a row of {table} with token {} for `{}`\n",
@@ -283,15 +332,9 @@ impl Report for Written {
                 write_id: Some(id),
                 outcome: TxOutcome::Replayed(entry),
             } => format!(
-                "write `{id}` of `{}` was already applied at {} with token {}{}: nothing was run now\n",
+                "write `{id}` of `{}` was already applied {}: nothing was run now\n",
                 self.resource,
-                crate::time::rfc3339(entry.applied_at_ms),
-                entry.token,
-                entry
-                    .owner
-                    .as_deref()
-                    .map(|o| format!(" by `{o}`"))
-                    .unwrap_or_default()
+                applied_when(entry.applied_at_ms, entry.token, entry.owner.as_deref()),
             ),
             Outcome::Transaction {
                 outcome: TxOutcome::Replayed(_),

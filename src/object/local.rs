@@ -4,15 +4,20 @@
 //! (DESIGN §7), so this backend is ours.
 //!
 //! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`;
-//! a write compares the generation, then replaces the sidecar and then the bytes, each by
-//! write-to-temp, fsync, rename and directory fsync. Generations increase by one per write and
-//! never repeat. A crash between the two renames leaves the newer token with the older bytes:
-//! stale writers stay rejected, and the next fenced write repairs it. A file written at the path
-//! without fence has generation 1 and no token until fence writes it.
+//! a write compares the generation, then commits the bytes and the metadata together: the new
+//! bytes go to a temporary file (fsync), the new sidecar to `.<name>.fence.next.json` naming
+//! that file's inode (write-to-temp, fsync, rename), then the bytes are renamed over the object
+//! — the commit — and the next sidecar over the sidecar, each followed by a directory fsync.
+//! Whoever takes the lock next finishes or undoes a write a crash interrupted: a next sidecar
+//! whose inode is the object's was committed (it becomes the sidecar), any other is dropped. So
+//! the metadata (token, write ids) never describes bytes that did not land, nor the reverse.
+//! Generations increase by one per write and never repeat. A file written at the path without
+//! fence has generation 1 and no token until fence writes it.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -35,6 +40,9 @@ struct Sidecar {
     generation: u64,
     last_modified_ms: i64,
     metadata: BTreeMap<String, String>,
+    /// In a next sidecar only: the inode of the bytes it describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inode: Option<u64>,
 }
 
 fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
@@ -69,12 +77,40 @@ impl LocalObjects {
         )
     }
 
+    fn next_sidecar(sidecar: &Path) -> PathBuf {
+        sidecar.with_extension("next.json")
+    }
+
+    /// Finishes or undoes a write a crash interrupted (call under the lock): the next sidecar
+    /// of bytes that were renamed into place becomes the sidecar; any other is dropped.
+    fn settle(&self, object: &Path, sidecar: &Path) -> Result<(), Error> {
+        let next = Self::next_sidecar(sidecar);
+        let pending: Sidecar = match fs::read(&next) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(err) => return Err(io_error("read", &next, &err)),
+        };
+        let landed = match fs::metadata(object) {
+            Ok(meta) => pending.inode == Some(meta.ino()),
+            Err(err) if err.kind() == ErrorKind::NotFound => false,
+            Err(err) => return Err(io_error("read", object, &err)),
+        };
+        let done = if landed {
+            fs::rename(&next, sidecar)
+        } else {
+            fs::remove_file(&next)
+        };
+        done.and_then(|()| File::open(&self.dir)?.sync_all())
+            .map_err(|err| io_error("write", sidecar, &err))
+    }
+
     fn lock(&self, path: &Path) -> Result<Locked, Error> {
         lock_exclusive(path).map_err(|(what, err)| io_error(what, path, &err))
     }
 
     /// The current state (call under the lock): `None` when the object is absent.
     fn state(&self, object: &Path, sidecar: &Path) -> Result<Option<Sidecar>, Error> {
+        self.settle(object, sidecar)?;
         let modified = match fs::metadata(object) {
             Ok(meta) => meta.modified().ok(),
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
@@ -93,6 +129,7 @@ impl LocalObjects {
                     .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_millis() as i64),
                 metadata: BTreeMap::new(),
+                inode: None,
             })),
             Err(err) => Err(io_error("read", sidecar, &err)),
         }
@@ -101,6 +138,12 @@ impl LocalObjects {
     /// Replaces `path` atomically with `bytes` (durable once this returns), counting them on
     /// `bar` as they are written.
     fn replace(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<(), Error> {
+        let tmp = self.write_temp(path, bytes, bar)?;
+        self.rename_into(&tmp, path)
+    }
+
+    /// Writes `bytes` to a new temporary file beside `path` (fsynced), counting them on `bar`.
+    fn write_temp(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<PathBuf, Error> {
         let tmp = self.dir.join(format!(
             ".fence-tmp-{}-{:016x}",
             std::process::id(),
@@ -114,12 +157,22 @@ impl LocalObjects {
                 file.write_all(chunk)?;
                 bar.inc(chunk.len() as u64);
             }
-            file.sync_all()?;
-            fs::rename(&tmp, path)?;
-            File::open(&self.dir)?.sync_all()
+            file.sync_all()
         })();
+        match result {
+            Ok(()) => Ok(tmp),
+            Err(err) => {
+                let _ = fs::remove_file(&tmp);
+                Err(io_error("write", path, &err))
+            }
+        }
+    }
+
+    /// Renames `tmp` over `path` and makes the rename durable.
+    fn rename_into(&self, tmp: &Path, path: &Path) -> Result<(), Error> {
+        let result = fs::rename(tmp, path).and_then(|()| File::open(&self.dir)?.sync_all());
         result.map_err(|err| {
-            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(tmp);
             io_error("write", path, &err)
         })
     }
@@ -179,15 +232,32 @@ impl ObjectApi for LocalObjects {
         if !holds {
             return Ok(Put::Lost);
         }
-        let next = Sidecar {
+        // The bytes first, out of sight; then the sidecar that names them; then the commit.
+        let bytes = self.write_temp(&object, &body, &self.bar)?;
+        let inode = fs::metadata(&bytes)
+            .map_err(|err| io_error("write", &object, &err))?
+            .ino();
+        let mut next = Sidecar {
             generation: current.map_or(0, |s| s.generation) + 1,
             last_modified_ms: now_ms(),
             metadata: metadata.clone(),
+            inode: Some(inode),
         };
         let text = serde_json::to_vec(&next)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        self.replace(&sidecar, &text, &ProgressBar::hidden())?;
-        self.replace(&object, &body, &self.bar)?;
+        let pending = Self::next_sidecar(&sidecar);
+        if let Err(err) = self.replace(&pending, &text, &ProgressBar::hidden()) {
+            let _ = fs::remove_file(&bytes);
+            return Err(err);
+        }
+        if let Err(err) = self.rename_into(&bytes, &object) {
+            // Whether the rename happened decides, as after a crash.
+            let _ = self.settle(&object, &sidecar);
+            return Err(err);
+        }
+        // Committed: a failure from here on is finished by the next access (see `settle`).
+        let _ = self.settle(&object, &sidecar);
+        next.inode = None;
         Ok(Put::Done(Self::meta(next)))
     }
 
@@ -207,7 +277,8 @@ impl ObjectApi for LocalObjects {
     async fn delete(&self, key: &str) -> Result<(), Error> {
         let (object, sidecar, lock) = self.paths(key);
         let _lock = self.lock(&lock)?;
-        for path in [object, sidecar] {
+        let pending = Self::next_sidecar(&sidecar);
+        for path in [object, sidecar, pending] {
             match fs::remove_file(&path) {
                 Err(err) if err.kind() != ErrorKind::NotFound => {
                     return Err(io_error("remove", &path, &err))

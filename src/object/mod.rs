@@ -36,6 +36,10 @@ use crate::error::Error;
 pub const META_TOKEN: &str = "fence-token";
 pub const META_RESOURCE: &str = "fence-resource";
 pub const META_OWNER: &str = "fence-owner";
+/// The write id (`--id`) of the write that made this version.
+pub const META_ID: &str = "fence-id";
+/// The write ids of the versions before, newest first (see [`crate::target::object`]).
+pub const META_IDS: &str = "fence-ids";
 
 /// Which object service a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,15 @@
 //! (newer token → 4, otherwise 6), never retried blindly: the other writer's bytes may be what
 //! the caller should look at first.
 //!
+//! Write ids (`--id`): the id of the write that made the current version is kept beside its
+//! token (`fence-id`), and the ids of the versions before it, newest first, in `fence-ids`
+//! (`id,token,written_at_ms,version` entries joined by `;`): [`LEDGER_IDS`] ids in all. A write
+//! carries the ledger over (with or without an id of its own), so it lives in the same
+//! metadata as the token and changes only by the same conditional put as the bytes: the id and
+//! the effect land together or not at all. An id found there is a replay, checked before the
+//! token (a retry after exit 8 gets its answer even once a newer owner wrote). Older entries
+//! keep no owner: S3 allows 2 KB of metadata per object, and an owner takes up to 200 bytes.
+//!
 //! S3 caveat (ABA): an ETag is a hash of the bytes, so if a newer writer stores bytes identical
 //! to those fence read, between fence's read and its put, `If-Match` still passes and the newer
 //! writer's metadata is replaced. fence keeps that window to one round trip (no work happens
@@ -21,14 +30,42 @@ use indicatif::ProgressBar;
 
 use crate::error::{ConflictKind, Error};
 use crate::object::{
-    self, verify, Cond, Meta, ObjectUrl, Put, META_OWNER, META_RESOURCE, META_TOKEN,
+    self, verify, Cond, Meta, ObjectUrl, Put, META_ID, META_IDS, META_OWNER, META_RESOURCE,
+    META_TOKEN,
 };
+
+/// How many write ids an object remembers: the current version's and those of the versions
+/// before it. Bounded by S3's 2 KB of user metadata per object: 7 older entries of at most
+/// 136 bytes (a 64-byte id, a token, a time, an ETag), beside the token, the resource and the
+/// owner (up to 200 bytes each) and the current id, stay under 1.6 KB.
+pub const LEDGER_IDS: usize = 8;
 
 /// The caller's own expectation of the current version.
 #[derive(Clone, Debug, Default)]
 pub struct Expect {
     pub if_match: Option<String>,
     pub if_generation_match: Option<u64>,
+}
+
+/// What an object write did.
+#[derive(Debug)]
+pub enum ObjectOutcome {
+    Written(ObjectWritten),
+    /// The write id is in the object's ledger: nothing was sent now.
+    Replayed(IdEntry),
+}
+
+/// A write id in an object's ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdEntry {
+    pub id: String,
+    pub token: i64,
+    /// When the version it made was written, by the store's clock.
+    pub applied_at_ms: i64,
+    /// Kept for the current version's id only (see the module's header).
+    pub owner: Option<String>,
+    /// The version the write made (ETag or generation).
+    pub version: String,
 }
 
 /// A written object.
@@ -56,6 +93,62 @@ fn stored_token(meta: &Meta) -> i64 {
         .get(META_TOKEN)
         .and_then(|t| t.parse().ok())
         .unwrap_or(0)
+}
+
+/// The ids an object's metadata records, newest first: the current version's, then the older
+/// ones. Entries that do not parse (written by hand) are skipped.
+pub fn ledger(meta: &Meta) -> Vec<IdEntry> {
+    let mut entries = Vec::new();
+    if let Some(id) = meta.metadata.get(META_ID) {
+        entries.push(IdEntry {
+            id: id.clone(),
+            token: stored_token(meta),
+            applied_at_ms: meta.last_modified_ms,
+            owner: meta
+                .metadata
+                .get(META_OWNER)
+                .filter(|owner| !owner.is_empty())
+                .cloned(),
+            version: meta.version.clone(),
+        });
+    }
+    let older = meta.metadata.get(META_IDS).map_or("", String::as_str);
+    entries.extend(older.split(';').filter_map(|entry| {
+        let mut fields = entry.splitn(4, ',');
+        Some(IdEntry {
+            id: fields.next().filter(|id| !id.is_empty())?.to_owned(),
+            token: fields.next()?.parse().ok()?,
+            applied_at_ms: fields.next()?.parse().ok()?,
+            owner: None,
+            version: fields.next()?.to_owned(),
+        })
+    }));
+    entries
+}
+
+/// `fence-ids` for the next version: the current version's id (if any) before the older
+/// ones, [`LEDGER_IDS`] - 1 at most (the next version's own id is the other one).
+fn older_ids(current: Option<&Meta>) -> Option<String> {
+    let entries = current.map(ledger).unwrap_or_default();
+    let kept: Vec<String> = entries
+        .iter()
+        .take(LEDGER_IDS - 1)
+        .map(|e| {
+            format!(
+                "{},{},{},{}",
+                e.id,
+                e.token,
+                e.applied_at_ms,
+                e.version.replace([',', ';'], "")
+            )
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join(";"))
+}
+
+fn find(meta: Option<&Meta>, id: Option<&str>) -> Option<IdEntry> {
+    let id = id?;
+    ledger(meta?).into_iter().find(|e| e.id == id)
 }
 
 fn same_etag(a: &str, b: &str) -> bool {
@@ -86,16 +179,30 @@ pub fn check_flags(url: &ObjectUrl, expect: &Expect) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes `body` to the object with `token` for `resource`, counting the bytes sent on `bar`.
+/// One fenced object write: who writes what, with which token and write id.
+pub struct ObjectWrite<'a> {
+    pub resource: &'a str,
+    pub token: i64,
+    pub owner: &'a str,
+    /// `--id`: applied at most once to this object, whoever writes it.
+    pub write_id: Option<&'a str>,
+    pub expect: &'a Expect,
+}
+
+/// Writes `body` to the object, counting the bytes sent on `bar`.
 pub async fn write(
     url: &ObjectUrl,
-    resource: &str,
-    token: i64,
-    owner: &str,
+    write: &ObjectWrite<'_>,
     body: Vec<u8>,
-    expect: &Expect,
     bar: &ProgressBar,
-) -> Result<ObjectWritten, Error> {
+) -> Result<ObjectOutcome, Error> {
+    let ObjectWrite {
+        resource,
+        token,
+        owner,
+        write_id,
+        expect,
+    } = *write;
     let api = object::open_reporting(url, bar.clone())?;
     let current = api.head(&url.key).await?;
     // An object fence wrote before was written after its prefix was verified; any other
@@ -127,6 +234,9 @@ pub async fn write(
                 }))
             }
             _ => {}
+        }
+        if let Some(entry) = find(Some(meta), write_id) {
+            return Ok(ObjectOutcome::Replayed(entry));
         }
         if stored_token(meta) > token {
             return Err(stale(stored_token(meta)));
@@ -160,19 +270,29 @@ pub async fn write(
     if !owner.is_empty() {
         metadata.insert(META_OWNER.to_owned(), owner.to_owned());
     }
+    if let Some(id) = write_id {
+        metadata.insert(META_ID.to_owned(), id.to_owned());
+    }
+    if let Some(older) = older_ids(current.as_ref()) {
+        metadata.insert(META_IDS.to_owned(), older);
+    }
     let cond = match &version {
         Some(v) => Cond::Match(v.clone()),
         None => Cond::Create,
     };
     let bytes = body.len();
     match api.put(&url.key, body, &cond, &metadata).await? {
-        Put::Done(meta) => Ok(ObjectWritten {
+        Put::Done(meta) => Ok(ObjectOutcome::Written(ObjectWritten {
             version: meta.version,
             previous: version,
             bytes,
-        }),
+        })),
         Put::Lost => {
             let again = api.head(&url.key).await?;
+            // A concurrent write with the same id won: the effect is there once.
+            if let Some(entry) = find(again.as_ref(), write_id) {
+                return Ok(ObjectOutcome::Replayed(entry));
+            }
             match again {
                 Some(meta) if stored_token(&meta) > token => Err(stale(stored_token(&meta))),
                 other => Err(conflict(ConflictKind::ConcurrentWrite {
@@ -181,6 +301,23 @@ pub async fn write(
             }
         }
     }
+}
+
+/// The entry of write id `id` in the object's ledger, with the resource the object belongs to
+/// (`None` when the object is absent or the id is not there).
+pub async fn lookup(url: &ObjectUrl, id: &str) -> Result<(Option<String>, Option<IdEntry>), Error> {
+    let api = object::open(url)?;
+    let meta = api.head(&url.key).await?;
+    if meta.is_none() && url.service != object::Service::File {
+        // A missing bucket is not "never applied": a listing names it (as in `view`).
+        api.list(url.key.rsplit_once('/').map_or("", |(dir, _)| dir))
+            .await?;
+    }
+    Ok((
+        meta.as_ref()
+            .and_then(|m| m.metadata.get(META_RESOURCE).cloned()),
+        find(meta.as_ref(), Some(id)),
+    ))
 }
 
 /// The fence state of an object.
@@ -205,4 +342,76 @@ pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
             .filter(|owner| !owner.is_empty()),
         updated_at_ms: meta.map(|m| m.last_modified_ms),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(version: &str, pairs: &[(&str, &str)]) -> Meta {
+        Meta {
+            version: version.into(),
+            last_modified_ms: 1_000,
+            metadata: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_ledger_keeps_the_last_ids() {
+        let mut current: Option<Meta> = None;
+        for n in 0..20 {
+            let mut pairs = vec![
+                (META_TOKEN.to_owned(), n.to_string()),
+                (META_OWNER.to_owned(), format!("owner-{n}")),
+                (META_ID.to_owned(), format!("id-{n}")),
+            ];
+            if let Some(older) = older_ids(current.as_ref()) {
+                pairs.push((META_IDS.to_owned(), older));
+            }
+            let pairs: Vec<(&str, &str)> = pairs
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            current = Some(meta(&format!("\"etag-{n}\""), &pairs));
+        }
+        let entries = ledger(current.as_ref().unwrap());
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["id-19", "id-18", "id-17", "id-16", "id-15", "id-14", "id-13", "id-12"]
+        );
+        assert_eq!(entries[0].owner.as_deref(), Some("owner-19"));
+        assert_eq!(entries[1].owner, None);
+        assert_eq!(
+            (entries[1].token, entries[1].version.as_str()),
+            (18, "\"etag-18\"")
+        );
+        // The worst case fits S3's 2 KB of user metadata.
+        let long = "x".repeat(crate::config::MAX_WRITE_ID_BYTES);
+        let entry = format!(
+            "{long},{},{},\"{}-10000\"",
+            i64::MAX,
+            1_000_000_000_000_000i64,
+            "f".repeat(32)
+        );
+        let worst = [
+            (META_TOKEN, i64::MAX.to_string()),
+            (META_RESOURCE, "r".repeat(200)),
+            (META_OWNER, "o".repeat(200)),
+            (META_ID, long.clone()),
+            (META_IDS, vec![entry; LEDGER_IDS - 1].join(";")),
+        ];
+        let size: usize = worst.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(size < 2048, "{size}");
+    }
+
+    #[test]
+    fn a_hand_written_ledger_does_not_break_reading() {
+        let m = meta("7", &[(META_IDS, "a,1,2,3;garbage;;b,x,1,2;c,4,5,6")]);
+        let ids: Vec<String> = ledger(&m).into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["a", "c"]);
+    }
 }

@@ -455,6 +455,29 @@ impl PgTarget {
         }
     }
 
+    /// Write id `id`'s entry in the ledger of `resource`, if it is there.
+    pub async fn ledger_entry(
+        &self,
+        resource: &str,
+        id: &str,
+    ) -> Result<Option<LedgerEntry>, Error> {
+        let rows = self
+            .session
+            .call(
+                "read the target's write ledger",
+                false,
+                "SELECT floor(extract(epoch FROM applied_at) * 1000)::int8, token, owner \
+                 FROM __SCHEMA__.write_ledger WHERE resource = $1 AND write_id = $2",
+                &[(&resource, Type::TEXT), (&id, Type::TEXT)],
+            )
+            .await?;
+        Ok(rows.first().map(|r| LedgerEntry {
+            applied_at_ms: r.get(0),
+            token: r.get(1),
+            owner: r.get(2),
+        }))
+    }
+
     /// The connection and schema, for the other modules that act on a target database.
     pub(crate) fn session(&self) -> &Session {
         &self.session

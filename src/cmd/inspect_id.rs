@@ -1,0 +1,137 @@
+//! `fence inspect RESOURCE --target URL --id KEY`: one write id's entry in a target's ledger,
+//! the answer to "did my write land?" after `outcome_unknown` without writing anything. Talks to
+//! the target only (no coordinator). An id that is not there is an answer, not a failure: exit
+//! 0, `"applied": false`.
+
+use serde_json::{json, Map, Value};
+
+use crate::cli::InspectArgs;
+use crate::cmd::write::{applied_when, id_entry_json};
+use crate::cmd::Context;
+use crate::error::Error;
+use crate::output::Report;
+use crate::target::object as object_target;
+use crate::target::postgres::PgTarget;
+use crate::target::TargetSpec;
+
+pub struct IdInspected {
+    resource: String,
+    id: String,
+    target: String,
+    entry: Option<Entry>,
+    /// What "not there" means at this target.
+    object: bool,
+}
+
+struct Entry {
+    at_ms: i64,
+    token: i64,
+    owner: Option<String>,
+    /// Objects: the version the write made.
+    version: Option<String>,
+}
+
+pub async fn run(args: InspectArgs, ctx: &Context) -> Result<IdInspected, Error> {
+    let (Some(id), Some(url)) = (args.id, args.target) else {
+        unreachable!("dispatched on --id, which requires --target")
+    };
+    let [resource] = <[String; 1]>::try_from(args.resources).map_err(|_| {
+        Error::usage(
+            "--id looks up one write: name its RESOURCE",
+            "write `fence inspect RESOURCE --target URL --id KEY`",
+        )
+    })?;
+    let spec = TargetSpec::resolve(&url)?;
+    let entry = match &spec.object {
+        Some(object) => {
+            let (stored_resource, entry) = object_target::lookup(object, &id).await?;
+            if let Some(stored) = stored_resource.filter(|stored| *stored != resource) {
+                return Err(Error::usage(
+                    format!(
+                        "`{}` is fenced by resource `{stored}`, not `{resource}`",
+                        spec.display
+                    ),
+                    format!(
+                        "look the id up with the resource that guards the object: `fence inspect {} --target … --id {id}`",
+                        crate::error::shell_word(&stored)
+                    ),
+                ));
+            }
+            entry.map(|e| Entry {
+                at_ms: e.applied_at_ms,
+                token: e.token,
+                owner: e.owner,
+                version: Some(e.version),
+            })
+        }
+        None => PgTarget::connect(&spec, &ctx.schema)
+            .await?
+            .ledger_entry(&resource, &id)
+            .await?
+            .map(|e| Entry {
+                at_ms: e.applied_at_ms,
+                token: e.token,
+                owner: e.owner,
+                version: None,
+            }),
+    };
+    Ok(IdInspected {
+        resource,
+        id,
+        target: spec.display,
+        entry,
+        object: spec.object.is_some(),
+    })
+}
+
+impl Report for IdInspected {
+    fn json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert("resource".into(), json!(self.resource));
+        map.insert("target".into(), json!(self.target));
+        map.insert("write_id".into(), json!(self.id));
+        map.insert("applied".into(), json!(self.entry.is_some()));
+        let entry = self.entry.as_ref().map(|e| match &e.version {
+            Some(version) => id_entry_json(&object_target::IdEntry {
+                id: self.id.clone(),
+                token: e.token,
+                applied_at_ms: e.at_ms,
+                owner: e.owner.clone(),
+                version: version.clone(),
+            }),
+            None => json!({
+                "at": crate::time::rfc3339(e.at_ms),
+                "token": e.token,
+                "owner": e.owner,
+            }),
+        });
+        map.insert("entry".into(), entry.unwrap_or(Value::Null));
+        map
+    }
+
+    fn human(&self) -> String {
+        match &self.entry {
+            Some(e) => format!(
+                "write `{}` of `{}` was applied to `{}` {}{}\n",
+                self.id,
+                self.resource,
+                self.target,
+                applied_when(e.at_ms, e.token, e.owner.as_deref()),
+                e.version
+                    .as_deref()
+                    .map(|v| format!(" (version {v})"))
+                    .unwrap_or_default()
+            ),
+            None if self.object => format!(
+                "write `{}` is not in the ledger of `{}`: it was never applied there, or it is older than the object's last {} ids\n",
+                self.id,
+                self.target,
+                object_target::LEDGER_IDS
+            ),
+            None => format!(
+                "write `{}` of `{}` is not in the ledger of `{}`: it was never applied there (or its ledger row was deleted)\n",
+                self.id, self.resource, self.target
+            ),
+        }
+    }
+}
