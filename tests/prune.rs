@@ -254,14 +254,20 @@ fn help_examples() -> Vec<String> {
         .collect()
 }
 
-/// The `fence prune` lines of the README (its cron line), exactly as shown.
+/// The README's cron line (the block after `<!-- prune-cron -->`), exactly as shown.
 fn readme_examples() -> Vec<String> {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    readme
+    let block = readme
+        .split("<!-- prune-cron -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README marks its prune cron line");
+    block
         .lines()
         .map(str::trim)
-        .filter(|line| line.starts_with("fence prune "))
+        .filter(|line| !line.is_empty())
         .map(str::to_owned)
         .collect()
 }

@@ -53,3 +53,55 @@ fn readme_command_one_runs_on_the_embedded_store() {
         (Some(1), Some(true))
     );
 }
+
+/// Every shell block of the README is run by a test exactly as written: each is marked, and
+/// the marker names the test that reads the block after it. A new block without a marker, or
+/// a marker no test reads, fails here.
+#[test]
+fn every_shell_block_of_the_readme_is_run_by_a_test() {
+    // (marker, the file that reads the block after it)
+    const MARKERS: [(&str, &str); 9] = [
+        ("<!-- readme-command-1 -->", "tests/readme.rs"),
+        ("<!-- readme-command-2 -->", ".ci/run"),
+        ("<!-- install -->", "tests/install.rs"),
+        ("<!-- recipe -->", "tests/recipes.rs"),
+        ("<!-- example -->", "tests/recipes.rs"),
+        ("<!-- readme-roles-recipe -->", "tests/roles.rs"),
+        ("<!-- recipe-once -->", "tests/write_ids.rs"),
+        ("<!-- recipe-once-object -->", "tests/write_ids.rs"),
+        ("<!-- prune-cron -->", "tests/prune.rs"),
+    ];
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let lines: Vec<&str> = readme.lines().map(str::trim).collect();
+    let mut unmarked = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if !line.starts_with("```sh") {
+            continue;
+        }
+        let marker = lines[..i].iter().rev().find(|l| !l.is_empty());
+        match MARKERS.iter().find(|(m, _)| Some(m) == marker) {
+            Some((marker, reader)) if *reader == ".ci/run" => {
+                // Set-up command 2 is what CI runs: `.ci/run` ends in exactly that command.
+                let block = lines[i + 1];
+                let ci = std::fs::read_to_string(format!("{root}/.ci/run")).unwrap();
+                assert!(
+                    ci.contains(&format!("exec {block} \"$@\"")),
+                    "{marker}: `.ci/run` does not run `{block}`"
+                );
+            }
+            Some((marker, reader)) => {
+                let test = std::fs::read_to_string(format!("{root}/{reader}")).unwrap();
+                assert!(
+                    test.contains(marker),
+                    "{reader} does not read the README block after {marker}"
+                );
+            }
+            None => unmarked.push(format!("line {}: after {marker:?}", i + 1)),
+        }
+    }
+    assert!(
+        unmarked.is_empty(),
+        "README shell blocks no test runs (mark each with the marker its test reads): {unmarked:?}"
+    );
+}
