@@ -16,6 +16,7 @@ pub mod pg;
 pub mod reaper;
 pub mod signals;
 pub mod store;
+pub mod sys;
 pub mod target;
 pub mod time;
 

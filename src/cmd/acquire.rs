@@ -9,7 +9,8 @@ use crate::config::{redact_url, url_has_password, StoreKind};
 use crate::error::{shell_quote, Error};
 use crate::exit::Exit;
 use crate::output::{Output, Report};
-use crate::store::{random_u64, Grant, LeaseRef};
+use crate::store::{Grant, LeaseRef};
+use crate::sys::random_u64;
 use crate::time;
 
 pub struct Acquired {

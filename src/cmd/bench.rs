@@ -19,7 +19,8 @@ use crate::config::StoreSpec;
 use crate::error::Error;
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
-use crate::store::{self, random_u64, LeaseRef};
+use crate::store::{self, LeaseRef};
+use crate::sys::random_u64;
 use crate::target::postgres::{PgTarget, TxWrite};
 
 /// The fenced `SELECT 1` of a bench worker never takes anywhere near this long.

@@ -177,7 +177,7 @@ fn run_owner(given: Option<&str>) -> String {
         Some(name) => format!(
             "{name}/{}/{:08x}",
             std::process::id(),
-            crate::store::random_u64() as u32
+            crate::sys::random_u64() as u32
         ),
         None => default_owner(),
     }

@@ -20,7 +20,8 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::output::Output;
-use crate::store::{random_u64, Coordinator, Grant};
+use crate::store::{Coordinator, Grant};
+use crate::sys::random_u64;
 use crate::time;
 
 /// The fallback poll when wake-ups are pushed.

@@ -281,7 +281,7 @@ impl ObjectApi for GcsObjects {
                 url.push_str(&format!("&ifGenerationMatch={}", enc(generation)));
             }
         }
-        let boundary = format!("fence-{:016x}", crate::store::random_u64());
+        let boundary = format!("fence-{:016x}", crate::sys::random_u64());
         let head = json!({ "name": key, "metadata": metadata }).to_string();
         // The envelope around the bytes, which are sent as they are (never copied).
         let opening = bytes::Bytes::from(format!(

@@ -26,8 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
-use crate::store::file::{lock_exclusive, Locked};
-use crate::store::random_u64;
+use crate::sys::{lock_exclusive, random_u64, Locked};
 
 pub struct LocalObjects {
     dir: PathBuf,

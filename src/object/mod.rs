@@ -335,7 +335,7 @@ pub(crate) fn transient(status: u16) -> bool {
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn retry_pause(n: usize) -> Option<std::time::Duration> {
     let base = *RETRY_PAUSES_MS.get(n)?;
-    let jitter = crate::store::random_u64() % (base / 2 + 1);
+    let jitter = crate::sys::random_u64() % (base / 2 + 1);
     Some(std::time::Duration::from_millis(base + jitter))
 }
 

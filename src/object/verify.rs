@@ -151,7 +151,7 @@ async fn prove(api: &dyn ObjectApi, url: &ObjectUrl, dir: &str) -> Result<(), Er
     let (create, update) = names(url);
     let probe = join(
         dir,
-        &format!(".fence/probe-{:016x}", crate::store::random_u64()),
+        &format!(".fence/probe-{:016x}", crate::sys::random_u64()),
     );
     let probe = probe.as_str();
     let none = BTreeMap::new();

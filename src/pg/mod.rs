@@ -29,7 +29,7 @@ use tokio_postgres::tls::TlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
 use crate::error::Error;
-use crate::store::random_u64;
+use crate::sys::random_u64;
 
 mod libpq_files;
 pub mod session;

@@ -329,20 +329,6 @@ pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
-/// for owner ids and temporary file names; not for secrets).
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
-
 /// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>` on
 /// PostgreSQL, directory `bench-<pid>` inside the local store. Returns the spec and schema.
 pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {

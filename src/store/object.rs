@@ -45,9 +45,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, ObjectUrl, Put};
 use crate::store::{
-    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released,
-    ResourceView, State, Waiter,
+    ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
+    Waiter,
 };
+use crate::sys::random_u64;
 
 const FORMAT_VERSION: i32 = 1;
 /// Attempts before a decision that keeps losing races gives up (exit 7, safe to retry).

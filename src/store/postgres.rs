@@ -42,9 +42,10 @@ use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
-    random_u64, ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
-    LeaseRef, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
+    ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease, LeaseRef,
+    PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
+use crate::sys::random_u64;
 
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {

@@ -17,7 +17,7 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::disk::share;
+use crate::sys::share;
 
 /// What a high-water file holds.
 pub(super) enum Mark {

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::disk::{replace, share};
+use crate::sys::{replace, share};
 
 /// A log larger than this is pruned at the next append.
 pub(crate) const MAX_LOG_BYTES: u64 = 4 << 20;

@@ -15,8 +15,6 @@
 //! [`waiters`] (who waits, for `--wait`).
 
 mod counter;
-mod disk;
-mod lock;
 mod log;
 mod ops;
 mod record;
@@ -29,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Error;
 
-pub(crate) use lock::{lock_exclusive, Locked};
 use log::EventLine;
 use record::Record;
 
@@ -182,7 +179,7 @@ impl FileCoordinator {
     fn write_record(&self, path: &Path, record: &Record, durable: bool) -> Result<(), Error> {
         let body = serde_json::to_vec(record)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        disk::replace(path, &body, durable)
+        crate::sys::replace(path, &body, durable)
             .map_err(|err| self.io_error("write the lease record", path, &err))
     }
 

@@ -26,8 +26,8 @@ impl FileCoordinator {
         change(self, record, &paths)
     }
 
-    fn lock(&self, path: &std::path::Path) -> Result<super::Locked, Error> {
-        super::lock_exclusive(path).map_err(|(what, err)| self.io_error(what, path, &err))
+    fn lock(&self, path: &std::path::Path) -> Result<crate::sys::Locked, Error> {
+        crate::sys::lock_exclusive(path).map_err(|(what, err)| self.io_error(what, path, &err))
     }
 
     /// The next token for a new grant: above the record's, the high-water mark's and the

@@ -7,13 +7,13 @@ use std::fs;
 use std::io::ErrorKind;
 
 use super::counter::{self, Mark};
-use super::disk::sweep_temporaries;
 use super::log;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
 use crate::config::percent_decode;
 use crate::error::Error;
 use crate::store::{Event, Finding, Inspection, ResourceView, State};
+use crate::sys::sweep_temporaries;
 
 impl FileCoordinator {
     /// Removes temporary files of killed processes (records and pruned logs being written).

@@ -1,0 +1,142 @@
+//! System mechanics that know nothing of leases or tokens: randomness, file locks, atomic
+//! replacement of files and the sweep of temporaries. A leaf: it imports nothing of fence's.
+//!
+//! Sharing rule (for the directory store and `file://` objects): a file fence creates in a
+//! directory gets that directory's read and write bits (`dir mode & 0o666`), whatever the
+//! creating process's umask. A directory shared by a group (`chmod 2775 dir`, set-group-id so
+//! new files join the group) thus gets group-writable lock files, logs and high-water files; a
+//! private one (`0700`) stays private. Only the file's owner can change its mode, so a file
+//! someone else created keeps the mode it was given.
+//!
+//! Lock files hold nothing; only the `flock` on them matters, and it ends when the descriptor
+//! is closed, so a killed process never leaves anything locked.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, ErrorKind, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+/// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
+/// for owner ids and temporary file names; not for secrets).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+/// Applies the sharing rule to `file`, just opened or created at `path`. Best effort: a
+/// file that cannot be changed (not ours) keeps its mode.
+pub fn share(file: &File, path: &Path) {
+    let Some(dir_mode) = path
+        .parent()
+        .and_then(|dir| fs::metadata(dir).ok())
+        .map(|m| m.mode())
+    else {
+        return;
+    };
+    let wanted = dir_mode & 0o666;
+    let Ok(meta) = file.metadata() else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let mine = meta.uid() == unsafe { libc::geteuid() };
+    if mine && meta.mode() & 0o777 != wanted {
+        let _ = file.set_permissions(fs::Permissions::from_mode(wanted));
+    }
+}
+
+/// The prefix of temporary files: `.tmp-<pid>-<random>`.
+const TMP_PREFIX: &str = ".tmp-";
+
+/// Replaces `path` with `body` by write-to-temp and rename; `durable` also fsyncs the file
+/// before and the directory after the rename.
+pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        "{TMP_PREFIX}{}-{:016x}",
+        std::process::id(),
+        random_u64()
+    ));
+    let result = (|| -> io::Result<()> {
+        let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        share(&file, &tmp);
+        file.write_all(body)?;
+        if durable {
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, path)?;
+        if durable {
+            File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Removes the temporary files in `dir` whose process is gone (killed between creating and
+/// renaming them). Returns how many were removed.
+pub fn sweep_temporaries(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(TMP_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// An exclusive `flock` on a lock file, held until dropped (the lock ends when the file is
+/// closed).
+pub struct Locked {
+    _file: File,
+}
+
+/// Opens (creating) `path` and takes an exclusive `flock` on it, retrying when interrupted.
+/// A lock file fence creates gets the sharing rule of [`share`], so that every user who can
+/// write the store's directory can open it. On failure, says which step failed ("open the
+/// lock file" or "lock") with the OS error.
+pub fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|err| ("open the lock file", err))?;
+    share(&file, path);
+    loop {
+        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(Locked { _file: file });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != ErrorKind::Interrupted {
+            return Err(("lock", err));
+        }
+    }
+}
