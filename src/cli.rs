@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
+    parse_instant, parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
     parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
@@ -59,8 +59,8 @@ pub struct GlobalArgs {
     )]
     pub schema: String,
 
-    /// Output format: `human` tables and sentences, one `json` object, or `env` lines for
-    /// `eval` (acquire only).
+    /// Output format: `human` tables and sentences, one `json` object, `env` lines for `eval`
+    /// (acquire only), or `ndjson`, one JSON object per event (log only).
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 
@@ -81,6 +81,8 @@ pub enum Format {
     Json,
     /// Shell-quoted `export FENCE_…=…` lines (acquire only).
     Env,
+    /// One JSON object per line, one line per event (log only), for `jq` and log shippers.
+    Ndjson,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -100,6 +102,7 @@ pub enum Command {
     Renew(RenewArgs),
     Release(ReleaseArgs),
     Inspect(InspectArgs),
+    Log(LogArgs),
     Write(Box<WriteArgs>),
     Protect(ProtectArgs),
     Grant(GrantArgs),
@@ -117,6 +120,7 @@ impl Command {
             Command::Renew(_) => "renew",
             Command::Release(_) => "release",
             Command::Inspect(_) => "inspect",
+            Command::Log(_) => "log",
             Command::Write(_) => "write",
             Command::Protect(_) => "protect",
             Command::Grant(_) => "grant",
@@ -336,6 +340,74 @@ pub struct InspectArgs {
     #[arg(long, value_name = "TABLE", requires = "target", conflicts_with_all = ["resources", "history"])]
     pub table: Option<String>,
 }
+
+/// One ordered timeline of leases and fenced writes: who held what when, and what was refused
+///
+/// The store's events (acquired with TTL and expiry, renewed, released, taken over — with when
+/// the lease it took over had expired — renew/release rejected) of every resource, or of those
+/// --resource names, oldest first; each lease's expiry as an `expired` event where nothing
+/// renewed or released it in time; and with --target, each PostgreSQL target's fenced writes
+/// (accepted, with the rows they changed, and rejected), interleaved by time. Integrity
+/// warnings follow: a token that went down, a target that accepted a token above the highest
+/// the store issued, a lease used past its TTL by the store's clock. Times are the store's
+/// and the target's clocks. --follow keeps printing events as they happen (until SIGINT).
+///
+/// Examples:
+///   fence log --resource nightly-report --since 2h
+///   fence log --resource 'nightly-*' --kind taken_over --kind write_rejected --format json
+///   fence log --since 2026-12-04T02:50:00Z --until 2026-12-04T03:10:00Z --format ndjson
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct LogArgs {
+    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    #[arg(long = "resource", value_name = "GLOB")]
+    pub resources: Vec<String>,
+
+    /// Also show the fenced writes this PostgreSQL database accepted and refused (repeat for
+    /// several).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
+
+    /// Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or
+    /// a span back from now such as `2h` or `30m`.
+    #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
+    pub since: Option<i64>,
+
+    /// Only events before TIME (as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
+    pub until: Option<i64>,
+
+    /// Only events of this owner.
+    #[arg(long, value_name = "ID", value_parser = parse_name)]
+    pub owner: Option<String>,
+
+    /// Only events with this fencing token.
+    #[arg(long, value_name = "TOKEN", value_parser = parse_token)]
+    pub token: Option<i64>,
+
+    /// Only events of this kind (repeat for several).
+    #[arg(long = "kind", value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new(EVENT_KINDS))]
+    pub kinds: Vec<String>,
+
+    /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: u64,
+}
+
+/// The kinds of event `fence log` shows.
+pub const EVENT_KINDS: [&str; 11] = [
+    "acquired",
+    "reacquired",
+    "taken_over",
+    "renewed",
+    "released",
+    "expired",
+    "renew_rejected",
+    "release_rejected",
+    "write_accepted",
+    "write_rejected",
+    "pruned",
+];
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
 ///

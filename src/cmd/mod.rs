@@ -6,6 +6,7 @@ mod doctor;
 mod grant;
 mod init;
 mod inspect;
+mod log;
 mod protect;
 mod release;
 mod renew;
@@ -54,6 +55,13 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         );
         return out.error(op, None, &err);
     }
+    if out.format == Format::Ndjson && !matches!(cli.command, Command::Log(_)) {
+        let err = Error::usage(
+            format!("`--format ndjson` only applies to `fence log`, not to `fence {op}`"),
+            "use --format human or --format json",
+        );
+        return out.error(op, None, &err);
+    }
     // Commands that only talk to a target need no store.
     let needs_store = match &cli.command {
         Command::Write(_) | Command::Protect(_) | Command::Grant(_) => false,
@@ -82,6 +90,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
             protect::inspect(args, &ctx).await.map(boxed)
         }
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
+        Command::Log(args) => log::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),

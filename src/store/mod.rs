@@ -6,6 +6,7 @@
 //! owner's lease (I4). Records are never deleted, so counters survive release.
 
 pub(crate) mod file;
+pub mod history;
 mod object;
 mod postgres;
 
@@ -15,6 +16,7 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
+pub use history::{LogQuery, Logged, Pattern};
 
 /// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
 /// the coordinator's clock.
@@ -171,7 +173,7 @@ pub struct Inspection {
 }
 
 /// One entry of a resource's append-only history.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Event {
     pub at_ms: i64,
     /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
@@ -180,6 +182,14 @@ pub struct Event {
     pub owner: Option<String>,
     pub token: Option<i64>,
     pub detail: Option<String>,
+    /// A grant or renewal: the TTL it asked for and the expiry it set, by the store's clock
+    /// (`None` for events recorded before fence kept them).
+    pub ttl_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    /// A takeover: when the lease it took over had expired.
+    pub previous_expires_at_ms: Option<i64>,
+    /// A target's accepted write: the rows it changed, where the target records them.
+    pub rows: Option<i64>,
 }
 
 /// What `fence init` did.
@@ -261,6 +271,15 @@ pub trait Coordinator {
     /// Returns when the resource may have been released (a pushed wake-up, where the store
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
+
+    /// The events of the resources `query` names, within its time window, in order (oldest
+    /// first), at most `query.limit` of the most recent. Stores that cannot read a window at
+    /// the source read each resource's recent history and filter it.
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        let names = query.exact_names().unwrap_or_default();
+        let views = self.inspect(&names, query.limit).await?;
+        Ok(history::from_views(views, query))
+    }
 
     /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
     /// that waiters need only a slow fallback poll.

@@ -521,6 +521,7 @@ impl ObjectCoordinator {
                         owner: Some(change.owner.clone()),
                         token: Some(change.token),
                         detail: None,
+                        ..Event::default()
                     },
                 ));
             }
@@ -542,6 +543,7 @@ impl ObjectCoordinator {
                             owner: Some(change.owner),
                             token: Some(change.token),
                             detail: None,
+                            ..Event::default()
                         },
                     ));
                 }
@@ -560,6 +562,7 @@ impl ObjectCoordinator {
                         owner: e.owner,
                         token: e.token,
                         detail: e.detail,
+                        ..Event::default()
                     },
                 ));
             }

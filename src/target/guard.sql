@@ -29,6 +29,12 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.write_events (
     detail text
 );
 CREATE INDEX IF NOT EXISTS write_events_resource_id ON __SCHEMA__.write_events (resource, id DESC);
+-- Version 3: the rows an accepted write changed (inserted, updated and deleted, in every table
+-- outside this schema, as the transaction's own statistics count them), set by end_write;
+-- and an index for `fence log --since`, so that a window is one range however long the
+-- history. Nullable without a default: adding the column rewrites nothing.
+ALTER TABLE __SCHEMA__.write_events ADD COLUMN IF NOT EXISTS rows_affected bigint;
+CREATE INDEX IF NOT EXISTS write_events_resource_at ON __SCHEMA__.write_events (resource, at);
 
 -- Which transaction begin_write bound to which token, written only by begin_write (SECURITY
 -- DEFINER): the `fence.*` settings alone prove nothing, since any session can set them.
@@ -39,6 +45,8 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.bindings (
     token bigint NOT NULL,
     PRIMARY KEY (txid, resource)
 );
+-- Version 3: the transaction's `write_accepted` event, which end_write completes.
+ALTER TABLE __SCHEMA__.bindings ADD COLUMN IF NOT EXISTS event_id bigint;
 REVOKE ALL ON __SCHEMA__.bindings FROM PUBLIC;
 
 -- Write ids (`fence write --id KEY`): one row per resource and id, written in the same
@@ -88,6 +96,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_highest bigint;
     v_issued bigint;
+    v_event bigint;
 BEGIN
     IF p_token IS NULL OR p_token < 1 THEN
         RAISE EXCEPTION 'a fencing token is a positive integer, not %', p_token USING ERRCODE = 'LF001';
@@ -116,12 +125,13 @@ BEGIN
                   HINT = 'a newer owner has written; acquire the lease again before writing';
     END IF;
     INSERT INTO __SCHEMA__.write_events (resource, kind, owner, token)
-    VALUES (p_resource, 'write_accepted', nullif(p_owner, ''), p_token);
+    VALUES (p_resource, 'write_accepted', nullif(p_owner, ''), p_token)
+    RETURNING id INTO v_event;
     -- Every transaction below the snapshot's xmin has ended: its bindings are void.
     DELETE FROM __SCHEMA__.bindings WHERE txid < txid_snapshot_xmin(txid_current_snapshot());
-    INSERT INTO __SCHEMA__.bindings (txid, resource, token)
-    VALUES (txid_current(), p_resource, p_token)
-    ON CONFLICT (txid, resource) DO UPDATE SET token = EXCLUDED.token;
+    INSERT INTO __SCHEMA__.bindings (txid, resource, token, event_id)
+    VALUES (txid_current(), p_resource, p_token, v_event)
+    ON CONFLICT (txid, resource) DO UPDATE SET token = EXCLUDED.token, event_id = EXCLUDED.event_id;
     PERFORM set_config('fence.resource', p_resource, true),
             set_config('fence.token', p_token::text, true),
             set_config('fence.txid', txid_current()::text, true);
@@ -168,6 +178,14 @@ BEGIN
             USING ERRCODE = 'LF010',
                   HINT = 'nothing was applied; raise --timeout if the SQL needs longer';
     END IF;
+    -- The rows the write changed, for `fence log`: this transaction's own counts (rows its
+    -- triggers changed included; TRUNCATE counts none), outside fence's schema.
+    UPDATE __SCHEMA__.write_events e
+    SET rows_affected = (SELECT coalesce(sum(t.n_tup_ins + t.n_tup_upd + t.n_tup_del), 0)
+                           FROM pg_stat_xact_user_tables t WHERE t.schemaname <> '__SCHEMA__')
+    FROM __SCHEMA__.bindings b
+    WHERE b.txid = txid_current_if_assigned() AND b.resource = p_resource AND b.token = p_token
+      AND e.id = b.event_id;
 END
 $fn$;
 
@@ -516,7 +534,7 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '2')
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '3')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- Least privilege (DESIGN §10): nothing of fence's is PUBLIC's. PostgreSQL grants EXECUTE on
