@@ -37,6 +37,9 @@ _fence() {
             fence,inspect)
                 cmd="fence__subcmd__inspect"
                 ;;
+            fence,log)
+                cmd="fence__subcmd__log"
+                ;;
             fence,protect)
                 cmd="fence__subcmd__protect"
                 ;;
@@ -73,6 +76,9 @@ _fence() {
             fence__subcmd__help,inspect)
                 cmd="fence__subcmd__help__subcmd__inspect"
                 ;;
+            fence__subcmd__help,log)
+                cmd="fence__subcmd__help__subcmd__log"
+                ;;
             fence__subcmd__help,protect)
                 cmd="fence__subcmd__help__subcmd__protect"
                 ;;
@@ -95,7 +101,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init doctor bench help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect log write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -110,7 +116,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -152,7 +158,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -210,7 +216,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -244,7 +250,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -282,7 +288,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -297,7 +303,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect write protect grant init doctor bench help"
+            opts="acquire run renew release inspect log write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -408,6 +414,20 @@ _fence() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        fence__subcmd__help__subcmd__log)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         fence__subcmd__help__subcmd__protect)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -498,7 +518,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -552,7 +572,69 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__log)
+            opts="-q -h --resource --target --since --until --owner --token --kind --limit --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --resource)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --since)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --until)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --owner)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kind)
+                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected write_accepted write_rejected pruned" -- "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -594,7 +676,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -632,7 +714,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -674,7 +756,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -724,7 +806,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -810,7 +892,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)

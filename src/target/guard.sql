@@ -178,11 +178,24 @@ BEGIN
             USING ERRCODE = 'LF010',
                   HINT = 'nothing was applied; raise --timeout if the SQL needs longer';
     END IF;
-    -- The rows the write changed, for `fence log`: this transaction's own counts (rows its
-    -- triggers changed included; TRUNCATE counts none), outside fence's schema.
+    -- The rows the write changed, for `fence log`: the server's counts of rows inserted,
+    -- updated and deleted in the tables this transaction took for writing (RowExclusiveLock;
+    -- rows its triggers changed included, TRUNCATE counts none), fence's own tables left out.
+    -- Read from this backend's lock table, not by scanning pg_class: the cost follows the
+    -- tables written, not the database. The counts are the session's not yet sent to the
+    -- statistics collector, so rows an earlier transaction of the same session changed in the
+    -- same tables may be counted too (never for `fence write`, whose session does nothing else).
     UPDATE __SCHEMA__.write_events e
-    SET rows_affected = (SELECT coalesce(sum(t.n_tup_ins + t.n_tup_upd + t.n_tup_del), 0)
-                           FROM pg_stat_xact_user_tables t WHERE t.schemaname <> '__SCHEMA__')
+    SET rows_affected = (SELECT coalesce(sum(pg_stat_get_xact_tuples_inserted(l.relation)
+                                             + pg_stat_get_xact_tuples_updated(l.relation)
+                                             + pg_stat_get_xact_tuples_deleted(l.relation)), 0)
+                           FROM pg_locks l
+                          WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+                            AND l.mode = 'RowExclusiveLock' AND l.granted
+                            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                            AND l.relation NOT IN ('__SCHEMA__.target_meta'::regclass, '__SCHEMA__.guards'::regclass,
+                                                   '__SCHEMA__.write_events'::regclass, '__SCHEMA__.bindings'::regclass,
+                                                   '__SCHEMA__.write_ledger'::regclass))
     FROM __SCHEMA__.bindings b
     WHERE b.txid = txid_current_if_assigned() AND b.resource = p_resource AND b.token = p_token
       AND e.id = b.event_id;

@@ -1,0 +1,340 @@
+//! `fence log` (issue 19): the incident — A acquires with a TTL, A's lease runs out, B takes
+//! over, B writes (3 rows), A's late renew and late write are refused, B releases — read back
+//! as one timeline, in order, with TTLs, expiries and rows, in human, JSON and ndjson forms,
+//! on the directory store and on PostgreSQL (with a PostgreSQL target either way); and the
+//! filters narrow it to exactly the events they name.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{pg_exec, wait_for, Store};
+use serde_json::Value;
+
+/// The store, and the PostgreSQL database and schema the writes go to.
+struct Incident {
+    store: Store,
+    /// The target (the store itself on PostgreSQL).
+    target: Store,
+}
+
+impl Incident {
+    fn new(store: Store) -> Incident {
+        let target = Store::postgres();
+        let incident = Incident { store, target };
+        let schema = incident.schema();
+        pg_exec(
+            &incident.target.url,
+            &format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.totals (n int); \
+                 INSERT INTO {schema}.totals VALUES (1), (2), (3)"
+            ),
+        );
+        incident
+    }
+
+    /// fence's schema in the target, which holds the table too: the store's own on
+    /// PostgreSQL (the store's database is the target).
+    fn schema(&self) -> String {
+        self.store
+            .schema
+            .clone()
+            .or_else(|| self.target.schema.clone())
+            .unwrap()
+    }
+
+    /// `fence` on the store, with the target's schema (the store's own on PostgreSQL).
+    fn fence(&self) -> common::Fence {
+        let fence = self.store.fence();
+        match self.store.schema {
+            Some(_) => fence,
+            None => fence.args(["--schema", &self.schema()]),
+        }
+    }
+
+    fn write(&self, owner: &str, token: &str) -> common::Out {
+        let sql = format!("UPDATE {}.totals SET n = n + 10", self.schema());
+        self.fence()
+            .args(["write", "job", "--owner", owner, "--token", token])
+            .args(["--target", &self.target.url, "--sql", &sql])
+            .run()
+    }
+
+    /// Plays the incident; returns A's lease expiry as the store reported it.
+    fn play(&self) -> String {
+        let a = self
+            .fence()
+            .args([
+                "acquire", "job", "--owner", "A", "--ttl", "1s", "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json();
+        assert_eq!(a["token"], 1);
+        wait_for("A's lease to expire", Duration::from_secs(10), || {
+            let view = self
+                .fence()
+                .args(["inspect", "job", "--format", "json"])
+                .run()
+                .expect(0)
+                .json();
+            view["resources"][0]["state"] == "expired"
+        });
+        let b = self
+            .fence()
+            .args([
+                "acquire", "job", "--owner", "B", "--ttl", "30s", "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json();
+        assert_eq!(b["token"], 2);
+        self.write("B", "2").expect(0);
+        self.fence()
+            .args(["renew", "job", "--owner", "A", "--token", "1"])
+            .run()
+            .expect(4);
+        self.write("A", "1").expect(4);
+        self.fence()
+            .args(["release", "job", "--owner", "B", "--token", "2"])
+            .run()
+            .expect(0);
+        a["lease_expires_at"].as_str().unwrap().to_owned()
+    }
+
+    fn log(&self, args: &[&str]) -> common::Out {
+        self.fence()
+            .args(["log", "--resource", "job", "--target", &self.target.url])
+            .args(args)
+            .run()
+            .expect(0)
+    }
+}
+
+const ORDER: [(&str, &str, i64); 7] = [
+    ("acquired", "A", 1),
+    ("expired", "A", 1),
+    ("taken_over", "B", 2),
+    ("write_accepted", "B", 2),
+    ("renew_rejected", "A", 1),
+    ("write_rejected", "A", 1),
+    ("released", "B", 2),
+];
+
+fn kinds(events: &[Value]) -> Vec<(String, String, i64)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().unwrap_or("-").to_owned(),
+                e["token"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn expected(filter: impl Fn(&(&str, &str, i64)) -> bool) -> Vec<(String, String, i64)> {
+    ORDER
+        .iter()
+        .filter(|e| filter(e))
+        .map(|(k, o, t)| (k.to_string(), o.to_string(), *t))
+        .collect()
+}
+
+fn incident_timeline(store: Store) {
+    let incident = Incident::new(store);
+    let a_expires = incident.play();
+    let json = incident.log(&["--format", "json"]).json();
+    let events = json["events"].as_array().unwrap().clone();
+    assert_eq!(kinds(&events), expected(|_| true), "{json:#}");
+    assert_eq!(json["integrity_ok"], true, "{json:#}");
+    assert_eq!(json["truncated"], false);
+    // A's grant: its TTL and the expiry it set; the expiry at that instant; B's takeover says
+    // when A's lease had expired; B's write changed the 3 rows.
+    assert_eq!(events[0]["ttl_ms"], 1000);
+    assert_eq!(events[0]["expires_at"], a_expires.as_str());
+    assert_eq!(events[1]["at"], a_expires.as_str());
+    assert_eq!(events[1]["derived"], true);
+    assert_eq!(events[2]["ttl_ms"], 30000);
+    assert_eq!(events[2]["previous_expires_at"], a_expires.as_str());
+    assert_eq!(events[3]["rows"], 3);
+    assert_eq!(events[3]["source"], "target");
+    assert_eq!(events[5]["source"], "target");
+    let times: Vec<&str> = events.iter().map(|e| e["at"].as_str().unwrap()).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted, "oldest first");
+
+    // ndjson: the same events, one object per line.
+    let ndjson = incident.log(&["--format", "ndjson"]);
+    let lines: Vec<Value> = ndjson
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, events);
+
+    // Human: one table row per event, in the same order, with the TTL and the rows.
+    let human = incident.log(&[]).stdout;
+    let rows: Vec<&str> = human.lines().filter(|l| l.contains(" job ")).collect();
+    assert_eq!(rows.len(), ORDER.len(), "{human}");
+    for (row, (kind, owner, token)) in rows.iter().zip(ORDER) {
+        let cells: Vec<&str> = row.split('┆').map(|c| c.trim()).collect();
+        assert_eq!((cells[3], cells[4]), (kind, owner), "{human}");
+        assert_eq!(cells[5], token.to_string(), "{human}");
+    }
+    assert!(rows[0].contains("ttl 1.0s, expires"), "{human}");
+    assert!(
+        rows[2].contains(&format!("previous lease expired {a_expires}")),
+        "{human}"
+    );
+    assert!(rows[3].contains("3 rows"), "{human}");
+
+    // Filters.
+    let filtered = |args: &[&str]| {
+        let mut all = vec!["--format", "json"];
+        all.extend_from_slice(args);
+        kinds(incident.log(&all).json()["events"].as_array().unwrap())
+    };
+    assert_eq!(filtered(&["--owner", "A"]), expected(|e| e.1 == "A"));
+    assert_eq!(filtered(&["--token", "2"]), expected(|e| e.2 == 2));
+    assert_eq!(
+        filtered(&["--kind", "write_rejected", "--kind", "expired"]),
+        expected(|e| e.0 == "write_rejected" || e.0 == "expired")
+    );
+    let takeover = events[2]["at"].as_str().unwrap();
+    let released = events[6]["at"].as_str().unwrap();
+    assert_eq!(
+        filtered(&["--since", takeover, "--until", released]),
+        expected(|e| !["acquired", "expired", "released"].contains(&e.0))
+    );
+    assert_eq!(filtered(&["--since", "1h"]), expected(|_| true));
+    assert_eq!(filtered(&["--until", "2h"]), expected(|_| false));
+    // A glob, and a resource with no events.
+    let all = incident
+        .fence()
+        .args(["log", "--resource", "j*", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(all["events"].as_array().unwrap().len(), 5);
+    let none = incident
+        .fence()
+        .args(["log", "--resource", "other", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(none["events"], Value::Array(Vec::new()));
+    // --limit keeps the newest, and says so.
+    let limited = incident
+        .fence()
+        .args([
+            "log",
+            "--resource",
+            "job",
+            "--limit",
+            "2",
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(limited["truncated"], true);
+    assert_eq!(
+        kinds(limited["events"].as_array().unwrap()),
+        expected(|e| e.0 == "renew_rejected" || e.0 == "released")
+    );
+}
+
+#[test]
+fn file_store_incident_timeline() {
+    incident_timeline(Store::file());
+}
+
+#[test]
+fn postgres_incident_timeline() {
+    incident_timeline(Store::postgres());
+}
+
+/// `--format ndjson` is for `fence log` only; a failure is one JSON line.
+#[test]
+fn ndjson_is_for_log_only() {
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args(["inspect", "--format", "ndjson"])
+        .run()
+        .expect(2);
+    let err = out.json();
+    assert_eq!(err["error"], "usage");
+    let bad = store
+        .fence()
+        .args(["log", "--since", "yesterday", "--format", "ndjson"])
+        .run()
+        .expect(2);
+    assert_eq!(bad.json()["ok"], false);
+}
+
+/// A version-3 schema (events without TTLs) is read as it is, and `fence init` migrates it:
+/// the grants after that carry their TTL and expiry.
+#[test]
+fn postgres_a_version_3_schema_is_read_then_migrated() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "5s", "-q"])
+        .run()
+        .expect(0);
+    pg_exec(
+        &store.url,
+        &format!(
+            "ALTER TABLE {s}.events DROP COLUMN ttl_ms, DROP COLUMN expires_at, \
+             DROP COLUMN previous_expires_at; \
+             ALTER TABLE {s}.leases DROP COLUMN previous_expires_at; \
+             UPDATE {s}.meta SET value = '3' WHERE key = 'schema_version'"
+        ),
+    );
+    let log = |store: &Store| {
+        store
+            .fence()
+            .args(["log", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()["events"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let before = log(&store);
+    assert_eq!(kinds(&before), [("acquired".into(), "A".into(), 1)]);
+    assert_eq!(before[0].get("ttl_ms"), None);
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        (init["action"].as_str(), init["schema_version"].as_i64()),
+        (Some("migrated"), Some(4))
+    );
+    store
+        .fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "B", "--ttl", "7s", "-q"])
+        .run()
+        .expect(0);
+    let after = log(&store);
+    assert_eq!(after.len(), 3);
+    assert_eq!(
+        (after[2]["kind"].as_str(), after[2]["ttl_ms"].as_i64()),
+        (Some("acquired"), Some(7000))
+    );
+}
