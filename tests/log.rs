@@ -338,3 +338,175 @@ fn postgres_a_version_3_schema_is_read_then_migrated() {
         (Some("acquired"), Some(7000))
     );
 }
+
+/// The warnings of a timeline, as (kind, resource).
+fn warnings(json: &Value) -> Vec<(String, String)> {
+    json["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["kind"].as_str().unwrap().to_owned(),
+                w["resource"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A lease used past its TTL — a write accepted with its token and a release after its expiry,
+/// by the store's clock — is warned about; so is a target that accepted a token above every
+/// token the store issued. Both in the timeline, and the latter in `inspect` too.
+fn integrity_held_past_ttl_and_target_ahead(store: Store) {
+    let incident = Incident::new(store);
+    incident
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
+        .run()
+        .expect(0);
+    wait_for("A's lease to expire", Duration::from_secs(10), || {
+        let view = incident
+            .fence()
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        view["resources"][0]["state"] == "expired"
+    });
+    // No newer token has written: the target cannot know, and accepts.
+    incident.write("A", "1").expect(0);
+    incident
+        .fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    let json = incident.log(&["--format", "json"]).json();
+    assert_eq!(
+        kinds(json["events"].as_array().unwrap()),
+        [
+            ("acquired".into(), "A".into(), 1),
+            ("expired".into(), "A".into(), 1),
+            ("write_accepted".into(), "A".into(), 1),
+            ("released".into(), "A".into(), 1),
+        ]
+    );
+    assert_eq!(json["integrity_ok"], false);
+    assert_eq!(
+        warnings(&json),
+        [
+            ("held_past_ttl".into(), "job".into()),
+            ("held_past_ttl".into(), "job".into())
+        ],
+        "{json:#}"
+    );
+
+    // The target's guard row raised by hand above anything the store issued.
+    pg_exec(
+        &incident.target.url,
+        &format!(
+            "UPDATE {}.guards SET highest_token = 9 WHERE resource = 'job'",
+            incident.schema()
+        ),
+    );
+    let json = incident.log(&["--format", "json"]).json();
+    assert!(
+        warnings(&json).contains(&("target_ahead".into(), "job".into())),
+        "{json:#}"
+    );
+    let human = incident.log(&[]).stdout;
+    assert!(human.contains("warning (target_ahead): "), "{human}");
+    let inspect = incident
+        .fence()
+        .args([
+            "inspect",
+            "job",
+            "--target",
+            &incident.target.url,
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(inspect["integrity_ok"], false);
+    assert_eq!(inspect["warnings"][0]["kind"], "target_ahead");
+}
+
+#[test]
+fn file_store_integrity_held_past_ttl_and_target_ahead() {
+    integrity_held_past_ttl_and_target_ahead(Store::file());
+}
+
+#[test]
+fn postgres_integrity_held_past_ttl_and_target_ahead() {
+    integrity_held_past_ttl_and_target_ahead(Store::postgres());
+}
+
+/// A grant whose token is not above an earlier grant's (a store restored from an older copy)
+/// is warned about in the timeline and in `inspect`; the healthy history before it is not.
+fn integrity_token_regressed(store: &Store, regress: impl Fn(&Store)) {
+    for owner in ["A", "B"] {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", owner, "--ttl", "30s", "-q"])
+            .run()
+            .expect(0);
+        let token = if owner == "A" { "1" } else { "2" };
+        store
+            .fence()
+            .args(["release", "job", "--owner", owner, "--token", token])
+            .run()
+            .expect(0);
+    }
+    let log = |store: &Store| {
+        store
+            .fence()
+            .args(["log", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()
+    };
+    let healthy = log(store);
+    assert_eq!(healthy["integrity_ok"], true, "{healthy:#}");
+    regress(store);
+    let json = log(store);
+    assert_eq!(
+        warnings(&json),
+        [("token_regressed".into(), "job".into())],
+        "{json:#}"
+    );
+    let inspect = store
+        .fence()
+        .args(["inspect", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        inspect["warnings"][0]["kind"], "token_regressed",
+        "{inspect:#}"
+    );
+}
+
+#[test]
+fn file_store_integrity_token_regressed() {
+    integrity_token_regressed(&Store::file(), |store| {
+        let log = store.dir().join("events/job.jsonl");
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str(r#"{"at_ms":4102444800000,"kind":"acquired","owner":"C","token":1}"#);
+        text.push('\n');
+        std::fs::write(&log, text).unwrap();
+    });
+}
+
+#[test]
+fn postgres_integrity_token_regressed() {
+    integrity_token_regressed(&Store::postgres(), |store| {
+        let s = store.schema.clone().unwrap();
+        pg_exec(
+            &store.url,
+            &format!(
+                "INSERT INTO {s}.events (resource, kind, owner, token) VALUES ('job', 'acquired', 'C', 1)"
+            ),
+        );
+    });
+}
