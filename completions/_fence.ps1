@@ -37,6 +37,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
             [CompletionResult]::new('log', 'log', [CompletionResultType]::ParameterValue, 'One ordered timeline of leases and fenced writes: who held what when, and what was refused')
+            [CompletionResult]::new('metrics', 'metrics', [CompletionResultType]::ParameterValue, 'Print the store''s (and targets'') state and history as Prometheus metrics')
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database or an object with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
@@ -66,6 +67,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--ttl', '--ttl', [CompletionResultType]::ParameterName, 'The lease length; fence renews about every third of it')
             [CompletionResult]::new('--wait', '--wait', [CompletionResultType]::ParameterName, 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first')
             [CompletionResult]::new('--kill-after', '--kill-after', [CompletionResultType]::ParameterName, 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL')
+            [CompletionResult]::new('--metrics-file', '--metrics-file', [CompletionResultType]::ParameterName, 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter''s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector''s directory')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)')
@@ -129,6 +131,19 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Only events with this fencing token')
             [CompletionResult]::new('--kind', '--kind', [CompletionResultType]::ParameterName, 'Only events of this kind (repeat for several)')
             [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`')
+            [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
+            [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
+            [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')
+            break
+        }
+        'fence;metrics' {
+            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource')
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)')
@@ -246,6 +261,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('release', 'release', [CompletionResultType]::ParameterValue, 'Give a lease up so that another owner can take it at once')
             [CompletionResult]::new('inspect', 'inspect', [CompletionResultType]::ParameterValue, 'Show who holds what, with which token, and what happened lately')
             [CompletionResult]::new('log', 'log', [CompletionResultType]::ParameterValue, 'One ordered timeline of leases and fenced writes: who held what when, and what was refused')
+            [CompletionResult]::new('metrics', 'metrics', [CompletionResultType]::ParameterValue, 'Print the store''s (and targets'') state and history as Prometheus metrics')
             [CompletionResult]::new('write', 'write', [CompletionResultType]::ParameterValue, 'Write to a protected PostgreSQL database or an object with your fencing token.')
             [CompletionResult]::new('protect', 'protect', [CompletionResultType]::ParameterValue, 'Make every write to a table go through the fence.')
             [CompletionResult]::new('grant', 'grant', [CompletionResultType]::ParameterValue, 'Give a role exactly what a fenced writer (or a reader) needs in a target database.')
@@ -271,6 +287,9 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;help;log' {
+            break
+        }
+        'fence;help;metrics' {
             break
         }
         'fence;help;write' {

@@ -40,6 +40,9 @@ _fence() {
             fence,log)
                 cmd="fence__subcmd__log"
                 ;;
+            fence,metrics)
+                cmd="fence__subcmd__metrics"
+                ;;
             fence,protect)
                 cmd="fence__subcmd__protect"
                 ;;
@@ -79,6 +82,9 @@ _fence() {
             fence__subcmd__help,log)
                 cmd="fence__subcmd__help__subcmd__log"
                 ;;
+            fence__subcmd__help,metrics)
+                cmd="fence__subcmd__help__subcmd__metrics"
+                ;;
             fence__subcmd__help,protect)
                 cmd="fence__subcmd__help__subcmd__protect"
                 ;;
@@ -101,7 +107,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect log write protect grant init doctor bench help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect log metrics write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -303,7 +309,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect log write protect grant init doctor bench help"
+            opts="acquire run renew release inspect log metrics write protect grant init doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -415,6 +421,20 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__log)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__metrics)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -648,6 +668,44 @@ _fence() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        fence__subcmd__metrics)
+            opts="-q -h --resource --target --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --resource)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         fence__subcmd__protect)
             opts="-q -h --target --table --resource --remove --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -771,7 +829,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__run)
-            opts="-q -h --owner --busy-exit-code --ttl --wait --kill-after --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --busy-exit-code --ttl --wait --kill-after --metrics-file --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -794,6 +852,10 @@ _fence() {
                     return 0
                     ;;
                 --kill-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics-file)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

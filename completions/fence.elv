@@ -34,6 +34,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
             cand log 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+            cand metrics 'Print the store''s (and targets'') state and history as Prometheus metrics'
             cand write 'Write to a protected PostgreSQL database or an object with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
             cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
@@ -61,6 +62,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --ttl 'The lease length; fence renews about every third of it'
             cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
             cand --kill-after 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL'
+            cand --metrics-file 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter''s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector''s directory'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)'
@@ -120,6 +122,18 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --token 'Only events with this fencing token'
             cand --kind 'Only events of this kind (repeat for several)'
             cand --limit 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`'
+            cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
+            cand --schema 'The PostgreSQL schema that holds fence''s own tables'
+            cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)'
+            cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -q 'Print nothing on success; errors are still reported on stderr'
+            cand --quiet 'Print nothing on success; errors are still reported on stderr'
+            cand -h 'Print help (see more with ''--help'')'
+            cand --help 'Print help (see more with ''--help'')'
+        }
+        &'fence;metrics'= {
+            cand --resource 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource'
+            cand --target 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)'
@@ -230,6 +244,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand release 'Give a lease up so that another owner can take it at once'
             cand inspect 'Show who holds what, with which token, and what happened lately'
             cand log 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+            cand metrics 'Print the store''s (and targets'') state and history as Prometheus metrics'
             cand write 'Write to a protected PostgreSQL database or an object with your fencing token.'
             cand protect 'Make every write to a table go through the fence.'
             cand grant 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
@@ -249,6 +264,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         &'fence;help;inspect'= {
         }
         &'fence;help;log'= {
+        }
+        &'fence;help;metrics'= {
         }
         &'fence;help;write'= {
         }

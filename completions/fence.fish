@@ -42,6 +42,7 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "renew" -d 'Extend a lea
 complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
 complete -c fence -n "__fish_fence_needs_command" -f -a "log" -d 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+complete -c fence -n "__fish_fence_needs_command" -f -a "metrics" -d 'Print the store\'s (and targets\') state and history as Prometheus metrics'
 complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
@@ -68,6 +69,7 @@ complete -c fence -n "__fish_fence_using_subcommand run" -l busy-exit-code -d 'E
 complete -c fence -n "__fish_fence_using_subcommand run" -l ttl -d 'The lease length; fence renews about every third of it' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l metrics-file -d 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter\'s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector\'s directory' -r -F
 complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
@@ -154,6 +156,19 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand log" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l target -d 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand metrics" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`' -r
@@ -256,16 +271,17 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l renew -d 'Renew on
 complete -c fence -n "__fish_fence_using_subcommand bench" -l prefill -d 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "log" -d 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log write protect grant init doctor bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "log" -d 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "metrics" -d 'Print the store\'s (and targets\') state and history as Prometheus metrics'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

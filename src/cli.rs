@@ -103,6 +103,7 @@ pub enum Command {
     Release(ReleaseArgs),
     Inspect(InspectArgs),
     Log(LogArgs),
+    Metrics(MetricsArgs),
     Write(Box<WriteArgs>),
     Protect(ProtectArgs),
     Grant(GrantArgs),
@@ -121,6 +122,7 @@ impl Command {
             Command::Release(_) => "release",
             Command::Inspect(_) => "inspect",
             Command::Log(_) => "log",
+            Command::Metrics(_) => "metrics",
             Command::Write(_) => "write",
             Command::Protect(_) => "protect",
             Command::Grant(_) => "grant",
@@ -222,6 +224,13 @@ pub struct RunArgs {
     /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub kill_after: Duration,
+
+    /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically
+    /// (a temporary file renamed over it), for node_exporter's textfile collector: start, end,
+    /// duration, time waited for the lease, token, exit status and reason (`ok`,
+    /// `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector's directory.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<std::path::PathBuf>,
 
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
@@ -392,6 +401,31 @@ pub struct LogArgs {
     /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub limit: u64,
+}
+
+/// Print the store's (and targets') state and history as Prometheus metrics
+///
+/// The Prometheus text format on stdout, for a textfile collector or a scrape wrapper: per
+/// resource, the grants, takeovers, renewals, releases and refused renewals/releases the
+/// history holds (`fence_lease_*_total`), whether it is held, by whom, its token, when its
+/// lease expires, and who waits and since when; with --target, per PostgreSQL target and
+/// resource, the fenced writes accepted and the stale writes refused. Totals are counted from
+/// the history (PostgreSQL: one pass over the events table; the directory store keeps the
+/// last 10,000 events of a resource, so its totals can go down after a pruning, which
+/// Prometheus's rate() reads as a counter reset).
+///
+/// Example:
+///   fence metrics --resource 'nightly-*' --target postgres://app@db/app
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct MetricsArgs {
+    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    #[arg(long = "resource", value_name = "GLOB")]
+    pub resources: Vec<String>,
+
+    /// Also count the fenced writes this PostgreSQL database accepted and refused (repeat).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
 }
 
 /// The kinds of event `fence log` shows.

@@ -7,10 +7,12 @@ mod grant;
 mod init;
 mod inspect;
 mod log;
+mod metrics;
 mod protect;
 mod release;
 mod renew;
 mod run;
+mod run_metrics;
 pub mod wait;
 mod write;
 
@@ -91,6 +93,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         }
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
         Command::Log(args) => log::run(args, &ctx).await.map(boxed),
+        Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),

@@ -281,6 +281,21 @@ pub trait Coordinator {
         Ok(history::from_views(views, query))
     }
 
+    /// How many events of each kind each resource's history holds, as (resource, kind,
+    /// count): for `fence metrics`, totals since the history began (or, on the directory
+    /// store, since its retention last pruned the resource's log).
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for view in self.inspect(&[], usize::MAX).await? {
+            for event in view.events {
+                *counts
+                    .entry((view.resource.clone(), event.kind))
+                    .or_default() += 1;
+            }
+        }
+        Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
+    }
+
     /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
     /// that waiters need only a slow fallback poll.
     fn pushes_wakeups(&self) -> bool;

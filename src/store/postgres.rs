@@ -734,6 +734,22 @@ impl Coordinator for PgCoordinator {
         Ok(logged.into_iter().map(|(_, l)| l).collect())
     }
 
+    /// One pass over the events table (no index serves a count of everything).
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        let rows = self
+            .call(
+                "count the events",
+                false,
+                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2 ORDER BY 1, 2",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
+
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {
         *self.queue.borrow_mut() = Some(Queue {
             resource: resource.to_owned(),
