@@ -135,6 +135,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)')
             [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)')
+            [CompletionResult]::new('-f', '-f', [CompletionResultType]::ParameterName, 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it')
+            [CompletionResult]::new('--follow', '--follow', [CompletionResultType]::ParameterName, 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it')
             [CompletionResult]::new('-q', '-q', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('--quiet', '--quiet', [CompletionResultType]::ParameterName, 'Print nothing on success; errors are still reported on stderr')
             [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help (see more with ''--help'')')

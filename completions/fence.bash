@@ -607,7 +607,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__log)
-            opts="-q -h --resource --target --since --until --owner --token --kind --limit --store --schema --format --quiet --color --help"
+            opts="-f -q -h --resource --target --since --until --owner --token --kind --limit --follow --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

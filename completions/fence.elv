@@ -126,6 +126,8 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)'
             cand --color 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)'
+            cand -f 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
+            cand --follow 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
             cand -q 'Print nothing on success; errors are still reported on stderr'
             cand --quiet 'Print nothing on success; errors are still reported on stderr'
             cand -h 'Print help (see more with ''--help'')'

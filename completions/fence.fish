@@ -154,6 +154,7 @@ ndjson\t'One JSON object per line, one line per event (log only), for `jq` and l
 complete -c fence -n "__fish_fence_using_subcommand log" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand log" -s f -l follow -d 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
 complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand log" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r

@@ -365,6 +365,7 @@ pub struct InspectArgs {
 ///   fence log --resource nightly-report --since 2h
 ///   fence log --resource 'nightly-*' --kind taken_over --kind write_rejected --format json
 ///   fence log --since 2026-12-04T02:50:00Z --until 2026-12-04T03:10:00Z --format ndjson
+///   timeout --preserve-status -s INT 2 fence log --follow --format ndjson
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct LogArgs {
@@ -401,6 +402,12 @@ pub struct LogArgs {
     /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub limit: u64,
+
+    /// After the events so far, print each new one as it happens, one per line (human or
+    /// ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls:
+    /// PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it.
+    #[arg(long, short = 'f', conflicts_with = "until")]
+    pub follow: bool,
 }
 
 /// Print the store's (and targets') state and history as Prometheus metrics

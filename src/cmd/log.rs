@@ -8,14 +8,18 @@
 //! the lease before it, and shown as `expired` events at that instant.
 
 use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::Duration;
 
 use comfy_table::{presets, Table};
 use serde_json::{json, Map, Value};
 
-use crate::cli::LogArgs;
+use crate::cli::{Format, LogArgs};
 use crate::cmd::Context;
 use crate::error::Error;
-use crate::output::Report;
+use crate::exit::Exit;
+use crate::output::{Output, Report};
+use crate::signals::Interrupts;
 use crate::store::{Event, LogQuery, Logged, Pattern};
 use crate::target::postgres::PgTarget;
 use crate::target::TargetSpec;
@@ -56,20 +60,7 @@ pub struct Timeline {
 }
 
 pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
-    let targets = args
-        .targets
-        .iter()
-        .map(|url| {
-            let spec = TargetSpec::resolve(url)?;
-            if spec.object.is_some() {
-                return Err(Error::usage(
-                    format!("`fence log --target` reads PostgreSQL targets, not `{}`", spec.display),
-                    "an object's stored token and version are shown by `fence inspect RESOURCE --target URL`",
-                ));
-            }
-            Ok(spec)
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let targets = resolve_targets(&args.targets)?;
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let query = LogQuery {
@@ -124,20 +115,202 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             }
         }
     }
-    entries.retain(|e| {
-        let ev = &e.logged.event;
-        args.owner
-            .as_ref()
-            .is_none_or(|o| ev.owner.as_ref() == Some(o))
-            && args.token.is_none_or(|t| ev.token == Some(t))
-            && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
-    });
+    entries.retain(|e| wanted(&args, e));
     Ok(Timeline {
         entries,
         warnings,
         truncated,
         store: ctx.store_display().unwrap_or_default().to_owned(),
     })
+}
+
+/// Whether `--owner`, `--token` and `--kind` let the entry through.
+fn wanted(args: &LogArgs, entry: &Entry) -> bool {
+    let ev = &entry.logged.event;
+    args.owner
+        .as_ref()
+        .is_none_or(|o| ev.owner.as_ref() == Some(o))
+        && args.token.is_none_or(|t| ev.token == Some(t))
+        && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
+}
+
+/// The targets `--target` names: PostgreSQL databases only.
+fn resolve_targets(urls: &[String]) -> Result<Vec<TargetSpec>, Error> {
+    urls.iter()
+        .map(|url| {
+            let spec = TargetSpec::resolve(url)?;
+            if spec.object.is_some() {
+                return Err(Error::usage(
+                    format!("`fence log --target` reads PostgreSQL targets, not `{}`", spec.display),
+                    "an object's stored token and version are shown by `fence inspect RESOURCE --target URL`",
+                ));
+            }
+            Ok(spec)
+        })
+        .collect()
+}
+
+/// How far back each poll of `--follow` reads again: an event is stamped inside its
+/// transaction (or under its lock) and seen only once committed, so one that commits late
+/// carries an earlier time than events already shown. Expiries wait as long, so that a
+/// renewal committed late is not preceded by an expiry that did not happen.
+const FOLLOW_LAG_MS: i64 = 2_000;
+
+/// An event `--follow` has shown: from a target?, resource, time, kind, owner, token.
+type SeenKey = (bool, String, i64, String, Option<String>, Option<i64>);
+
+/// `fence log --follow`: the events so far, then each new one as a line of its own, until a
+/// stop signal (exit 0). A store or target that fails is read again at the next poll, with a
+/// warning when it fails and when it answers again.
+pub async fn follow(args: LogArgs, ctx: &Context, out: &Output) -> Exit {
+    match follow_events(&args, ctx, out).await {
+        Ok(()) => Exit::Success,
+        Err(err) => out.error("log", ctx.store_display(), &err),
+    }
+}
+
+async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<(), Error> {
+    if out.format == Format::Json {
+        return Err(Error::usage(
+            "`fence log --follow` prints one event per line, not one JSON object",
+            "use --format ndjson (or human) with --follow",
+        ));
+    }
+    let mut interrupts = Interrupts::install()?;
+    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets)?
+        .into_iter()
+        .map(|spec| (spec, None))
+        .collect();
+    let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let coordinator = ctx.coordinator().await?;
+    let every = match ctx.store.as_ref().map(|s| &s.kind) {
+        Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
+        _ => Duration::from_millis(200),
+    };
+    let mut expiries = Expiries::default();
+    // What was shown within the lag, so that reading it again shows nothing twice.
+    let mut seen: HashMap<SeenKey, i64> = HashMap::new();
+    let mut newest_ms = args.since;
+    let mut failing: HashMap<String, bool> = HashMap::new();
+    let mut first = true;
+    loop {
+        let since = if first {
+            args.since
+        } else {
+            newest_ms.map(|ms| ms - FOLLOW_LAG_MS)
+        };
+        let query = LogQuery {
+            patterns: &patterns,
+            since_ms: since,
+            until_ms: None,
+            limit,
+        };
+        let mut fresh: Vec<(bool, Logged)> = Vec::new();
+        let store = ctx.store_display().unwrap_or_default().to_owned();
+        match coordinator.log(&query).await {
+            Ok(events) => {
+                recovered(&mut failing, &store);
+                fresh.extend(events.into_iter().map(|l| (false, l)));
+            }
+            Err(err) => failed(&mut failing, &store, &err),
+        }
+        for (spec, target) in targets.iter_mut() {
+            let read = match target {
+                Some(t) => t.log(&query).await,
+                None => match PgTarget::connect(spec, &ctx.schema).await {
+                    Ok(t) => target.insert(t).log(&query).await,
+                    Err(err) => Err(err),
+                },
+            };
+            match read {
+                Ok(events) => {
+                    recovered(&mut failing, &spec.display);
+                    fresh.extend(events.into_iter().map(|mut l| {
+                        l.resource = format!("{}\0{}", spec.display, l.resource);
+                        (true, l)
+                    }));
+                }
+                Err(err) => {
+                    *target = None;
+                    failed(&mut failing, &spec.display, &err);
+                }
+            }
+        }
+        fresh.retain(|(target, l)| {
+            let key = (
+                *target,
+                l.resource.clone(),
+                l.at_us,
+                l.event.kind.clone(),
+                l.event.owner.clone(),
+                l.event.token,
+            );
+            seen.insert(key, l.event.at_ms).is_none()
+        });
+        fresh.sort_by_key(|(target, l)| (l.at_us, *target));
+        let mut entries = Vec::new();
+        for (target, mut logged) in fresh {
+            newest_ms = Some(newest_ms.map_or(logged.event.at_ms, |n| n.max(logged.event.at_ms)));
+            if target {
+                let (display, resource) = logged
+                    .resource
+                    .split_once('\0')
+                    .map(|(d, r)| (d.to_owned(), r.to_owned()))
+                    .unwrap_or_default();
+                logged.resource = resource;
+                entries.push(Entry {
+                    source: Source::Target(display),
+                    logged,
+                    derived: false,
+                });
+            } else {
+                entries.extend(expiries.feed(logged));
+            }
+        }
+        entries.extend(expiries.due(now_ms() - FOLLOW_LAG_MS));
+        entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
+        if let Some(newest) = newest_ms {
+            seen.retain(|_, at| *at >= newest - 2 * FOLLOW_LAG_MS);
+        }
+        for entry in entries.iter().filter(|e| wanted(args, e)) {
+            let line = match out.format {
+                Format::Ndjson => entry.json().to_string(),
+                _ => crate::output::terminal_safe(&entry.line(), false).into_owned(),
+            };
+            if !out.quiet && print(&line).is_err() {
+                // Nobody reads any more (a closed pipe): nothing left to do.
+                return Ok(());
+            }
+        }
+        first = false;
+        tokio::select! {
+            _ = interrupts.next() => return Ok(()),
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Notes a failed read of `source` (a warning the first time).
+fn failed(failing: &mut HashMap<String, bool>, source: &str, err: &Error) {
+    if !failing.insert(source.to_owned(), true).unwrap_or(false) {
+        crate::output::warn(&format!(
+            "warning: cannot read `{source}` ({err}); trying again"
+        ));
+    }
+}
+
+/// Notes a read of `source` that succeeded (a notice when it had failed).
+fn recovered(failing: &mut HashMap<String, bool>, source: &str) {
+    if failing.insert(source.to_owned(), false).unwrap_or(false) {
+        crate::output::warn(&format!("reading `{source}` again"));
+    }
+}
+
+fn print(line: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()
 }
 
 fn now_ms() -> i64 {
@@ -182,9 +355,100 @@ struct Open {
 /// A takeover whose taken-over grant is outside the window shows that lease's expiry from
 /// what the takeover recorded.
 pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> Vec<Entry> {
-    let mut open: HashMap<String, Open> = HashMap::new();
+    let mut expiries = Expiries::default();
     let mut entries = Vec::with_capacity(events.len());
-    let expired = |resource: &str, lease: Open| Entry {
+    for logged in events {
+        entries.extend(expiries.feed(logged));
+    }
+    entries.extend(expiries.due(now_ms));
+    entries.retain(|e| !e.derived || query.in_window(e.logged.event.at_ms));
+    entries
+}
+
+/// The leases the events so far have set and not seen end, by resource.
+#[derive(Default)]
+pub struct Expiries {
+    open: HashMap<String, Open>,
+}
+
+impl Expiries {
+    /// The entries for one store event, oldest first: the expiry of the resource's lease when
+    /// this event comes after it, then the event.
+    pub fn feed(&mut self, logged: Logged) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        let ev = &logged.event;
+        let resource = logged.resource.clone();
+        if ev.kind == "taken_over" && !self.open.contains_key(&resource) {
+            if let Some(previous) = ev.previous_expires_at_ms {
+                self.open.insert(
+                    resource.clone(),
+                    Open {
+                        owner: None,
+                        token: None,
+                        ttl_ms: None,
+                        expires_at_ms: previous,
+                    },
+                );
+            }
+        }
+        if ev.kind != "pruned"
+            && self
+                .open
+                .get(&resource)
+                .is_some_and(|o| o.expires_at_ms <= ev.at_ms)
+        {
+            if let Some(lease) = self.open.remove(&resource) {
+                entries.push(expired(&resource, lease));
+            }
+        }
+        match ev.kind.as_str() {
+            "acquired" | "reacquired" | "taken_over" | "renewed" => match ev.expires_at_ms {
+                Some(expires_at_ms) => {
+                    self.open.insert(
+                        resource,
+                        Open {
+                            owner: ev.owner.clone(),
+                            token: ev.token,
+                            ttl_ms: ev.ttl_ms,
+                            expires_at_ms,
+                        },
+                    );
+                }
+                // Recorded before fence kept expiries: this lease's end is unknown.
+                None => {
+                    self.open.remove(&resource);
+                }
+            },
+            "released" => {
+                self.open.remove(&resource);
+            }
+            _ => {}
+        }
+        entries.push(Entry {
+            source: Source::Store,
+            logged,
+            derived: false,
+        });
+        entries
+    }
+
+    /// The expiries at or before `now_ms` not yet shown, by resource name.
+    pub fn due(&mut self, now_ms: i64) -> Vec<Entry> {
+        let mut due: Vec<String> = self
+            .open
+            .iter()
+            .filter(|(_, o)| o.expires_at_ms <= now_ms)
+            .map(|(r, _)| r.clone())
+            .collect();
+        due.sort();
+        due.into_iter()
+            .filter_map(|r| self.open.remove(&r).map(|o| expired(&r, o)))
+            .collect()
+    }
+}
+
+fn expired(resource: &str, lease: Open) -> Entry {
+    Entry {
         source: Source::Store,
         derived: true,
         logged: Logged {
@@ -207,69 +471,7 @@ pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> 
                 ..Event::default()
             },
         },
-    };
-    for logged in events {
-        let ev = &logged.event;
-        let resource = logged.resource.clone();
-        if ev.kind == "taken_over" && !open.contains_key(&resource) {
-            if let Some(previous) = ev.previous_expires_at_ms {
-                open.insert(
-                    resource.clone(),
-                    Open {
-                        owner: None,
-                        token: None,
-                        ttl_ms: None,
-                        expires_at_ms: previous,
-                    },
-                );
-            }
-        }
-        if ev.kind != "pruned"
-            && open
-                .get(&resource)
-                .is_some_and(|o| o.expires_at_ms <= ev.at_ms)
-        {
-            if let Some(lease) = open.remove(&resource) {
-                entries.push(expired(&resource, lease));
-            }
-        }
-        match ev.kind.as_str() {
-            "acquired" | "reacquired" | "taken_over" | "renewed" => match ev.expires_at_ms {
-                Some(expires_at_ms) => {
-                    open.insert(
-                        resource,
-                        Open {
-                            owner: ev.owner.clone(),
-                            token: ev.token,
-                            ttl_ms: ev.ttl_ms,
-                            expires_at_ms,
-                        },
-                    );
-                }
-                // Recorded before fence kept expiries: this lease's end is unknown.
-                None => {
-                    open.remove(&resource);
-                }
-            },
-            "released" => {
-                open.remove(&resource);
-            }
-            _ => {}
-        }
-        entries.push(Entry {
-            source: Source::Store,
-            logged,
-            derived: false,
-        });
     }
-    let mut ran_out: Vec<(String, Open)> = open
-        .into_iter()
-        .filter(|(_, o)| o.expires_at_ms <= now_ms)
-        .collect();
-    ran_out.sort_by(|a, b| a.0.cmp(&b.0));
-    entries.extend(ran_out.into_iter().map(|(r, o)| expired(&r, o)));
-    entries.retain(|e| !e.derived || query.in_window(e.logged.event.at_ms));
-    entries
 }
 
 /// What the timeline itself proves wrong: a grant whose token is not above the resource's
@@ -403,6 +605,29 @@ impl Entry {
         }
         map.insert("detail".into(), json!(ev.detail));
         object
+    }
+
+    /// One line for `--follow`: the table's columns, separated by two spaces.
+    fn line(&self) -> String {
+        let ev = &self.logged.event;
+        let mut fields = vec![
+            time::rfc3339(ev.at_ms),
+            self.logged.resource.clone(),
+            match &self.source {
+                Source::Store => "store".to_owned(),
+                Source::Target(target) => target.clone(),
+            },
+            ev.kind.clone(),
+            ev.owner.clone().unwrap_or_else(|| "-".into()),
+            ev.token
+                .map_or_else(|| "-".into(), |t| format!("token {t}")),
+        ];
+        fields.extend(
+            [self.lease_text(), ev.detail.clone().unwrap_or_default()]
+                .into_iter()
+                .filter(|f| !f.is_empty()),
+        );
+        fields.join("  ")
     }
 
     /// The LEASE column: the TTL and expiry a grant or renewal set, a takeover's previous

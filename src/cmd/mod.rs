@@ -92,6 +92,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
             protect::inspect(args, &ctx).await.map(boxed)
         }
         Command::Inspect(args) => inspect::run(args, &ctx).await.map(boxed),
+        Command::Log(args) if args.follow => return log::follow(args, &ctx, out).await,
         Command::Log(args) => log::run(args, &ctx).await.map(boxed),
         Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
