@@ -118,7 +118,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --target 'Also show the fenced writes this PostgreSQL database accepted and refused (repeat for several)'
             cand --since 'Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or a span back from now such as `2h` or `30m`'
             cand --until 'Only events before TIME (as --since)'
-            cand --owner 'Only events of this owner'
+            cand --owner 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`)'
             cand --token 'Only events with this fencing token'
             cand --kind 'Only events of this kind (repeat for several)'
             cand --limit 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`'

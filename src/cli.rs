@@ -387,8 +387,9 @@ pub struct LogArgs {
     #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
     pub until: Option<i64>,
 
-    /// Only events of this owner.
-    #[arg(long, value_name = "ID", value_parser = parse_name)]
+    /// Only events of this owner, or of owners matching a glob (`fence run` owners are
+    /// `ID/<pid>/<8 hex>`: `--owner 'ID/*'`).
+    #[arg(long, value_name = "GLOB", value_parser = parse_name)]
     pub owner: Option<String>,
 
     /// Only events with this fencing token.

@@ -198,6 +198,8 @@ fn incident_timeline(store: Store) {
         kinds(incident.log(&all).json()["events"].as_array().unwrap())
     };
     assert_eq!(filtered(&["--owner", "A"]), expected(|e| e.1 == "A"));
+    assert_eq!(filtered(&["--owner", "?"]), expected(|_| true));
+    assert_eq!(filtered(&["--owner", "B*"]), expected(|e| e.1 == "B"));
     assert_eq!(filtered(&["--token", "2"]), expected(|e| e.2 == 2));
     assert_eq!(
         filtered(&["--kind", "write_rejected", "--kind", "expired"]),

@@ -127,10 +127,11 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
 fn wanted(args: &LogArgs, entry: &Entry) -> bool {
     let ev = &entry.logged.event;
-    args.owner
-        .as_ref()
-        .is_none_or(|o| ev.owner.as_ref() == Some(o))
-        && args.token.is_none_or(|t| ev.token == Some(t))
+    args.owner.as_ref().is_none_or(|o| {
+        ev.owner
+            .as_deref()
+            .is_some_and(|owner| Pattern::new(o).matches(owner))
+    }) && args.token.is_none_or(|t| ev.token == Some(t))
         && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
 }
 
