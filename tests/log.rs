@@ -667,3 +667,63 @@ fn postgres_follow_survives_a_restart() {
     );
     follower.interrupt();
 }
+
+/// Every coordinator's grants and renewals carry their TTL and the expiry they set, and a
+/// lease that ran out shows as `expired` before the takeover that followed it.
+fn lease_events_carry_ttl_and_expiry(store: &Store) {
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
+        .run()
+        .expect(0);
+    wait_for("A's lease to expire", Duration::from_secs(20), || {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", "B", "--ttl", "30s", "-q"])
+            .run()
+            .code
+            == 0
+    });
+    store
+        .fence()
+        .args([
+            "renew", "job", "--owner", "B", "--token", "2", "--ttl", "5s",
+        ])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["release", "job", "--owner", "B", "--token", "2"])
+        .run()
+        .expect(0);
+    let json = store
+        .fence()
+        .args(["log", "--resource", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let events = json["events"].as_array().unwrap();
+    assert_eq!(
+        kinds(events),
+        [
+            ("acquired".into(), "A".into(), 1),
+            ("expired".into(), "A".into(), 1),
+            ("taken_over".into(), "B".into(), 2),
+            ("renewed".into(), "B".into(), 2),
+            ("released".into(), "B".into(), 2),
+        ],
+        "{json:#}"
+    );
+    for (i, ttl) in [(0, 1000), (2, 30000), (3, 5000)] {
+        let at = common::timestamp_ms(events[i]["at"].as_str().unwrap());
+        let expires = common::timestamp_ms(events[i]["expires_at"].as_str().unwrap());
+        assert_eq!(
+            (events[i]["ttl_ms"].as_i64(), expires - at),
+            (Some(ttl), ttl),
+            "{json:#}"
+        );
+    }
+    assert_eq!(events[1]["at"], events[0]["expires_at"]);
+}
+
+per_coordinator!(lease_events_carry_ttl_and_expiry);
