@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{pg_exec, wait_for, Store};
+use common::{env_or_panic, pg_exec, wait_for, Store};
 use serde_json::Value;
 
 /// The store, and the PostgreSQL database and schema the writes go to.
@@ -727,3 +727,49 @@ fn lease_events_carry_ttl_and_expiry(store: &Store) {
 }
 
 per_coordinator!(lease_events_carry_ttl_and_expiry);
+
+/// The rows a write changed are its own, also when consecutive writes share one server
+/// connection behind a transaction-mode pooler (whose sessions keep counts of earlier
+/// transactions): 3 rows, then 2, then 3 again, each counted alone.
+#[test]
+fn rows_are_counted_per_write_behind_a_pooler() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let pooled = env_or_panic("FENCE_TEST_PGBOUNCER_URL");
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.totals (n int); \
+             INSERT INTO {schema}.totals VALUES (1), (2), (3)"
+        ),
+    );
+    for (sql, token) in [
+        (format!("UPDATE {schema}.totals SET n = n + 1"), "1"),
+        (format!("DELETE FROM {schema}.totals WHERE n >= 3"), "1"),
+        (
+            format!("INSERT INTO {schema}.totals VALUES (7), (8), (9)"),
+            "1",
+        ),
+    ] {
+        store
+            .fence()
+            .args([
+                "write", "job", "--token", token, "--target", &pooled, "--sql", &sql,
+            ])
+            .run()
+            .expect(0);
+    }
+    let json = store
+        .fence()
+        .args(["log", "--target", &store.url, "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let rows: Vec<i64> = json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["rows"].as_i64().unwrap())
+        .collect();
+    assert_eq!(rows, [3, 2, 3], "{json:#}");
+}
