@@ -277,6 +277,13 @@ fn ndjson_is_for_log_only() {
         .run()
         .expect(2);
     assert_eq!(bad.json()["ok"], false);
+    // --follow prints a stream: one JSON object cannot hold it.
+    let follow = store
+        .fence()
+        .args(["log", "--follow", "--format", "json"])
+        .run()
+        .expect(2);
+    assert_eq!(follow.json()["error"], "usage");
 }
 
 /// A version-3 schema (events without TTLs) is read as it is, and `fence init` migrates it:
