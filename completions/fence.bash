@@ -37,6 +37,12 @@ _fence() {
             fence,inspect)
                 cmd="fence__subcmd__inspect"
                 ;;
+            fence,log)
+                cmd="fence__subcmd__log"
+                ;;
+            fence,metrics)
+                cmd="fence__subcmd__metrics"
+                ;;
             fence,protect)
                 cmd="fence__subcmd__protect"
                 ;;
@@ -76,6 +82,12 @@ _fence() {
             fence__subcmd__help,inspect)
                 cmd="fence__subcmd__help__subcmd__inspect"
                 ;;
+            fence__subcmd__help,log)
+                cmd="fence__subcmd__help__subcmd__log"
+                ;;
+            fence__subcmd__help,metrics)
+                cmd="fence__subcmd__help__subcmd__metrics"
+                ;;
             fence__subcmd__help,protect)
                 cmd="fence__subcmd__help__subcmd__protect"
                 ;;
@@ -101,7 +113,7 @@ _fence() {
 
     case "${cmd}" in
         fence)
-            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect write protect grant init doctor bench prune help"
+            opts="-q -h -V --store --schema --format --quiet --color --help --version acquire run renew release inspect log metrics write protect grant init doctor bench prune help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -116,7 +128,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -158,7 +170,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -216,7 +228,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -250,7 +262,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -288,7 +300,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -303,7 +315,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help)
-            opts="acquire run renew release inspect write protect grant init doctor bench prune help"
+            opts="acquire run renew release inspect log metrics write protect grant init doctor bench prune help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -401,6 +413,34 @@ _fence() {
             return 0
             ;;
         fence__subcmd__help__subcmd__inspect)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__log)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__help__subcmd__metrics)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -518,7 +558,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -576,7 +616,107 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__log)
+            opts="-f -q -h --resource --target --since --until --owner --token --kind --limit --follow --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --resource)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --since)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --until)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --owner)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kind)
+                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected write_accepted write_rejected pruned" -- "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
+                    return 0
+                    ;;
+                --color)
+                    COMPREPLY=($(compgen -W "auto always never" -- "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        fence__subcmd__metrics)
+            opts="-q -h --resource --target --store --schema --format --quiet --color --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --resource)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --store)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -618,7 +758,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -656,7 +796,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -694,7 +834,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -736,7 +876,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -751,7 +891,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__run)
-            opts="-q -h --owner --busy-exit-code --id --done-exit-code --ttl --wait --kill-after --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --busy-exit-code --id --done-exit-code --ttl --wait --kill-after --metrics-file --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -785,6 +925,10 @@ _fence() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --metrics-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --store)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -794,7 +938,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)
@@ -880,7 +1024,7 @@ _fence() {
                     return 0
                     ;;
                 --format)
-                    COMPREPLY=($(compgen -W "human json env" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "human json env ndjson" -- "${cur}"))
                     return 0
                     ;;
                 --color)

@@ -26,9 +26,10 @@ end
 
 complete -c fence -n "__fish_fence_needs_command" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_needs_command" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_needs_command" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_needs_command" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_needs_command" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -40,6 +41,8 @@ complete -c fence -n "__fish_fence_needs_command" -f -a "run" -d 'Run a command 
 complete -c fence -n "__fish_fence_needs_command" -f -a "renew" -d 'Extend a lease you hold'
 complete -c fence -n "__fish_fence_needs_command" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
 complete -c fence -n "__fish_fence_needs_command" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_needs_command" -f -a "log" -d 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+complete -c fence -n "__fish_fence_needs_command" -f -a "metrics" -d 'Print the store\'s (and targets\') state and history as Prometheus metrics'
 complete -c fence -n "__fish_fence_needs_command" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "protect" -d 'Make every write to a table go through the fence.'
 complete -c fence -n "__fish_fence_needs_command" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
@@ -53,9 +56,10 @@ complete -c fence -n "__fish_fence_using_subcommand acquire" -l ttl -d 'How long
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -68,11 +72,13 @@ complete -c fence -n "__fish_fence_using_subcommand run" -l done-exit-code -d 'E
 complete -c fence -n "__fish_fence_using_subcommand run" -l ttl -d 'The lease length; fence renews about every third of it' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After SIGTERM to a command whose lease was lost, wait this long before SIGKILL' -r
+complete -c fence -n "__fish_fence_using_subcommand run" -l metrics-file -d 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter\'s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector\'s directory' -r -F
 complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand run" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -83,9 +89,10 @@ complete -c fence -n "__fish_fence_using_subcommand renew" -l token -d 'The fenc
 complete -c fence -n "__fish_fence_using_subcommand renew" -l ttl -d 'The new lease length from now (100ms to 24h). Default: the TTL it was acquired with' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand renew" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand renew" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand renew" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -95,9 +102,10 @@ complete -c fence -n "__fish_fence_using_subcommand release" -l owner -d 'The ow
 complete -c fence -n "__fish_fence_using_subcommand release" -l token -d 'The fencing token the lease was granted with' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand release" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand release" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand release" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -114,14 +122,58 @@ complete -c fence -n "__fish_fence_using_subcommand inspect" -l table -d 'With -
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l id -d 'With --target and one RESOURCE: write id KEY\'s entry in the target\'s ledger — when, with which token and by whom it was applied (objects: the version it made) — or that it is not there (never applied; on an object, maybe older than its last 8 ids). Exit 0 either way; JSON\'s `applied` says which' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand log" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l target -d 'Also show the fenced writes this PostgreSQL database accepted and refused (repeat for several)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l since -d 'Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or a span back from now such as `2h` or `30m`' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l until -d 'Only events before TIME (as --since)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l owner -d 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner \'ID/*\'`)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l token -d 'Only events with this fencing token' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l kind -d 'Only events of this kind (repeat for several)' -r -f -a "acquired\t''
+reacquired\t''
+taken_over\t''
+renewed\t''
+released\t''
+expired\t''
+renew_rejected\t''
+release_rejected\t''
+write_accepted\t''
+write_rejected\t''
+pruned\t''"
+complete -c fence -n "__fish_fence_using_subcommand log" -l limit -d 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
+complete -c fence -n "__fish_fence_using_subcommand log" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand log" -s f -l follow -d 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
+complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand log" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l target -d 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure'
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
+always\t'Always colour'
+never\t'Never colour'"
+complete -c fence -n "__fish_fence_using_subcommand metrics" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l target -d 'Where to write: `postgres://user@host/db` (libpq rules, as --store), or an object: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`' -r
@@ -138,9 +190,10 @@ complete -c fence -n "__fish_fence_using_subcommand write" -l set -d 'Row form: 
 complete -c fence -n "__fish_fence_using_subcommand write" -l token-column -d 'Row form: the column holding each row\'s token' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand write" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -152,9 +205,10 @@ complete -c fence -n "__fish_fence_using_subcommand protect" -l table -d 'The ta
 complete -c fence -n "__fish_fence_using_subcommand protect" -l resource -d 'The resource whose tokens guard the table' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -165,9 +219,10 @@ complete -c fence -n "__fish_fence_using_subcommand grant" -l target -d 'The dat
 complete -c fence -n "__fish_fence_using_subcommand grant" -l role -d 'The role to grant to, as named in the database' -r
 complete -c fence -n "__fish_fence_using_subcommand grant" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand grant" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand grant" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand grant" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand grant" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -178,9 +233,10 @@ complete -c fence -n "__fish_fence_using_subcommand grant" -s h -l help -d 'Prin
 complete -c fence -n "__fish_fence_using_subcommand init" -l target -d 'Prepare fence\'s schema in this PostgreSQL database rather than the store' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand init" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -189,9 +245,10 @@ complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l target -d 'Also check this target database or object (repeat for several)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -208,9 +265,10 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l hold -d 'How long 
 complete -c fence -n "__fish_fence_using_subcommand bench" -l write-target -d 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench\'s scratch schema' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand bench" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand bench" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand bench" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
@@ -222,24 +280,27 @@ complete -c fence -n "__fish_fence_using_subcommand prune" -l older-than -d 'Del
 complete -c fence -n "__fish_fence_using_subcommand prune" -l keep -d 'Keep at least the last N events of each resource, however old' -r
 complete -c fence -n "__fish_fence_using_subcommand prune" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand prune" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand prune" -l format -d 'Output format: `human` tables and sentences, one `json` object, or `env` lines for `eval` (acquire only)' -r -f -a "human\t'Sentences and tables for people'
+complete -c fence -n "__fish_fence_using_subcommand prune" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
 json\t'Exactly one JSON object on stdout, on success and on failure'
-env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'"
+env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
+ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand prune" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand prune" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand prune" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "renew" -d 'Extend a lease you hold'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "protect" -d 'Make every write to a table go through the fence.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "prune" -d 'Delete old lease history (PostgreSQL); never the token counters'
-complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect write protect grant init doctor bench prune help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "renew" -d 'Extend a lease you hold'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "release" -d 'Give a lease up so that another owner can take it at once'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "inspect" -d 'Show who holds what, with which token, and what happened lately'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "log" -d 'One ordered timeline of leases and fenced writes: who held what when, and what was refused'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "metrics" -d 'Print the store\'s (and targets\') state and history as Prometheus metrics'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "write" -d 'Write to a protected PostgreSQL database or an object with your fencing token.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "protect" -d 'Make every write to a table go through the fence.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "grant" -d 'Give a role exactly what a fenced writer (or a reader) needs in a target database.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "init" -d 'Create or migrate fence\'s own tables in the store, or in a target (safe to run again).'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "doctor" -d 'Check the store and targets for set-ups that weaken fence\'s guarantees'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "bench" -d 'Measure the store as your jobs would use it, before choosing a TTL.'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "prune" -d 'Delete old lease history (PostgreSQL); never the token counters'
+complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait, parse_write_id,
-    parse_write_timeout, DEFAULT_TTL,
+    parse_instant, parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
+    parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
 
@@ -59,8 +59,8 @@ pub struct GlobalArgs {
     )]
     pub schema: String,
 
-    /// Output format: `human` tables and sentences, one `json` object, or `env` lines for
-    /// `eval` (acquire only).
+    /// Output format: `human` tables and sentences, one `json` object, `env` lines for `eval`
+    /// (acquire only), or `ndjson`, one JSON object per event (log only).
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 
@@ -81,6 +81,8 @@ pub enum Format {
     Json,
     /// Shell-quoted `export FENCE_…=…` lines (acquire only).
     Env,
+    /// One JSON object per line, one line per event (log only), for `jq` and log shippers.
+    Ndjson,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -100,6 +102,8 @@ pub enum Command {
     Renew(RenewArgs),
     Release(ReleaseArgs),
     Inspect(InspectArgs),
+    Log(LogArgs),
+    Metrics(MetricsArgs),
     Write(Box<WriteArgs>),
     Protect(ProtectArgs),
     Grant(GrantArgs),
@@ -118,6 +122,8 @@ impl Command {
             Command::Renew(_) => "renew",
             Command::Release(_) => "release",
             Command::Inspect(_) => "inspect",
+            Command::Log(_) => "log",
+            Command::Metrics(_) => "metrics",
             Command::Write(_) => "write",
             Command::Protect(_) => "protect",
             Command::Grant(_) => "grant",
@@ -239,6 +245,13 @@ pub struct RunArgs {
     /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub kill_after: Duration,
+
+    /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically
+    /// (a temporary file renamed over it), for node_exporter's textfile collector: start, end,
+    /// duration, time waited for the lease, token, exit status and reason (`ok`,
+    /// `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector's directory.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_file: Option<std::path::PathBuf>,
 
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
@@ -375,6 +388,107 @@ pub struct InspectArgs {
     )]
     pub id: Option<String>,
 }
+
+/// One ordered timeline of leases and fenced writes: who held what when, and what was refused
+///
+/// The store's events (acquired with TTL and expiry, renewed, released, taken over — with when
+/// the lease it took over had expired — renew/release rejected) of every resource, or of those
+/// --resource names, oldest first; each lease's expiry as an `expired` event where nothing
+/// renewed or released it in time; and with --target, each PostgreSQL target's fenced writes
+/// (accepted, with the rows they changed, and rejected), interleaved by time. Integrity
+/// warnings follow: a token that went down, a target that accepted a token above the highest
+/// the store issued, a lease used past its TTL by the store's clock. Times are the store's
+/// and the target's clocks. --follow keeps printing events as they happen (until SIGINT).
+///
+/// Examples:
+///   fence log --resource nightly-report --since 2h
+///   fence log --resource 'nightly-*' --kind taken_over --kind write_rejected --format json
+///   fence log --since 2026-12-04T02:50:00Z --until 2026-12-04T03:10:00Z --format ndjson
+///   timeout --preserve-status -s INT 2 fence log --follow --format ndjson
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct LogArgs {
+    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    #[arg(long = "resource", value_name = "GLOB")]
+    pub resources: Vec<String>,
+
+    /// Also show the fenced writes this PostgreSQL database accepted and refused (repeat for
+    /// several).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
+
+    /// Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or
+    /// a span back from now such as `2h` or `30m`.
+    #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
+    pub since: Option<i64>,
+
+    /// Only events before TIME (as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
+    pub until: Option<i64>,
+
+    /// Only events of this owner, or of owners matching a glob (`fence run` owners are
+    /// `ID/<pid>/<8 hex>`: `--owner 'ID/*'`).
+    #[arg(long, value_name = "GLOB", value_parser = parse_name)]
+    pub owner: Option<String>,
+
+    /// Only events with this fencing token.
+    #[arg(long, value_name = "TOKEN", value_parser = parse_token)]
+    pub token: Option<i64>,
+
+    /// Only events of this kind (repeat for several).
+    #[arg(long = "kind", value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new(EVENT_KINDS))]
+    pub kinds: Vec<String>,
+
+    /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: u64,
+
+    /// After the events so far, print each new one as it happens, one per line (human or
+    /// ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls:
+    /// PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it.
+    #[arg(long, short = 'f', conflicts_with = "until")]
+    pub follow: bool,
+}
+
+/// Print the store's (and targets') state and history as Prometheus metrics
+///
+/// The Prometheus text format on stdout, for a textfile collector or a scrape wrapper: per
+/// resource, the grants, takeovers, renewals, releases and refused renewals/releases the
+/// history holds (`fence_lease_*_total`), whether it is held, by whom, its token, when its
+/// lease expires, and who waits and since when; with --target, per PostgreSQL target and
+/// resource, the fenced writes accepted and the stale writes refused. Totals are counted from
+/// the history (PostgreSQL: one pass over the events table; the directory store keeps the
+/// last 10,000 events of a resource, so its totals can go down after a pruning, which
+/// Prometheus's rate() reads as a counter reset).
+///
+/// Example:
+///   fence metrics --resource 'nightly-*' --target postgres://app@db/app
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct MetricsArgs {
+    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    #[arg(long = "resource", value_name = "GLOB")]
+    pub resources: Vec<String>,
+
+    /// Also count the fenced writes this PostgreSQL database accepted and refused (repeat).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
+}
+
+/// The kinds of event `fence log` shows.
+pub const EVENT_KINDS: [&str; 11] = [
+    "acquired",
+    "reacquired",
+    "taken_over",
+    "renewed",
+    "released",
+    "expired",
+    "renew_rejected",
+    "release_rejected",
+    "write_accepted",
+    "write_rejected",
+    "pruned",
+];
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
 ///

@@ -71,6 +71,42 @@ pub fn parse_write_id(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
+/// Parses an instant for `--since`/`--until`: RFC 3339 (`2026-12-04T03:00:00Z`, an offset
+/// such as `+02:00`, or no zone: UTC; a space may stand for the `T`), or a span back from now
+/// (`2h`, `30m`, `1d`). Milliseconds since the epoch.
+pub fn parse_instant(value: &str) -> Result<i64, String> {
+    let ms_since_epoch = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    };
+    if let Ok(back) = humantime::parse_duration(value) {
+        let now = ms_since_epoch(std::time::SystemTime::now());
+        return Ok(now.saturating_sub(i64::try_from(back.as_millis()).unwrap_or(i64::MAX)));
+    }
+    let invalid = || {
+        format!(
+            "`{value}` is neither a time (RFC 3339, e.g. 2026-12-04T03:00:00Z or 2026-12-04T05:00:00+02:00) nor a span back from now (e.g. 2h, 30m)"
+        )
+    };
+    // A trailing `±HH:MM` offset: humantime reads UTC only.
+    let (stamp, offset_ms) = match value.len().checked_sub(6).map(|at| value.split_at(at)) {
+        Some((stamp, zone))
+            if stamp.contains(['T', 't', ' '])
+                && zone.len() == 6
+                && matches!(&zone[..1], "+" | "-")
+                && &zone[3..4] == ":" =>
+        {
+            let hours: i64 = zone[1..3].parse().map_err(|_| invalid())?;
+            let minutes: i64 = zone[4..6].parse().map_err(|_| invalid())?;
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            (stamp, sign * (hours * 60 + minutes) * 60_000)
+        }
+        _ => (value, 0),
+    };
+    let at = humantime::parse_rfc3339_weak(stamp).map_err(|_| invalid())?;
+    Ok(ms_since_epoch(at) - offset_ms)
+}
+
 /// Parses a lease length such as `250ms`, `30s`, `5m` or `1h`, within [`MIN_TTL`]..=[`MAX_TTL`].
 pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(value).map_err(|err| {
@@ -302,6 +338,26 @@ pub fn url_has_password(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instants() {
+        assert_eq!(
+            parse_instant("2026-12-02T16:00:30.123Z"),
+            Ok(1_796_227_230_123)
+        );
+        assert_eq!(
+            parse_instant("2026-12-02T18:00:30.123+02:00"),
+            Ok(1_796_227_230_123)
+        );
+        assert_eq!(parse_instant("2026-12-02 16:00:30"), Ok(1_796_227_230_000));
+        let back = parse_instant("2h").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        assert!((now - back - 7_200_000).abs() < 60_000);
+        assert!(parse_instant("yesterday").is_err());
+    }
 
     #[test]
     fn names() {

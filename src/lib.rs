@@ -10,6 +10,7 @@ pub mod cmd;
 pub mod config;
 pub mod error;
 pub mod exit;
+pub mod metrics;
 pub mod object;
 pub mod output;
 pub mod pg;

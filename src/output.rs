@@ -27,6 +27,10 @@ pub trait Report {
     fn env(&self, _ctx: &Context) -> Option<String> {
         None
     }
+    /// One JSON object per line; `None` where `--format ndjson` does not apply.
+    fn ndjson(&self) -> Option<Vec<Value>> {
+        None
+    }
 }
 
 /// The output settings, resolved once and passed to every command.
@@ -94,6 +98,21 @@ impl Output {
                 }
                 print_stdout(&Value::Object(object).to_string())?;
             }
+            Format::Ndjson => match report.ndjson() {
+                Some(lines) => {
+                    for line in lines {
+                        print_stdout(&line.to_string())?;
+                    }
+                }
+                None => {
+                    // The resolve step refuses `--format ndjson` for other commands.
+                    let err = Error::internal(
+                        format!("`--format ndjson` has no output for `{op}`"),
+                        "use --format human or json; this is a bug, please report it",
+                    );
+                    return Ok(self.error(op, ctx.store_display(), &err));
+                }
+            },
             Format::Env => match report.env(ctx) {
                 Some(lines) => print_stdout(lines.trim_end())?,
                 None => {
@@ -124,7 +143,8 @@ impl Output {
     /// [`Output::error`] for a failure the caller exits from with `exit` instead of the
     /// error's own status (`fence run --busy-exit-code`): what is printed says so.
     pub fn error_as(&self, op: &str, store: Option<&str>, err: &Error, exit: Exit) -> Exit {
-        if self.format == Format::Json {
+        // ndjson: the failure is one more line, the object `--format json` prints.
+        if matches!(self.format, Format::Json | Format::Ndjson) {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
             object.insert("op".into(), json!(op));
@@ -295,7 +315,7 @@ pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
     };
     let err = Error::usage(message, hint);
     let out = Output {
-        format: if wants("json") {
+        format: if wants("json") || wants("ndjson") {
             Format::Json
         } else if wants("env") {
             Format::Env

@@ -709,7 +709,7 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(first["action"], "created");
-    assert_eq!(first["schema_version"], 3);
+    assert_eq!(first["schema_version"], 4);
     let again = store
         .fence()
         .args(["init", "--format", "json"])
@@ -791,7 +791,7 @@ fn queue_functions(store: &Store) -> Vec<String> {
 }
 
 /// A version-1 or version-2 schema (waiters queued on session advisory locks) is migrated to
-/// version 3 (the durable queue) by `fence init`, and lazily by the first `--wait` waiter,
+/// the current version (version 3 brought the durable queue) by `fence init`, and lazily by the first `--wait` waiter,
 /// which then gets its lease; the old waiters table and functions are gone.
 #[test]
 fn postgres_a_version_1_or_2_schema_is_migrated() {
@@ -808,9 +808,9 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .json();
         assert_eq!(
             (init["action"].as_str(), init["schema_version"].as_i64()),
-            (Some("migrated"), Some(3))
+            (Some("migrated"), Some(4))
         );
-        assert_eq!(schema_version(&store), "3");
+        assert_eq!(schema_version(&store), "4");
         assert_eq!(queue_functions(&store), current);
 
         downgrade_schema(&store, version);
@@ -824,7 +824,7 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .collect();
         assert_eq!(owners, ["bob"], "the old table's row is gone");
         release_to_waiter(&store, &held, waiter, "bob");
-        assert_eq!(schema_version(&store), "3");
+        assert_eq!(schema_version(&store), "4");
         assert_eq!(queue_functions(&store), current);
     }
 }

@@ -55,8 +55,8 @@ fn help_examples() -> Vec<String> {
     let fence = env!("CARGO_BIN_EXE_fence");
     let mut recipes = Vec::new();
     for sub in [
-        "acquire", "run", "renew", "release", "inspect", "write", "protect", "init", "bench",
-        "prune",
+        "acquire", "run", "renew", "release", "inspect", "log", "metrics", "write", "protect",
+        "init", "bench", "prune",
     ] {
         let out = Command::new(fence).args([sub, "--help"]).output().unwrap();
         let help = String::from_utf8(out.stdout).unwrap();

@@ -128,10 +128,36 @@ pub async fn run(
 }
 
 impl Inspected {
-    /// Targets that accepted a token above the highest the coordinator issued for the
-    /// resource: a token it never issued was written there (a typo, a forgery, or a target
-    /// fenced by another coordinator), and the real holder's writes are now refused.
-    fn integrity_warnings(&self) -> Vec<(String, String)> {
+    /// What the history shows wrong: targets that accepted a token above the highest the
+    /// coordinator issued for the resource ([`super::log::target_ahead`]), and grants whose
+    /// token is not above an earlier grant's among the events shown. Kind, resource, message.
+    fn integrity_warnings(&self) -> Vec<(&'static str, String, String)> {
+        let mut warnings: Vec<(&'static str, String, String)> = self
+            .target_warnings()
+            .into_iter()
+            .map(|(resource, message)| ("target_ahead", resource, message))
+            .collect();
+        for v in &self.views {
+            let mut before: Option<i64> = None;
+            // Most recent first in a view: oldest first here.
+            for e in v.events.iter().rev() {
+                let (Some(token), "acquired" | "taken_over") = (e.token, e.kind.as_str()) else {
+                    continue;
+                };
+                if let Some(before) = before.filter(|&b| token <= b) {
+                    warnings.push((
+                        "token_regressed",
+                        v.resource.clone(),
+                        super::log::token_regressed(&v.resource, before, token, e.at_ms),
+                    ));
+                }
+                before = Some(before.map_or(token, |b| b.max(token)));
+            }
+        }
+        warnings
+    }
+
+    fn target_warnings(&self) -> Vec<(String, String)> {
         let accepted: Vec<(&str, i64)> = match &self.targets {
             Some((_, Targets::Guards(guards))) => guards
                 .iter()
@@ -147,13 +173,8 @@ impl Inspected {
             .into_iter()
             .filter_map(|(resource, highest)| {
                 let issued = self.views.iter().find(|v| v.resource == resource)?.token;
-                let ahead = issued.is_none_or(|issued| highest > issued);
-                ahead.then(|| {
-                    (resource.to_owned(), format!(
-                        "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}): check that the target is fenced by this store, and how that token was written",
-                        issued.map_or("none".to_owned(), |t| format!("up to {t}"))
-                    ))
-                })
+                super::log::target_ahead(target, resource, highest, issued)
+                    .map(|message| (resource.to_owned(), message))
             })
             .collect()
     }
@@ -456,7 +477,7 @@ impl Report for Inspected {
         warnings.extend(
             self.integrity_warnings()
                 .into_iter()
-                .map(|(resource, message)| json!({ "resource": resource, "kind": "target_ahead", "message": message })),
+                .map(|(kind, resource, message)| json!({ "resource": resource, "kind": kind, "message": message })),
         );
         if !warnings.is_empty() {
             map.insert("integrity_ok".into(), json!(false));
@@ -596,7 +617,7 @@ impl Report for Inspected {
                 crate::error::shell_word(next)
             ));
         }
-        for (_, warning) in self.integrity_warnings() {
+        for (_, _, warning) in self.integrity_warnings() {
             text.push_str(&format!("\nwarning: {warning}\n"));
         }
         text

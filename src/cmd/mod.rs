@@ -7,11 +7,14 @@ mod grant;
 mod init;
 mod inspect;
 mod inspect_id;
+mod log;
+mod metrics;
 mod protect;
 mod prune;
 mod release;
 mod renew;
 mod run;
+mod run_metrics;
 pub mod wait;
 mod write;
 
@@ -56,6 +59,13 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         );
         return out.error(op, None, &err);
     }
+    if out.format == Format::Ndjson && !matches!(cli.command, Command::Log(_)) {
+        let err = Error::usage(
+            format!("`--format ndjson` only applies to `fence log`, not to `fence {op}`"),
+            "use --format human or --format json",
+        );
+        return out.error(op, None, &err);
+    }
     // Commands that only talk to a target need no store.
     let needs_store = match &cli.command {
         Command::Write(_) | Command::Protect(_) | Command::Grant(_) => false,
@@ -85,6 +95,9 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         }
         Command::Inspect(args) if args.id.is_some() => inspect_id::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => return inspect::run_and_print(args, &ctx, out).await,
+        Command::Log(args) if args.follow => return log::follow(args, &ctx, out).await,
+        Command::Log(args) => log::run(args, &ctx).await.map(boxed),
+        Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),
         Command::Grant(args) => grant::run(args, &ctx).await.map(boxed),

@@ -158,16 +158,57 @@ fn run_id(args: &RunArgs) -> Result<Option<String>, Error> {
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let busy_exit = args.busy_exit_code;
-    match supervise(args, ctx, out).await {
-        Ok(exit) => exit,
+    let report = args
+        .metrics_file
+        .clone()
+        .map(|path| (path, args.resource.clone(), std::time::SystemTime::now()));
+    let mut granted = Granted::default();
+    let started = Instant::now();
+    let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
+        Ok(exit) => (
+            exit,
+            if exit.code() == 0 {
+                "ok"
+            } else {
+                "command_failed"
+            },
+        ),
         Err(err) => {
             let exit = match (&err, busy_exit) {
                 (Error::Busy { .. } | Error::WaitedOut { .. }, Some(code)) => Exit::Command(code),
                 _ => err.exit(),
             };
-            out.error_as("run", ctx.store_display(), &err, exit)
+            (
+                out.error_as("run", ctx.store_display(), &err, exit),
+                err.name(),
+            )
+        }
+    };
+    if let Some((path, resource, start)) = report {
+        let outcome = super::run_metrics::Outcome {
+            resource: &resource,
+            start,
+            duration: started.elapsed(),
+            waited: granted.at.map_or(started.elapsed(), |at| at - started),
+            token: granted.token,
+            exit_code: exit.code(),
+            reason,
+        };
+        if let Err(err) = super::run_metrics::write(&path, &outcome) {
+            crate::output::warn(&format!(
+                "warning: cannot write the run's metrics to `{}`: {err}",
+                path.display()
+            ));
         }
     }
+    exit
+}
+
+/// The lease a run was granted, for `--metrics-file`.
+#[derive(Default)]
+struct Granted {
+    token: Option<i64>,
+    at: Option<Instant>,
 }
 
 /// The owner of this run's lease: unique to the run, so that two runs never share a lease,
@@ -189,7 +230,12 @@ enum End {
     Lost(Error),
 }
 
-async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
+async fn supervise(
+    args: RunArgs,
+    ctx: &Context,
+    out: &Output,
+    granted: &mut Granted,
+) -> Result<Exit, Error> {
     let owner = run_owner(args.owner.as_deref());
     let id = run_id(&args)?;
     if id.is_none() && args.done_exit_code.is_some() {
@@ -213,6 +259,10 @@ async fn supervise(args: RunArgs, ctx: &Context, out: &Output) -> Result<Exit, E
         out,
     )
     .await?;
+    *granted = Granted {
+        token: Some(grant.lease.token),
+        at: Some(Instant::now()),
+    };
     let lease = LeaseRef {
         resource: args.resource.clone(),
         owner: owner.clone(),

@@ -7,6 +7,7 @@
 //! history (events) and dead waiters' rows may be (`fence prune`).
 
 pub(crate) mod file;
+pub mod history;
 mod object;
 mod postgres;
 
@@ -19,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
+pub use history::{LogQuery, Logged, Pattern};
 
 /// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
 /// the coordinator's clock.
@@ -175,7 +177,7 @@ pub struct Inspection {
 }
 
 /// One entry of a resource's append-only history.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Event {
     pub at_ms: i64,
     /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
@@ -184,6 +186,14 @@ pub struct Event {
     pub owner: Option<String>,
     pub token: Option<i64>,
     pub detail: Option<String>,
+    /// A grant or renewal: the TTL it asked for and the expiry it set, by the store's clock
+    /// (`None` for events recorded before fence kept them).
+    pub ttl_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    /// A takeover: when the lease it took over had expired.
+    pub previous_expires_at_ms: Option<i64>,
+    /// A target's accepted write: the rows it changed, where the target records them.
+    pub rows: Option<i64>,
 }
 
 /// What `fence prune` deletes.
@@ -307,6 +317,30 @@ pub trait Coordinator {
     /// Returns when the resource may have been released (a pushed wake-up, where the store
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
+
+    /// The events of the resources `query` names, within its time window, in order (oldest
+    /// first), at most `query.limit` of the most recent. Stores that cannot read a window at
+    /// the source read each resource's recent history and filter it.
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        let names = query.exact_names().unwrap_or_default();
+        let views = self.inspect(&names, query.limit).await?;
+        Ok(history::from_views(views, query))
+    }
+
+    /// How many events of each kind each resource's history holds, as (resource, kind,
+    /// count): for `fence metrics`, totals since the history began (or, on the directory
+    /// store, since its retention last pruned the resource's log).
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for view in self.inspect(&[], usize::MAX).await? {
+            for event in view.events {
+                *counts
+                    .entry((view.resource.clone(), event.kind))
+                    .or_default() += 1;
+            }
+        }
+        Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
+    }
 
     /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
     /// that waiters need only a slow fallback poll.

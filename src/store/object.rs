@@ -126,6 +126,25 @@ struct Change {
     token: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     at_ms: Option<i64>,
+    /// A grant's or renewal's TTL: the lease it set runs out `ttl_ms` after `at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<i64>,
+}
+
+impl Change {
+    /// The change as an event; `written_ms` dates it when it has no time of its own yet.
+    fn event(&self, written_ms: i64) -> Event {
+        let at_ms = self.at_ms.unwrap_or(written_ms);
+        Event {
+            at_ms,
+            kind: self.kind.clone(),
+            owner: Some(self.owner.clone()),
+            token: Some(self.token),
+            ttl_ms: self.ttl_ms,
+            expires_at_ms: self.ttl_ms.map(|ttl| at_ms.saturating_add(ttl)),
+            ..Event::default()
+        }
+    }
 }
 
 /// An event object's body (refusals, which change nothing, and records written by fence
@@ -183,7 +202,14 @@ async fn backoff(attempt: usize) {
 
 /// The history a new version of the record carries: the read version's, its last change
 /// dated by its Last-Modified, and `kind` (by `owner` with `token`) as this write's change.
-fn history(read: Option<&Current>, seq: u64, kind: &str, owner: &str, token: i64) -> Vec<Change> {
+fn history(
+    read: Option<&Current>,
+    seq: u64,
+    kind: &str,
+    owner: &str,
+    token: i64,
+    ttl_ms: Option<i64>,
+) -> Vec<Change> {
     let mut history = read.map_or_else(Vec::new, |c| c.body.history.clone());
     if let (Some(last), Some(c)) = (history.last_mut(), read) {
         last.at_ms.get_or_insert(c.meta.last_modified_ms);
@@ -194,6 +220,7 @@ fn history(read: Option<&Current>, seq: u64, kind: &str, owner: &str, token: i64
         owner: owner.to_owned(),
         token,
         at_ms: None,
+        ttl_ms,
     });
     history
 }
@@ -514,16 +541,7 @@ impl ObjectCoordinator {
         let mut events: Vec<((u64, u8), Event)> = Vec::new();
         if let Some(c) = current {
             for change in &c.body.history {
-                events.push((
-                    (change.seq, 0),
-                    Event {
-                        at_ms: change.at_ms.unwrap_or(c.meta.last_modified_ms),
-                        kind: change.kind.clone(),
-                        owner: Some(change.owner.clone()),
-                        token: Some(change.token),
-                        detail: None,
-                    },
-                ));
+                events.push(((change.seq, 0), change.event(c.meta.last_modified_ms)));
             }
         }
         let prefix = self.events_prefix(resource);
@@ -535,16 +553,7 @@ impl ObjectCoordinator {
             };
             if let Ok(archive) = serde_json::from_slice::<Archive>(&fetched.body) {
                 for change in archive.changes {
-                    events.push((
-                        (change.seq, 0),
-                        Event {
-                            at_ms: change.at_ms.unwrap_or(fetched.meta.last_modified_ms),
-                            kind: change.kind,
-                            owner: Some(change.owner),
-                            token: Some(change.token),
-                            detail: None,
-                        },
-                    ));
+                    events.push(((change.seq, 0), change.event(fetched.meta.last_modified_ms)));
                 }
                 continue;
             }
@@ -561,6 +570,7 @@ impl ObjectCoordinator {
                         owner: e.owner,
                         token: e.token,
                         detail: e.detail,
+                        ..Event::default()
                     },
                 ));
             }
@@ -685,7 +695,14 @@ impl Coordinator for ObjectCoordinator {
                 nonce: nonce(),
                 seq,
                 verified,
-                history: history(current.as_ref(), seq, kind, owner, body.token),
+                history: history(
+                    current.as_ref(),
+                    seq,
+                    kind,
+                    owner,
+                    body.token,
+                    Some(body.ttl_ms),
+                ),
                 ..body
             };
             self.archive(&mut body).await?;
@@ -719,8 +736,9 @@ impl Coordinator for ObjectCoordinator {
             if !self.live(c, now) {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             }
+            let renewed_ttl = ttl.map_or(c.body.ttl_ms, ttl_ms);
             let mut body = Body {
-                ttl_ms: ttl.map_or(c.body.ttl_ms, ttl_ms),
+                ttl_ms: renewed_ttl,
                 nonce: nonce(),
                 seq: c.body.seq + 1,
                 acquired_at_ms: Some(c.lease(now).acquired_at_ms),
@@ -730,6 +748,7 @@ impl Coordinator for ObjectCoordinator {
                     "renewed",
                     &lease.owner,
                     lease.token,
+                    Some(renewed_ttl),
                 ),
                 ..c.body.clone()
             };
@@ -767,6 +786,7 @@ impl Coordinator for ObjectCoordinator {
                     "released",
                     &lease.owner,
                     lease.token,
+                    None,
                 ),
                 ..c.body.clone()
             };

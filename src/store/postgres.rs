@@ -43,14 +43,14 @@ use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
 use crate::store::{
     ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease, LeaseRef,
-    PruneQuery, Pruned, Released, ResourceView, State, Waiter,
+    LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
 use crate::sys::random_u64;
 
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 3,
+    version: 4,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
@@ -737,6 +737,7 @@ impl Coordinator for PgCoordinator {
                         owner: row.get("owner"),
                         token: row.get("token"),
                         detail: row.get("detail"),
+                        ..Event::default()
                     });
                 }
             }
@@ -788,6 +789,90 @@ impl Coordinator for PgCoordinator {
             },
             other => other,
         })
+    }
+
+    /// Each matching resource's events in the window through the `events (resource, at)`
+    /// index (one LATERAL range per resource, newest first, at most `limit` each), then the
+    /// newest `limit` of them all. The version-4 columns are read through `to_jsonb`, so that a
+    /// schema not yet migrated answers with its events, without TTLs.
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        let (filter, names): (&str, Option<Vec<String>>) = match query.exact_names() {
+            Some(names) => ("l.resource = ANY($1)", Some(names)),
+            None if query.patterns.is_empty() => ("$1::text[] IS NULL", None),
+            None => (
+                "l.resource COLLATE \"C\" LIKE ANY($1)",
+                Some(query.patterns.iter().map(|p| p.like()).collect()),
+            ),
+        };
+        let sql = format!(
+            "SELECT l.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
+             __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail, \
+             (e.j->>'ttl_ms')::int8 AS ttl_ms, \
+             __SCHEMA__.ms((e.j->>'expires_at')::timestamptz) AS expires_ms, \
+             __SCHEMA__.ms((e.j->>'previous_expires_at')::timestamptz) AS previous_expires_ms \
+             FROM __SCHEMA__.leases l CROSS JOIN LATERAL ( \
+               SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
+               FROM __SCHEMA__.events ev WHERE ev.resource = l.resource \
+               AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
+               AND ($3::int8 IS NULL OR ev.at < to_timestamp($3::int8 / 1000.0)) \
+               ORDER BY ev.at DESC LIMIT $4) e \
+             WHERE {filter} ORDER BY e.at DESC, e.id DESC LIMIT $4"
+        );
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let rows = self
+            .call(
+                "read the events",
+                false,
+                &sql,
+                &[
+                    (&names, Type::TEXT_ARRAY),
+                    (&query.since_ms, Type::INT8),
+                    (&query.until_ms, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await?;
+        let mut logged: Vec<(i64, Logged)> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.get("id"),
+                    Logged {
+                        resource: row.get("resource"),
+                        at_us: row.get("at_us"),
+                        event: Event {
+                            at_ms: row.get("at_ms"),
+                            kind: row.get("kind"),
+                            owner: row.get("owner"),
+                            token: row.get("token"),
+                            detail: row.get("detail"),
+                            ttl_ms: row.get("ttl_ms"),
+                            expires_at_ms: row.get("expires_ms"),
+                            previous_expires_at_ms: row.get("previous_expires_ms"),
+                            rows: None,
+                        },
+                    },
+                )
+            })
+            .collect();
+        logged.sort_by_key(|(id, l)| (l.at_us, *id));
+        Ok(logged.into_iter().map(|(_, l)| l).collect())
+    }
+
+    /// One pass over the events table (no index serves a count of everything).
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        let rows = self
+            .call(
+                "count the events",
+                false,
+                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2 ORDER BY 1, 2",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
     }
 
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {

@@ -1,8 +1,10 @@
--- fence coordinator schema, version 3. `__SCHEMA__` is replaced by the validated --schema name.
+-- fence coordinator schema, version 4. `__SCHEMA__` is replaced by the validated --schema name.
 -- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily; a
 -- version-1 or version-2 schema is migrated by running it again (version 2 added a waiters'
 -- queue on session advisory locks; version 3 replaced it with the durable queue below, which
--- holds no session state and so works behind a transaction-mode pooler).
+-- holds no session state and so works behind a transaction-mode pooler; version 4 records each
+-- grant's and renewal's TTL and expiry, and a takeover's previous expiry, in its event, for
+-- `fence log`).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -12,7 +14,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
 
 DO $gate$
 BEGIN
-    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 3 THEN
+    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 4 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
             USING ERRCODE = 'LF014', HINT = 'upgrade fence, or use another --schema';
@@ -44,6 +46,17 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.events (
     detail text
 );
 CREATE INDEX IF NOT EXISTS events_resource_id ON __SCHEMA__.events (resource, id DESC);
+-- Version 4: a grant's or renewal's TTL and the expiry it set, and for a takeover when the
+-- lease it took over had expired (kept in the lease row by the takeover's UPDATE, which is
+-- the only statement that sees the old expiry under the row lock). Nullable without a
+-- default: adding them rewrites nothing; events of earlier versions have none.
+ALTER TABLE __SCHEMA__.events ADD COLUMN IF NOT EXISTS ttl_ms bigint;
+ALTER TABLE __SCHEMA__.events ADD COLUMN IF NOT EXISTS expires_at timestamptz;
+ALTER TABLE __SCHEMA__.events ADD COLUMN IF NOT EXISTS previous_expires_at timestamptz;
+ALTER TABLE __SCHEMA__.leases ADD COLUMN IF NOT EXISTS previous_expires_at timestamptz;
+-- `fence log --since`: a resource's events in a time window are one index range, however
+-- long its history.
+CREATE INDEX IF NOT EXISTS events_resource_at ON __SCHEMA__.events (resource, at);
 -- `inspect --limit/--after` pages resources in byte order: this index serves the page
 -- without sorting the whole table.
 CREATE INDEX IF NOT EXISTS leases_resource_bytes ON __SCHEMA__.leases (resource COLLATE "C");
@@ -252,13 +265,15 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
     LOOP
         UPDATE __SCHEMA__.leases AS l
-        SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms) = (
+        SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms,
+             previous_expires_at) = (
             SELECT CASE WHEN x.live_mine THEN l.token ELSE l.token + 1 END,
                    CASE WHEN x.live_mine THEN 'reacquired'
                         WHEN l.expires_at IS NULL OR l.owner = p_owner THEN 'acquired'
                         ELSE 'taken_over' END,
                    CASE WHEN x.live_mine THEN l.acquired_at ELSE x.now END,
-                   p_owner, x.now, x.now + p_ttl_ms * interval '1 millisecond', p_ttl_ms
+                   p_owner, x.now, x.now + p_ttl_ms * interval '1 millisecond', p_ttl_ms,
+                   l.expires_at
             FROM (SELECT c.now, coalesce(l.owner = p_owner AND l.expires_at > c.now, false) AS live_mine
                   FROM (SELECT clock_timestamp() AS now) c) x)
         WHERE l.resource = p_resource
@@ -289,8 +304,10 @@ BEGIN
                 CONTINUE; -- another acquirer created it first
             END IF;
         END IF;
-        INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token)
-        VALUES (p_resource, r.renewed_at, r.last_event, p_owner, r.token);
+        INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at,
+                                       previous_expires_at)
+        VALUES (p_resource, r.renewed_at, r.last_event, p_owner, r.token, r.ttl_ms, r.expires_at,
+                CASE WHEN r.last_event = 'taken_over' THEN r.previous_expires_at END);
         status := r.last_event;
         token := r.token; owner := r.owner;
         acquired_ms := __SCHEMA__.ms(r.acquired_at); renewed_ms := __SCHEMA__.ms(r.renewed_at);
@@ -365,8 +382,8 @@ BEGIN
         FROM __SCHEMA__.classify('renew', p_resource, p_owner, p_token);
         RETURN;
     END IF;
-    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token)
-    VALUES (p_resource, r.renewed_at, 'renewed', p_owner, r.token);
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
+    VALUES (p_resource, r.renewed_at, 'renewed', p_owner, r.token, r.ttl_ms, r.expires_at);
     status := 'renewed';
     token := r.token; owner := r.owner;
     acquired_ms := __SCHEMA__.ms(r.acquired_at); renewed_ms := __SCHEMA__.ms(r.renewed_at);
@@ -408,5 +425,5 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '3')
+INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '4')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

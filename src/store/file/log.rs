@@ -26,7 +26,7 @@ const TOKEN_SCAN_EVENTS: usize = 256;
 const CHUNK: u64 = 64 * 1024;
 
 /// A line of `events/<name>.jsonl`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct EventLine {
     pub at_ms: i64,
     pub kind: String,
@@ -34,6 +34,14 @@ pub(super) struct EventLine {
     pub token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// A grant or renewal: its TTL and the expiry it set (wall clock, for display).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<i64>,
+    /// A takeover: when the lease it took over had expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_expires_at_ms: Option<i64>,
 }
 
 /// The end of a log, most recent event first.
@@ -55,6 +63,16 @@ pub(super) fn append(path: &Path, event: &EventLine) -> io::Result<()> {
 /// Reads whole lines backwards from the end until `want` events are found or the file
 /// starts: the cost depends on `want`, not on the log's length.
 pub(super) fn tail(path: &Path, want: usize) -> io::Result<Tail> {
+    tail_until(path, want, |_| false)
+}
+
+/// [`tail`] that also stops at the first event (from the end) for which `stop` holds, which
+/// is not kept: `fence log --since` reads back to the start of its window only.
+pub(super) fn tail_until(
+    path: &Path,
+    want: usize,
+    stop: impl Fn(&EventLine) -> bool,
+) -> io::Result<Tail> {
     let mut tail = Tail::default();
     let file = match File::open(path) {
         Ok(file) => file,
@@ -64,9 +82,10 @@ pub(super) fn tail(path: &Path, want: usize) -> io::Result<Tail> {
     let mut pos = file.metadata()?.len();
     // The bytes after `pos` not yet split into lines: the start of a line that began earlier.
     let mut carry: Vec<u8> = Vec::new();
-    while tail.events.len() < want {
+    let mut stopped = false;
+    while tail.events.len() < want && !stopped {
         if pos == 0 {
-            take(&carry, &mut tail);
+            take(&carry, &mut tail, &stop);
             break;
         }
         let start = pos.saturating_sub(CHUNK);
@@ -75,11 +94,11 @@ pub(super) fn tail(path: &Path, want: usize) -> io::Result<Tail> {
         pos = start;
         chunk.extend_from_slice(&carry);
         let mut end = chunk.len();
-        while tail.events.len() < want {
+        while tail.events.len() < want && !stopped {
             let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') else {
                 break;
             };
-            take(&chunk[newline + 1..end], &mut tail);
+            stopped = take(&chunk[newline + 1..end], &mut tail, &stop);
             end = newline;
         }
         chunk.truncate(end);
@@ -88,13 +107,32 @@ pub(super) fn tail(path: &Path, want: usize) -> io::Result<Tail> {
     Ok(tail)
 }
 
-fn take(line: &[u8], tail: &mut Tail) {
+/// Adds a line's event to `tail`; true when it is the one to stop at (not added).
+fn take(line: &[u8], tail: &mut Tail, stop: &impl Fn(&EventLine) -> bool) -> bool {
     if line.is_empty() {
-        return;
+        return false;
     }
     match serde_json::from_slice::<EventLine>(line) {
+        Ok(event) if stop(&event) => return true,
         Ok(event) => tail.events.push(event),
         Err(_) => tail.skipped += 1,
+    }
+    false
+}
+
+impl EventLine {
+    pub(super) fn into_event(self) -> crate::store::Event {
+        crate::store::Event {
+            at_ms: self.at_ms,
+            kind: self.kind,
+            owner: self.owner,
+            token: self.token,
+            detail: self.detail,
+            ttl_ms: self.ttl_ms,
+            expires_at_ms: self.expires_at_ms,
+            previous_expires_at_ms: self.previous_expires_at_ms,
+            rows: None,
+        }
     }
 }
 
@@ -125,6 +163,7 @@ pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
         detail: Some(format!(
             "older events removed by retention (the last {KEEP_EVENTS} are kept); {high} is the highest token issued"
         )),
+        ..EventLine::default()
     })
     .map_err(io::Error::other)?;
     body.push(b'\n');

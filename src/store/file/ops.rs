@@ -9,7 +9,8 @@ use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::store::{
-    ttl_ms, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, Released, ResourceView,
+    ttl_ms, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
+    Released, ResourceView,
 };
 
 impl FileCoordinator {
@@ -50,7 +51,16 @@ impl FileCoordinator {
             kind: kind.to_owned(),
             owner: Some(owner.to_owned()),
             token: Some(token),
-            detail: None,
+            ..EventLine::default()
+        }
+    }
+
+    /// A grant's or renewal's event, with the TTL and expiry `record` now has.
+    fn lease_event(now: &Now, kind: &str, record: &Record) -> EventLine {
+        EventLine {
+            ttl_ms: Some(record.ttl_ms),
+            expires_at_ms: Some(record.expires_at_ms),
+            ..Self::event(now, kind, &record.owner, record.token)
         }
     }
 
@@ -136,6 +146,7 @@ impl FileCoordinator {
                 owner: Some(lease.owner.clone()),
                 token: Some(lease.token),
                 detail: Some(detail),
+                ..EventLine::default()
             },
         ) {
             // The refusal is the true answer; only its history entry is missing.
@@ -187,7 +198,7 @@ impl Coordinator for FileCoordinator {
                 }
                 let mut extended = record.clone();
                 extended.extend(&now, &store.boot_id, ttl);
-                let event = Self::event(&now, "reacquired", owner, record.token);
+                let event = Self::lease_event(&now, "reacquired", &extended);
                 store.commit(paths, &extended, record, false, &event, "reacquired")?;
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
@@ -206,7 +217,13 @@ impl Coordinator for FileCoordinator {
             let record = Record::grant(resource, owner, token, ttl, &now, &store.boot_id);
             let mut undo = record.clone();
             undo.released = true;
-            let event = Self::event(&now, kind, owner, token);
+            let event = EventLine {
+                previous_expires_at_ms: previous
+                    .as_ref()
+                    .filter(|_| kind == "taken_over")
+                    .map(|r| r.expires_at_ms),
+                ..Self::lease_event(&now, kind, &record)
+            };
             store.commit(paths, &record, &undo, true, &event, "acquired")?;
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
@@ -227,7 +244,7 @@ impl Coordinator for FileCoordinator {
                     let ttl = ttl.map_or(record.ttl_ms, ttl_ms);
                     let mut renewed = record.clone();
                     renewed.extend(&now, &store.boot_id, ttl);
-                    let event = Self::event(&now, "renewed", &lease.owner, lease.token);
+                    let event = Self::lease_event(&now, "renewed", &renewed);
                     store.commit(paths, &renewed, &record, false, &event, "renewed")?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
@@ -273,6 +290,10 @@ impl Coordinator for FileCoordinator {
         history: usize,
     ) -> Result<Inspection, Error> {
         self.inspect_store(resources, history)
+    }
+
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        self.log_store(query)
     }
 
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {

@@ -12,7 +12,8 @@ use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
 use crate::config::percent_decode;
 use crate::error::Error;
-use crate::store::{Event, Finding, Inspection, ResourceView, State};
+use crate::store::history::newest;
+use crate::store::{Finding, Inspection, LogQuery, Logged, ResourceView, State};
 use crate::sys::sweep_temporaries;
 
 impl FileCoordinator {
@@ -24,7 +25,7 @@ impl FileCoordinator {
     }
 
     /// Every resource with a record or a high-water file, by the names of its files.
-    fn known_names(&self) -> Result<Vec<String>, Error> {
+    pub(super) fn known_names(&self) -> Result<Vec<String>, Error> {
         let mut names = BTreeSet::new();
         for (sub, suffix) in [("leases", ".json"), ("tokens", ".high")] {
             let dir = self.dir.join(sub);
@@ -83,6 +84,43 @@ impl FileCoordinator {
             inspection.findings.extend(findings);
         }
         Ok(inspection)
+    }
+
+    /// `fence log`: each matching resource's log read back from its end to the start of the
+    /// window (or `limit` events), then the newest `limit` of them all.
+    pub(super) fn log_store(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        if !self.dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let names = match query.exact_names() {
+            Some(names) => names,
+            None => self
+                .known_names()?
+                .into_iter()
+                .filter(|n| query.matches(n))
+                .collect(),
+        };
+        let mut logged = Vec::new();
+        for name in names {
+            let paths = self.paths(&name);
+            let tail = log::tail_until(&paths.events, query.limit, |e| {
+                query.since_ms.is_some_and(|since| e.at_ms < since)
+            })
+            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+            logged.extend(
+                tail.events
+                    .into_iter()
+                    .rev()
+                    .filter(|e| query.in_window(e.at_ms))
+                    .map(|e| Logged {
+                        resource: name.clone(),
+                        at_us: e.at_ms.saturating_mul(1000),
+                        event: e.into_event(),
+                    }),
+            );
+        }
+        newest(&mut logged, query.limit);
+        Ok(logged)
     }
 
     fn view(
@@ -173,13 +211,7 @@ impl FileCoordinator {
             .events
             .into_iter()
             .take(history)
-            .map(|e| Event {
-                at_ms: e.at_ms,
-                kind: e.kind,
-                owner: e.owner,
-                token: e.token,
-                detail: e.detail,
-            })
+            .map(log::EventLine::into_event)
             .collect();
         Ok((view, findings))
     }

@@ -1,0 +1,742 @@
+//! `fence log`: one ordered timeline of a store's lease events and its targets' fenced
+//! writes, for "what happened at 03:00?" — who held what when, which TTL and expiry each
+//! grant set, when a lease ran out, what each target accepted (and how many rows) and what
+//! it refused — with the integrity warnings that history can prove.
+//!
+//! Expiries are not events a store writes (nothing happens when a lease runs out): they are
+//! derived from the expiry each grant or renewal recorded, when nothing renewed or released
+//! the lease before it, and shown as `expired` events at that instant.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::time::Duration;
+
+use comfy_table::{presets, Table};
+use serde_json::{json, Map, Value};
+
+use crate::cli::{Format, LogArgs};
+use crate::cmd::Context;
+use crate::error::Error;
+use crate::exit::Exit;
+use crate::output::{Output, Report};
+use crate::signals::Interrupts;
+use crate::store::{Event, LogQuery, Logged, Pattern};
+use crate::target::postgres::PgTarget;
+use crate::target::TargetSpec;
+use crate::time;
+
+/// Where an event comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Store,
+    /// The target's URL as shown.
+    Target(String),
+}
+
+/// One line of the timeline.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub source: Source,
+    pub logged: Logged,
+    /// Derived from the history (an expiry), not written by the store.
+    pub derived: bool,
+}
+
+/// Something the history proves wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub resource: String,
+    /// `token_regressed`, `target_ahead` or `held_past_ttl`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+pub struct Timeline {
+    entries: Vec<Entry>,
+    warnings: Vec<Warning>,
+    /// A source had more events in the window than `--limit`: older ones are left out.
+    truncated: bool,
+    store: String,
+}
+
+pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
+    let targets = resolve_targets(&args.targets)?;
+    let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let query = LogQuery {
+        patterns: &patterns,
+        since_ms: args.since,
+        until_ms: args.until,
+        limit,
+    };
+    let coordinator = ctx.coordinator().await?;
+    let store_events = coordinator.log(&query).await?;
+    let mut truncated = store_events.len() >= limit;
+    let mut entries = with_expiries(store_events, &query, now_ms());
+    let mut guards = Vec::new();
+    for spec in &targets {
+        let target = PgTarget::connect(spec, &ctx.schema).await?;
+        let events = target.log(&query).await?;
+        truncated |= events.len() >= limit;
+        let names = resources_of(&entries, &events);
+        // No resource in the timeline: nothing to compare (an empty list asks for every row).
+        if !names.is_empty() {
+            guards.push((spec.display.clone(), target.guards(&names).await?));
+        }
+        entries.extend(events.into_iter().map(|logged| Entry {
+            source: Source::Target(spec.display.clone()),
+            logged,
+            derived: false,
+        }));
+    }
+    entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
+    let mut warnings = history_warnings(&entries);
+    if !guards.is_empty() {
+        let names: Vec<String> = guards
+            .iter()
+            .flat_map(|(_, g)| g.iter().map(|g| g.resource.clone()))
+            .collect();
+        let issued: HashMap<String, Option<i64>> = coordinator
+            .inspect(&names, 0)
+            .await?
+            .into_iter()
+            .map(|v| (v.resource, v.token))
+            .collect();
+        for (target, guards) in &guards {
+            for g in guards {
+                let Some(highest) = g.highest_token else {
+                    continue;
+                };
+                let issued = issued.get(&g.resource).copied().flatten();
+                if let Some(message) = target_ahead(target, &g.resource, highest, issued) {
+                    warnings.push(Warning {
+                        resource: g.resource.clone(),
+                        kind: "target_ahead",
+                        message,
+                    });
+                }
+            }
+        }
+    }
+    entries.retain(|e| wanted(&args, e));
+    Ok(Timeline {
+        entries,
+        warnings,
+        truncated,
+        store: ctx.store_display().unwrap_or_default().to_owned(),
+    })
+}
+
+/// Whether `--owner`, `--token` and `--kind` let the entry through.
+fn wanted(args: &LogArgs, entry: &Entry) -> bool {
+    let ev = &entry.logged.event;
+    args.owner.as_ref().is_none_or(|o| {
+        ev.owner
+            .as_deref()
+            .is_some_and(|owner| Pattern::new(o).matches(owner))
+    }) && args.token.is_none_or(|t| ev.token == Some(t))
+        && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
+}
+
+/// The targets `--target` names: PostgreSQL databases only.
+fn resolve_targets(urls: &[String]) -> Result<Vec<TargetSpec>, Error> {
+    urls.iter()
+        .map(|url| {
+            let spec = TargetSpec::resolve(url)?;
+            if spec.object.is_some() {
+                return Err(Error::usage(
+                    format!("`fence log --target` reads PostgreSQL targets, not `{}`", spec.display),
+                    "an object's stored token and version are shown by `fence inspect RESOURCE --target URL`",
+                ));
+            }
+            Ok(spec)
+        })
+        .collect()
+}
+
+/// How far back each poll of `--follow` reads again: an event is stamped inside its
+/// transaction (or under its lock) and seen only once committed, so one that commits late
+/// carries an earlier time than events already shown. Expiries wait as long, so that a
+/// renewal committed late is not preceded by an expiry that did not happen.
+const FOLLOW_LAG_MS: i64 = 2_000;
+
+/// An event `--follow` has shown: from a target?, resource, time, kind, owner, token.
+type SeenKey = (bool, String, i64, String, Option<String>, Option<i64>);
+
+/// `fence log --follow`: the events so far, then each new one as a line of its own, until a
+/// stop signal (exit 0). A store or target that fails is read again at the next poll, with a
+/// warning when it fails and when it answers again.
+pub async fn follow(args: LogArgs, ctx: &Context, out: &Output) -> Exit {
+    match follow_events(&args, ctx, out).await {
+        Ok(()) => Exit::Success,
+        Err(err) => out.error("log", ctx.store_display(), &err),
+    }
+}
+
+async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<(), Error> {
+    if out.format == Format::Json {
+        return Err(Error::usage(
+            "`fence log --follow` prints one event per line, not one JSON object",
+            "use --format ndjson (or human) with --follow",
+        ));
+    }
+    let mut interrupts = Interrupts::install()?;
+    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets)?
+        .into_iter()
+        .map(|spec| (spec, None))
+        .collect();
+    let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let coordinator = ctx.coordinator().await?;
+    let every = match ctx.store.as_ref().map(|s| &s.kind) {
+        Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
+        _ => Duration::from_millis(200),
+    };
+    let mut expiries = Expiries::default();
+    // What was shown within the lag, so that reading it again shows nothing twice.
+    let mut seen: HashMap<SeenKey, i64> = HashMap::new();
+    let mut newest_ms = args.since;
+    let mut failing: HashMap<String, bool> = HashMap::new();
+    let mut first = true;
+    loop {
+        let since = if first {
+            args.since
+        } else {
+            newest_ms.map(|ms| ms - FOLLOW_LAG_MS)
+        };
+        let query = LogQuery {
+            patterns: &patterns,
+            since_ms: since,
+            until_ms: None,
+            limit,
+        };
+        let mut fresh: Vec<(bool, Logged)> = Vec::new();
+        let store = ctx.store_display().unwrap_or_default().to_owned();
+        match coordinator.log(&query).await {
+            Ok(events) => {
+                recovered(&mut failing, &store);
+                fresh.extend(events.into_iter().map(|l| (false, l)));
+            }
+            Err(err) => failed(&mut failing, &store, &err),
+        }
+        for (spec, target) in targets.iter_mut() {
+            let read = match target {
+                Some(t) => t.log(&query).await,
+                None => match PgTarget::connect(spec, &ctx.schema).await {
+                    Ok(t) => target.insert(t).log(&query).await,
+                    Err(err) => Err(err),
+                },
+            };
+            match read {
+                Ok(events) => {
+                    recovered(&mut failing, &spec.display);
+                    fresh.extend(events.into_iter().map(|mut l| {
+                        l.resource = format!("{}\0{}", spec.display, l.resource);
+                        (true, l)
+                    }));
+                }
+                Err(err) => {
+                    *target = None;
+                    failed(&mut failing, &spec.display, &err);
+                }
+            }
+        }
+        fresh.retain(|(target, l)| {
+            let key = (
+                *target,
+                l.resource.clone(),
+                l.at_us,
+                l.event.kind.clone(),
+                l.event.owner.clone(),
+                l.event.token,
+            );
+            seen.insert(key, l.event.at_ms).is_none()
+        });
+        fresh.sort_by_key(|(target, l)| (l.at_us, *target));
+        let mut entries = Vec::new();
+        for (target, mut logged) in fresh {
+            newest_ms = Some(newest_ms.map_or(logged.event.at_ms, |n| n.max(logged.event.at_ms)));
+            if target {
+                let (display, resource) = logged
+                    .resource
+                    .split_once('\0')
+                    .map(|(d, r)| (d.to_owned(), r.to_owned()))
+                    .unwrap_or_default();
+                logged.resource = resource;
+                entries.push(Entry {
+                    source: Source::Target(display),
+                    logged,
+                    derived: false,
+                });
+            } else {
+                entries.extend(expiries.feed(logged));
+            }
+        }
+        entries.extend(expiries.due(now_ms() - FOLLOW_LAG_MS));
+        entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
+        if let Some(newest) = newest_ms {
+            seen.retain(|_, at| *at >= newest - 2 * FOLLOW_LAG_MS);
+        }
+        for entry in entries.iter().filter(|e| wanted(args, e)) {
+            let line = match out.format {
+                Format::Ndjson => entry.json().to_string(),
+                _ => crate::output::terminal_safe(&entry.line(), false).into_owned(),
+            };
+            if !out.quiet && print(&line).is_err() {
+                // Nobody reads any more (a closed pipe): nothing left to do.
+                return Ok(());
+            }
+        }
+        first = false;
+        tokio::select! {
+            _ = interrupts.next() => return Ok(()),
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Notes a failed read of `source` (a warning the first time).
+fn failed(failing: &mut HashMap<String, bool>, source: &str, err: &Error) {
+    if !failing.insert(source.to_owned(), true).unwrap_or(false) {
+        crate::output::warn(&format!(
+            "warning: cannot read `{source}` ({err}); trying again"
+        ));
+    }
+}
+
+/// Notes a read of `source` that succeeded (a notice when it had failed).
+fn recovered(failing: &mut HashMap<String, bool>, source: &str) {
+    if failing.insert(source.to_owned(), false).unwrap_or(false) {
+        crate::output::warn(&format!("reading `{source}` again"));
+    }
+}
+
+fn print(line: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Within one instant: an expiry first (a takeover can only follow it), then the store's
+/// events, then the targets'.
+fn rank(entry: &Entry) -> u8 {
+    match (&entry.source, entry.derived) {
+        (_, true) => 0,
+        (Source::Store, false) => 1,
+        (Source::Target(_), false) => 2,
+    }
+}
+
+/// The resources of a timeline and of a target's events, for the target's guard rows.
+fn resources_of(entries: &[Entry], events: &[Logged]) -> Vec<String> {
+    let mut names: Vec<String> = entries
+        .iter()
+        .map(|e| e.logged.resource.clone())
+        .chain(events.iter().map(|l| l.resource.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// A lease some grant or renewal set, not yet seen to end.
+struct Open {
+    owner: Option<String>,
+    token: Option<i64>,
+    ttl_ms: Option<i64>,
+    expires_at_ms: i64,
+}
+
+/// The store's events (oldest first) with an `expired` event wherever a lease ran out before
+/// anything renewed or released it: at the expiry its last grant or renewal set, when a later
+/// event of the resource comes after that instant, or when that instant is past (`now_ms`).
+/// A takeover whose taken-over grant is outside the window shows that lease's expiry from
+/// what the takeover recorded.
+pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> Vec<Entry> {
+    let mut expiries = Expiries::default();
+    let mut entries = Vec::with_capacity(events.len());
+    for logged in events {
+        entries.extend(expiries.feed(logged));
+    }
+    entries.extend(expiries.due(now_ms));
+    entries.retain(|e| !e.derived || query.in_window(e.logged.event.at_ms));
+    entries
+}
+
+/// The leases the events so far have set and not seen end, by resource.
+#[derive(Default)]
+pub struct Expiries {
+    open: HashMap<String, Open>,
+}
+
+impl Expiries {
+    /// The entries for one store event, oldest first: the expiry of the resource's lease when
+    /// this event comes after it, then the event.
+    pub fn feed(&mut self, logged: Logged) -> Vec<Entry> {
+        let mut entries = Vec::new();
+        let ev = &logged.event;
+        let resource = logged.resource.clone();
+        if ev.kind == "taken_over" && !self.open.contains_key(&resource) {
+            if let Some(previous) = ev.previous_expires_at_ms {
+                self.open.insert(
+                    resource.clone(),
+                    Open {
+                        owner: None,
+                        token: None,
+                        ttl_ms: None,
+                        expires_at_ms: previous,
+                    },
+                );
+            }
+        }
+        if ev.kind != "pruned"
+            && self
+                .open
+                .get(&resource)
+                .is_some_and(|o| o.expires_at_ms <= ev.at_ms)
+        {
+            if let Some(lease) = self.open.remove(&resource) {
+                entries.push(expired(&resource, lease));
+            }
+        }
+        match ev.kind.as_str() {
+            "acquired" | "reacquired" | "taken_over" | "renewed" => match ev.expires_at_ms {
+                Some(expires_at_ms) => {
+                    self.open.insert(
+                        resource,
+                        Open {
+                            owner: ev.owner.clone(),
+                            token: ev.token,
+                            ttl_ms: ev.ttl_ms,
+                            expires_at_ms,
+                        },
+                    );
+                }
+                // Recorded before fence kept expiries: this lease's end is unknown.
+                None => {
+                    self.open.remove(&resource);
+                }
+            },
+            "released" => {
+                self.open.remove(&resource);
+            }
+            _ => {}
+        }
+        entries.push(Entry {
+            source: Source::Store,
+            logged,
+            derived: false,
+        });
+        entries
+    }
+
+    /// The expiries at or before `now_ms` not yet shown, by resource name.
+    pub fn due(&mut self, now_ms: i64) -> Vec<Entry> {
+        let mut due: Vec<String> = self
+            .open
+            .iter()
+            .filter(|(_, o)| o.expires_at_ms <= now_ms)
+            .map(|(r, _)| r.clone())
+            .collect();
+        due.sort();
+        due.into_iter()
+            .filter_map(|r| self.open.remove(&r).map(|o| expired(&r, o)))
+            .collect()
+    }
+}
+
+fn expired(resource: &str, lease: Open) -> Entry {
+    Entry {
+        source: Source::Store,
+        derived: true,
+        logged: Logged {
+            resource: resource.to_owned(),
+            at_us: lease.expires_at_ms.saturating_mul(1000),
+            event: Event {
+                at_ms: lease.expires_at_ms,
+                kind: "expired".into(),
+                owner: lease.owner,
+                token: lease.token,
+                detail: Some(match lease.ttl_ms {
+                    Some(ttl) => format!(
+                        "not renewed or released within its TTL of {}",
+                        time::span(ttl)
+                    ),
+                    None => "the lease taken over had run out".into(),
+                }),
+                ttl_ms: lease.ttl_ms,
+                expires_at_ms: Some(lease.expires_at_ms),
+                ..Event::default()
+            },
+        },
+    }
+}
+
+/// What the timeline itself proves wrong: a grant whose token is not above the resource's
+/// previous grant's; a release, or a write a target accepted, with a token whose lease had
+/// already expired by the store's clock (the holder went on past its TTL).
+pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
+    let mut warnings = Vec::new();
+    let mut granted: HashMap<&str, i64> = HashMap::new();
+    let mut expired: HashMap<(&str, i64), i64> = HashMap::new();
+    for entry in entries {
+        let resource = entry.logged.resource.as_str();
+        let ev = &entry.logged.event;
+        let Some(token) = ev.token else {
+            continue;
+        };
+        match (ev.kind.as_str(), &entry.source) {
+            ("acquired" | "taken_over", Source::Store) => {
+                if let Some(&before) = granted.get(resource) {
+                    if token <= before {
+                        warnings.push(Warning {
+                            resource: resource.to_owned(),
+                            kind: "token_regressed",
+                            message: token_regressed(resource, before, token, ev.at_ms),
+                        });
+                    }
+                }
+                granted.insert(
+                    resource,
+                    token.max(granted.get(resource).copied().unwrap_or(0)),
+                );
+            }
+            ("expired", Source::Store) => {
+                expired.insert((resource, token), ev.at_ms);
+            }
+            ("released", Source::Store) => {
+                if let Some(&at) = expired.get(&(resource, token)) {
+                    warnings.push(Warning {
+                        resource: resource.to_owned(),
+                        kind: "held_past_ttl",
+                        message: format!(
+                            "{} released `{resource}` (token {token}) at {}, {} after its lease expired at {} by the store's clock: whatever it did in between was done without a lease",
+                            ev.owner.as_deref().unwrap_or("its owner"),
+                            time::rfc3339(ev.at_ms),
+                            time::span(ev.at_ms - at),
+                            time::rfc3339(at)
+                        ),
+                    });
+                }
+            }
+            ("write_accepted", Source::Target(target)) => {
+                if let Some(&at) = expired.get(&(resource, token)) {
+                    warnings.push(Warning {
+                        resource: resource.to_owned(),
+                        kind: "held_past_ttl",
+                        message: format!(
+                            "`{target}` accepted a write to `{resource}` with token {token} at {}, {} after that lease expired at {} by the store's clock (no newer token had written there yet): check what that write changed",
+                            time::rfc3339(ev.at_ms),
+                            time::span(ev.at_ms - at),
+                            time::rfc3339(at)
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    warnings
+}
+
+/// The warning for a grant whose token is not above an earlier grant's.
+pub fn token_regressed(resource: &str, before: i64, token: i64, at_ms: i64) -> String {
+    format!(
+        "`{resource}` was granted token {token} at {}, not above token {before} granted before: the store's records were restored from an older copy or changed by hand, and two holders may share a token; find who holds which before trusting either",
+        time::rfc3339(at_ms)
+    )
+}
+
+/// A target that accepted a token above the highest the store issued for the resource: a
+/// token it never issued was written there (a typo, a forgery, or a target fenced by another
+/// coordinator), and the real holder's writes are now refused.
+pub fn target_ahead(
+    target: &str,
+    resource: &str,
+    highest: i64,
+    issued: Option<i64>,
+) -> Option<String> {
+    issued.is_none_or(|issued| highest > issued).then(|| {
+        format!(
+            "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}): check that the target is fenced by this store, and how that token was written",
+            issued.map_or("none".to_owned(), |t| format!("up to {t}"))
+        )
+    })
+}
+
+fn opt_time(ms: Option<i64>) -> Value {
+    ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
+}
+
+impl Entry {
+    fn json(&self) -> Value {
+        let ev = &self.logged.event;
+        let mut object = json!({
+            "at": time::rfc3339(ev.at_ms),
+            "resource": self.logged.resource,
+            "source": match self.source { Source::Store => "store", Source::Target(_) => "target" },
+            "kind": ev.kind,
+            "owner": ev.owner,
+            "token": ev.token,
+        });
+        let map = object.as_object_mut().expect("an object");
+        if let Source::Target(target) = &self.source {
+            map.insert("target".into(), json!(target));
+        }
+        if ev.ttl_ms.is_some() {
+            map.insert("ttl_ms".into(), json!(ev.ttl_ms));
+        }
+        if ev.expires_at_ms.is_some() {
+            map.insert("expires_at".into(), opt_time(ev.expires_at_ms));
+        }
+        if ev.previous_expires_at_ms.is_some() {
+            map.insert(
+                "previous_expires_at".into(),
+                opt_time(ev.previous_expires_at_ms),
+            );
+        }
+        if ev.rows.is_some() {
+            map.insert("rows".into(), json!(ev.rows));
+        }
+        if self.derived {
+            map.insert("derived".into(), json!(true));
+        }
+        map.insert("detail".into(), json!(ev.detail));
+        object
+    }
+
+    /// One line for `--follow`: the table's columns, separated by two spaces.
+    fn line(&self) -> String {
+        let ev = &self.logged.event;
+        let mut fields = vec![
+            time::rfc3339(ev.at_ms),
+            self.logged.resource.clone(),
+            match &self.source {
+                Source::Store => "store".to_owned(),
+                Source::Target(target) => target.clone(),
+            },
+            ev.kind.clone(),
+            ev.owner.clone().unwrap_or_else(|| "-".into()),
+            ev.token
+                .map_or_else(|| "-".into(), |t| format!("token {t}")),
+        ];
+        fields.extend(
+            [self.lease_text(), ev.detail.clone().unwrap_or_default()]
+                .into_iter()
+                .filter(|f| !f.is_empty()),
+        );
+        fields.join("  ")
+    }
+
+    /// The LEASE column: the TTL and expiry a grant or renewal set, a takeover's previous
+    /// expiry, a write's rows.
+    fn lease_text(&self) -> String {
+        let ev = &self.logged.event;
+        let mut parts = Vec::new();
+        if let (Some(ttl), Some(expires)) = (ev.ttl_ms, ev.expires_at_ms) {
+            if ev.kind != "expired" {
+                parts.push(format!(
+                    "ttl {}, expires {}",
+                    time::span(ttl),
+                    time::rfc3339(expires)
+                ));
+            }
+        }
+        if let Some(previous) = ev.previous_expires_at_ms {
+            parts.push(format!(
+                "previous lease expired {}",
+                time::rfc3339(previous)
+            ));
+        }
+        if let Some(rows) = ev.rows {
+            parts.push(format!("{rows} row{}", if rows == 1 { "" } else { "s" }));
+        }
+        parts.join("; ")
+    }
+}
+
+impl Warning {
+    fn json(&self) -> Value {
+        json!({ "resource": self.resource, "kind": self.kind, "message": self.message })
+    }
+}
+
+impl Report for Timeline {
+    fn json(&self) -> Map<String, Value> {
+        let mut map = Map::new();
+        map.insert(
+            "events".into(),
+            Value::Array(self.entries.iter().map(Entry::json).collect()),
+        );
+        map.insert("truncated".into(), json!(self.truncated));
+        map.insert("integrity_ok".into(), json!(self.warnings.is_empty()));
+        map.insert(
+            "warnings".into(),
+            Value::Array(self.warnings.iter().map(Warning::json).collect()),
+        );
+        map
+    }
+
+    fn ndjson(&self) -> Option<Vec<Value>> {
+        let mut lines: Vec<Value> = self.entries.iter().map(Entry::json).collect();
+        lines.extend(self.warnings.iter().map(|w| {
+            let mut line = w.json();
+            line["kind"] = json!("warning");
+            line["warning"] = json!(w.kind);
+            line
+        }));
+        if self.truncated {
+            lines.push(json!({
+                "kind": "truncated",
+                "message": "older events in the window were left out: narrow it with --since, or raise --limit",
+            }));
+        }
+        Some(lines)
+    }
+
+    fn human(&self) -> String {
+        let mut text = String::new();
+        if self.entries.is_empty() {
+            text.push_str(&format!("no events in store `{}` match\n", self.store));
+        } else {
+            let mut table = Table::new();
+            table.load_preset(presets::UTF8_FULL_CONDENSED);
+            table.set_header([
+                "AT", "RESOURCE", "WHERE", "EVENT", "OWNER", "TOKEN", "LEASE", "DETAIL",
+            ]);
+            let dash = || "-".to_owned();
+            for e in &self.entries {
+                let ev = &e.logged.event;
+                table.add_row([
+                    time::rfc3339(ev.at_ms),
+                    e.logged.resource.clone(),
+                    match &e.source {
+                        Source::Store => "store".to_owned(),
+                        Source::Target(target) => target.clone(),
+                    },
+                    ev.kind.clone(),
+                    ev.owner.clone().unwrap_or_else(dash),
+                    ev.token.map_or_else(dash, |t| t.to_string()),
+                    e.lease_text(),
+                    ev.detail.clone().unwrap_or_default(),
+                ]);
+            }
+            text.push_str(&format!("store `{}`, oldest first:\n{table}\n", self.store));
+        }
+        if self.truncated {
+            text.push_str(
+                "\nolder events in the window were left out: narrow it with --since, or raise --limit\n",
+            );
+        }
+        for w in &self.warnings {
+            text.push_str(&format!("\nwarning ({}): {}\n", w.kind, w.message));
+        }
+        text
+    }
+}

@@ -1,0 +1,137 @@
+//! What `fence log` asks a coordinator for: the events of some resources (names or globs)
+//! within a time window, and the shape they come back in.
+
+use crate::store::{Event, ResourceView};
+
+/// A resource name or a glob of them: `*` any run of characters, `?` one character.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    pub fn new(text: &str) -> Pattern {
+        Pattern(text.to_owned())
+    }
+
+    /// The one name the pattern matches, when it has no wildcard.
+    pub fn exact(&self) -> Option<&str> {
+        (!self.0.contains(['*', '?'])).then_some(self.0.as_str())
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        fn go(pattern: &[char], name: &[char]) -> bool {
+            match pattern.split_first() {
+                None => name.is_empty(),
+                Some(('*', rest)) => (0..=name.len()).any(|skip| go(rest, &name[skip..])),
+                Some(('?', rest)) => !name.is_empty() && go(rest, &name[1..]),
+                Some((c, rest)) => name.first() == Some(c) && go(rest, &name[1..]),
+            }
+        }
+        let pattern: Vec<char> = self.0.chars().collect();
+        let name: Vec<char> = name.chars().collect();
+        go(&pattern, &name)
+    }
+
+    /// The pattern for SQL `LIKE` (whose escape character is the backslash).
+    pub fn like(&self) -> String {
+        let mut like = String::with_capacity(self.0.len() + 4);
+        for c in self.0.chars() {
+            match c {
+                '*' => like.push('%'),
+                '?' => like.push('_'),
+                '%' | '_' | '\\' => {
+                    like.push('\\');
+                    like.push(c);
+                }
+                c => like.push(c),
+            }
+        }
+        like
+    }
+}
+
+/// Which events to read.
+#[derive(Clone, Copy, Debug)]
+pub struct LogQuery<'a> {
+    /// The resources (every one when empty).
+    pub patterns: &'a [Pattern],
+    /// Only events at or after this instant (milliseconds since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only events before this instant.
+    pub until_ms: Option<i64>,
+    /// At most this many, the most recent.
+    pub limit: usize,
+}
+
+impl LogQuery<'_> {
+    /// The names to read when every pattern is one (for indexed lookups); `None`: list.
+    pub fn exact_names(&self) -> Option<Vec<String>> {
+        if self.patterns.is_empty() {
+            return None;
+        }
+        self.patterns
+            .iter()
+            .map(|p| p.exact().map(str::to_owned))
+            .collect()
+    }
+
+    pub fn matches(&self, resource: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(resource))
+    }
+
+    pub fn in_window(&self, at_ms: i64) -> bool {
+        self.since_ms.is_none_or(|since| at_ms >= since)
+            && self.until_ms.is_none_or(|until| at_ms < until)
+    }
+}
+
+/// One event of one resource, as a log reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    pub resource: String,
+    /// Microseconds since the epoch where the store keeps them (PostgreSQL), else the
+    /// millisecond times 1000: what orders the events of several sources.
+    pub at_us: i64,
+    pub event: Event,
+}
+
+/// The oldest-first, most recent `query.limit` events of `views` within the query.
+pub fn from_views(views: Vec<ResourceView>, query: &LogQuery<'_>) -> Vec<Logged> {
+    let mut logged: Vec<Logged> = views
+        .into_iter()
+        .filter(|v| query.matches(&v.resource))
+        .flat_map(|v| {
+            let resource = v.resource;
+            // Most recent first in a view: reversed, each resource's events are in order.
+            v.events.into_iter().rev().map(move |event| Logged {
+                resource: resource.clone(),
+                at_us: event.at_ms.saturating_mul(1000),
+                event,
+            })
+        })
+        .filter(|l| query.in_window(l.event.at_ms))
+        .collect();
+    newest(&mut logged, query.limit);
+    logged
+}
+
+/// Sorts by time (stably: each resource's own order stays) and keeps the `limit` newest.
+pub fn newest(logged: &mut Vec<Logged>, limit: usize) {
+    logged.sort_by_key(|l| l.at_us);
+    if logged.len() > limit {
+        logged.drain(..logged.len() - limit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pattern;
+
+    #[test]
+    fn globs() {
+        let p = Pattern::new("nightly-*");
+        assert!(p.matches("nightly-report") && p.matches("nightly-") && !p.matches("daily"));
+        assert!(Pattern::new("a?c").matches("abc") && !Pattern::new("a?c").matches("ac"));
+        assert_eq!(Pattern::new("job").exact(), Some("job"));
+        assert_eq!(Pattern::new("a_b%*").like(), "a\\_b\\%%");
+    }
+}

@@ -1,0 +1,782 @@
+//! `fence log` (issue 19): the incident — A acquires with a TTL, A's lease runs out, B takes
+//! over, B writes (3 rows), A's late renew and late write are refused, B releases — read back
+//! as one timeline, in order, with TTLs, expiries and rows, in human, JSON and ndjson forms,
+//! on the directory store and on PostgreSQL (with a PostgreSQL target either way); and the
+//! filters narrow it to exactly the events they name.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{env_or_panic, pg_exec, wait_for, Store};
+use serde_json::Value;
+
+/// The store, and the PostgreSQL database and schema the writes go to.
+struct Incident {
+    store: Store,
+    /// The target (the store itself on PostgreSQL).
+    target: Store,
+}
+
+impl Incident {
+    fn new(store: Store) -> Incident {
+        let target = Store::postgres();
+        let incident = Incident { store, target };
+        let schema = incident.schema();
+        pg_exec(
+            &incident.target.url,
+            &format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.totals (n int); \
+                 INSERT INTO {schema}.totals VALUES (1), (2), (3)"
+            ),
+        );
+        incident
+    }
+
+    /// fence's schema in the target, which holds the table too: the store's own on
+    /// PostgreSQL (the store's database is the target).
+    fn schema(&self) -> String {
+        self.store
+            .schema
+            .clone()
+            .or_else(|| self.target.schema.clone())
+            .unwrap()
+    }
+
+    /// `fence` on the store, with the target's schema (the store's own on PostgreSQL).
+    fn fence(&self) -> common::Fence {
+        let fence = self.store.fence();
+        match self.store.schema {
+            Some(_) => fence,
+            None => fence.args(["--schema", &self.schema()]),
+        }
+    }
+
+    fn write(&self, owner: &str, token: &str) -> common::Out {
+        let sql = format!("UPDATE {}.totals SET n = n + 10", self.schema());
+        self.fence()
+            .args(["write", "job", "--owner", owner, "--token", token])
+            .args(["--target", &self.target.url, "--sql", &sql])
+            .run()
+    }
+
+    /// Plays the incident; returns A's lease expiry as the store reported it.
+    fn play(&self) -> String {
+        let a = self
+            .fence()
+            .args([
+                "acquire", "job", "--owner", "A", "--ttl", "1s", "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json();
+        assert_eq!(a["token"], 1);
+        wait_for("A's lease to expire", Duration::from_secs(10), || {
+            let view = self
+                .fence()
+                .args(["inspect", "job", "--format", "json"])
+                .run()
+                .expect(0)
+                .json();
+            view["resources"][0]["state"] == "expired"
+        });
+        let b = self
+            .fence()
+            .args([
+                "acquire", "job", "--owner", "B", "--ttl", "30s", "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json();
+        assert_eq!(b["token"], 2);
+        self.write("B", "2").expect(0);
+        self.fence()
+            .args(["renew", "job", "--owner", "A", "--token", "1"])
+            .run()
+            .expect(4);
+        self.write("A", "1").expect(4);
+        self.fence()
+            .args(["release", "job", "--owner", "B", "--token", "2"])
+            .run()
+            .expect(0);
+        a["lease_expires_at"].as_str().unwrap().to_owned()
+    }
+
+    fn log(&self, args: &[&str]) -> common::Out {
+        self.fence()
+            .args(["log", "--resource", "job", "--target", &self.target.url])
+            .args(args)
+            .run()
+            .expect(0)
+    }
+}
+
+const ORDER: [(&str, &str, i64); 7] = [
+    ("acquired", "A", 1),
+    ("expired", "A", 1),
+    ("taken_over", "B", 2),
+    ("write_accepted", "B", 2),
+    ("renew_rejected", "A", 1),
+    ("write_rejected", "A", 1),
+    ("released", "B", 2),
+];
+
+fn kinds(events: &[Value]) -> Vec<(String, String, i64)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().unwrap_or("-").to_owned(),
+                e["token"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn expected(filter: impl Fn(&(&str, &str, i64)) -> bool) -> Vec<(String, String, i64)> {
+    ORDER
+        .iter()
+        .filter(|e| filter(e))
+        .map(|(k, o, t)| (k.to_string(), o.to_string(), *t))
+        .collect()
+}
+
+fn incident_timeline(store: Store) {
+    let incident = Incident::new(store);
+    let a_expires = incident.play();
+    let json = incident.log(&["--format", "json"]).json();
+    let events = json["events"].as_array().unwrap().clone();
+    assert_eq!(kinds(&events), expected(|_| true), "{json:#}");
+    assert_eq!(json["integrity_ok"], true, "{json:#}");
+    assert_eq!(json["truncated"], false);
+    // A's grant: its TTL and the expiry it set; the expiry at that instant; B's takeover says
+    // when A's lease had expired; B's write changed the 3 rows.
+    assert_eq!(events[0]["ttl_ms"], 1000);
+    assert_eq!(events[0]["expires_at"], a_expires.as_str());
+    assert_eq!(events[1]["at"], a_expires.as_str());
+    assert_eq!(events[1]["derived"], true);
+    assert_eq!(events[2]["ttl_ms"], 30000);
+    assert_eq!(events[2]["previous_expires_at"], a_expires.as_str());
+    assert_eq!(events[3]["rows"], 3);
+    assert_eq!(events[3]["source"], "target");
+    assert_eq!(events[5]["source"], "target");
+    let times: Vec<&str> = events.iter().map(|e| e["at"].as_str().unwrap()).collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted, "oldest first");
+
+    // ndjson: the same events, one object per line.
+    let ndjson = incident.log(&["--format", "ndjson"]);
+    let lines: Vec<Value> = ndjson
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines, events);
+
+    // Human: one table row per event, in the same order, with the TTL and the rows.
+    let human = incident.log(&[]).stdout;
+    let rows: Vec<&str> = human.lines().filter(|l| l.contains(" job ")).collect();
+    assert_eq!(rows.len(), ORDER.len(), "{human}");
+    for (row, (kind, owner, token)) in rows.iter().zip(ORDER) {
+        let cells: Vec<&str> = row.split('┆').map(|c| c.trim()).collect();
+        assert_eq!((cells[3], cells[4]), (kind, owner), "{human}");
+        assert_eq!(cells[5], token.to_string(), "{human}");
+    }
+    assert!(rows[0].contains("ttl 1.0s, expires"), "{human}");
+    assert!(
+        rows[2].contains(&format!("previous lease expired {a_expires}")),
+        "{human}"
+    );
+    assert!(rows[3].contains("3 rows"), "{human}");
+
+    // Filters.
+    let filtered = |args: &[&str]| {
+        let mut all = vec!["--format", "json"];
+        all.extend_from_slice(args);
+        kinds(incident.log(&all).json()["events"].as_array().unwrap())
+    };
+    assert_eq!(filtered(&["--owner", "A"]), expected(|e| e.1 == "A"));
+    assert_eq!(filtered(&["--owner", "?"]), expected(|_| true));
+    assert_eq!(filtered(&["--owner", "B*"]), expected(|e| e.1 == "B"));
+    assert_eq!(filtered(&["--token", "2"]), expected(|e| e.2 == 2));
+    assert_eq!(
+        filtered(&["--kind", "write_rejected", "--kind", "expired"]),
+        expected(|e| e.0 == "write_rejected" || e.0 == "expired")
+    );
+    let takeover = events[2]["at"].as_str().unwrap();
+    let released = events[6]["at"].as_str().unwrap();
+    assert_eq!(
+        filtered(&["--since", takeover, "--until", released]),
+        expected(|e| !["acquired", "expired", "released"].contains(&e.0))
+    );
+    assert_eq!(filtered(&["--since", "1h"]), expected(|_| true));
+    assert_eq!(filtered(&["--until", "2h"]), expected(|_| false));
+    // A glob, and a resource with no events.
+    let all = incident
+        .fence()
+        .args(["log", "--resource", "j*", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(all["events"].as_array().unwrap().len(), 5);
+    let none = incident
+        .fence()
+        .args(["log", "--resource", "other", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(none["events"], Value::Array(Vec::new()));
+    // --limit keeps the newest, and says so.
+    let limited = incident
+        .fence()
+        .args([
+            "log",
+            "--resource",
+            "job",
+            "--limit",
+            "2",
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(limited["truncated"], true);
+    assert_eq!(
+        kinds(limited["events"].as_array().unwrap()),
+        expected(|e| e.0 == "renew_rejected" || e.0 == "released")
+    );
+}
+
+#[test]
+fn file_store_incident_timeline() {
+    incident_timeline(Store::file());
+}
+
+#[test]
+fn postgres_incident_timeline() {
+    incident_timeline(Store::postgres());
+}
+
+/// `--format ndjson` is for `fence log` only; a failure is one JSON line.
+#[test]
+fn ndjson_is_for_log_only() {
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args(["inspect", "--format", "ndjson"])
+        .run()
+        .expect(2);
+    let err = out.json();
+    assert_eq!(err["error"], "usage");
+    let bad = store
+        .fence()
+        .args(["log", "--since", "yesterday", "--format", "ndjson"])
+        .run()
+        .expect(2);
+    assert_eq!(bad.json()["ok"], false);
+    // --follow prints a stream: one JSON object cannot hold it.
+    let follow = store
+        .fence()
+        .args(["log", "--follow", "--format", "json"])
+        .run()
+        .expect(2);
+    assert_eq!(follow.json()["error"], "usage");
+}
+
+/// A version-3 schema (events without TTLs) is read as it is, and `fence init` migrates it:
+/// the grants after that carry their TTL and expiry.
+#[test]
+fn postgres_a_version_3_schema_is_read_then_migrated() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "5s", "-q"])
+        .run()
+        .expect(0);
+    pg_exec(
+        &store.url,
+        &format!(
+            "ALTER TABLE {s}.events DROP COLUMN ttl_ms, DROP COLUMN expires_at, \
+             DROP COLUMN previous_expires_at; \
+             ALTER TABLE {s}.leases DROP COLUMN previous_expires_at; \
+             UPDATE {s}.meta SET value = '3' WHERE key = 'schema_version'"
+        ),
+    );
+    let log = |store: &Store| {
+        store
+            .fence()
+            .args(["log", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()["events"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let before = log(&store);
+    assert_eq!(kinds(&before), [("acquired".into(), "A".into(), 1)]);
+    assert_eq!(before[0].get("ttl_ms"), None);
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        (init["action"].as_str(), init["schema_version"].as_i64()),
+        (Some("migrated"), Some(4))
+    );
+    store
+        .fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "B", "--ttl", "7s", "-q"])
+        .run()
+        .expect(0);
+    let after = log(&store);
+    assert_eq!(after.len(), 3);
+    assert_eq!(
+        (after[2]["kind"].as_str(), after[2]["ttl_ms"].as_i64()),
+        (Some("acquired"), Some(7000))
+    );
+}
+
+/// The warnings of a timeline, as (kind, resource).
+fn warnings(json: &Value) -> Vec<(String, String)> {
+    json["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["kind"].as_str().unwrap().to_owned(),
+                w["resource"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A lease used past its TTL — a write accepted with its token and a release after its expiry,
+/// by the store's clock — is warned about; so is a target that accepted a token above every
+/// token the store issued. Both in the timeline, and the latter in `inspect` too.
+fn integrity_held_past_ttl_and_target_ahead(store: Store) {
+    let incident = Incident::new(store);
+    incident
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
+        .run()
+        .expect(0);
+    wait_for("A's lease to expire", Duration::from_secs(10), || {
+        let view = incident
+            .fence()
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        view["resources"][0]["state"] == "expired"
+    });
+    // No newer token has written: the target cannot know, and accepts.
+    incident.write("A", "1").expect(0);
+    incident
+        .fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    let json = incident.log(&["--format", "json"]).json();
+    assert_eq!(
+        kinds(json["events"].as_array().unwrap()),
+        [
+            ("acquired".into(), "A".into(), 1),
+            ("expired".into(), "A".into(), 1),
+            ("write_accepted".into(), "A".into(), 1),
+            ("released".into(), "A".into(), 1),
+        ]
+    );
+    assert_eq!(json["integrity_ok"], false);
+    assert_eq!(
+        warnings(&json),
+        [
+            ("held_past_ttl".into(), "job".into()),
+            ("held_past_ttl".into(), "job".into())
+        ],
+        "{json:#}"
+    );
+
+    // The target's guard row raised by hand above anything the store issued.
+    pg_exec(
+        &incident.target.url,
+        &format!(
+            "UPDATE {}.guards SET highest_token = 9 WHERE resource = 'job'",
+            incident.schema()
+        ),
+    );
+    let json = incident.log(&["--format", "json"]).json();
+    assert!(
+        warnings(&json).contains(&("target_ahead".into(), "job".into())),
+        "{json:#}"
+    );
+    let human = incident.log(&[]).stdout;
+    assert!(human.contains("warning (target_ahead): "), "{human}");
+    let inspect = incident
+        .fence()
+        .args([
+            "inspect",
+            "job",
+            "--target",
+            &incident.target.url,
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(inspect["integrity_ok"], false);
+    assert_eq!(inspect["warnings"][0]["kind"], "target_ahead");
+}
+
+#[test]
+fn file_store_integrity_held_past_ttl_and_target_ahead() {
+    integrity_held_past_ttl_and_target_ahead(Store::file());
+}
+
+#[test]
+fn postgres_integrity_held_past_ttl_and_target_ahead() {
+    integrity_held_past_ttl_and_target_ahead(Store::postgres());
+}
+
+/// A grant whose token is not above an earlier grant's (a store restored from an older copy)
+/// is warned about in the timeline and in `inspect`; the healthy history before it is not.
+fn integrity_token_regressed(store: &Store, regress: impl Fn(&Store)) {
+    for owner in ["A", "B"] {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", owner, "--ttl", "30s", "-q"])
+            .run()
+            .expect(0);
+        let token = if owner == "A" { "1" } else { "2" };
+        store
+            .fence()
+            .args(["release", "job", "--owner", owner, "--token", token])
+            .run()
+            .expect(0);
+    }
+    let log = |store: &Store| {
+        store
+            .fence()
+            .args(["log", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()
+    };
+    let healthy = log(store);
+    assert_eq!(healthy["integrity_ok"], true, "{healthy:#}");
+    regress(store);
+    let json = log(store);
+    assert_eq!(
+        warnings(&json),
+        [("token_regressed".into(), "job".into())],
+        "{json:#}"
+    );
+    let inspect = store
+        .fence()
+        .args(["inspect", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        inspect["warnings"][0]["kind"], "token_regressed",
+        "{inspect:#}"
+    );
+}
+
+#[test]
+fn file_store_integrity_token_regressed() {
+    integrity_token_regressed(&Store::file(), |store| {
+        let log = store.dir().join("events/job.jsonl");
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str(r#"{"at_ms":4102444800000,"kind":"acquired","owner":"C","token":1}"#);
+        text.push('\n');
+        std::fs::write(&log, text).unwrap();
+    });
+}
+
+#[test]
+fn postgres_integrity_token_regressed() {
+    integrity_token_regressed(&Store::postgres(), |store| {
+        let s = store.schema.clone().unwrap();
+        pg_exec(
+            &store.url,
+            &format!(
+                "INSERT INTO {s}.events (resource, kind, owner, token) VALUES ('job', 'acquired', 'C', 1)"
+            ),
+        );
+    });
+}
+
+/// A `fence log --follow --format ndjson` child and its lines, each with when it arrived.
+struct Follower {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<(std::time::Instant, Value)>,
+}
+
+impl Follower {
+    fn start(mut cmd: std::process::Command) -> Follower {
+        let mut child = cmd
+            .args(["log", "--follow", "--format", "ndjson", "--resource", "job"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let line = line.unwrap();
+                let value: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                if send.send((std::time::Instant::now(), value)).is_err() {
+                    return;
+                }
+            }
+        });
+        Follower { child, lines }
+    }
+
+    /// The next line of `kind`, and when it arrived (other lines are skipped).
+    fn next(&self, kind: &str, within: Duration) -> (std::time::Instant, Value) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((at, line)) if line["kind"] == kind => return (at, line),
+                Ok(_) => {}
+                Err(_) => panic!("no `{kind}` event within {within:?}"),
+            }
+        }
+    }
+
+    /// SIGINT ends it at once, with status 0.
+    fn interrupt(self) {
+        common::process::kill(self.child.id(), libc::SIGINT);
+        let out = common::wait_output("fence log --follow", self.child, Duration::from_secs(10));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+}
+
+/// Runs `fence` (from `cmd`) and returns when it has ended.
+fn ended(mut cmd: std::process::Command) -> std::time::Instant {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::time::Instant::now()
+}
+
+/// `--follow` prints what another process does within a second of it, in order, and ends
+/// cleanly on SIGINT.
+#[test]
+fn file_store_follow_prints_events_as_they_happen() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    let follower = Follower::start(store.fence().cmd);
+    let (_, first) = follower.next("acquired", Duration::from_secs(10));
+    assert_eq!(first["owner"], "A");
+    let done = ended(
+        store
+            .fence()
+            .args(["release", "job", "--owner", "A", "--token", "1"])
+            .cmd,
+    );
+    let (at, released) = follower.next("released", Duration::from_secs(10));
+    assert!(
+        at.duration_since(done) < Duration::from_secs(1),
+        "{:?}",
+        at.duration_since(done)
+    );
+    assert_eq!(
+        (released["owner"].as_str(), released["token"].as_i64()),
+        (Some("A"), Some(1))
+    );
+    let done = ended(
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"])
+            .cmd,
+    );
+    let (at, acquired) = follower.next("acquired", Duration::from_secs(10));
+    assert!(at.duration_since(done) < Duration::from_secs(1));
+    assert_eq!(acquired["token"], 2);
+    follower.interrupt();
+}
+
+/// On PostgreSQL too, and through a restart of the server (a private cluster): the events
+/// after the restart are printed once it answers again, none twice.
+#[test]
+fn postgres_follow_survives_a_restart() {
+    let cluster = common::cluster::Cluster::start();
+    let fence = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fence"));
+        cmd.env_remove("FENCE_STORE")
+            .args(["--store", &cluster.url()]);
+        cmd
+    };
+    let mut acquire = fence();
+    acquire.args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"]);
+    ended(acquire);
+    let follower = Follower::start(fence());
+    follower.next("acquired", Duration::from_secs(10));
+    let mut release = fence();
+    release.args(["release", "job", "--owner", "A", "--token", "1"]);
+    let done = ended(release);
+    let (at, _) = follower.next("released", Duration::from_secs(10));
+    assert!(
+        at.duration_since(done) < Duration::from_secs(1),
+        "{:?}",
+        at.duration_since(done)
+    );
+
+    cluster.pg_ctl("restart");
+    let mut acquire = fence();
+    acquire.args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"]);
+    let done = ended(acquire);
+    let (at, acquired) = follower.next("acquired", Duration::from_secs(10));
+    assert_eq!(
+        (acquired["owner"].as_str(), acquired["token"].as_i64()),
+        (Some("B"), Some(2))
+    );
+    assert!(
+        at.duration_since(done) < Duration::from_secs(5),
+        "{:?}",
+        at.duration_since(done)
+    );
+    // Nothing is printed twice.
+    let mut release = fence();
+    release.args(["release", "job", "--owner", "B", "--token", "2"]);
+    ended(release);
+    let (_, released) = follower.next("released", Duration::from_secs(10));
+    assert_eq!(released["owner"], "B");
+    assert!(
+        follower
+            .lines
+            .try_iter()
+            .all(|(_, l)| l["kind"] != "acquired"),
+        "an event was printed twice"
+    );
+    follower.interrupt();
+}
+
+/// Every coordinator's grants and renewals carry their TTL and the expiry they set, and a
+/// lease that ran out shows as `expired` before the takeover that followed it.
+fn lease_events_carry_ttl_and_expiry(store: &Store) {
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
+        .run()
+        .expect(0);
+    wait_for("A's lease to expire", Duration::from_secs(20), || {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", "B", "--ttl", "30s", "-q"])
+            .run()
+            .code
+            == 0
+    });
+    store
+        .fence()
+        .args([
+            "renew", "job", "--owner", "B", "--token", "2", "--ttl", "5s",
+        ])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["release", "job", "--owner", "B", "--token", "2"])
+        .run()
+        .expect(0);
+    let json = store
+        .fence()
+        .args(["log", "--resource", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let events = json["events"].as_array().unwrap();
+    assert_eq!(
+        kinds(events),
+        [
+            ("acquired".into(), "A".into(), 1),
+            ("expired".into(), "A".into(), 1),
+            ("taken_over".into(), "B".into(), 2),
+            ("renewed".into(), "B".into(), 2),
+            ("released".into(), "B".into(), 2),
+        ],
+        "{json:#}"
+    );
+    for (i, ttl) in [(0, 1000), (2, 30000), (3, 5000)] {
+        let at = common::timestamp_ms(events[i]["at"].as_str().unwrap());
+        let expires = common::timestamp_ms(events[i]["expires_at"].as_str().unwrap());
+        assert_eq!(
+            (events[i]["ttl_ms"].as_i64(), expires - at),
+            (Some(ttl), ttl),
+            "{json:#}"
+        );
+    }
+    assert_eq!(events[1]["at"], events[0]["expires_at"]);
+}
+
+per_coordinator!(lease_events_carry_ttl_and_expiry);
+
+/// The rows a write changed are its own, also when consecutive writes share one server
+/// connection behind a transaction-mode pooler (whose sessions keep counts of earlier
+/// transactions): 3 rows, then 2, then 3 again, each counted alone.
+#[test]
+fn rows_are_counted_per_write_behind_a_pooler() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let pooled = env_or_panic("FENCE_TEST_PGBOUNCER_URL");
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA {schema}; CREATE TABLE {schema}.totals (n int); \
+             INSERT INTO {schema}.totals VALUES (1), (2), (3)"
+        ),
+    );
+    for (sql, token) in [
+        (format!("UPDATE {schema}.totals SET n = n + 1"), "1"),
+        (format!("DELETE FROM {schema}.totals WHERE n >= 3"), "1"),
+        (
+            format!("INSERT INTO {schema}.totals VALUES (7), (8), (9)"),
+            "1",
+        ),
+    ] {
+        store
+            .fence()
+            .args([
+                "write", "job", "--token", token, "--target", &pooled, "--sql", &sql,
+            ])
+            .run()
+            .expect(0);
+    }
+    let json = store
+        .fence()
+        .args(["log", "--target", &store.url, "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let rows: Vec<i64> = json["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["rows"].as_i64().unwrap())
+        .collect();
+    assert_eq!(rows, [3, 2, 3], "{json:#}");
+}
