@@ -1640,7 +1640,7 @@ fn run_workload(w: Workload) {
         "{}: seed {seed}: no write was applied",
         w.name
     );
-    let short: Vec<String> = minimums(&w, h.ops.len())
+    let short: Vec<String> = minimums(&w, &h.ops)
         .into_iter()
         .filter(|(what, at_least)| exercised.get(what).copied().unwrap_or(0) < *at_least)
         .map(|(what, at_least)| {
@@ -1658,58 +1658,87 @@ fn run_workload(w: Workload) {
     );
 }
 
-/// What a workload of `ops` operations must have exercised, and how often: for each fault it
-/// injects and each outcome the faults provoke, a per-operation rate well under the lowest
-/// seen on any coordinator (measured over runs of every workload at 120–1,200 operations:
-/// stale renews/releases 0.8–25 % of the operations, stale writes 0.8–8 %, acquisitions
-/// killed in flight 0.8–7 %, writes ending in exit 8 0.17–2.4 %, each injected fault
-/// 0.17–6 %; the lowest on S3 with skewed clocks, where most acquisitions find the one
-/// resource busy for the two seconds S3's whole-second stamps add). A
-/// class is required once its expected count at that rate reaches 5, and then a fifth of
-/// that count: a healthy run fails by chance well under once in 10,000, and a run that
-/// exercised nothing fails.
-fn minimums(w: &Workload, ops: usize) -> Vec<(String, usize)> {
-    const FAULT: f64 = 0.0015;
-    let honest = w.skews.len() < w.workers || w.skews.iter().any(Option::is_none);
-    let mut rates: Vec<(String, f64)> = vec![
-        ("outcome: stale renew/release refused".into(), 0.004),
-        ("outcome: stale write refused".into(), 0.004),
-        ("outcome: write outcome unknown (8)".into(), FAULT),
-        ("Write target delay 150ms".into(), FAULT),
-        ("Write target cut at COMMIT".into(), FAULT),
+/// What a workload must have exercised, given the operations it ran: each fault it injects
+/// and each outcome those faults provoke, with at least a fifth of the count expected at a
+/// rate well under the true one, once that expected count reaches 5 (so a healthy run fails
+/// by chance well under once in 10,000, and a run that exercised nothing fails).
+///
+/// A fault is expected per operation it can be drawn for — its kind, by a worker whose
+/// process can be signalled (not faketime-wrapped) — at half the rate it is drawn with: a
+/// workload where renewals are rare (S3 with skewed clocks: most acquisitions find the one
+/// resource busy for the two seconds S3's whole-second stamps add) is asked for few renewal
+/// faults. Outcomes are expected per operation of the whole run, at rates under the lowest
+/// seen on any coordinator (runs of every workload at 120–7,200 operations: stale
+/// renews/releases 0.8–25 %, stale writes 0.7–8 %, acquisitions killed in flight 0.8–7 %,
+/// writes ending in exit 8 0.2–2.4 %).
+fn minimums(w: &Workload, ops: &[Op]) -> Vec<(String, usize)> {
+    let count = |kind: OpKind, signalable: bool| {
+        ops.iter()
+            .filter(|o| o.kind == kind && !(signalable && o.skewed))
+            .count() as f64
+    };
+    let all = ops.len() as f64;
+    // (class, expected count)
+    let mut expected: Vec<(String, f64)> = vec![
+        ("outcome: stale renew/release refused".into(), all * 0.004),
+        ("outcome: stale write refused".into(), all * 0.004),
+        ("outcome: write outcome unknown (8)".into(), all * 0.0015),
+        (
+            "outcome: acquisition cancelled".into(),
+            count(OpKind::Acquire, true) * 0.02,
+        ),
+        (
+            "Write target delay 150ms".into(),
+            count(OpKind::Write, false) * 0.04,
+        ),
+        (
+            "Write target cut at COMMIT".into(),
+            count(OpKind::Write, false) * 0.02,
+        ),
+        ("Write SIGKILL".into(), count(OpKind::Write, true) * 0.015),
     ];
-    if honest {
-        rates.push(("outcome: acquisition cancelled".into(), 0.004));
-        rates.push(("Write SIGKILL".into(), FAULT));
-        for (kind, _, _) in PROCESS_FAULTS {
-            rates.push((format!("{kind:?} SIGKILL"), FAULT));
-        }
+    if w.sigstop {
+        expected.push(("Write SIGSTOP".into(), count(OpKind::Write, true) * 0.05));
+    }
+    for (kind, stop, kill) in PROCESS_FAULTS {
+        let n = count(kind, true);
+        expected.push((format!("{kind:?} SIGKILL"), n * kill as f64 / 200.0));
         if w.sigstop {
-            rates.push(("Write SIGSTOP".into(), FAULT));
-            for (kind, _, _) in PROCESS_FAULTS {
-                rates.push((format!("{kind:?} SIGSTOP"), FAULT));
-            }
+            expected.push((format!("{kind:?} SIGSTOP"), n * stop as f64 / 200.0));
         }
     }
     if w.restarts {
         // A crash every 0.5–2 s (plus the restart's own second) at 10–30 operations a
         // second: one in every 60 operations at the least.
-        rates.push(("coordinator crash".into(), 0.016));
-        rates.push(("coordinator crash with operations in flight".into(), 0.008));
+        expected.push(("coordinator crash".into(), all * 0.016));
+        expected.push((
+            "coordinator crash with operations in flight".into(),
+            all * 0.008,
+        ));
     } else if w.backend == Backend::Postgres {
-        rates.push(("Acquire coordinator delay 120ms".into(), FAULT));
-        rates.push(("Acquire coordinator cut".into(), FAULT));
-        rates.push(("Renew coordinator delay 120ms".into(), FAULT));
+        expected.push((
+            "Acquire coordinator delay 120ms".into(),
+            count(OpKind::Acquire, false) * 0.04,
+        ));
+        expected.push((
+            "Acquire coordinator cut".into(),
+            count(OpKind::Acquire, false) * 0.02,
+        ));
+        expected.push((
+            "Renew coordinator delay 120ms".into(),
+            count(OpKind::Renew, false) * 0.05,
+        ));
     }
     if w.target == TargetMode::Protected {
-        rates.push(("RawWrite raw insert".into(), FAULT));
+        expected.push((
+            "RawWrite raw insert".into(),
+            count(OpKind::Write, false) * 0.025,
+        ));
     }
-    rates
+    expected
         .into_iter()
-        .filter_map(|(what, rate)| {
-            let expected = ops as f64 * rate;
-            (expected >= 5.0).then(|| (what, ((expected / 5.0) as usize).max(1)))
-        })
+        .filter(|(_, n)| *n >= 5.0)
+        .map(|(what, n)| (what, ((n / 5.0) as usize).max(1)))
         .collect()
 }
 
