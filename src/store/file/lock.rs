@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::disk::share;
@@ -21,11 +22,14 @@ pub(crate) struct Locked {
 /// write the store's directory can open it. On failure, says which step failed ("open the
 /// lock file" or "lock") with the OS error.
 pub(crate) fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
+    // Never through a symbolic link: in a shared directory another user could point it at
+    // a file of ours, which `share` would then open up to the group.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|err| ("open the lock file", err))?;
     share(&file, path);
