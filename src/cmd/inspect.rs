@@ -207,6 +207,12 @@ const COLUMNS: [&str; 7] = [
     "RESOURCE", "STATE", "OWNER", "TOKEN", "ACQUIRED", "RENEWED", "EXPIRES",
 ];
 
+/// One line of `text` for a cell: a name holding a newline (which fence refuses, but any
+/// writer of the store's tables can store) must not print a row of its own.
+fn cell(text: &str) -> String {
+    terminal_safe(text, false).into_owned()
+}
+
 /// One resource's cells under [`COLUMNS`].
 fn row_cells(v: &ResourceView) -> [String; 7] {
     let dash = || "-".to_owned();
@@ -215,9 +221,9 @@ fn row_cells(v: &ResourceView) -> [String; 7] {
         _ => dash(),
     };
     [
-        v.resource.clone(),
+        cell(&v.resource),
         v.state.as_str().to_owned(),
-        v.owner.clone().unwrap_or_else(dash),
+        v.owner.as_deref().map_or_else(dash, cell),
         v.token.map_or_else(dash, |t| t.to_string()),
         v.acquired_at_ms.map_or_else(dash, time::rfc3339),
         v.renewed_at_ms.map_or_else(dash, time::rfc3339),
@@ -364,7 +370,7 @@ impl<'a> Printer<'a> {
                 text.push_str(&format!(
                     "\n  waiting since {}: {}",
                     time::rfc3339(w.since_ms),
-                    w.owner
+                    cell(&w.owner)
                 ));
             }
             for e in &v.events {
@@ -372,10 +378,10 @@ impl<'a> Printer<'a> {
                 let event = format!(
                     "\n  event {}  {}  {}  {}  {}",
                     time::rfc3339(e.at_ms),
-                    e.kind,
-                    e.owner.clone().unwrap_or_else(dash),
+                    cell(&e.kind),
+                    e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    e.detail.as_deref().unwrap_or_default()
+                    cell(e.detail.as_deref().unwrap_or_default())
                 );
                 text.push_str(event.trim_end());
             }
