@@ -672,3 +672,242 @@ fn names_that_differ_invisibly_are_shown_apart() {
     assert!(!out.stdout.contains('\u{200b}'), "{}", out.stdout);
     assert!(out.stdout.contains("deploy\\u{200b}"), "{}", out.stdout);
 }
+
+// ---------------------------------------------------------------------------------------
+// 2. `fence run --id`
+// ---------------------------------------------------------------------------------------
+
+/// `fence run r --id ID -- sh -c 'echo ran >> log; SCRIPT'` in the store's home.
+fn run_once(store: &Store, id: &str, script: &str) -> Out {
+    let log = store.home.path().join("log");
+    store
+        .fence()
+        .args(["run", "r", "--ttl", "2s", "--id", id, "--", "sh", "-c"])
+        .args([format!("echo ran >> '{}'; {script}", log.display())])
+        .run()
+}
+
+fn runs(store: &Store) -> usize {
+    std::fs::read_to_string(store.home.path().join("log"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// FINDING (open, low): the completion record is an ordinary resource, so anyone who may
+/// acquire resources fakes a completed run by acquiring `r#done:ID` themselves
+/// (`fence acquire 'r#done:nightly-2026-12-04'`): the next `fence run r --id
+/// nightly-2026-12-04` starts nothing and exits 0, "already completed by `mallory`". The
+/// guarded step never runs without the lease, but the day's work silently never runs at all.
+/// A fix reserves the `#done:` names for `fence run` (refused by acquire/renew/release/run),
+/// or records completion where only `fence run` writes; both change what names mean.
+#[test]
+#[ignore = "FINDING: acquiring RESOURCE#done:KEY directly makes `fence run RESOURCE --id KEY` skip its command (exit 0); `#done:` names are not reserved"]
+fn acquiring_the_completion_record_directly_does_not_fake_a_run() {
+    let store = Store::file();
+    let faked = store
+        .fence()
+        .args([
+            "acquire",
+            "r#done:day-1",
+            "--owner",
+            "mallory",
+            "--ttl",
+            "1s",
+        ])
+        .run();
+    run_once(&store, "day-1", "exit 0").expect(0);
+    assert_eq!(runs(&store), 1, "the run was skipped: {faked:?}");
+}
+
+/// Holds: the completion record survives `fence prune --older-than 0s` (which deletes its
+/// events): the record is a lease row, and prune never touches those.
+#[test]
+fn a_completed_run_stays_completed_after_prune() {
+    let store = Store::postgres();
+    run_once(&store, "day-1", "exit 0").expect(0);
+    store
+        .fence()
+        .args(["prune", "--older-than", "0s"])
+        .run()
+        .expect(0);
+    assert_eq!(store.events("r#done:day-1"), vec![]);
+    let again = run_once(&store, "day-1", "exit 0").expect(0);
+    assert!(again.stderr.contains("already completed"), "{again:?}");
+    assert_eq!(runs(&store), 1);
+}
+
+/// Holds: the coordinator's connection killed by the server while the command runs (a
+/// failover, an admin's pg_terminate_backend) does not lose the completion record: fence
+/// records it on a fresh connection, and the next run with the id is skipped.
+#[test]
+fn a_run_whose_connection_died_meanwhile_is_still_recorded() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    // Exits 3 unless fence's connection was there to kill.
+    let kill = format!(
+        "n=$(psql -X -tA -c \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE pid <> pg_backend_pid() AND query LIKE '%{schema}.%'\" '{}'); [ \"$n\" -ge 1 ] || exit 3",
+        store.url
+    );
+    run_once(&store, "day-1", &kill).expect(0);
+    assert!(store.lease("r#done:day-1").is_some(), "not recorded");
+    let again = run_once(&store, "day-1", "exit 0").expect(0);
+    assert!(again.stderr.contains("already completed"), "{again:?}");
+    assert_eq!(runs(&store), 1);
+}
+
+/// Holds: fence killed (SIGKILL) while its command runs records nothing, even though the
+/// command did its work: the next run with the id, once the lease expired, runs again
+/// (the README's "never a skip of work not done").
+#[test]
+fn a_killed_fence_run_is_not_recorded_as_completed() {
+    let store = Store::file();
+    // The command's parent is the reaper; the reaper's parent is fence.
+    let out = run_once(
+        &store,
+        "day-1",
+        "kill -9 $(awk '{print $4}' /proc/$PPID/stat); sleep 5",
+    );
+    assert_eq!(out.code, -1, "fence died of SIGKILL: {out:?}");
+    // The directory store's name of the record `r#done:day-1`.
+    let record = store.dir().join("leases").join("r%23done%3Aday-1.json");
+    assert!(!record.exists());
+    wait_for("the lease to expire", Duration::from_secs(30), || {
+        store
+            .fence()
+            .args(["inspect", "r", "--format", "json"])
+            .run()
+            .json()["resources"][0]["state"]
+            != "held"
+    });
+    run_once(&store, "day-1", "exit 0").expect(0);
+    assert_eq!(runs(&store), 2);
+    assert!(record.exists());
+}
+
+/// Holds: the completion check failing (the connection cut as it asks) fails closed: the
+/// command never starts, the exit status is not 0, and the run's lease is released.
+#[test]
+fn a_failed_completion_check_starts_nothing() {
+    let store = Store::postgres();
+    store.fence().args(["init"]).run().expect(0);
+    let proxy = common::proxy::Proxy::start(
+        common::pg_upstream(),
+        common::proxy::Mode::CutWhenClientSends(b"r#done:day-1".to_vec()),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let log = home.path().join("log");
+    let out = Fence::bare(home.path())
+        .args(["--store", &common::pg_url_via(proxy.addr())])
+        .args(["--schema", store.schema.as_deref().unwrap()])
+        .args([
+            "run", "r", "--ttl", "30s", "--id", "day-1", "--", "sh", "-c",
+        ])
+        .args([format!("echo ran >> '{}'", log.display())])
+        .run();
+    assert!(out.code != 0 && out.code != 3, "{out:?}");
+    assert_eq!(proxy.cuts(), 1);
+    assert!(!log.exists(), "the command ran");
+    let (_, _, live) = store.lease("r").unwrap();
+    assert!(!live, "the run's lease was left held");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. `fence prune`
+// ---------------------------------------------------------------------------------------
+
+/// Holds: prune deleting every event (`--older-than 0s`, no `--keep`) again and again while
+/// three resources are granted and released never makes a token repeat or go down: tokens
+/// come from the lease rows, which prune never touches.
+#[test]
+fn prune_during_grants_never_lowers_a_token() {
+    let store = Store::postgres();
+    store.fence().args(["init"]).run().expect(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let tokens: Vec<Vec<i64>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = ["a", "b", "c"]
+            .into_iter()
+            .map(|resource| {
+                let (store, done) = (&store, &done);
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    for _ in 0..15 {
+                        let token = acquire(store, resource, "o");
+                        release(store, resource, "o", token);
+                        seen.push(token);
+                    }
+                    done.store(true, std::sync::atomic::Ordering::SeqCst);
+                    seen
+                })
+            })
+            .collect();
+        let mut prunes = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) || prunes < 3 {
+            store
+                .fence()
+                .args(["prune", "--older-than", "0s"])
+                .run()
+                .expect(0);
+            prunes += 1;
+        }
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (resource, seen) in ["a", "b", "c"].into_iter().zip(tokens) {
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{resource}: {seen:?}");
+        let (_, token, _) = store.lease(resource).unwrap();
+        assert_eq!(token, *seen.last().unwrap());
+        let next = acquire(&store, resource, "o");
+        assert_eq!(next, token + 1);
+    }
+}
+
+/// Holds: odd durations, counts and names never widen what prune deletes: a negative or
+/// malformed age and a negative `--keep` are usage errors, an age past the epoch deletes
+/// nothing, and a name written as SQL is only a name.
+#[test]
+fn prune_arguments_are_taken_literally() {
+    let store = Store::postgres();
+    for resource in ["a", "b"] {
+        let token = acquire(&store, resource, "o");
+        release(&store, resource, "o", token);
+    }
+    let events = |store: &Store| store.events("a").len() + store.events("b").len();
+    assert_eq!(events(&store), 4);
+    for args in [
+        &["--older-than", "-1s"][..],
+        &["--older-than", "1 day; DROP"],
+        &["--older-than", "0s", "--keep", "-1"],
+        &["--older-than", "0s", "--keep", "4294967296"],
+    ] {
+        let out = store.fence().args(["prune"]).args(args).run();
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+    }
+    store
+        .fence()
+        .args(["prune", "--older-than", "100000000y"])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args(["prune", "--older-than", "0s", "--keep", "4294967295"])
+        .run()
+        .expect(0);
+    store
+        .fence()
+        .args([
+            "prune",
+            "--older-than",
+            "0s",
+            "x') OR true --",
+            "a' OR 'a'='a",
+        ])
+        .run()
+        .expect(0);
+    assert_eq!(events(&store), 4);
+    let schema = store.schema.clone().unwrap();
+    assert_eq!(
+        pg_query(&store.url, &format!("SELECT count(*) FROM {schema}.leases"))[0].get::<_, i64>(0),
+        2
+    );
+}
