@@ -911,3 +911,79 @@ fn prune_arguments_are_taken_literally() {
         2
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// 1c. More on ids: damaged `file://` state, and two PostgreSQL writers with one id
+// ---------------------------------------------------------------------------------------
+
+/// Holds: a damaged next sidecar (a torn or hand-edited `.obj.fence.next.json`) is dropped,
+/// never applied: the object keeps its token and ids, and a stale writer is still refused. A
+/// damaged sidecar itself stops every write (exit 1, nothing written) instead of letting the
+/// object count as unfenced.
+#[test]
+fn damaged_file_object_state_fails_closed() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/obj", dir.path().display());
+    let old = acquire(&store, "res", "A");
+    release(&store, "res", "A", old);
+    let new = acquire(&store, "res", "B");
+    write_object(&store, "res", new, &target, Some("w-1"), b"new").expect(0);
+    let next = dir.path().join(".obj.fence.next.json");
+    std::fs::write(&next, b"{\"generation\": 9, \"metadata\": {\"fence-tok").unwrap();
+    let stale = write_object(&store, "res", old, &target, None, b"stale");
+    assert_eq!(stale.code, 4, "{stale:?}");
+    assert!(!next.exists());
+    let replay = write_object(&store, "res", new, &target, Some("w-1"), b"again").expect(0);
+    assert_eq!(replay.json()["replayed"], true);
+
+    let side = dir.path().join(".obj.fence.json");
+    std::fs::write(&side, b"{\"generation\": 1, \"metad").unwrap();
+    let out = write_object(&store, "res", old, &target, None, b"stale");
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(out.json()["message"].as_str().unwrap().contains("damaged"));
+    assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"new");
+}
+
+/// Holds: two `fence write --id` of one id on PostgreSQL at once (both past the ledger check,
+/// both waiting on the guard row, held by a test transaction): one applies, the other answers
+/// "replayed" (exit 0), and the row is inserted once.
+#[test]
+fn two_postgres_writers_of_one_id_at_once_apply_once() {
+    let store = Store::postgres();
+    let table = pg_table(&store);
+    let token = acquire(&store, "res", "A");
+    pg_write(&store, token, "warm-up", "SELECT 1").expect(0);
+    let schema = store.schema.clone().unwrap();
+    let gate = common::RowLock::hold(&store.url, &format!("{schema}.guards"));
+    let outs: Vec<Out> = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..2)
+            .map(|n| {
+                let (store, table) = (&store, &table);
+                scope.spawn(move || {
+                    pg_write(
+                        store,
+                        token,
+                        "once",
+                        &format!("INSERT INTO {table} VALUES ({n})"),
+                    )
+                })
+            })
+            .collect();
+        wait_for(
+            "both writers at the guard row",
+            Duration::from_secs(30),
+            || common::lock_waiters(&store.url, "begin_write_once") == 2,
+        );
+        gate.release();
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let replayed: Vec<bool> = outs
+        .into_iter()
+        .map(|out| out.expect(0).json()["replayed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(replayed.iter().filter(|r| **r).count(), 1, "{replayed:?}");
+    let rows = pg_query(&store.url, &format!("SELECT count(*) FROM {table}"));
+    assert_eq!(rows[0].get::<_, i64>(0), 1);
+    pg_exec(&store.url, &format!("DROP TABLE {table}"));
+}
