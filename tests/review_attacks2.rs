@@ -987,3 +987,75 @@ fn two_postgres_writers_of_one_id_at_once_apply_once() {
     assert_eq!(rows[0].get::<_, i64>(0), 1);
     pg_exec(&store.url, &format!("DROP TABLE {table}"));
 }
+
+/// Holds: an id replayed after the object was removed by hand and then written by another
+/// resource is that resource's object now: exit 6 ("another resource's object"), neither
+/// "replayed" (its ledger is the other resource's) nor written.
+#[test]
+fn an_id_replayed_on_an_object_another_resource_took_over_is_a_conflict() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/obj", dir.path().display());
+    let token = acquire(&store, "res", "A");
+    write_object(&store, "res", token, &target, Some("pub-1"), b"mine").expect(0);
+    for name in ["obj", ".obj.fence.json"] {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    let other = acquire(&store, "other", "B");
+    write_object(&store, "other", other, &target, Some("pub-1"), b"theirs").expect(0);
+    let out = write_object(&store, "res", token, &target, Some("pub-1"), b"mine");
+    assert_eq!(out.code, 6, "{out:?}");
+    assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"theirs");
+}
+
+/// Holds: two runs of one id at once, the second waiting (`--wait`) behind the first: the
+/// first records its completion before it releases the lease, so the second, granted the
+/// lease, finds the record and starts nothing. The command ran once.
+fn a_waiting_run_of_a_completed_id_starts_nothing(store: &Store) {
+    let gate = store.home.path().join("gate");
+    let log = store.home.path().join("log");
+    let run = |extra: &[&str]| {
+        let mut fence = store
+            .fence()
+            .args(["run", "r", "--ttl", "30s", "--id", "day-1"])
+            .args(extra)
+            .args(["--", "sh", "-c"])
+            .args([format!(
+                "echo ran >> '{}'; while [ ! -e '{}' ]; do sleep 0.05; done",
+                log.display(),
+                gate.display()
+            )]);
+        fence
+            .cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        fence.cmd.spawn().unwrap()
+    };
+    let first = run(&[]);
+    wait_for("the first run's command", Duration::from_secs(30), || {
+        log.exists()
+    });
+    let second = run(&["--wait", "1m"]);
+    wait_for("the second run to queue", Duration::from_secs(30), || {
+        store
+            .fence()
+            .args(["inspect", "r", "--format", "json"])
+            .run()
+            .json()["resources"][0]["waiters"]
+            .as_array()
+            .is_some_and(|w| w.len() == 1)
+            || store.backend == Backend::File
+    });
+    std::fs::write(&gate, b"").unwrap();
+    let first = common::wait_output("the first run", first, Duration::from_secs(60));
+    let second = common::wait_output("the second run", second, Duration::from_secs(60));
+    assert!(first.status.success(), "{first:?}");
+    assert!(second.status.success(), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("already completed"),
+        "{second:?}"
+    );
+    assert_eq!(runs(store), 1);
+}
+
+per_backend!(a_waiting_run_of_a_completed_id_starts_nothing);
