@@ -569,11 +569,14 @@ impl Report for Inspected {
             text.push_str(&format!("\nfenced writes at `{target}`:\n{t}\n"));
         }
         for v in self.views.iter().filter(|v| !v.waiters.is_empty()) {
-            text.push_str(&format!("\nwaiting for `{}`, longest first:\n", v.resource));
+            text.push_str(&format!(
+                "\nwaiting for `{}`, longest first:\n",
+                cell(&v.resource)
+            ));
             for w in &v.waiters {
                 text.push_str(&format!(
                     "  {} (since {})\n",
-                    w.owner,
+                    cell(&w.owner),
                     time::rfc3339(w.since_ms)
                 ));
             }
@@ -585,15 +588,15 @@ impl Report for Inspected {
             for e in &v.events {
                 events.add_row([
                     time::rfc3339(e.at_ms),
-                    e.kind.clone(),
-                    e.owner.clone().unwrap_or_else(dash),
+                    cell(&e.kind),
+                    e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    e.detail.clone().unwrap_or_default(),
+                    cell(e.detail.as_deref().unwrap_or_default()),
                 ]);
             }
             text.push_str(&format!(
                 "\nlast events of `{}`, most recent first:\n{events}\n",
-                v.resource
+                cell(&v.resource)
             ));
         }
         if let Some(next) = &self.next_after {
