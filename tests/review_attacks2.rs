@@ -583,6 +583,27 @@ fn a_streamed_answer_keeps_one_line_per_resource() {
         .expect(0)
         .json();
     assert!(names(&json).iter().any(|n| n == fake));
+
+    // A small answer, as one report with each resource's last events: the same.
+    let store = Store::postgres();
+    fill(&store, 0, &[fake]);
+    let schema = store.schema.clone().unwrap();
+    store.pg_rows(
+        &format!(
+            "INSERT INTO {schema}.events (resource, kind, owner, token) VALUES ($1, 'acquired', 'holder', 1)"
+        ),
+        fake,
+    );
+    let out = store
+        .fence()
+        .args(["inspect", "--history", "1"])
+        .run()
+        .expect(0);
+    assert!(
+        !out.stdout.lines().any(|l| l.starts_with("deploy")),
+        "{}",
+        out.stdout
+    );
 }
 
 /// Holds: resources created and changed between the pages of a streamed answer (the second
