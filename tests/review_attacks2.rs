@@ -1080,3 +1080,36 @@ fn a_waiting_run_of_a_completed_id_starts_nothing(store: &Store) {
 }
 
 per_backend!(a_waiting_run_of_a_completed_id_starts_nothing);
+
+/// Documented limit (README, *Write ids on objects*): a put that bypasses fence replaces an S3
+/// or GCS object's metadata, so the object forgets its token and its ids: an old id writes
+/// again, and a token below the last fenced one is accepted. On a `file://` object the
+/// sidecar stays: the token and the ids survive a plain write of the file.
+fn a_raw_overwrite_resets_what_the_object_remembers(store: &Store) {
+    let object = Object::new(store);
+    let target = object.target("obj");
+    let old = acquire(store, "res", "A");
+    release(store, "res", "A", old);
+    let new = acquire(store, "res", "B");
+    write_object(store, "res", new, &target, Some("pub-1"), b"fenced").expect(0);
+    match &object.dir {
+        Some(dir) => std::fs::write(dir.path().join("obj"), b"raw").unwrap(),
+        None => store.server().0.put(&object.key("obj"), b"raw"),
+    }
+    let stale = write_object(store, "res", old, &target, None, b"stale");
+    let replay = write_object(store, "res", new, &target, Some("pub-1"), b"again").expect(0);
+    if object.dir.is_some() {
+        assert_eq!(stale.code, 4, "{stale:?}");
+        assert_eq!(replay.json()["replayed"], true, "{replay:?}");
+        assert_eq!(object.stored("obj").unwrap().body, b"raw");
+    } else {
+        assert_eq!(stale.code, 0, "{stale:?}");
+        assert_eq!(replay.json()["replayed"], false, "{replay:?}");
+        assert_eq!(object.stored("obj").unwrap().body, b"again");
+    }
+}
+
+mod raw {
+    per_object_store!(a_raw_overwrite_resets_what_the_object_remembers);
+    use super::a_raw_overwrite_resets_what_the_object_remembers;
+}
