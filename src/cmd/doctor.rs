@@ -459,10 +459,11 @@ async fn pooler(client: &Client, asked: u16, f: &mut Findings<'_>) {
 }
 
 async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'_>) {
+    // A JSON array: role names may hold any separator.
     let sql = format!(
-        "SELECT n.nspowner::regrole::text || '|' || current_user || '|' || \
-         (pg_has_role(current_user, n.nspowner, 'MEMBER'))::text || '|' || \
-         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text \
+        "SELECT json_build_array(n.nspowner::regrole::text, current_user, \
+         pg_has_role(current_user, n.nspowner, 'MEMBER')::text, \
+         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text)::text \
          FROM pg_namespace n WHERE n.nspname = '{schema}'"
     );
     match one(client, &sql).await {
@@ -477,7 +478,7 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
             },
         ),
         Ok(Some(row)) => {
-            let parts: Vec<&str> = row.split('|').collect();
+            let parts: Vec<String> = serde_json::from_str(&row).unwrap_or_default();
             let [owner, user, member, superuser] = parts.as_slice() else {
                 return;
             };
