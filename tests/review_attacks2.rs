@@ -478,18 +478,9 @@ fn doctor_sizes_a_role_whose_name_holds_a_bar() {
              GRANT CONNECT ON DATABASE {db} TO {quoted};"
         ),
     );
-    let encoded: String = role
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
     let url = format!(
-        "postgres://{encoded}:bar-secret@{}:{}/{db}?sslmode=disable",
+        "postgres://{}:bar-secret@{}:{}/{db}?sslmode=disable",
+        percent(&role),
         common::env_or_panic("FENCE_TEST_PG_HOST"),
         common::env_or_panic("FENCE_TEST_PG_PORT"),
     );
@@ -520,6 +511,72 @@ fn doctor_sizes_a_role_whose_name_holds_a_bar() {
         fix.contains(&format!("ALTER ROLE {quoted} CONNECTION LIMIT 10")),
         "{fix}"
     );
+}
+
+/// Fixed FINDING: the schema-owner check (a target whose fence schema the connecting role
+/// owns: `protect` does not hold against it) read its answer split on `|` too, so when the
+/// role's name held one it said nothing: no warning for exactly the set-up it exists to catch.
+#[test]
+fn doctor_flags_a_schema_owner_whose_name_holds_a_bar() {
+    let role = format!("own|er\"{}", std::process::id());
+    let quoted = format!("\"{}\"", role.replace('"', "\"\""));
+    let schema = format!("bar_owned_{}", std::process::id());
+    let db = common::env_or_panic("FENCE_TEST_PG_DB");
+    pg_exec(
+        &common::pg_superuser(),
+        &format!(
+            "CREATE ROLE {quoted} LOGIN PASSWORD 'bar-secret' CONNECTION LIMIT 20;
+             GRANT CONNECT ON DATABASE {db} TO {quoted};
+             CREATE SCHEMA {schema} AUTHORIZATION {quoted};"
+        ),
+    );
+    let url = format!(
+        "postgres://{}:bar-secret@{}:{}/{db}?sslmode=disable",
+        percent(&role),
+        common::env_or_panic("FENCE_TEST_PG_HOST"),
+        common::env_or_panic("FENCE_TEST_PG_PORT"),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let out = Fence::bare(home.path())
+        .args([
+            "--store", &url, "--schema", &schema, "doctor", "--target", &url,
+        ])
+        .args(["--format", "json"])
+        .run();
+    let json = out.json();
+    pg_exec(
+        &common::pg_superuser(),
+        &format!(
+            "DROP SCHEMA {schema} CASCADE; REVOKE CONNECT ON DATABASE {db} FROM {quoted}; DROP ROLE {quoted}"
+        ),
+    );
+    let owner: Vec<&Value> = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
+        .collect();
+    assert_eq!(owner.len(), 1, "{json}");
+    assert_eq!(owner[0]["severity"], "warn", "{json}");
+    assert!(
+        owner[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the connecting role `{role}`")),
+        "{json}"
+    );
+}
+
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
