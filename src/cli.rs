@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_instant, parse_name, parse_run_owner, parse_schema, parse_token, parse_ttl, parse_wait,
-    parse_write_id, parse_write_timeout, DEFAULT_TTL,
+    parse_instant, parse_name, parse_resource, parse_run_owner, parse_schema, parse_token,
+    parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
 
@@ -154,7 +154,7 @@ impl Command {
 #[command(verbatim_doc_comment)]
 pub struct AcquireArgs {
     /// The resource to lock: 1–200 bytes, no control characters, no surrounding spaces.
-    #[arg(value_parser = parse_name)]
+    #[arg(value_parser = parse_resource)]
     pub resource: String,
 
     /// Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output.
@@ -198,7 +198,7 @@ pub struct AcquireArgs {
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
     /// The resource to hold while COMMAND runs.
-    #[arg(value_parser = parse_name)]
+    #[arg(value_parser = parse_resource)]
     pub resource: String,
 
     /// Names who runs it: the lease's owner is `ID/<pid>/<8 hex>`, unique to this run, so a
@@ -263,7 +263,7 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct LeaseArgs {
     /// The resource the lease is on.
-    #[arg(env = "FENCE_RESOURCE", value_parser = parse_name)]
+    #[arg(env = "FENCE_RESOURCE", value_parser = parse_resource)]
     pub resource: String,
 
     /// The owner that acquired the lease.
@@ -526,7 +526,7 @@ pub const EVENT_KINDS: [&str; 11] = [
 #[command(group(clap::ArgGroup::new("form").required(true).args(["sql", "file", "table", "from"])))]
 pub struct WriteArgs {
     /// The resource whose token guards the write.
-    #[arg(env = "FENCE_RESOURCE", value_parser = parse_name)]
+    #[arg(env = "FENCE_RESOURCE", value_parser = parse_resource)]
     pub resource: String,
 
     /// Your fencing token for RESOURCE.

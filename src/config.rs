@@ -42,6 +42,23 @@ pub fn parse_name(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
+/// What marks the lease records `fence run --id` keeps of completed runs
+/// (`RESOURCE#done:KEY`): reserved, so that no acquire, renew, release, run or write on such a
+/// name can fake a completion (the next run would skip its command) or block one.
+pub const DONE_MARK: &str = "#done:";
+
+/// A resource a command takes, renews, releases, runs under or writes for: [`parse_name`],
+/// and not one of the records `fence run --id` keeps.
+pub fn parse_resource(value: &str) -> Result<String, String> {
+    let name = parse_name(value)?;
+    if name.contains(DONE_MARK) {
+        return Err(format!(
+            "names containing `{DONE_MARK}` are reserved for the records `fence run --id` keeps of completed runs"
+        ));
+    }
+    Ok(name)
+}
+
 /// The longest write id (`--id`) or run id, in bytes: an object keeps its last
 /// [`crate::target::object::LEDGER_IDS`] ids in its metadata, and S3 allows 2 KB of it in all.
 pub const MAX_WRITE_ID_BYTES: usize = 64;

@@ -236,8 +236,11 @@ pub fn warn(text: &str) {
 /// Newlines and tabs stay when `lines` (tables and multi-line reports), never in one-line
 /// diagnostics.
 pub fn terminal_safe(text: &str, lines: bool) -> std::borrow::Cow<'_, str> {
-    let unsafe_char =
-        |c: char| c.is_control() && !(lines && (c == '\n' || c == '\t')) || is_bidi_control(c);
+    let unsafe_char = |c: char| {
+        c.is_control() && !(lines && (c == '\n' || c == '\t'))
+            || is_bidi_control(c)
+            || is_invisible(c)
+    };
     if !text.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -255,6 +258,14 @@ pub fn terminal_safe(text: &str, lines: bool) -> std::borrow::Cow<'_, str> {
 /// Unicode's bidirectional controls, which reorder what a terminal shows (Trojan Source).
 fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+/// Characters a terminal draws as nothing (zero-width spaces and joiners, fillers, tags):
+/// two names that differ only by one would look the same.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{ad}' | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200d}'
+        | '\u{2028}' | '\u{2029}' | '\u{2060}'..='\u{2064}' | '\u{3164}' | '\u{feff}'
+        | '\u{ffa0}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// Whether to colour diagnostics on stderr.
@@ -396,5 +407,6 @@ mod tests {
         assert_eq!(terminal_safe("row 1\nrow 2\r", true), "row 1\nrow 2\\r");
         assert_eq!(terminal_safe("one\nline", false), "one\\nline");
         assert_eq!(terminal_safe("evil\u{202e}txt", true), "evil\\u{202e}txt");
+        assert_eq!(terminal_safe("deploy\u{200b}", false), "deploy\\u{200b}");
     }
 }

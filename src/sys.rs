@@ -14,7 +14,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
@@ -121,11 +121,14 @@ pub struct Locked {
 /// write the store's directory can open it. On failure, says which step failed ("open the
 /// lock file" or "lock") with the OS error.
 pub fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
+    // Never through a symbolic link: in a shared directory another user could point it at
+    // a file of ours, which `share` would then open up to the group.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|err| ("open the lock file", err))?;
     share(&file, path);

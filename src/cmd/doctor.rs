@@ -332,12 +332,13 @@ const PER_BUSY_RESOURCE: i64 = 1 + crate::store::PG_WAITER_CONNECTIONS + 1;
 /// has for non-superusers, and against what one busy resource needs.
 async fn connections(client: &Client, f: &mut Findings<'_>) {
     let check = "postgres.connections";
-    // `reserved_connections` (PostgreSQL 16) is read as 0 where it does not exist.
-    let sql = "SELECT concat_ws('|', current_user, r.rolsuper, r.rolconnlimit, \
+    // `reserved_connections` (PostgreSQL 16) is read as 0 where it does not exist. The role
+    // comes last: its name may hold the separator.
+    let sql = "SELECT concat_ws('|', r.rolsuper, r.rolconnlimit, \
                  current_setting('max_connections'), current_setting('superuser_reserved_connections'), \
                  coalesce(current_setting('reserved_connections', true), '0'), \
                  (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
-                 (SELECT datconnlimit FROM pg_database WHERE datname = current_database())) \
+                 (SELECT datconnlimit FROM pg_database WHERE datname = current_database()), current_user) \
                FROM pg_roles r WHERE r.rolname = current_user";
     let row = match one(client, sql).await {
         Ok(Some(row)) => row,
@@ -352,8 +353,8 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
             return;
         }
     };
-    let parts: Vec<&str> = row.split('|').collect();
-    let [role, superuser, limit, max, reserved, reserved_more, in_use, db_limit] = parts.as_slice()
+    let parts: Vec<&str> = row.splitn(8, '|').collect();
+    let [superuser, limit, max, reserved, reserved_more, in_use, db_limit, role] = parts.as_slice()
     else {
         return;
     };
@@ -458,10 +459,11 @@ async fn pooler(client: &Client, asked: u16, f: &mut Findings<'_>) {
 }
 
 async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'_>) {
+    // A JSON array: role names may hold any separator.
     let sql = format!(
-        "SELECT n.nspowner::regrole::text || '|' || current_user || '|' || \
-         (pg_has_role(current_user, n.nspowner, 'MEMBER'))::text || '|' || \
-         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text \
+        "SELECT json_build_array(n.nspowner::regrole::text, current_user, \
+         pg_has_role(current_user, n.nspowner, 'MEMBER')::text, \
+         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text)::text \
          FROM pg_namespace n WHERE n.nspname = '{schema}'"
     );
     match one(client, &sql).await {
@@ -476,7 +478,7 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
             },
         ),
         Ok(Some(row)) => {
-            let parts: Vec<&str> = row.split('|').collect();
+            let parts: Vec<String> = serde_json::from_str(&row).unwrap_or_default();
             let [owner, user, member, superuser] = parts.as_slice() else {
                 return;
             };

@@ -228,6 +228,12 @@ const COLUMNS: [&str; 7] = [
     "RESOURCE", "STATE", "OWNER", "TOKEN", "ACQUIRED", "RENEWED", "EXPIRES",
 ];
 
+/// One line of `text` for a cell: a name holding a newline (which fence refuses, but any
+/// writer of the store's tables can store) must not print a row of its own.
+fn cell(text: &str) -> String {
+    terminal_safe(text, false).into_owned()
+}
+
 /// One resource's cells under [`COLUMNS`].
 fn row_cells(v: &ResourceView) -> [String; 7] {
     let dash = || "-".to_owned();
@@ -236,9 +242,9 @@ fn row_cells(v: &ResourceView) -> [String; 7] {
         _ => dash(),
     };
     [
-        v.resource.clone(),
+        cell(&v.resource),
         v.state.as_str().to_owned(),
-        v.owner.clone().unwrap_or_else(dash),
+        v.owner.as_deref().map_or_else(dash, cell),
         v.token.map_or_else(dash, |t| t.to_string()),
         v.acquired_at_ms.map_or_else(dash, time::rfc3339),
         v.renewed_at_ms.map_or_else(dash, time::rfc3339),
@@ -385,7 +391,7 @@ impl<'a> Printer<'a> {
                 text.push_str(&format!(
                     "\n  waiting since {}: {}",
                     time::rfc3339(w.since_ms),
-                    w.owner
+                    cell(&w.owner)
                 ));
             }
             for e in &v.events {
@@ -393,10 +399,10 @@ impl<'a> Printer<'a> {
                 let event = format!(
                     "\n  event {}  {}  {}  {}  {}",
                     time::rfc3339(e.at_ms),
-                    e.kind,
-                    e.owner.clone().unwrap_or_else(dash),
+                    cell(&e.kind),
+                    e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    e.detail.as_deref().unwrap_or_default()
+                    cell(e.detail.as_deref().unwrap_or_default())
                 );
                 text.push_str(event.trim_end());
             }
@@ -584,11 +590,14 @@ impl Report for Inspected {
             text.push_str(&format!("\nfenced writes at `{target}`:\n{t}\n"));
         }
         for v in self.views.iter().filter(|v| !v.waiters.is_empty()) {
-            text.push_str(&format!("\nwaiting for `{}`, longest first:\n", v.resource));
+            text.push_str(&format!(
+                "\nwaiting for `{}`, longest first:\n",
+                cell(&v.resource)
+            ));
             for w in &v.waiters {
                 text.push_str(&format!(
                     "  {} (since {})\n",
-                    w.owner,
+                    cell(&w.owner),
                     time::rfc3339(w.since_ms)
                 ));
             }
@@ -600,15 +609,15 @@ impl Report for Inspected {
             for e in &v.events {
                 events.add_row([
                     time::rfc3339(e.at_ms),
-                    e.kind.clone(),
-                    e.owner.clone().unwrap_or_else(dash),
+                    cell(&e.kind),
+                    e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    e.detail.clone().unwrap_or_default(),
+                    cell(e.detail.as_deref().unwrap_or_default()),
                 ]);
             }
             text.push_str(&format!(
                 "\nlast events of `{}`, most recent first:\n{events}\n",
-                v.resource
+                cell(&v.resource)
             ));
         }
         if let Some(next) = &self.next_after {

@@ -44,13 +44,13 @@ use crate::store::{Coordinator, LeaseRef};
 /// The resource that records run id `id` of `resource` as completed; refused (exit 2) when the
 /// two do not fit a resource name.
 fn done_marker(resource: &str, id: &str) -> Result<String, Error> {
-    let marker = format!("{resource}#done:{id}");
+    let marker = format!("{resource}{}{id}", crate::config::DONE_MARK);
     crate::config::parse_name(&marker).map_err(|why| {
         Error::usage(
             format!("--id cannot be recorded for `{resource}`: `{marker}` is not a resource name ({why})"),
             format!(
                 "use a shorter resource name or id: the two take at most {} bytes together",
-                crate::config::MAX_NAME_BYTES - "#done:".len()
+                crate::config::MAX_NAME_BYTES - crate::config::DONE_MARK.len()
             ),
         )
     })

@@ -44,6 +44,19 @@ struct Sidecar {
     inode: Option<u64>,
 }
 
+/// Whether `name` is one of the files this backend keeps beside an object (its sidecar, next
+/// sidecar, lock, or a temporary file): never an object itself.
+pub(super) fn is_bookkeeping(name: &str) -> bool {
+    name.starts_with(TMP_PREFIX)
+        || (name.starts_with('.')
+            && [".fence.json", ".fence.next.json", ".fence.lock"]
+                .iter()
+                .any(|suffix| name.ends_with(suffix)))
+}
+
+/// The prefix of the temporary files a write puts its bytes and sidecars in.
+const TMP_PREFIX: &str = ".fence-tmp-";
+
 fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
     let message = format!("cannot {what} `{}`: {err}", path.display());
     match err.kind() {
@@ -144,7 +157,7 @@ impl LocalObjects {
     /// Writes `bytes` to a new temporary file beside `path` (fsynced), counting them on `bar`.
     fn write_temp(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<PathBuf, Error> {
         let tmp = self.dir.join(format!(
-            ".fence-tmp-{}-{:016x}",
+            "{TMP_PREFIX}{}-{:016x}",
             std::process::id(),
             random_u64()
         ));

@@ -102,6 +102,13 @@ impl ObjectUrl {
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(bad("does not name a file"));
             };
+            // Writing them as objects would let any lease holder forge another object's
+            // token and write ids.
+            if local::is_bookkeeping(&name.to_string_lossy()) {
+                return Err(bad(
+                    "names one of fence's own files (the metadata, lock or temporary file kept beside a `file://` object), not an object",
+                ));
+            }
             return Ok(ObjectUrl {
                 service,
                 bucket: dir.display().to_string(),
@@ -423,6 +430,14 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((f.bucket.as_str(), f.key.as_str()), ("/tmp/d", "obj"));
+        for own in [".obj.fence.json", ".obj.fence.next.json", ".obj.fence.lock"] {
+            assert!(ObjectUrl::parse(&format!("file:///tmp/d/{own}"), true)
+                .unwrap()
+                .is_err());
+        }
+        assert!(ObjectUrl::parse("file:///tmp/d/obj.fence.json", true)
+            .unwrap()
+            .is_ok());
         assert!(ObjectUrl::parse("postgres://x", true).is_none());
         assert_eq!(encode_key("a/b c_d"), "a_2Fb_20c_5Fd");
     }

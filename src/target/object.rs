@@ -179,6 +179,22 @@ pub fn check_flags(url: &ObjectUrl, expect: &Expect) -> Result<(), Error> {
     Ok(())
 }
 
+/// S3 carries user metadata in HTTP headers, which are ASCII: a name outside it may be
+/// stored (an S3-compatible server kept the raw bytes) but no read of the object's state
+/// parses back, so every later write of it would fail. Refused before anything is sent.
+fn ascii_metadata(url: &ObjectUrl, what: &str, value: &str) -> Result<(), Error> {
+    if value.is_ascii() {
+        return Ok(());
+    }
+    Err(Error::usage(
+        format!(
+            "`{}`: the {what} `{value}` is not ASCII, and S3 keeps it in the object's metadata (`fence-{what}`), which is ASCII only",
+            url.display
+        ),
+        format!("give S3 object targets an ASCII {what} (GCS and `file://` objects take any)"),
+    ))
+}
+
 /// One fenced object write: who writes what, with which token and write id.
 pub struct ObjectWrite<'a> {
     pub resource: &'a str,
@@ -203,6 +219,10 @@ pub async fn write(
         write_id,
         expect,
     } = *write;
+    if url.service == object::Service::S3 {
+        ascii_metadata(url, "resource", resource)?;
+        ascii_metadata(url, "owner", owner)?;
+    }
     let api = object::open_reporting(url, bar.clone())?;
     let current = api.head(&url.key).await?;
     // An object fence wrote before was written after its prefix was verified; any other

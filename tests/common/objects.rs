@@ -235,6 +235,28 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Stores bytes with user metadata of the writer's choosing, bypassing fence (a raw
+    /// writer forging fence's metadata). S3 only.
+    pub fn put_with_metadata(&self, key: &str, body: &[u8], metadata: &[(&str, &str)]) {
+        assert_eq!(self.service, Service::S3, "raw metadata puts are S3 only");
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), body).unwrap();
+        let data = file.path().display().to_string();
+        let headers: Vec<String> = metadata
+            .iter()
+            .map(|(name, value)| format!("x-amz-meta-{name}: {value}"))
+            .collect();
+        let mut args = vec!["-sf", "-T", &data];
+        for header in &headers {
+            args.extend(["-H", header]);
+        }
+        let url = format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key));
+        args.push(&url);
+        self.curl(&args).expect("direct put with metadata");
+    }
+}
+
 /// fence's key encoding of a resource name: `[A-Za-z0-9-]` stay, other bytes become `_XX`.
 pub fn encode_key(resource: &str) -> String {
     resource

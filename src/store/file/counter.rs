@@ -14,7 +14,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::sys::share;
@@ -48,10 +48,12 @@ pub(super) fn read(path: &Path) -> io::Result<Mark> {
 /// when the file is new).
 pub(super) fn write(path: &Path, token: i64) -> io::Result<()> {
     let created = !path.exists();
+    // Never through a symbolic link (see `lock_exclusive`): it is rewritten in place.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
     if created {
         share(&file, path);

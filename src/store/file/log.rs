@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +55,12 @@ pub(super) struct Tail {
 pub(super) fn append(path: &Path, event: &EventLine) -> io::Result<()> {
     let mut line = serde_json::to_vec(event).map_err(io::Error::other)?;
     line.push(b'\n');
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    // Never through a symbolic link (see `lock_exclusive`).
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
     share(&file, path);
     file.write_all(&line)
 }
