@@ -24,9 +24,9 @@
 //! minutes on two cores); `FENCE_SOAK_OPS=100000` runs a soak. `FENCE_SOAK_SEED` fixes the
 //! seed (it is printed by every workload, and in every failure). `tests/run` passes both
 //! through; the `soak` nextest profile never kills a slow test:
-//! `FENCE_SOAK_OPS=100000 tests/run --cargo-profile release --profile soak --test-threads 6
-//! -E 'binary(adversarial) & test(workload)' --success-output final` (about 34 minutes here,
-//! see the README).
+//! `FENCE_SOAK_OPS=72000 tests/run --cargo-profile release --profile soak --test-threads 4
+//! -E 'binary(adversarial) & test(workload)' --success-output final` (the workloads' shares
+//! add up to 140 %: about 101,000 operations, 21 minutes of tests here; see the README).
 
 #[path = "common/checker.rs"]
 mod checker;
