@@ -10,6 +10,7 @@ pub(crate) mod file;
 pub mod history;
 mod object;
 mod postgres;
+pub(crate) use postgres::LogWindow;
 
 /// The most connections the waiters of one busy resource keep on PostgreSQL.
 pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;

@@ -796,14 +796,7 @@ impl Coordinator for PgCoordinator {
     /// newest `limit` of them all. The version-4 columns are read through `to_jsonb`, so that a
     /// schema not yet migrated answers with its events, without TTLs.
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        let (filter, names): (&str, Option<Vec<String>>) = match query.exact_names() {
-            Some(names) => ("l.resource = ANY($1)", Some(names)),
-            None if query.patterns.is_empty() => ("$1::text[] IS NULL", None),
-            None => (
-                "l.resource COLLATE \"C\" LIKE ANY($1)",
-                Some(query.patterns.iter().map(|p| p.like()).collect()),
-            ),
-        };
+        let window = LogWindow::new(query, "l.resource");
         let sql = format!(
             "SELECT l.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
              __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail, \
@@ -812,27 +805,16 @@ impl Coordinator for PgCoordinator {
              __SCHEMA__.ms((e.j->>'previous_expires_at')::timestamptz) AS previous_expires_ms \
              FROM __SCHEMA__.leases l CROSS JOIN LATERAL ( \
                SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
-               FROM __SCHEMA__.events ev WHERE ev.resource = l.resource \
-               AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
-               AND ($3::int8 IS NULL OR ev.at < to_timestamp($3::int8 / 1000.0)) \
-               ORDER BY ev.at DESC LIMIT $4) e \
-             WHERE {filter} ORDER BY e.at DESC, e.id DESC LIMIT $4"
+               FROM __SCHEMA__.events ev WHERE ev.resource = l.resource {range}) e \
+             WHERE {filter} {last}",
+            range = LogWindow::RANGE,
+            filter = window.filter,
+            last = LogWindow::LAST,
         );
-        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         let rows = self
-            .call(
-                "read the events",
-                false,
-                &sql,
-                &[
-                    (&names, Type::TEXT_ARRAY),
-                    (&query.since_ms, Type::INT8),
-                    (&query.until_ms, Type::INT8),
-                    (&limit, Type::INT8),
-                ],
-            )
+            .call("read the events", false, &sql, &window.params())
             .await?;
-        let mut logged: Vec<(i64, Logged)> = rows
+        let logged = rows
             .iter()
             .map(|row| {
                 (
@@ -855,8 +837,7 @@ impl Coordinator for PgCoordinator {
                 )
             })
             .collect();
-        logged.sort_by_key(|(id, l)| (l.at_us, *id));
-        Ok(logged.into_iter().map(|(_, l)| l).collect())
+        Ok(LogWindow::oldest_first(logged))
     }
 
     /// One pass over the events table (no index serves a count of everything).
@@ -1002,5 +983,60 @@ impl Coordinator for PgCoordinator {
 
     fn pushes_wakeups(&self) -> bool {
         true
+    }
+}
+
+/// What the two PostgreSQL histories `fence log` reads share (the coordinator's `events`, a
+/// target's `write_events`): the resources matched by name or by glob, the time window and
+/// the limit, as one LATERAL range per resource over an `(resource, at)` index.
+pub(crate) struct LogWindow {
+    /// The condition on the resource column (`$1`).
+    pub filter: String,
+    names: Option<Vec<String>>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    limit: i64,
+}
+
+impl LogWindow {
+    /// Inside the per-resource range: the window (`$2`, `$3`), newest first, at most `$4`.
+    pub const RANGE: &'static str =
+        "AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
+         AND ($3::int8 IS NULL OR ev.at < to_timestamp($3::int8 / 1000.0)) \
+         ORDER BY ev.at DESC LIMIT $4";
+    /// After the ranges: the newest `$4` of them all.
+    pub const LAST: &'static str = "ORDER BY e.at DESC, e.id DESC LIMIT $4";
+
+    pub fn new(query: &LogQuery<'_>, column: &str) -> LogWindow {
+        let (filter, names) = match query.exact_names() {
+            Some(names) => (format!("{column} = ANY($1)"), Some(names)),
+            None if query.patterns.is_empty() => ("$1::text[] IS NULL".to_owned(), None),
+            None => (
+                format!("{column} COLLATE \"C\" LIKE ANY($1)"),
+                Some(query.patterns.iter().map(|p| p.like()).collect()),
+            ),
+        };
+        LogWindow {
+            filter,
+            names,
+            since_ms: query.since_ms,
+            until_ms: query.until_ms,
+            limit: i64::try_from(query.limit).unwrap_or(i64::MAX),
+        }
+    }
+
+    pub fn params(&self) -> [(&(dyn ToSql + Sync), Type); 4] {
+        [
+            (&self.names, Type::TEXT_ARRAY),
+            (&self.since_ms, Type::INT8),
+            (&self.until_ms, Type::INT8),
+            (&self.limit, Type::INT8),
+        ]
+    }
+
+    /// Rows read newest first, with their event ids, as the timeline wants them: oldest first.
+    pub fn oldest_first(mut logged: Vec<(i64, Logged)>) -> Vec<Logged> {
+        logged.sort_by_key(|(id, l)| (l.at_us, *id));
+        logged.into_iter().map(|(_, l)| l).collect()
     }
 }

@@ -18,7 +18,7 @@ use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
 use crate::pg::{self};
 use crate::signals::Interrupts;
-use crate::store::{Event, LogQuery, Logged};
+use crate::store::{Event, LogQuery, LogWindow, Logged};
 use crate::target::{quote_literal, quote_table, TargetSpec};
 
 /// fence's tables in a target database.
@@ -532,41 +532,28 @@ impl PgTarget {
     /// has a guard row; a rejected write needs one). `rows_affected` (version 3) is read
     /// through `to_jsonb`, so that a schema not yet migrated answers without it.
     pub async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        let (filter, names): (&str, Option<Vec<String>>) = match query.exact_names() {
-            Some(names) => ("g.resource = ANY($1)", Some(names)),
-            None if query.patterns.is_empty() => ("$1::text[] IS NULL", None),
-            None => (
-                "g.resource COLLATE \"C\" LIKE ANY($1)",
-                Some(query.patterns.iter().map(|p| p.like()).collect()),
-            ),
-        };
+        let window = LogWindow::new(query, "g.resource");
         let sql = format!(
             "SELECT g.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
              e.kind, e.owner, e.token, e.detail, (e.j->>'rows_affected')::int8 AS rows_affected \
              FROM __SCHEMA__.guards g CROSS JOIN LATERAL ( \
                SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
-               FROM __SCHEMA__.write_events ev WHERE ev.resource = g.resource \
-               AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
-               AND ($3::int8 IS NULL OR ev.at < to_timestamp($3::int8 / 1000.0)) \
-               ORDER BY ev.at DESC LIMIT $4) e \
-             WHERE {filter} ORDER BY e.at DESC, e.id DESC LIMIT $4"
+               FROM __SCHEMA__.write_events ev WHERE ev.resource = g.resource {range}) e \
+             WHERE {filter} {last}",
+            range = LogWindow::RANGE,
+            filter = window.filter,
+            last = LogWindow::LAST,
         );
-        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         let rows = self
             .session
             .call(
                 "read the target's write events",
                 false,
                 &sql,
-                &[
-                    (&names, Type::TEXT_ARRAY),
-                    (&query.since_ms, Type::INT8),
-                    (&query.until_ms, Type::INT8),
-                    (&limit, Type::INT8),
-                ],
+                &window.params(),
             )
             .await?;
-        let mut logged: Vec<(i64, Logged)> = rows
+        let logged = rows
             .iter()
             .map(|row| {
                 let at_us: i64 = row.get("at_us");
@@ -588,8 +575,7 @@ impl PgTarget {
                 )
             })
             .collect();
-        logged.sort_by_key(|(id, l)| (l.at_us, *id));
-        Ok(logged.into_iter().map(|(_, l)| l).collect())
+        Ok(LogWindow::oldest_first(logged))
     }
 }
 
