@@ -15,7 +15,8 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fenced::{
-    backends, finish, one, release_as_operator, schema, setup_table, tagged_url, values,
+    backends, finish, hold_in_transaction, one, release_as_operator, schema, setup_table,
+    tagged_url, values,
 };
 use common::{wait_for, Store};
 use fence::target::postgres::{fenced_script, TxWrite};
@@ -327,28 +328,12 @@ fn a_write_waiting_behind_another_writers_lock_is_unavailable_not_unknown() {
     let table = setup_table(&store);
     first_write(&store, "r", 5, &table);
     // Another writer of the same resource holds the guard row inside an open transaction.
-    let url = store.url.clone();
     let schema_name = schema(&store);
-    let (hold, release) = std::sync::mpsc::channel::<()>();
-    let (held, is_held) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        common::block_on(async move {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            client
-                .batch_execute(&format!(
-                    "BEGIN; SELECT {schema_name}.begin_write('r', 5, 'other')"
-                ))
-                .await
-                .unwrap();
-            held.send(()).unwrap();
-            let _ = tokio::task::spawn_blocking(move || release.recv()).await;
-            client.batch_execute("ROLLBACK").await.unwrap();
-        })
-    });
-    is_held.recv().unwrap();
+    let holder = hold_in_transaction(
+        &store.url,
+        format!("SELECT {schema_name}.begin_write('r', 5, 'other')"),
+        "ROLLBACK",
+    );
     let started = Instant::now();
     let out = store
         .fence()
@@ -359,8 +344,7 @@ fn a_write_waiting_behind_another_writers_lock_is_unavailable_not_unknown() {
         .expect(7);
     assert!(out.stdout.contains("lock"), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
-    hold.send(()).unwrap();
-    holder.join().unwrap();
+    holder.release();
     assert_eq!(values(&store, &table), "0");
 }
 

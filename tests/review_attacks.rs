@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fenced::{
-    backends, finish, one, release_as_operator, schema, setup_table, tagged_url, values,
+    backends, finish, hold_in_transaction, one, release_as_operator, schema, setup_table,
+    tagged_url, values,
 };
 use common::process::{is_gone, kill, read_pid};
 use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Store};
@@ -607,28 +608,12 @@ fn a_stop_signal_before_anything_is_sent_sends_nothing() {
     let table = setup_table(&store);
     let name = format!("fence-{}-early", schema(&store));
     // Hold the lock fence takes to create its target schema, so it waits before sending.
-    let url = store.url.clone();
     let key = format!("fence target schema {}", schema(&store));
-    let (hold, release) = std::sync::mpsc::channel::<()>();
-    let (held, is_held) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        common::block_on(async move {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            client
-                .batch_execute(&format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{key}'))"
-                ))
-                .await
-                .unwrap();
-            held.send(()).unwrap();
-            let _ = tokio::task::spawn_blocking(move || release.recv()).await;
-            client.batch_execute("COMMIT").await.unwrap();
-        })
-    });
-    is_held.recv().unwrap();
+    let holder = hold_in_transaction(
+        &store.url,
+        format!("SELECT pg_advisory_xact_lock(hashtext('{key}'))"),
+        "COMMIT",
+    );
     let mut fence = store.fence();
     fence
         .cmd
@@ -656,8 +641,7 @@ fn a_stop_signal_before_anything_is_sent_sends_nothing() {
     kill(child.id(), libc::SIGTERM);
     // Let the signal land before the lock is released.
     std::thread::sleep(Duration::from_millis(200));
-    hold.send(()).unwrap();
-    holder.join().unwrap();
+    holder.release();
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(
         values(&store, &table),
@@ -1311,28 +1295,12 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
     let store = Store::postgres();
     let table = setup_table(&store);
     let name = format!("fence-{}-runearly", schema(&store));
-    let url = store.url.clone();
     let key = format!("fence target schema {}", schema(&store));
-    let (hold, release) = std::sync::mpsc::channel::<()>();
-    let (held, is_held) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        common::block_on(async move {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            client
-                .batch_execute(&format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{key}'))"
-                ))
-                .await
-                .unwrap();
-            held.send(()).unwrap();
-            let _ = tokio::task::spawn_blocking(move || release.recv()).await;
-            client.batch_execute("COMMIT").await.unwrap();
-        })
-    });
-    is_held.recv().unwrap();
+    let holder = hold_in_transaction(
+        &store.url,
+        format!("SELECT pg_advisory_xact_lock(hashtext('{key}'))"),
+        "COMMIT",
+    );
     let target = tagged_url(&store, &name);
     let mut fence = store.fence();
     fence
@@ -1365,8 +1333,7 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
         assert!(start.elapsed() < Duration::from_secs(60), "fence run hangs");
         std::thread::sleep(Duration::from_millis(20));
     };
-    hold.send(()).unwrap();
-    holder.join().unwrap();
+    holder.release();
     // The orphaned session (its client gone) finishes the schema and ends; the write itself
     // was never sent.
     wait_for(

@@ -92,3 +92,42 @@ pub fn release_as_operator(store: &Store, resource: &str) {
         .run()
         .expect(0);
 }
+
+/// A transaction another session keeps open (holding whatever `sql` locks) until released.
+pub struct Held {
+    release: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Held {
+    /// Ends the transaction (as [`hold_in_transaction`] was told) and waits for the session.
+    pub fn release(self) {
+        self.release.send(()).unwrap();
+        self.thread.join().unwrap();
+    }
+}
+
+/// Runs `BEGIN; {sql}` on a session of its own and returns once it holds what `sql` locked;
+/// the transaction ends with `end` when the [`Held`] is released.
+pub fn hold_in_transaction(url: &str, sql: String, end: &'static str) -> Held {
+    let url = url.to_owned();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held, is_held) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        super::block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            client
+                .batch_execute(&format!("BEGIN; {sql}"))
+                .await
+                .unwrap();
+            held.send(()).unwrap();
+            let _ = tokio::task::spawn_blocking(move || released.recv()).await;
+            client.batch_execute(end).await.unwrap();
+        })
+    });
+    is_held.recv().unwrap();
+    Held { release, thread }
+}
