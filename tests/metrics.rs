@@ -187,6 +187,24 @@ fn metrics_match_the_history(store: Store) {
         count("job", &["write_rejected"])
     );
     assert_eq!(value("fence_stale_writes_rejected_total", &at_target), 2.0);
+    // And against what the target holds: its durable write log, read without fence.
+    let durable = |kind: &str| -> f64 {
+        let rows = target.pg_rows(
+            &format!(
+                "SELECT count(*) FROM {schema}.write_events WHERE resource = 'job' AND kind = $1"
+            ),
+            kind,
+        );
+        rows[0].get::<_, i64>(0) as f64
+    };
+    assert_eq!(
+        value("fence_fenced_writes_total", &at_target),
+        durable("write_accepted")
+    );
+    assert_eq!(
+        value("fence_stale_writes_rejected_total", &at_target),
+        durable("write_rejected")
+    );
     assert_eq!(value("fence_lease_held", &job), 0.0);
     assert_eq!(value("fence_lease_token", &job), 2.0);
     assert_eq!(value("fence_lease_held", &[("resource", "other")]), 1.0);
