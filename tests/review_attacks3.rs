@@ -669,3 +669,68 @@ fn planted_temporary_symlink_is_not_followed() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Attack 12: --follow while events arrive: each shown once, none lost, in order
+// ---------------------------------------------------------------------------------------
+
+fn follow_shows_each_event_once(store: &Store) {
+    acquire(store, "r", "o");
+    let child = store
+        .fence()
+        .args([
+            "log", "--follow", "--format", "ndjson", "--kind", "acquired",
+        ])
+        .args(["--kind", "released"])
+        .cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut tokens = vec![1];
+    let first = store
+        .fence()
+        .args(["release", "r", "--owner", "o", "--token", "1"])
+        .run();
+    first.expect(0);
+    for _ in 0..5 {
+        let t = acquire(store, "r", "o");
+        tokens.push(t);
+        release(store, "r", "o", t);
+    }
+    std::thread::sleep(Duration::from_millis(3000));
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let seen: Vec<(String, i64)> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| {
+            (
+                v["kind"].as_str().unwrap().to_owned(),
+                v["token"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, i64)> = tokens
+        .iter()
+        .flat_map(|t| [("acquired".to_owned(), *t), ("released".to_owned(), *t)])
+        .collect();
+    assert_eq!(seen, want, "{text}");
+}
+
+#[test]
+fn follow_shows_each_event_once_file() {
+    follow_shows_each_event_once(&Store::file());
+}
+
+#[test]
+fn follow_shows_each_event_once_postgres() {
+    follow_shows_each_event_once(&Store::postgres());
+}
