@@ -734,3 +734,50 @@ fn follow_shows_each_event_once_file() {
 fn follow_shows_each_event_once_postgres() {
     follow_shows_each_event_once(&Store::postgres());
 }
+
+// ---------------------------------------------------------------------------------------
+// Attack 13: `fence run --metrics-file` stopped by SIGTERM mid-command
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn sigterm_run_metrics_file_is_not_ok() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.prom");
+    let mut child = store
+        .fence()
+        .args(["run", "job", "--metrics-file"])
+        .arg(&path)
+        .args(["--", "sleep", "30"])
+        .cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let status = child.wait().unwrap();
+    assert_ne!(status.code(), Some(0), "{status:?}");
+    let text = std::fs::read_to_string(&path).expect("no metrics file after SIGTERM");
+    let samples = parse_prometheus(&text);
+    assert_eq!(
+        sample(&samples, "fence_run_exit_code", "job"),
+        status.code().map(f64::from),
+        "{text}"
+    );
+    assert!(
+        !samples.iter().any(|(n, l, _)| n == "fence_run_outcome"
+            && l.contains(&("reason".to_owned(), "ok".to_owned()))),
+        "{text}"
+    );
+    // The lease is not left held.
+    let held = store.fence().args(["metrics"]).run().expect(0).stdout;
+    assert_eq!(
+        sample(&parse_prometheus(&held), "fence_lease_held", "job"),
+        Some(0.0)
+    );
+}
