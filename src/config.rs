@@ -98,7 +98,10 @@ pub fn parse_instant(value: &str) -> Result<i64, String> {
     };
     if let Ok(back) = humantime::parse_duration(value) {
         let now = ms_since_epoch(std::time::SystemTime::now());
-        return Ok(now.saturating_sub(i64::try_from(back.as_millis()).unwrap_or(i64::MAX)));
+        // A span longer than the time since 1970 means "from the start": every event.
+        return Ok(now
+            .saturating_sub(i64::try_from(back.as_millis()).unwrap_or(i64::MAX))
+            .max(0));
     }
     let invalid = || {
         format!(

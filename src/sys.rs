@@ -58,7 +58,10 @@ const TMP_PREFIX: &str = ".tmp-";
 /// Replaces `path` with `body` by write-to-temp and rename; `durable` also fsyncs the file
 /// before and the directory after the rename.
 pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         "{TMP_PREFIX}{}-{:016x}",
         std::process::id(),

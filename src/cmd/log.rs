@@ -60,6 +60,18 @@ pub struct Timeline {
 }
 
 pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
+    if let (Some(since), Some(until)) = (args.since, args.until) {
+        if since >= until {
+            return Err(Error::usage(
+                format!(
+                    "--since ({}) is not before --until ({}): the window holds no time",
+                    crate::time::rfc3339(since),
+                    crate::time::rfc3339(until)
+                ),
+                "swap them: --since is the start of the window, --until its end (a span such as 2h means that long ago)",
+            ));
+        }
+    }
     let targets = resolve_targets(&args.targets)?;
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);

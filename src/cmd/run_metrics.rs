@@ -2,7 +2,6 @@
 //! written whole or not at all (a temporary file beside it, renamed over it), so that a
 //! scrape never reads half a file.
 
-use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -68,23 +67,12 @@ pub fn text(outcome: &Outcome<'_>) -> String {
     render(&[start, end, duration, waited, token, code, reason])
 }
 
-/// Writes the outcome to `path` atomically.
+/// Writes the outcome to `path` atomically, through [`crate::sys::replace`]: a temporary
+/// file the collector never reads (`.tmp-…`, not `*.prom`), created new (so a file or
+/// symbolic link planted at its name is never written through), synced, renamed over `path`.
 pub fn write(path: &Path, outcome: &Outcome<'_>) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    // Not `*.prom`: the collector must never read the temporary file.
-    let mut temporary = name.to_owned();
-    temporary.push(format!(".{}.tmp", std::process::id()));
-    let temporary = path.with_file_name(temporary);
-    let result = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(text(outcome).as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
+    if path.file_name().is_none() {
+        return Err(std::io::Error::other("the path names no file"));
     }
-    result
+    crate::sys::replace(path, text(outcome).as_bytes(), true)
 }

@@ -17,18 +17,36 @@ impl Pattern {
         (!self.0.contains(['*', '?'])).then_some(self.0.as_str())
     }
 
+    /// Whether `name` matches: `*` any run of characters, `?` one. Linear in the product of
+    /// the two lengths (the usual greedy match that backtracks only to the last `*`): a
+    /// recursive match took exponential time on patterns such as `*a*a*a*a*a*b`.
     pub fn matches(&self, name: &str) -> bool {
-        fn go(pattern: &[char], name: &[char]) -> bool {
-            match pattern.split_first() {
-                None => name.is_empty(),
-                Some(('*', rest)) => (0..=name.len()).any(|skip| go(rest, &name[skip..])),
-                Some(('?', rest)) => !name.is_empty() && go(rest, &name[1..]),
-                Some((c, rest)) => name.first() == Some(c) && go(rest, &name[1..]),
-            }
-        }
         let pattern: Vec<char> = self.0.chars().collect();
         let name: Vec<char> = name.chars().collect();
-        go(&pattern, &name)
+        let (mut p, mut n) = (0, 0);
+        // After the last `*` seen: where in the pattern, and where in the name it resumed.
+        let mut star: Option<(usize, usize)> = None;
+        while n < name.len() {
+            match pattern.get(p) {
+                Some('*') => {
+                    star = Some((p + 1, n));
+                    p += 1;
+                }
+                Some(&c) if c == '?' || c == name[n] => {
+                    p += 1;
+                    n += 1;
+                }
+                _ => match star {
+                    Some((after, resumed)) => {
+                        p = after;
+                        n = resumed + 1;
+                        star = Some((after, resumed + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        pattern[p..].iter().all(|&c| c == '*')
     }
 
     /// The pattern for SQL `LIKE` (whose escape character is the backslash).
@@ -131,6 +149,39 @@ mod tests {
         let p = Pattern::new("nightly-*");
         assert!(p.matches("nightly-report") && p.matches("nightly-") && !p.matches("daily"));
         assert!(Pattern::new("a?c").matches("abc") && !Pattern::new("a?c").matches("ac"));
+        // Against the plain recursive definition, on every pattern and name over a small
+        // alphabet (the recursion is exponential only on long inputs).
+        fn reference(p: &[char], n: &[char]) -> bool {
+            match p.split_first() {
+                None => n.is_empty(),
+                Some(('*', rest)) => (0..=n.len()).any(|skip| reference(rest, &n[skip..])),
+                Some(('?', rest)) => !n.is_empty() && reference(rest, &n[1..]),
+                Some((c, rest)) => n.first() == Some(c) && reference(rest, &n[1..]),
+            }
+        }
+        let words = |alphabet: &[char], max: usize| {
+            let mut all = vec![String::new()];
+            let mut last = vec![String::new()];
+            for _ in 0..max {
+                last = last
+                    .iter()
+                    .flat_map(|w| alphabet.iter().map(move |c| format!("{w}{c}")))
+                    .collect();
+                all.extend(last.iter().cloned());
+            }
+            all
+        };
+        for pattern in words(&['a', 'b', '*', '?'], 4) {
+            for name in words(&['a', 'b'], 4) {
+                let (p, n): (Vec<char>, Vec<char>) =
+                    (pattern.chars().collect(), name.chars().collect());
+                assert_eq!(
+                    Pattern::new(&pattern).matches(&name),
+                    reference(&p, &n),
+                    "{pattern:?} on {name:?}"
+                );
+            }
+        }
         assert_eq!(Pattern::new("job").exact(), Some("job"));
         assert_eq!(Pattern::new("a_b%*").like(), "a\\_b\\%%");
     }
