@@ -239,3 +239,64 @@ fn connection_limits_are_sized() {
     assert_eq!(found[0].0, "warn", "{json}");
     assert!(found[0].1.contains("has no CONNECTION LIMIT"), "{json}");
 }
+
+/// The login role decides whether `protect` holds, not the role it switches to: a login role
+/// that is a member of the schema's owner but whose default role (`ALTER ROLE … SET role`) is
+/// an unprivileged one still logs in as itself and can `RESET ROLE` to write `bindings`.
+#[test]
+fn a_login_role_that_switches_to_another_is_judged_by_itself() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let pid = std::process::id();
+    let (owner, login, mask) = (
+        format!("doc_own_{pid}"),
+        format!("doc_login_{pid}"),
+        format!("doc_mask_{pid}"),
+    );
+    let db = std::env::var("FENCE_TEST_PG_DB").unwrap();
+    common::pg_exec(
+        &common::pg_superuser(),
+        &format!(
+            "CREATE ROLE {owner} NOLOGIN; CREATE ROLE {mask} NOLOGIN;
+             CREATE ROLE {login} LOGIN IN ROLE {owner}, {mask};
+             GRANT CONNECT ON DATABASE {db} TO {login};
+             ALTER ROLE {login} SET role = '{mask}';
+             CREATE SCHEMA {schema} AUTHORIZATION {owner};"
+        ),
+    );
+    let url = common::pg_socket_url(&login);
+    let whoami: String =
+        common::pg_query(&url, "SELECT session_user || ' ' || current_user")[0].get(0);
+    assert_eq!(
+        whoami,
+        format!("{login} {mask}"),
+        "the set-up must switch roles"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let (_, json) = doctor_with(
+        Fence::bare(home.path()).args(["--store", &store.url, "--schema", &schema]),
+        &["--target", &url],
+    );
+    let owner_findings: Vec<_> = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
+        .collect();
+    assert_eq!(owner_findings.len(), 1, "{json}");
+    assert_eq!(owner_findings[0]["severity"], "warn", "{json}");
+    assert!(
+        owner_findings[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&login),
+        "{json}"
+    );
+    common::pg_exec(
+        &common::pg_superuser(),
+        &format!(
+            "DROP SCHEMA {schema} CASCADE; REASSIGN OWNED BY {login}, {mask}, {owner} TO CURRENT_USER;
+             DROP OWNED BY {login}, {mask}, {owner}; DROP ROLE {login}; DROP ROLE {mask}; DROP ROLE {owner};"
+        ),
+    );
+}

@@ -328,7 +328,7 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
 /// `inspect` (README, Connection sizing).
 const PER_BUSY_RESOURCE: i64 = 1 + crate::store::PG_WAITER_CONNECTIONS + 1;
 
-/// Connection sizing: the connecting role's CONNECTION LIMIT against the slots the server
+/// Connection sizing: the login role's (`session_user`'s) CONNECTION LIMIT against the slots the server
 /// has for non-superusers, and against what one busy resource needs.
 async fn connections(client: &Client, f: &mut Findings<'_>) {
     let check = "postgres.connections";
@@ -338,8 +338,8 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
                  current_setting('max_connections'), current_setting('superuser_reserved_connections'), \
                  coalesce(current_setting('reserved_connections', true), '0'), \
                  (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), \
-                 (SELECT datconnlimit FROM pg_database WHERE datname = current_database()), current_user) \
-               FROM pg_roles r WHERE r.rolname = current_user";
+                 (SELECT datconnlimit FROM pg_database WHERE datname = current_database()), session_user) \
+               FROM pg_roles r WHERE r.rolname = session_user";
     let row = match one(client, sql).await {
         Ok(Some(row)) => row,
         Ok(None) => return,
@@ -458,12 +458,15 @@ async fn pooler(client: &Client, asked: u16, f: &mut Findings<'_>) {
     }
 }
 
+/// Whether the connecting role can bypass `protect` on the target. The login role
+/// (`session_user`) decides, not `current_user`: a role whose default `SET ROLE` (or the
+/// URL's `options=-c role=…`) names another role still logs in as itself and can `RESET ROLE`.
 async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'_>) {
     // A JSON array: role names may hold any separator.
     let sql = format!(
-        "SELECT json_build_array(n.nspowner::regrole::text, current_user, \
-         pg_has_role(current_user, n.nspowner, 'MEMBER')::text, \
-         (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)::text)::text \
+        "SELECT json_build_array(n.nspowner::regrole::text, session_user, \
+         pg_has_role(session_user, n.nspowner, 'MEMBER')::text, \
+         (SELECT rolsuper FROM pg_roles WHERE rolname = session_user)::text)::text \
          FROM pg_namespace n WHERE n.nspname = '{schema}'"
     );
     match one(client, &sql).await {
