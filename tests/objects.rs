@@ -478,6 +478,20 @@ fn large_writes_show_progress_on_a_terminal(backend: Backend) {
     );
 }
 
+/// Object names are data, not answers: an object whose name quotes a store's error code
+/// (`NoSuchBucket`, `ExpiredToken`) is written like any other, the first time and the next.
+fn names_that_quote_error_codes_are_just_names(backend: Backend) {
+    let bed = Bed::new(backend);
+    let token = bed.acquire("A", "30s");
+    for name in ["NoSuchBucket", "ExpiredToken-expired"] {
+        bed.write(name, token, b"first", &[]).expect(0);
+        bed.write(name, token, b"second", &[]).expect(0);
+        let stored = bed.stored(name).expect("the object");
+        assert_eq!(stored.body, b"second");
+        assert_eq!(stored.token(), Some(token));
+    }
+}
+
 macro_rules! per_object_store {
     ($($name:ident),* $(,)?) => {
         mod s3 { $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )* }
@@ -493,6 +507,7 @@ per_object_store!(
     unfenced_and_foreign_objects,
     concurrent_writers_never_regress,
     large_writes_show_progress_on_a_terminal,
+    names_that_quote_error_codes_are_just_names,
 );
 
 // ---------------------------------------------------------------------------------------------

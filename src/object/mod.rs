@@ -346,6 +346,24 @@ pub(crate) fn retry_pause(n: usize) -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(base + jitter))
 }
 
+/// The machine-readable code of an error answer: S3's `<Code>` element, or the `reason` of
+/// the first entry (else the `status`) of a Google JSON error.
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) fn error_code(body: &str) -> Option<String> {
+    if let Some(start) = body.find("<Code>") {
+        let rest = &body[start + "<Code>".len()..];
+        return rest
+            .find("</Code>")
+            .map(|end| rest[..end].trim().to_owned());
+    }
+    let json: serde_json::Value = serde_json::from_str(body).ok()?;
+    let error = &json["error"];
+    error["errors"][0]["reason"]
+        .as_str()
+        .or_else(|| error["status"].as_str())
+        .map(str::to_owned)
+}
+
 /// A definite answer (a 4xx, or 501) to a request: the server refused it, nothing was
 /// applied, and asking again will not help. `credentials` names where the credentials came
 /// from, for 401/403 and expired tokens.
@@ -357,11 +375,13 @@ pub(crate) fn refused(
     body: &str,
     credentials: &str,
 ) -> Error {
+    // By the error's code, never by its message: the message may quote the object's key.
+    let expired = matches!(
+        error_code(body).as_deref(),
+        Some("ExpiredToken" | "TokenRefreshRequired")
+    );
     let body: String = body.chars().take(300).collect();
     let bucket = display.split("://").nth(1).unwrap_or(display);
-    let expired = body.contains("ExpiredToken")
-        || body.contains("TokenRefreshRequired")
-        || body.to_ascii_lowercase().contains("expired");
     match status {
         404 => Error::usage(
             format!("cannot {what}: the bucket `{bucket}` does not exist (HTTP 404 from `{display}`)"),
@@ -406,6 +426,28 @@ pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(any(feature = "s3", feature = "gcs"))]
+    fn expired_credentials_are_known_by_their_code_not_their_message() {
+        let s3 = "<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>";
+        let skew = "<Error><Code>RequestExpired</Code><Message>Request has expired</Message><Key>expired-token</Key></Error>";
+        let gcs =
+            r#"{"error":{"code":403,"message":"ExpiredToken","errors":[{"reason":"forbidden"}]}}"#;
+        assert_eq!(error_code(s3).as_deref(), Some("ExpiredToken"));
+        assert_eq!(error_code(skew).as_deref(), Some("RequestExpired"));
+        assert_eq!(error_code(gcs).as_deref(), Some("forbidden"));
+        assert_eq!(error_code("not an error document"), None);
+        let message = |body: &str| refused("s3://b", "write", 403, body, "env").to_string();
+        assert!(message(s3).contains("expired"), "{}", message(s3));
+        for body in [skew, gcs] {
+            assert!(
+                !message(body).contains("credentials have expired"),
+                "{}",
+                message(body)
+            );
+        }
+    }
 
     #[test]
     fn urls_and_keys() {

@@ -198,8 +198,12 @@ impl S3Objects {
                     }
                 }
                 Err(err @ object_store::Error::NotFound { .. }) => {
-                    // A GET's answer names a missing bucket; a HEAD's has no body.
-                    if err.to_string().contains("NoSuchBucket") {
+                    // A GET's answer names a missing bucket in its error code; a HEAD's has
+                    // no body. The code, not the message: the message quotes the key.
+                    let answer = std::error::Error::source(&err).map(ToString::to_string);
+                    if super::error_code(answer.as_deref().unwrap_or("")).as_deref()
+                        == Some("NoSuchBucket")
+                    {
                         return Err(refused(&self.display, &what, 404, "", CREDENTIALS));
                     }
                     return Ok(None);

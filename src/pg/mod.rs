@@ -390,27 +390,29 @@ impl Target {
             );
         }
         let cause = error_chain(err);
-        if cause.contains("TLS")
-            || cause.contains("tls")
-            || cause.contains("certificate")
-            || cause.contains("ssl")
-        {
-            return Error::usage(
-                format!("TLS with PostgreSQL at `{display}` failed: {cause}"),
-                "check sslmode and sslrootcert: verify-full needs the CA that signed the server's certificate and a host name the certificate names",
-            );
-        }
-        if cause.contains("password missing") {
-            return Error::usage(
-                format!("PostgreSQL at `{display}` asks for a password and none was given"),
-                "put it in ~/.pgpass (mode 0600; or the file PGPASSFILE names), in a service (PGSERVICE), in PGPASSWORD, or in the URL (postgres://user:password@host/db)",
-            );
-        }
-        if cause.contains("invalid configuration") {
-            return Error::usage(
-                format!("`{display}` is not a usable PostgreSQL address: {cause}"),
-                "check the host, port and options in the URL",
-            );
+        match driver_kind(err) {
+            DriverKind::Tls => {
+                return Error::usage(
+                    format!("TLS with PostgreSQL at `{display}` failed: {cause}"),
+                    "check sslmode and sslrootcert: verify-full needs the CA that signed the server's certificate and a host name the certificate names",
+                )
+            }
+            // The configuration was checked when it was resolved (hosts, ports), so what the
+            // driver finds wrong only once it talks to the server is the password it was asked
+            // for and does not have.
+            DriverKind::Config if self.config.get_password().is_none() => {
+                return Error::usage(
+                    format!("PostgreSQL at `{display}` asks for a password and none was given"),
+                    "put it in ~/.pgpass (mode 0600; or the file PGPASSFILE names), in a service (PGSERVICE), in PGPASSWORD, or in the URL (postgres://user:password@host/db)",
+                )
+            }
+            DriverKind::Config => {
+                return Error::usage(
+                    format!("`{display}` is not a usable PostgreSQL address: {cause}"),
+                    "check the host, port and options in the URL",
+                )
+            }
+            DriverKind::Other => {}
         }
         Error::unavailable(
             format!("cannot reach PostgreSQL at `{display}`: {cause}"),
@@ -627,6 +629,42 @@ pub fn lost(display: &str, what: &str, cause: &str, mutating: bool) -> Error {
             format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
             "nothing was changed; retry once the server is reachable",
         )
+    }
+}
+
+/// What kind of failure a tokio-postgres error is, as far as a connection attempt needs to
+/// know. Never read from message text (a host name such as `ssl-db` or `tls.internal` is in
+/// it): a TLS failure is a `rustls::Error` in the source chain (an `io::Error` may carry it),
+/// and otherwise the driver's own error kind, which it exposes only as the `kind` field of its
+/// `Debug` form — one of a closed set of variant names, no user data. The TLS and password
+/// tests (tests/pgpass.rs, tests/cli.rs) fail if a new driver version changes that form.
+#[derive(Debug, PartialEq)]
+enum DriverKind {
+    Tls,
+    Config,
+    Other,
+}
+
+fn driver_kind(err: &tokio_postgres::Error) -> DriverKind {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(inner) = source {
+        let carried = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<rustls::Error>());
+        if inner.is::<rustls::Error>() || carried {
+            return DriverKind::Tls;
+        }
+        source = inner.source();
+    }
+    let debug = format!("{err:?}");
+    let kind = debug
+        .strip_prefix("Error { kind: ")
+        .and_then(|rest| rest.split([',', ' ', '(']).next());
+    match kind {
+        Some("Tls") => DriverKind::Tls,
+        Some("Config") => DriverKind::Config,
+        _ => DriverKind::Other,
     }
 }
 
