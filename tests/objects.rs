@@ -492,6 +492,35 @@ fn names_that_quote_error_codes_are_just_names(backend: Backend) {
     }
 }
 
+/// A `file://` write killed between writing its bytes and committing them leaves its
+/// temporary files behind; the next write of that object replaces them, so nothing piles up,
+/// and a link planted at a temporary name is never followed.
+#[test]
+fn a_crashed_file_write_leaves_nothing_behind_after_the_next_write() {
+    let bed = Bed::new(Backend::File);
+    let dir = bed.dir.as_ref().unwrap().path().to_owned();
+    let token = bed.acquire("A", "30s");
+    bed.write("obj", token, b"first", &[]).expect(0);
+    // What a write killed before its renames leaves: the bytes and the next sidecar's text.
+    std::fs::write(dir.join(".obj.fence.tmp"), b"half-written bytes").unwrap();
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"not fence's").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join(".obj.fence.next.tmp")).unwrap();
+    bed.write("obj", token, b"second", &[]).expect(0);
+    assert_eq!(bed.stored("obj").unwrap().body, b"second");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not fence's");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [".obj.fence.json", ".obj.fence.lock", "obj", "victim"],
+        "only the object, its sidecar and lock remain"
+    );
+}
+
 macro_rules! per_object_store {
     ($($name:ident),* $(,)?) => {
         mod s3 { $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )* }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
-use crate::sys::{lock_exclusive, random_u64, Locked};
+use crate::sys::{lock_exclusive, Locked};
 
 pub struct LocalObjects {
     dir: PathBuf,
@@ -47,15 +47,22 @@ struct Sidecar {
 /// Whether `name` is one of the files this backend keeps beside an object (its sidecar, next
 /// sidecar, lock, or a temporary file): never an object itself.
 pub(super) fn is_bookkeeping(name: &str) -> bool {
-    name.starts_with(TMP_PREFIX)
+    name.starts_with(LEGACY_TMP_PREFIX)
         || (name.starts_with('.')
-            && [".fence.json", ".fence.next.json", ".fence.lock"]
-                .iter()
-                .any(|suffix| name.ends_with(suffix)))
+            && [
+                ".fence.json",
+                ".fence.next.json",
+                ".fence.lock",
+                ".fence.tmp",
+                ".fence.next.tmp",
+            ]
+            .iter()
+            .any(|suffix| name.ends_with(suffix)))
 }
 
-/// The prefix of the temporary files a write puts its bytes and sidecars in.
-const TMP_PREFIX: &str = ".fence-tmp-";
+/// The prefix of the temporary files of fence 0.1's writes (random names, which a crashed
+/// write left behind for good). Still never an object.
+const LEGACY_TMP_PREFIX: &str = ".fence-tmp-";
 
 fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
     let message = format!("cannot {what} `{}`: {err}", path.display());
@@ -79,6 +86,13 @@ fn now_ms() -> i64 {
 impl LocalObjects {
     pub fn new(dir: PathBuf, bar: ProgressBar) -> LocalObjects {
         LocalObjects { dir, bar }
+    }
+
+    /// The temporary file a write of `key`'s bytes (`part` "") or of its next sidecar (`part`
+    /// "next.") goes through. One fixed name per object: writes of an object hold its lock, so
+    /// no two use it at once, and the next write replaces what a crashed one left.
+    fn temp(&self, key: &str, part: &str) -> PathBuf {
+        self.dir.join(format!(".{key}.fence.{part}tmp"))
     }
 
     fn paths(&self, key: &str) -> (PathBuf, PathBuf, PathBuf) {
@@ -147,21 +161,34 @@ impl LocalObjects {
         }
     }
 
-    /// Replaces `path` atomically with `bytes` (durable once this returns), counting them on
-    /// `bar` as they are written.
-    fn replace(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<(), Error> {
-        let tmp = self.write_temp(path, bytes, bar)?;
+    /// Replaces `path` atomically with `bytes` through `tmp` (durable once this returns),
+    /// counting them on `bar` as they are written. Call under the object's lock.
+    fn replace(
+        &self,
+        tmp: PathBuf,
+        path: &Path,
+        bytes: &[u8],
+        bar: &ProgressBar,
+    ) -> Result<(), Error> {
+        let tmp = self.write_temp(tmp, path, bytes, bar)?;
         self.rename_into(&tmp, path)
     }
 
-    /// Writes `bytes` to a new temporary file beside `path` (fsynced), counting them on `bar`.
-    fn write_temp(&self, path: &Path, bytes: &[u8], bar: &ProgressBar) -> Result<PathBuf, Error> {
-        let tmp = self.dir.join(format!(
-            "{TMP_PREFIX}{}-{:016x}",
-            std::process::id(),
-            random_u64()
-        ));
+    /// Writes `bytes` to the temporary file `tmp` meant for `path` (fsynced), counting them on
+    /// `bar`. Call under the object's lock: whatever is at `tmp` is a crashed write's leftover
+    /// and is removed first; the file is then created new, never opened through a link.
+    fn write_temp(
+        &self,
+        tmp: PathBuf,
+        path: &Path,
+        bytes: &[u8],
+        bar: &ProgressBar,
+    ) -> Result<PathBuf, Error> {
         let result = (|| -> io::Result<()> {
+            match fs::remove_file(&tmp) {
+                Err(err) if err.kind() != ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
             let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             bar.set_length(bytes.len() as u64);
             bar.set_position(0);
@@ -245,7 +272,7 @@ impl ObjectApi for LocalObjects {
             return Ok(Put::Lost);
         }
         // The bytes first, out of sight; then the sidecar that names them; then the commit.
-        let bytes = self.write_temp(&object, &body, &self.bar)?;
+        let bytes = self.write_temp(self.temp(key, ""), &object, &body, &self.bar)?;
         let inode = fs::metadata(&bytes)
             .map_err(|err| io_error("write", &object, &err))?
             .ino();
@@ -258,7 +285,12 @@ impl ObjectApi for LocalObjects {
         let text = serde_json::to_vec(&next)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
         let pending = Self::next_sidecar(&sidecar);
-        if let Err(err) = self.replace(&pending, &text, &ProgressBar::hidden()) {
+        if let Err(err) = self.replace(
+            self.temp(key, "next."),
+            &pending,
+            &text,
+            &ProgressBar::hidden(),
+        ) {
             let _ = fs::remove_file(&bytes);
             return Err(err);
         }
@@ -290,7 +322,8 @@ impl ObjectApi for LocalObjects {
         let (object, sidecar, lock) = self.paths(key);
         let _lock = self.lock(&lock)?;
         let pending = Self::next_sidecar(&sidecar);
-        for path in [object, sidecar, pending] {
+        let temps = [self.temp(key, ""), self.temp(key, "next.")];
+        for path in [object, sidecar, pending].into_iter().chain(temps) {
             match fs::remove_file(&path) {
                 Err(err) if err.kind() != ErrorKind::NotFound => {
                     return Err(io_error("remove", &path, &err))
