@@ -60,7 +60,7 @@ pub fn parse_resource(value: &str) -> Result<String, String> {
 }
 
 /// The longest write id (`--id`) or run id, in bytes: an object keeps its last
-/// [`crate::target::object::LEDGER_IDS`] ids in its metadata, and S3 allows 2 KB of it in all.
+/// [`crate::fenced::object::LEDGER_IDS`] ids in its metadata, and S3 allows 2 KB of it in all.
 pub const MAX_WRITE_ID_BYTES: usize = 64;
 
 /// Checks a write id (`fence write --id`, `fence run --id`, `FENCE_RUN_ID`): 1 to 64 ASCII

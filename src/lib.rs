@@ -2,23 +2,23 @@
 //!
 //! The program runs in three steps (STYLE: parse → resolve → execute): [`cli`] holds the clap
 //! types, [`config`] validates them and reads the environment without touching the network,
-//! and [`cmd`] runs one subcommand against a [`store::Coordinator`]. Every outcome, success or
+//! and [`cmd`] runs one subcommand against a [`coordinator::Coordinator`]. Every outcome, success or
 //! failure, is printed once by [`output`] and mapped to an [`exit::Exit`] code in one place.
 
 pub mod cli;
 pub mod cmd;
 pub mod config;
+pub mod coordinator;
 pub mod error;
 pub mod exit;
+pub mod fenced;
 pub mod metrics;
 pub mod object;
 pub mod output;
 pub mod pg;
 pub mod reaper;
 pub mod signals;
-pub mod store;
 pub mod sys;
-pub mod target;
 pub mod time;
 
 use clap::Parser;

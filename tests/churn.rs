@@ -110,7 +110,7 @@ fn worker(index: usize, run: Run) -> Tally {
         waiting,
     } = run;
     common::block_on(async move {
-        let coordinator = fence::store::open(&spec, &schema)
+        let coordinator = fence::coordinator::open(&spec, &schema)
             .await
             .expect("open the store");
         let owner = format!("worker-{index}");
@@ -156,7 +156,7 @@ fn worker(index: usize, run: Run) -> Tally {
                         // until it has expired, so another worker takes it over.
                         tokio::time::sleep(profile.abandon).await;
                     } else {
-                        let lease = fence::store::LeaseRef {
+                        let lease = fence::coordinator::LeaseRef {
                             resource: "hot".into(),
                             owner: owner.clone(),
                             token: grant.lease.token,

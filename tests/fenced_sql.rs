@@ -19,7 +19,7 @@ use common::fenced::{
     tagged_url, values,
 };
 use common::{wait_for, Store};
-use fence::target::postgres::{fenced_script, TxWrite};
+use fence::fenced::postgres::{fenced_script, TxWrite};
 
 /// How long the server may take to notice and end a cancelled or orphaned backend. Measured:
 /// well under a second with `client_connection_check_interval = 1s`; generous for a loaded CI.

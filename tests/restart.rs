@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use common::cluster::Cluster;
 use common::{pg_query, wait_for, wait_output};
 use fence::config::StoreSpec;
-use fence::store::LeaseRef;
+use fence::coordinator::LeaseRef;
 
 /// The WAL writer's round at its maximum (it then writes out asynchronous commits only every
 /// ten seconds or when a WAL page fills), and no volume-triggered flush.
@@ -35,7 +35,9 @@ fn tokens_keep_rising_across_immediate_restarts_with_async_commit_default() {
     let mut last_reported = 0;
     for cycle in 0..5 {
         let reported = common::block_on(async {
-            let store = fence::store::open(&spec, "fence").await.expect("connect");
+            let store = fence::coordinator::open(&spec, "fence")
+                .await
+                .expect("connect");
             let mut last = 0;
             for i in 0..20 {
                 let owner = format!("cycle-{cycle}-{i}");
@@ -63,7 +65,9 @@ fn tokens_keep_rising_across_immediate_restarts_with_async_commit_default() {
         last_reported = reported;
     }
     let after = common::block_on(async {
-        let store = fence::store::open(&spec, "fence").await.expect("connect");
+        let store = fence::coordinator::open(&spec, "fence")
+            .await
+            .expect("connect");
         store
             .acquire("r", "final", Duration::from_secs(30))
             .await

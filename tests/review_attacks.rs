@@ -1077,7 +1077,7 @@ fn the_checks_agree_with_the_server_on_transaction_control() {
         for _ in 0..n {
             sql.push_str(pieces[rng.below(pieces.len())]);
         }
-        if fence::target::sql_check::check(&sql).is_ok() {
+        if fence::fenced::sql_check::check(&sql).is_ok() {
             passed.push(sql);
         }
     }
@@ -1091,7 +1091,7 @@ fn the_checks_agree_with_the_server_on_transaction_control() {
         tokio::spawn(conn);
         let mut bypasses = Vec::new();
         for sql in passed {
-            let tx = fence::target::postgres::TxWrite {
+            let tx = fence::fenced::postgres::TxWrite {
                 resource: "r",
                 token: 5,
                 owner: "fuzz",
@@ -1099,7 +1099,7 @@ fn the_checks_agree_with_the_server_on_transaction_control() {
                 sql: &sql,
                 timeout: Duration::from_secs(5),
             };
-            let script = fence::target::postgres::fenced_script(&s, &tx);
+            let script = fence::fenced::postgres::fenced_script(&s, &tx);
             for scs in ["on", "off"] {
                 let _ = client
                     .batch_execute(&format!("SET standard_conforming_strings = {scs}"))

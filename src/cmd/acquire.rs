@@ -6,10 +6,10 @@ use crate::cli::AcquireArgs;
 use crate::cmd::wait;
 use crate::cmd::Context;
 use crate::config::{redact_url, url_has_password, StoreKind};
+use crate::coordinator::{Grant, LeaseRef};
 use crate::error::{shell_quote, Error};
 use crate::exit::Exit;
 use crate::output::{Output, Report};
-use crate::store::{Grant, LeaseRef};
 use crate::sys::random_u64;
 use crate::time;
 

@@ -16,16 +16,16 @@ use serde_json::{json, Map, Value};
 use crate::cli::{BenchArgs, BenchMode};
 use crate::cmd::{wait, Context};
 use crate::config::StoreSpec;
+use crate::coordinator::{self, LeaseRef};
 use crate::error::Error;
+use crate::fenced::postgres::{PgTarget, TxWrite};
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
-use crate::store::{self, LeaseRef};
 use crate::sys::random_u64;
-use crate::target::postgres::{PgTarget, TxWrite};
 
 /// The fenced `SELECT 1` of a bench worker never takes anywhere near this long.
 const BENCH_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-use crate::target::TargetSpec;
+use crate::fenced::TargetSpec;
 
 pub struct Benched {
     mode: BenchMode,
@@ -106,14 +106,14 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     // moment from here on ends the bench with the namespace removed (during set-up, once
     // set-up is done).
     let mut interrupts = Interrupts::install();
-    let (spec, schema) = store::scratch(&base);
+    let (spec, schema) = coordinator::scratch(&base);
     // Create the scratch schema once, so that workers do not all race to create it.
-    let created = match store::open(&spec, &schema).await {
+    let created = match coordinator::open(&spec, &schema).await {
         Ok(store) => store.init().await.map(drop),
         Err(err) => Err(err),
     };
     if let Err(err) = created {
-        store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
         return Err(err);
     }
     if args.prefill {
@@ -121,17 +121,17 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         if let Some(spinner) = &spinner {
             spinner.set_message(format!("creating {} resources", args.resources));
         }
-        let filled = store::prefill(&spec, &schema, args.resources).await;
+        let filled = coordinator::prefill(&spec, &schema, args.resources).await;
         if let Some(spinner) = spinner {
             spinner.finish_and_clear();
         }
         if let Err(err) = filled {
-            store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+            coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
             return Err(err);
         }
     }
     if let Some(name) = interrupts.as_mut().ok().and_then(Interrupts::pending) {
-        store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
         return Err(interrupted(name));
     }
     let plan = Plan {
@@ -228,7 +228,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     if let Some(spinner) = spinner {
         spinner.finish_and_clear();
     }
-    store::remove_scratch(&spec, &schema, target.as_ref()).await?;
+    coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
     if let Some(err) = failure {
         return Err(err);
     }
@@ -255,7 +255,7 @@ fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
     };
     runtime.block_on(async move {
         let connected = async {
-            let coordinator = store::open(&plan.spec, &plan.schema).await?;
+            let coordinator = coordinator::open(&plan.spec, &plan.schema).await?;
             let target = match &plan.target {
                 Some(spec) => Some((
                     PgTarget::connect(spec, &plan.schema).await?,

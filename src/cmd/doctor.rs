@@ -16,9 +16,9 @@ use crate::cmd::Context;
 use crate::config::StoreKind;
 use crate::error::Error;
 use crate::exit::Exit;
+use crate::fenced::TargetSpec;
 use crate::output::Output;
 use crate::pg;
-use crate::target::TargetSpec;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Severity {
@@ -226,7 +226,7 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
 
 /// A connection, and the port the URL (or PGPORT) asked for.
 async fn connect(url: &str, display: &str) -> Result<(Client, u16), Error> {
-    let server = pg::Target::resolve(url, display)?;
+    let server = pg::ConnectParams::resolve(url, display)?;
     let port = server.port().unwrap_or(5432);
     Ok((server.connect().await?.0, port))
 }
@@ -326,7 +326,7 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
 /// What one busy resource can use at once: its holder, the waiters at the head of its
 /// queue that keep a connection, and one more for the short polls of the others and an
 /// `inspect` (README, Connection sizing).
-const PER_BUSY_RESOURCE: i64 = 1 + crate::store::PG_WAITER_CONNECTIONS + 1;
+const PER_BUSY_RESOURCE: i64 = 1 + crate::coordinator::PG_WAITER_CONNECTIONS + 1;
 
 /// Connection sizing: the login role's (`session_user`'s) CONNECTION LIMIT against the slots the server
 /// has for non-superusers, and against what one busy resource needs.
@@ -387,14 +387,14 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
         f.add(
             check,
             Severity::Warn,
-            format!("role `{role}` {what}: its waiters (up to {} connections per busy resource, plus short polls) and holders may take every slot, and then no one, holders of other roles included, can connect to renew a lease until slots free up", crate::store::PG_WAITER_CONNECTIONS),
+            format!("role `{role}` {what}: its waiters (up to {} connections per busy resource, plus short polls) and holders may take every slot, and then no one, holders of other roles included, can connect to renew a lease until slots free up", crate::coordinator::PG_WAITER_CONNECTIONS),
             &bounded,
         );
     } else if limit < PER_BUSY_RESOURCE {
         f.add(
             check,
             Severity::Warn,
-            format!("role `{role}` has CONNECTION LIMIT {limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use (its holder, up to {} waiters at the head of its queue, one for the others' polls and `inspect`): waiters keep retrying 'too many connections' and hand-overs slow down", crate::store::PG_WAITER_CONNECTIONS),
+            format!("role `{role}` has CONNECTION LIMIT {limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use (its holder, up to {} waiters at the head of its queue, one for the others' polls and `inspect`): waiters keep retrying 'too many connections' and hand-overs slow down", crate::coordinator::PG_WAITER_CONNECTIONS),
             &format!("`ALTER ROLE {role_sql} CONNECTION LIMIT {}` (at least {PER_BUSY_RESOURCE} per resource busy at once), keeping the limits of all roles below {slots}", PER_BUSY_RESOURCE.max(limit)),
         );
     } else {
@@ -557,7 +557,7 @@ async fn clock(client: &Client, f: &mut Findings<'_>) {
 
 fn directory(dir: &Path, f: &mut Findings<'_>) {
     // What the store itself refuses (kernel pseudo file systems, NUL bytes) fails here too.
-    if let Err(err) = crate::store::file::FileCoordinator::open(dir) {
+    if let Err(err) = crate::coordinator::file::FileCoordinator::open(dir) {
         f.add(
             "directory.path",
             Severity::Fail,

@@ -6,10 +6,10 @@ use serde_json::{json, Map, Value};
 use crate::cli::GrantArgs;
 use crate::cmd::Context;
 use crate::error::Error;
+use crate::fenced::grant::GrantPlan;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::TargetSpec;
 use crate::output::Report;
-use crate::target::grant::GrantPlan;
-use crate::target::postgres::PgTarget;
-use crate::target::TargetSpec;
 
 pub struct Granted {
     plan: GrantPlan,

@@ -5,11 +5,11 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::InitArgs;
 use crate::cmd::Context;
+use crate::coordinator::InitReport;
 use crate::error::Error;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::TargetSpec;
 use crate::output::Report;
-use crate::store::InitReport;
-use crate::target::postgres::PgTarget;
-use crate::target::TargetSpec;
 
 pub struct Initialised {
     report: InitReport,

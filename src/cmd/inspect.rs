@@ -8,13 +8,13 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::{Format, InspectArgs, StateFilter};
 use crate::cmd::Context;
+use crate::coordinator::{Coordinator, Finding, InspectQuery, ResourceView, State};
 use crate::error::Error;
 use crate::exit::Exit;
+use crate::fenced::object::{self as object_target, ObjectView};
+use crate::fenced::postgres::{GuardView, PgTarget};
+use crate::fenced::TargetSpec;
 use crate::output::{self, terminal_safe, Output, Report};
-use crate::store::{Coordinator, Finding, InspectQuery, ResourceView, State};
-use crate::target::object::{self as object_target, ObjectView};
-use crate::target::postgres::{GuardView, PgTarget};
-use crate::target::TargetSpec;
 use crate::time;
 
 /// Events shown per named resource when `--history` is not given.

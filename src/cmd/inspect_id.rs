@@ -9,10 +9,10 @@ use crate::cli::InspectArgs;
 use crate::cmd::write::{applied_when, id_entry_json};
 use crate::cmd::Context;
 use crate::error::Error;
+use crate::fenced::object as object_target;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::TargetSpec;
 use crate::output::Report;
-use crate::target::object as object_target;
-use crate::target::postgres::PgTarget;
-use crate::target::TargetSpec;
 
 pub struct IdInspected {
     resource: String,

@@ -16,13 +16,13 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::{Format, LogArgs};
 use crate::cmd::Context;
+use crate::coordinator::{Event, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::TargetSpec;
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
-use crate::store::{Event, LogQuery, Logged, Pattern};
-use crate::target::postgres::PgTarget;
-use crate::target::TargetSpec;
 use crate::time;
 
 /// Where an event comes from.

@@ -8,12 +8,12 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::MetricsArgs;
 use crate::cmd::Context;
+use crate::coordinator::{Pattern, State};
 use crate::error::Error;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::TargetSpec;
 use crate::metrics::{render, seconds, Family};
 use crate::output::Report;
-use crate::store::{Pattern, State};
-use crate::target::postgres::PgTarget;
-use crate::target::TargetSpec;
 
 pub struct Metrics {
     families: Vec<Family>,

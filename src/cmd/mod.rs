@@ -20,10 +20,10 @@ mod write;
 
 use crate::cli::{Cli, Command, Format};
 use crate::config::StoreSpec;
+use crate::coordinator::{self, Coordinator};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::output::{Output, Report};
-use crate::store::{self, Coordinator};
 
 /// What every command needs, resolved before anything touches the network.
 pub struct Context {
@@ -36,7 +36,7 @@ impl Context {
     /// Connects to (or opens) the configured coordinator.
     pub async fn coordinator(&self) -> Result<Box<dyn Coordinator>, Error> {
         match &self.store {
-            Some(store) => store::open(store, &self.schema).await,
+            Some(store) => coordinator::open(store, &self.schema).await,
             None => Err(Error::internal(
                 "this command has no store configured",
                 "this is a bug in fence; please report it",

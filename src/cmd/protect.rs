@@ -8,10 +8,10 @@ use serde_json::{json, Map, Value};
 use crate::cli::{InspectArgs, ProtectArgs};
 use crate::cmd::Context;
 use crate::error::Error;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::protection::{Coverage, TreeProtection};
+use crate::fenced::TargetSpec;
 use crate::output::Report;
-use crate::target::postgres::PgTarget;
-use crate::target::protection::{Coverage, TreeProtection};
-use crate::target::TargetSpec;
 
 pub struct Protected {
     coverage: Coverage,

@@ -6,9 +6,9 @@ use serde_json::{json, Map, Value};
 use crate::cli::PruneArgs;
 use crate::cmd::Context;
 use crate::config::StoreKind;
+use crate::coordinator::{PruneQuery, Pruned};
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::{PruneQuery, Pruned};
 use crate::time;
 
 pub struct PruneReport {

@@ -4,9 +4,9 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::ReleaseArgs;
 use crate::cmd::Context;
+use crate::coordinator::{LeaseRef, Released};
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::{LeaseRef, Released};
 
 pub struct ReleaseReport {
     lease: LeaseRef,

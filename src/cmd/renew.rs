@@ -4,9 +4,9 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::RenewArgs;
 use crate::cmd::Context;
+use crate::coordinator::{Lease, LeaseRef};
 use crate::error::Error;
 use crate::output::Report;
-use crate::store::{Lease, LeaseRef};
 use crate::time;
 
 pub struct Renewed {

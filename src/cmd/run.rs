@@ -35,11 +35,11 @@ use tokio::time::{sleep_until, Instant};
 use crate::cli::{Format, RunArgs};
 use crate::cmd::acquire::default_owner;
 use crate::cmd::{wait, Context};
+use crate::coordinator::{Coordinator, LeaseRef};
 use crate::error::{Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
 use crate::signals::Interrupts;
-use crate::store::{Coordinator, LeaseRef};
 
 /// The resource that records run id `id` of `resource` as completed; refused (exit 2) when the
 /// two do not fit a resource name.

@@ -18,9 +18,9 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 
+use crate::coordinator::{Coordinator, Grant};
 use crate::error::Error;
 use crate::output::Output;
-use crate::store::{Coordinator, Grant};
 use crate::sys::random_u64;
 use crate::time;
 

@@ -8,11 +8,11 @@ use serde_json::{json, Map, Value};
 use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::error::Error;
+use crate::fenced::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
+use crate::fenced::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
+use crate::fenced::{sql_check, TargetSpec};
 use crate::output::{Output, Report};
 use crate::signals::Interrupts;
-use crate::target::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
-use crate::target::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
-use crate::target::{sql_check, TargetSpec};
 
 pub struct Written {
     resource: String,

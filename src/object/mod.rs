@@ -1,5 +1,5 @@
 //! Objects with versions and preconditions: the one small interface that the object-store
-//! coordinator ([`crate::store`]) and fenced object writes ([`crate::target`]) are built on.
+//! coordinator ([`crate::coordinator`]) and fenced object writes ([`crate::fenced`]) are built on.
 //!
 //! Every backend offers the same two guarantees, which is all fence relies on:
 //! - a put conditioned on [`Cond::Create`] succeeds only when no object exists, and one
@@ -38,7 +38,7 @@ pub const META_RESOURCE: &str = "fence-resource";
 pub const META_OWNER: &str = "fence-owner";
 /// The write id (`--id`) of the write that made this version.
 pub const META_ID: &str = "fence-id";
-/// The write ids of the versions before, newest first (see [`crate::target::object`]).
+/// The write ids of the versions before, newest first (see [`crate::fenced::object`]).
 pub const META_IDS: &str = "fence-ids";
 
 /// Which object service a URL names.

@@ -56,7 +56,7 @@ enum Ssl {
 }
 
 /// A PostgreSQL server to connect to, fully resolved from URL and environment.
-pub struct Target {
+pub struct ConnectParams {
     config: Config,
     ssl: Ssl,
     root_cert: Option<PathBuf>,
@@ -64,9 +64,9 @@ pub struct Target {
     pub display: String,
 }
 
-impl Target {
+impl ConnectParams {
     /// Resolves a `postgres://` URL plus `PG*` fallbacks, without connecting.
-    pub fn resolve(url: &str, display: &str) -> Result<Target, Error> {
+    pub fn resolve(url: &str, display: &str) -> Result<ConnectParams, Error> {
         let (url, params) = take_ssl_params(url);
         let mut config = Config::from_str(&url).map_err(|err| {
             Error::usage(
@@ -181,7 +181,7 @@ impl Target {
             }
             _ => None,
         };
-        Ok(Target {
+        Ok(ConnectParams {
             config,
             ssl,
             root_cert,

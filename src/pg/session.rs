@@ -9,7 +9,7 @@ use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
 use crate::pg::sqlstate::Fence;
-use crate::pg::{self, Target, CONNECT_PATIENCE, REQUEST_TIMEOUT};
+use crate::pg::{self, ConnectParams, CONNECT_PATIENCE, REQUEST_TIMEOUT};
 
 /// One of fence's schemas: where its version is kept and the script that creates it.
 pub struct SchemaSpec {
@@ -29,7 +29,7 @@ pub struct Session {
     pub display: String,
     pub schema: String,
     /// Where the connection goes, kept to send cancel requests there.
-    server: Target,
+    server: ConnectParams,
     spec: &'static SchemaSpec,
 }
 
@@ -58,7 +58,7 @@ impl Session {
         spec: &'static SchemaSpec,
         until: Instant,
     ) -> Result<Session, Error> {
-        let server = Target::resolve(url, display)?;
+        let server = ConnectParams::resolve(url, display)?;
         let (client, notifications) = server.connect_until(until).await?;
         Ok(Session {
             client,

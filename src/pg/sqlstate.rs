@@ -1,5 +1,5 @@
-//! fence's own SQLSTATEs (class `LF`), raised by its SQL (`src/store/schema.sql`,
-//! `src/target/guard.sql`): one table, one meaning per code. Errors are classified by these
+//! fence's own SQLSTATEs (class `LF`), raised by its SQL (`src/coordinator/schema.sql`,
+//! `src/fenced/guard.sql`): one table, one meaning per code. Errors are classified by these
 //! codes (and PostgreSQL's own, through `tokio_postgres::error::SqlState`), never by the text
 //! of a message.
 
@@ -108,8 +108,8 @@ mod tests {
     #[test]
     fn the_table_covers_the_sql() {
         let sql = [
-            include_str!("../store/schema.sql"),
-            include_str!("../target/guard.sql"),
+            include_str!("../coordinator/schema.sql"),
+            include_str!("../fenced/guard.sql"),
         ]
         .concat();
         let mut raised: Vec<&str> = sql

@@ -103,7 +103,7 @@ impl Store {
 
     /// How much longer than its TTL a lease may stay live by this store's clock: S3 stamps
     /// versions to the whole second, and fence counts that second in the holder's favour on
-    /// both ends (see `src/store/object.rs`), so up to two seconds; GCS to the millisecond;
+    /// both ends (see `src/coordinator/object.rs`), so up to two seconds; GCS to the millisecond;
     /// none elsewhere.
     pub fn expiry_slack(&self) -> std::time::Duration {
         match self.backend {

@@ -1,7 +1,7 @@
 //! What `fence log` asks a coordinator for: the events of some resources (names or globs)
 //! within a time window, and the shape they come back in.
 
-use crate::store::{Event, ResourceView};
+use crate::coordinator::{Event, ResourceView};
 
 /// A resource name or a glob of them: `*` any run of characters, `?` one character.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,13 +13,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::SimpleQueryMessage;
 
+use crate::coordinator::{Event, LogQuery, LogWindow, Logged};
 use crate::error::{ConflictKind, Error};
+use crate::fenced::{quote_literal, quote_table, TargetSpec};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
 use crate::pg::{self};
 use crate::signals::Interrupts;
-use crate::store::{Event, LogQuery, LogWindow, Logged};
-use crate::target::{quote_literal, quote_table, TargetSpec};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
@@ -638,7 +638,7 @@ pub struct TxWrite<'a> {
     pub owner: &'a str,
     /// `--id`: applied at most once per resource, whoever writes it.
     pub write_id: Option<&'a str>,
-    /// Checked by [`crate::target::sql_check`] before it gets here.
+    /// Checked by [`crate::fenced::sql_check`] before it gets here.
     pub sql: &'a str,
     /// The server cancels the transaction after this long, and it can never commit later.
     pub timeout: Duration,

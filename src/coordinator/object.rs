@@ -42,12 +42,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, ObjectUrl, Put};
-use crate::store::{
+use crate::coordinator::{
     ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
     Waiter,
 };
+use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, ObjectUrl, Put};
 use crate::sys::random_u64;
 
 const FORMAT_VERSION: i32 = 1;

@@ -8,7 +8,7 @@
 use tokio_postgres::types::Type;
 
 use crate::error::Error;
-use crate::target::postgres::PgTarget;
+use crate::fenced::postgres::PgTarget;
 
 /// Functions the write path calls (`fence write`, both forms). `end_write` is granted when
 /// the schema has it.

@@ -11,9 +11,9 @@ use super::log;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
 use crate::config::percent_decode;
+use crate::coordinator::history::newest;
+use crate::coordinator::{Finding, Inspection, LogQuery, Logged, ResourceView, State};
 use crate::error::Error;
-use crate::store::history::newest;
-use crate::store::{Finding, Inspection, LogQuery, Logged, ResourceView, State};
 use crate::sys::sweep_temporaries;
 
 impl FileCoordinator {

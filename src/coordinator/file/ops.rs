@@ -7,11 +7,11 @@ use async_trait::async_trait;
 use super::log::EventLine;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
-use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::store::{
+use crate::coordinator::{
     ttl_ms, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
     Released, ResourceView,
 };
+use crate::error::{ConflictKind, Error, Holder, LostReason};
 
 impl FileCoordinator {
     /// Runs `change` on a resource's record under its lock.

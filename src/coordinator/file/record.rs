@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::coordinator::Lease;
 use crate::error::Error;
-use crate::store::Lease;
 
 /// A lease record as stored in `leases/<name>.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]

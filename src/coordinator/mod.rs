@@ -417,7 +417,7 @@ pub async fn prefill(spec: &StoreSpec, schema: &str, count: u32) -> Result<(), E
          ON CONFLICT (resource) DO NOTHING; \
          ANALYZE {schema}.leases"
     );
-    let (client, _notifications) = crate::pg::Target::resolve(url, &spec.display)?
+    let (client, _notifications) = crate::pg::ConnectParams::resolve(url, &spec.display)?
         .connect()
         .await?;
     client.batch_execute(&sql).await.map_err(|err| {
@@ -435,7 +435,7 @@ pub async fn prefill(spec: &StoreSpec, schema: &str, count: u32) -> Result<(), E
 pub async fn remove_scratch(
     spec: &StoreSpec,
     schema: &str,
-    target: Option<&crate::target::TargetSpec>,
+    target: Option<&crate::fenced::TargetSpec>,
 ) -> Result<(), Error> {
     let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
     let mut databases: Vec<(&str, &str)> = target
@@ -459,7 +459,9 @@ pub async fn remove_scratch(
         StoreKind::Object(url) => object::remove_namespace(url).await?,
     }
     for (url, display) in databases {
-        let (client, _notifications) = crate::pg::Target::resolve(url, display)?.connect().await?;
+        let (client, _notifications) = crate::pg::ConnectParams::resolve(url, display)?
+            .connect()
+            .await?;
         client.batch_execute(&drop).await.map_err(|err| {
             crate::pg::request_error(&err, display, "remove the bench's scratch schema", true)
         })?;

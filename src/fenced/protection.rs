@@ -8,10 +8,10 @@
 use tokio_postgres::types::Type;
 
 use crate::error::Error;
+use crate::fenced::postgres::PgTarget;
+use crate::fenced::quote_table;
 use crate::pg;
 use crate::pg::sqlstate::Fence;
-use crate::target::postgres::PgTarget;
-use crate::target::quote_table;
 
 /// DDL that can add a partition or an inheritance child to a table.
 const NEW_TABLE_TAGS: &str =

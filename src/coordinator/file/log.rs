@@ -126,8 +126,8 @@ fn take(line: &[u8], tail: &mut Tail, stop: &impl Fn(&EventLine) -> bool) -> boo
 }
 
 impl EventLine {
-    pub(super) fn into_event(self) -> crate::store::Event {
-        crate::store::Event {
+    pub(super) fn into_event(self) -> crate::coordinator::Event {
+        crate::coordinator::Event {
             at_ms: self.at_ms,
             kind: self.kind,
             owner: self.owner,

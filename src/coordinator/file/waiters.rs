@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{encode_name, FileCoordinator};
-use crate::store::Waiter;
+use crate::coordinator::Waiter;
 
 impl FileCoordinator {
     pub(super) fn waiters_dir(&self, resource: &str) -> PathBuf {

@@ -38,13 +38,13 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::error::{ConflictKind, Error, Holder, LostReason};
-use crate::pg::session::{SchemaSpec, Session};
-use crate::pg::CONNECT_PATIENCE;
-use crate::store::{
+use crate::coordinator::{
     ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease, LeaseRef,
     LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
+use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::pg::session::{SchemaSpec, Session};
+use crate::pg::CONNECT_PATIENCE;
 use crate::sys::random_u64;
 
 /// fence's own tables in the coordinator database.
@@ -163,7 +163,7 @@ struct Queue {
 impl PgCoordinator {
     /// Checks the URL; connects on first use.
     pub async fn connect(url: &str, display: &str, schema: &str) -> Result<PgCoordinator, Error> {
-        crate::pg::Target::resolve(url, display)?;
+        crate::pg::ConnectParams::resolve(url, display)?;
         Ok(PgCoordinator {
             url: url.to_owned(),
             display: display.to_owned(),
