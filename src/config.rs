@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::url::{redact_url, FilePathError};
 
 /// The longest resource or owner name, in bytes.
 pub const MAX_NAME_BYTES: usize = 200;
@@ -60,7 +61,7 @@ pub fn parse_resource(value: &str) -> Result<String, String> {
 }
 
 /// The longest write id (`--id`) or run id, in bytes: an object keeps its last
-/// [`crate::fenced::object::LEDGER_IDS`] ids in its metadata, and S3 allows 2 KB of it in all.
+/// 8 ids in its metadata (`LEDGER_IDS` of the object targets), and S3 allows 2 KB of it in all.
 pub const MAX_WRITE_ID_BYTES: usize = 64;
 
 /// Checks a write id (`fence write --id`, `fence run --id`, `FENCE_RUN_ID`): 1 to 64 ASCII
@@ -223,7 +224,7 @@ pub enum StoreKind {
     /// `file:///dir`: the embedded local-directory store.
     File(PathBuf),
     /// `s3://bucket/prefix` or `gs://bucket/prefix`: lease objects in a bucket.
-    Object(crate::object::ObjectUrl),
+    Object(crate::url::ObjectUrl),
 }
 
 /// A resolved store: what to connect to, and how to name it in output.
@@ -248,7 +249,7 @@ impl StoreSpec {
             StoreKind::File(file_path(rest, &display)?)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             StoreKind::Postgres(url.clone())
-        } else if let Some(parsed) = crate::object::ObjectUrl::parse(&url, false) {
+        } else if let Some(parsed) = crate::url::ObjectUrl::parse(&url, false) {
             // `file://` was taken above: this is `s3://` or `gs://`.
             StoreKind::Object(parsed?)
         } else {
@@ -262,38 +263,16 @@ impl StoreSpec {
 }
 
 fn file_path(rest: &str, display: &str) -> Result<PathBuf, Error> {
-    let path = rest.strip_prefix("localhost").unwrap_or(rest);
-    if !path.starts_with('/') {
-        return Err(Error::usage(
+    crate::url::file_path(rest).map_err(|err| match err {
+        FilePathError::NotAbsolute => Error::usage(
             format!("`{display}` does not name an absolute directory"),
             "write the path after `file://` in full, e.g. `file:///var/lib/fence` (three slashes)",
-        ));
-    }
-    let decoded = percent_decode(path).ok_or_else(|| {
-        Error::usage(
+        ),
+        FilePathError::BadEscape => Error::usage(
             format!("`{display}` has a malformed %-escape"),
             "escape bytes as %XX with two hex digits, or write the path plainly",
-        )
-    })?;
-    Ok(PathBuf::from(decoded))
-}
-
-/// Decodes `%XX` escapes; `None` when an escape is malformed or the result is not UTF-8.
-pub(crate) fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+        ),
+    })
 }
 
 /// `file://$XDG_STATE_HOME/fence`, falling back to `$HOME/.local/state/fence`.
@@ -319,40 +298,6 @@ pub fn default_store_url() -> Result<String, Error> {
         ));
     }
     Ok(format!("file://{}", base.join("fence").display()))
-}
-
-/// Removes the password from `scheme://user:password@host/…` and any `password=` query
-/// parameter, so that URLs can be printed (DESIGN: secrets never appear in output).
-pub fn redact_url(url: &str) -> String {
-    let url = match url.split_once("://") {
-        // The user info ends at the LAST `@`: a password may itself hold `/`, `?` or `#`
-        // (the driver accepts them), so nothing before that `@` is trusted to be a host.
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split(':').next().unwrap_or_default();
-                format!("{scheme}://{user}@{host}")
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    };
-    let Some((head, query)) = url.split_once('?') else {
-        return url;
-    };
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
-        .collect();
-    if kept.is_empty() {
-        head.to_owned()
-    } else {
-        format!("{head}?{}", kept.join("&"))
-    }
-}
-
-/// Whether a URL carries a password (then `--format env` leaves FENCE_STORE out).
-pub fn url_has_password(url: &str) -> bool {
-    redact_url(url) != url
 }
 
 #[cfg(test)]
@@ -410,22 +355,6 @@ mod tests {
         assert!(parse_token("0").is_err());
         assert!(parse_token("-1").is_err());
         assert!(parse_token("9223372036854775808").is_err());
-    }
-
-    #[test]
-    fn redaction() {
-        assert_eq!(
-            redact_url("postgres://u:s3cret@h:5432/db?sslmode=require&password=x"),
-            "postgres://u@h:5432/db?sslmode=require"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("postgres://h/db?password=x"), "postgres://h/db");
-        assert!(url_has_password("postgres://u:p@h/db"));
-        assert_eq!(
-            redact_url("postgres://u:SEC/RET?PW@h:1/db"),
-            "postgres://u@h:1/db"
-        );
-        assert!(!url_has_password("file:///tmp/x"));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Every variant maps to exactly one exit code in [`Error::exit`]; the message says what
 //! happened and the hint what to do next. Messages never include secrets: URLs are shown
-//! through [`crate::config::redact_url`] before they reach an error.
+//! through [`crate::url::redact_url`] before they reach an error.
 
 use serde_json::{json, Map, Value};
 

@@ -19,7 +19,9 @@ pub mod pg;
 pub mod reaper;
 pub mod signals;
 pub mod sys;
+pub mod terminal;
 pub mod time;
+pub mod url;
 
 use clap::Parser;
 

@@ -13,9 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Map, Value};
 
 use crate::cli::{ColorChoice, Format, GlobalArgs};
-use crate::cmd::Context;
 use crate::error::Error;
 use crate::exit::Exit;
+use crate::terminal::terminal_safe;
 
 /// What a successful command reports, in each output format.
 pub trait Report {
@@ -24,7 +24,7 @@ pub trait Report {
     /// Text for people on stdout, ending in a newline (empty: print nothing).
     fn human(&self) -> String;
     /// `export FENCE_…=…` lines for `eval`; `None` where `--format env` does not apply.
-    fn env(&self, _ctx: &Context) -> Option<String> {
+    fn env(&self) -> Option<String> {
         None
     }
     /// One JSON object per line; `None` where `--format ndjson` does not apply.
@@ -76,15 +76,15 @@ impl Output {
     /// Prints a successful result and returns exit 0. A failure to write stdout is left to
     /// the caller's next reader (`fence … | head -0` is not an error); commands for which an
     /// unseen answer matters use [`Self::try_success`].
-    pub fn success(&self, op: &str, ctx: &Context, report: &dyn Report) -> Exit {
-        self.try_success(op, ctx, report).unwrap_or(Exit::Success)
+    pub fn success(&self, op: &str, store: Option<&str>, report: &dyn Report) -> Exit {
+        self.try_success(op, store, report).unwrap_or(Exit::Success)
     }
 
     /// [`Self::success`], failing when the answer could not be written to stdout.
     pub fn try_success(
         &self,
         op: &str,
-        ctx: &Context,
+        store: Option<&str>,
         report: &dyn Report,
     ) -> std::io::Result<Exit> {
         match self.format {
@@ -93,7 +93,7 @@ impl Output {
                 object.insert("ok".into(), json!(true));
                 object.insert("op".into(), json!(op));
                 object.extend(report.json());
-                if let Some(store) = ctx.store_display() {
+                if let Some(store) = store {
                     object.insert("store".into(), json!(store));
                 }
                 print_stdout(&Value::Object(object).to_string())?;
@@ -110,10 +110,10 @@ impl Output {
                         format!("`--format ndjson` has no output for `{op}`"),
                         "use --format human or json; this is a bug, please report it",
                     );
-                    return Ok(self.error(op, ctx.store_display(), &err));
+                    return Ok(self.error(op, store, &err));
                 }
             },
-            Format::Env => match report.env(ctx) {
+            Format::Env => match report.env() {
                 Some(lines) => print_stdout(lines.trim_end())?,
                 None => {
                     // The resolve step refuses `--format env` for other commands.
@@ -121,7 +121,7 @@ impl Output {
                         format!("`--format env` has no output for `{op}`"),
                         "use --format human or json; this is a bug, please report it",
                     );
-                    return Ok(self.error(op, ctx.store_display(), &err));
+                    return Ok(self.error(op, store, &err));
                 }
             },
             Format::Human => {
@@ -222,50 +222,6 @@ fn env_failure(op: &str, err: &Error, exit: Exit) -> String {
         err.name(),
         terminal_safe(&err.to_string(), false)
     )
-}
-
-/// A warning on stderr, `fence: ` and one line, whatever it quotes.
-pub fn warn(text: &str) {
-    let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "fence: {}", terminal_safe(text, false));
-}
-
-/// `text` with every control character escaped (`\u{1b}`, `\r`…), so that what came from a
-/// store, a target or the caller's database (owners, details, names, query results) cannot
-/// move the cursor, retitle or recolour the terminal, or forge a line of fence's own output.
-/// Newlines and tabs stay when `lines` (tables and multi-line reports), never in one-line
-/// diagnostics.
-pub fn terminal_safe(text: &str, lines: bool) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        c.is_control() && !(lines && (c == '\n' || c == '\t'))
-            || is_bidi_control(c)
-            || is_invisible(c)
-    };
-    if !text.chars().any(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut safe = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            safe.extend(c.escape_default());
-        } else {
-            safe.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(safe)
-}
-
-/// Unicode's bidirectional controls, which reorder what a terminal shows (Trojan Source).
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
-}
-
-/// Characters a terminal draws as nothing (zero-width spaces and joiners, fillers, tags):
-/// two names that differ only by one would look the same.
-fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{ad}' | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200d}'
-        | '\u{2028}' | '\u{2029}' | '\u{2060}'..='\u{2064}' | '\u{3164}' | '\u{feff}'
-        | '\u{ffa0}' | '\u{e0000}'..='\u{e007f}')
 }
 
 /// Whether to colour diagnostics on stderr.
@@ -390,23 +346,4 @@ fn split_clap_message(rendered: &str, op: Option<&str>) -> (String, String) {
         (None, None) => format!("see {help}"),
     };
     (message, hint)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::terminal_safe;
-
-    #[test]
-    fn control_characters_never_reach_the_terminal() {
-        assert_eq!(terminal_safe("plain owner", false), "plain owner");
-        assert_eq!(
-            terminal_safe("a\u{1b}]0;pwned\u{7}b", false),
-            "a\\u{1b}]0;pwned\\u{7}b"
-        );
-        assert_eq!(terminal_safe("x\u{9b}31m", true), "x\\u{9b}31m");
-        assert_eq!(terminal_safe("row 1\nrow 2\r", true), "row 1\nrow 2\\r");
-        assert_eq!(terminal_safe("one\nline", false), "one\\nline");
-        assert_eq!(terminal_safe("evil\u{202e}txt", true), "evil\\u{202e}txt");
-        assert_eq!(terminal_safe("deploy\u{200b}", false), "deploy\\u{200b}");
-    }
 }

@@ -5,16 +5,20 @@ use serde_json::{json, Map, Value};
 use crate::cli::AcquireArgs;
 use crate::cmd::wait;
 use crate::cmd::Context;
-use crate::config::{redact_url, url_has_password, StoreKind};
+use crate::config::{StoreKind, StoreSpec};
 use crate::coordinator::{Grant, LeaseRef};
 use crate::error::{shell_quote, Error};
 use crate::exit::Exit;
 use crate::output::{Output, Report};
 use crate::sys::random_u64;
 use crate::time;
+use crate::url::{redact_url, url_has_password};
 
 pub struct Acquired {
     grant: Grant,
+    /// Where the lease is, for `--format env` (later commands must reach the same store).
+    store: Option<StoreSpec>,
+    schema: String,
 }
 
 pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acquired, Error> {
@@ -29,7 +33,11 @@ pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acqui
         out,
     )
     .await?;
-    Ok(Acquired { grant })
+    Ok(Acquired {
+        grant,
+        store: ctx.store.clone(),
+        schema: ctx.schema.clone(),
+    })
 }
 
 /// Acquires and prints the answer. A new lease whose answer could not be written to stdout
@@ -41,7 +49,7 @@ pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Ex
         Ok(acquired) => acquired,
         Err(err) => return out.error(op, ctx.store_display(), &err),
     };
-    let write_err = match out.try_success(op, ctx, &acquired) {
+    let write_err = match out.try_success(op, ctx.store_display(), &acquired) {
         Ok(exit) => return exit,
         Err(err) => err,
     };
@@ -119,7 +127,7 @@ impl Report for Acquired {
         )
     }
 
-    fn env(&self, ctx: &Context) -> Option<String> {
+    fn env(&self) -> Option<String> {
         let lease = &self.grant.lease;
         let mut lines = format!(
             "export FENCE_RESOURCE={}\nexport FENCE_OWNER={}\nexport FENCE_TOKEN={}\n",
@@ -129,20 +137,20 @@ impl Report for Acquired {
         );
         // Never the password (secrets are never printed), but never left out either: later
         // commands must reach the same store, or fail loudly there for want of a password.
-        let store = ctx.store.as_ref()?;
+        let store = self.store.as_ref()?;
         lines.push_str(&format!(
             "export FENCE_STORE={}\n",
             shell_quote(&redact_url(&store.url))
         ));
         if url_has_password(&store.url) {
-            crate::output::warn(
+            crate::terminal::warn(
                 "FENCE_STORE is exported without its password: later commands read it from ~/.pgpass, PGPASSFILE, PGSERVICE or PGPASSWORD, as libpq does",
             );
         }
         if matches!(store.kind, StoreKind::Postgres(_)) {
             lines.push_str(&format!(
                 "export FENCE_SCHEMA={}\n",
-                shell_quote(&ctx.schema)
+                shell_quote(&self.schema)
             ));
         }
         lines.push_str(&format!(

@@ -106,14 +106,14 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     // moment from here on ends the bench with the namespace removed (during set-up, once
     // set-up is done).
     let mut interrupts = Interrupts::install();
-    let (spec, schema) = coordinator::scratch(&base);
+    let (spec, schema) = coordinator::scratch::scratch(&base);
     // Create the scratch schema once, so that workers do not all race to create it.
     let created = match coordinator::open(&spec, &schema).await {
         Ok(store) => store.init().await.map(drop),
         Err(err) => Err(err),
     };
     if let Err(err) = created {
-        coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        coordinator::scratch::remove(&spec, &schema, target_database(target.as_ref())).await?;
         return Err(err);
     }
     if args.prefill {
@@ -121,17 +121,17 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         if let Some(spinner) = &spinner {
             spinner.set_message(format!("creating {} resources", args.resources));
         }
-        let filled = coordinator::prefill(&spec, &schema, args.resources).await;
+        let filled = coordinator::scratch::prefill(&spec, &schema, args.resources).await;
         if let Some(spinner) = spinner {
             spinner.finish_and_clear();
         }
         if let Err(err) = filled {
-            coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
+            coordinator::scratch::remove(&spec, &schema, target_database(target.as_ref())).await?;
             return Err(err);
         }
     }
     if let Some(name) = interrupts.as_mut().ok().and_then(Interrupts::pending) {
-        coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
+        coordinator::scratch::remove(&spec, &schema, target_database(target.as_ref())).await?;
         return Err(interrupted(name));
     }
     let plan = Plan {
@@ -228,7 +228,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     if let Some(spinner) = spinner {
         spinner.finish_and_clear();
     }
-    coordinator::remove_scratch(&spec, &schema, target.as_ref()).await?;
+    coordinator::scratch::remove(&spec, &schema, target_database(target.as_ref())).await?;
     if let Some(err) = failure {
         return Err(err);
     }
@@ -489,4 +489,10 @@ impl Report for Benched {
             self.elapsed.as_secs_f64()
         )
     }
+}
+
+/// The PostgreSQL write target's URL and display form, whose scratch schema goes with the
+/// store's.
+fn target_database(target: Option<&TargetSpec>) -> Option<(&str, &str)> {
+    target.map(|t| (t.url.as_str(), t.display.as_str()))
 }

@@ -177,7 +177,7 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
                 f.fix.as_str(),
             ]);
         }
-        crate::output::print_line(&crate::output::terminal_safe(
+        crate::output::print_line(&crate::terminal::terminal_safe(
             &format!(
                 "{table}\n{} ok, {} warn, {} fail",
                 count(Severity::Ok),

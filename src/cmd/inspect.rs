@@ -14,7 +14,8 @@ use crate::exit::Exit;
 use crate::fenced::object::{self as object_target, ObjectView};
 use crate::fenced::postgres::{GuardView, PgTarget};
 use crate::fenced::TargetSpec;
-use crate::output::{self, terminal_safe, Output, Report};
+use crate::output::{self, Output, Report};
+use crate::terminal::terminal_safe;
 use crate::time;
 
 /// Events shown per named resource when `--history` is not given.
@@ -59,7 +60,7 @@ pub async fn run_and_print(args: InspectArgs, ctx: &Context, out: &Output) -> Ex
         return stream(&args, coordinator.as_ref(), ctx, out).await;
     }
     match run(args, coordinator.as_ref(), ctx).await {
-        Ok(report) => out.success("inspect", ctx, &report),
+        Ok(report) => out.success("inspect", ctx.store_display(), &report),
         Err(err) => fail(err),
     }
 }
@@ -297,7 +298,7 @@ async fn stream(
                     store: ctx.store_display().unwrap_or_default().to_owned(),
                     targets: None,
                 };
-                return out.success("inspect", ctx, &report);
+                return out.success("inspect", ctx.store_display(), &report);
             }
             None => printer.insert(Printer::start(out, ctx, &page.views)),
         };

@@ -292,7 +292,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
         for entry in entries.iter().filter(|e| wanted(args, e)) {
             let line = match out.format {
                 Format::Ndjson => entry.json().to_string(),
-                _ => crate::output::terminal_safe(&entry.line(), false).into_owned(),
+                _ => crate::terminal::terminal_safe(&entry.line(), false).into_owned(),
             };
             if !out.quiet && print(&line).is_err() {
                 // Nobody reads any more (a closed pipe): nothing left to do.
@@ -310,7 +310,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
 /// Notes a failed read of `source` (a warning the first time).
 fn failed(failing: &mut HashMap<String, bool>, source: &str, err: &Error) {
     if !failing.insert(source.to_owned(), true).unwrap_or(false) {
-        crate::output::warn(&format!(
+        crate::terminal::warn(&format!(
             "warning: cannot read `{source}` ({err}); trying again"
         ));
     }
@@ -319,7 +319,7 @@ fn failed(failing: &mut HashMap<String, bool>, source: &str, err: &Error) {
 /// Notes a read of `source` that succeeded (a notice when it had failed).
 fn recovered(failing: &mut HashMap<String, bool>, source: &str) {
     if failing.insert(source.to_owned(), false).unwrap_or(false) {
-        crate::output::warn(&format!("reading `{source}` again"));
+        crate::terminal::warn(&format!("reading `{source}` again"));
     }
 }
 

@@ -107,7 +107,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Prune(args) => prune::run(args, &ctx).await.map(boxed),
     };
     match result {
-        Ok(report) => out.success(op, &ctx, report.as_ref()),
+        Ok(report) => out.success(op, ctx.store_display(), report.as_ref()),
         Err(err) => out.error(op, ctx.store_display(), &err),
     }
 }

@@ -120,7 +120,7 @@ fn report_done(args: &RunArgs, id: &str, ctx: &Context, out: &Output, done: &Don
         }
         crate::output::print_line(&serde_json::Value::Object(object).to_string());
     } else if !out.quiet {
-        crate::output::warn(&format!(
+        crate::terminal::warn(&format!(
             "run `{id}` of `{}` already completed{}{}: the command was not started",
             args.resource,
             at.map(|at| format!(" at {at}")).unwrap_or_default(),
@@ -195,7 +195,7 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
             reason,
         };
         if let Err(err) = super::run_metrics::write(&path, &outcome) {
-            crate::output::warn(&format!(
+            crate::terminal::warn(&format!(
                 "warning: cannot write the run's metrics to `{}`: {err}",
                 path.display()
             ));
@@ -323,7 +323,7 @@ async fn supervise(
                     _ => LostReason::Unreachable,
                 };
                 if let Some(cause) = &last_error {
-                    crate::output::warn(&format!("the last renewal attempt failed: {cause}"));
+                    crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
                 }
                 break End::Lost(lost(&lease, reason));
             }
@@ -384,14 +384,14 @@ async fn supervise(
             if let (Some(marker), Some(0)) = (&marker, status.code()) {
                 if let Err(err) = record_completed(coordinator.as_ref(), marker, &owner, ttl).await
                 {
-                    crate::output::warn(&format!(
+                    crate::terminal::warn(&format!(
                         "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
                         id.as_deref().unwrap_or_default()
                     ));
                 }
             }
             if let Err(err) = coordinator.release(&lease).await {
-                crate::output::warn(&format!(
+                crate::terminal::warn(&format!(
                     "warning: the command ended but its lease could not be released: {err}"
                 ));
             }

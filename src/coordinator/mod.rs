@@ -10,6 +10,7 @@ pub(crate) mod file;
 pub mod history;
 mod object;
 mod postgres;
+pub mod scratch;
 pub(crate) use postgres::LogWindow;
 
 /// The most connections the waiters of one busy resource keep on PostgreSQL.
@@ -362,109 +363,4 @@ pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>
 /// The TTL in whole milliseconds, as coordinators store it.
 pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>` on
-/// PostgreSQL, directory `bench-<pid>` inside the local store. Returns the spec and schema.
-pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
-    let pid = std::process::id();
-    let schema = format!("fence_bench_{pid}");
-    let spec = match &spec.kind {
-        StoreKind::File(dir) => {
-            let dir = dir.join(format!("bench-{pid}"));
-            StoreSpec {
-                url: format!("file://{}", dir.display()),
-                display: format!("file://{}", dir.display()),
-                kind: StoreKind::File(dir),
-            }
-        }
-        StoreKind::Postgres(_) => spec.clone(),
-        StoreKind::Object(url) => {
-            let url = crate::object::ObjectUrl {
-                key: url.join(&format!("bench-{pid}")),
-                ..url.clone()
-            };
-            let service = if spec.url.starts_with("gs://") {
-                "gs"
-            } else {
-                "s3"
-            };
-            let display = format!("{service}://{}/{}", url.bucket, url.key);
-            StoreSpec {
-                url: display.clone(),
-                display: display.clone(),
-                kind: StoreKind::Object(crate::object::ObjectUrl { display, ..url }),
-            }
-        }
-    };
-    (spec, schema)
-}
-
-/// Creates resources `bench-0` … `bench-<count - 1>` as free leases (token 1) in a
-/// [`scratch`] namespace, for `fence bench --prefill`. PostgreSQL only: there a lookup is an
-/// index probe whose cost grows with the table; the local directory and object stores keep
-/// one file or object per resource, found by name.
-pub async fn prefill(spec: &StoreSpec, schema: &str, count: u32) -> Result<(), Error> {
-    let StoreKind::Postgres(url) = &spec.kind else {
-        return Err(Error::usage(
-            format!("--prefill needs a PostgreSQL store, not `{}`", spec.display),
-            "drop --prefill: on the local directory and object stores a lease is a file or object found by its name, however many there are",
-        ));
-    };
-    let sql = format!(
-        "INSERT INTO {schema}.leases (resource, token, ttl_ms, last_event) \
-         SELECT 'bench-' || g, 1, 1000, 'released' FROM generate_series(0, {count} - 1) AS g \
-         ON CONFLICT (resource) DO NOTHING; \
-         ANALYZE {schema}.leases"
-    );
-    let (client, _notifications) = crate::pg::ConnectParams::resolve(url, &spec.display)?
-        .connect()
-        .await?;
-    client.batch_execute(&sql).await.map_err(|err| {
-        crate::pg::request_error(
-            &err,
-            &spec.display,
-            "prefill the bench's scratch schema",
-            true,
-        )
-    })
-}
-
-/// Removes a namespace made by [`scratch`] (and the same schema in an optional PostgreSQL
-/// write target). Lease records are never deleted one by one; the whole namespace goes.
-pub async fn remove_scratch(
-    spec: &StoreSpec,
-    schema: &str,
-    target: Option<&crate::fenced::TargetSpec>,
-) -> Result<(), Error> {
-    let drop = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-    let mut databases: Vec<(&str, &str)> = target
-        .map(|t| (t.url.as_str(), t.display.as_str()))
-        .into_iter()
-        .collect();
-    match &spec.kind {
-        StoreKind::File(dir) => match std::fs::remove_dir_all(dir) {
-            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::internal(
-                    format!(
-                        "cannot remove the bench's scratch directory `{}`: {err}",
-                        dir.display()
-                    ),
-                    "remove it by hand",
-                ))
-            }
-            _ => {}
-        },
-        StoreKind::Postgres(url) => databases.push((url.as_str(), spec.display.as_str())),
-        StoreKind::Object(url) => object::remove_namespace(url).await?,
-    }
-    for (url, display) in databases {
-        let (client, _notifications) = crate::pg::ConnectParams::resolve(url, display)?
-            .connect()
-            .await?;
-        client.batch_execute(&drop).await.map_err(|err| {
-            crate::pg::request_error(&err, display, "remove the bench's scratch schema", true)
-        })?;
-    }
-    Ok(())
 }

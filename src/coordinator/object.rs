@@ -409,7 +409,7 @@ impl ObjectCoordinator {
     /// history misses it. Reporting "nothing applied" here would leave a lease held by an owner
     /// nobody knows of.
     fn unrecorded(&self, resource: &str, err: &Error) {
-        crate::output::warn(&format!(
+        crate::terminal::warn(&format!(
             "warning: the outcome for `{resource}` at `{}` stands (the lease record is as reported), but its event is missing from the history: {err}",
             self.url.display
         ));

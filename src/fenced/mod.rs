@@ -8,9 +8,9 @@ pub mod postgres;
 pub mod protection;
 pub mod sql_check;
 
-use crate::config::redact_url;
 use crate::error::Error;
 use crate::object::ObjectUrl;
+use crate::url::redact_url;
 
 /// A resolved `--target` URL.
 #[derive(Clone, Debug)]

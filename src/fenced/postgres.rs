@@ -202,7 +202,7 @@ impl PgTarget {
         let (completed, err) = match answer {
             Answer::Done(messages) => {
                 if let Some(gave_up) = gave_up {
-                    crate::output::warn(&format!(
+                    crate::terminal::warn(&format!(
                         "{}, but the transaction had already committed",
                         gave_up.what()
                     ));

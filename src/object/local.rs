@@ -44,26 +44,6 @@ struct Sidecar {
     inode: Option<u64>,
 }
 
-/// Whether `name` is one of the files this backend keeps beside an object (its sidecar, next
-/// sidecar, lock, or a temporary file): never an object itself.
-pub(super) fn is_bookkeeping(name: &str) -> bool {
-    name.starts_with(LEGACY_TMP_PREFIX)
-        || (name.starts_with('.')
-            && [
-                ".fence.json",
-                ".fence.next.json",
-                ".fence.lock",
-                ".fence.tmp",
-                ".fence.next.tmp",
-            ]
-            .iter()
-            .any(|suffix| name.ends_with(suffix)))
-}
-
-/// The prefix of the temporary files of fence 0.1's writes (random names, which a crashed
-/// write left behind for good). Still never an object.
-const LEGACY_TMP_PREFIX: &str = ".fence-tmp-";
-
 fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
     let message = format!("cannot {what} `{}`: {err}", path.display());
     match err.kind() {

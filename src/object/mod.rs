@@ -1,5 +1,5 @@
 //! Objects with versions and preconditions: the one small interface that the object-store
-//! coordinator ([`crate::coordinator`]) and fenced object writes ([`crate::fenced`]) are built on.
+//! coordinator and fenced object writes are built on (this module depends on neither).
 //!
 //! Every backend offers the same two guarantees, which is all fence relies on:
 //! - a put conditioned on [`Cond::Create`] succeeds only when no object exists, and one
@@ -29,8 +29,8 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use indicatif::ProgressBar;
 
-use crate::config::percent_decode;
 use crate::error::Error;
+pub use crate::url::{ObjectUrl, Service};
 
 /// Metadata fence stores on a fenced object.
 pub const META_TOKEN: &str = "fence-token";
@@ -38,145 +38,8 @@ pub const META_RESOURCE: &str = "fence-resource";
 pub const META_OWNER: &str = "fence-owner";
 /// The write id (`--id`) of the write that made this version.
 pub const META_ID: &str = "fence-id";
-/// The write ids of the versions before, newest first (see [`crate::fenced::object`]).
+/// The write ids of the versions before, newest first (the ledger of the object targets).
 pub const META_IDS: &str = "fence-ids";
-
-/// Which object service a URL names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Service {
-    S3,
-    Gcs,
-    /// Objects in a local directory.
-    File,
-}
-
-/// A resolved `s3://bucket/key`, `gs://bucket/key` or `file:///dir/key`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectUrl {
-    pub service: Service,
-    /// The bucket (for `file://`, the directory holding the object or prefix).
-    pub bucket: String,
-    /// The key or prefix inside the bucket, without leading or trailing `/`.
-    pub key: String,
-    pub display: String,
-}
-
-impl ObjectUrl {
-    /// Parses an object URL; `None` when the scheme is not an object scheme.
-    pub fn parse(url: &str, want_key: bool) -> Option<Result<ObjectUrl, Error>> {
-        let (service, rest) = if let Some(rest) = url.strip_prefix("s3://") {
-            (Service::S3, rest)
-        } else if let Some(rest) = url.strip_prefix("gs://") {
-            (Service::Gcs, rest)
-        } else if let Some(rest) = url.strip_prefix("file://") {
-            (Service::File, rest)
-        } else {
-            return None;
-        };
-        Some(Self::parse_rest(url, service, rest, want_key))
-    }
-
-    fn parse_rest(
-        url: &str,
-        service: Service,
-        rest: &str,
-        want_key: bool,
-    ) -> Result<ObjectUrl, Error> {
-        let bad = |why: &str| {
-            Error::usage(
-                format!("`{url}` {why}"),
-                if want_key {
-                    "write `s3://bucket/key`, `gs://bucket/key` or `file:///dir/name`"
-                } else {
-                    "write `s3://bucket/prefix` or `gs://bucket/prefix`"
-                },
-            )
-        };
-        if service == Service::File {
-            let path = rest.strip_prefix("localhost").unwrap_or(rest);
-            let path = percent_decode(path).ok_or_else(|| bad("has a malformed %-escape"))?;
-            let path = PathBuf::from(path);
-            if !path.is_absolute() {
-                return Err(bad("does not name an absolute path (write three slashes)"));
-            }
-            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-                return Err(bad("does not name a file"));
-            };
-            // Writing them as objects would let any lease holder forge another object's
-            // token and write ids.
-            if local::is_bookkeeping(&name.to_string_lossy()) {
-                return Err(bad(
-                    "names one of fence's own files (the metadata, lock or temporary file kept beside a `file://` object), not an object",
-                ));
-            }
-            return Ok(ObjectUrl {
-                service,
-                bucket: dir.display().to_string(),
-                key: name.to_string_lossy().into_owned(),
-                display: url.to_owned(),
-            });
-        }
-        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.len() < 3
-            || !bucket
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._".contains(c))
-        {
-            return Err(bad(
-                "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
-            ));
-        }
-        if want_key && key.ends_with('/') {
-            return Err(bad(
-                "ends with `/`: that names a directory, not an object (fence would not guess which)",
-            ));
-        }
-        let key = key.trim_matches('/');
-        if want_key && key.is_empty() {
-            return Err(bad("names a bucket but no object key"));
-        }
-        // Both services limit names to 1024 bytes of UTF-8; control characters (a newline in
-        // a name) are legal on neither in practice and unreadable in every listing. fence adds
-        // up to ~60 bytes under a coordinator prefix.
-        if key.len() > MAX_KEY_BYTES {
-            return Err(bad(&format!(
-                "has a key of {} bytes; S3 and GCS allow at most 1024 (a coordinator prefix at most {MAX_KEY_BYTES})",
-                key.len()
-            )));
-        }
-        if key.chars().any(char::is_control) {
-            return Err(bad(
-                "has a control character (a newline, a tab…) in its key",
-            ));
-        }
-        if key
-            .split('/')
-            .any(|part| part.is_empty() || part == "." || part == "..")
-        {
-            return Err(bad("has an empty, `.` or `..` path segment"));
-        }
-        Ok(ObjectUrl {
-            service,
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-            display: url.to_owned(),
-        })
-    }
-
-    /// `prefix/name`, or `name` when there is no prefix.
-    pub fn join(&self, name: &str) -> String {
-        if self.key.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}/{name}", self.key)
-        }
-    }
-}
-
-/// The longest key (or coordinator prefix) accepted: S3's and GCS's 1024-byte limit, less
-/// the room fence's own names under a prefix need (`/events/<resource>/<seq>-…`; resource
-/// names are limited separately).
-const MAX_KEY_BYTES: usize = 1024 - 256;
 
 /// What a put is conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,6 +291,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn keys_encode_every_byte_outside_the_safe_set() {
+        assert_eq!(encode_key("a/b c_d"), "a_2Fb_20c_5Fd");
+    }
+
+    #[test]
     #[cfg(any(feature = "s3", feature = "gcs"))]
     fn expired_credentials_are_known_by_their_code_not_their_message() {
         let s3 = "<Error><Code>ExpiredToken</Code><Message>The provided token has expired.</Message></Error>";
@@ -447,40 +315,5 @@ mod tests {
                 message(body)
             );
         }
-    }
-
-    #[test]
-    fn urls_and_keys() {
-        let u = ObjectUrl::parse("s3://bkt/a/b/", false).unwrap().unwrap();
-        assert_eq!(
-            (u.service, u.bucket.as_str(), u.key.as_str()),
-            (Service::S3, "bkt", "a/b")
-        );
-        assert_eq!(u.join("leases"), "a/b/leases");
-        assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
-        assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
-        assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
-        assert!(ObjectUrl::parse("gs://bkt/dir/", true).unwrap().is_err());
-        assert!(ObjectUrl::parse("gs://bkt/dir/", false).unwrap().is_ok());
-        assert!(ObjectUrl::parse("s3://bkt/a\nb", true).unwrap().is_err());
-        let long = format!("s3://bkt/{}", "k".repeat(769));
-        assert!(ObjectUrl::parse(&long, true).unwrap().is_err());
-        assert!(ObjectUrl::parse(&long[..long.len() - 1], true)
-            .unwrap()
-            .is_ok());
-        let f = ObjectUrl::parse("file:///tmp/d/obj", true)
-            .unwrap()
-            .unwrap();
-        assert_eq!((f.bucket.as_str(), f.key.as_str()), ("/tmp/d", "obj"));
-        for own in [".obj.fence.json", ".obj.fence.next.json", ".obj.fence.lock"] {
-            assert!(ObjectUrl::parse(&format!("file:///tmp/d/{own}"), true)
-                .unwrap()
-                .is_err());
-        }
-        assert!(ObjectUrl::parse("file:///tmp/d/obj.fence.json", true)
-            .unwrap()
-            .is_ok());
-        assert!(ObjectUrl::parse("postgres://x", true).is_none());
-        assert_eq!(encode_key("a/b c_d"), "a_2Fb_20c_5Fd");
     }
 }

@@ -435,7 +435,7 @@ impl HttpService for ReportingService {
             .parse()
             .map_err(|err| HttpError::new(HttpErrorKind::Request, err))?;
         let put = parts.method == http::Method::PUT;
-        let path = crate::config::percent_decode(parts.uri.path());
+        let path = crate::url::percent_decode(parts.uri.path());
         let mut request = reqwest::Request::new(parts.method, url);
         *request.headers_mut() = parts.headers;
         let data = body.collect().await?.to_bytes();

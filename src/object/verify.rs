@@ -66,7 +66,7 @@ fn bypassed() -> bool {
 }
 
 fn warn_unverified(url: &ObjectUrl) {
-    crate::output::warn(&format!(
+    crate::terminal::warn(&format!(
         "WARNING: {UNVERIFIED_ENV}=1: using `{}` without proof that it enforces conditional writes; on a server that ignores them one lease can be granted to several owners",
         url.display
     ));

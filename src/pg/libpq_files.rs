@@ -83,14 +83,14 @@ pub fn password(host: &str, port: u16, database: &str, user: &str) -> Option<Str
     let path = env_path("PGPASSFILE").or_else(|| home_file(".pgpass"))?;
     let meta = std::fs::metadata(&path).ok()?;
     if !meta.is_file() {
-        crate::output::warn(&format!(
+        crate::terminal::warn(&format!(
             "warning: password file `{}` is not a plain file; it is ignored",
             path.display()
         ));
         return None;
     }
     if meta.mode() & 0o077 != 0 {
-        crate::output::warn(&format!(
+        crate::terminal::warn(&format!(
             "warning: password file `{}` has group or world access; permissions should be u=rw (0600) or less, so it is ignored (as libpq does)",
             path.display()
         ));

@@ -814,7 +814,7 @@ fn password_file(config: &Config) -> Option<String> {
 }
 
 fn decode(value: &str) -> String {
-    crate::config::percent_decode(value).unwrap_or_else(|| value.to_owned())
+    crate::url::percent_decode(value).unwrap_or_else(|| value.to_owned())
 }
 
 #[cfg(test)]

@@ -206,7 +206,7 @@ impl FileCoordinator {
                             .map_err(|err| err.to_string())
                     });
                 if let Err(err) = pruned {
-                    crate::output::warn(&format!(
+                    crate::terminal::warn(&format!(
                         "warning: cannot prune the event log `{}`: {err}; it keeps growing until that succeeds",
                         paths.events.display()
                     ));

@@ -37,7 +37,7 @@ impl FileCoordinator {
         let issued = self.issued(paths)?;
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
-            crate::output::warn(&format!(
+            crate::terminal::warn(&format!(
                 "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy or rolled back; the new token continues above {issued}",
                 paths.lease.display()
             ));
@@ -150,7 +150,7 @@ impl FileCoordinator {
             },
         ) {
             // The refusal is the true answer; only its history entry is missing.
-            crate::output::warn(&format!(
+            crate::terminal::warn(&format!(
                 "warning: cannot record the refused {op} in `{}`: {err}",
                 paths.events.display()
             ));

@@ -1,0 +1,297 @@
+//! URLs: parsing and printing the addresses fence is given. A leaf module (it depends only on
+//! [`crate::error`]): the command line, the coordinators, the targets and the error messages
+//! all use it.
+//!
+//! - [`ObjectUrl`]: `s3://bucket/key`, `gs://bucket/key`, `file:///dir/name`, checked before
+//!   anything is sent;
+//! - [`redact_url`]: a URL without its password, the only form fence ever prints;
+//! - [`percent_decode`]: `file://` paths are percent-decoded, as file URLs are everywhere.
+
+use std::path::PathBuf;
+
+use crate::error::Error;
+
+/// Which object service a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    S3,
+    Gcs,
+    /// Objects in a local directory.
+    File,
+}
+
+/// A resolved `s3://bucket/key`, `gs://bucket/key` or `file:///dir/key`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectUrl {
+    pub service: Service,
+    /// The bucket (for `file://`, the directory holding the object or prefix).
+    pub bucket: String,
+    /// The key or prefix inside the bucket, without leading or trailing `/`.
+    pub key: String,
+    pub display: String,
+}
+
+impl ObjectUrl {
+    /// Parses an object URL; `None` when the scheme is not an object scheme.
+    pub fn parse(url: &str, want_key: bool) -> Option<Result<ObjectUrl, Error>> {
+        let (service, rest) = if let Some(rest) = url.strip_prefix("s3://") {
+            (Service::S3, rest)
+        } else if let Some(rest) = url.strip_prefix("gs://") {
+            (Service::Gcs, rest)
+        } else if let Some(rest) = url.strip_prefix("file://") {
+            (Service::File, rest)
+        } else {
+            return None;
+        };
+        Some(Self::parse_rest(url, service, rest, want_key))
+    }
+
+    fn parse_rest(
+        url: &str,
+        service: Service,
+        rest: &str,
+        want_key: bool,
+    ) -> Result<ObjectUrl, Error> {
+        let bad = |why: &str| {
+            Error::usage(
+                format!("`{url}` {why}"),
+                if want_key {
+                    "write `s3://bucket/key`, `gs://bucket/key` or `file:///dir/name`"
+                } else {
+                    "write `s3://bucket/prefix` or `gs://bucket/prefix`"
+                },
+            )
+        };
+        if service == Service::File {
+            let path = file_path(rest).map_err(|err| match err {
+                FilePathError::BadEscape => bad("has a malformed %-escape"),
+                FilePathError::NotAbsolute => {
+                    bad("does not name an absolute path (write three slashes)")
+                }
+            })?;
+            let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(bad("does not name a file"));
+            };
+            // Writing them as objects would let any lease holder forge another object's
+            // token and write ids.
+            if is_bookkeeping(&name.to_string_lossy()) {
+                return Err(bad(
+                    "names one of fence's own files (the metadata, lock or temporary file kept beside a `file://` object), not an object",
+                ));
+            }
+            return Ok(ObjectUrl {
+                service,
+                bucket: dir.display().to_string(),
+                key: name.to_string_lossy().into_owned(),
+                display: url.to_owned(),
+            });
+        }
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.len() < 3
+            || !bucket
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._".contains(c))
+        {
+            return Err(bad(
+                "does not start with a bucket name (3 or more of a-z, 0-9, `-`, `.`, `_`)",
+            ));
+        }
+        if want_key && key.ends_with('/') {
+            return Err(bad(
+                "ends with `/`: that names a directory, not an object (fence would not guess which)",
+            ));
+        }
+        let key = key.trim_matches('/');
+        if want_key && key.is_empty() {
+            return Err(bad("names a bucket but no object key"));
+        }
+        // Both services limit names to 1024 bytes of UTF-8; control characters (a newline in
+        // a name) are legal on neither in practice and unreadable in every listing. fence adds
+        // up to ~60 bytes under a coordinator prefix.
+        if key.len() > MAX_KEY_BYTES {
+            return Err(bad(&format!(
+                "has a key of {} bytes; S3 and GCS allow at most 1024 (a coordinator prefix at most {MAX_KEY_BYTES})",
+                key.len()
+            )));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(bad(
+                "has a control character (a newline, a tab…) in its key",
+            ));
+        }
+        if key
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+        {
+            return Err(bad("has an empty, `.` or `..` path segment"));
+        }
+        Ok(ObjectUrl {
+            service,
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            display: url.to_owned(),
+        })
+    }
+
+    /// `prefix/name`, or `name` when there is no prefix.
+    pub fn join(&self, name: &str) -> String {
+        if self.key.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.key)
+        }
+    }
+}
+
+/// The longest key (or coordinator prefix) accepted: S3's and GCS's 1024-byte limit, less
+/// the room fence's own names under a prefix need (`/events/<resource>/<seq>-…`; resource
+/// names are limited separately).
+const MAX_KEY_BYTES: usize = 1024 - 256;
+
+/// Whether `name` is one of the files this backend keeps beside an object (its sidecar, next
+/// sidecar, lock, or a temporary file): never an object itself.
+pub fn is_bookkeeping(name: &str) -> bool {
+    name.starts_with(LEGACY_TMP_PREFIX)
+        || (name.starts_with('.')
+            && [
+                ".fence.json",
+                ".fence.next.json",
+                ".fence.lock",
+                ".fence.tmp",
+                ".fence.next.tmp",
+            ]
+            .iter()
+            .any(|suffix| name.ends_with(suffix)))
+}
+
+/// The prefix of the temporary files of fence 0.1's writes (random names, which a crashed
+/// write left behind for good). Still never an object.
+const LEGACY_TMP_PREFIX: &str = ".fence-tmp-";
+
+/// Why the rest of a `file://` URL names no path.
+#[derive(Debug, PartialEq)]
+pub enum FilePathError {
+    /// Not `/…` (nor `localhost/…`): `file://dir` names a host, not a directory.
+    NotAbsolute,
+    BadEscape,
+}
+
+/// The absolute path that `rest`, what follows `file://`, names: an empty host or
+/// `localhost`, then a percent-decoded path. Stores and object targets both read `file://`
+/// URLs through here.
+pub fn file_path(rest: &str) -> Result<PathBuf, FilePathError> {
+    let path = rest.strip_prefix("localhost").unwrap_or(rest);
+    if !path.starts_with('/') {
+        return Err(FilePathError::NotAbsolute);
+    }
+    percent_decode(path)
+        .map(PathBuf::from)
+        .ok_or(FilePathError::BadEscape)
+}
+
+/// Decodes `%XX` escapes; `None` when an escape is malformed or the result is not UTF-8.
+pub fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Removes the password from `scheme://user:password@host/…` and any `password=` query
+/// parameter, so that URLs can be printed (DESIGN: secrets never appear in output).
+pub fn redact_url(url: &str) -> String {
+    let url = match url.split_once("://") {
+        // The user info ends at the LAST `@`: a password may itself hold `/`, `?` or `#`
+        // (the driver accepts them), so nothing before that `@` is trusted to be a host.
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                format!("{scheme}://{user}@{host}")
+            }
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    };
+    let Some((head, query)) = url.split_once('?') else {
+        return url;
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.to_ascii_lowercase().starts_with("password="))
+        .collect();
+    if kept.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head}?{}", kept.join("&"))
+    }
+}
+
+/// Whether a URL carries a password (then `--format env` leaves FENCE_STORE out).
+pub fn url_has_password(url: &str) -> bool {
+    redact_url(url) != url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_keys() {
+        let u = ObjectUrl::parse("s3://bkt/a/b/", false).unwrap().unwrap();
+        assert_eq!(
+            (u.service, u.bucket.as_str(), u.key.as_str()),
+            (Service::S3, "bkt", "a/b")
+        );
+        assert_eq!(u.join("leases"), "a/b/leases");
+        assert!(ObjectUrl::parse("gs://bkt", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://b/x", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/a//b", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", true).unwrap().is_err());
+        assert!(ObjectUrl::parse("gs://bkt/dir/", false).unwrap().is_ok());
+        assert!(ObjectUrl::parse("s3://bkt/a\nb", true).unwrap().is_err());
+        let long = format!("s3://bkt/{}", "k".repeat(769));
+        assert!(ObjectUrl::parse(&long, true).unwrap().is_err());
+        assert!(ObjectUrl::parse(&long[..long.len() - 1], true)
+            .unwrap()
+            .is_ok());
+        let f = ObjectUrl::parse("file:///tmp/d/obj", true)
+            .unwrap()
+            .unwrap();
+        assert_eq!((f.bucket.as_str(), f.key.as_str()), ("/tmp/d", "obj"));
+        for own in [".obj.fence.json", ".obj.fence.next.json", ".obj.fence.lock"] {
+            assert!(ObjectUrl::parse(&format!("file:///tmp/d/{own}"), true)
+                .unwrap()
+                .is_err());
+        }
+        assert!(ObjectUrl::parse("file:///tmp/d/obj.fence.json", true)
+            .unwrap()
+            .is_ok());
+        assert!(ObjectUrl::parse("postgres://x", true).is_none());
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(
+            redact_url("postgres://u:s3cret@h:5432/db?sslmode=require&password=x"),
+            "postgres://u@h:5432/db?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db?password=x"), "postgres://h/db");
+        assert!(url_has_password("postgres://u:p@h/db"));
+        assert_eq!(
+            redact_url("postgres://u:SEC/RET?PW@h:1/db"),
+            "postgres://u@h:1/db"
+        );
+        assert!(!url_has_password("file:///tmp/x"));
+    }
+}
