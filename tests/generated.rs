@@ -50,6 +50,65 @@ fn environment_lists_every_env_option() {
     );
 }
 
+/// Every variable the source reads by name (`env::var("X")`, `var_os("X")`, and the
+/// PostgreSQL module's `env("X")`) is named in fence(1)'s ENVIRONMENT, in an entry of its own
+/// or in another's text (USER under PGUSER, HOME under XDG_STATE_HOME).
+#[test]
+fn environment_names_every_variable_the_source_reads() {
+    fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let documented: String = docs::ENVIRONMENT
+        .iter()
+        .map(|(name, text)| format!("{name} {text}\n"))
+        .collect();
+    let mut read = std::collections::BTreeSet::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for opener in ["var(\"", "var_os(\"", " env(\"", "(env(\""] {
+            for (at, _) in text.match_indices(opener) {
+                let rest = &text[at + opener.len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                if !name.is_empty() && rest[name.len()..].starts_with('"') {
+                    read.insert(name);
+                }
+            }
+        }
+    }
+    assert!(
+        read.len() >= 20,
+        "found too few reads to trust the scan: {read:?}"
+    );
+    let missing: Vec<_> = read
+        .iter()
+        .filter(|name| {
+            !documented
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .any(|word| word == name.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the source reads {missing:?} from the environment, but ENVIRONMENT in \
+         examples/gen-docs/docs.rs does not name them for fence(1)"
+    );
+}
+
 #[test]
 fn generated_files_are_up_to_date() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

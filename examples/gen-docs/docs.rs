@@ -91,7 +91,8 @@ pub const ENVIRONMENT: [(&str, &str); 31] = [
     ("PGPORT", "Port when the URL names none."),
     (
         "PGUSER",
-        "User when the URL names none. Default: the operating-system user.",
+        "User when the URL names none. Default: the operating-system user (USER, else LOGNAME, \
+         else the password database).",
     ),
     (
         "PGPASSWORD",
@@ -120,7 +121,10 @@ pub const ENVIRONMENT: [(&str, &str); 31] = [
     ),
     ("AWS_SECRET_ACCESS_KEY", "S3 secret key."),
     ("AWS_SESSION_TOKEN", "S3 session token, for temporary credentials."),
-    ("AWS_REGION", "S3 region (default us-east-1)."),
+    (
+        "AWS_REGION",
+        "S3 region (default us-east-1); AWS_DEFAULT_REGION when it is unset.",
+    ),
     (
         "AWS_ENDPOINT_URL",
         "An S3-compatible server to use instead of AWS (path-style requests).",
