@@ -33,6 +33,16 @@ pub trait Report {
     }
 }
 
+/// The JSON fields of a report whose wire format is a `Serialize` struct: the struct's
+/// fields, in their declared order (serde_json keeps insertion order).
+pub fn fields(report: &impl serde::Serialize) -> Map<String, Value> {
+    match serde_json::to_value(report) {
+        Ok(Value::Object(map)) => map,
+        // Derived structs of strings, numbers, options and lists are always objects.
+        other => unreachable!("a report is a JSON object, not {other:?}"),
+    }
+}
+
 /// The output settings, resolved once and passed to every command.
 pub struct Output {
     pub format: Format,

@@ -636,6 +636,53 @@ fn wait_gives_up_with_busy_after_its_duration(store: &Store) {
     assert!(err.waited_ms.unwrap() >= 300, "{:?}", err.waited_ms);
 }
 
+/// The JSON answers are a public contract down to the byte: one compact line, keys in this
+/// order. (Values vary; their names, order and layout do not.)
+fn json_answers_keep_their_keys_in_order(store: &Store) {
+    fn keys(out: &common::Out) -> Vec<String> {
+        let value = out.json();
+        assert_eq!(
+            out.stdout.trim_end(),
+            serde_json::to_string(&value).unwrap(),
+            "one compact line"
+        );
+        value.as_object().unwrap().keys().cloned().collect()
+    }
+    let lease = ["resource", "owner", "token"];
+    let with = |head: &[&str], tail: &[&str]| -> Vec<String> {
+        ["ok", "op"]
+            .iter()
+            .chain(head)
+            .chain(tail)
+            .chain(&["store"])
+            .map(|k| k.to_string())
+            .collect()
+    };
+    let out = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0);
+    assert_eq!(
+        keys(&out),
+        with(&["action", "schema_version", "location"], &[])
+    );
+    let out = store
+        .fence()
+        .args(["acquire", "keys", "--owner", "o", "--format", "json"])
+        .run()
+        .expect(0);
+    assert_eq!(
+        keys(&out),
+        with(&lease, &["reacquired", "lease_expires_at", "ttl_ms"])
+    );
+    let token = out.json()["token"].as_i64().unwrap();
+    let out = lease_cmd(store, "renew", "keys", "o", token).expect(0);
+    assert_eq!(keys(&out), with(&lease, &["lease_expires_at", "ttl_ms"]));
+    let out = lease_cmd(store, "release", "keys", "o", token).expect(0);
+    assert_eq!(keys(&out), with(&lease, &["already_released"]));
+}
+
 per_coordinator!(
     waiters_show_in_inspect_and_get_the_lease_on_release,
     wait_gives_up_with_busy_after_its_duration,
@@ -650,6 +697,7 @@ per_coordinator!(
     inspect_shows_state_owner_token_expiry_and_events,
     eval_idiom_carries_the_lease_to_renew_and_release,
     quiet_prints_nothing_on_success,
+    json_answers_keep_their_keys_in_order,
 );
 
 /// Removing a lease record by hand must not restart the counter (file store: recovered from
@@ -857,4 +905,89 @@ fn postgres_a_schema_from_a_newer_fence_is_refused() {
         "{err}"
     );
     assert_eq!(schema_version(&store), "99", "the schema was left alone");
+}
+
+/// The PostgreSQL administration answers (`protect`, `grant`, `prune`) keep their keys in
+/// order, as the lease answers do (`protect` and `grant` talk to a target only: no `store`).
+#[test]
+fn postgres_admin_answers_keep_their_keys_in_order() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let role = format!("keys_{}", std::process::id());
+    common::pg_exec(
+        &store.url,
+        &format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (v int)"),
+    );
+    common::pg_exec(
+        &common::pg_superuser(),
+        &format!("CREATE ROLE {role} NOLOGIN"),
+    );
+    let keys = |args: &[&str]| -> Vec<String> {
+        let out = store
+            .fence()
+            .args(args)
+            .args(["--format", "json"])
+            .run()
+            .expect(0);
+        let value = out.json();
+        assert_eq!(
+            out.stdout.trim_end(),
+            serde_json::to_string(&value).unwrap()
+        );
+        value.as_object().unwrap().keys().cloned().collect()
+    };
+    let table = format!("{schema}.t");
+    let protect = keys(&[
+        "protect",
+        "--target",
+        &store.url,
+        "--table",
+        &table,
+        "--resource",
+        "r",
+    ]);
+    assert_eq!(
+        protect,
+        [
+            "ok",
+            "op",
+            "table",
+            "resource",
+            "protected",
+            "target",
+            "covered",
+            "covers_later_partitions",
+            "warnings"
+        ]
+    );
+    let grant = keys(&["grant", "--target", &store.url, "--role", &role, "--print"]);
+    assert_eq!(
+        grant,
+        [
+            "ok",
+            "op",
+            "role",
+            "access",
+            "applied",
+            "statements",
+            "warnings",
+            "target"
+        ]
+    );
+    let prune = keys(&["prune", "--older-than", "1h"]);
+    assert_eq!(
+        prune,
+        [
+            "ok",
+            "op",
+            "events_deleted",
+            "waiters_deleted",
+            "resources",
+            "before",
+            "keep",
+            "store"
+        ]
+    );
+    common::pg_exec(&store.url, &format!("DROP SCHEMA {schema} CASCADE"));
+    common::pg_exec(&common::pg_superuser(), &format!("DROP ROLE {role}"));
 }

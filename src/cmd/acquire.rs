@@ -1,15 +1,16 @@
 //! `fence acquire`: take a lease and report its token (or the live holder, on busy).
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::AcquireArgs;
 use crate::cmd::wait;
 use crate::cmd::Context;
 use crate::config::{StoreKind, StoreSpec};
-use crate::coordinator::{Grant, LeaseRef};
+use crate::coordinator::{Grant, Lease, LeaseRef};
 use crate::error::{shell_quote, Error};
 use crate::exit::Exit;
-use crate::output::{Output, Report};
+use crate::output::{self, Output, Report};
 use crate::sys::random_u64;
 use crate::time;
 use crate::url::{redact_url, url_has_password};
@@ -84,6 +85,31 @@ pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Ex
     out.error(op, ctx.store_display(), &failure)
 }
 
+/// The JSON answer of `acquire` (with `reacquired`) and `renew` (without).
+#[derive(Serialize)]
+pub(crate) struct LeaseJson<'a> {
+    resource: &'a str,
+    owner: &'a str,
+    token: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reacquired: Option<bool>,
+    lease_expires_at: String,
+    ttl_ms: i64,
+}
+
+impl LeaseJson<'_> {
+    pub(crate) fn of(lease: &Lease, reacquired: Option<bool>) -> LeaseJson<'_> {
+        LeaseJson {
+            resource: &lease.resource,
+            owner: &lease.owner,
+            token: lease.token,
+            reacquired,
+            lease_expires_at: time::rfc3339(lease.expires_at_ms),
+            ttl_ms: lease.ttl_ms,
+        }
+    }
+}
+
 /// `<hostname>/<pid>/<8 hex>`: unique per process, and readable in `inspect`.
 pub fn default_owner() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -96,18 +122,10 @@ pub fn default_owner() -> String {
 
 impl Report for Acquired {
     fn json(&self) -> Map<String, Value> {
-        let lease = &self.grant.lease;
-        let mut map = Map::new();
-        map.insert("resource".into(), json!(lease.resource));
-        map.insert("owner".into(), json!(lease.owner));
-        map.insert("token".into(), json!(lease.token));
-        map.insert("reacquired".into(), json!(self.grant.reacquired));
-        map.insert(
-            "lease_expires_at".into(),
-            json!(time::rfc3339(lease.expires_at_ms)),
-        );
-        map.insert("ttl_ms".into(), json!(lease.ttl_ms));
-        map
+        output::fields(&LeaseJson::of(
+            &self.grant.lease,
+            Some(self.grant.reacquired),
+        ))
     }
 
     fn human(&self) -> String {

@@ -1,7 +1,8 @@
 //! `fence grant`: give a role what a fenced writer (or a reader) needs in a target database,
 //! or print the SQL for an admin to review and run.
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::GrantArgs;
 use crate::cmd::Context;
@@ -9,7 +10,7 @@ use crate::error::Error;
 use crate::fenced::grant::GrantPlan;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct Granted {
     plan: GrantPlan,
@@ -33,17 +34,23 @@ pub async fn run(args: GrantArgs, ctx: &Context) -> Result<Granted, Error> {
 
 impl Report for Granted {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("role".into(), json!(self.plan.role));
-        map.insert(
-            "access".into(),
-            json!(if self.plan.reader { "reader" } else { "writer" }),
-        );
-        map.insert("applied".into(), json!(self.applied));
-        map.insert("statements".into(), json!(self.plan.statements));
-        map.insert("warnings".into(), json!(self.plan.warnings));
-        map.insert("target".into(), json!(self.target));
-        map
+        #[derive(Serialize)]
+        struct Json<'a> {
+            role: &'a str,
+            access: &'a str,
+            applied: bool,
+            statements: &'a [String],
+            warnings: &'a [String],
+            target: &'a str,
+        }
+        output::fields(&Json {
+            role: &self.plan.role,
+            access: if self.plan.reader { "reader" } else { "writer" },
+            applied: self.applied,
+            statements: &self.plan.statements,
+            warnings: &self.plan.warnings,
+            target: &self.target,
+        })
     }
 
     fn human(&self) -> String {

@@ -1,7 +1,7 @@
 //! `fence init`: create or migrate the store's own records ahead of first use, or, with
 //! `--target`, fence's schema in a target database (prepared by the admin, who owns it).
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::cli::InitArgs;
 use crate::cmd::Context;
@@ -9,7 +9,7 @@ use crate::coordinator::InitReport;
 use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct Initialised {
     report: InitReport,
@@ -39,11 +39,7 @@ async fn init_target(url: &str, ctx: &Context) -> Result<Initialised, Error> {
 
 impl Report for Initialised {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("action".into(), json!(self.report.action));
-        map.insert("schema_version".into(), json!(self.report.schema_version));
-        map.insert("location".into(), json!(self.report.location));
-        map
+        output::fields(&self.report)
     }
 
     fn human(&self) -> String {

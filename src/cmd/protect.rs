@@ -3,6 +3,7 @@
 //! table and everything below it is protected.
 
 use comfy_table::{presets, Table};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::cli::{InspectArgs, ProtectArgs};
@@ -11,7 +12,7 @@ use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::protection::{Coverage, TreeProtection};
 use crate::fenced::TargetSpec;
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct Protected {
     coverage: Coverage,
@@ -49,20 +50,26 @@ fn shown(text: &str) -> String {
 
 impl Report for Protected {
     fn json(&self) -> Map<String, Value> {
+        #[derive(Serialize)]
+        struct Json<'a> {
+            table: &'a str,
+            resource: Option<&'a str>,
+            protected: bool,
+            target: &'a str,
+            covered: Vec<&'a str>,
+            covers_later_partitions: bool,
+            warnings: &'a [String],
+        }
         let c = &self.coverage;
-        let mut map = Map::new();
-        map.insert("table".into(), json!(c.table));
-        map.insert("resource".into(), json!(self.resource));
-        map.insert("protected".into(), json!(!self.removed));
-        map.insert("target".into(), json!(self.target));
-        let covered: Vec<&str> = c.covered.iter().map(|t| t.table.as_str()).collect();
-        map.insert("covered".into(), json!(covered));
-        map.insert(
-            "covers_later_partitions".into(),
-            json!(c.covers_later_tables),
-        );
-        map.insert("warnings".into(), json!(c.warnings));
-        map
+        output::fields(&Json {
+            table: &c.table,
+            resource: self.resource.as_deref(),
+            protected: !self.removed,
+            target: &self.target,
+            covered: c.covered.iter().map(|t| t.table.as_str()).collect(),
+            covers_later_partitions: c.covers_later_tables,
+            warnings: &c.warnings,
+        })
     }
 
     fn human(&self) -> String {

@@ -1,14 +1,15 @@
 //! `fence prune`: deletes old lease history and dead waiters' rows, never a lease record, so
 //! every resource's token counter stays (DESIGN I1).
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::PruneArgs;
 use crate::cmd::Context;
 use crate::config::StoreKind;
 use crate::coordinator::{PruneQuery, Pruned};
 use crate::error::Error;
-use crate::output::Report;
+use crate::output::{self, Report};
 use crate::time;
 
 pub struct PruneReport {
@@ -46,18 +47,21 @@ pub async fn run(args: PruneArgs, ctx: &Context) -> Result<PruneReport, Error> {
 
 impl Report for PruneReport {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("events_deleted".into(), json!(self.pruned.events));
-        map.insert("waiters_deleted".into(), json!(self.pruned.waiters));
-        map.insert("resources".into(), json!(self.pruned.resources));
-        map.insert(
-            "before".into(),
-            self.pruned
-                .before_ms
-                .map_or(Value::Null, |ms| json!(time::rfc3339(ms))),
-        );
-        map.insert("keep".into(), json!(self.keep));
-        map
+        #[derive(Serialize)]
+        struct Json {
+            events_deleted: u64,
+            waiters_deleted: u64,
+            resources: u64,
+            before: Option<String>,
+            keep: u32,
+        }
+        output::fields(&Json {
+            events_deleted: self.pruned.events,
+            waiters_deleted: self.pruned.waiters,
+            resources: self.pruned.resources,
+            before: self.pruned.before_ms.map(time::rfc3339),
+            keep: self.keep,
+        })
     }
 
     fn human(&self) -> String {

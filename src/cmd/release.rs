@@ -1,12 +1,13 @@
 //! `fence release`: free a lease held with this owner and token (idempotent).
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::ReleaseArgs;
 use crate::cmd::Context;
 use crate::coordinator::{LeaseRef, Released};
 use crate::error::Error;
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct ReleaseReport {
     lease: LeaseRef,
@@ -26,15 +27,19 @@ pub async fn run(args: ReleaseArgs, ctx: &Context) -> Result<ReleaseReport, Erro
 
 impl Report for ReleaseReport {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("resource".into(), json!(self.lease.resource));
-        map.insert("owner".into(), json!(self.lease.owner));
-        map.insert("token".into(), json!(self.lease.token));
-        map.insert(
-            "already_released".into(),
-            json!(self.released == Released::Already),
-        );
-        map
+        #[derive(Serialize)]
+        struct Json<'a> {
+            resource: &'a str,
+            owner: &'a str,
+            token: i64,
+            already_released: bool,
+        }
+        output::fields(&Json {
+            resource: &self.lease.resource,
+            owner: &self.lease.owner,
+            token: self.lease.token,
+            already_released: self.released == Released::Already,
+        })
     }
 
     fn human(&self) -> String {

@@ -1,12 +1,13 @@
 //! `fence renew`: extend a lease still held with this owner and token.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::cli::RenewArgs;
+use crate::cmd::acquire::LeaseJson;
 use crate::cmd::Context;
 use crate::coordinator::{Lease, LeaseRef};
 use crate::error::Error;
-use crate::output::Report;
+use crate::output::{self, Report};
 use crate::time;
 
 pub struct Renewed {
@@ -26,17 +27,7 @@ pub async fn run(args: RenewArgs, ctx: &Context) -> Result<Renewed, Error> {
 
 impl Report for Renewed {
     fn json(&self) -> Map<String, Value> {
-        let lease = &self.lease;
-        let mut map = Map::new();
-        map.insert("resource".into(), json!(lease.resource));
-        map.insert("owner".into(), json!(lease.owner));
-        map.insert("token".into(), json!(lease.token));
-        map.insert(
-            "lease_expires_at".into(),
-            json!(time::rfc3339(lease.expires_at_ms)),
-        );
-        map.insert("ttl_ms".into(), json!(lease.ttl_ms));
-        map
+        output::fields(&LeaseJson::of(&self.lease, None))
     }
 
     fn human(&self) -> String {

@@ -223,7 +223,7 @@ pub struct Pruned {
 }
 
 /// What `fence init` did.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct InitReport {
     /// `created`, `migrated` or `up_to_date`.
     pub action: &'static str,
