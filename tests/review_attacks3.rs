@@ -321,23 +321,34 @@ fn log_refuses_an_inverted_window() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "FINDING: `fence log` on a file:// store that does not exist (a typo in --store) answers exit 0 `no events in store … match`, while `fence metrics` on it fails with `no store at …` (exit 2): the timeline claims nothing happened instead of failing closed; `fence log --follow` on it waits silently forever"]
+// Fixed FINDING: `fence log` on a file:// store that does not exist (a typo in --store)
+// answered exit 0 `no events in store … match`, while `fence metrics` on it failed with
+// `no store at …` (exit 2); `fence log --follow` on it waited silently forever.
 fn log_on_a_missing_store_fails_closed() {
     let home = tempfile::tempdir().unwrap();
     let url = format!("file://{}/typo", home.path().display());
-    let out = common::Fence::bare(home.path())
-        .args(["--store", &url, "log"])
-        .run();
-    assert_ne!(out.code, 0, "{out:?}");
+    for args in [&["log"][..], &["log", "--follow"], &["metrics"]] {
+        let out = common::Fence::bare(home.path())
+            .args(["--store", &url])
+            .args(args.iter().copied())
+            .run();
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("no store at"), "{args:?}: {out:?}");
+    }
     assert!(!home.path().join("typo").exists());
 }
 
 #[test]
-#[ignore = "FINDING: `fence log` on a PostgreSQL store whose schema does not exist (a typo in --schema, or the wrong database) answers exit 0 `no events in store … match`: the errors `relation …leases does not exist` are swallowed into an empty timeline instead of failing closed"]
+// Fixed FINDING: `fence log` on a PostgreSQL store whose schema does not exist (a typo in
+// --schema, or the wrong database) answered exit 0 `no events in store … match`: the errors
+// `relation …leases does not exist` were swallowed into an empty timeline.
 fn log_on_a_missing_postgres_schema_fails_closed() {
     let store = Store::postgres();
     let out = store.fence().args(["log"]).run();
-    assert_ne!(out.code, 0, "{out:?}");
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("no fence schema"), "{out:?}");
+    let out = store.fence().args(["log", "--follow"]).run();
+    assert_eq!(out.code, 2, "{out:?}");
     assert!(!out.stdout.contains("no events"), "{out:?}");
     let metrics = store.fence().args(["metrics"]).run();
     assert_ne!(metrics.code, 0, "{metrics:?}");

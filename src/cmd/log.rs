@@ -82,6 +82,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         limit,
     };
     let coordinator = ctx.coordinator().await?;
+    coordinator.require_existing().await?;
     let store_events = coordinator.log(&query).await?;
     let mut truncated = store_events.len() >= limit;
     let mut entries = with_expiries(store_events, &query, now_ms());
@@ -200,6 +201,9 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let coordinator = ctx.coordinator().await?;
+    // Once: a store that answers and is missing is a typo, not one that will appear. Later
+    // failures (a restart) are waited out.
+    coordinator.require_existing().await?;
     let every = match ctx.store.as_ref().map(|s| &s.kind) {
         Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
         _ => Duration::from_millis(200),

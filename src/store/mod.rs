@@ -319,6 +319,14 @@ pub trait Coordinator {
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
 
+    /// Fails (a usage error, exit 2) when the store has never been created: a read that only
+    /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
+    /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose
+    /// prefix exists as soon as anything is under it) accept.
+    async fn require_existing(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// The events of the resources `query` names, within its time window, in order (oldest
     /// first), at most `query.limit` of the most recent. Stores that cannot read a window at
     /// the source read each resource's recent history and filter it.

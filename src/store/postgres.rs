@@ -774,6 +774,19 @@ impl Coordinator for PgCoordinator {
         true
     }
 
+    async fn require_existing(&self) -> Result<(), Error> {
+        if self.session().await?.exists().await? {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!(
+                "no fence schema `{}` in PostgreSQL at `{}`",
+                self.schema, self.display
+            ),
+            "check --schema (FENCE_SCHEMA) and the database in --store (FENCE_STORE); `fence init` or the first `fence acquire` creates the schema",
+        ))
+    }
+
     /// See [`PgCoordinator::prune_all`].
     async fn prune(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         self.prune_all(query).await.map_err(|err| match err {

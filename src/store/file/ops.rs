@@ -292,6 +292,10 @@ impl Coordinator for FileCoordinator {
         self.inspect_store(resources, history)
     }
 
+    async fn require_existing(&self) -> Result<(), Error> {
+        self.require_dir()
+    }
+
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
         self.log_store(query)
     }

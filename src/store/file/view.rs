@@ -58,17 +58,24 @@ impl FileCoordinator {
         Ok(names.into_iter().collect())
     }
 
+    /// Fails closed on a directory that does not exist: reading it would show "nothing here"
+    /// for a typo in `--store`.
+    pub(super) fn require_dir(&self) -> Result<(), Error> {
+        if self.dir.is_dir() {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!("no store at `{}`", self.dir.display()),
+            "check --store or FENCE_STORE (under cron, HOME and XDG_STATE_HOME may differ from your shell's); `fence init` or the first `fence acquire` creates a store",
+        ))
+    }
+
     pub(super) fn inspect_store(
         &self,
         resources: &[String],
         history: usize,
     ) -> Result<Inspection, Error> {
-        if !self.dir.is_dir() {
-            return Err(Error::usage(
-                format!("no store at `{}`", self.dir.display()),
-                "check --store or FENCE_STORE (under cron, HOME and XDG_STATE_HOME may differ from your shell's); `fence init` or the first `fence acquire` creates a store",
-            ));
-        }
+        self.require_dir()?;
         self.sweep();
         let now = Now::read()?;
         let names = if resources.is_empty() {
@@ -89,9 +96,7 @@ impl FileCoordinator {
     /// `fence log`: each matching resource's log read back from its end to the start of the
     /// window (or `limit` events), then the newest `limit` of them all.
     pub(super) fn log_store(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        if !self.dir.is_dir() {
-            return Ok(Vec::new());
-        }
+        self.require_dir()?;
         let names = match query.exact_names() {
             Some(names) => names,
             None => self
