@@ -619,7 +619,11 @@ fn limit_counts_only_matching_events() {
 }
 
 #[test]
-#[ignore = "FINDING: `fence metrics` puts the holder's owner in fence_lease_holder_info's `owner` label through the display escaping of inspect: a stored owner `x<ESC>[2Jy<LF>z` (a row another writer put in PostgreSQL) comes out as the label `x\\u{1b}[2Jy<LF>z` (ESC turned into the six characters `\\u{1b}`, the newline kept), so the label matches neither the stored owner nor `fence log --format ndjson`'s `owner`, and two distinct owners can map to one label"]
+// Fixed FINDING: `fence metrics` put the holder's owner in fence_lease_holder_info's `owner`
+// label through the display escaping of inspect (ESC turned into the six characters
+// `\u{1b}`), so the label matched neither the stored owner nor `fence log --format
+// ndjson`'s `owner`, and two distinct owners could map to one label. Off a terminal the
+// exposition is now written as rendered, with the format's own escaping only.
 fn metrics_owner_label_is_the_stored_owner() {
     let store = Store::postgres();
     acquire(&store, "evil", "o");

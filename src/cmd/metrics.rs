@@ -205,4 +205,11 @@ impl Report for Metrics {
     fn human(&self) -> String {
         render(&self.families)
     }
+
+    /// Label values carry what the store holds (an owner may hold any character but NUL);
+    /// the exposition escapes only `\`, `"` and newlines, so anything else must reach the
+    /// scraper as stored.
+    fn machine_text(&self) -> bool {
+        true
+    }
 }
