@@ -598,10 +598,11 @@ fn hostile_rows_are_escaped_in_every_output() {
 // Attack 10: --limit applied before --owner / --kind
 // ---------------------------------------------------------------------------------------
 
-#[test]
-#[ignore = "FINDING: `fence log` applies --limit to all of a source's events before --owner/--token/--kind filter them (src/cmd/log.rs `entries.retain(wanted)` after the query): `fence log --owner alice --limit 2` answers `no events … match` (plus the truncation note) although alice's acquire and release are in the window, because bob's 6 newer events used up the limit; with the default limit the same happens to any owner older than the newest 1,000 events"]
-fn limit_counts_only_matching_events() {
-    let store = Store::file();
+// Fixed FINDING: `fence log` applied --limit to all of a source's events before
+// --owner/--token/--kind filtered them: `fence log --owner alice --limit 2` answered `no
+// events … match` although alice's acquire and release were in the window, because bob's 6
+// newer events used up the limit. On every coordinator.
+fn limit_counts_only_matching_events(store: Store) {
     let t = acquire(&store, "r", "alice");
     release(&store, "r", "alice", t);
     for _ in 0..3 {
@@ -616,6 +617,20 @@ fn limit_counts_only_matching_events() {
         &["--kind", "acquired", "--owner", "alice", "--limit", "1"],
     );
     assert_eq!(lines[0]["owner"], "alice", "{lines:?}");
+    assert_eq!(lines[0]["kind"], "acquired", "{lines:?}");
+    // The limit still holds: one event.
+    let events: Vec<&Value> = lines.iter().filter(|l| l["kind"] != "truncated").collect();
+    assert_eq!(events.len(), 1, "{lines:?}");
+}
+
+#[test]
+fn file_store_limit_counts_only_matching_events() {
+    limit_counts_only_matching_events(Store::file());
+}
+
+#[test]
+fn postgres_limit_counts_only_matching_events() {
+    limit_counts_only_matching_events(Store::postgres());
 }
 
 #[test]

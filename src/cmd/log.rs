@@ -26,7 +26,7 @@ use crate::target::TargetSpec;
 use crate::time;
 
 /// Where an event comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
     Store,
     /// The target's URL as shown.
@@ -83,14 +83,36 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     };
     let coordinator = ctx.coordinator().await?;
     coordinator.require_existing().await?;
-    let store_events = coordinator.log(&query).await?;
-    let mut truncated = store_events.len() >= limit;
-    let mut entries = with_expiries(store_events, &query, now_ms());
+    let now = now_ms();
+    let store = coordinator.as_ref();
+    let (store_events, mut truncated) = read_growing(
+        &query,
+        |events| {
+            with_expiries(events.to_vec(), &query, now)
+                .iter()
+                .filter(|e| wanted(&args, e))
+                .count()
+        },
+        |page| async move { store.log(&page).await },
+    )
+    .await?;
+    let mut entries = with_expiries(store_events, &query, now);
     let mut guards = Vec::new();
     for spec in &targets {
         let target = PgTarget::connect(spec, &ctx.schema).await?;
-        let events = target.log(&query).await?;
-        truncated |= events.len() >= limit;
+        let reader = &target;
+        let (events, more) = read_growing(
+            &query,
+            |events| {
+                events
+                    .iter()
+                    .filter(|l| wanted_event(&args, &l.event))
+                    .count()
+            },
+            |page| async move { reader.log(&page).await },
+        )
+        .await?;
+        truncated |= more;
         let names = resources_of(&entries, &events);
         // No resource in the timeline: nothing to compare (an empty list asks for every row).
         if !names.is_empty() {
@@ -132,6 +154,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         }
     }
     entries.retain(|e| wanted(&args, e));
+    truncated |= keep_newest(&mut entries, limit);
     Ok(Timeline {
         entries,
         warnings,
@@ -140,9 +163,57 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     })
 }
 
+/// A source's events in the window, read with a growing limit until `limit` of them pass
+/// `--owner`, `--token` and `--kind` (`matching` counts them) or the source has nothing
+/// older: the limit applies to what the filters let through, not to what was read before
+/// them. Returns everything read (the expiries and warnings are derived from all of it) and
+/// whether older events may have been left out.
+async fn read_growing<'q, F, Fut>(
+    query: &LogQuery<'q>,
+    matching: impl Fn(&[Logged]) -> usize,
+    read: F,
+) -> Result<(Vec<Logged>, bool), Error>
+where
+    F: Fn(LogQuery<'q>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Logged>, Error>>,
+{
+    let mut ask = query.limit;
+    loop {
+        let events = read(LogQuery {
+            limit: ask,
+            ..*query
+        })
+        .await?;
+        let more = events.len() >= ask;
+        if !more || ask == usize::MAX || matching(&events) >= query.limit {
+            return Ok((events, more));
+        }
+        ask = ask.saturating_mul(2);
+    }
+}
+
+/// Keeps the newest `limit` entries of each source (the store's, each target's); true when
+/// some were left out.
+fn keep_newest(entries: &mut Vec<Entry>, limit: usize) -> bool {
+    let mut seen: HashMap<Source, usize> = HashMap::new();
+    let mut keep = vec![true; entries.len()];
+    for (i, e) in entries.iter().enumerate().rev() {
+        let n = seen.entry(e.source.clone()).or_default();
+        *n += 1;
+        keep[i] = *n <= limit;
+    }
+    let before = entries.len();
+    let mut keep = keep.into_iter();
+    entries.retain(|_| keep.next().unwrap_or(true));
+    entries.len() < before
+}
+
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
 fn wanted(args: &LogArgs, entry: &Entry) -> bool {
-    let ev = &entry.logged.event;
+    wanted_event(args, &entry.logged.event)
+}
+
+fn wanted_event(args: &LogArgs, ev: &Event) -> bool {
     args.owner.as_ref().is_none_or(|o| {
         ev.owner
             .as_deref()
