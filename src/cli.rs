@@ -457,9 +457,9 @@ pub struct LogArgs {
 /// history holds (`fence_lease_*_total`), whether it is held, by whom, its token, when its
 /// lease expires, and who waits and since when; with --target, per PostgreSQL target and
 /// resource, the fenced writes accepted and the stale writes refused. Totals are counted from
-/// the history (PostgreSQL: one pass over the events table; the directory store keeps the
-/// last 10,000 events of a resource, so its totals can go down after a pruning, which
-/// Prometheus's rate() reads as a counter reset).
+/// the history (PostgreSQL: one pass over the events table) and include the events `fence
+/// prune` deleted or the directory store's retention cut (each keeps their counts), so they
+/// never go down.
 ///
 /// Example:
 ///   fence metrics --resource 'nightly-*' --target postgres://app@db/app

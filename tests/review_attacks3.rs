@@ -395,7 +395,10 @@ fn sigterm_ends_follow_promptly() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-#[ignore = "FINDING: `fence metrics` derives its *_total counters from the rows left in the events table (count(*) GROUP BY), so `fence prune --older-than 1s` makes fence_lease_acquisitions_total/releases_total go down (3 -> 0 or absent): a counter that decreases is read by Prometheus as a reset, and rate()/increase() then report phantom grants; the file store's automatic log cut does the same"]
+// Fixed FINDING: `fence metrics` derived its *_total counters from the rows left in the
+// events table, so `fence prune --older-than 1s` made fence_lease_acquisitions_total and
+// releases_total go down (3 -> 0): a counter that decreases is read by Prometheus as a
+// reset. Prune now adds what it deletes to `event_totals`, in the same statement.
 fn counters_survive_prune() {
     let store = Store::postgres();
     for _ in 0..3 {
@@ -420,6 +423,84 @@ fn counters_survive_prune() {
     ] {
         let value = sample(&after, family, "pruned").unwrap_or(0.0);
         assert!(value >= 3.0, "{family} went down to {value} after prune");
+    }
+    // The events are really gone (the counters do not come from them), and a second prune
+    // adds nothing twice.
+    let schema = store.schema.clone().unwrap();
+    let left: i64 = store.pg_rows(
+        &format!("SELECT count(*) FROM {schema}.events WHERE resource = $1"),
+        "pruned",
+    )[0]
+    .get(0);
+    assert!(left <= 1, "{left} events left");
+    store
+        .fence()
+        .args(["prune", "--older-than", "1s", "--keep", "0"])
+        .run()
+        .expect(0);
+    let again = parse_prometheus(&store.fence().args(["metrics"]).run().expect(0).stdout);
+    for family in [
+        "fence_lease_acquisitions_total",
+        "fence_lease_releases_total",
+    ] {
+        assert_eq!(sample(&again, family, "pruned"), Some(3.0), "{family}");
+    }
+}
+
+#[test]
+// The same FINDING on the directory store: its automatic log cut (a log past 4 MiB is cut to
+// its last 10,000 events) made the counters go down; the `pruned` event it writes now carries
+// the counts of what it cut.
+fn counters_survive_the_file_stores_log_cut() {
+    let store = Store::file();
+    for _ in 0..3 {
+        let t = acquire(&store, "cut", "o");
+        release(&store, "cut", "o", t);
+    }
+    // 12,000 renewals of token 3 written as the store writes them, 4.8 MB in all: the next
+    // grant finds the log past 4 MiB and cuts it.
+    let log = store.home.path().join("store/events/cut.jsonl");
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 60_000;
+    let padding = "p".repeat(320);
+    let mut lines = String::new();
+    for i in 0..12_000 {
+        lines.push_str(&format!(
+            "{{\"at_ms\":{},\"kind\":\"renewed\",\"owner\":\"o\",\"token\":3,\"detail\":\"{padding}\"}}\n",
+            at_ms + i / 1000
+        ));
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let before = parse_prometheus(&store.fence().args(["metrics"]).run().expect(0).stdout);
+    assert_eq!(
+        sample(&before, "fence_lease_renewals_total", "cut"),
+        Some(12_000.0)
+    );
+    let t = acquire(&store, "cut", "o");
+    assert_eq!(t, 4);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.len() < 4 << 20,
+        "the log was not cut: {} bytes",
+        text.len()
+    );
+    assert!(text.starts_with("{\"at_ms\""), "{}", &text[..200]);
+    assert!(text.lines().next().unwrap().contains("\"pruned\""));
+    let after = parse_prometheus(&store.fence().args(["metrics"]).run().expect(0).stdout);
+    for (family, want) in [
+        ("fence_lease_acquisitions_total", 4.0),
+        ("fence_lease_renewals_total", 12_000.0),
+        ("fence_lease_releases_total", 3.0),
+    ] {
+        assert_eq!(sample(&after, family, "cut"), Some(want), "{family}");
     }
 }
 

@@ -336,9 +336,9 @@ pub trait Coordinator {
         Ok(history::from_views(views, query))
     }
 
-    /// How many events of each kind each resource's history holds, as (resource, kind,
-    /// count): for `fence metrics`, totals since the history began (or, on the directory
-    /// store, since its retention last pruned the resource's log).
+    /// How many events of each kind each resource's history has had, as (resource, kind,
+    /// count): for `fence metrics`, totals since the history began, including events
+    /// `fence prune` or a store's retention removed since, so that they never go down.
     async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
         let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
         for view in self.inspect(&[], usize::MAX).await? {

@@ -50,7 +50,7 @@ use crate::sys::random_u64;
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 4,
+    version: 5,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
@@ -314,8 +314,9 @@ impl PgCoordinator {
 
     /// One bound for the whole run, by the server's clock; then pages of [`PRUNE_PAGE`]
     /// resources (in name order, through `leases_resource_bytes`), each one statement: the
-    /// id of each resource's last kept event through `events_resource_id`, and the older
-    /// events below it deleted in the same range. `leases` is only read (its guard trigger
+    /// id of each resource's last kept event through `events_resource_id`, the older
+    /// events below it deleted in the same range, and their number per kind added to
+    /// `event_totals`, so that the counters of `fence metrics` do not go down. `leases` is only read (its guard trigger
     /// refuses deletes anyway), so no token counter can change.
     async fn prune_all(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         let what = "prune old events";
@@ -374,7 +375,11 @@ impl PgCoordinator {
                        DELETE FROM __SCHEMA__.events e USING cut c \
                        WHERE e.resource = c.resource AND e.id <= c.last_id \
                          AND e.at < to_timestamp($3::bigint / 1000.0) \
-                       RETURNING 1) \
+                       RETURNING e.resource, e.kind), \
+                     folded AS ( \
+                       INSERT INTO __SCHEMA__.event_totals AS t (resource, kind, n) \
+                       SELECT g.resource, g.kind, count(*) FROM gone g GROUP BY 1, 2 \
+                       ON CONFLICT (resource, kind) DO UPDATE SET n = t.n + EXCLUDED.n) \
                      SELECT count(*) FROM gone",
                     &[
                         (&page, Type::TEXT_ARRAY),
@@ -853,20 +858,32 @@ impl Coordinator for PgCoordinator {
         Ok(LogWindow::oldest_first(logged))
     }
 
-    /// One pass over the events table (no index serves a count of everything).
+    /// One pass over the events table (no index serves a count of everything), plus what
+    /// `fence prune` deleted (`event_totals`; none on a schema older than version 5, which
+    /// reads as no rows).
     async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
-        let rows = self
+        let what = "count the events";
+        let kept = self
             .call(
-                "count the events",
+                what,
                 false,
-                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2 ORDER BY 1, 2",
+                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
+        let pruned = self
+            .call(
+                what,
+                false,
+                "SELECT resource, kind, n FROM __SCHEMA__.event_totals",
+                &[],
+            )
+            .await?;
+        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for row in kept.iter().chain(&pruned) {
+            *counts.entry((row.get(0), row.get(1))).or_default() += row.get::<_, i64>(2);
+        }
+        Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
     }
 
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {

@@ -300,6 +300,10 @@ impl Coordinator for FileCoordinator {
         self.log_store(query)
     }
 
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        self.event_counts_store()
+    }
+
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
         let dir = self.waiters_dir(resource);
         std::fs::create_dir_all(&dir).map_err(|err| self.io_error("create", &dir, &err))?;

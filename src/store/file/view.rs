@@ -128,6 +128,20 @@ impl FileCoordinator {
         Ok(logged)
     }
 
+    /// `fence metrics`: each resource's events per kind, over its whole log and what its
+    /// retention cut.
+    pub(super) fn event_counts_store(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        self.require_dir()?;
+        let mut counts = Vec::new();
+        for name in self.known_names()? {
+            let paths = self.paths(&name);
+            let totals = log::totals(&paths.events)
+                .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+            counts.extend(totals.into_iter().map(|(kind, n)| (name.clone(), kind, n)));
+        }
+        Ok(counts)
+    }
+
     fn view(
         &self,
         name: &str,
