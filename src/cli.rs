@@ -417,8 +417,8 @@ pub struct LogArgs {
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
 
-    /// Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or
-    /// a span back from now such as `2h` or `30m`.
+    /// Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and
+    /// time without one (local time, as TZ says), or a span back from now such as `2h`.
     #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
     pub since: Option<i64>,
 

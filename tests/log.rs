@@ -783,3 +783,64 @@ fn rows_are_counted_per_write_behind_a_pooler() {
         .collect();
     assert_eq!(rows, [3, 2, 3], "{json:#}");
 }
+
+/// `--since`/`--until` without a zone are local time, as TZ says (here UTC+9 and UTC−5);
+/// with `Z`, and as a span back, they are what they say whatever TZ is.
+#[test]
+fn times_without_a_zone_are_local_time() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "-q"])
+        .run()
+        .expect(0);
+    let json = store
+        .fence()
+        .args(["log", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let at = humantime::parse_rfc3339(json["events"][0]["at"].as_str().unwrap()).unwrap();
+    let minute = Duration::from_secs(60);
+    // The clock-face time a minute before the event, in a zone `east` of UTC, without a zone.
+    let local = |east: i64| {
+        let face = if east >= 0 {
+            at - minute + Duration::from_secs(east.unsigned_abs())
+        } else {
+            at - minute - Duration::from_secs(east.unsigned_abs())
+        };
+        let text = humantime::format_rfc3339_seconds(face).to_string();
+        text.trim_end_matches('Z').replace('T', " ")
+    };
+    let events = |tz: &str, args: &[&str]| {
+        store
+            .fence()
+            .env("TZ", tz)
+            .args(["log", "--format", "ndjson"])
+            .args(args)
+            .run()
+            .expect(0)
+            .stdout
+            .lines()
+            .count()
+    };
+    for (tz, east) in [("JST-9", 9 * 3600), ("COT5", -5 * 3600)] {
+        let before = local(east);
+        // Read as UTC, these would be hours off: the event would fall on the other side.
+        assert_eq!(
+            events(tz, &["--since", &before]),
+            1,
+            "{tz} --since {before}"
+        );
+        assert_eq!(
+            events(tz, &["--until", &before]),
+            0,
+            "{tz} --until {before}"
+        );
+        let utc = humantime::format_rfc3339_seconds(at - minute).to_string();
+        assert_eq!(events(tz, &["--since", &utc]), 1, "{tz} --since {utc}");
+        assert_eq!(events(tz, &["--until", &utc]), 0, "{tz} --until {utc}");
+        assert_eq!(events(tz, &["--since", "1h"]), 1);
+        assert_eq!(events(tz, &["--until", "1h"]), 0);
+    }
+}
