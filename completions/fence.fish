@@ -145,6 +145,8 @@ released\t''
 expired\t''
 renew_rejected\t''
 release_rejected\t''
+busy\t''
+conflict\t''
 write_accepted\t''
 write_rejected\t''
 pruned\t''"

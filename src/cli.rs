@@ -392,8 +392,11 @@ pub struct InspectArgs {
 /// One ordered timeline of leases and fenced writes: who held what when, and what was refused
 ///
 /// The store's events (acquired with TTL and expiry, renewed, released, taken over — with when
-/// the lease it took over had expired — renew/release rejected) of every resource, or of those
-/// --resource names, oldest first; each lease's expiry as an `expired` event where nothing
+/// the lease it took over had expired — renew/release rejected; `busy` and `conflict` for
+/// acquisitions refused while another owner held the lease and renewals or releases of a lease
+/// the caller did not hold, one line per owner and minute with a count, on the directory store
+/// and PostgreSQL) of every resource, or of those --resource names, oldest first; each lease's
+/// expiry as an `expired` event where nothing
 /// renewed or released it in time; and with --target, each PostgreSQL target's fenced writes
 /// (accepted, with the rows they changed, and rejected), interleaved by time. Integrity
 /// warnings follow: a token that went down, a target that accepted a token above the highest
@@ -476,7 +479,7 @@ pub struct MetricsArgs {
 }
 
 /// The kinds of event `fence log` shows.
-pub const EVENT_KINDS: [&str; 11] = [
+pub const EVENT_KINDS: [&str; 13] = [
     "acquired",
     "reacquired",
     "taken_over",
@@ -485,6 +488,8 @@ pub const EVENT_KINDS: [&str; 11] = [
     "expired",
     "renew_rejected",
     "release_rejected",
+    "busy",
+    "conflict",
     "write_accepted",
     "write_rejected",
     "pruned",

@@ -703,9 +703,19 @@ fn lease_events_carry_ttl_and_expiry(store: &Store) {
         .args(["release", "job", "--owner", "B", "--token", "2"])
         .run()
         .expect(0);
+    // B's busy attempts while A's lease lasted are recorded too (not on object stores).
     let json = store
         .fence()
         .args(["log", "--resource", "job", "--format", "json"])
+        .args([
+            "--kind",
+            "acquired",
+            "--kind",
+            "expired",
+            "--kind",
+            "taken_over",
+        ])
+        .args(["--kind", "renewed", "--kind", "released"])
         .run()
         .expect(0)
         .json();
@@ -842,5 +852,164 @@ fn times_without_a_zone_are_local_time() {
         assert_eq!(events(tz, &["--until", &utc]), 0, "{tz} --until {utc}");
         assert_eq!(events(tz, &["--since", "1h"]), 1);
         assert_eq!(events(tz, &["--until", "1h"]), 0);
+    }
+}
+
+/// The refused attempts a store recorded, as the store keeps them (read without fence):
+/// (owner, kind, count) summed over minutes, sorted.
+fn stored_attempts(store: &Store) -> Vec<(String, String, i64)> {
+    let mut rows: Vec<(String, String, i64)> = match &store.schema {
+        Some(schema) => store
+            .pg_rows(
+                &format!(
+                    "SELECT owner, kind, sum(count)::int8 FROM {schema}.attempts \
+                     WHERE resource = $1 GROUP BY 1, 2"
+                ),
+                "job",
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+        None => {
+            let path = store.home.path().join("store/attempts/job.json");
+            let windows: Vec<Value> =
+                serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            let mut sums = std::collections::BTreeMap::new();
+            for w in windows {
+                *sums
+                    .entry((
+                        w["owner"].as_str().unwrap().to_owned(),
+                        w["kind"].as_str().unwrap().to_owned(),
+                    ))
+                    .or_insert(0) += w["count"].as_i64().unwrap();
+            }
+            sums.into_iter().map(|((o, k), n)| (o, k, n)).collect()
+        }
+    };
+    rows.sort();
+    rows
+}
+
+/// Busy acquisitions and conflicting renewals/releases are recorded, one line per owner,
+/// kind and minute with a count ("who else tried"), and shown by `fence log`; a waiter's
+/// polls are one attempt; the refusals' exit codes are what they were.
+fn refused_attempts_are_recorded(store: &Store) {
+    let fence = || store.fence();
+    fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    for _ in 0..3 {
+        fence()
+            .args(["acquire", "job", "--owner", "B", "-q"])
+            .run()
+            .expect(3);
+    }
+    fence()
+        .args(["acquire", "job", "--owner", "C", "--wait", "700ms", "-q"])
+        .run()
+        .expect(3);
+    fence()
+        .args(["renew", "job", "--owner", "B", "--token", "1"])
+        .run()
+        .expect(6);
+    fence()
+        .args(["release", "job", "--owner", "D", "--token", "99"])
+        .run()
+        .expect(6);
+    // A stale renewal is an event of its own (renew_rejected), not an attempt.
+    let expected = [
+        ("B".to_owned(), "busy".to_owned(), 3),
+        ("B".to_owned(), "conflict".to_owned(), 1),
+        ("C".to_owned(), "busy".to_owned(), 1),
+        ("D".to_owned(), "conflict".to_owned(), 1),
+    ];
+    assert_eq!(stored_attempts(store), expected);
+
+    let lines: Vec<Value> = fence()
+        .args(["log", "--resource", "job", "--format", "ndjson"])
+        .args(["--kind", "busy", "--kind", "conflict"])
+        .run()
+        .expect(0)
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut shown: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for line in &lines {
+        let key = (
+            line["owner"].as_str().unwrap().to_owned(),
+            line["kind"].as_str().unwrap().to_owned(),
+        );
+        *shown.entry(key).or_default() += line["count"].as_i64().unwrap();
+        assert!(line["last_at"].as_str().unwrap() >= line["at"].as_str().unwrap());
+        if line["kind"] == "busy" {
+            assert_eq!(line["token"], 1, "the holder's token: {line}");
+            assert!(line["detail"].as_str().unwrap().contains("`A`"), "{line}");
+        }
+    }
+    let shown: Vec<(String, String, i64)> =
+        shown.into_iter().map(|((o, k), n)| (o, k, n)).collect();
+    assert_eq!(shown, expected);
+    let human = fence()
+        .args(["log", "--resource", "job", "--owner", "B", "--kind", "busy"])
+        .run()
+        .expect(0)
+        .stdout;
+    assert!(
+        human.contains("busy") && human.contains("attempt"),
+        "{human}"
+    );
+}
+
+#[test]
+fn file_store_refused_attempts_are_recorded() {
+    refused_attempts_are_recorded(&Store::file());
+}
+
+#[test]
+fn postgres_refused_attempts_are_recorded() {
+    refused_attempts_are_recorded(&Store::postgres());
+}
+
+/// A refused attempt that cannot be recorded is still refused with its own exit code, with
+/// a warning.
+#[test]
+fn an_unrecorded_attempt_keeps_its_exit_code() {
+    let file = Store::file();
+    let pg = Store::postgres();
+    for store in [&file, &pg] {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+            .run()
+            .expect(0);
+    }
+    // The directory store: `attempts` is a file, so no attempts file can be made in it.
+    std::fs::write(file.home.path().join("store/attempts"), "in the way").unwrap();
+    // PostgreSQL: a trigger refuses every row.
+    let schema = pg.schema.clone().unwrap();
+    pg_exec(
+        &pg.url,
+        &format!(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'no attempts here'; END $$; \
+             CREATE TRIGGER refuse BEFORE INSERT ON {schema}.attempts \
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+        ),
+    );
+    for store in [&file, &pg] {
+        let busy = store
+            .fence()
+            .args(["acquire", "job", "--owner", "B", "--format", "json"])
+            .run();
+        assert_eq!(busy.code, 3, "{busy:?}");
+        assert_eq!(busy.json()["error"], "busy");
+        assert!(busy.stderr.contains("was not recorded"), "{busy:?}");
+        let conflict = store
+            .fence()
+            .args(["release", "job", "--owner", "B", "--token", "1"])
+            .run();
+        assert_eq!(conflict.code, 6, "{conflict:?}");
     }
 }

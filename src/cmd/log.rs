@@ -3,6 +3,9 @@
 //! grant set, when a lease ran out, what each target accepted (and how many rows) and what
 //! it refused — with the integrity warnings that history can prove.
 //!
+//! Refused attempts (`busy`, `conflict`) are coalesced per resource, owner, kind and minute
+//! by the store (a count, the first and last time), and shown at the first.
+//!
 //! Expiries are not events a store writes (nothing happens when a lease runs out): they are
 //! derived from the expiry each grant or renewal recorded, when nothing renewed or released
 //! the lease before it, and shown as `expired` events at that instant.
@@ -691,6 +694,10 @@ impl Entry {
         if ev.rows.is_some() {
             map.insert("rows".into(), json!(ev.rows));
         }
+        if ev.count.is_some() {
+            map.insert("count".into(), json!(ev.count));
+            map.insert("last_at".into(), opt_time(ev.last_at_ms));
+        }
         if self.derived {
             map.insert("derived".into(), json!(true));
         }
@@ -722,7 +729,8 @@ impl Entry {
     }
 
     /// The LEASE column: the TTL and expiry a grant or renewal set, a takeover's previous
-    /// expiry, a write's rows.
+    /// expiry, a write's rows, how many refused attempts a `busy` or `conflict` line stands
+    /// for.
     fn lease_text(&self) -> String {
         let ev = &self.logged.event;
         let mut parts = Vec::new();
@@ -743,6 +751,14 @@ impl Entry {
         }
         if let Some(rows) = ev.rows {
             parts.push(format!("{rows} row{}", if rows == 1 { "" } else { "s" }));
+        }
+        if let Some(count) = ev.count {
+            parts.push(match (count, ev.last_at_ms) {
+                (1, _) | (_, None) => {
+                    format!("{count} attempt{}", if count == 1 { "" } else { "s" })
+                }
+                (_, Some(last)) => format!("{count} attempts, the last at {}", time::rfc3339(last)),
+            });
         }
         parts.join("; ")
     }

@@ -41,9 +41,10 @@ use tokio_postgres::Row;
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
 use crate::pg::CONNECT_PATIENCE;
+use crate::store::history::newest;
 use crate::store::{
-    ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease, LeaseRef,
-    LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
+    ttl_ms, Attempt, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
+    LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
 use crate::sys::random_u64;
 
@@ -131,6 +132,8 @@ pub struct PgCoordinator {
     session: RefCell<Option<Rc<Session>>>,
     /// This process's place in a queue of waiters, while `--wait` lasts.
     queue: RefCell<Option<Queue>>,
+    /// The refused attempts this process has recorded (a waiter's polls are one attempt).
+    attempted: crate::store::Attempted,
 }
 
 /// A waiter's state between its polls.
@@ -170,6 +173,7 @@ impl PgCoordinator {
             schema: schema.to_owned(),
             session: RefCell::new(None),
             queue: RefCell::new(None),
+            attempted: crate::store::Attempted::default(),
         })
     }
 
@@ -277,6 +281,20 @@ impl PgCoordinator {
             )
             .await?;
         Answer::from_rows(&rows)
+    }
+
+    /// Records the attempt `err` refused, once per process, resource and kind; a failure is
+    /// a warning (the refusal stands, and its exit code with it).
+    async fn note_refusal(&self, op: &str, owner: &str, err: &Error) {
+        let Some(attempt) = Attempt::of(op, owner, err) else {
+            return;
+        };
+        if !self.attempted.first(&attempt) {
+            return;
+        }
+        if let Err(err) = self.record_attempt(&attempt).await {
+            crate::store::unrecorded(&attempt, &err.to_string());
+        }
     }
 
     /// Notes a busy poll's answer: place, pace, and the next promise.
@@ -415,6 +433,15 @@ impl PgCoordinator {
         pruned.waiters = rows
             .first()
             .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs());
+        // Refused attempts whose last one is older than the bound.
+        self.call(
+            what,
+            true,
+            "DELETE FROM __SCHEMA__.attempts a WHERE a.last_at < to_timestamp($2::bigint / 1000.0) \
+             AND ($1::text[] IS NULL OR a.resource = ANY($1))",
+            &[(&names, Type::TEXT_ARRAY), (&before, Type::INT8)],
+        )
+        .await?;
         Ok(pruned)
     }
 }
@@ -562,7 +589,7 @@ impl Coordinator for PgCoordinator {
                 *self.queue.borrow_mut() = None;
             }
         }
-        match answer.status.as_str() {
+        let result = match answer.status.as_str() {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
                 reacquired: answer.status == "reacquired",
                 lease,
@@ -580,7 +607,11 @@ impl Coordinator for PgCoordinator {
                 format!("PostgreSQL answered `{other}` to an acquire"),
                 "fence's schema may be from another version; run `fence init`",
             )),
+        };
+        if let Err(err) = &result {
+            self.note_refusal("acquire", owner, err).await;
         }
+        result
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
@@ -600,10 +631,11 @@ impl Coordinator for PgCoordinator {
             .await?;
         let answer = Answer::from_rows(&rows)?;
         if answer.status == "renewed" {
-            Ok(answer.lease(&lease.resource))
-        } else {
-            Err(answer.refusal(lease))
+            return Ok(answer.lease(&lease.resource));
         }
+        let err = answer.refusal(lease);
+        self.note_refusal("renew", &lease.owner, &err).await;
+        Err(err)
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
@@ -623,7 +655,11 @@ impl Coordinator for PgCoordinator {
         match answer.status.as_str() {
             "released" => Ok(Released::Now),
             "already_released" => Ok(Released::Already),
-            _ => Err(answer.refusal(lease)),
+            _ => {
+                let err = answer.refusal(lease);
+                self.note_refusal("release", &lease.owner, &err).await;
+                Err(err)
+            }
         }
     }
 
@@ -779,6 +815,43 @@ impl Coordinator for PgCoordinator {
         true
     }
 
+    /// One upsert into `attempts`, sent as it is: on a schema older than version 5 (no such
+    /// table) nothing is recorded, since the refused path never migrates the schema (that
+    /// is `fence init`'s, or the next write's that needs it).
+    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        let what = format!("record the refused attempt on `{}`", attempt.resource);
+        let sql = "INSERT INTO __SCHEMA__.attempts AS a \
+             (resource, minute, owner, kind, count, first_at, last_at, token, detail) \
+             SELECT $1, date_trunc('minute', c.now), \
+               $2, $3, 1, c.now, c.now, $4, $5 \
+             FROM (SELECT clock_timestamp() AS now) c \
+             ON CONFLICT (resource, minute, owner, kind) DO UPDATE \
+             SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
+               detail = EXCLUDED.detail"
+            .replace("__SCHEMA__", &self.schema);
+        let kind = attempt.kind;
+        let session = self.session().await?;
+        match session
+            .request(
+                &what,
+                true,
+                &sql,
+                &[
+                    (&attempt.resource, Type::TEXT),
+                    (&attempt.owner, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&attempt.token, Type::INT8),
+                    (&attempt.detail, Type::TEXT),
+                ],
+            )
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(err) if crate::pg::session::is_missing_schema(&err) => Ok(()),
+            Err(err) => Err(session.request_error(&err, &what, true)),
+        }
+    }
+
     async fn require_existing(&self) -> Result<(), Error> {
         if self.session().await?.exists().await? {
             return Ok(());
@@ -798,7 +871,7 @@ impl Coordinator for PgCoordinator {
             // The only usage error here: a privilege the role lacks.
             Error::Usage { message, .. } => Error::Usage {
                 message,
-                hint: "`fence prune` needs SELECT on fence's `leases` and DELETE on its `events` and `waiters`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
+                hint: "`fence prune` needs SELECT on fence's `leases`, DELETE on its `events`, `waiters` and `attempts`, and INSERT and UPDATE on its `event_totals`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
             },
             // Some batches may have been deleted, and repeating deletes only what is left.
             Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
@@ -849,13 +922,47 @@ impl Coordinator for PgCoordinator {
                             ttl_ms: row.get("ttl_ms"),
                             expires_at_ms: row.get("expires_ms"),
                             previous_expires_at_ms: row.get("previous_expires_ms"),
-                            rows: None,
+                            ..Event::default()
                         },
                     },
                 )
             })
             .collect();
-        Ok(LogWindow::oldest_first(logged))
+        let mut logged = LogWindow::oldest_first(logged);
+        // The refused attempts in the window (none on a schema older than version 5), by the
+        // first attempt of each minute; the primary key `(resource, minute, …)` serves a
+        // resource's range.
+        let sql = format!(
+            "SELECT a.resource, floor(extract(epoch FROM a.first_at) * 1000000)::int8 AS at_us, \
+             __SCHEMA__.ms(a.first_at) AS at_ms, __SCHEMA__.ms(a.last_at) AS last_ms, a.kind, \
+             a.owner, a.token, a.detail, a.count \
+             FROM __SCHEMA__.attempts a WHERE {filter} \
+             AND ($2::int8 IS NULL OR a.minute >= to_timestamp($2::int8 / 1000.0) - interval '1 minute') \
+             AND ($2::int8 IS NULL OR a.first_at >= to_timestamp($2::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.minute < to_timestamp($3::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.first_at < to_timestamp($3::int8 / 1000.0)) \
+             ORDER BY a.first_at DESC LIMIT $4",
+            filter = LogWindow::new(query, "a.resource").filter,
+        );
+        let rows = self
+            .call("read the refused attempts", false, &sql, &window.params())
+            .await?;
+        logged.extend(rows.iter().map(|row| Logged {
+            resource: row.get("resource"),
+            at_us: row.get("at_us"),
+            event: Event {
+                at_ms: row.get("at_ms"),
+                kind: row.get("kind"),
+                owner: row.get("owner"),
+                token: row.get("token"),
+                detail: row.get("detail"),
+                count: row.get("count"),
+                last_at_ms: row.get("last_ms"),
+                ..Event::default()
+            },
+        }));
+        newest(&mut logged, query.limit);
+        Ok(logged)
     }
 
     /// One pass over the events table (no index serves a count of everything), plus what

@@ -438,6 +438,24 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.event_totals (
     n bigint NOT NULL,
     PRIMARY KEY (resource, kind)
 );
+-- Refused attempts: busy acquisitions and conflicting renewals/releases (wrong owner, a token
+-- never issued, no lease), one row per resource, minute, owner and kind with a count and the
+-- first and last time, so that "who else tried" has an answer and a busy loop cannot grow the
+-- table. Upserted by fence from Rust on the refused path only, in a statement of its own
+-- (the lease functions above are unchanged); `fence prune` deletes old rows.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
+    resource text NOT NULL,
+    minute timestamptz NOT NULL,
+    owner text NOT NULL,
+    kind text NOT NULL,
+    count bigint NOT NULL,
+    first_at timestamptz NOT NULL,
+    last_at timestamptz NOT NULL,
+    -- busy: the holder's token; conflict: the token presented.
+    token bigint,
+    detail text,
+    PRIMARY KEY (resource, minute, owner, kind)
+);
 -- ==========================================================================================
 
 INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '5')

@@ -144,6 +144,8 @@ impl EventLine {
             expires_at_ms: self.expires_at_ms,
             previous_expires_at_ms: self.previous_expires_at_ms,
             rows: None,
+            count: None,
+            last_at_ms: None,
         }
     }
 }

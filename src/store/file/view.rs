@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::ErrorKind;
 
+use super::attempts;
 use super::counter::{self, Mark};
 use super::log;
 use super::record::{Now, Record};
@@ -19,7 +20,7 @@ use crate::sys::sweep_temporaries;
 impl FileCoordinator {
     /// Removes temporary files of killed processes (records and pruned logs being written).
     pub(super) fn sweep(&self) {
-        for sub in ["leases", "events"] {
+        for sub in ["leases", "events", "attempts"] {
             sweep_temporaries(&self.dir.join(sub));
         }
     }
@@ -121,6 +122,18 @@ impl FileCoordinator {
                         resource: name.clone(),
                         at_us: e.at_ms.saturating_mul(1000),
                         event: e.into_event(),
+                    }),
+            );
+            let windows = attempts::read(&paths.attempts)
+                .map_err(|err| self.io_error("read the refused attempts", &paths.attempts, &err))?;
+            logged.extend(
+                windows
+                    .iter()
+                    .filter(|w| query.in_window(w.first_ms))
+                    .map(|w| Logged {
+                        resource: name.clone(),
+                        at_us: w.first_ms.saturating_mul(1000),
+                        event: w.event(),
                     }),
             );
         }
