@@ -396,9 +396,10 @@ pub struct InspectArgs {
 /// acquisitions refused while another owner held the lease and renewals or releases of a lease
 /// the caller did not hold, one line per owner and minute with a count, on the directory store
 /// and PostgreSQL) of every resource, or of those --resource names, oldest first; each lease's
-/// expiry as an `expired` event where nothing
-/// renewed or released it in time; and with --target, each PostgreSQL target's fenced writes
-/// (accepted, with the rows they changed, and rejected), interleaved by time. Integrity
+/// expiry as an `expired` event where nothing renewed or released it in time; and with
+/// --target, each PostgreSQL target's fenced writes (accepted, with the rows they changed, and
+/// rejected) or the writes an object accepted, interleaved by time (an object's refusals are
+/// recorded in the store by the refused `fence write`). Integrity
 /// warnings follow: a token that went down, a target that accepted a token above the highest
 /// the store issued, a lease used past its TTL by the store's clock. Times are the store's
 /// and the target's clocks. --follow keeps printing events as they happen (until SIGINT).
@@ -415,8 +416,9 @@ pub struct LogArgs {
     #[arg(long = "resource", value_name = "GLOB")]
     pub resources: Vec<String>,
 
-    /// Also show the fenced writes this PostgreSQL database accepted and refused (repeat for
-    /// several).
+    /// Also show the fenced writes this PostgreSQL database accepted and refused, or the
+    /// writes this object accepted (its current version and the ids it keeps); repeat for
+    /// several. An object's refusals are in the store's history (`write_rejected`).
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
 

@@ -1013,3 +1013,103 @@ fn an_unrecorded_attempt_keeps_its_exit_code() {
         assert_eq!(conflict.code, 6, "{conflict:?}");
     }
 }
+
+/// A late write refused by an object target leaves a trace `fence log` finds: the refusing
+/// `fence write` records it in the coordinator's history (`write_rejected`, from the store),
+/// and `fence log --target OBJECT` shows the writes the object accepted (its current version
+/// and the ids it remembers), interleaved with the leases.
+fn object_refusals_leave_a_trace(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let object = format!("file://{}/report.json", dir.path().display());
+    let bytes = dir.path().join("bytes");
+    std::fs::write(&bytes, "{}").unwrap();
+    let fence = || store.fence();
+    let write = |owner: &str, token: &str, id: &str| {
+        fence()
+            .args(["write", "job", "--owner", owner, "--token", token])
+            .args(["--target", &object, "--id", id, "--from"])
+            .args([&bytes])
+            .run()
+    };
+    fence()
+        .args(["acquire", "job", "--owner", "A", "-q"])
+        .run()
+        .expect(0);
+    fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    fence()
+        .args(["acquire", "job", "--owner", "B", "-q"])
+        .run()
+        .expect(0);
+    write("B", "2", "w1").expect(0);
+    write("B", "2", "w2").expect(0);
+    let late = write("A", "1", "w3");
+    assert_eq!(late.code, 4, "{late:?}");
+    assert!(!late.stderr.contains("warning"), "{late:?}");
+    assert_eq!(
+        stored_attempts(store),
+        [("A".to_owned(), "write_rejected".to_owned(), 1)]
+    );
+    let json = fence()
+        .args([
+            "log",
+            "--resource",
+            "job",
+            "--target",
+            &object,
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    let events = json["events"].as_array().unwrap();
+    let seen: Vec<(String, String, String, i64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["source"].as_str().unwrap().to_owned(),
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().unwrap_or("-").to_owned(),
+                e["token"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let row = |source: &str, kind: &str, owner: &str, token: i64| {
+        (source.to_owned(), kind.to_owned(), owner.to_owned(), token)
+    };
+    assert_eq!(
+        seen,
+        [
+            row("store", "acquired", "A", 1),
+            row("store", "released", "A", 1),
+            row("store", "acquired", "B", 2),
+            // The older version keeps its id and token, not its owner.
+            row("target", "write_accepted", "-", 2),
+            row("target", "write_accepted", "B", 2),
+            row("store", "write_rejected", "A", 1),
+        ],
+        "{json:#}"
+    );
+    assert!(events[3]["detail"].as_str().unwrap().contains("id w1"));
+    assert!(events[4]["detail"].as_str().unwrap().contains("id w2"));
+    assert_eq!(events[4]["target"], object.as_str());
+    let refused = events[5]["detail"].as_str().unwrap();
+    assert!(
+        refused.contains(&object) && refused.contains("accepted token 2"),
+        "{refused}"
+    );
+    assert_eq!(json["integrity_ok"], true, "{json:#}");
+}
+
+#[test]
+fn file_store_object_refusals_leave_a_trace() {
+    object_refusals_leave_a_trace(&Store::file());
+}
+
+#[test]
+fn postgres_object_refusals_leave_a_trace() {
+    object_refusals_leave_a_trace(&Store::postgres());
+}

@@ -75,7 +75,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             ));
         }
     }
-    let targets = resolve_targets(&args.targets)?;
+    let targets = resolve_targets(&args.targets, false)?;
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let query = LogQuery {
@@ -100,8 +100,28 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     )
     .await?;
     let mut entries = with_expiries(store_events, &query, now);
-    let mut guards = Vec::new();
+    // Per target: the highest token it accepted, per resource of the timeline.
+    let mut guards: Vec<(String, Vec<(String, i64)>)> = Vec::new();
     for spec in &targets {
+        if let Some(url) = &spec.object {
+            // An object holds only what it accepted, a few versions' worth: read it whole.
+            let events: Vec<Logged> = crate::target::object::log(url)
+                .await?
+                .into_iter()
+                .filter(|l| query.matches(&l.resource) && query.in_window(l.event.at_ms))
+                .collect();
+            let highest = events
+                .iter()
+                .filter_map(|l| l.event.token.map(|t| (l.resource.clone(), t)))
+                .max_by_key(|(_, t)| *t);
+            guards.push((spec.display.clone(), highest.into_iter().collect()));
+            entries.extend(events.into_iter().map(|logged| Entry {
+                source: Source::Target(spec.display.clone()),
+                logged,
+                derived: false,
+            }));
+            continue;
+        }
         let target = PgTarget::connect(spec, &ctx.schema).await?;
         let reader = &target;
         let (events, more) = read_growing(
@@ -119,7 +139,13 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         let names = resources_of(&entries, &events);
         // No resource in the timeline: nothing to compare (an empty list asks for every row).
         if !names.is_empty() {
-            guards.push((spec.display.clone(), target.guards(&names).await?));
+            let highest = target
+                .guards(&names)
+                .await?
+                .into_iter()
+                .filter_map(|g| g.highest_token.map(|t| (g.resource, t)))
+                .collect();
+            guards.push((spec.display.clone(), highest));
         }
         entries.extend(events.into_iter().map(|logged| Entry {
             source: Source::Target(spec.display.clone()),
@@ -129,10 +155,10 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     }
     entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
     let mut warnings = history_warnings(&entries);
-    if !guards.is_empty() {
+    if guards.iter().any(|(_, g)| !g.is_empty()) {
         let names: Vec<String> = guards
             .iter()
-            .flat_map(|(_, g)| g.iter().map(|g| g.resource.clone()))
+            .flat_map(|(_, g)| g.iter().map(|(resource, _)| resource.clone()))
             .collect();
         let issued: HashMap<String, Option<i64>> = coordinator
             .inspect(&names, 0)
@@ -141,14 +167,11 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             .map(|v| (v.resource, v.token))
             .collect();
         for (target, guards) in &guards {
-            for g in guards {
-                let Some(highest) = g.highest_token else {
-                    continue;
-                };
-                let issued = issued.get(&g.resource).copied().flatten();
-                if let Some(message) = target_ahead(target, &g.resource, highest, issued) {
+            for (resource, highest) in guards {
+                let issued = issued.get(resource).copied().flatten();
+                if let Some(message) = target_ahead(target, resource, *highest, issued) {
                     warnings.push(Warning {
-                        resource: g.resource.clone(),
+                        resource: resource.clone(),
                         kind: "target_ahead",
                         message,
                     });
@@ -225,15 +248,15 @@ fn wanted_event(args: &LogArgs, ev: &Event) -> bool {
         && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
 }
 
-/// The targets `--target` names: PostgreSQL databases only.
-fn resolve_targets(urls: &[String]) -> Result<Vec<TargetSpec>, Error> {
+/// The targets `--target` names: PostgreSQL databases, and objects (without `--follow`).
+fn resolve_targets(urls: &[String], follow: bool) -> Result<Vec<TargetSpec>, Error> {
     urls.iter()
         .map(|url| {
             let spec = TargetSpec::resolve(url)?;
-            if spec.object.is_some() {
+            if follow && spec.object.is_some() {
                 return Err(Error::usage(
-                    format!("`fence log --target` reads PostgreSQL targets, not `{}`", spec.display),
-                    "an object's stored token and version are shown by `fence inspect RESOURCE --target URL`",
+                    format!("`fence log --follow --target` reads PostgreSQL targets, not `{}`", spec.display),
+                    "drop --follow to see the writes the object accepted (its current version and the ids it remembers)",
                 ));
             }
             Ok(spec)
@@ -268,7 +291,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
         ));
     }
     let mut interrupts = Interrupts::install()?;
-    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets)?
+    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets, true)?
         .into_iter()
         .map(|spec| (spec, None))
         .collect();

@@ -325,6 +325,15 @@ impl Coordinator for FileCoordinator {
         self.log_store(query)
     }
 
+    /// Under the resource's lock, as its refusals are.
+    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        self.with_lock(&attempt.resource, |store, _, paths| {
+            let now_ms = Now::read()?.wall_ms;
+            super::attempts::note(&paths.attempts, attempt, now_ms)
+                .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
+        })
+    }
+
     async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
         self.event_counts_store()
     }
