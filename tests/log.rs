@@ -1113,3 +1113,63 @@ fn file_store_object_refusals_leave_a_trace() {
 fn postgres_object_refusals_leave_a_trace() {
     object_refusals_leave_a_trace(&Store::postgres());
 }
+
+/// A version-4 schema (no `attempts`, no `event_totals`) keeps working with this fence: a
+/// busy acquire is refused as before (exit 3, no warning, and no migration on that path), and
+/// `fence log` and `fence metrics` read it; `fence init` migrates it to version 5, after which
+/// attempts are recorded.
+#[test]
+fn postgres_a_version_4_schema_records_attempts_once_migrated() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    pg_exec(
+        &store.url,
+        &format!(
+            "DROP TABLE {s}.attempts; DROP TABLE {s}.event_totals; \
+             UPDATE {s}.meta SET value = '4' WHERE key = 'schema_version'"
+        ),
+    );
+    let busy = store.fence().args(["acquire", "job", "--owner", "B"]).run();
+    assert_eq!(busy.code, 3, "{busy:?}");
+    assert!(!busy.stderr.contains("warning"), "{busy:?}");
+    let version = |store: &Store| -> String {
+        store.pg_rows(
+            &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version' AND $1 = $1"),
+            "",
+        )[0]
+        .get(0)
+    };
+    assert_eq!(version(&store), "4");
+    let log = store
+        .fence()
+        .args(["log", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(kinds(log["events"].as_array().unwrap()).len(), 1, "{log:#}");
+    store.fence().args(["metrics"]).run().expect(0);
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        (init["action"].as_str(), init["schema_version"].as_i64()),
+        (Some("migrated"), Some(5))
+    );
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "B", "-q"])
+        .run()
+        .expect(3);
+    assert_eq!(
+        stored_attempts(&store),
+        [("B".to_owned(), "busy".to_owned(), 1)]
+    );
+}
