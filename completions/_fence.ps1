@@ -128,8 +128,8 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         }
         'fence;log' {
             [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource')
-            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the fenced writes this PostgreSQL database accepted and refused (repeat for several)')
-            [CompletionResult]::new('--since', '--since', [CompletionResultType]::ParameterName, 'Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or a span back from now such as `2h` or `30m`')
+            [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object''s refusals are in the store''s history (`write_rejected`)')
+            [CompletionResult]::new('--since', '--since', [CompletionResultType]::ParameterName, 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`')
             [CompletionResult]::new('--until', '--until', [CompletionResultType]::ParameterName, 'Only events before TIME (as --since)')
             [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`)')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Only events with this fencing token')

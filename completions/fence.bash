@@ -662,7 +662,7 @@ _fence() {
                     return 0
                     ;;
                 --kind)
-                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected write_accepted write_rejected pruned" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected busy conflict write_accepted write_rejected pruned" -- "${cur}"))
                     return 0
                     ;;
                 --limit)

@@ -119,8 +119,8 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;log'= {
             cand --resource 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource'
-            cand --target 'Also show the fenced writes this PostgreSQL database accepted and refused (repeat for several)'
-            cand --since 'Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or a span back from now such as `2h` or `30m`'
+            cand --target 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object''s refusals are in the store''s history (`write_rejected`)'
+            cand --since 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`'
             cand --until 'Only events before TIME (as --since)'
             cand --owner 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`)'
             cand --token 'Only events with this fencing token'

@@ -132,8 +132,8 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand log" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
-complete -c fence -n "__fish_fence_using_subcommand log" -l target -d 'Also show the fenced writes this PostgreSQL database accepted and refused (repeat for several)' -r
-complete -c fence -n "__fish_fence_using_subcommand log" -l since -d 'Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or a span back from now such as `2h` or `30m`' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l target -d 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object\'s refusals are in the store\'s history (`write_rejected`)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l since -d 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l until -d 'Only events before TIME (as --since)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l owner -d 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner \'ID/*\'`)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l token -d 'Only events with this fencing token' -r
@@ -145,6 +145,8 @@ released\t''
 expired\t''
 renew_rejected\t''
 release_rejected\t''
+busy\t''
+conflict\t''
 write_accepted\t''
 write_rejected\t''
 pruned\t''"

@@ -392,10 +392,14 @@ pub struct InspectArgs {
 /// One ordered timeline of leases and fenced writes: who held what when, and what was refused
 ///
 /// The store's events (acquired with TTL and expiry, renewed, released, taken over — with when
-/// the lease it took over had expired — renew/release rejected) of every resource, or of those
-/// --resource names, oldest first; each lease's expiry as an `expired` event where nothing
-/// renewed or released it in time; and with --target, each PostgreSQL target's fenced writes
-/// (accepted, with the rows they changed, and rejected), interleaved by time. Integrity
+/// the lease it took over had expired — renew/release rejected; `busy` and `conflict` for
+/// acquisitions refused while another owner held the lease and renewals or releases of a lease
+/// the caller did not hold, one line per owner and minute with a count, on the directory store
+/// and PostgreSQL) of every resource, or of those --resource names, oldest first; each lease's
+/// expiry as an `expired` event where nothing renewed or released it in time; and with
+/// --target, each PostgreSQL target's fenced writes (accepted, with the rows they changed, and
+/// rejected) or the writes an object accepted, interleaved by time (an object's refusals are
+/// recorded in the store by the refused `fence write`). Integrity
 /// warnings follow: a token that went down, a target that accepted a token above the highest
 /// the store issued, a lease used past its TTL by the store's clock. Times are the store's
 /// and the target's clocks. --follow keeps printing events as they happen (until SIGINT).
@@ -412,13 +416,14 @@ pub struct LogArgs {
     #[arg(long = "resource", value_name = "GLOB")]
     pub resources: Vec<String>,
 
-    /// Also show the fenced writes this PostgreSQL database accepted and refused (repeat for
-    /// several).
+    /// Also show the fenced writes this PostgreSQL database accepted and refused, or the
+    /// writes this object accepted (its current version and the ids it keeps); repeat for
+    /// several. An object's refusals are in the store's history (`write_rejected`).
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
 
-    /// Only events at or after TIME: RFC 3339 (UTC unless it has an offset such as +02:00), or
-    /// a span back from now such as `2h` or `30m`.
+    /// Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and
+    /// time without one (local time, as TZ says), or a span back from now such as `2h`.
     #[arg(long, value_name = "TIME", value_parser = parse_instant, allow_hyphen_values = true)]
     pub since: Option<i64>,
 
@@ -457,9 +462,9 @@ pub struct LogArgs {
 /// history holds (`fence_lease_*_total`), whether it is held, by whom, its token, when its
 /// lease expires, and who waits and since when; with --target, per PostgreSQL target and
 /// resource, the fenced writes accepted and the stale writes refused. Totals are counted from
-/// the history (PostgreSQL: one pass over the events table; the directory store keeps the
-/// last 10,000 events of a resource, so its totals can go down after a pruning, which
-/// Prometheus's rate() reads as a counter reset).
+/// the history (PostgreSQL: one pass over the events table) and include the events `fence
+/// prune` deleted or the directory store's retention cut (each keeps their counts), so they
+/// never go down.
 ///
 /// Example:
 ///   fence metrics --resource 'nightly-*' --target postgres://app@db/app
@@ -476,7 +481,7 @@ pub struct MetricsArgs {
 }
 
 /// The kinds of event `fence log` shows.
-pub const EVENT_KINDS: [&str; 11] = [
+pub const EVENT_KINDS: [&str; 13] = [
     "acquired",
     "reacquired",
     "taken_over",
@@ -485,6 +490,8 @@ pub const EVENT_KINDS: [&str; 11] = [
     "expired",
     "renew_rejected",
     "release_rejected",
+    "busy",
+    "conflict",
     "write_accepted",
     "write_rejected",
     "pruned",

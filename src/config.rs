@@ -90,8 +90,8 @@ pub fn parse_write_id(value: &str) -> Result<String, String> {
 }
 
 /// Parses an instant for `--since`/`--until`: RFC 3339 (`2026-12-04T03:00:00Z`, an offset
-/// such as `+02:00`, or no zone: UTC; a space may stand for the `T`), or a span back from now
-/// (`2h`, `30m`, `1d`). Milliseconds since the epoch.
+/// such as `+02:00`, or no zone: local time, as `date` reads TZ; a space may stand for the
+/// `T`), or a span back from now (`2h`, `30m`, `1d`). Milliseconds since the epoch.
 pub fn parse_instant(value: &str) -> Result<i64, String> {
     let ms_since_epoch = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
@@ -122,10 +122,40 @@ pub fn parse_instant(value: &str) -> Result<i64, String> {
             let sign = if zone.starts_with('-') { -1 } else { 1 };
             (stamp, sign * (hours * 60 + minutes) * 60_000)
         }
-        _ => (value, 0),
+        _ if value.ends_with(['Z', 'z']) => (value, 0),
+        // No zone: the time on this machine's clock face (an operator reading an incident
+        // report or a local log writes it so).
+        _ => {
+            let wall = ms_since_epoch(humantime::parse_rfc3339_weak(value).map_err(|_| invalid())?);
+            return local_to_utc_ms(wall).ok_or_else(|| {
+                format!("`{value}` cannot be read as a local time here (TZ); add Z or an offset such as +02:00")
+            });
+        }
     };
     let at = humantime::parse_rfc3339_weak(stamp).map_err(|_| invalid())?;
     Ok(ms_since_epoch(at) - offset_ms)
+}
+
+/// The instant whose local time (the TZ environment variable, else /etc/localtime) reads as
+/// `wall_ms` read as UTC: the fields of that UTC time given to `mktime`, which resolves the
+/// zone's offset and daylight saving time for that date.
+fn local_to_utc_ms(wall_ms: i64) -> Option<i64> {
+    let secs = libc::time_t::try_from(wall_ms.div_euclid(1000)).ok()?;
+    // SAFETY: an all-zero `tm` is a valid value of the plain C struct (a null `tm_zone`
+    // pointer included), which gmtime_r overwrites.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: gmtime_r reads `secs` and writes only into `tm`, both ours and valid.
+    if unsafe { libc::gmtime_r(&secs, &mut tm) }.is_null() {
+        return None;
+    }
+    // Let mktime decide whether daylight saving time is in effect on that date.
+    tm.tm_isdst = -1;
+    // SAFETY: mktime reads and normalises the `tm` we own; it reads TZ itself (tzset).
+    let local = unsafe { libc::mktime(&mut tm) };
+    if local == -1 {
+        return None;
+    }
+    Some(local.saturating_mul(1000) + wall_ms.rem_euclid(1000))
 }
 
 /// Parses a lease length such as `250ms`, `30s`, `5m` or `1h`, within [`MIN_TTL`]..=[`MAX_TTL`].
@@ -314,7 +344,9 @@ mod tests {
             parse_instant("2026-12-02T18:00:30.123+02:00"),
             Ok(1_796_227_230_123)
         );
-        assert_eq!(parse_instant("2026-12-02 16:00:30"), Ok(1_796_227_230_000));
+        assert_eq!(parse_instant("2026-12-02 16:00:30Z"), Ok(1_796_227_230_000));
+        // Without a zone: local time, which depends on TZ (tests/log.rs sets it in a child).
+        assert!(parse_instant("2026-12-02 16:00:30").is_ok());
         let back = parse_instant("2h").unwrap();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

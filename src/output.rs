@@ -31,6 +31,12 @@ pub trait Report {
     fn ndjson(&self) -> Option<Vec<Value>> {
         None
     }
+    /// Whether [`Self::human`] is a machine format with its own escaping (the Prometheus
+    /// exposition): written byte-exact when stdout is not a terminal, so that a value read
+    /// back is the stored one; at a terminal its control characters are escaped as usual.
+    fn machine_text(&self) -> bool {
+        false
+    }
 }
 
 /// The JSON fields of a report whose wire format is a `Serialize` struct: the struct's
@@ -137,7 +143,11 @@ impl Output {
             Format::Human => {
                 let text = report.human();
                 if !self.quiet && !text.is_empty() {
-                    print_stdout(&terminal_safe(text.trim_end(), true))?;
+                    if report.machine_text() && !std::io::stdout().is_terminal() {
+                        print_stdout(text.trim_end())?;
+                    } else {
+                        print_stdout(&terminal_safe(text.trim_end(), true))?;
+                    }
                 }
             }
         }

@@ -757,7 +757,7 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(first["action"], "created");
-    assert_eq!(first["schema_version"], 4);
+    assert_eq!(first["schema_version"], 5);
     let again = store
         .fence()
         .args(["init", "--format", "json"])
@@ -856,9 +856,9 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .json();
         assert_eq!(
             (init["action"].as_str(), init["schema_version"].as_i64()),
-            (Some("migrated"), Some(4))
+            (Some("migrated"), Some(5))
         );
-        assert_eq!(schema_version(&store), "4");
+        assert_eq!(schema_version(&store), "5");
         assert_eq!(queue_functions(&store), current);
 
         downgrade_schema(&store, version);
@@ -872,7 +872,7 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .collect();
         assert_eq!(owners, ["bob"], "the old table's row is gone");
         release_to_waiter(&store, &held, waiter, "bob");
-        assert_eq!(schema_version(&store), "4");
+        assert_eq!(schema_version(&store), "5");
         assert_eq!(queue_functions(&store), current);
     }
 }

@@ -328,7 +328,7 @@ fn postgres_a_version_3_schema_is_read_then_migrated() {
         .json();
     assert_eq!(
         (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(4))
+        (Some("migrated"), Some(5))
     );
     store
         .fence()
@@ -703,9 +703,19 @@ fn lease_events_carry_ttl_and_expiry(store: &Store) {
         .args(["release", "job", "--owner", "B", "--token", "2"])
         .run()
         .expect(0);
+    // B's busy attempts while A's lease lasted are recorded too (not on object stores).
     let json = store
         .fence()
         .args(["log", "--resource", "job", "--format", "json"])
+        .args([
+            "--kind",
+            "acquired",
+            "--kind",
+            "expired",
+            "--kind",
+            "taken_over",
+        ])
+        .args(["--kind", "renewed", "--kind", "released"])
         .run()
         .expect(0)
         .json();
@@ -766,6 +776,9 @@ fn rows_are_counted_per_write_behind_a_pooler() {
             .run()
             .expect(0);
     }
+    // `fence log` refuses a coordinator that was never created (a typo in --schema): these
+    // tokens were handed out elsewhere, so create it empty.
+    store.fence().args(["init", "-q"]).run().expect(0);
     let json = store
         .fence()
         .args(["log", "--target", &store.url, "--format", "json"])
@@ -779,4 +792,384 @@ fn rows_are_counted_per_write_behind_a_pooler() {
         .map(|e| e["rows"].as_i64().unwrap())
         .collect();
     assert_eq!(rows, [3, 2, 3], "{json:#}");
+}
+
+/// `--since`/`--until` without a zone are local time, as TZ says (here UTC+9 and UTC−5);
+/// with `Z`, and as a span back, they are what they say whatever TZ is.
+#[test]
+fn times_without_a_zone_are_local_time() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "-q"])
+        .run()
+        .expect(0);
+    let json = store
+        .fence()
+        .args(["log", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let at = humantime::parse_rfc3339(json["events"][0]["at"].as_str().unwrap()).unwrap();
+    let minute = Duration::from_secs(60);
+    // The clock-face time a minute before the event, in a zone `east` of UTC, without a zone.
+    let local = |east: i64| {
+        let face = if east >= 0 {
+            at - minute + Duration::from_secs(east.unsigned_abs())
+        } else {
+            at - minute - Duration::from_secs(east.unsigned_abs())
+        };
+        let text = humantime::format_rfc3339_seconds(face).to_string();
+        text.trim_end_matches('Z').replace('T', " ")
+    };
+    let events = |tz: &str, args: &[&str]| {
+        store
+            .fence()
+            .env("TZ", tz)
+            .args(["log", "--format", "ndjson"])
+            .args(args)
+            .run()
+            .expect(0)
+            .stdout
+            .lines()
+            .count()
+    };
+    for (tz, east) in [("JST-9", 9 * 3600), ("COT5", -5 * 3600)] {
+        let before = local(east);
+        // Read as UTC, these would be hours off: the event would fall on the other side.
+        assert_eq!(
+            events(tz, &["--since", &before]),
+            1,
+            "{tz} --since {before}"
+        );
+        assert_eq!(
+            events(tz, &["--until", &before]),
+            0,
+            "{tz} --until {before}"
+        );
+        let utc = humantime::format_rfc3339_seconds(at - minute).to_string();
+        assert_eq!(events(tz, &["--since", &utc]), 1, "{tz} --since {utc}");
+        assert_eq!(events(tz, &["--until", &utc]), 0, "{tz} --until {utc}");
+        assert_eq!(events(tz, &["--since", "1h"]), 1);
+        assert_eq!(events(tz, &["--until", "1h"]), 0);
+    }
+}
+
+/// The refused attempts a store recorded, as the store keeps them (read without fence):
+/// (owner, kind, count) summed over minutes, sorted.
+fn stored_attempts(store: &Store) -> Vec<(String, String, i64)> {
+    let mut rows: Vec<(String, String, i64)> = match &store.schema {
+        Some(schema) => store
+            .pg_rows(
+                &format!(
+                    "SELECT owner, kind, sum(count)::int8 FROM {schema}.attempts \
+                     WHERE resource = $1 GROUP BY 1, 2"
+                ),
+                "job",
+            )
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+        None => {
+            let path = store.home.path().join("store/attempts/job.json");
+            let windows: Vec<Value> =
+                serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            let mut sums = std::collections::BTreeMap::new();
+            for w in windows {
+                *sums
+                    .entry((
+                        w["owner"].as_str().unwrap().to_owned(),
+                        w["kind"].as_str().unwrap().to_owned(),
+                    ))
+                    .or_insert(0) += w["count"].as_i64().unwrap();
+            }
+            sums.into_iter().map(|((o, k), n)| (o, k, n)).collect()
+        }
+    };
+    rows.sort();
+    rows
+}
+
+/// Busy acquisitions and conflicting renewals/releases are recorded, one line per owner,
+/// kind and minute with a count ("who else tried"), and shown by `fence log`; a waiter's
+/// polls are one attempt; the refusals' exit codes are what they were.
+fn refused_attempts_are_recorded(store: &Store) {
+    let fence = || store.fence();
+    fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    for _ in 0..3 {
+        fence()
+            .args(["acquire", "job", "--owner", "B", "-q"])
+            .run()
+            .expect(3);
+    }
+    fence()
+        .args(["acquire", "job", "--owner", "C", "--wait", "700ms", "-q"])
+        .run()
+        .expect(3);
+    fence()
+        .args(["renew", "job", "--owner", "B", "--token", "1"])
+        .run()
+        .expect(6);
+    fence()
+        .args(["release", "job", "--owner", "D", "--token", "99"])
+        .run()
+        .expect(6);
+    // A stale renewal is an event of its own (renew_rejected), not an attempt.
+    let expected = [
+        ("B".to_owned(), "busy".to_owned(), 3),
+        ("B".to_owned(), "conflict".to_owned(), 1),
+        ("C".to_owned(), "busy".to_owned(), 1),
+        ("D".to_owned(), "conflict".to_owned(), 1),
+    ];
+    assert_eq!(stored_attempts(store), expected);
+
+    let lines: Vec<Value> = fence()
+        .args(["log", "--resource", "job", "--format", "ndjson"])
+        .args(["--kind", "busy", "--kind", "conflict"])
+        .run()
+        .expect(0)
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut shown: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    for line in &lines {
+        let key = (
+            line["owner"].as_str().unwrap().to_owned(),
+            line["kind"].as_str().unwrap().to_owned(),
+        );
+        *shown.entry(key).or_default() += line["count"].as_i64().unwrap();
+        assert!(line["last_at"].as_str().unwrap() >= line["at"].as_str().unwrap());
+        if line["kind"] == "busy" {
+            assert_eq!(line["token"], 1, "the holder's token: {line}");
+            assert!(line["detail"].as_str().unwrap().contains("`A`"), "{line}");
+        }
+    }
+    let shown: Vec<(String, String, i64)> =
+        shown.into_iter().map(|((o, k), n)| (o, k, n)).collect();
+    assert_eq!(shown, expected);
+    let human = fence()
+        .args(["log", "--resource", "job", "--owner", "B", "--kind", "busy"])
+        .run()
+        .expect(0)
+        .stdout;
+    assert!(
+        human.contains("busy") && human.contains("attempt"),
+        "{human}"
+    );
+}
+
+#[test]
+fn file_store_refused_attempts_are_recorded() {
+    refused_attempts_are_recorded(&Store::file());
+}
+
+#[test]
+fn postgres_refused_attempts_are_recorded() {
+    refused_attempts_are_recorded(&Store::postgres());
+}
+
+/// A refused attempt that cannot be recorded is still refused with its own exit code, with
+/// a warning.
+#[test]
+fn an_unrecorded_attempt_keeps_its_exit_code() {
+    let file = Store::file();
+    let pg = Store::postgres();
+    for store in [&file, &pg] {
+        store
+            .fence()
+            .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+            .run()
+            .expect(0);
+    }
+    // The directory store: `attempts` is a file, so no attempts file can be made in it.
+    std::fs::write(file.home.path().join("store/attempts"), "in the way").unwrap();
+    // PostgreSQL: a trigger refuses every row.
+    let schema = pg.schema.clone().unwrap();
+    pg_exec(
+        &pg.url,
+        &format!(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'no attempts here'; END $$; \
+             CREATE TRIGGER refuse BEFORE INSERT ON {schema}.attempts \
+             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse();"
+        ),
+    );
+    for store in [&file, &pg] {
+        let busy = store
+            .fence()
+            .args(["acquire", "job", "--owner", "B", "--format", "json"])
+            .run();
+        assert_eq!(busy.code, 3, "{busy:?}");
+        assert_eq!(busy.json()["error"], "busy");
+        assert!(busy.stderr.contains("was not recorded"), "{busy:?}");
+        let conflict = store
+            .fence()
+            .args(["release", "job", "--owner", "B", "--token", "1"])
+            .run();
+        assert_eq!(conflict.code, 6, "{conflict:?}");
+    }
+}
+
+/// A late write refused by an object target leaves a trace `fence log` finds: the refusing
+/// `fence write` records it in the coordinator's history (`write_rejected`, from the store),
+/// and `fence log --target OBJECT` shows the writes the object accepted (its current version
+/// and the ids it remembers), interleaved with the leases.
+fn object_refusals_leave_a_trace(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let object = format!("file://{}/report.json", dir.path().display());
+    let bytes = dir.path().join("bytes");
+    std::fs::write(&bytes, "{}").unwrap();
+    let fence = || store.fence();
+    let write = |owner: &str, token: &str, id: &str| {
+        fence()
+            .args(["write", "job", "--owner", owner, "--token", token])
+            .args(["--target", &object, "--id", id, "--from"])
+            .args([&bytes])
+            .run()
+    };
+    fence()
+        .args(["acquire", "job", "--owner", "A", "-q"])
+        .run()
+        .expect(0);
+    fence()
+        .args(["release", "job", "--owner", "A", "--token", "1"])
+        .run()
+        .expect(0);
+    fence()
+        .args(["acquire", "job", "--owner", "B", "-q"])
+        .run()
+        .expect(0);
+    write("B", "2", "w1").expect(0);
+    write("B", "2", "w2").expect(0);
+    let late = write("A", "1", "w3");
+    assert_eq!(late.code, 4, "{late:?}");
+    assert!(!late.stderr.contains("warning"), "{late:?}");
+    assert_eq!(
+        stored_attempts(store),
+        [("A".to_owned(), "write_rejected".to_owned(), 1)]
+    );
+    let json = fence()
+        .args([
+            "log",
+            "--resource",
+            "job",
+            "--target",
+            &object,
+            "--format",
+            "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    let events = json["events"].as_array().unwrap();
+    let seen: Vec<(String, String, String, i64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["source"].as_str().unwrap().to_owned(),
+                e["kind"].as_str().unwrap().to_owned(),
+                e["owner"].as_str().unwrap_or("-").to_owned(),
+                e["token"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    let row = |source: &str, kind: &str, owner: &str, token: i64| {
+        (source.to_owned(), kind.to_owned(), owner.to_owned(), token)
+    };
+    assert_eq!(
+        seen,
+        [
+            row("store", "acquired", "A", 1),
+            row("store", "released", "A", 1),
+            row("store", "acquired", "B", 2),
+            // The older version keeps its id and token, not its owner.
+            row("target", "write_accepted", "-", 2),
+            row("target", "write_accepted", "B", 2),
+            row("store", "write_rejected", "A", 1),
+        ],
+        "{json:#}"
+    );
+    assert!(events[3]["detail"].as_str().unwrap().contains("id w1"));
+    assert!(events[4]["detail"].as_str().unwrap().contains("id w2"));
+    assert_eq!(events[4]["target"], object.as_str());
+    let refused = events[5]["detail"].as_str().unwrap();
+    assert!(
+        refused.contains(&object) && refused.contains("accepted token 2"),
+        "{refused}"
+    );
+    assert_eq!(json["integrity_ok"], true, "{json:#}");
+}
+
+#[test]
+fn file_store_object_refusals_leave_a_trace() {
+    object_refusals_leave_a_trace(&Store::file());
+}
+
+#[test]
+fn postgres_object_refusals_leave_a_trace() {
+    object_refusals_leave_a_trace(&Store::postgres());
+}
+
+/// A version-4 schema (no `attempts`, no `event_totals`) keeps working with this fence: a
+/// busy acquire is refused as before (exit 3, no warning, and no migration on that path), and
+/// `fence log` and `fence metrics` read it; `fence init` migrates it to version 5, after which
+/// attempts are recorded.
+#[test]
+fn postgres_a_version_4_schema_records_attempts_once_migrated() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    pg_exec(
+        &store.url,
+        &format!(
+            "DROP TABLE {s}.attempts; DROP TABLE {s}.event_totals; \
+             UPDATE {s}.meta SET value = '4' WHERE key = 'schema_version'"
+        ),
+    );
+    let busy = store.fence().args(["acquire", "job", "--owner", "B"]).run();
+    assert_eq!(busy.code, 3, "{busy:?}");
+    assert!(!busy.stderr.contains("warning"), "{busy:?}");
+    let version = |store: &Store| -> String {
+        store.pg_rows(
+            &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version' AND $1 = $1"),
+            "",
+        )[0]
+        .get(0)
+    };
+    assert_eq!(version(&store), "4");
+    let log = store
+        .fence()
+        .args(["log", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(kinds(log["events"].as_array().unwrap()).len(), 1, "{log:#}");
+    store.fence().args(["metrics"]).run().expect(0);
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        (init["action"].as_str(), init["schema_version"].as_i64()),
+        (Some("migrated"), Some(5))
+    );
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "B", "-q"])
+        .run()
+        .expect(3);
+    assert_eq!(
+        stored_attempts(&store),
+        [("B".to_owned(), "busy".to_owned(), 1)]
+    );
 }

@@ -3,6 +3,9 @@
 //! grant set, when a lease ran out, what each target accepted (and how many rows) and what
 //! it refused — with the integrity warnings that history can prove.
 //!
+//! Refused attempts (`busy`, `conflict`) are coalesced per resource, owner, kind and minute
+//! by the store (a count, the first and last time), and shown at the first.
+//!
 //! Expiries are not events a store writes (nothing happens when a lease runs out): they are
 //! derived from the expiry each grant or renewal recorded, when nothing renewed or released
 //! the lease before it, and shown as `expired` events at that instant.
@@ -26,7 +29,7 @@ use crate::signals::Interrupts;
 use crate::time;
 
 /// Where an event comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
     Store,
     /// The target's URL as shown.
@@ -72,7 +75,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             ));
         }
     }
-    let targets = resolve_targets(&args.targets)?;
+    let targets = resolve_targets(&args.targets, false)?;
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let query = LogQuery {
@@ -82,18 +85,67 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         limit,
     };
     let coordinator = ctx.coordinator().await?;
-    let store_events = coordinator.log(&query).await?;
-    let mut truncated = store_events.len() >= limit;
-    let mut entries = with_expiries(store_events, &query, now_ms());
-    let mut guards = Vec::new();
+    coordinator.require_existing().await?;
+    let now = now_ms();
+    let store = coordinator.as_ref();
+    let (store_events, mut truncated) = read_growing(
+        &query,
+        |events| {
+            with_expiries(events.to_vec(), &query, now)
+                .iter()
+                .filter(|e| wanted(&args, e))
+                .count()
+        },
+        |page| async move { store.log(&page).await },
+    )
+    .await?;
+    let mut entries = with_expiries(store_events, &query, now);
+    // Per target: the highest token it accepted, per resource of the timeline.
+    let mut guards: Vec<(String, Vec<(String, i64)>)> = Vec::new();
     for spec in &targets {
+        if let Some(url) = &spec.object {
+            // An object holds only what it accepted, a few versions' worth: read it whole.
+            let events: Vec<Logged> = crate::fenced::object::log(url)
+                .await?
+                .into_iter()
+                .filter(|l| query.matches(&l.resource) && query.in_window(l.event.at_ms))
+                .collect();
+            let highest = events
+                .iter()
+                .filter_map(|l| l.event.token.map(|t| (l.resource.clone(), t)))
+                .max_by_key(|(_, t)| *t);
+            guards.push((spec.display.clone(), highest.into_iter().collect()));
+            entries.extend(events.into_iter().map(|logged| Entry {
+                source: Source::Target(spec.display.clone()),
+                logged,
+                derived: false,
+            }));
+            continue;
+        }
         let target = PgTarget::connect(spec, &ctx.schema).await?;
-        let events = target.log(&query).await?;
-        truncated |= events.len() >= limit;
+        let reader = &target;
+        let (events, more) = read_growing(
+            &query,
+            |events| {
+                events
+                    .iter()
+                    .filter(|l| wanted_event(&args, &l.event))
+                    .count()
+            },
+            |page| async move { reader.log(&page).await },
+        )
+        .await?;
+        truncated |= more;
         let names = resources_of(&entries, &events);
         // No resource in the timeline: nothing to compare (an empty list asks for every row).
         if !names.is_empty() {
-            guards.push((spec.display.clone(), target.guards(&names).await?));
+            let highest = target
+                .guards(&names)
+                .await?
+                .into_iter()
+                .filter_map(|g| g.highest_token.map(|t| (g.resource, t)))
+                .collect();
+            guards.push((spec.display.clone(), highest));
         }
         entries.extend(events.into_iter().map(|logged| Entry {
             source: Source::Target(spec.display.clone()),
@@ -103,10 +155,10 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     }
     entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
     let mut warnings = history_warnings(&entries);
-    if !guards.is_empty() {
+    if guards.iter().any(|(_, g)| !g.is_empty()) {
         let names: Vec<String> = guards
             .iter()
-            .flat_map(|(_, g)| g.iter().map(|g| g.resource.clone()))
+            .flat_map(|(_, g)| g.iter().map(|(resource, _)| resource.clone()))
             .collect();
         let issued: HashMap<String, Option<i64>> = coordinator
             .inspect(&names, 0)
@@ -115,14 +167,11 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             .map(|v| (v.resource, v.token))
             .collect();
         for (target, guards) in &guards {
-            for g in guards {
-                let Some(highest) = g.highest_token else {
-                    continue;
-                };
-                let issued = issued.get(&g.resource).copied().flatten();
-                if let Some(message) = target_ahead(target, &g.resource, highest, issued) {
+            for (resource, highest) in guards {
+                let issued = issued.get(resource).copied().flatten();
+                if let Some(message) = target_ahead(target, resource, *highest, issued) {
                     warnings.push(Warning {
-                        resource: g.resource.clone(),
+                        resource: resource.clone(),
                         kind: "target_ahead",
                         message,
                     });
@@ -131,6 +180,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         }
     }
     entries.retain(|e| wanted(&args, e));
+    truncated |= keep_newest(&mut entries, limit);
     Ok(Timeline {
         entries,
         warnings,
@@ -139,9 +189,57 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     })
 }
 
+/// A source's events in the window, read with a growing limit until `limit` of them pass
+/// `--owner`, `--token` and `--kind` (`matching` counts them) or the source has nothing
+/// older: the limit applies to what the filters let through, not to what was read before
+/// them. Returns everything read (the expiries and warnings are derived from all of it) and
+/// whether older events may have been left out.
+async fn read_growing<'q, F, Fut>(
+    query: &LogQuery<'q>,
+    matching: impl Fn(&[Logged]) -> usize,
+    read: F,
+) -> Result<(Vec<Logged>, bool), Error>
+where
+    F: Fn(LogQuery<'q>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<Logged>, Error>>,
+{
+    let mut ask = query.limit;
+    loop {
+        let events = read(LogQuery {
+            limit: ask,
+            ..*query
+        })
+        .await?;
+        let more = events.len() >= ask;
+        if !more || ask == usize::MAX || matching(&events) >= query.limit {
+            return Ok((events, more));
+        }
+        ask = ask.saturating_mul(2);
+    }
+}
+
+/// Keeps the newest `limit` entries of each source (the store's, each target's); true when
+/// some were left out.
+fn keep_newest(entries: &mut Vec<Entry>, limit: usize) -> bool {
+    let mut seen: HashMap<Source, usize> = HashMap::new();
+    let mut keep = vec![true; entries.len()];
+    for (i, e) in entries.iter().enumerate().rev() {
+        let n = seen.entry(e.source.clone()).or_default();
+        *n += 1;
+        keep[i] = *n <= limit;
+    }
+    let before = entries.len();
+    let mut keep = keep.into_iter();
+    entries.retain(|_| keep.next().unwrap_or(true));
+    entries.len() < before
+}
+
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
 fn wanted(args: &LogArgs, entry: &Entry) -> bool {
-    let ev = &entry.logged.event;
+    wanted_event(args, &entry.logged.event)
+}
+
+fn wanted_event(args: &LogArgs, ev: &Event) -> bool {
     args.owner.as_ref().is_none_or(|o| {
         ev.owner
             .as_deref()
@@ -150,15 +248,15 @@ fn wanted(args: &LogArgs, entry: &Entry) -> bool {
         && (args.kinds.is_empty() || args.kinds.contains(&ev.kind))
 }
 
-/// The targets `--target` names: PostgreSQL databases only.
-fn resolve_targets(urls: &[String]) -> Result<Vec<TargetSpec>, Error> {
+/// The targets `--target` names: PostgreSQL databases, and objects (without `--follow`).
+fn resolve_targets(urls: &[String], follow: bool) -> Result<Vec<TargetSpec>, Error> {
     urls.iter()
         .map(|url| {
             let spec = TargetSpec::resolve(url)?;
-            if spec.object.is_some() {
+            if follow && spec.object.is_some() {
                 return Err(Error::usage(
-                    format!("`fence log --target` reads PostgreSQL targets, not `{}`", spec.display),
-                    "an object's stored token and version are shown by `fence inspect RESOURCE --target URL`",
+                    format!("`fence log --follow --target` reads PostgreSQL targets, not `{}`", spec.display),
+                    "drop --follow to see the writes the object accepted (its current version and the ids it remembers)",
                 ));
             }
             Ok(spec)
@@ -193,13 +291,16 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
         ));
     }
     let mut interrupts = Interrupts::install()?;
-    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets)?
+    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets, true)?
         .into_iter()
         .map(|spec| (spec, None))
         .collect();
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let coordinator = ctx.coordinator().await?;
+    // Once: a store that answers and is missing is a typo, not one that will appear. Later
+    // failures (a restart) are waited out.
+    coordinator.require_existing().await?;
     let every = match ctx.store.as_ref().map(|s| &s.kind) {
         Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
         _ => Duration::from_millis(200),
@@ -616,6 +717,10 @@ impl Entry {
         if ev.rows.is_some() {
             map.insert("rows".into(), json!(ev.rows));
         }
+        if ev.count.is_some() {
+            map.insert("count".into(), json!(ev.count));
+            map.insert("last_at".into(), opt_time(ev.last_at_ms));
+        }
         if self.derived {
             map.insert("derived".into(), json!(true));
         }
@@ -647,7 +752,8 @@ impl Entry {
     }
 
     /// The LEASE column: the TTL and expiry a grant or renewal set, a takeover's previous
-    /// expiry, a write's rows.
+    /// expiry, a write's rows, how many refused attempts a `busy` or `conflict` line stands
+    /// for.
     fn lease_text(&self) -> String {
         let ev = &self.logged.event;
         let mut parts = Vec::new();
@@ -668,6 +774,14 @@ impl Entry {
         }
         if let Some(rows) = ev.rows {
             parts.push(format!("{rows} row{}", if rows == 1 { "" } else { "s" }));
+        }
+        if let Some(count) = ev.count {
+            parts.push(match (count, ev.last_at_ms) {
+                (1, _) | (_, None) => {
+                    format!("{count} attempt{}", if count == 1 { "" } else { "s" })
+                }
+                (_, Some(last)) => format!("{count} attempts, the last at {}", time::rfc3339(last)),
+            });
         }
         parts.join("; ")
     }

@@ -43,6 +43,7 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let wanted = |name: &str| patterns.is_empty() || patterns.iter().any(|p| p.matches(name));
     let coordinator = ctx.coordinator().await?;
+    coordinator.require_existing().await?;
     let views: Vec<_> = coordinator
         .inspect(&[], 0)
         .await?
@@ -203,5 +204,12 @@ impl Report for Metrics {
 
     fn human(&self) -> String {
         render(&self.families)
+    }
+
+    /// Label values carry what the store holds (an owner may hold any character but NUL);
+    /// the exposition escapes only `\`, `"` and newlines, so anything else must reach the
+    /// scraper as stored.
+    fn machine_text(&self) -> bool {
+        true
     }
 }

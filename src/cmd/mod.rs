@@ -30,6 +30,10 @@ pub struct Context {
     /// The coordinator; `None` for commands that only talk to a target (`write`, `protect`).
     pub store: Option<StoreSpec>,
     pub schema: String,
+    /// `fence write`: the store (as --store, FENCE_STORE or the default name it) where a
+    /// refused object write is recorded, best effort, when it resolves. Not `store`, which
+    /// would add a `store` field to write's answer.
+    pub history: Option<StoreSpec>,
 }
 
 impl Context {
@@ -81,9 +85,14 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
     } else {
         None
     };
+    let history = match &cli.command {
+        Command::Write(_) => StoreSpec::resolve(cli.global.store.as_deref()).ok(),
+        _ => None,
+    };
     let ctx = Context {
         store,
         schema: cli.global.schema.clone(),
+        history,
     };
     let result: Result<Box<dyn Report>, Error> = match cli.command {
         Command::Acquire(args) => return acquire::run_and_print(args, &ctx, out).await,

@@ -7,6 +7,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::WriteArgs;
 use crate::cmd::Context;
+use crate::coordinator::Attempt;
 use crate::error::Error;
 use crate::fenced::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
 use crate::fenced::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
@@ -67,6 +68,13 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         match &written {
             Ok(ObjectOutcome::Written(_)) => bar.abandon(),
             _ => bar.finish_and_clear(),
+        }
+        if let Err(Error::Stale { highest_token, .. }) = &written {
+            let detail = format!(
+                "`{}` refused token {}: it has accepted token {highest_token}",
+                spec.display, args.token
+            );
+            record_refusal(ctx, &args.resource, &owner, args.token, detail).await;
         }
         Outcome::Object {
             write_id: args.id.clone(),
@@ -134,6 +142,37 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         target: spec.display,
         outcome,
     })
+}
+
+/// Records an object's refusal of a stale write in the coordinator's history, where `fence
+/// log` shows it (`write_rejected`, coalesced per owner and minute like other refused
+/// attempts): an object cannot keep refusals itself, since only an accepted write changes
+/// it. Best effort: only in a store that exists already (one this write never creates), on
+/// the directory store and PostgreSQL; a failure is a warning and the refusal (exit 4)
+/// stands either way.
+async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, detail: String) {
+    let Some(spec) = &ctx.history else {
+        return;
+    };
+    let attempt = Attempt {
+        resource: resource.to_owned(),
+        owner: owner.to_owned(),
+        kind: "write_rejected",
+        token,
+        detail,
+    };
+    let recorded = async {
+        let store = crate::coordinator::open(spec, &ctx.schema).await?;
+        if store.require_existing().await.is_err() {
+            // No coordinator here (only object targets are used): nothing to record in.
+            return Ok(());
+        }
+        store.record_attempt(&attempt).await
+    }
+    .await;
+    if let Err(err) = recorded {
+        crate::coordinator::unrecorded(&attempt, &err.to_string());
+    }
 }
 
 fn ledger_json(entry: &LedgerEntry) -> Value {

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
-pub use history::{LogQuery, Logged, Pattern};
+pub use history::{Attempt, LogQuery, Logged, Pattern};
 
 /// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
 /// the coordinator's clock.
@@ -196,6 +196,10 @@ pub struct Event {
     pub previous_expires_at_ms: Option<i64>,
     /// A target's accepted write: the rows it changed, where the target records them.
     pub rows: Option<i64>,
+    /// Refused attempts (`busy`, `conflict`) coalesced into this event: how many, and when
+    /// the last of them came (`at_ms` is the first).
+    pub count: Option<i64>,
+    pub last_at_ms: Option<i64>,
 }
 
 /// What `fence prune` deletes.
@@ -320,6 +324,22 @@ pub trait Coordinator {
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
 
+    /// Fails (a usage error, exit 2) when the store has never been created: a read that only
+    /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
+    /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose
+    /// prefix exists as soon as anything is under it) accept.
+    async fn require_existing(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Notes a refused attempt (busy, conflict) in the history, coalesced with the same
+    /// owner's attempts of the same kind on the resource in the same minute. Best effort:
+    /// the refusal is the answer whatever happens here, so a failure is for the caller to
+    /// report as a warning. Object stores do not record them: each would cost a request.
+    async fn record_attempt(&self, _attempt: &Attempt) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// The events of the resources `query` names, within its time window, in order (oldest
     /// first), at most `query.limit` of the most recent. Stores that cannot read a window at
     /// the source read each resource's recent history and filter it.
@@ -329,9 +349,9 @@ pub trait Coordinator {
         Ok(history::from_views(views, query))
     }
 
-    /// How many events of each kind each resource's history holds, as (resource, kind,
-    /// count): for `fence metrics`, totals since the history began (or, on the directory
-    /// store, since its retention last pruned the resource's log).
+    /// How many events of each kind each resource's history has had, as (resource, kind,
+    /// count): for `fence metrics`, totals since the history began, including events
+    /// `fence prune` or a store's retention removed since, so that they never go down.
     async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
         let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
         for view in self.inspect(&[], usize::MAX).await? {
@@ -347,6 +367,28 @@ pub trait Coordinator {
     /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
     /// that waiters need only a slow fallback poll.
     fn pushes_wakeups(&self) -> bool;
+}
+
+/// The refused attempts a process has recorded, by resource and kind: a waiter's retries
+/// are one attempt, recorded once.
+#[derive(Default)]
+pub(crate) struct Attempted(std::cell::RefCell<std::collections::HashSet<(String, &'static str)>>);
+
+impl Attempted {
+    /// True the first time this process sees `attempt`'s resource and kind.
+    pub fn first(&self, attempt: &Attempt) -> bool {
+        self.0
+            .borrow_mut()
+            .insert((attempt.resource.clone(), attempt.kind))
+    }
+}
+
+/// The warning for a refused attempt that could not be recorded: the refusal stands.
+pub(crate) fn unrecorded(attempt: &Attempt, why: &str) {
+    crate::terminal::warn(&format!(
+        "warning: the refused attempt on `{}` was not recorded in the store's history ({why}); the refusal stands",
+        attempt.resource
+    ));
 }
 
 /// Opens the coordinator a store URL names (connecting, for network stores).

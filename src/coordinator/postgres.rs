@@ -38,9 +38,10 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use crate::coordinator::history::newest;
 use crate::coordinator::{
-    ttl_ms, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease, LeaseRef,
-    LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
+    ttl_ms, Attempt, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
+    LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
 use crate::error::{ConflictKind, Error, Holder, LostReason};
 use crate::pg::session::{SchemaSpec, Session};
@@ -50,7 +51,7 @@ use crate::sys::random_u64;
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 4,
+    version: 5,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
@@ -131,6 +132,8 @@ pub struct PgCoordinator {
     session: RefCell<Option<Rc<Session>>>,
     /// This process's place in a queue of waiters, while `--wait` lasts.
     queue: RefCell<Option<Queue>>,
+    /// The refused attempts this process has recorded (a waiter's polls are one attempt).
+    attempted: crate::coordinator::Attempted,
 }
 
 /// A waiter's state between its polls.
@@ -170,6 +173,7 @@ impl PgCoordinator {
             schema: schema.to_owned(),
             session: RefCell::new(None),
             queue: RefCell::new(None),
+            attempted: crate::coordinator::Attempted::default(),
         })
     }
 
@@ -279,6 +283,20 @@ impl PgCoordinator {
         Answer::from_rows(&rows)
     }
 
+    /// Records the attempt `err` refused, once per process, resource and kind; a failure is
+    /// a warning (the refusal stands, and its exit code with it).
+    async fn note_refusal(&self, op: &str, owner: &str, err: &Error) {
+        let Some(attempt) = Attempt::of(op, owner, err) else {
+            return;
+        };
+        if !self.attempted.first(&attempt) {
+            return;
+        }
+        if let Err(err) = self.record_attempt(&attempt).await {
+            crate::coordinator::unrecorded(&attempt, &err.to_string());
+        }
+    }
+
     /// Notes a busy poll's answer: place, pace, and the next promise.
     fn queued(&self, answer: &Answer) {
         let mut queue = self.queue.borrow_mut();
@@ -314,8 +332,9 @@ impl PgCoordinator {
 
     /// One bound for the whole run, by the server's clock; then pages of [`PRUNE_PAGE`]
     /// resources (in name order, through `leases_resource_bytes`), each one statement: the
-    /// id of each resource's last kept event through `events_resource_id`, and the older
-    /// events below it deleted in the same range. `leases` is only read (its guard trigger
+    /// id of each resource's last kept event through `events_resource_id`, the older
+    /// events below it deleted in the same range, and their number per kind added to
+    /// `event_totals`, so that the counters of `fence metrics` do not go down. `leases` is only read (its guard trigger
     /// refuses deletes anyway), so no token counter can change.
     async fn prune_all(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         let what = "prune old events";
@@ -374,7 +393,11 @@ impl PgCoordinator {
                        DELETE FROM __SCHEMA__.events e USING cut c \
                        WHERE e.resource = c.resource AND e.id <= c.last_id \
                          AND e.at < to_timestamp($3::bigint / 1000.0) \
-                       RETURNING 1) \
+                       RETURNING e.resource, e.kind), \
+                     folded AS ( \
+                       INSERT INTO __SCHEMA__.event_totals AS t (resource, kind, n) \
+                       SELECT g.resource, g.kind, count(*) FROM gone g GROUP BY 1, 2 \
+                       ON CONFLICT (resource, kind) DO UPDATE SET n = t.n + EXCLUDED.n) \
                      SELECT count(*) FROM gone",
                     &[
                         (&page, Type::TEXT_ARRAY),
@@ -410,6 +433,15 @@ impl PgCoordinator {
         pruned.waiters = rows
             .first()
             .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs());
+        // Refused attempts whose last one is older than the bound.
+        self.call(
+            what,
+            true,
+            "DELETE FROM __SCHEMA__.attempts a WHERE a.last_at < to_timestamp($2::bigint / 1000.0) \
+             AND ($1::text[] IS NULL OR a.resource = ANY($1))",
+            &[(&names, Type::TEXT_ARRAY), (&before, Type::INT8)],
+        )
+        .await?;
         Ok(pruned)
     }
 }
@@ -557,7 +589,7 @@ impl Coordinator for PgCoordinator {
                 *self.queue.borrow_mut() = None;
             }
         }
-        match answer.status.as_str() {
+        let result = match answer.status.as_str() {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
                 reacquired: answer.status == "reacquired",
                 lease,
@@ -575,7 +607,11 @@ impl Coordinator for PgCoordinator {
                 format!("PostgreSQL answered `{other}` to an acquire"),
                 "fence's schema may be from another version; run `fence init`",
             )),
+        };
+        if let Err(err) = &result {
+            self.note_refusal("acquire", owner, err).await;
         }
+        result
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
@@ -595,10 +631,11 @@ impl Coordinator for PgCoordinator {
             .await?;
         let answer = Answer::from_rows(&rows)?;
         if answer.status == "renewed" {
-            Ok(answer.lease(&lease.resource))
-        } else {
-            Err(answer.refusal(lease))
+            return Ok(answer.lease(&lease.resource));
         }
+        let err = answer.refusal(lease);
+        self.note_refusal("renew", &lease.owner, &err).await;
+        Err(err)
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
@@ -618,7 +655,11 @@ impl Coordinator for PgCoordinator {
         match answer.status.as_str() {
             "released" => Ok(Released::Now),
             "already_released" => Ok(Released::Already),
-            _ => Err(answer.refusal(lease)),
+            _ => {
+                let err = answer.refusal(lease);
+                self.note_refusal("release", &lease.owner, &err).await;
+                Err(err)
+            }
         }
     }
 
@@ -774,13 +815,63 @@ impl Coordinator for PgCoordinator {
         true
     }
 
+    /// One upsert into `attempts`, sent as it is: on a schema older than version 5 (no such
+    /// table) nothing is recorded, since the refused path never migrates the schema (that
+    /// is `fence init`'s, or the next write's that needs it).
+    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        let what = format!("record the refused attempt on `{}`", attempt.resource);
+        let sql = "INSERT INTO __SCHEMA__.attempts AS a \
+             (resource, minute, owner, kind, count, first_at, last_at, token, detail) \
+             SELECT $1, date_trunc('minute', c.now), \
+               $2, $3, 1, c.now, c.now, $4, $5 \
+             FROM (SELECT clock_timestamp() AS now) c \
+             ON CONFLICT (resource, minute, owner, kind) DO UPDATE \
+             SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
+               detail = EXCLUDED.detail"
+            .replace("__SCHEMA__", &self.schema);
+        let kind = attempt.kind;
+        let session = self.session().await?;
+        match session
+            .request(
+                &what,
+                true,
+                &sql,
+                &[
+                    (&attempt.resource, Type::TEXT),
+                    (&attempt.owner, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&attempt.token, Type::INT8),
+                    (&attempt.detail, Type::TEXT),
+                ],
+            )
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(err) if crate::pg::session::is_missing_schema(&err) => Ok(()),
+            Err(err) => Err(session.request_error(&err, &what, true)),
+        }
+    }
+
+    async fn require_existing(&self) -> Result<(), Error> {
+        if self.session().await?.exists().await? {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!(
+                "no fence schema `{}` in PostgreSQL at `{}`",
+                self.schema, self.display
+            ),
+            "check --schema (FENCE_SCHEMA) and the database in --store (FENCE_STORE); `fence init` or the first `fence acquire` creates the schema",
+        ))
+    }
+
     /// See [`PgCoordinator::prune_all`].
     async fn prune(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         self.prune_all(query).await.map_err(|err| match err {
             // The only usage error here: a privilege the role lacks.
             Error::Usage { message, .. } => Error::Usage {
                 message,
-                hint: "`fence prune` needs SELECT on fence's `leases` and DELETE on its `events` and `waiters`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
+                hint: "`fence prune` needs SELECT on fence's `leases`, DELETE on its `events`, `waiters` and `attempts`, and INSERT and UPDATE on its `event_totals`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
             },
             // Some batches may have been deleted, and repeating deletes only what is left.
             Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
@@ -831,29 +922,75 @@ impl Coordinator for PgCoordinator {
                             ttl_ms: row.get("ttl_ms"),
                             expires_at_ms: row.get("expires_ms"),
                             previous_expires_at_ms: row.get("previous_expires_ms"),
-                            rows: None,
+                            ..Event::default()
                         },
                     },
                 )
             })
             .collect();
-        Ok(LogWindow::oldest_first(logged))
+        let mut logged = LogWindow::oldest_first(logged);
+        // The refused attempts in the window (none on a schema older than version 5), by the
+        // first attempt of each minute; the primary key `(resource, minute, …)` serves a
+        // resource's range.
+        let sql = format!(
+            "SELECT a.resource, floor(extract(epoch FROM a.first_at) * 1000000)::int8 AS at_us, \
+             __SCHEMA__.ms(a.first_at) AS at_ms, __SCHEMA__.ms(a.last_at) AS last_ms, a.kind, \
+             a.owner, a.token, a.detail, a.count \
+             FROM __SCHEMA__.attempts a WHERE {filter} \
+             AND ($2::int8 IS NULL OR a.minute >= to_timestamp($2::int8 / 1000.0) - interval '1 minute') \
+             AND ($2::int8 IS NULL OR a.first_at >= to_timestamp($2::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.minute < to_timestamp($3::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.first_at < to_timestamp($3::int8 / 1000.0)) \
+             ORDER BY a.first_at DESC LIMIT $4",
+            filter = LogWindow::new(query, "a.resource").filter,
+        );
+        let rows = self
+            .call("read the refused attempts", false, &sql, &window.params())
+            .await?;
+        logged.extend(rows.iter().map(|row| Logged {
+            resource: row.get("resource"),
+            at_us: row.get("at_us"),
+            event: Event {
+                at_ms: row.get("at_ms"),
+                kind: row.get("kind"),
+                owner: row.get("owner"),
+                token: row.get("token"),
+                detail: row.get("detail"),
+                count: row.get("count"),
+                last_at_ms: row.get("last_ms"),
+                ..Event::default()
+            },
+        }));
+        newest(&mut logged, query.limit);
+        Ok(logged)
     }
 
-    /// One pass over the events table (no index serves a count of everything).
+    /// One pass over the events table (no index serves a count of everything), plus what
+    /// `fence prune` deleted (`event_totals`; none on a schema older than version 5, which
+    /// reads as no rows).
     async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
-        let rows = self
+        let what = "count the events";
+        let kept = self
             .call(
-                "count the events",
+                what,
                 false,
-                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2 ORDER BY 1, 2",
+                "SELECT resource, kind, count(*) FROM __SCHEMA__.events GROUP BY 1, 2",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect())
+        let pruned = self
+            .call(
+                what,
+                false,
+                "SELECT resource, kind, n FROM __SCHEMA__.event_totals",
+                &[],
+            )
+            .await?;
+        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        for row in kept.iter().chain(&pruned) {
+            *counts.entry((row.get(0), row.get(1))).or_default() += row.get::<_, i64>(2);
+        }
+        Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
     }
 
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {

@@ -1,10 +1,10 @@
--- fence coordinator schema, version 4. `__SCHEMA__` is replaced by the validated --schema name.
+-- fence coordinator schema, version 5. `__SCHEMA__` is replaced by the validated --schema name.
 -- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily; a
 -- version-1 or version-2 schema is migrated by running it again (version 2 added a waiters'
 -- queue on session advisory locks; version 3 replaced it with the durable queue below, which
 -- holds no session state and so works behind a transaction-mode pooler; version 4 records each
 -- grant's and renewal's TTL and expiry, and a takeover's previous expiry, in its event, for
--- `fence log`).
+-- `fence log`; version 5 adds the tables of the block at the end).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -14,7 +14,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
 
 DO $gate$
 BEGIN
-    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 4 THEN
+    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 5 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
             USING ERRCODE = 'LF014', HINT = 'upgrade fence, or use another --schema';
@@ -425,5 +425,38 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '4')
+-- ==========================================================================================
+-- Version 5 (issue 19, the incident view): new tables only, written from Rust; nothing above
+-- changes. Kept as one block so that it merges with other changes to the functions above.
+--
+-- The events `fence prune` deleted, counted per resource and kind in the same statement that
+-- deletes them, so that `fence metrics` counters (events kept + events pruned) never go down
+-- (Prometheus reads a counter that goes down as a reset).
+CREATE TABLE IF NOT EXISTS __SCHEMA__.event_totals (
+    resource text NOT NULL,
+    kind text NOT NULL,
+    n bigint NOT NULL,
+    PRIMARY KEY (resource, kind)
+);
+-- Refused attempts: busy acquisitions and conflicting renewals/releases (wrong owner, a token
+-- never issued, no lease), one row per resource, minute, owner and kind with a count and the
+-- first and last time, so that "who else tried" has an answer and a busy loop cannot grow the
+-- table. Upserted by fence from Rust on the refused path only, in a statement of its own
+-- (the lease functions above are unchanged); `fence prune` deletes old rows.
+CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
+    resource text NOT NULL,
+    minute timestamptz NOT NULL,
+    owner text NOT NULL,
+    kind text NOT NULL,
+    count bigint NOT NULL,
+    first_at timestamptz NOT NULL,
+    last_at timestamptz NOT NULL,
+    -- busy: the holder's token; conflict: the token presented.
+    token bigint,
+    detail text,
+    PRIMARY KEY (resource, minute, owner, kind)
+);
+-- ==========================================================================================
+
+INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '5')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -364,6 +364,62 @@ pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
     })
 }
 
+/// `fence log --target OBJECT_URL`: the writes the object shows it accepted, oldest first —
+/// the current version (token, owner, resource, its Last-Modified) and the versions before
+/// it whose write had an id (`fence-ids`: token, time, version; no owner). An object keeps no
+/// refusals: a refused write changes nothing in it (see `fence write`, which records the
+/// refusal in the coordinator's history when it can).
+pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::coordinator::Logged>, Error> {
+    let api = object::open(url)?;
+    let Some(meta) = api.head(&url.key).await? else {
+        return Ok(Vec::new());
+    };
+    let Some(resource) = meta.metadata.get(META_RESOURCE).cloned() else {
+        // Never written by fence: no accepted write to show.
+        return Ok(Vec::new());
+    };
+    let mut entries = ledger(&meta);
+    if !meta.metadata.contains_key(META_ID) {
+        entries.insert(
+            0,
+            IdEntry {
+                id: String::new(),
+                token: stored_token(&meta),
+                applied_at_ms: meta.last_modified_ms,
+                owner: meta
+                    .metadata
+                    .get(META_OWNER)
+                    .filter(|owner| !owner.is_empty())
+                    .cloned(),
+                version: meta.version.clone(),
+            },
+        );
+    }
+    let mut logged: Vec<crate::coordinator::Logged> = entries
+        .into_iter()
+        .map(|entry| {
+            let mut detail = format!("version {}", entry.version);
+            if !entry.id.is_empty() {
+                detail.push_str(&format!(", id {}", entry.id));
+            }
+            crate::coordinator::Logged {
+                resource: resource.clone(),
+                at_us: entry.applied_at_ms.saturating_mul(1000),
+                event: crate::coordinator::Event {
+                    at_ms: entry.applied_at_ms,
+                    kind: "write_accepted".into(),
+                    owner: entry.owner,
+                    token: Some(entry.token),
+                    detail: Some(detail),
+                    ..crate::coordinator::Event::default()
+                },
+            }
+        })
+        .collect();
+    logged.reverse();
+    Ok(logged)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

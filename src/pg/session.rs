@@ -155,6 +155,11 @@ impl Session {
         self.client.query_typed(sql, params).await
     }
 
+    /// Whether the schema exists (in any version).
+    pub async fn exists(&self) -> Result<bool, Error> {
+        Ok(self.schema_version().await?.is_some())
+    }
+
     /// The schema's version, or `None` when it does not exist yet. Never raises an SQL
     /// error, so it is safe inside the migration transaction.
     async fn schema_version(&self) -> Result<Option<i32>, Error> {

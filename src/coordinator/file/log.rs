@@ -5,8 +5,11 @@
 //! lines; the high-water file keeps the token), and a failed append undoes the change it
 //! describes (see `FileCoordinator::commit`). Retention: when a log grows past
 //! [`MAX_LOG_BYTES`], it is rewritten to its last [`KEEP_EVENTS`] events after one `pruned`
-//! event that carries the highest token issued, so the log alone still knows it.
+//! event that carries the highest token issued, so the log alone still knows it, and how many
+//! events of each kind were cut (`totals`), so that the counters of `fence metrics` do not go
+//! down.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -42,6 +45,10 @@ pub(super) struct EventLine {
     /// A takeover: when the lease it took over had expired.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_expires_at_ms: Option<i64>,
+    /// A `pruned` event: the events of each kind the cut removed (with the totals of the
+    /// `pruned` events among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub totals: Option<BTreeMap<String, i64>>,
 }
 
 /// The end of a log, most recent event first.
@@ -137,6 +144,8 @@ impl EventLine {
             expires_at_ms: self.expires_at_ms,
             previous_expires_at_ms: self.previous_expires_at_ms,
             rows: None,
+            count: None,
+            last_at_ms: None,
         }
     }
 }
@@ -156,10 +165,51 @@ pub(super) fn is_long(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_LOG_BYTES)
 }
 
+/// Every event of the log, oldest first (lines that are not events are left out).
+fn read_all(path: &Path) -> io::Result<Vec<EventLine>> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice(line).ok())
+        .collect())
+}
+
+/// Adds an event to per-kind counts: one of its kind, or a `pruned` event's totals.
+fn fold(totals: &mut BTreeMap<String, i64>, event: &EventLine) {
+    match &event.totals {
+        Some(cut) => {
+            for (kind, n) in cut {
+                *totals.entry(kind.clone()).or_default() += n;
+            }
+        }
+        None => *totals.entry(event.kind.clone()).or_default() += 1,
+    }
+}
+
+/// How many events of each kind the resource's history has had: those in the log, and
+/// those its retention cut (kept in its `pruned` events).
+pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<String, i64>> {
+    let mut totals = BTreeMap::new();
+    for event in read_all(path)? {
+        fold(&mut totals, &event);
+    }
+    Ok(totals)
+}
+
 /// Applies the retention: keeps the last [`KEEP_EVENTS`] events after a `pruned` event
-/// carrying `high`, the highest token issued.
+/// carrying `high`, the highest token issued, and the counts of the events it removes. The
+/// whole log is read (once per [`MAX_LOG_BYTES`] of appends) to count them.
 pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
-    let kept = tail(path, KEEP_EVENTS)?;
+    let events = read_all(path)?;
+    let (cut, kept) = events.split_at(events.len().saturating_sub(KEEP_EVENTS));
+    let mut totals = BTreeMap::new();
+    for event in cut {
+        fold(&mut totals, event);
+    }
     let mut body = serde_json::to_vec(&EventLine {
         at_ms: now_ms,
         kind: "pruned".into(),
@@ -168,11 +218,12 @@ pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
         detail: Some(format!(
             "older events removed by retention (the last {KEEP_EVENTS} are kept); {high} is the highest token issued"
         )),
+        totals: Some(totals),
         ..EventLine::default()
     })
     .map_err(io::Error::other)?;
     body.push(b'\n');
-    for event in kept.events.iter().rev() {
+    for event in kept {
         body.extend(serde_json::to_vec(event).map_err(io::Error::other)?);
         body.push(b'\n');
     }

@@ -9,11 +9,12 @@
 //! A change whose history entry cannot be written is undone and refused (exit 7).
 //!
 //! Layout: `leases/<name>.json`, `locks/<name>.lock`, `events/<name>.jsonl`,
-//! `tokens/<name>.high`, where `<name>` is the resource percent-encoded (long names are
+//! `tokens/<name>.high`, `attempts/<name>.json` (refused attempts, see [`attempts`]), where `<name>` is the resource percent-encoded (long names are
 //! shortened and suffixed with a hash; the full name is stored inside the record and checked
 //! on every read). Operations: [`ops`] (acquire, renew, release), [`view`] (inspect),
 //! [`waiters`] (who waits, for `--wait`).
 
+mod attempts;
 mod counter;
 mod log;
 mod ops;
@@ -38,6 +39,8 @@ const KERNEL_DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
 pub struct FileCoordinator {
     dir: PathBuf,
     boot_id: String,
+    /// The refused attempts this process has recorded (a waiter's retries are one attempt).
+    attempted: crate::coordinator::Attempted,
 }
 
 /// The files of one resource.
@@ -46,6 +49,7 @@ struct Paths {
     lock: PathBuf,
     events: PathBuf,
     high: PathBuf,
+    attempts: PathBuf,
 }
 
 impl FileCoordinator {
@@ -72,6 +76,7 @@ impl FileCoordinator {
         Ok(FileCoordinator {
             dir: dir.to_owned(),
             boot_id,
+            attempted: crate::coordinator::Attempted::default(),
         })
     }
 
@@ -118,6 +123,7 @@ impl FileCoordinator {
             lock: self.dir.join("locks").join(format!("{name}.lock")),
             events: self.dir.join("events").join(format!("{name}.jsonl")),
             high: self.dir.join("tokens").join(format!("{name}.high")),
+            attempts: self.dir.join("attempts").join(format!("{name}.json")),
         }
     }
 

@@ -8,7 +8,7 @@ use super::log::EventLine;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
 use crate::coordinator::{
-    ttl_ms, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
+    ttl_ms, Attempt, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
     Released, ResourceView,
 };
 use crate::error::{ConflictKind, Error, Holder, LostReason};
@@ -61,6 +61,24 @@ impl FileCoordinator {
             ttl_ms: Some(record.ttl_ms),
             expires_at_ms: Some(record.expires_at_ms),
             ..Self::event(now, kind, &record.owner, record.token)
+        }
+    }
+
+    /// Records the attempt `err` refused, under the resource's lock, once per process and
+    /// kind; a failure is a warning (the refusal stands).
+    fn note_refusal(&self, paths: &Paths, op: &str, owner: &str, err: &Error) {
+        let Some(attempt) = Attempt::of(op, owner, err) else {
+            return;
+        };
+        if !self.attempted.first(&attempt) {
+            return;
+        }
+        let now_ms = Now::read().map_or(0, |now| now.wall_ms);
+        if let Err(io) = super::attempts::note(&paths.attempts, &attempt, now_ms) {
+            crate::coordinator::unrecorded(
+                &attempt,
+                &format!("`{}`: {io}", paths.attempts.display()),
+            );
         }
     }
 
@@ -186,7 +204,7 @@ impl Coordinator for FileCoordinator {
                 .filter(|r| r.is_live(&now, &store.boot_id))
             {
                 if record.owner != owner {
-                    return Err(Error::Busy {
+                    let busy = Error::Busy {
                         resource: resource.to_owned(),
                         holder: Holder {
                             owner: record.owner.clone(),
@@ -194,7 +212,9 @@ impl Coordinator for FileCoordinator {
                             expires_at_ms: record.expires_at_ms,
                             expires_in_ms: record.expires_in_ms(&now, &store.boot_id),
                         },
-                    });
+                    };
+                    store.note_refusal(paths, "acquire", owner, &busy);
+                    return Err(busy);
                 }
                 let mut extended = record.clone();
                 extended.extend(&now, &store.boot_id, ttl);
@@ -248,7 +268,11 @@ impl Coordinator for FileCoordinator {
                     store.commit(paths, &renewed, &record, false, &event, "renewed")?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
-                other => Err(store.refuse("renew", lease, other.as_ref(), &now, paths)),
+                other => {
+                    let err = store.refuse("renew", lease, other.as_ref(), &now, paths);
+                    store.note_refusal(paths, "renew", &lease.owner, &err);
+                    Err(err)
+                }
             }
         })
     }
@@ -271,7 +295,11 @@ impl Coordinator for FileCoordinator {
                     store.commit(paths, &released, &record, false, &event, "released")?;
                     Ok(Released::Now)
                 }
-                other => Err(store.refuse("release", lease, other.as_ref(), &now, paths)),
+                other => {
+                    let err = store.refuse("release", lease, other.as_ref(), &now, paths);
+                    store.note_refusal(paths, "release", &lease.owner, &err);
+                    Err(err)
+                }
             }
         })
     }
@@ -292,8 +320,25 @@ impl Coordinator for FileCoordinator {
         self.inspect_store(resources, history)
     }
 
+    async fn require_existing(&self) -> Result<(), Error> {
+        self.require_dir()
+    }
+
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
         self.log_store(query)
+    }
+
+    /// Under the resource's lock, as its refusals are.
+    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        self.with_lock(&attempt.resource, |store, _, paths| {
+            let now_ms = Now::read()?.wall_ms;
+            super::attempts::note(&paths.attempts, attempt, now_ms)
+                .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
+        })
+    }
+
+    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        self.event_counts_store()
     }
 
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::ErrorKind;
 
+use super::attempts;
 use super::counter::{self, Mark};
 use super::log;
 use super::record::{Now, Record};
@@ -19,7 +20,7 @@ use crate::url::percent_decode;
 impl FileCoordinator {
     /// Removes temporary files of killed processes (records and pruned logs being written).
     pub(super) fn sweep(&self) {
-        for sub in ["leases", "events"] {
+        for sub in ["leases", "events", "attempts"] {
             sweep_temporaries(&self.dir.join(sub));
         }
     }
@@ -58,17 +59,24 @@ impl FileCoordinator {
         Ok(names.into_iter().collect())
     }
 
+    /// Fails closed on a directory that does not exist: reading it would show "nothing here"
+    /// for a typo in `--store`.
+    pub(super) fn require_dir(&self) -> Result<(), Error> {
+        if self.dir.is_dir() {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!("no store at `{}`", self.dir.display()),
+            "check --store or FENCE_STORE (under cron, HOME and XDG_STATE_HOME may differ from your shell's); `fence init` or the first `fence acquire` creates a store",
+        ))
+    }
+
     pub(super) fn inspect_store(
         &self,
         resources: &[String],
         history: usize,
     ) -> Result<Inspection, Error> {
-        if !self.dir.is_dir() {
-            return Err(Error::usage(
-                format!("no store at `{}`", self.dir.display()),
-                "check --store or FENCE_STORE (under cron, HOME and XDG_STATE_HOME may differ from your shell's); `fence init` or the first `fence acquire` creates a store",
-            ));
-        }
+        self.require_dir()?;
         self.sweep();
         let now = Now::read()?;
         let names = if resources.is_empty() {
@@ -89,9 +97,7 @@ impl FileCoordinator {
     /// `fence log`: each matching resource's log read back from its end to the start of the
     /// window (or `limit` events), then the newest `limit` of them all.
     pub(super) fn log_store(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        if !self.dir.is_dir() {
-            return Ok(Vec::new());
-        }
+        self.require_dir()?;
         let names = match query.exact_names() {
             Some(names) => names,
             None => self
@@ -118,9 +124,35 @@ impl FileCoordinator {
                         event: e.into_event(),
                     }),
             );
+            let windows = attempts::read(&paths.attempts)
+                .map_err(|err| self.io_error("read the refused attempts", &paths.attempts, &err))?;
+            logged.extend(
+                windows
+                    .iter()
+                    .filter(|w| query.in_window(w.first_ms))
+                    .map(|w| Logged {
+                        resource: name.clone(),
+                        at_us: w.first_ms.saturating_mul(1000),
+                        event: w.event(),
+                    }),
+            );
         }
         newest(&mut logged, query.limit);
         Ok(logged)
+    }
+
+    /// `fence metrics`: each resource's events per kind, over its whole log and what its
+    /// retention cut.
+    pub(super) fn event_counts_store(&self) -> Result<Vec<(String, String, i64)>, Error> {
+        self.require_dir()?;
+        let mut counts = Vec::new();
+        for name in self.known_names()? {
+            let paths = self.paths(&name);
+            let totals = log::totals(&paths.events)
+                .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+            counts.extend(totals.into_iter().map(|(kind, n)| (name.clone(), kind, n)));
+        }
+        Ok(counts)
     }
 
     fn view(

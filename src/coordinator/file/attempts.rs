@@ -1,0 +1,93 @@
+//! Refused attempts of a resource (`attempts/<name>.json`): busy acquisitions and
+//! conflicting renewals and releases, coalesced per owner, kind and minute (a count, the first
+//! and last time), so that "who else tried" has an answer and a busy loop cannot grow the
+//! store. Rewritten under the resource's lock (not fsynced: it is history, not the counter);
+//! the newest [`KEEP`] windows stay.
+
+use std::io::{self, ErrorKind};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::history::ATTEMPT_WINDOW_MS;
+use crate::coordinator::{Attempt, Event};
+use crate::sys::replace;
+
+/// Windows kept per resource: a day of one owner retrying every minute, or many owners.
+const KEEP: usize = 1_440;
+
+/// The attempts of one owner and kind within one minute.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(super) struct Window {
+    pub owner: String,
+    pub kind: String,
+    /// The start of the minute (ms since the epoch).
+    pub window_ms: i64,
+    pub count: i64,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    /// The last attempt's token (busy: the holder's) and why it was refused.
+    pub token: i64,
+    pub detail: String,
+}
+
+impl Window {
+    pub fn event(&self) -> Event {
+        Event {
+            at_ms: self.first_ms,
+            kind: self.kind.clone(),
+            owner: Some(self.owner.clone()),
+            token: Some(self.token),
+            detail: Some(self.detail.clone()),
+            count: Some(self.count),
+            last_at_ms: Some(self.last_ms),
+            ..Event::default()
+        }
+    }
+}
+
+/// The windows of a resource, oldest first (none when the file does not exist).
+pub(super) fn read(path: &Path) -> io::Result<Vec<Window>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|err| io::Error::new(ErrorKind::InvalidData, format!("damaged: {err}"))),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Adds `attempt` at `now_ms` to its window (a new one at the start of a minute). A damaged
+/// file is replaced: what it held is lost, the next attempts are not.
+pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()> {
+    let mut windows = read(path).unwrap_or_default();
+    let window_ms = now_ms - now_ms.rem_euclid(ATTEMPT_WINDOW_MS);
+    match windows
+        .iter_mut()
+        .find(|w| w.window_ms == window_ms && w.owner == attempt.owner && w.kind == attempt.kind)
+    {
+        Some(w) => {
+            w.count += 1;
+            w.last_ms = now_ms;
+            w.token = attempt.token;
+            w.detail.clone_from(&attempt.detail);
+        }
+        None => windows.push(Window {
+            owner: attempt.owner.clone(),
+            kind: attempt.kind.to_owned(),
+            window_ms,
+            count: 1,
+            first_ms: now_ms,
+            last_ms: now_ms,
+            token: attempt.token,
+            detail: attempt.detail.clone(),
+        }),
+    }
+    if windows.len() > KEEP {
+        windows.drain(..windows.len() - KEEP);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let body = serde_json::to_vec(&windows).map_err(io::Error::other)?;
+    replace(path, &body, false)
+}
