@@ -1,0 +1,554 @@
+//! A fourth adversarial review: write ids on `file://` objects and PostgreSQL targets,
+//! `fence inspect --id`, `fence run --id` completion records, `fence grant` / `fence protect`,
+//! attacked the way careless users (a typo'd schema, an `rm` of a published file), hostile
+//! roles (a writer that may create roles, a writer's own view) and dying or busy machines (a
+//! leftover that ignores SIGTERM) would. Each test asserts on durable state read without
+//! fence (object bytes and sidecars, table rows, a log the command appends to); a test marked
+//! `FINDING` and ignored shows an open defect and fails until it is fixed.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Fence, Out, Store};
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn acquire(store: &Store, resource: &str, owner: &str) -> i64 {
+    store
+        .fence()
+        .args(["acquire", resource, "--owner", owner, "--ttl", "1m"])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+fn release(store: &Store, resource: &str, owner: &str, token: i64) {
+    store
+        .fence()
+        .args(["release", resource, "--owner", owner])
+        .args(["--token", &token.to_string()])
+        .run()
+        .expect(0);
+}
+
+/// `fence write RESOURCE --token T --target TARGET --from <body> [--id ID] [extra]`, JSON.
+fn write_object(
+    store: &Store,
+    resource: &str,
+    token: i64,
+    target: &str,
+    id: Option<&str>,
+    body: &[u8],
+    extra: &[&str],
+) -> Out {
+    let file = tempfile::NamedTempFile::new_in(store.home.path()).unwrap();
+    std::fs::write(file.path(), body).unwrap();
+    let mut fence = store
+        .fence()
+        .args(["write", resource, "--token", &token.to_string()])
+        .args(["--target", target, "--owner", "writer", "--format", "json"])
+        .args([std::ffi::OsStr::new("--from"), file.path().as_os_str()])
+        .args(extra);
+    if let Some(id) = id {
+        fence = fence.args(["--id", id]);
+    }
+    fence.run()
+}
+
+/// A `file://` object's sidecar (`.<name>.fence.json`) as JSON.
+fn sidecar(dir: &Path, name: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join(format!(".{name}.fence.json"))).unwrap())
+        .unwrap()
+}
+
+fn log_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A `file://` object removed by hand: its sidecar still knows the highest token
+// ---------------------------------------------------------------------------------------
+
+/// A careless operator removes a published file (`rm report.csv`, to "regenerate it") while
+/// its sidecar, which fence keeps beside it, still records token `new` and the write ids.
+/// The displaced owner's late write with token `old` < `new` should still be refused (the
+/// sidecar is right there, unlike an S3 object's metadata), and the generation should not
+/// start again at 1 (the README: "`file://` generations never repeat").
+#[test]
+#[ignore = "FINDING: after `rm` of a file:// object (its sidecar left in place, still recording token N), a write with a stale token < N is accepted (exit 0; expected 4), an id in the sidecar's ledger writes again, and the generation restarts at 1 so a stale `--if-generation-match 1` passes (README: generations never repeat)"]
+fn a_removed_file_object_still_refuses_a_stale_token() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/report.csv", dir.path().display());
+    let old = acquire(&store, "report", "A");
+    release(&store, "report", "A", old);
+    let new = acquire(&store, "report", "B");
+    write_object(&store, "report", new, &target, Some("pub-1"), b"v1", &[]).expect(0);
+    write_object(&store, "report", new, &target, Some("pub-2"), b"v2", &[]).expect(0);
+    assert_eq!(sidecar(dir.path(), "report.csv")["generation"], 2);
+    // The operator removes the file, not knowing about the hidden sidecar.
+    std::fs::remove_file(dir.path().join("report.csv")).unwrap();
+    assert_eq!(
+        sidecar(dir.path(), "report.csv")["metadata"]["fence-token"],
+        new.to_string()
+    );
+    // The stale owner's late write, then (the file removed again if it landed) a replay of
+    // pub-1. Every way it goes wrong is collected, so the failure says all of it.
+    let mut wrong = Vec::new();
+    let stale = write_object(&store, "report", old, &target, None, b"stale", &[]);
+    if stale.code != 4 {
+        wrong.push(format!(
+            "stale token {old} < {new}: exit {} ({})",
+            stale.code,
+            stale.stdout.trim()
+        ));
+    }
+    let generation = sidecar(dir.path(), "report.csv")["generation"]
+        .as_u64()
+        .unwrap();
+    if generation <= 2 {
+        wrong.push(format!("the generation went back to {generation}"));
+    }
+    let _ = std::fs::remove_file(dir.path().join("report.csv"));
+    let replay = write_object(&store, "report", new, &target, Some("pub-1"), b"again", &[]);
+    if replay.code != 0 || replay.json()["replayed"] != true {
+        wrong.push(format!("pub-1 wrote again: {}", replay.stdout.trim()));
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. `fence inspect R --target URL --id KEY` where fence's schema or directory is not
+// ---------------------------------------------------------------------------------------
+
+/// After exit 8 the README says: `fence inspect R --target URL --id KEY`. An operator who
+/// forgets the `--schema` the job used (it came from FENCE_SCHEMA in the crontab) asks a
+/// schema that does not exist: the answer must not be "never applied there" with exit 0,
+/// `applied: false` — the write did land — and the read-only question must create nothing.
+#[test]
+#[ignore = "FINDING: `fence inspect R --target URL --id KEY` with a --schema that does not exist in the target (the job's FENCE_SCHEMA forgotten) answers exit 0, applied:false, `it was never applied there`, though the write landed in the job's schema; expected exit 2 naming the missing schema"]
+fn inspect_id_in_a_missing_schema_does_not_say_never_applied() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let table = format!("{schema}_pub");
+    pg_exec(&store.url, &format!("CREATE TABLE {table} (what text)"));
+    let token = acquire(&store, "pub", "A");
+    store
+        .fence()
+        .args(["write", "pub", "--token", &token.to_string()])
+        .args(["--target", &store.url, "--id", "day-1"])
+        .args(["--sql", &format!("INSERT INTO {table} VALUES ('x')")])
+        .run()
+        .expect(0);
+    let rows: i64 = pg_query(&store.url, &format!("SELECT count(*) FROM {table}"))[0].get(0);
+    assert_eq!(rows, 1);
+    // Without the job's --schema (the default `fence`, absent from this database, or some
+    // other schema name).
+    let missing = format!("{schema}_typo");
+    let out = Fence::bare(store.home.path())
+        .args(["inspect", "pub", "--target", &store.url, "--id", "day-1"])
+        .args(["--schema", &missing, "--format", "json"])
+        .run();
+    let created: i64 = pg_query(
+        &store.url,
+        &format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{missing}'"),
+    )[0]
+    .get(0);
+    pg_exec(
+        &store.url,
+        &format!("DROP SCHEMA IF EXISTS {missing} CASCADE; DROP TABLE {table}"),
+    );
+    assert_eq!(created, 0, "a read-only inspect created a schema");
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stdout.contains(&missing), "{out:?}");
+}
+
+/// The same question about a `file://` object in a directory that does not exist (a typo):
+/// `fence write` to it is exit 2 (the directory is missing); `inspect --id` should not
+/// answer "never applied" with exit 0 either.
+#[test]
+#[ignore = "FINDING: `fence inspect R --target file:///no/such/dir/obj --id KEY` answers exit 0, applied:false (`never applied there`) for a directory that does not exist, where `fence write` to it is exit 2 and S3/GCS name a missing bucket; expected exit 2"]
+fn inspect_id_in_a_missing_directory_does_not_say_never_applied() {
+    let store = Store::file();
+    let target = format!("file://{}/no-such-dir/obj", store.home.path().display());
+    let token = acquire(&store, "pub", "A");
+    let write = write_object(&store, "pub", token, &target, Some("day-1"), b"x", &[]);
+    assert_eq!(write.code, 2, "{write:?}");
+    let out = store
+        .fence()
+        .args(["inspect", "pub", "--target", &target, "--id", "day-1"])
+        .args(["--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. `fence grant` and roles that can make themselves more than a fenced writer
+// ---------------------------------------------------------------------------------------
+
+/// A database of its own (event triggers and grants stay in it), administered by the test
+/// server's superuser over the unix socket, as in tests/roles.rs.
+struct Db {
+    name: String,
+    home: tempfile::TempDir,
+}
+
+impl Db {
+    fn new(tag: &str) -> Db {
+        let name = format!("rev4_{tag}_{}", std::process::id());
+        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
+        pg_exec(
+            &server,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        );
+        pg_exec(&server, &format!("CREATE DATABASE {name}"));
+        Db {
+            name,
+            home: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn conninfo(db: &str, user: &str) -> String {
+        format!(
+            "host={} port={} user={user} dbname={db}",
+            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
+            env_or_panic("FENCE_TEST_PG_PORT")
+        )
+    }
+
+    fn raw(&self, role: &str) -> String {
+        Db::conninfo(&self.name, role)
+    }
+
+    fn admin(&self) -> String {
+        self.raw(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
+    }
+
+    fn url(&self, role: &str) -> String {
+        format!(
+            "postgres:///{}?host={}&port={}&user={role}",
+            self.name,
+            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
+            env_or_panic("FENCE_TEST_PG_PORT")
+        )
+    }
+
+    fn admin_url(&self) -> String {
+        self.url(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
+    }
+
+    /// `fence` with a file coordinator in this test's home.
+    fn fence(&self) -> Fence {
+        let store = format!("file://{}/store", self.home.path().display());
+        Fence::bare(self.home.path()).env("FENCE_STORE", store)
+    }
+
+    fn contents(&self, table: &str) -> Vec<String> {
+        pg_query(
+            &self.admin(),
+            &format!("SELECT t::text FROM {table} t ORDER BY 1"),
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    }
+
+    /// The admin's side of the README's roles recipe for `role`: a table `ledger` the role
+    /// may write, fence's schema, `ledger` protected for resource `r`, a current token
+    /// written once through fence (so the guard row exists). Returns the token.
+    fn protected_ledger(&self, role: &str, attributes: &str) -> i64 {
+        let _ = pg_try_exec(&self.admin(), &format!("DROP ROLE IF EXISTS {role}"));
+        pg_exec(
+            &self.admin(),
+            &format!(
+                "CREATE ROLE {role} LOGIN {attributes};
+                 CREATE TABLE ledger (day date PRIMARY KEY, amount int NOT NULL);
+                 INSERT INTO ledger VALUES ('2026-12-01', 1);
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON ledger TO {role};"
+            ),
+        );
+        self.fence()
+            .args(["init", "--target", &self.admin_url()])
+            .run()
+            .expect(0);
+        self.fence()
+            .args(["protect", "--target", &self.admin_url()])
+            .args(["--table", "ledger", "--resource", "r"])
+            .run()
+            .expect(0);
+        let token: i64 = self
+            .fence()
+            .args(["acquire", "r", "--ttl", "1m", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()["token"]
+            .as_i64()
+            .unwrap();
+        self.fence()
+            .args(["write", "r", "--token", &token.to_string()])
+            .args(["--target", &self.admin_url(), "--sql", "SELECT 1"])
+            .run()
+            .expect(0);
+        token
+    }
+
+    fn drop_role(&self, role: &str) {
+        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
+        let _ = pg_try_exec(
+            &server,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+        let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
+        let _ = pg_try_exec(
+            &server,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+/// The raw session of a writer that forges the proof of `begin_write`: a `bindings` row for
+/// its own transaction with the current token, and the `fence.*` settings, then a write to
+/// the protected table — no lease, no guard check, no write event.
+fn forged_write(token: i64) -> String {
+    format!(
+        "BEGIN;
+         INSERT INTO fence.bindings (txid, resource, token) VALUES (txid_current(), 'r', {token});
+         SELECT set_config('fence.resource', 'r', true), set_config('fence.token', '{token}', true),
+                set_config('fence.txid', txid_current()::text, true);
+         UPDATE ledger SET amount = 666;
+         COMMIT;"
+    )
+}
+
+/// Holds: a role that may already write every table (`pg_write_all_data`, PostgreSQL 14+),
+/// fence's `bindings` included, is refused by `fence grant`, as the README promises for "one
+/// that may write fence's tables".
+#[test]
+fn grant_refuses_a_member_of_pg_write_all_data() {
+    let db = Db::new("wad");
+    let role = format!("rev4_wad_{}", std::process::id());
+    db.protected_ledger(&role, "IN ROLE pg_write_all_data");
+    let out = db
+        .fence()
+        .args(["grant", "--target", &db.admin_url(), "--role", &role])
+        .run();
+    db.drop_role(&role);
+    assert_eq!(out.code, 2, "{out:?}");
+}
+
+/// A writer role created with CREATEROLE (common for an application that manages its own
+/// users) is accepted by `fence grant`. On PostgreSQL 15 a CREATEROLE role may grant itself
+/// membership in any non-superuser role, `pg_write_all_data` included, and then forge a
+/// `bindings` row: the protected table is written without a lease or `begin_write`, so a
+/// displaced holder (or no holder at all) writes past `fence protect`. `fence grant` should
+/// refuse it (or at least warn), as it refuses a role that may write fence's tables.
+#[test]
+#[ignore = "FINDING: `fence grant --role W` accepts a role with CREATEROLE; on PostgreSQL 15 W runs `GRANT pg_write_all_data TO W` itself, forges a `fence.bindings` row and writes the protected table with no lease and no begin_write (expected: grant refuses CREATEROLE roles, exit 2, like roles that may write fence's tables)"]
+fn grant_refuses_a_role_that_can_make_itself_a_writer_of_fence_s_tables() {
+    let db = Db::new("cr");
+    let role = format!("rev4_cr_{}", std::process::id());
+    let token = db.protected_ledger(&role, "CREATEROLE");
+    let before = db.contents("ledger");
+    let grant = db
+        .fence()
+        .args(["grant", "--target", &db.admin_url(), "--role", &role])
+        .run();
+    // Let in, the role goes on by itself: it joins pg_write_all_data and forges a binding.
+    let mut shown = String::new();
+    if grant.code == 0 {
+        let escalate = pg_try_exec(
+            &db.raw(&role),
+            &format!("GRANT pg_write_all_data TO {role}"),
+        );
+        let forged = pg_try_exec(&db.raw(&role), &forged_write(token));
+        let after = db.contents("ledger");
+        shown = format!(
+            "escalate: {escalate:?}; forged write: {forged:?}; ledger {before:?} -> {after:?}"
+        );
+    }
+    db.drop_role(&role);
+    assert_eq!(grant.code, 2, "{grant:?}\n{shown}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. `fence run --id`: what counts as completed, and when the lease stops covering the run
+// ---------------------------------------------------------------------------------------
+
+/// `fence run R --id KEY [extra] -- sh -c SCRIPT`, started in the background in `store`'s
+/// home (the script appends to `log` there).
+fn spawn_run(store: &Store, extra: &[&str], script: &str) -> std::process::Child {
+    let mut fence = store.fence().args(["run", "r"]).args(extra);
+    fence = fence.args(["--", "sh", "-c", script]);
+    fence
+        .cmd
+        .current_dir(store.home.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Holds: the command exits 0 at once but leaves a background job that ignores SIGTERM (a
+/// slow upload finishing, a `nohup`ed helper), with a TTL far below `--kill-after`. The
+/// reaper stops leftovers (SIGTERM, SIGKILL a second later) before it reports the command's
+/// end, while fence still renews, so the lease covers them until they are gone: a second run
+/// with the same id, waiting, is granted only afterwards, finds the completion record and
+/// starts nothing; the leftover never got to finish its work outside the lease.
+#[test]
+fn leftovers_are_covered_by_the_lease_until_they_are_gone() {
+    let store = Store::file();
+    let log = store.home.path().join("log");
+    let first = spawn_run(
+        &store,
+        &["--id", "day-1", "--ttl", "1s", "--kill-after", "8s"],
+        "(trap '' TERM; sleep 3; echo A-leftover-done >> log) & echo A >> log",
+    );
+    wait_for("the first command", Duration::from_secs(30), || {
+        log_lines(&log).contains(&"A".to_owned())
+    });
+    let second = spawn_run(
+        &store,
+        &["--id", "day-1", "--ttl", "30s", "--wait", "20s"],
+        "echo B >> log",
+    );
+    let first = common::wait_output("the first run", first, Duration::from_secs(60));
+    let second = common::wait_output("the second run", second, Duration::from_secs(60));
+    assert_eq!(
+        log_lines(&log),
+        ["A"],
+        "first: {first:?}\nsecond: {second:?}"
+    );
+    assert!(first.status.success(), "{first:?}");
+    assert!(second.status.success(), "{second:?}");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("already completed"),
+        "{second:?}"
+    );
+}
+
+/// fence forwards a stop signal (systemd stopping the unit, an operator's Ctrl-C, cron's
+/// timeout) to the command, whose handler cleans up and exits 0 — a common shell idiom
+/// (`trap 'cleanup; exit 0' TERM`). fence knows it interrupted the run, yet records the run
+/// id as completed, so every later run with the id skips work that was cut short.
+#[test]
+#[ignore = "FINDING: a `fence run --id K` that fence itself interrupted (SIGTERM forwarded to the command, whose trap exits 0) is recorded as completed (`r#done:K`), and the next run with K skips work that was never finished (expected: a run fence forwarded a stop signal to is not recorded)"]
+fn an_interrupted_run_is_not_recorded_as_completed() {
+    let store = Store::file();
+    let log = store.home.path().join("log");
+    let run = spawn_run(
+        &store,
+        &["--id", "day-1"],
+        "trap 'echo interrupted >> log; exit 0' TERM; echo started >> log; sleep 30 & wait; echo finished >> log",
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        log_lines(&log).contains(&"started".to_owned())
+    });
+    // SAFETY: kill(2) on our own child, the fence process.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    let first = common::wait_output("the interrupted run", run, Duration::from_secs(60));
+    assert_eq!(log_lines(&log), ["started", "interrupted"], "{first:?}");
+    let again = spawn_run(
+        &store,
+        &["--id", "day-1"],
+        "echo started >> log; echo finished >> log",
+    );
+    let again = common::wait_output("the next run", again, Duration::from_secs(60));
+    assert!(
+        log_lines(&log).contains(&"finished".to_owned()),
+        "the job never finished, and the next run skipped it:\nfirst: {first:?}\nnext: {again:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. A `file://` object write that runs out of space
+// ---------------------------------------------------------------------------------------
+
+/// Holds: a write that cannot be stored whole (a file size limit, like a full disk) leaves
+/// the object's bytes, sidecar and ids as they were, leaves no temporary file, and a retry
+/// with the same id then lands once.
+#[test]
+fn a_file_object_write_that_runs_out_of_space_changes_nothing() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/obj", dir.path().display());
+    let token = acquire(&store, "r", "A");
+    write_object(&store, "r", token, &target, Some("small"), b"small", &[]).expect(0);
+    let before_side = sidecar(dir.path(), "obj");
+    let big = tempfile::NamedTempFile::new_in(store.home.path()).unwrap();
+    std::fs::write(big.path(), vec![b'x'; 64 * 1024]).unwrap();
+    let mut fence = store.fence();
+    let program = fence.cmd.get_program().to_owned();
+    let args: Vec<_> = fence.cmd.get_args().map(|a| a.to_owned()).collect();
+    // The same command under `ulimit -f 16` (16 KiB): fence ignores SIGXFSZ, so the write
+    // fails with EFBIG instead of killing fence.
+    fence.cmd = Command::new("sh");
+    fence.cmd.env_clear().env("HOME", store.home.path());
+    fence
+        .cmd
+        .args(["-c", "ulimit -f 16; exec \"$0\" \"$@\""])
+        .arg(program)
+        .args(args)
+        .args([
+            "write",
+            "r",
+            "--token",
+            &token.to_string(),
+            "--target",
+            &target,
+        ])
+        .args(["--id", "big", "--format", "json", "--from"])
+        .arg(big.path());
+    let out = fence.run();
+    assert_ne!(out.code, 0, "{out:?}");
+    assert_ne!(out.code, 8, "a local write never ends in exit 8: {out:?}");
+    assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"small");
+    assert_eq!(sidecar(dir.path(), "obj"), before_side);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [".obj.fence.json", ".obj.fence.lock", "obj"],
+        "{out:?}"
+    );
+    let retry = store
+        .fence()
+        .args([
+            "write",
+            "r",
+            "--token",
+            &token.to_string(),
+            "--target",
+            &target,
+        ])
+        .args(["--id", "big", "--format", "json", "--from"])
+        .args([big.path()])
+        .run()
+        .expect(0);
+    assert_eq!(retry.json()["replayed"], false);
+    assert_eq!(
+        std::fs::read(dir.path().join("obj")).unwrap().len(),
+        64 * 1024
+    );
+}
