@@ -681,3 +681,169 @@ fn run_token_ids_from_another_coordinator_do_not_replay_old_writes() {
         String::from_utf8_lossy(&body)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// 9. `kill -9` of `fence write --id` to a `file://` object at any point
+// ---------------------------------------------------------------------------------------
+
+/// Holds: writes of 1 MiB with ids, each SIGKILLed after a pseudo-random delay (fault
+/// injection: before, during and after the bytes, the next sidecar and the renames). After
+/// each kill, `fence inspect --id` answers, and what it answers matches the bytes read
+/// without fence: applied ⇔ the object holds that write's bytes and its sidecar names its id.
+/// Re-running the same command then makes the bytes land exactly once, and no temporary file
+/// is left behind at the end.
+#[test]
+fn killed_file_object_writes_keep_bytes_and_ids_together() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/obj", dir.path().display());
+    let token = acquire(&store, "r", "A");
+    let body = |i: u32| {
+        let mut bytes = format!("v{i}:").into_bytes();
+        bytes.resize(1 << 20, b'a' + (i % 26) as u8);
+        bytes
+    };
+    let write = |i: u32| {
+        let path = store.home.path().join(format!("body-{i}"));
+        std::fs::write(&path, body(i)).unwrap();
+        store
+            .fence()
+            .args([
+                "write",
+                "r",
+                "--token",
+                &token.to_string(),
+                "--target",
+                &target,
+            ])
+            .args(["--id", &format!("id-{i}"), "--format", "json", "--from"])
+            .args([&path])
+    };
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let (mut landed_by_kill, mut lost_by_kill) = (0, 0);
+    let mut current: Option<u32> = None;
+    for i in 1..=40u32 {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let delay = Duration::from_micros((seed >> 33) % 40_000);
+        let mut child = write(i)
+            .cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let asked = store
+            .fence()
+            .args([
+                "inspect",
+                "r",
+                "--target",
+                &target,
+                "--id",
+                &format!("id-{i}"),
+            ])
+            .args(["--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        let applied = asked["applied"] == true;
+        let bytes = std::fs::read(dir.path().join("obj")).ok();
+        let named = std::fs::read(dir.path().join(".obj.fence.json"))
+            .ok()
+            .map(|b| serde_json::from_slice::<Value>(&b).unwrap()["metadata"]["fence-id"].clone());
+        if applied {
+            landed_by_kill += 1;
+            assert_eq!(
+                bytes,
+                Some(body(i)),
+                "write {i} applied but its bytes are not there"
+            );
+            assert_eq!(named, Some(Value::from(format!("id-{i}"))), "write {i}");
+        } else {
+            lost_by_kill += 1;
+            assert_eq!(
+                bytes,
+                current.map(body),
+                "write {i} not applied but the bytes changed"
+            );
+            assert_eq!(
+                named,
+                current.map(|c| Value::from(format!("id-{c}"))),
+                "write {i}"
+            );
+        }
+        let again = write(i).run().expect(0).json();
+        assert_eq!(again["replayed"], applied, "write {i}: {again}");
+        assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), body(i));
+        current = Some(i);
+    }
+    // The kills fell on both sides of the commit.
+    assert!(
+        landed_by_kill > 0 && lost_by_kill > 0,
+        "{landed_by_kill} / {lost_by_kill}"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".obj.fence.json", ".obj.fence.lock", "obj"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Names fence accepts for `protect` and `file://` targets
+// ---------------------------------------------------------------------------------------
+
+/// `fence protect --resource` takes any name, but names containing `#done:` are reserved for
+/// run records and refused by `fence write`: a table protected for such a resource can never
+/// be written through fence again (every write is LF001/LF003). protect should refuse the
+/// name (exit 2), as acquire, run and write do.
+#[test]
+#[ignore = "FINDING: `fence protect --resource 'r#done:x'` is accepted (exit 0) though `fence write` refuses every resource containing `#done:` (exit 2): the table can no longer be written through fence (expected exit 2 before anything is installed)"]
+fn protect_refuses_a_resource_no_write_can_use() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    pg_exec(
+        &store.url,
+        &format!("CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {s}.t (n int)"),
+    );
+    let protect = store
+        .fence()
+        .args([
+            "protect",
+            "--target",
+            &store.url,
+            "--table",
+            &format!("{s}.t"),
+        ])
+        .args(["--resource", "r#done:x"])
+        .run();
+    let write = store
+        .fence()
+        .args(["write", "r#done:x", "--token", "1", "--target", &store.url])
+        .args(["--sql", &format!("INSERT INTO {s}.t VALUES (1)")])
+        .run();
+    assert_eq!(write.code, 2, "{write:?}");
+    assert_eq!(protect.code, 2, "{protect:?}");
+}
+
+/// A `file://` target with `%00` in its name cannot name a file. It is refused, but as exit 1
+/// (`internal`) with "check the disk, then retry": a wrong cause and a retry that cannot
+/// help. The README gives exit 2 for `%00` in a store URL; a target should be the same.
+#[test]
+#[ignore = "FINDING: `fence write --target file:///dir/a%00b` (and `inspect --target`) fails with exit 1 `internal`, `file name contained an unexpected NUL byte`, hint `check the disk, then retry`; expected exit 2 (usage) before anything is attempted, as for a store URL with %00"]
+fn a_nul_in_a_file_target_is_a_usage_error() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("file://{}/a%00b", dir.path().display());
+    let token = acquire(&store, "r", "A");
+    let write = write_object(&store, "r", token, &target, None, b"x", &[]);
+    let inspect = store
+        .fence()
+        .args(["inspect", "r", "--target", &target, "--format", "json"])
+        .run();
+    assert_eq!(write.code, 2, "{write:?}");
+    assert_eq!(inspect.code, 2, "{inspect:?}");
+}
