@@ -973,3 +973,71 @@ fn prune_of_a_missing_schema_fails_loudly() {
     assert_eq!(store.events("r").len(), 2, "the real store was not pruned");
     assert_eq!(out.code, 2, "{out:?}");
 }
+
+/// A `file://` object whose name leaves no room for fence's files beside it (`.<name>.fence.
+/// next.json` is 17 bytes longer than the name; Linux allows 255) cannot be fenced. That is
+/// fair, but it is reported as exit 1 `internal` with "check the disk, then retry" — a wrong
+/// cause, and a retry that can never help — instead of a usage error naming the limit.
+#[test]
+#[ignore = "FINDING: `fence write --target file:///dir/<239-byte name>` fails with exit 1 `internal`, `File name too long`, hint `check the disk, then retry` (fence's `.<name>.fence.next.json` exceeds NAME_MAX); expected exit 2 before anything is attempted, naming the longest object name fence can keep files beside"]
+fn an_object_name_too_long_for_fence_s_files_is_a_usage_error() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let token = acquire(&store, "r", "A");
+    let mut wrong = Vec::new();
+    for len in [239, 250] {
+        let target = format!("file://{}/{}", dir.path().display(), "n".repeat(len));
+        let out = write_object(&store, "r", token, &target, None, b"x", &[]);
+        if out.code != 2 {
+            wrong.push(format!("{len}: {}", out.stdout.trim()));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 13. `fence doctor --target file:///…`
+// ---------------------------------------------------------------------------------------
+
+/// `fence doctor --target file:///dir/obj` reports the object's "endpoint" as Google Cloud
+/// Storage with no credentials, and checks nothing of the directory that holds the object
+/// and its sidecar: a directory that does not exist, or one any local user may rewrite
+/// (mode 0777, no sticky bit: anyone can replace the sidecar and so the token), is all "ok".
+#[test]
+#[ignore = "FINDING: `fence doctor --target file:///dir/obj` says `object.endpoint ok: endpoint: Google Cloud Storage; credentials: none found` for a local file, and runs no directory check (missing directory, world-writable directory where anyone can replace the sidecar's token, network filesystem), all ok, exit 0; expected the directory checks the store gets, and no GCS"]
+fn doctor_checks_a_file_target_s_directory_not_gcs() {
+    use std::os::unix::fs::PermissionsExt;
+    let store = Store::file();
+    let open = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let targets = [
+        format!("file://{}/obj", open.path().display()),
+        format!("file://{}/missing/obj", store.home.path().display()),
+    ];
+    let out = store
+        .fence()
+        .args(["doctor", "--format", "json"])
+        .args(targets.iter().flat_map(|t| ["--target", t.as_str()]))
+        .run();
+    let json = out.json();
+    let findings = json["findings"].as_array().unwrap();
+    let about = |target: &str| -> Vec<&Value> {
+        findings.iter().filter(|f| f["subject"] == target).collect()
+    };
+    let mut wrong = Vec::new();
+    for target in &targets {
+        let mine = about(target);
+        if mine.iter().any(|f| {
+            f["message"]
+                .as_str()
+                .unwrap()
+                .contains("Google Cloud Storage")
+        }) {
+            wrong.push(format!("{target}: called Google Cloud Storage: {mine:?}"));
+        }
+        if mine.iter().all(|f| f["severity"] == "ok") {
+            wrong.push(format!("{target}: all ok: {mine:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
