@@ -1231,3 +1231,149 @@ fn one_id_for_two_different_writes_is_a_conflict() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// 17. The "from cron" recipe pasted into a crontab
+// ---------------------------------------------------------------------------------------
+
+/// What cron does to a crontab command (crontab(5)): the first unescaped `%` ends the
+/// command, the rest is its standard input, every further `%` a newline.
+fn as_cron_runs_it(line: &str) -> (String, String) {
+    let mut parts = vec![String::new()];
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'%') => {
+                parts.last_mut().unwrap().push('%');
+                chars.next();
+            }
+            '%' if parts.len() == 1 => parts.push(String::new()),
+            '%' => parts.last_mut().unwrap().push('\n'),
+            c => parts.last_mut().unwrap().push(c),
+        }
+    }
+    let input = if parts.len() == 2 {
+        parts.pop().unwrap()
+    } else {
+        String::new()
+    };
+    (parts.pop().unwrap(), input)
+}
+
+/// "**Publish exactly once a day, from cron.**" — the recipe is a `sh` line with
+/// `$(date +%F)`. Pasted into a crontab as the section's title invites (the README's cron
+/// example above it is a crontab), cron cuts the command at the `%`: `sh` gets an
+/// unterminated quote, nothing runs, nothing is published, every day. The README (and `fence
+/// run --help`) should write `\%` for a crontab, or say so.
+#[test]
+#[ignore = "FINDING (README): the `from cron` recipes (`--id \"publish-$(date +%F)\"`, also `fence run --help`'s once-a-day example) break when put in a crontab: cron turns `%` into a newline/stdin, sh fails on the unterminated quote, nothing is ever published; the README never says to escape `%` as `\\%`"]
+fn the_publish_once_recipe_survives_a_crontab() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let recipe = readme
+        .split("<!-- recipe-once -->\n```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("README marks the publish-once recipe");
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    pg_exec(
+        &store.url,
+        &format!("CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {s}.published (day date)"),
+    );
+    let bin = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_fence"), bin.path().join("fence")).unwrap();
+    let (command, input) = as_cron_runs_it(recipe);
+    let mut child = Command::new("sh")
+        .args(["-c", &command])
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+        .env("HOME", store.home.path())
+        .env("FENCE_STORE", &store.url)
+        .env("FENCE_SCHEMA", &s)
+        .env("DB", format!("{}?options=-csearch_path%3D{s}", store.url))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let rows: i64 = pg_query(&store.url, &format!("SELECT count(*) FROM {s}.published"))[0].get(0);
+    assert_eq!(rows, 1, "cron ran `{command}`: {out:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// 18. Ids at the edges of their alphabet and length, on a PostgreSQL target
+// ---------------------------------------------------------------------------------------
+
+/// Holds: ids made of every allowed punctuation and of the maximum length are recorded and
+/// looked up exactly (inspect --id finds them, and only them); one byte longer, an empty id
+/// and one with a space or a `%` are refused before anything is sent (exit 2, no ledger row);
+/// and one id on two resources is two writes (the ledger is per resource).
+#[test]
+fn ids_at_the_edges_round_trip_on_postgres() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    pg_exec(
+        &store.url,
+        &format!("CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {s}.w (id text)"),
+    );
+    let a = acquire(&store, "a", "A");
+    let b = acquire(&store, "b", "B");
+    let write = |resource: &str, token: i64, id: &str| {
+        store
+            .fence()
+            .args(["write", resource, "--token", &token.to_string()])
+            .args(["--target", &store.url, "--format", "json"])
+            .args([
+                "--id",
+                id,
+                "--sql",
+                &format!("INSERT INTO {s}.w VALUES ('{resource}')"),
+            ])
+            .run()
+    };
+    let odd = "A-z_0.9:@+";
+    let longest = "x".repeat(64);
+    for id in [odd, longest.as_str()] {
+        assert_eq!(write("a", a, id).expect(0).json()["replayed"], false);
+        assert_eq!(write("a", a, id).expect(0).json()["replayed"], true);
+        assert_eq!(write("b", b, id).expect(0).json()["replayed"], false);
+    }
+    for bad in ["x".repeat(65), String::new(), "a b".into(), "a%20b".into()] {
+        write("a", a, &bad).expect(2);
+    }
+    let ledger: Vec<(String, String)> = pg_query(
+        &store.url,
+        &format!("SELECT resource, write_id FROM {s}.write_ledger ORDER BY 1, 2"),
+    )
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    let mut want = vec![];
+    for resource in ["a", "b"] {
+        for id in [odd, longest.as_str()] {
+            want.push((resource.to_owned(), id.to_owned()));
+        }
+    }
+    want.sort();
+    assert_eq!(ledger, want);
+    let rows: i64 = pg_query(&store.url, &format!("SELECT count(*) FROM {s}.w"))[0].get(0);
+    assert_eq!(rows, 4);
+    let look = |id: &str| {
+        store
+            .fence()
+            .args([
+                "inspect", "a", "--target", &store.url, "--id", id, "--format", "json",
+            ])
+            .run()
+            .expect(0)
+            .json()["applied"]
+            .clone()
+    };
+    assert_eq!(look(odd), true);
+    assert_eq!(look(&longest), true);
+    assert_eq!(look("A-z_0.9:@"), false, "a prefix is another id");
+    assert_eq!(look("a-z_0.9:@+"), false, "ids are case-sensitive");
+}
