@@ -1404,3 +1404,52 @@ fn a_file_target_ending_in_a_slash_is_refused() {
         "object `obj` written: {written}; {wrong:#?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// 19. Two hosts racing one run id on the S3 and GCS coordinators
+// ---------------------------------------------------------------------------------------
+
+/// Holds: two `fence run r --id day-1 --wait` started together against an S3 (moto) or GCS
+/// (fake-gcs-server) coordinator: the command runs once; the other run is granted after the
+/// first released, finds the completion record and starts nothing (exit 0, "already
+/// completed"). The record is the `r#done:day-1` lease object, read back without fence.
+#[test]
+fn two_runs_of_one_id_on_object_coordinators_run_once() {
+    for backend in [common::Backend::S3, common::Backend::Gcs] {
+        let store = Store::new(backend);
+        let log = store.home.path().join("log");
+        let go = store.home.path().join("go");
+        let script = "echo run >> log; while [ ! -e go ]; do sleep 0.05; done";
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                spawn_run(
+                    &store,
+                    &["--id", "day-1", "--ttl", "5s", "--wait", "60s"],
+                    script,
+                )
+            })
+            .collect();
+        wait_for("a command", Duration::from_secs(60), || {
+            !log_lines(&log).is_empty()
+        });
+        std::fs::write(&go, b"").unwrap();
+        let outs: Vec<_> = runs
+            .into_iter()
+            .map(|run| common::wait_output("a run", run, Duration::from_secs(120)))
+            .collect();
+        assert_eq!(log_lines(&log), ["run"], "{backend:?}: {outs:?}");
+        assert!(
+            outs.iter().all(|o| o.status.success()),
+            "{backend:?}: {outs:?}"
+        );
+        assert_eq!(
+            outs.iter()
+                .filter(|o| String::from_utf8_lossy(&o.stderr).contains("already completed"))
+                .count(),
+            1,
+            "{backend:?}: {outs:?}"
+        );
+        let (_, token, live) = store.lease("r#done:day-1").expect("the completion record");
+        assert!(token >= 1 && !live, "{backend:?}");
+    }
+}
