@@ -410,9 +410,9 @@ fn spawn_run(store: &Store, extra: &[&str], script: &str) -> std::process::Child
 /// Holds: the command exits 0 at once but leaves a background job that ignores SIGTERM (a
 /// slow upload finishing, a `nohup`ed helper), with a TTL far below `--kill-after`. The
 /// reaper stops leftovers (SIGTERM, SIGKILL a second later) before it reports the command's
-/// end, while fence still renews, so the lease covers them until they are gone: a second run
-/// with the same id, waiting, is granted only afterwards, finds the completion record and
-/// starts nothing; the leftover never got to finish its work outside the lease.
+/// end, while fence still renews, so the lease covers them until they are gone: the leftover
+/// never works on after the lease, and a second run with the same id, waiting, is granted
+/// only after the first released.
 #[test]
 fn leftovers_are_covered_by_the_lease_until_they_are_gone() {
     let store = Store::file();
@@ -432,16 +432,38 @@ fn leftovers_are_covered_by_the_lease_until_they_are_gone() {
     );
     let first = common::wait_output("the first run", first, Duration::from_secs(60));
     let second = common::wait_output("the second run", second, Duration::from_secs(60));
-    assert_eq!(
-        log_lines(&log),
-        ["A"],
-        "first: {first:?}\nsecond: {second:?}"
+    let lines = log_lines(&log);
+    assert!(
+        !lines.contains(&"A-leftover-done".to_owned()),
+        "{lines:?}\nfirst: {first:?}\nsecond: {second:?}"
     );
+    assert_eq!(lines[0], "A");
     assert!(first.status.success(), "{first:?}");
     assert!(second.status.success(), "{second:?}");
-    assert!(
-        String::from_utf8_lossy(&second.stderr).contains("already completed"),
-        "{second:?}"
+}
+
+/// The same command: it exits 0 while its real work still runs in a background job, which
+/// fence (rightly) kills once the command is done. fence then records the run id as
+/// completed, although it has just killed the run's unfinished work: the next run with the
+/// id skips it, and the work is never done.
+#[test]
+#[ignore = "FINDING: `fence run --id K` whose command exits 0 while its work still runs in a leftover job records K as completed after the reaper killed that unfinished job; the next run with K skips it (log [A], expected [A, B]: a run whose leftovers fence had to kill should not count as completed)"]
+fn a_run_whose_leftovers_were_killed_is_not_recorded_as_completed() {
+    let store = Store::file();
+    let log = store.home.path().join("log");
+    let first = spawn_run(
+        &store,
+        &["--id", "day-1"],
+        "(trap '' TERM; sleep 3; echo A-leftover-done >> log) & echo A >> log",
+    );
+    let first = common::wait_output("the first run", first, Duration::from_secs(60));
+    assert_eq!(log_lines(&log), ["A"], "{first:?}");
+    let second = spawn_run(&store, &["--id", "day-1"], "echo B >> log");
+    let second = common::wait_output("the second run", second, Duration::from_secs(60));
+    assert_eq!(
+        log_lines(&log),
+        ["A", "B"],
+        "first: {first:?}\nsecond: {second:?}"
     );
 }
 
