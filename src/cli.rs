@@ -546,6 +546,11 @@ pub struct WriteArgs {
     )]
     pub token: i64,
 
+    /// Whether the token came from FENCE_TOKEN while RESOURCE was given on the command line:
+    /// then FENCE_RESOURCE, when set, must name the same resource (filled in after parsing).
+    #[arg(skip)]
+    pub token_from_env_for: Option<String>,
+
     /// Recorded with the write as who made it.
     #[arg(long, env = "FENCE_OWNER", value_name = "ID", value_parser = parse_name)]
     pub owner: Option<String>,
@@ -867,4 +872,26 @@ fn after_long_help() -> String {
          FENCE_GCS_ENDPOINT or STORAGE_EMULATOR_HOST.",
     );
     text
+}
+
+impl Cli {
+    /// Parses the command line, and notes where values came from when that matters: a
+    /// `fence write` whose token came from FENCE_TOKEN (left by `eval "$(fence acquire A
+    /// --format env)"` or by `fence run A`) but whose resource was typed must not guard a
+    /// write to another resource with A's token.
+    pub fn parse_with_sources(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().try_get_matches_from(args)?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if let (Command::Write(write), Some(("write", sub))) =
+            (&mut cli.command, matches.subcommand())
+        {
+            let from_env = |id: &str| sub.value_source(id) == Some(ValueSource::EnvVariable);
+            if from_env("token") && !from_env("resource") {
+                write.token_from_env_for = std::env::var("FENCE_RESOURCE").ok();
+            }
+        }
+        Ok(cli)
+    }
 }

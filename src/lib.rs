@@ -23,8 +23,6 @@ pub mod terminal;
 pub mod time;
 pub mod url;
 
-use clap::Parser;
-
 use crate::exit::Exit;
 
 /// Runs the program with the process's arguments and returns its exit status.
@@ -35,7 +33,7 @@ pub fn main() -> Exit {
     if args.get(1).is_some_and(|a| a == reaper::ARG) {
         return reaper::main(&args[2..]);
     }
-    let cli = match cli::Cli::try_parse_from(&args) {
+    let cli = match cli::Cli::parse_with_sources(&args) {
         Ok(cli) => cli,
         Err(err) => return output::clap_error(&err, &args),
     };

@@ -1080,7 +1080,6 @@ fn doctor_checks_a_file_target_s_directory_not_gcs() {
 /// refused as stale until B's tokens catch up. fence can see the mismatch (the token came
 /// with FENCE_RESOURCE=A) and should refuse it (exit 2).
 #[test]
-#[ignore = "FINDING: `fence write B --target OBJ --from F` with FENCE_RESOURCE=A FENCE_TOKEN=<A's token> in the environment (inside `fence run A`, or after the eval idiom for A) writes OBJ as B with A's token: an unguarded write (B's lease never held) lands and B's real holder is then refused as stale (exit 4); expected exit 2, the token belongs to another resource"]
 fn a_token_from_the_environment_is_not_used_for_another_resource() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();

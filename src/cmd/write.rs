@@ -38,6 +38,22 @@ enum Outcome {
 }
 
 pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written, Error> {
+    if let Some(leased) = args
+        .token_from_env_for
+        .as_deref()
+        .filter(|leased| *leased != args.resource)
+    {
+        return Err(Error::usage(
+            format!(
+                "the token in FENCE_TOKEN ({}) is the lease of `{leased}` (FENCE_RESOURCE), not of `{}`: it does not guard a write to `{}`",
+                args.token, args.resource, args.resource
+            ),
+            format!(
+                "acquire `{}` and write with its token (--token), or write `{leased}` (leave out RESOURCE)",
+                args.resource
+            ),
+        ));
+    }
     let spec = TargetSpec::resolve(&args.target)?;
     let owner = args.owner.clone().unwrap_or_default();
     // Read and check everything before connecting: bad input never reaches the database.
