@@ -145,7 +145,12 @@ fn read_local(path: &std::path::Path) -> Option<Stored> {
         .iter()
         .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
         .collect();
-    Some(Stored { body, metadata })
+    let version = sidecar["generation"].as_u64().map(|g| g.to_string());
+    Some(Stored {
+        body,
+        metadata,
+        version,
+    })
 }
 
 /// The ids the stored object's ledger holds, newest first.

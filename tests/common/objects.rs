@@ -27,11 +27,13 @@ pub struct Server {
     pub bucket: String,
 }
 
-/// A stored object: its bytes and its user metadata (`fence-token`, …).
+/// A stored object: its bytes, its user metadata (`fence-token`, …) and its version (S3: the
+/// ETag; GCS and `file://`: the generation), all of one version.
 #[derive(Clone, Debug)]
 pub struct Stored {
     pub body: Vec<u8>,
     pub metadata: BTreeMap<String, String>,
+    pub version: Option<String>,
 }
 
 impl Stored {
@@ -188,6 +190,16 @@ impl Server {
             .position(|w| w == b"\r\n\r\n")
             .expect("an HTTP response with headers");
         let head = String::from_utf8_lossy(&response[..split]);
+        let version_header = match self.service {
+            Service::S3 => "etag",
+            Service::Gcs => "x-goog-generation",
+        };
+        let version = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case(version_header)
+                .then(|| value.trim().to_owned())
+        });
         let metadata = head
             .lines()
             .filter_map(|line| {
@@ -200,6 +212,7 @@ impl Server {
         Some(Stored {
             body: response[split + 4..].to_vec(),
             metadata,
+            version,
         })
     }
 
@@ -255,6 +268,43 @@ impl Server {
         args.push(&url);
         self.curl(&args).expect("direct put with metadata");
     }
+}
+
+/// A `file://` object and its sidecar, read under the object's lock as fence does, so the
+/// bytes and the metadata are from the same write (a write a crash interrupted is not settled
+/// here: fence settles it under the lock before its next read or write).
+pub fn read_local(path: &std::path::Path) -> Option<Stored> {
+    use std::os::fd::AsRawFd;
+    let dir = path.parent().unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(dir.join(format!(".{name}.fence.lock")))
+        .unwrap();
+    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let body = std::fs::read(path).ok()?;
+    let sidecar: Value = std::fs::read(dir.join(format!(".{name}.fence.json")))
+        .ok()
+        .map(|text| serde_json::from_slice(&text).unwrap())
+        .unwrap_or_default();
+    let metadata = sidecar["metadata"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    drop(lock);
+    Some(Stored {
+        body,
+        metadata,
+        version: sidecar["generation"].as_u64().map(|g| g.to_string()),
+    })
 }
 
 /// fence's key encoding of a resource name: `[A-Za-z0-9-]` stay, other bytes become `_XX`.
