@@ -465,6 +465,7 @@ impl Sut {
                             kind: v["kind"].as_str().expect("event kind").to_owned(),
                             owner: v["owner"].as_str().map(str::to_owned),
                             token: v["token"].as_i64(),
+                            ttl_ms: v["ttl_ms"].as_i64(),
                         });
                     }
                 }
@@ -477,24 +478,45 @@ impl Sut {
                 }
             }
             Backend::S3 | Backend::Gcs => {
-                // The event objects, oldest first. Their timestamps (Last-Modified, whole
-                // seconds on S3) are not read: they cannot bound a lease (see `CoordClock`).
-                record.clock = CoordClock::DisplayOnly;
+                // The record's changes, oldest first, each dated by the Last-Modified of the
+                // lease record's version that made it: the store's own clock, whatever the
+                // test's or the processes' clocks say (see `CoordClock::Store`). Its
+                // resolution: whole seconds on S3, milliseconds on GCS.
+                record.clock = CoordClock::Store {
+                    resolution_us: if self.coord.backend == Backend::S3 {
+                        1_000_000
+                    } else {
+                        1_000
+                    },
+                };
                 for r in &self.resources {
-                    let events = self.coord.events(r);
+                    let events = self.coord.timed_events(r);
                     if events.is_empty() {
                         record
                             .missing
                             .push(format!("the coordinator's event objects of `{r}`"));
                     }
-                    for (i, (kind, owner, token)) in events.into_iter().enumerate() {
+                    for (i, e) in events.into_iter().enumerate() {
+                        // Refusals change no lease: I3 does not read their (absent) time.
+                        let at_ms = match (e.at_ms, e.kind.as_str()) {
+                            (Some(at), _) => at,
+                            (None, "renew_rejected" | "release_rejected") => 0,
+                            (None, kind) => {
+                                record.missing.push(format!(
+                                    "the store's time of `{r}`'s {kind} event (token {:?})",
+                                    e.token
+                                ));
+                                0
+                            }
+                        };
                         record.events.push(CoordEvent {
                             resource: r.clone(),
                             seq: i as i64,
-                            at_us: 0,
-                            kind,
-                            owner,
-                            token,
+                            at_us: at_ms * 1000,
+                            kind: e.kind,
+                            owner: e.owner,
+                            token: e.token,
+                            ttl_ms: e.ttl_ms,
                         });
                     }
                 }
@@ -546,6 +568,7 @@ fn coord_events_at(url: &str, schema: &str) -> Vec<CoordEvent> {
         kind: r.get(3),
         owner: r.get(4),
         token: r.get(5),
+        ttl_ms: None,
     })
     .collect()
 }
@@ -2316,8 +2339,9 @@ fn workload_file_coordinator_guard() {
 
 /// The object-store coordinators under the same random workload (acquisitions killed in
 /// flight, SIGSTOPs during writes, pauses past the TTL, target delays and cuts), fencing a
-/// PostgreSQL guard. Their event objects carry no usable clock (S3 stamps whole seconds), so
-/// the checker judges tokens, stale writes and late renewals here, not lease overlap by time.
+/// PostgreSQL database and objects on the same server. Lease overlap (I3) is judged on the
+/// store's own clock: the Last-Modified of each version of the lease record, which the record
+/// keeps per change (S3: whole seconds; GCS: milliseconds).
 #[test]
 fn workload_gcs_coordinator_guard() {
     run_workload(Workload {
@@ -2509,6 +2533,7 @@ mod checker_self_test {
             kind: kind.into(),
             owner: Some(owner.into()),
             token: Some(token),
+            ttl_ms: None,
         }
     }
 
@@ -2780,6 +2805,58 @@ mod checker_self_test {
         };
         assert!(takeover(364, approximate).is_empty());
         assert_eq!(takeover(362, approximate), vec!["I3"]);
+    }
+
+    /// On an object store's clock (Last-Modified of the record's versions) a lease ends its
+    /// TTL plus the stamps' resolution after its last change: a takeover stamped one unit
+    /// earlier is a violation, whatever the test's clock saw.
+    #[test]
+    fn a_takeover_1ms_early_by_the_object_stores_clock_is_a_violation() {
+        const GCS: CoordClock = CoordClock::Store {
+            resolution_us: 1_000,
+        };
+        const S3: CoordClock = CoordClock::Store {
+            resolution_us: 1_000_000,
+        };
+        // B's lease: granted at 65 ms (its record says for `ttl` ms; its acquire asked 300).
+        let takeover = |at_ms: i64, clock: CoordClock, ttl: Option<i64>| {
+            let mut h = good();
+            h.coord_clock = clock;
+            h.coord[2].ttl_ms = ttl;
+            h.coord.push(ev(5, at_ms, "taken_over", "C", 3));
+            // On the test's clock C's acquire is long after B's lease (no overlap there).
+            h.ops
+                .push(op(8, OpKind::Acquire, "C", 3, Some(300), 5_000, 5_010, 0));
+            invariants(&h)
+        };
+        // GCS: live until 65 + 300 + 1 ms.
+        assert_eq!(takeover(365, GCS, None), vec!["I3"]);
+        assert!(takeover(366, GCS, None).is_empty());
+        // S3: whole seconds, the extra second in the holder's favour.
+        assert_eq!(takeover(1_364, S3, None), vec!["I3"]);
+        assert!(takeover(1_365, S3, None).is_empty());
+        // The TTL the record keeps decides, not the one the test asked for.
+        assert_eq!(takeover(565, GCS, Some(500)), vec!["I3"]);
+        assert!(takeover(566, GCS, Some(500)).is_empty());
+        // A renewal, stamped by the store, restarts the TTL from its own stamp.
+        let mut h = good();
+        h.coord_clock = GCS;
+        h.coord.push(ev(5, 200, "renewed", "B", 2));
+        h.ops
+            .push(op(8, OpKind::Renew, "B", 2, Some(300), 198, 202, 0));
+        h.coord.push(ev(6, 500, "taken_over", "C", 3));
+        h.ops
+            .push(op(9, OpKind::Acquire, "C", 3, Some(300), 5_000, 5_010, 0));
+        assert_eq!(invariants(&h), vec!["I3"]);
+        h.coord[5].at_us = 501_000;
+        assert!(invariants(&h).is_empty());
+        // A release ends the lease at its own stamp: the next grant may share it.
+        let mut h = good();
+        h.coord_clock = S3;
+        h.coord[2].at_us = h.coord[1].at_us;
+        assert!(invariants(&h).is_empty());
+        h.coord[2].at_us -= 1_000;
+        assert_eq!(invariants(&h), vec!["I3"]);
     }
 
     #[test]

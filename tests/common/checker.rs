@@ -132,6 +132,9 @@ pub struct CoordEvent {
     pub kind: String,
     pub owner: Option<String>,
     pub token: Option<i64>,
+    /// The TTL a grant or renewal set, when the record keeps it (else the TTL the owner's
+    /// operations asked for is used).
+    pub ttl_ms: Option<i64>,
 }
 
 impl fmt::Display for CoordEvent {
@@ -203,10 +206,16 @@ pub enum CoordClock {
     /// decided, so the two differ by the truncation (< 1 ms) plus the wall clock's slew over
     /// a lease's length. An overlap longer than the tolerance is a violation.
     Approximate { tolerance_us: i64 },
-    /// The timestamps cannot bound a lease (S3 events carry Last-Modified to the whole
-    /// second and expiry there is judged with up to two seconds' slack in the holder's
-    /// favour; skewed processes stamp the file store's events with a faked wall clock): I3 is
-    /// checked on the test's own clock only (a lower bound of every lease's validity).
+    /// An object store's record (S3, GCS): each change is dated by the Last-Modified of the
+    /// lease record's version that made it, on the store's clock, to its resolution (S3: whole
+    /// seconds, GCS: 1 ms). fence takes a lease over only once a probe object it writes is
+    /// stamped at least `LM + ttl + resolution`, and the takeover's own version is stamped
+    /// after the probe: a takeover stamped earlier than that — by one unit of the stamps — is
+    /// a violation. A release ends the lease at its own stamp.
+    Store { resolution_us: i64 },
+    /// The timestamps cannot bound a lease (skewed processes stamp the file store's events
+    /// with a faked wall clock): I3 is checked on the test's own clock only (a lower bound of
+    /// every lease's validity).
     DisplayOnly,
 }
 
@@ -611,6 +620,8 @@ struct Span<'a> {
     token: i64,
     start_us: i64,
     end_us: i64,
+    /// Ended by a release (no resolution is added to a release's stamp).
+    released: bool,
     events: Vec<&'a CoordEvent>,
 }
 
@@ -629,12 +640,14 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             "I3"
         }
     };
-    let tolerance_us = match h.coord_clock {
-        CoordClock::Authoritative => Some(0),
-        CoordClock::Approximate { tolerance_us } => Some(tolerance_us),
+    // (How far an overlap may go unflagged, what an expiry adds for the stamps' resolution.)
+    let judged = match h.coord_clock {
+        CoordClock::Authoritative => Some((0, 0)),
+        CoordClock::Approximate { tolerance_us } => Some((tolerance_us, 0)),
+        CoordClock::Store { resolution_us } => Some((0, resolution_us)),
         CoordClock::DisplayOnly => None,
     };
-    if let Some(tolerance_us) = tolerance_us {
+    if let Some((tolerance_us, resolution_us)) = judged {
         // TTL per (owner, op kind): what the owner's acquire/renew asked for, from every op
         // that may have taken effect (not from definite rejections). Owners are unique per
         // acquisition in the workloads; the largest asked-for TTL is the safe bound.
@@ -657,28 +670,35 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
                 } else {
                     OpKind::Acquire
                 };
-                let owner_ttl = e
-                    .owner
-                    .as_deref()
-                    .and_then(|o| ttl.get(&(o, kind)))
-                    .copied()
-                    .unwrap_or(i64::MAX / 4_000);
+                let owner_ttl = e.ttl_ms.unwrap_or_else(|| {
+                    e.owner
+                        .as_deref()
+                        .and_then(|o| ttl.get(&(o, kind)))
+                        .copied()
+                        .unwrap_or(i64::MAX / 4_000)
+                });
                 match e.kind.as_str() {
                     k if GRANT_KINDS.contains(&k) => spans.push(Span {
                         token,
                         start_us: e.at_us,
                         end_us: e.at_us + owner_ttl * 1000,
+                        released: false,
                         events: vec![e],
                     }),
                     "renewed" | "reacquired" => {
+                        // The lease now runs its TTL from this change (a shorter one
+                        // shortens it), on every store.
                         if let Some(span) = spans.iter_mut().rev().find(|s| s.token == token) {
-                            span.end_us = span.end_us.max(e.at_us + owner_ttl * 1000);
+                            span.end_us = e.at_us + owner_ttl * 1000;
                             span.events.push(e);
                         }
                     }
                     "released" => {
                         if let Some(span) = spans.iter_mut().rev().find(|s| s.token == token) {
-                            span.end_us = span.end_us.min(e.at_us);
+                            if e.at_us < span.end_us + resolution_us {
+                                span.end_us = e.at_us;
+                                span.released = true;
+                            }
                             span.events.push(e);
                         }
                     }
@@ -687,7 +707,12 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             }
             for pair in spans.windows(2) {
                 let (a, b) = (&pair[0], &pair[1]);
-                if b.start_us + tolerance_us < a.end_us {
+                let end_us = if a.released {
+                    a.end_us
+                } else {
+                    a.end_us + resolution_us
+                };
+                if b.start_us + tolerance_us < end_us {
                     let owners: Vec<&str> = a
                         .events
                         .iter()
@@ -699,7 +724,7 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
                         format!(
                             "`{resource}`: token {} granted {}us before token {}'s lease ended (coordinator clock)",
                             b.token,
-                            a.end_us - b.start_us,
+                            end_us - b.start_us,
                             a.token
                         ),
                         a.events

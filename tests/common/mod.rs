@@ -121,10 +121,24 @@ impl Store {
 
     /// The lease record object's JSON body (S3 and GCS stores), or None.
     fn lease_object(&self, resource: &str) -> Option<Value> {
+        self.lease_object_at(resource).map(|(body, _)| body)
+    }
+
+    /// The lease record object's JSON body and the Last-Modified of that version by the
+    /// store's clock (ms), or None.
+    fn lease_object_at(&self, resource: &str) -> Option<(Value, i64)> {
         let (server, prefix) = self.server();
         let key = format!("{prefix}/leases/{}", objects::encode_key(resource));
-        let stored = server.get(&key)?;
-        Some(serde_json::from_slice(&stored.body).expect("lease record is JSON"))
+        // The body and the time of one version: read again if a write came between.
+        for _ in 0..10 {
+            let stored = server.get(&key)?;
+            let (version, modified_ms) = server.stat(&key)?;
+            if stored.version.as_deref() == Some(version.as_str()) {
+                let body = serde_json::from_slice(&stored.body).expect("lease record is JSON");
+                return Some((body, modified_ms));
+            }
+        }
+        panic!("the lease record of `{resource}` kept changing while it was read");
     }
 
     /// Whether fence's `inspect` reports the resource held (for stores that judge expiry by
@@ -159,55 +173,11 @@ impl Store {
                     })
                     .collect()
             }
-            Backend::S3 | Backend::LocalStack | Backend::Gcs => {
-                // The record keeps its latest changes; older ones are archived in event
-                // objects (`{"changes": [...]}`), beside one object per refusal. All are
-                // ordered by the record's write number (`seq`), a refusal after the change
-                // it refused to follow.
-                let (server, prefix) = self.server();
-                let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
-                let change = |c: &Value| {
-                    (
-                        (c["seq"].as_u64().unwrap(), 0),
-                        (
-                            c["kind"].as_str().unwrap().to_owned(),
-                            c["owner"].as_str().map(str::to_owned),
-                            c["token"].as_i64(),
-                        ),
-                    )
-                };
-                let mut events = Vec::new();
-                for key in server.list(&dir) {
-                    let stored = server.get(&key).expect("listed event object");
-                    let v: Value =
-                        serde_json::from_slice(&stored.body).expect("event body is JSON");
-                    if let Some(changes) = v["changes"].as_array() {
-                        events.extend(changes.iter().map(change));
-                        continue;
-                    }
-                    let name = key.rsplit('/').next().unwrap();
-                    let mut parts = name.split('-');
-                    let seq: u64 = parts.next().unwrap().parse().unwrap();
-                    let n: u64 = parts.next().unwrap().parse().unwrap();
-                    events.push((
-                        (seq, n),
-                        (
-                            v["kind"].as_str().unwrap().to_owned(),
-                            v["owner"].as_str().map(str::to_owned),
-                            v["token"].as_i64(),
-                        ),
-                    ));
-                }
-                if let Some(record) = self.lease_object(resource) {
-                    if let Some(history) = record["history"].as_array() {
-                        events.extend(history.iter().map(change));
-                    }
-                }
-                events.sort_by_key(|(order, _)| *order);
-                // A change may be both archived and still in the record.
-                events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
-                events.into_iter().map(|(_, event)| event).collect()
-            }
+            Backend::S3 | Backend::LocalStack | Backend::Gcs => self
+                .timed_events(resource)
+                .into_iter()
+                .map(|e| (e.kind, e.owner, e.token))
+                .collect(),
             Backend::Postgres | Backend::PostgresAsync => {
                 let sql = format!(
                     "SELECT kind, owner, token FROM {}.events WHERE resource = $1 ORDER BY id",
@@ -219,6 +189,63 @@ impl Store {
                     .collect()
             }
         }
+    }
+
+    /// The durable event history of a resource on an object store (S3, GCS), oldest first,
+    /// with the store's own times: each change of the lease record is dated by the
+    /// Last-Modified of the version that made it (kept in the record by the next write, read
+    /// from the current version for the last change) and carries the TTL it set. Refusals,
+    /// which change no lease, are undated here.
+    pub fn timed_events(&self, resource: &str) -> Vec<StoreEvent> {
+        // The record keeps its latest changes; older ones are archived in event objects
+        // (`{"changes": [...]}`), beside one object per refusal. All are ordered by the
+        // record's write number (`seq`), a refusal after the change it refused to follow.
+        let (server, prefix) = self.server();
+        let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
+        let change = |c: &Value, written_ms: Option<i64>| {
+            (
+                (c["seq"].as_u64().unwrap(), 0),
+                StoreEvent {
+                    kind: c["kind"].as_str().unwrap().to_owned(),
+                    owner: c["owner"].as_str().map(str::to_owned),
+                    token: c["token"].as_i64(),
+                    at_ms: c["at_ms"].as_i64().or(written_ms),
+                    ttl_ms: c["ttl_ms"].as_i64(),
+                },
+            )
+        };
+        let mut events = Vec::new();
+        for key in server.list(&dir) {
+            let stored = server.get(&key).expect("listed event object");
+            let v: Value = serde_json::from_slice(&stored.body).expect("event body is JSON");
+            if let Some(changes) = v["changes"].as_array() {
+                events.extend(changes.iter().map(|c| change(c, None)));
+                continue;
+            }
+            let name = key.rsplit('/').next().unwrap();
+            let mut parts = name.split('-');
+            let seq: u64 = parts.next().unwrap().parse().unwrap();
+            let n: u64 = parts.next().unwrap().parse().unwrap();
+            events.push((
+                (seq, n),
+                StoreEvent {
+                    kind: v["kind"].as_str().unwrap().to_owned(),
+                    owner: v["owner"].as_str().map(str::to_owned),
+                    token: v["token"].as_i64(),
+                    at_ms: None,
+                    ttl_ms: None,
+                },
+            ));
+        }
+        if let Some((record, modified_ms)) = self.lease_object_at(resource) {
+            if let Some(history) = record["history"].as_array() {
+                events.extend(history.iter().map(|c| change(c, Some(modified_ms))));
+            }
+        }
+        events.sort_by_key(|(order, _)| *order);
+        // A change may be both archived and still in the record.
+        events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
+        events.into_iter().map(|(_, event)| event).collect()
     }
 
     /// The durable lease record: (owner, token, live by the store's clock), or None.
@@ -266,6 +293,19 @@ impl Store {
             client.query(&sql, &[&param]).await.expect("query")
         })
     }
+}
+
+/// An event of an object store's record, with the store's own time (see
+/// [`Store::timed_events`]).
+#[derive(Clone, Debug)]
+pub struct StoreEvent {
+    pub kind: String,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    /// The Last-Modified of the record's version that made the change (ms; None: a refusal).
+    pub at_ms: Option<i64>,
+    /// The TTL a grant or renewal set.
+    pub ttl_ms: Option<i64>,
 }
 
 impl Drop for Store {

@@ -216,6 +216,45 @@ impl Server {
         })
     }
 
+    /// The object's version and its Last-Modified by the server's clock, in ms (S3: the
+    /// header, whole seconds; GCS: `updated`, to the millisecond, as fence reads it), or
+    /// `None` when it does not exist.
+    pub fn stat(&self, key: &str) -> Option<(String, i64)> {
+        match self.service {
+            Service::S3 => {
+                let url = format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key));
+                let head = String::from_utf8(self.curl(&["-sfI", &url])?).expect("headers");
+                let header = |name: &str| {
+                    head.lines().find_map(|line| {
+                        let (n, value) = line.split_once(':')?;
+                        n.trim()
+                            .eq_ignore_ascii_case(name)
+                            .then(|| value.trim().to_owned())
+                    })
+                };
+                let version = header("etag").expect("an ETag");
+                let modified = header("last-modified").expect("a Last-Modified");
+                Some((version, http_date_ms(&modified)))
+            }
+            Service::Gcs => {
+                let url = format!(
+                    "{}/storage/v1/b/{}/o/{}",
+                    self.endpoint,
+                    self.bucket,
+                    encode(key)
+                );
+                let v: Value = serde_json::from_slice(&self.curl(&["-sf", &url])?)
+                    .expect("object metadata is JSON");
+                let version = match &v["generation"] {
+                    Value::String(g) => g.clone(),
+                    other => other.to_string(),
+                };
+                let updated = v["updated"].as_str().expect("`updated`");
+                Some((version, rfc3339_ms(updated)))
+            }
+        }
+    }
+
     /// Stores bytes directly, bypassing fence (an unfenced writer).
     pub fn put(&self, key: &str, body: &[u8]) {
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -319,6 +358,35 @@ pub fn encode_key(resource: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Milliseconds since the epoch of an HTTP date (`Fri, 04 Dec 2026 17:07:54 GMT`).
+fn http_date_ms(text: &str) -> i64 {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = parts[..] else {
+        panic!("not an HTTP date: {text:?}");
+    };
+    let month = MONTHS
+        .iter()
+        .position(|m| *m == month)
+        .unwrap_or_else(|| panic!("not an HTTP date: {text:?}"))
+        + 1;
+    let day: u32 = day
+        .parse()
+        .unwrap_or_else(|_| panic!("not an HTTP date: {text:?}"));
+    super::timestamp_ms(&format!("{year}-{month:02}-{day:02}T{time}.000Z"))
+}
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time with any number of fractional digits
+/// (`2026-12-04T17:07:54.369836Z`), truncated as fence truncates it.
+fn rfc3339_ms(text: &str) -> i64 {
+    let text = text.trim_end_matches('Z');
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let millis: String = fraction.chars().chain("000".chars()).take(3).collect();
+    super::timestamp_ms(&format!("{whole}.{millis}Z"))
 }
 
 /// Runs curl; `None` when the request failed (for `-f`: an HTTP error such as 404).
