@@ -88,8 +88,14 @@ impl Store {
 
     /// A `fence` command with a clean environment, pointed at this store.
     pub fn fence(&self) -> Fence {
+        self.fence_at(&self.url)
+    }
+
+    /// A `fence` command like [`Store::fence`], but with `url` as the store (another path to
+    /// the same database: a proxy, a pooler, a role of its own).
+    pub fn fence_at(&self, url: &str) -> Fence {
         let mut fence = Fence::bare(self.home.path());
-        fence.cmd.arg("--store").arg(&self.url);
+        fence.cmd.arg("--store").arg(url);
         if let Some(schema) = &self.schema {
             fence.cmd.arg("--schema").arg(schema);
         }
@@ -423,15 +429,62 @@ pub struct Fence {
     pub cmd: Command,
 }
 
+/// `program` with an empty environment except PATH, HOME (`home`, a temp dir) and a C locale:
+/// what every process a test starts gets, so that nothing of the developer's (`FENCE_*`,
+/// `PG*`, credentials) reaches it.
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>, home: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("LANG", "C.UTF-8");
+    cmd
+}
+
+/// A lease a test was granted (by [`Fence::acquire`]).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub resource: String,
+    pub owner: String,
+    pub token: i64,
+}
+
 impl Fence {
-    /// `fence` with an empty environment except PATH, HOME (a temp dir) and a C locale.
+    /// `fence` with a clean environment (see [`clean_command`]).
     pub fn bare(home: &Path) -> Fence {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fence"));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", home)
-            .env("LANG", "C.UTF-8");
-        Fence { cmd }
+        Fence {
+            cmd: clean_command(env!("CARGO_BIN_EXE_fence"), home),
+        }
+    }
+
+    /// `acquire RESOURCE` with `args` (`--owner`, `--ttl`, …), which must be granted (the test
+    /// fails on any other outcome): `store.fence().acquire("job", &["--owner", "a"]).token`.
+    #[track_caller]
+    pub fn acquire(self, resource: &str, args: &[&str]) -> Lease {
+        let json = self
+            .args(["acquire", resource])
+            .args(args)
+            .args(["--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        Lease {
+            resource: resource.to_owned(),
+            owner: json["owner"]
+                .as_str()
+                .expect("the grant names its owner")
+                .to_owned(),
+            token: json["token"].as_i64().expect("the grant carries a token"),
+        }
+    }
+
+    /// `release` of `lease` (its resource, owner and token), which must succeed.
+    #[track_caller]
+    pub fn release(self, lease: &Lease) {
+        self.args(["release", &lease.resource, "--owner", &lease.owner])
+            .args(["--token", &lease.token.to_string()])
+            .run()
+            .expect(0);
     }
 
     pub fn args<I, S>(mut self, args: I) -> Fence
@@ -511,6 +564,19 @@ macro_rules! per_coordinator {
         }
         mod gcs {
             $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::Gcs)) } )*
+        }
+    };
+}
+/// Generates one test per object service (S3 through moto, GCS through fake-gcs-server) for
+/// each named function taking a [`objects::Service`].
+#[macro_export]
+macro_rules! per_service {
+    ($($name:ident),* $(,)?) => {
+        mod s3 {
+            $( #[test] fn $name() { super::$name($crate::common::objects::Service::S3) } )*
+        }
+        mod gcs {
+            $( #[test] fn $name() { super::$name($crate::common::objects::Service::Gcs) } )*
         }
     };
 }
@@ -611,6 +677,29 @@ impl Drop for RowLock {
     }
 }
 
+/// Waits up to `timeout` for `child` to exit: its exit code (`None` when a signal ended it),
+/// or `None` after killing it if it was still running then (a bound for a hang, not a timing).
+pub fn wait_exit(child: &mut std::process::Child, timeout: std::time::Duration) -> Option<i32> {
+    if exits_within(child, timeout) {
+        return child.try_wait().unwrap().and_then(|status| status.code());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Whether `child` exits within `timeout` (polled every 10 ms; it is reaped if it did).
+fn exits_within(child: &mut std::process::Child, timeout: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
 /// Waits for `child` to exit and collects its output; kills it and fails the test, naming
 /// `what`, if it is still running after `timeout` (a bound for a hang, not a timing).
 pub fn wait_output(
@@ -618,14 +707,10 @@ pub fn wait_output(
     mut child: std::process::Child,
     timeout: std::time::Duration,
 ) -> std::process::Output {
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("{what} was still running after {timeout:?}: {out:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    if !exits_within(&mut child, timeout) {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!("{what} was still running after {timeout:?}: {out:?}");
     }
     child.wait_with_output().unwrap()
 }

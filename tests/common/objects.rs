@@ -75,6 +75,14 @@ impl Server {
         server
     }
 
+    /// The server's loopback address (for a proxy in front of it).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the endpoint is http://127.0.0.1:PORT")
+    }
+
     /// The environment a `fence` process needs to reach this server, and nothing else: fixed
     /// test credentials, no instance metadata lookups.
     pub fn env(&self) -> Vec<(&'static str, String)> {
