@@ -18,8 +18,9 @@
 //! content is its own write log, beside its `fence-token`). Each form is checked as its own
 //! sequence of accepted tokens.
 //!
-//! Faults: a loopback proxy that delays or cuts connections between fence and PostgreSQL
-//! (`common::proxy`); SIGSTOP (pauses past the TTL) and SIGKILL of the fence process of
+//! Faults: a loopback proxy that delays or cuts connections between fence and PostgreSQL,
+//! and between an object write and the S3 or GCS server (cut right after the put's body:
+//! exit 8) (`common::proxy`); SIGSTOP (pauses past the TTL) and SIGKILL of the fence process of
 //! acquires, renews, releases and writes; crashes and restarts of a private PostgreSQL
 //! coordinator, inside a randomised workload and in a seed scenario; processes whose clocks
 //! are skewed by minutes (`faketime`) on all four coordinators. Each workload asserts, scaled
@@ -103,6 +104,10 @@ struct Skew {
     /// `FAKETIME_DONT_FAKE_MONOTONIC=1`.
     monotonic: bool,
 }
+
+/// How each line of an object's content ends (`<op> <token> #\n`): bytes only an object
+/// write's body carries, so that a proxy can cut the connection right after a put's body.
+const LINE_END: &str = " #\n";
 
 /// Where a workload's object writes go: `<prefix>/objects/<resource>` beside the
 /// coordinator's own objects (S3, GCS), or a directory of their own (`file://`).
@@ -381,7 +386,7 @@ impl Sut {
         }
     }
 
-    /// The object's durable state: one line per applied write (`<op> <token>`, appended to
+    /// The object's durable state: one line per applied write (`<op> <token> #`, appended to
     /// the bytes each write read, conditioned on their version, so no applied write's line is
     /// lost) and its `fence-token`.
     fn collect_object(&self, h: &mut History, objects: &Objects, r: &str) {
@@ -397,9 +402,11 @@ impl Sut {
             return; // never written: a write reported applied is `check_evidence`'s
         };
         for (i, line) in String::from_utf8_lossy(&stored.body).lines().enumerate() {
-            let parsed = line
-                .split_once(' ')
-                .and_then(|(op, token)| Some((op.parse().ok()?, token.parse().ok()?)));
+            let mut fields = line.split(' ');
+            let parsed = match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(op), Some(token), Some("#"), None) => op.parse().ok().zip(token.parse().ok()),
+                _ => None,
+            };
             let Some((op, token)) = parsed else {
                 h.missing.push(format!(
                     "line {} of the object `{}` ({line:?})",
@@ -710,8 +717,9 @@ struct Req<'a> {
     store: Option<&'a str>,
     /// The target URL for writes (default: the test database, directly).
     target: Option<&'a str>,
-    /// The S3 endpoint to reach the coordinator through (a proxy), if not the default.
-    s3_endpoint: Option<&'a str>,
+    /// The object server's endpoint to go through (a proxy), if not the default: for the
+    /// coordinator (S3, GCS), or for the objects of a write.
+    endpoint: Option<&'a str>,
     fault: Fault,
     fault_name: Option<String>,
     skew: Option<Skew>,
@@ -730,7 +738,7 @@ impl<'a> Req<'a> {
             ttl_ms: None,
             store: None,
             target: None,
-            s3_endpoint: None,
+            endpoint: None,
             fault: Fault::None,
             fault_name: None,
             skew: None,
@@ -761,8 +769,8 @@ impl<'a> Req<'a> {
         self.target = Some(url);
         self
     }
-    fn s3_endpoint(mut self, endpoint: &'a str) -> Self {
-        self.s3_endpoint = Some(endpoint);
+    fn endpoint(mut self, endpoint: &'a str) -> Self {
+        self.endpoint = Some(endpoint);
         self
     }
     fn fault(mut self, fault: Fault, name: impl Into<String>) -> Self {
@@ -791,8 +799,12 @@ impl Recorder {
         let id = self.ids.fetch_add(1, Ordering::SeqCst);
         let mut cmd = sut.fence(req.store, req.skew);
         let mut body_file = None;
-        if let Some(endpoint) = req.s3_endpoint {
-            cmd.env("AWS_ENDPOINT_URL", endpoint);
+        if let Some(endpoint) = req.endpoint {
+            let var = match sut.coord.backend {
+                Backend::Gcs => "FENCE_GCS_ENDPOINT",
+                _ => "AWS_ENDPOINT_URL",
+            };
+            cmd.env(var, endpoint);
         }
         let ttl = req.ttl_ms.map(|ms| format!("{ms}ms"));
         match req.kind {
@@ -839,7 +851,7 @@ impl Recorder {
                         let objects = sut.objects.as_ref().expect("a workload with objects");
                         let current = objects.read(req.resource);
                         let mut body = current.as_ref().map_or_else(Vec::new, |s| s.body.clone());
-                        body.extend_from_slice(format!("{id} {token}\n").as_bytes());
+                        body.extend_from_slice(format!("{id} {token}{LINE_END}").as_bytes());
                         let path = sut.home.path().join(format!("object-{id}"));
                         std::fs::write(&path, &body).unwrap();
                         cmd.args(["--target", &objects.url(req.resource), "--from"])
@@ -1626,7 +1638,7 @@ fn seed_partition_from_coordinator(backend: Backend) {
         .ttl(400)
         .store(&a_store);
     if let Some(e) = &a_endpoint {
-        a_req = a_req.s3_endpoint(e);
+        a_req = a_req.endpoint(e);
     }
     let a = rec.op(&sut, a_req);
     expect(&a, 0);
@@ -1646,7 +1658,7 @@ fn seed_partition_from_coordinator(backend: Backend) {
         .store(&a_store)
         .fault(Fault::None, "partitioned from the coordinator");
     if let Some(e) = &a_endpoint {
-        renew_req = renew_req.s3_endpoint(e);
+        renew_req = renew_req.endpoint(e);
     }
     let renew = rec.op(&sut, renew_req);
     assert_ne!(
@@ -1700,6 +1712,9 @@ struct Links {
     target_cut: Proxy,
     coord_slow: Option<Proxy>,
     coord_cut: Option<Proxy>,
+    /// In front of the object server (S3, GCS) for object writes.
+    object_slow: Option<Proxy>,
+    object_cut: Option<Proxy>,
 }
 
 fn run_workload(w: Workload) {
@@ -1745,6 +1760,10 @@ fn run_workload(w: Workload) {
             assert!(out.status.success(), "{out:?}");
         }
     }
+    let object_server = match &sut.objects {
+        Some(Objects::Bucket(server, _)) => Some(server.addr()),
+        _ => None,
+    };
     let links = Links {
         target_slow: Proxy::start(
             common::pg_upstream(),
@@ -1767,6 +1786,12 @@ fn run_workload(w: Workload) {
                 Mode::CutWhenClientSends(b".acquire($1".to_vec()),
             )
         }),
+        object_slow: object_server
+            .map(|addr| Proxy::start(addr, Mode::Delay(Duration::from_millis(150)))),
+        // Right after the put's body (its last line): the put may well land, and fence
+        // cannot know (exit 8).
+        object_cut: object_server
+            .map(|addr| Proxy::start(addr, Mode::CutWhenClientSends(LINE_END.as_bytes().to_vec()))),
     };
     let remaining = AtomicI64::new(budget as i64);
     let started = Instant::now();
@@ -1955,6 +1980,16 @@ fn minimums(w: &Workload, ops: &[Op]) -> Vec<(String, usize)> {
         ));
         expected.push(("outcome: stale object write refused".into(), all * 0.001));
     }
+    if w.objects && matches!(w.backend, Backend::S3 | Backend::Gcs) {
+        expected.push((
+            "Write object server delay 150ms".into(),
+            writes(&[WriteForm::Object]) * 0.04,
+        ));
+        expected.push((
+            "Write object server cut at the put's end".into(),
+            writes(&[WriteForm::Object]) * 0.02,
+        ));
+    }
     for (kind, stop, kill) in PROCESS_FAULTS {
         let n = count(kind, true);
         expected.push((format!("{kind:?} SIGKILL"), n * kill as f64 / 200.0));
@@ -2066,6 +2101,9 @@ fn worker_loop(
     let target_cut = via(&links.target_cut);
     let coord_slow = links.coord_slow.as_ref().map(via);
     let coord_cut = links.coord_cut.as_ref().map(via);
+    let endpoint = |p: &Proxy| format!("http://{}", p.addr());
+    let object_slow = links.object_slow.as_ref().map(endpoint);
+    let object_cut = links.object_cut.as_ref().map(endpoint);
     let s = sut.schema();
     let mut iteration = 0;
     while take(1) {
@@ -2125,6 +2163,17 @@ fn worker_loop(
                     Fault::Stop { after, pause: p },
                     format!("SIGSTOP {p:?} after {after:?}"),
                 );
+            } else if let (Some(slow), true) =
+                (&object_slow, roll < 18 && form == WriteForm::Object)
+            {
+                req = req
+                    .endpoint(slow)
+                    .fault(Fault::None, "object server delay 150ms");
+            } else if let (Some(cut), true) = (&object_cut, roll < 22 && form == WriteForm::Object)
+            {
+                req = req
+                    .endpoint(cut)
+                    .fault(Fault::None, "object server cut at the put's end");
             } else if roll < 18 && form != WriteForm::Object {
                 req = req
                     .target(&target_slow)
