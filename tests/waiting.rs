@@ -22,6 +22,7 @@ use common::{
     block_on, pg_limited_role, pg_query, pg_socket_url, pg_superuser, wait_exit, wait_for, Lease,
     Store,
 };
+use serde_json::Value;
 
 /// How many `fence run --wait` queue behind one holder in the scale test (issue 25 asks for
 /// 200; on the 2 loaded cores of CI the whole test takes about a minute).
@@ -151,6 +152,21 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
     let held = store
         .fence_at(&url)
         .acquire("job", &["--owner", "holder", "--ttl", "600s"]);
+    // Another command of the role, beside the queue: it inspects `job` and takes and gives
+    // back a resource of its own.
+    let probe_the_role = |other: &str| -> Value {
+        let view = store
+            .fence_at(&probe)
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        let lease = store
+            .fence_at(&probe)
+            .acquire(other, &["--owner", "probe", "--ttl", "30s"]);
+        store.fence_at(&probe).release(&lease);
+        view
+    };
     let sampler = Sampler::start(&role);
     let started = Instant::now();
     let mut waiters = Vec::new();
@@ -169,21 +185,11 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
         });
         if i % 20 == 19 {
             // The role still has slots for the rest of the world.
-            let view = store
-                .fence_at(&probe)
-                .args(["inspect", "job", "--format", "json"])
-                .run()
-                .expect(0)
-                .json();
+            let view = probe_the_role(&format!("other-{i}"));
             assert_eq!(
                 view["resources"][0]["waiters"].as_array().unwrap().len(),
                 i + 1
             );
-            let other = format!("other-{i}");
-            let lease = store
-                .fence_at(&probe)
-                .acquire(&other, &["--owner", "probe", "--ttl", "30s"]);
-            store.fence_at(&probe).release(&lease);
         }
     }
     let queued = started.elapsed();
@@ -203,16 +209,7 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
         assert_eq!(code, Some(0), "w{i:03}: {stderr}");
         if i % 40 == 39 {
             // While the queue drains too.
-            store
-                .fence_at(&probe)
-                .args(["inspect", "job", "--format", "json"])
-                .run()
-                .expect(0);
-            let other = format!("drain-{i}");
-            let lease = store
-                .fence_at(&probe)
-                .acquire(&other, &["--owner", "probe", "--ttl", "30s"]);
-            store.fence_at(&probe).release(&lease);
+            probe_the_role(&format!("drain-{i}"));
         }
     }
     let drained = released.elapsed();

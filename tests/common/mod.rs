@@ -732,11 +732,16 @@ pub fn pg_limited_role(limit: u32) -> (String, String) {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let role = format!("limited_{}_{n}", std::process::id());
     let db = env_or_panic("FENCE_TEST_PG_DB");
+    // Two GRANTs on one database at once can fail ("tuple concurrently updated"): tests in
+    // other processes take their turn under a transaction-level advisory lock.
     pg_exec(
         &pg_superuser(),
         &format!(
-            "CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
-             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};"
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('fence-test-database-grants'));
+             CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
+             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};
+             COMMIT;"
         ),
     );
     let url = format!(
