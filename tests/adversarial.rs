@@ -11,8 +11,16 @@
 //! the id of the op that wrote it). [`checker::check`] then judges I1–I7 and the test fails
 //! with the offending slice of history.
 //!
-//! Faults: a loopback proxy that delays or cuts connections between fence and PostgreSQL
-//! (`common::proxy`); SIGSTOP (pauses past the TTL) and SIGKILL of the fence process of
+//! The workloads write in all of fence's forms: the transaction form (`--sql`) and the row
+//! form (`--table`: one row, whose audit trigger keeps each applied version in commit order)
+//! on PostgreSQL, and, in the file, S3 and GCS workloads, objects (`--from`: each write
+//! appends its line to the bytes it read, conditioned on their version, so the object's
+//! content is its own write log, beside its `fence-token`). Each form is checked as its own
+//! sequence of accepted tokens.
+//!
+//! Faults: a loopback proxy that delays or cuts connections between fence and PostgreSQL,
+//! and between an object write and the S3 or GCS server (cut right after the put's body:
+//! exit 8) (`common::proxy`); SIGSTOP (pauses past the TTL) and SIGKILL of the fence process of
 //! acquires, renews, releases and writes; crashes and restarts of a private PostgreSQL
 //! coordinator, inside a randomised workload and in a seed scenario; processes whose clocks
 //! are skewed by minutes (`faketime`) on all four coordinators. Each workload asserts, scaled
@@ -40,8 +48,9 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent};
+use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent, WriteForm};
 use common::cluster::Cluster;
+use common::objects::{Service, Stored};
 use common::proxy::{Mode, Proxy};
 use common::{env_or_panic, wait_for, Backend, Store};
 use serde_json::Value;
@@ -96,14 +105,65 @@ struct Skew {
     monotonic: bool,
 }
 
-/// A coordinator and a PostgreSQL target, isolated for one test.
+/// How each line of an object's content ends (`<op> <token> #\n`): bytes only an object
+/// write's body carries, so that a proxy can cut the connection right after a put's body.
+const LINE_END: &str = " #\n";
+
+/// Where a workload's object writes go: `<prefix>/objects/<resource>` beside the
+/// coordinator's own objects (S3, GCS), or a directory of their own (`file://`).
+enum Objects {
+    Dir(tempfile::TempDir),
+    Bucket(common::objects::Server, String),
+}
+
+impl Objects {
+    fn beside(coord: &Store) -> Objects {
+        match &coord.objects {
+            Some((server, prefix)) => Objects::Bucket(server.clone(), format!("{prefix}/objects")),
+            None => Objects::Dir(tempfile::tempdir().unwrap()),
+        }
+    }
+
+    /// The `--target` URL of `resource`'s object.
+    fn url(&self, resource: &str) -> String {
+        match self {
+            Objects::Dir(dir) => format!("file://{}/{resource}", dir.path().display()),
+            Objects::Bucket(server, prefix) => server.url(&format!("{prefix}/{resource}")),
+        }
+    }
+
+    /// The object's bytes, metadata and version, read without fence.
+    fn read(&self, resource: &str) -> Option<Stored> {
+        match self {
+            Objects::Dir(dir) => common::objects::read_local(&dir.path().join(resource)),
+            Objects::Bucket(server, prefix) => server.get(&format!("{prefix}/{resource}")),
+        }
+    }
+
+    /// The caller's own precondition: exactly `version` (None: the object must not exist).
+    fn precondition(&self, version: Option<&str>) -> [String; 2] {
+        let flag = match (self, version) {
+            (Objects::Bucket(server, _), Some(_)) if server.service == Service::S3 => "--if-match",
+            _ => "--if-generation-match",
+        };
+        [flag.to_owned(), version.unwrap_or("0").to_owned()]
+    }
+}
+
+/// A coordinator and its targets, isolated for one test: a PostgreSQL database (the
+/// transaction form writes a data table, the row form one row of another) and, for the
+/// workloads that write objects, an object per resource.
 struct Sut {
     /// The coordinator.
     coord: Store,
     /// The target's database and schema (the coordinator itself when it is PostgreSQL).
     target: Option<Store>,
-    /// Resources, and per resource the data table `<schema>.log_<resource>`.
+    /// Resources, and per resource the data table `<schema>.log_<resource>` (transaction
+    /// form), the one-row table `<schema>.row_<resource>` (row form) with its audit log
+    /// `<schema>.rowlog_<resource>`.
     resources: Vec<String>,
+    /// Where object writes go (workloads with object targets only).
+    objects: Option<Objects>,
     /// Set by the coordinator-restart scenario: a private cluster's URL.
     coord_url_override: Option<String>,
     home: tempfile::TempDir,
@@ -118,6 +178,7 @@ impl Sut {
             coord,
             target,
             resources: (0..resources).map(|i| format!("r{i}")).collect(),
+            objects: None,
             coord_url_override: None,
             home: tempfile::tempdir().unwrap(),
         };
@@ -126,6 +187,20 @@ impl Sut {
         for r in &sut.resources {
             script.push_str(&format!(
                 "CREATE TABLE {s}.log_{r} (seq bigserial PRIMARY KEY, token bigint, op int NOT NULL);"
+            ));
+            // The row form overwrites its row: an audit trigger keeps each applied version,
+            // in commit order (its sequence is drawn under the row lock, held to commit).
+            script.push_str(&format!(
+                "CREATE TABLE {s}.row_{r} (id int PRIMARY KEY, op int, last_fencing_token bigint);
+                 INSERT INTO {s}.row_{r} (id) VALUES (1);
+                 CREATE TABLE {s}.rowlog_{r} (seq bigserial PRIMARY KEY, token bigint, op int);
+                 CREATE FUNCTION {s}.rowlog_{r}() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO {s}.rowlog_{r} (token, op) VALUES (NEW.last_fencing_token, NEW.op);
+                     RETURN NULL;
+                 END $$;
+                 CREATE TRIGGER rowlog AFTER UPDATE ON {s}.row_{r}
+                     FOR EACH ROW EXECUTE FUNCTION {s}.rowlog_{r}();"
             ));
         }
         common::pg_exec(&pg_url(), &script);
@@ -270,8 +345,86 @@ impl Sut {
                     seq: row.get(0),
                     token: row.get::<_, Option<i64>>(1).unwrap_or(0),
                     op: row.get::<_, i32>(2) as usize,
+                    form: WriteForm::Sql,
                 });
             }
+            self.collect_row(h, r);
+            if let Some(objects) = &self.objects {
+                self.collect_object(h, objects, r);
+            }
+        }
+    }
+
+    /// The row form's durable state: the row's audit log and the token its row stores.
+    fn collect_row(&self, h: &mut History, r: &str) {
+        let (url, s) = (pg_url(), self.schema());
+        let log = format!("{s}.rowlog_{r}");
+        if !table_exists(&url, &log) {
+            h.missing.push(format!("the row form's audit log `{log}`"));
+            return;
+        }
+        for row in common::pg_query(
+            &url,
+            &format!("SELECT seq, token, op FROM {log} ORDER BY seq"),
+        ) {
+            h.data.push(DataRow {
+                resource: r.to_owned(),
+                seq: row.get(0),
+                token: row.get::<_, Option<i64>>(1).unwrap_or(0),
+                op: row.get::<_, Option<i32>>(2).unwrap_or(-1) as usize,
+                form: WriteForm::Row,
+            });
+        }
+        let stored: Option<i64> = common::pg_query(
+            &url,
+            &format!("SELECT last_fencing_token FROM {s}.row_{r} WHERE id = 1"),
+        )
+        .first()
+        .and_then(|row| row.get(0));
+        if let Some(token) = stored {
+            h.stored.insert((r.to_owned(), WriteForm::Row), token);
+        }
+    }
+
+    /// The object's durable state: one line per applied write (`<op> <token> #`, appended to
+    /// the bytes each write read, conditioned on their version, so no applied write's line is
+    /// lost) and its `fence-token`.
+    fn collect_object(&self, h: &mut History, objects: &Objects, r: &str) {
+        // fence settles a `file://` write a SIGKILL interrupted under the object's lock,
+        // before it reads: let it, so that bytes and metadata are of one write.
+        let out = self
+            .fence(None, None)
+            .args(["inspect", r, "--target", &objects.url(r)])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "inspect the object: {out:?}");
+        let Some(stored) = objects.read(r) else {
+            return; // never written: a write reported applied is `check_evidence`'s
+        };
+        for (i, line) in String::from_utf8_lossy(&stored.body).lines().enumerate() {
+            let mut fields = line.split(' ');
+            let parsed = match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(op), Some(token), Some("#"), None) => op.parse().ok().zip(token.parse().ok()),
+                _ => None,
+            };
+            let Some((op, token)) = parsed else {
+                h.missing.push(format!(
+                    "line {} of the object `{}` ({line:?})",
+                    i + 1,
+                    objects.url(r)
+                ));
+                continue;
+            };
+            h.data.push(DataRow {
+                resource: r.to_owned(),
+                seq: i as i64,
+                token,
+                op,
+                form: WriteForm::Object,
+            });
+        }
+        if let Some(token) = stored.token() {
+            h.stored.insert((r.to_owned(), WriteForm::Object), token);
         }
     }
 
@@ -319,6 +472,7 @@ impl Sut {
                             kind: v["kind"].as_str().expect("event kind").to_owned(),
                             owner: v["owner"].as_str().map(str::to_owned),
                             token: v["token"].as_i64(),
+                            ttl_ms: v["ttl_ms"].as_i64(),
                         });
                     }
                 }
@@ -331,24 +485,45 @@ impl Sut {
                 }
             }
             Backend::S3 | Backend::Gcs => {
-                // The event objects, oldest first. Their timestamps (Last-Modified, whole
-                // seconds on S3) are not read: they cannot bound a lease (see `CoordClock`).
-                record.clock = CoordClock::DisplayOnly;
+                // The record's changes, oldest first, each dated by the Last-Modified of the
+                // lease record's version that made it: the store's own clock, whatever the
+                // test's or the processes' clocks say (see `CoordClock::Store`). Its
+                // resolution: whole seconds on S3, milliseconds on GCS.
+                record.clock = CoordClock::Store {
+                    resolution_us: if self.coord.backend == Backend::S3 {
+                        1_000_000
+                    } else {
+                        1_000
+                    },
+                };
                 for r in &self.resources {
-                    let events = self.coord.events(r);
+                    let events = self.coord.timed_events(r);
                     if events.is_empty() {
                         record
                             .missing
                             .push(format!("the coordinator's event objects of `{r}`"));
                     }
-                    for (i, (kind, owner, token)) in events.into_iter().enumerate() {
+                    for (i, e) in events.into_iter().enumerate() {
+                        // Refusals change no lease: I3 does not read their (absent) time.
+                        let at_ms = match (e.at_ms, e.kind.as_str()) {
+                            (Some(at), _) => at,
+                            (None, "renew_rejected" | "release_rejected") => 0,
+                            (None, kind) => {
+                                record.missing.push(format!(
+                                    "the store's time of `{r}`'s {kind} event (token {:?})",
+                                    e.token
+                                ));
+                                0
+                            }
+                        };
                         record.events.push(CoordEvent {
                             resource: r.clone(),
                             seq: i as i64,
-                            at_us: 0,
-                            kind,
-                            owner,
-                            token,
+                            at_us: at_ms * 1000,
+                            kind: e.kind,
+                            owner: e.owner,
+                            token: e.token,
+                            ttl_ms: e.ttl_ms,
                         });
                     }
                 }
@@ -400,6 +575,7 @@ fn coord_events_at(url: &str, schema: &str) -> Vec<CoordEvent> {
         kind: r.get(3),
         owner: r.get(4),
         token: r.get(5),
+        ttl_ms: None,
     })
     .collect()
 }
@@ -541,11 +717,14 @@ struct Req<'a> {
     store: Option<&'a str>,
     /// The target URL for writes (default: the test database, directly).
     target: Option<&'a str>,
-    /// The S3 endpoint to reach the coordinator through (a proxy), if not the default.
-    s3_endpoint: Option<&'a str>,
+    /// The object server's endpoint to go through (a proxy), if not the default: for the
+    /// coordinator (S3, GCS), or for the objects of a write.
+    endpoint: Option<&'a str>,
     fault: Fault,
     fault_name: Option<String>,
     skew: Option<Skew>,
+    /// Writes: which form.
+    form: WriteForm,
 }
 
 impl<'a> Req<'a> {
@@ -559,11 +738,16 @@ impl<'a> Req<'a> {
             ttl_ms: None,
             store: None,
             target: None,
-            s3_endpoint: None,
+            endpoint: None,
             fault: Fault::None,
             fault_name: None,
             skew: None,
+            form: WriteForm::Sql,
         }
+    }
+    fn form(mut self, form: WriteForm) -> Self {
+        self.form = form;
+        self
     }
     fn token(mut self, t: i64) -> Self {
         self.token = Some(t);
@@ -585,8 +769,8 @@ impl<'a> Req<'a> {
         self.target = Some(url);
         self
     }
-    fn s3_endpoint(mut self, endpoint: &'a str) -> Self {
-        self.s3_endpoint = Some(endpoint);
+    fn endpoint(mut self, endpoint: &'a str) -> Self {
+        self.endpoint = Some(endpoint);
         self
     }
     fn fault(mut self, fault: Fault, name: impl Into<String>) -> Self {
@@ -614,8 +798,13 @@ impl Recorder {
     fn op(&self, sut: &Sut, req: Req) -> Op {
         let id = self.ids.fetch_add(1, Ordering::SeqCst);
         let mut cmd = sut.fence(req.store, req.skew);
-        if let Some(endpoint) = req.s3_endpoint {
-            cmd.env("AWS_ENDPOINT_URL", endpoint);
+        let mut body_file = None;
+        if let Some(endpoint) = req.endpoint {
+            let var = match sut.coord.backend {
+                Backend::Gcs => "FENCE_GCS_ENDPOINT",
+                _ => "AWS_ENDPOINT_URL",
+            };
+            cmd.env(var, endpoint);
         }
         let ttl = req.ttl_ms.map(|ms| format!("{ms}ms"));
         match req.kind {
@@ -638,15 +827,43 @@ impl Recorder {
                 }
             }
             OpKind::Write => {
+                let token = req.token.unwrap();
                 let target = req.target.map(str::to_owned).unwrap_or_else(pg_url);
                 cmd.args(["write", req.resource, "--owner", req.owner, "--token"])
-                    .arg(req.token.unwrap().to_string())
-                    .args([
-                        "--target",
-                        &target,
-                        "--sql",
-                        &sut.write_sql(req.resource, id),
-                    ]);
+                    .arg(token.to_string());
+                match req.form {
+                    WriteForm::Sql => {
+                        cmd.args([
+                            "--target",
+                            &target,
+                            "--sql",
+                            &sut.write_sql(req.resource, id),
+                        ]);
+                    }
+                    WriteForm::Row => {
+                        cmd.args(["--target", &target, "--table"])
+                            .arg(format!("{}.row_{}", sut.schema(), req.resource))
+                            .args(["--key", "id=1", "--set", &format!("op={id}")]);
+                    }
+                    WriteForm::Object => {
+                        // The bytes read plus this write's line, conditioned on the version
+                        // read: an applied write never drops an earlier one's line.
+                        let objects = sut.objects.as_ref().expect("a workload with objects");
+                        let current = objects.read(req.resource);
+                        let mut body = current.as_ref().map_or_else(Vec::new, |s| s.body.clone());
+                        body.extend_from_slice(format!("{id} {token}{LINE_END}").as_bytes());
+                        let path = sut.home.path().join(format!("object-{id}"));
+                        std::fs::write(&path, &body).unwrap();
+                        cmd.args(["--target", &objects.url(req.resource), "--from"])
+                            .arg(&path)
+                            .args(
+                                objects.precondition(
+                                    current.as_ref().and_then(|s| s.version.as_deref()),
+                                ),
+                            );
+                        body_file = Some(path);
+                    }
+                }
             }
             OpKind::RawWrite => unreachable!("raw writes are recorded with `raw`"),
         }
@@ -656,6 +873,9 @@ impl Recorder {
         let start = self.epoch.elapsed();
         let ran = run(cmd, req.fault);
         let end = self.epoch.elapsed();
+        if let Some(path) = body_file {
+            let _ = std::fs::remove_file(path);
+        }
         let token = match req.kind {
             OpKind::Acquire => ran.json["token"].as_i64().filter(|_| ran.code == 0),
             _ => req.token,
@@ -679,6 +899,7 @@ impl Recorder {
             fault: req.fault_name,
             cancelled: ran.killed,
             skewed: req.skew.is_some(),
+            form: req.form,
         };
         self.ops.lock().unwrap().push(op.clone());
         op
@@ -708,6 +929,7 @@ impl Recorder {
             fault: Some(what.to_owned()),
             cancelled: false,
             skewed: false,
+            form: WriteForm::Sql,
         };
         self.faults.fetch_add(1, Ordering::SeqCst);
         self.ops.lock().unwrap().push(op.clone());
@@ -1416,7 +1638,7 @@ fn seed_partition_from_coordinator(backend: Backend) {
         .ttl(400)
         .store(&a_store);
     if let Some(e) = &a_endpoint {
-        a_req = a_req.s3_endpoint(e);
+        a_req = a_req.endpoint(e);
     }
     let a = rec.op(&sut, a_req);
     expect(&a, 0);
@@ -1436,7 +1658,7 @@ fn seed_partition_from_coordinator(backend: Backend) {
         .store(&a_store)
         .fault(Fault::None, "partitioned from the coordinator");
     if let Some(e) = &a_endpoint {
-        renew_req = renew_req.s3_endpoint(e);
+        renew_req = renew_req.endpoint(e);
     }
     let renew = rec.op(&sut, renew_req);
     assert_ne!(
@@ -1479,6 +1701,9 @@ struct Workload {
     /// The coordinator is a private PostgreSQL cluster, crashed and restarted
     /// (`pg_ctl restart -m immediate`) every 0.5–2 s while the workers run.
     restarts: bool,
+    /// Writes go to objects too (see [`pick_form`]): on the coordinator's S3 or GCS server,
+    /// or `file://` objects for the local directory.
+    objects: bool,
 }
 
 /// Network fault injectors shared by the workers.
@@ -1487,6 +1712,9 @@ struct Links {
     target_cut: Proxy,
     coord_slow: Option<Proxy>,
     coord_cut: Option<Proxy>,
+    /// In front of the object server (S3, GCS) for object writes.
+    object_slow: Option<Proxy>,
+    object_cut: Option<Proxy>,
 }
 
 fn run_workload(w: Workload) {
@@ -1497,6 +1725,9 @@ fn run_workload(w: Workload) {
         w.name
     );
     let mut sut = Sut::new(w.backend, w.resources);
+    if w.objects {
+        sut.objects = Some(Objects::beside(&sut.coord));
+    }
     let cluster = w.restarts.then(Cluster::start);
     if let Some(c) = &cluster {
         sut.coord_url_override = Some(c.url());
@@ -1529,6 +1760,10 @@ fn run_workload(w: Workload) {
             assert!(out.status.success(), "{out:?}");
         }
     }
+    let object_server = match &sut.objects {
+        Some(Objects::Bucket(server, _)) => Some(server.addr()),
+        _ => None,
+    };
     let links = Links {
         target_slow: Proxy::start(
             common::pg_upstream(),
@@ -1551,6 +1786,12 @@ fn run_workload(w: Workload) {
                 Mode::CutWhenClientSends(b".acquire($1".to_vec()),
             )
         }),
+        object_slow: object_server
+            .map(|addr| Proxy::start(addr, Mode::Delay(Duration::from_millis(150)))),
+        // Right after the put's body (its last line): the put may well land, and fence
+        // cannot know (exit 8).
+        object_cut: object_server
+            .map(|addr| Proxy::start(addr, Mode::CutWhenClientSends(LINE_END.as_bytes().to_vec()))),
     };
     let remaining = AtomicI64::new(budget as i64);
     let started = Instant::now();
@@ -1640,6 +1881,26 @@ fn run_workload(w: Workload) {
         "{}: seed {seed}: no write was applied",
         w.name
     );
+    // The row and object forms end in the outcomes their faults allow: applied, stale,
+    // unavailable or unknown (and, for an object, its precondition lost to another version,
+    // e.g. a killed write's put landing after the next write read the object), or killed.
+    let unclassified: Vec<String> = h
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Write && !o.cancelled)
+        .filter(|o| match o.form {
+            WriteForm::Sql => false,
+            WriteForm::Row => ![0, 4, 7, 8].contains(&o.code),
+            WriteForm::Object => ![0, 4, 6, 7, 8].contains(&o.code),
+        })
+        .map(|o| o.to_string())
+        .collect();
+    assert!(
+        unclassified.is_empty(),
+        "{}: seed {seed}: writes ended in an exit their faults cannot explain:\n{}",
+        w.name,
+        unclassified.join("\n")
+    );
     let short: Vec<String> = minimums(&w, &h.ops)
         .into_iter()
         .filter(|(what, at_least)| exercised.get(what).copied().unwrap_or(0) < *at_least)
@@ -1677,6 +1938,11 @@ fn minimums(w: &Workload, ops: &[Op]) -> Vec<(String, usize)> {
             .filter(|o| o.kind == kind && !(signalable && o.skewed))
             .count() as f64
     };
+    let writes = |forms: &[WriteForm]| {
+        ops.iter()
+            .filter(|o| o.kind == OpKind::Write && forms.contains(&o.form))
+            .count() as f64
+    };
     let all = ops.len() as f64;
     // (class, expected count)
     let mut expected: Vec<(String, f64)> = vec![
@@ -1689,16 +1955,40 @@ fn minimums(w: &Workload, ops: &[Op]) -> Vec<(String, usize)> {
         ),
         (
             "Write target delay 150ms".into(),
-            count(OpKind::Write, false) * 0.04,
+            writes(&[WriteForm::Sql, WriteForm::Row]) * 0.04,
         ),
         (
             "Write target cut at COMMIT".into(),
-            count(OpKind::Write, false) * 0.02,
+            writes(&[WriteForm::Sql]) * 0.02,
         ),
+        // Most writes of a lease are applied; its last ones after a pause past the TTL are
+        // stale, on each form in proportion to its share of the writes.
+        (
+            "outcome: row write applied".into(),
+            writes(&[WriteForm::Row]) * ROW_APPLIED,
+        ),
+        ("outcome: stale row write refused".into(), all * 0.001),
         ("Write SIGKILL".into(), count(OpKind::Write, true) * 0.015),
     ];
     if w.sigstop {
         expected.push(("Write SIGSTOP".into(), count(OpKind::Write, true) * 0.05));
+    }
+    if w.objects {
+        expected.push((
+            "outcome: object write applied".into(),
+            writes(&[WriteForm::Object]) * OBJECT_APPLIED,
+        ));
+        expected.push(("outcome: stale object write refused".into(), all * 0.001));
+    }
+    if w.objects && matches!(w.backend, Backend::S3 | Backend::Gcs) {
+        expected.push((
+            "Write object server delay 150ms".into(),
+            writes(&[WriteForm::Object]) * 0.04,
+        ));
+        expected.push((
+            "Write object server cut at the put's end".into(),
+            writes(&[WriteForm::Object]) * 0.02,
+        ));
     }
     for (kind, stop, kill) in PROCESS_FAULTS {
         let n = count(kind, true);
@@ -1765,8 +2055,21 @@ fn exercised(ops: &[Op]) -> BTreeMap<String, usize> {
             (OpKind::Write, _) if op.cancelled => Some("outcome: write killed"),
             _ => None,
         };
-        if let Some(outcome) = outcome {
-            *m.entry(outcome.to_owned()).or_insert(0) += 1;
+        // The row and object forms' own outcomes (beside the ones above, for all forms).
+        let form = match (op.kind, op.form) {
+            (OpKind::Write, WriteForm::Row) => "row",
+            (OpKind::Write, WriteForm::Object) => "object",
+            _ => "",
+        };
+        let by_form = match (form, op.code) {
+            ("", _) => None,
+            (_, _) if op.cancelled => None,
+            (_, 0) => Some(format!("outcome: {form} write applied")),
+            (_, 4) => Some(format!("outcome: stale {form} write refused")),
+            (_, code) => Some(format!("outcome: {form} write exit {code}")),
+        };
+        for outcome in outcome.map(str::to_owned).into_iter().chain(by_form) {
+            *m.entry(outcome).or_insert(0) += 1;
         }
     }
     m
@@ -1798,6 +2101,9 @@ fn worker_loop(
     let target_cut = via(&links.target_cut);
     let coord_slow = links.coord_slow.as_ref().map(via);
     let coord_cut = links.coord_cut.as_ref().map(via);
+    let endpoint = |p: &Proxy| format!("http://{}", p.addr());
+    let object_slow = links.object_slow.as_ref().map(endpoint);
+    let object_cut = links.object_cut.as_ref().map(endpoint);
     let s = sut.schema();
     let mut iteration = 0;
     while take(1) {
@@ -1843,10 +2149,12 @@ fn worker_loop(
             }
             let pause = pick_pause(&mut rng, ttl, slack);
             thread::sleep(pause);
+            let form = pick_form(&mut rng, w);
             let mut req = Req::new(OpKind::Write, r, &owner)
                 .worker(worker)
                 .token(token)
-                .skew(skew);
+                .skew(skew)
+                .form(form);
             let roll = rng.range(0, 100);
             if roll < 10 && w.sigstop && skew.is_none() {
                 let p = Duration::from_millis(rng.range(ttl as u64 / 2, ttl as u64 * 2 + slack));
@@ -1855,11 +2163,23 @@ fn worker_loop(
                     Fault::Stop { after, pause: p },
                     format!("SIGSTOP {p:?} after {after:?}"),
                 );
-            } else if roll < 18 {
+            } else if let (Some(slow), true) =
+                (&object_slow, roll < 18 && form == WriteForm::Object)
+            {
+                req = req
+                    .endpoint(slow)
+                    .fault(Fault::None, "object server delay 150ms");
+            } else if let (Some(cut), true) = (&object_cut, roll < 22 && form == WriteForm::Object)
+            {
+                req = req
+                    .endpoint(cut)
+                    .fault(Fault::None, "object server cut at the put's end");
+            } else if roll < 18 && form != WriteForm::Object {
                 req = req
                     .target(&target_slow)
                     .fault(Fault::None, "target delay 150ms");
-            } else if roll < 22 {
+            } else if roll < 22 && form == WriteForm::Sql {
+                // (The row form is one statement with no COMMIT of its own to cut at.)
                 req = req
                     .target(&target_cut)
                     .fault(Fault::None, "target cut at COMMIT");
@@ -1902,14 +2222,15 @@ fn worker_loop(
             }
             let renewed = rec.op(sut, req);
             if renewed.code == 0 && take(1) {
-                let wop = rec.op(
+                let form = pick_form(&mut rng, w);
+                rec.op(
                     sut,
                     Req::new(OpKind::Write, r, &owner)
                         .worker(worker)
                         .token(token)
-                        .skew(skew),
+                        .skew(skew)
+                        .form(form),
                 );
-                let _ = wop;
             }
         }
         if rng.chance(80) && take(1) {
@@ -1969,6 +2290,22 @@ const PROCESS_FAULTS: [(OpKind, u64, u64); 3] = [
     (OpKind::Release, 8, 5),
 ];
 
+/// The form of a workload's write: a quarter row form (one conditional UPDATE fenced by the
+/// row's own token column), in workloads with objects a third object writes, the rest the
+/// transaction form (fenced by the guard row).
+fn pick_form(rng: &mut Rng, w: &Workload) -> WriteForm {
+    match rng.range(0, 100) {
+        0..=34 if w.objects => WriteForm::Object,
+        75.. => WriteForm::Row,
+        _ => WriteForm::Sql,
+    }
+}
+
+/// The share of row-form and object writes a workload's minimums expect applied, well under
+/// the lowest seen.
+const ROW_APPLIED: f64 = 0.3;
+const OBJECT_APPLIED: f64 = 0.3;
+
 /// Mostly short; sometimes past the lease's expiry, which the coordinator may judge up to
 /// `slack` ms late (S3: two seconds), so that leases really lapse and stale writes happen on
 /// every coordinator.
@@ -1993,6 +2330,7 @@ fn workload_postgres_coordinator_guard() {
         skews: vec![],
         sigstop: true,
         restarts: false,
+        objects: false,
     });
 }
 
@@ -2008,6 +2346,7 @@ fn workload_postgres_coordinator_protected_table() {
         skews: vec![],
         sigstop: true,
         restarts: false,
+        objects: false,
     });
 }
 
@@ -2027,6 +2366,7 @@ fn workload_postgres_coordinator_restarts() {
         skews: vec![],
         sigstop: true,
         restarts: true,
+        objects: false,
     });
 }
 
@@ -2042,13 +2382,15 @@ fn workload_file_coordinator_guard() {
         skews: vec![],
         sigstop: true,
         restarts: false,
+        objects: true,
     });
 }
 
 /// The object-store coordinators under the same random workload (acquisitions killed in
 /// flight, SIGSTOPs during writes, pauses past the TTL, target delays and cuts), fencing a
-/// PostgreSQL guard. Their event objects carry no usable clock (S3 stamps whole seconds), so
-/// the checker judges tokens, stale writes and late renewals here, not lease overlap by time.
+/// PostgreSQL database and objects on the same server. Lease overlap (I3) is judged on the
+/// store's own clock: the Last-Modified of each version of the lease record, which the record
+/// keeps per change (S3: whole seconds; GCS: milliseconds).
 #[test]
 fn workload_gcs_coordinator_guard() {
     run_workload(Workload {
@@ -2061,6 +2403,7 @@ fn workload_gcs_coordinator_guard() {
         skews: vec![],
         sigstop: true,
         restarts: false,
+        objects: true,
     });
 }
 
@@ -2076,6 +2419,7 @@ fn workload_s3_coordinator_guard() {
         skews: vec![],
         sigstop: true,
         restarts: false,
+        objects: true,
     });
 }
 
@@ -2121,6 +2465,7 @@ fn workload_clock_skew(backend: Backend) {
         skews: vec![fast, slow, None, None],
         sigstop: true,
         restarts: false,
+        objects: false,
     });
 }
 
@@ -2193,7 +2538,9 @@ fn clock_skew_with_faked_monotonic_clocks() {
 // --- the checker's own tests: hand-made histories ---------------------------------------------
 
 mod checker_self_test {
-    use super::checker::{self, CoordClock, CoordEvent, DataRow, History, Op, OpKind, TargetEvent};
+    use super::checker::{
+        self, CoordClock, CoordEvent, DataRow, History, Op, OpKind, TargetEvent, WriteForm,
+    };
     use serde_json::json;
     use std::time::Duration;
 
@@ -2223,6 +2570,7 @@ mod checker_self_test {
             fault: None,
             cancelled: false,
             skewed: false,
+            form: WriteForm::Sql,
         }
     }
 
@@ -2234,6 +2582,7 @@ mod checker_self_test {
             kind: kind.into(),
             owner: Some(owner.into()),
             token: Some(token),
+            ttl_ms: None,
         }
     }
 
@@ -2253,6 +2602,7 @@ mod checker_self_test {
             seq,
             token,
             op,
+            form: WriteForm::Sql,
         }
     }
 
@@ -2506,6 +2856,58 @@ mod checker_self_test {
         assert_eq!(takeover(362, approximate), vec!["I3"]);
     }
 
+    /// On an object store's clock (Last-Modified of the record's versions) a lease ends its
+    /// TTL plus the stamps' resolution after its last change: a takeover stamped one unit
+    /// earlier is a violation, whatever the test's clock saw.
+    #[test]
+    fn a_takeover_1ms_early_by_the_object_stores_clock_is_a_violation() {
+        const GCS: CoordClock = CoordClock::Store {
+            resolution_us: 1_000,
+        };
+        const S3: CoordClock = CoordClock::Store {
+            resolution_us: 1_000_000,
+        };
+        // B's lease: granted at 65 ms (its record says for `ttl` ms; its acquire asked 300).
+        let takeover = |at_ms: i64, clock: CoordClock, ttl: Option<i64>| {
+            let mut h = good();
+            h.coord_clock = clock;
+            h.coord[2].ttl_ms = ttl;
+            h.coord.push(ev(5, at_ms, "taken_over", "C", 3));
+            // On the test's clock C's acquire is long after B's lease (no overlap there).
+            h.ops
+                .push(op(8, OpKind::Acquire, "C", 3, Some(300), 5_000, 5_010, 0));
+            invariants(&h)
+        };
+        // GCS: live until 65 + 300 + 1 ms.
+        assert_eq!(takeover(365, GCS, None), vec!["I3"]);
+        assert!(takeover(366, GCS, None).is_empty());
+        // S3: whole seconds, the extra second in the holder's favour.
+        assert_eq!(takeover(1_364, S3, None), vec!["I3"]);
+        assert!(takeover(1_365, S3, None).is_empty());
+        // The TTL the record keeps decides, not the one the test asked for.
+        assert_eq!(takeover(565, GCS, Some(500)), vec!["I3"]);
+        assert!(takeover(566, GCS, Some(500)).is_empty());
+        // A renewal, stamped by the store, restarts the TTL from its own stamp.
+        let mut h = good();
+        h.coord_clock = GCS;
+        h.coord.push(ev(5, 200, "renewed", "B", 2));
+        h.ops
+            .push(op(8, OpKind::Renew, "B", 2, Some(300), 198, 202, 0));
+        h.coord.push(ev(6, 500, "taken_over", "C", 3));
+        h.ops
+            .push(op(9, OpKind::Acquire, "C", 3, Some(300), 5_000, 5_010, 0));
+        assert_eq!(invariants(&h), vec!["I3"]);
+        h.coord[5].at_us = 501_000;
+        assert!(invariants(&h).is_empty());
+        // A release ends the lease at its own stamp: the next grant may share it.
+        let mut h = good();
+        h.coord_clock = S3;
+        h.coord[2].at_us = h.coord[1].at_us;
+        assert!(invariants(&h).is_empty());
+        h.coord[2].at_us -= 1_000;
+        assert_eq!(invariants(&h), vec!["I3"]);
+    }
+
     #[test]
     fn a_token_used_by_another_owner_is_a_violation() {
         // C was never reported token 2 (B was): its write with it is accepted.
@@ -2526,6 +2928,113 @@ mod checker_self_test {
         assert_eq!(code("LF008 fencing token 9 was never issued"), 1);
         assert_eq!(code("42501 permission denied for table t"), 1);
         assert_eq!(code("connection refused"), 1);
+    }
+
+    /// `good()` with writes in the row form (A's, then B's) and to the object (B's; A's late
+    /// one refused): each form a token sequence of its own, with its stored token.
+    fn with_forms() -> History {
+        let mut h = good();
+        let write = |id, owner, token, start_ms, code, form| {
+            let mut o = op(
+                id,
+                OpKind::Write,
+                owner,
+                token,
+                None,
+                start_ms,
+                start_ms + 4,
+                code,
+            );
+            o.form = form;
+            o
+        };
+        h.ops.extend([
+            write(8, "A", 1, 32, 0, WriteForm::Row),
+            write(9, "B", 2, 91, 0, WriteForm::Row),
+            write(10, "B", 2, 92, 0, WriteForm::Object),
+            write(11, "A", 1, 101, 4, WriteForm::Object),
+        ]);
+        let data = |seq, token, op, form| DataRow {
+            form,
+            ..row(seq, token, op)
+        };
+        h.data.extend([
+            data(1, 1, 8, WriteForm::Row),
+            data(2, 2, 9, WriteForm::Row),
+            data(0, 2, 10, WriteForm::Object),
+        ]);
+        h.stored.insert(("r".into(), WriteForm::Row), 2);
+        h.stored.insert(("r".into(), WriteForm::Object), 2);
+        h
+    }
+
+    #[test]
+    fn a_good_history_with_every_write_form_has_no_violations() {
+        let violations = checker::check(&with_forms());
+        assert!(violations.is_empty(), "{violations:?}");
+        // The forms are fenced apart: a row write with token 1 after the transaction form
+        // applied token 2 is the row's first, not a stale write.
+        let mut h = good();
+        let mut late = op(8, OpKind::Write, "A", 1, None, 86, 88, 0);
+        late.form = WriteForm::Row;
+        h.ops.push(late);
+        h.data.push(DataRow {
+            form: WriteForm::Row,
+            ..row(1, 1, 8)
+        });
+        h.stored.insert(("r".into(), WriteForm::Row), 1);
+        let violations = checker::check(&h);
+        assert!(violations.is_empty(), "{violations:?}");
+    }
+
+    #[test]
+    fn detects_a_stale_row_or_object_write_applied_after_a_newer_one() {
+        for (form, seq) in [(WriteForm::Row, 3), (WriteForm::Object, 1)] {
+            let mut h = with_forms();
+            let mut stale = op(12, OpKind::Write, "A", 1, None, 102, 106, 0);
+            stale.form = form;
+            h.ops.push(stale);
+            h.data.push(DataRow {
+                form,
+                ..row(seq, 1, 12)
+            });
+            h.stored.insert(("r".into(), form), 1);
+            only(&h, "I2");
+        }
+    }
+
+    #[test]
+    fn a_stored_token_other_than_the_last_applied_writes_is_a_violation() {
+        for form in [WriteForm::Row, WriteForm::Object] {
+            let mut h = with_forms();
+            h.stored.insert(("r".into(), form), 3);
+            only(&h, "I2");
+        }
+    }
+
+    #[test]
+    fn a_row_or_object_written_without_its_stored_token_is_a_violation() {
+        for form in [WriteForm::Row, WriteForm::Object] {
+            let mut h = with_forms();
+            h.stored.remove(&("r".into(), form));
+            only(&h, "evidence");
+        }
+    }
+
+    #[test]
+    fn an_applied_row_or_object_write_missing_from_the_data_is_a_violation() {
+        for op in [9, 10] {
+            let mut h = with_forms();
+            h.data.retain(|r| r.op != op);
+            assert!(invariants(&h).contains(&"I6"), "op {op}");
+        }
+        // A refused object write that left its line.
+        let mut h = with_forms();
+        h.data.push(DataRow {
+            form: WriteForm::Object,
+            ..row(1, 1, 11)
+        });
+        assert!(invariants(&h).contains(&"I6"));
     }
 
     #[test]

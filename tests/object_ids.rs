@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::objects::{Service, Stored};
+use common::objects::{read_local, Service, Stored};
 use common::proxy::{Mode, Proxy};
 use common::{wait_for, Backend, Out, Store};
 
@@ -119,33 +119,6 @@ impl Bed {
             .args(["--format", "json"])
             .run()
     }
-}
-
-/// A `file://` object and its sidecar, read under the object's lock as fence does.
-fn read_local(path: &std::path::Path) -> Option<Stored> {
-    use std::os::fd::AsRawFd;
-    let dir = path.parent().unwrap();
-    let name = path.file_name().unwrap().to_str().unwrap();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(dir.join(format!(".{name}.fence.lock")))
-        .unwrap();
-    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let body = std::fs::read(path).ok()?;
-    let sidecar: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join(format!(".{name}.fence.json"))).ok()?)
-            .unwrap();
-    let metadata = sidecar["metadata"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-        .collect();
-    Some(Stored { body, metadata })
 }
 
 /// The ids the stored object's ledger holds, newest first.

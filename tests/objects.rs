@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::objects::{Server, Service, Stored};
+use common::objects::{read_local, Server, Service, Stored};
 use common::proxy::{Mode, Proxy};
 use common::{Backend, Out, Store};
 
@@ -110,38 +110,6 @@ impl Bed {
             .args(extra)
             .run()
     }
-}
-
-/// A `file://` object and its sidecar, read under the object's lock as fence does, so the
-/// bytes and the metadata are from the same write.
-fn read_local(path: &std::path::Path) -> Option<Stored> {
-    let dir = path.parent().unwrap();
-    let name = path.file_name().unwrap().to_str().unwrap();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(dir.join(format!(".{name}.fence.lock")))
-        .unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let body = std::fs::read(path).ok()?;
-    let sidecar: serde_json::Value = std::fs::read(dir.join(format!(".{name}.fence.json")))
-        .ok()
-        .map(|text| serde_json::from_slice(&text).unwrap())
-        .unwrap_or_default();
-    let metadata = sidecar["metadata"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
-    drop(lock);
-    Some(Stored { body, metadata })
 }
 
 fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {

@@ -6,10 +6,9 @@
 mod common;
 
 use std::process::{Child, Stdio};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{env_or_panic, Store};
+use common::{env_or_panic, wait_exit, Store};
 
 const ROUNDS: usize = 3;
 const WORKERS: usize = 4;
@@ -19,20 +18,6 @@ fn pooled() -> Store {
     let mut store = Store::postgres();
     store.url = env_or_panic("FENCE_TEST_PGBOUNCER_URL");
     store
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            return None;
-        }
-        sleep(Duration::from_millis(10));
-    }
 }
 
 /// The rows left in the store's waiters table, read directly (not through the pool).
@@ -50,10 +35,10 @@ fn acquire_renew_release_and_inspect_work_through_pgbouncer() {
     let store = pooled();
     store.fence().args(["init", "-q"]).run().expect(0);
     let lease = |args: &[&str]| store.fence().args(args).args(["--format", "json"]).run();
-    let got = lease(&["acquire", "job", "--owner", "a", "--ttl", "30s"])
-        .expect(0)
-        .json();
-    let token = got["token"].as_i64().unwrap().to_string();
+    let a = store
+        .fence()
+        .acquire("job", &["--owner", "a", "--ttl", "30s"]);
+    let token = a.token.to_string();
     // Many statements on one client connection, each transaction on any server connection:
     // with named prepared statements the second use of each would have failed here.
     for _ in 0..5 {
@@ -64,22 +49,16 @@ fn acquire_renew_release_and_inspect_work_through_pgbouncer() {
         let busy = lease(&["acquire", "job", "--owner", "b"]).expect(3).json();
         assert_eq!(busy["holder"]["owner"], "a");
     }
-    lease(&["release", "job", "--owner", "a", "--token", &token]).expect(0);
-    let next = lease(&["acquire", "job", "--owner", "b", "--ttl", "30s"])
-        .expect(0)
-        .json();
-    assert_eq!(
-        next["token"].as_i64(),
-        Some(token.parse::<i64>().unwrap() + 1)
-    );
+    store.fence().release(&a);
+    let next = store
+        .fence()
+        .acquire("job", &["--owner", "b", "--ttl", "30s"]);
+    assert_eq!(next.token, a.token + 1);
     let view = lease(&["inspect", "job", "--history", "3"])
         .expect(0)
         .json();
     assert_eq!(view["resources"][0]["owner"], "b");
-    assert_eq!(
-        store.lease("job"),
-        Some(("b".to_owned(), next["token"].as_i64().unwrap(), true))
-    );
+    assert_eq!(store.lease("job"), Some(("b".to_owned(), next.token, true)));
 }
 
 /// Issue 15, done-when 5: four concurrent `fence run --wait` on one resource through the
@@ -110,7 +89,7 @@ fn concurrent_waiting_runs_through_pgbouncer_never_overlap() {
             })
             .collect();
         for run in &mut runs {
-            assert_eq!(wait_with_timeout(run, Duration::from_secs(90)), Some(0));
+            assert_eq!(wait_exit(run, Duration::from_secs(90)), Some(0));
         }
     }
     let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
@@ -147,14 +126,7 @@ fn fenced_writes_land_through_pgbouncer() {
     let acquire = |owner: &str| {
         store
             .fence()
-            .args([
-                "acquire", "job", "--owner", owner, "--ttl", "30s", "--format", "json",
-            ])
-            .run()
-            .expect(0)
-            .json()["token"]
-            .as_i64()
-            .unwrap()
+            .acquire("job", &["--owner", owner, "--ttl", "30s"])
     };
     let write = |token: i64, args: &[&str]| {
         store
@@ -170,7 +142,8 @@ fn fenced_writes_land_through_pgbouncer() {
             .args(args)
             .run()
     };
-    let old = acquire("a");
+    let a = acquire("a");
+    let old = a.token;
     for k in 1..=3 {
         write(
             old,
@@ -181,19 +154,8 @@ fn fenced_writes_land_through_pgbouncer() {
         )
         .expect(0);
     }
-    store
-        .fence()
-        .args([
-            "release",
-            "job",
-            "--owner",
-            "a",
-            "--token",
-            &old.to_string(),
-        ])
-        .run()
-        .expect(0);
-    let new = acquire("b");
+    store.fence().release(&a);
+    let new = acquire("b").token;
     // The transaction form advances the resource's guard, the row form the row's own token.
     write(
         new,

@@ -38,29 +38,21 @@ fn write_file(path: &Path, text: &str, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// `fence` with the store's HOME and schema, but `url` as the store.
-fn fence_at(store: &Store, url: &str) -> common::Fence {
-    common::Fence::bare(store.home.path()).args([
-        "--store",
-        url,
-        "--schema",
-        store.schema.as_deref().unwrap(),
-    ])
-}
-
 #[test]
 fn a_private_pgpass_file_gives_the_password_and_a_readable_one_is_ignored() {
     let store = Store::postgres();
     let pgpass = store.home.path().join(".pgpass");
     write_file(&pgpass, &pgpass_line(), 0o600);
-    fence_at(&store, &bare_url())
+    store
+        .fence_at(&bare_url())
         .args(["acquire", "job", "--owner", "cron"])
         .run()
         .expect(0);
     assert_eq!(store.lease("job").map(|l| l.0), Some("cron".to_owned()));
 
     std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = fence_at(&store, &bare_url())
+    let out = store
+        .fence_at(&bare_url())
         .args(["release", "job", "--owner", "cron", "--token", "1"])
         .run()
         .expect(2);
@@ -77,7 +69,8 @@ fn pgpassfile_names_the_password_file() {
     let store = Store::postgres();
     let elsewhere = store.home.path().join("secrets");
     write_file(&elsewhere, &pgpass_line(), 0o600);
-    fence_at(&store, &bare_url())
+    store
+        .fence_at(&bare_url())
         .env("PGPASSFILE", &elsewhere)
         .args(["acquire", "job", "--owner", "cron"])
         .run()
@@ -101,19 +94,22 @@ fn pgservice_fills_in_the_whole_connection() {
         ),
         0o600,
     );
-    fence_at(&store, "postgres://")
+    store
+        .fence_at("postgres://")
         .env("PGSERVICEFILE", &file)
         .env("PGSERVICE", "ops")
         .args(["acquire", "job", "--owner", "cron"])
         .run()
         .expect(0);
-    fence_at(&store, "postgres://?service=ops")
+    store
+        .fence_at("postgres://?service=ops")
         .env("PGSERVICEFILE", &file)
         .args(["release", "job", "--owner", "cron", "--token", "1"])
         .run()
         .expect(0);
     assert_eq!(store.lease("job").map(|l| l.2), Some(false));
-    let out = fence_at(&store, "postgres://?service=nosuch")
+    let out = store
+        .fence_at("postgres://?service=nosuch")
         .env("PGSERVICEFILE", &file)
         .args(["inspect"])
         .run()

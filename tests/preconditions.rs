@@ -12,7 +12,7 @@ use std::thread;
 
 use common::objects::{Server, Service};
 use common::proxy::{HttpProxy, Verdict};
-use common::{Backend, Fence, Out, Store};
+use common::{Backend, Fence, Lease, Out, Store};
 
 fn backend(service: Service) -> Backend {
     match service {
@@ -30,13 +30,8 @@ fn endpoint_var(service: Service) -> &'static str {
 
 /// A proxy in front of the test server that removes every precondition from every request.
 fn ignoring(server: &Server) -> HttpProxy {
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
     HttpProxy::start(
-        upstream,
+        server.addr(),
         Arc::new(|request| {
             request.remove_header("if-match");
             request.remove_header("if-none-match");
@@ -48,12 +43,7 @@ fn ignoring(server: &Server) -> HttpProxy {
 
 /// A proxy that changes nothing (it counts).
 fn passing(server: &Server) -> HttpProxy {
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    HttpProxy::start(upstream, Arc::new(|_| Verdict::Forward))
+    HttpProxy::start(server.addr(), Arc::new(|_| Verdict::Forward))
 }
 
 /// `fence` on `store`, its requests going through `proxy`.
@@ -81,6 +71,17 @@ fn assert_refused(out: &Out, service: Service) {
         "the message names the ignored precondition: {message}"
     );
 }
+
+per_service!(
+    ignoring_server_is_refused,
+    races_never_grant_twice,
+    verification_is_recorded_once,
+    definite_answers_are_final,
+    event_failures_never_hide_what_happened,
+    requests_per_operation,
+    missing_bucket_is_named,
+    history_survives_archiving,
+);
 
 /// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
 /// (exit 2, naming the precondition), and nothing of fence's but scratch probes is stored:
@@ -119,16 +120,6 @@ fn ignoring_server_is_refused(service: Service) {
     );
 }
 
-#[test]
-fn s3_ignoring_server_is_refused() {
-    ignoring_server_is_refused(Service::S3);
-}
-
-#[test]
-fn gcs_ignoring_server_is_refused() {
-    ignoring_server_is_refused(Service::Gcs);
-}
-
 /// Ten races of two owners for a fresh resource on the ignoring server: never two grants
 /// (without the check, every race gave two).
 fn races_never_grant_twice(service: Service) {
@@ -155,16 +146,6 @@ fn races_never_grant_twice(service: Service) {
     }
     let leases = server.list(&format!("{prefix}/leases"));
     assert!(leases.is_empty(), "no lease record was stored: {leases:?}");
-}
-
-#[test]
-fn s3_races_never_grant_twice() {
-    races_never_grant_twice(Service::S3);
-}
-
-#[test]
-fn gcs_races_never_grant_twice() {
-    races_never_grant_twice(Service::Gcs);
 }
 
 /// On an enforcing server the first acquire (no `init`) proves the prefix and records it in
@@ -215,16 +196,6 @@ fn verification_is_recorded_once(service: Service) {
     assert!(out.stdout.contains("verified"), "{out:?}");
 }
 
-#[test]
-fn s3_verification_is_recorded_once() {
-    verification_is_recorded_once(Service::S3);
-}
-
-#[test]
-fn gcs_verification_is_recorded_once() {
-    verification_is_recorded_once(Service::Gcs);
-}
-
 /// The one way past the check: the loudly named variable. fence warns, and records no proof.
 #[test]
 fn the_check_is_skipped_only_when_asked_loudly() {
@@ -256,13 +227,8 @@ fn answering(
     status: u16,
     pick: impl Fn(&common::proxy::HttpRequest) -> bool + Send + Sync + 'static,
 ) -> HttpProxy {
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
     HttpProxy::start(
-        upstream,
+        server.addr(),
         Arc::new(move |request| {
             if pick(request) {
                 Verdict::Answer {
@@ -328,16 +294,6 @@ fn definite_answers_are_final(service: Service) {
     }
 }
 
-#[test]
-fn s3_definite_answers_are_final() {
-    definite_answers_are_final(Service::S3);
-}
-
-#[test]
-fn gcs_definite_answers_are_final() {
-    definite_answers_are_final(Service::Gcs);
-}
-
 /// A change and its event are one write (the record keeps its history): with every write of
 /// an event object answered 429, `acquire` still succeeds without a warning and `inspect`
 /// shows the holder and the `acquired` event. A refusal's event (written beside the record)
@@ -358,7 +314,12 @@ fn event_failures_never_hide_what_happened(service: Service) {
         .run();
     assert_eq!(out.code, 0, "{out:?}");
     assert!(!out.stderr.contains("warning"), "{out:?}");
-    let token = out.json()["token"].as_i64().unwrap();
+    let lease = Lease {
+        resource: "res".into(),
+        owner: "a".into(),
+        token: out.json()["token"].as_i64().unwrap(),
+    };
+    let token = lease.token;
     let view = store
         .fence()
         .args(["inspect", "res", "--history", "5", "--format", "json"])
@@ -372,18 +333,7 @@ fn event_failures_never_hide_what_happened(service: Service) {
     assert_eq!(resource["events"][0]["kind"], "acquired", "{view}");
     assert_eq!(resource["events"][0]["owner"], "a", "{view}");
 
-    store
-        .fence()
-        .args([
-            "release",
-            "res",
-            "--owner",
-            "a",
-            "--token",
-            &token.to_string(),
-        ])
-        .run()
-        .expect(0);
+    store.fence().release(&lease);
     let out = via(&store, &proxy)
         .args([
             "renew",
@@ -402,16 +352,6 @@ fn event_failures_never_hide_what_happened(service: Service) {
     );
 }
 
-#[test]
-fn s3_event_failures_never_hide_what_happened() {
-    event_failures_never_hide_what_happened(Service::S3);
-}
-
-#[test]
-fn gcs_event_failures_never_hide_what_happened() {
-    event_failures_never_hide_what_happened(Service::Gcs);
-}
-
 /// Requests per operation on the common path, counted through a proxy: `acquire` of a free
 /// resource, `release` and a fenced write of an object fence wrote before (with or without a
 /// write id): 2 each (the read and the conditional write); `renew`: 3 (its expiry is judged
@@ -423,14 +363,10 @@ fn requests_per_operation(service: Service) {
     let file = store.home.path().join("body");
     std::fs::write(&file, "bytes").unwrap();
     // The resource and the object exist (the first use of each is not the common path).
-    let out = store
+    let lease = store
         .fence()
-        .args([
-            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
-        ])
-        .run()
-        .expect(0);
-    let token = out.json()["token"].as_i64().unwrap().to_string();
+        .acquire("res", &["--owner", "a", "--ttl", "60s"]);
+    let token = lease.token.to_string();
     store
         .fence()
         .args([
@@ -439,11 +375,7 @@ fn requests_per_operation(service: Service) {
         .args([&file])
         .run()
         .expect(0);
-    store
-        .fence()
-        .args(["release", "res", "--owner", "a", "--token", &token])
-        .run()
-        .expect(0);
+    store.fence().release(&lease);
 
     let count = |args: &[&str]| {
         let proxy = passing(server);
@@ -494,16 +426,6 @@ fn requests_per_operation(service: Service) {
     assert_eq!(stored.token().map(|t| t.to_string()), Some(token));
 }
 
-#[test]
-fn s3_requests_per_operation() {
-    requests_per_operation(Service::S3);
-}
-
-#[test]
-fn gcs_requests_per_operation() {
-    requests_per_operation(Service::Gcs);
-}
-
 /// A bucket that does not exist is a usage error naming it, for the coordinator and for
 /// `inspect --target` (never `(absent)` with exit 0).
 fn missing_bucket_is_named(service: Service) {
@@ -512,15 +434,11 @@ fn missing_bucket_is_named(service: Service) {
         Service::S3 => "s3",
         Service::Gcs => "gs",
     };
-    let out = Fence::bare(store.home.path())
-        .args(["--store", &format!("{scheme}://nosuchbucket/p")])
+    let out = store
+        .fence_at(&format!("{scheme}://nosuchbucket/p"))
         .args([
             "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
         ])
-        .env(endpoint_var(service), &store.server().0.endpoint)
-        .env("AWS_ACCESS_KEY_ID", "fence-test")
-        .env("AWS_SECRET_ACCESS_KEY", "fence-test-secret")
-        .env("AWS_REGION", "us-east-1")
         .run();
     assert_eq!(out.code, 2, "{out:?}");
     assert!(
@@ -539,16 +457,6 @@ fn missing_bucket_is_named(service: Service) {
     assert!(out.stdout.contains("nosuchbucket"), "{out:?}");
 }
 
-#[test]
-fn s3_missing_bucket_is_named() {
-    missing_bucket_is_named(Service::S3);
-}
-
-#[test]
-fn gcs_missing_bucket_is_named() {
-    missing_bucket_is_named(Service::Gcs);
-}
-
 /// The record keeps its latest changes and archives older ones: after 12 grants and releases
 /// the whole history (24 changes) is durable, in order, without duplicates, partly in an
 /// archive object; `inspect --history` shows all of it, newest first.
@@ -557,27 +465,11 @@ fn history_survives_archiving(service: Service) {
     let (server, prefix) = store.server();
     for n in 1..=12 {
         let owner = format!("o{n}");
-        let out = store
+        let lease = store
             .fence()
-            .args([
-                "acquire", "res", "--owner", &owner, "--ttl", "30s", "--format", "json",
-            ])
-            .run()
-            .expect(0);
-        let token = out.json()["token"].as_i64().unwrap();
-        assert_eq!(token, n);
-        store
-            .fence()
-            .args([
-                "release",
-                "res",
-                "--owner",
-                &owner,
-                "--token",
-                &token.to_string(),
-            ])
-            .run()
-            .expect(0);
+            .acquire("res", &["--owner", &owner, "--ttl", "30s"]);
+        assert_eq!(lease.token, n);
+        store.fence().release(&lease);
     }
     let expected: Vec<(String, Option<String>, Option<i64>)> = (1..=12)
         .flat_map(|n| {
@@ -613,16 +505,6 @@ fn history_survives_archiving(service: Service) {
     assert_eq!(shown, expected);
 }
 
-#[test]
-fn s3_history_survives_archiving() {
-    history_survives_archiving(Service::S3);
-}
-
-#[test]
-fn gcs_history_survives_archiving() {
-    history_survives_archiving(Service::Gcs);
-}
-
 /// Names are checked before anything is sent: an object URL ending in `/` (a directory), a key
 /// with a newline, and a resource whose object names would pass 1024 bytes are usage errors,
 /// and nothing reaches the server.
@@ -649,11 +531,8 @@ fn bad_names_are_refused_before_sending() {
     // The longest resource name (200 bytes, 600 once encoded) under a long prefix.
     let resource = "é".repeat(100);
     let long_prefix = format!("{prefix}/{}", "p".repeat(500));
-    let mut fence = Fence::bare(store.home.path()).args(["--store", &server.url(&long_prefix)]);
-    for (key, value) in server.env() {
-        fence = fence.env(key, value);
-    }
-    let out = fence
+    let out = store
+        .fence_at(&server.url(&long_prefix))
         .env("AWS_ENDPOINT_URL", proxy.endpoint())
         .args([
             "acquire", &resource, "--owner", "a", "--ttl", "30s", "--format", "json",
@@ -670,13 +549,8 @@ fn bad_names_are_refused_before_sending() {
 fn expired_s3_session_credentials_are_named() {
     let store = verified_store(Service::S3);
     let (server, _) = store.server();
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
     let proxy = HttpProxy::start(
-        upstream,
+        server.addr(),
         Arc::new(|_| {
             Verdict::Answer {
             status: 400,

@@ -119,7 +119,14 @@ impl<'a> Object<'a> {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
                     .collect();
-                Some(Stored { body, metadata })
+                let version = sidecar(dir.path(), name)["generation"]
+                    .as_u64()
+                    .map(|g| g.to_string());
+                Some(Stored {
+                    body,
+                    metadata,
+                    version,
+                })
             }
             None => self.store.server().0.get(&self.key(name)),
         }

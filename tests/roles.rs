@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, Fence, Out, Store};
 use serde_json::Value;
@@ -80,6 +79,14 @@ impl Db {
         Fence::bare(self.home.path()).env("FENCE_STORE", store)
     }
 
+    /// `protect --table TABLE --resource nightly-report`, run by the admin.
+    fn protect(&self, table: &str) -> Out {
+        self.fence()
+            .args(["protect", "--target", &self.admin_url(), "--table", table])
+            .args(["--resource", "nightly-report", "--format", "json"])
+            .run()
+    }
+
     /// Every row of `table` as text, in a stable order (read by the admin).
     fn contents(&self, table: &str) -> Vec<String> {
         pg_query(
@@ -133,12 +140,9 @@ fn run_recipe(db: &Db, recipe: &str) -> Out {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let output = Command::new("bash")
+    let output = common::clean_command("bash", db.home.path())
         .args(["-euo", "pipefail", "-c", recipe])
-        .env_clear()
         .env("PATH", path)
-        .env("HOME", db.home.path())
-        .env("LANG", "C.UTF-8")
         .env(
             "FENCE_STORE",
             format!("file://{}/store", db.home.path().display()),
@@ -157,24 +161,9 @@ fn run_recipe(db: &Db, recipe: &str) -> Out {
 
 /// A token for `resource` from the test's file coordinator.
 fn acquire(db: &Db, resource: &str) -> i64 {
-    let out = db
-        .fence()
-        .args(["acquire", resource, "--format", "json"])
-        .run()
-        .expect(0);
-    let token = out.json()["token"].as_i64().unwrap();
-    db.fence()
-        .args([
-            "release",
-            resource,
-            "--token",
-            &token.to_string(),
-            "--owner",
-        ])
-        .args([out.json()["owner"].as_str().unwrap()])
-        .run()
-        .expect(0);
-    token
+    let lease = db.fence().acquire(resource, &[]);
+    db.fence().release(&lease);
+    lease.token
 }
 
 fn write(db: &Db, role: &str, token: i64, sql: &str) -> Out {
@@ -217,12 +206,7 @@ fn partitions_and_children_are_fenced(db: &Db) {
          CREATE TABLE audit (note text);
          CREATE TABLE audit_old () INHERITS (audit);",
     );
-    let out = db
-        .fence()
-        .args(["protect", "--target", &db.admin_url(), "--table", "audit"])
-        .args(["--resource", "nightly-report", "--format", "json"])
-        .run()
-        .expect(0);
+    let out = db.protect("audit").expect(0);
     assert_eq!(
         out.json()["covered"],
         serde_json::json!(["public.audit", "public.audit_old"])
@@ -453,12 +437,7 @@ fn views_are_refused(db: &Db) {
             db.name
         ),
     );
-    let out = db
-        .fence()
-        .args(["protect", "--target", &db.admin_url(), "--table", "other"])
-        .args(["--resource", "nightly-report", "--format", "json"])
-        .run()
-        .expect(2);
+    let out = db.protect("other").expect(2);
     assert!(
         out.json()["message"]
             .as_str()
@@ -483,18 +462,7 @@ fn views_are_refused(db: &Db) {
         &db.admin(),
         "CREATE VIEW ledger_view AS SELECT * FROM ledger",
     );
-    let out = db
-        .fence()
-        .args([
-            "protect",
-            "--target",
-            &db.admin_url(),
-            "--table",
-            "ledger_view",
-        ])
-        .args(["--resource", "nightly-report", "--format", "json"])
-        .run()
-        .expect(2);
+    let out = db.protect("ledger_view").expect(2);
     assert!(
         out.json()["message"]
             .as_str()
@@ -525,17 +493,15 @@ fn protect_without_a_superuser_warns_and_covers_partitions_when_run_again() {
              CREATE TABLE {s}.pt_1a PARTITION OF {s}.pt_1 FOR VALUES FROM (0) TO (5);"
         ),
     );
-    let protect = |extra: &[&str]| {
+    let protect_table = |table: &str, extra: &[&str]| {
         store
             .fence()
-            .args([
-                "protect", "--target", &store.url, "--table", &t, "--format", "json",
-            ])
+            .args(["protect", "--target", &store.url, "--table", table])
+            .args(["--format", "json"])
             .args(extra)
             .run()
-            .expect(0)
-            .json()
     };
+    let protect = |extra: &[&str]| protect_table(&t, extra).expect(0).json();
     let v = protect(&["--resource", "r"]);
     let names = |v: &Value| -> Vec<String> {
         v["covered"]
@@ -595,18 +561,7 @@ fn protect_without_a_superuser_warns_and_covers_partitions_when_run_again() {
         .all(|row| row["protected"] == true));
 
     // Not from a partition alone: that would open a hole in the tree's protection.
-    let out = store
-        .fence()
-        .args([
-            "protect",
-            "--target",
-            &store.url,
-            "--table",
-            &format!("{s}.pt_1"),
-        ])
-        .args(["--remove", "--format", "json"])
-        .run()
-        .expect(2);
+    let out = protect_table(&format!("{s}.pt_1"), &["--remove"]).expect(2);
     assert!(out.json()["hint"].as_str().unwrap().contains(&t), "{out:?}");
     let v = protect(&["--remove"]);
     assert_eq!(names(&v).len(), 4);
@@ -658,12 +613,7 @@ fn an_application_role_owning_the_schema_is_flagged_and_refused() {
         ),
     );
     write(&db, "roles_owner", 1, "INSERT INTO t VALUES (1)").expect(0);
-    let out = db
-        .fence()
-        .args(["protect", "--target", &db.admin_url(), "--table", "t"])
-        .args(["--resource", "nightly-report", "--format", "json"])
-        .run()
-        .expect(0);
+    let out = db.protect("t").expect(0);
     let warnings = out.json()["warnings"].to_string();
     assert!(
         warnings.contains("owned by roles_owner") && warnings.contains("bypass"),

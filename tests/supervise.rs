@@ -217,7 +217,7 @@ fn a_lost_lease_kills_the_whole_process_group(store: &Store) {
     let newer = taken.json()["token"].as_i64().unwrap();
     let resumed = Instant::now();
     kill(fence.id(), libc::SIGCONT);
-    let status = wait_with_timeout(&mut fence, Duration::from_secs(10));
+    let status = common::wait_exit(&mut fence, Duration::from_secs(10));
     assert_eq!(status, Some(5), "lease_lost");
     assert!(
         resumed.elapsed() < Duration::from_secs(1) + Duration::from_secs(2),
@@ -240,20 +240,6 @@ fn a_lost_lease_kills_the_whole_process_group(store: &Store) {
     // The usurper's lease is untouched.
     let (owner, token, live) = store.lease("job").unwrap();
     assert_eq!((owner.as_str(), token, live), ("usurper", newer, true));
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            return None;
-        }
-        sleep(Duration::from_millis(10));
-    }
 }
 
 fn ten_waiters_each_get_one_turn_in_token_order(store: &Store) {
@@ -281,7 +267,7 @@ fn ten_waiters_each_get_one_turn_in_token_order(store: &Store) {
         .collect();
     for mut waiter in waiters {
         assert_eq!(
-            wait_with_timeout(&mut waiter, Duration::from_secs(60)),
+            common::wait_exit(&mut waiter, Duration::from_secs(60)),
             Some(0)
         );
     }
@@ -397,7 +383,7 @@ fn release_and_take_turns(
     pg_release(store, "job", "holder", held);
     for mut waiter in waiters {
         assert_eq!(
-            wait_with_timeout(&mut waiter, Duration::from_secs(30)),
+            common::wait_exit(&mut waiter, Duration::from_secs(30)),
             Some(0)
         );
     }

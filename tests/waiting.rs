@@ -16,10 +16,13 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::{block_on, pg_limited_role, pg_query, pg_socket_url, pg_superuser, Store};
+use common::{
+    block_on, pg_limited_role, pg_query, pg_socket_url, pg_superuser, wait_exit, wait_for, Lease,
+    Store,
+};
+use serde_json::Value;
 
 /// How many `fence run --wait` queue behind one holder in the scale test (issue 25 asks for
 /// 200; on the 2 loaded cores of CI the whole test takes about a minute).
@@ -36,28 +39,6 @@ const TOTAL_BOUND: i64 = 16;
 /// How long a dead or paused waiter can hold the queue up: its promised next poll (250 ms
 /// near the head) plus the grace (5 s) of `src/coordinator/postgres.rs`.
 const HEARTBEAT_BOUND: Duration = Duration::from_millis(5_250);
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        sleep(Duration::from_millis(10));
-    }
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Option<i32> {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            return None;
-        }
-        sleep(Duration::from_millis(10));
-    }
-}
 
 fn kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a process this test started.
@@ -82,18 +63,9 @@ fn tagged(url: &str, name: &str) -> String {
     format!("{url}{sep}application_name={name}")
 }
 
-fn fence_at(store: &Store, url: &str) -> common::Fence {
-    common::Fence::bare(store.home.path()).args([
-        "--store",
-        url,
-        "--schema",
-        store.schema.as_deref().unwrap(),
-    ])
-}
-
 /// `fence run RESOURCE --wait … --owner OWNER -- sh -c SCRIPT` in `dir`, stderr to a file.
 fn run_waiter(store: &Store, url: &str, owner: &str, script: &str, dir: &Path) -> Child {
-    let mut fence = fence_at(store, url).args([
+    let mut fence = store.fence_at(url).args([
         "run", "job", "--wait", "600s", "--ttl", "60s", "--owner", owner, "--", "sh", "-c", script,
     ]);
     let stderr = std::fs::File::create(dir.join(format!("{owner}.err"))).unwrap();
@@ -104,25 +76,6 @@ fn run_waiter(store: &Store, url: &str, owner: &str, script: &str, dir: &Path) -
         .stdout(Stdio::null())
         .stderr(stderr);
     fence.cmd.spawn().unwrap()
-}
-
-fn acquire_at(store: &Store, url: &str, resource: &str, owner: &str, ttl: &str) -> i64 {
-    fence_at(store, url)
-        .args(["acquire", resource, "--owner", owner, "--ttl", ttl])
-        .args(["--format", "json"])
-        .run()
-        .expect(0)
-        .json()["token"]
-        .as_i64()
-        .unwrap()
-}
-
-fn release_at(store: &Store, url: &str, resource: &str, owner: &str, token: i64) {
-    fence_at(store, url)
-        .args(["release", resource, "--owner", owner])
-        .args(["--token", &token.to_string()])
-        .run()
-        .expect(0);
 }
 
 /// Samples the connections of `role` named `fence` (the waiters and the holder) until
@@ -194,9 +147,26 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
     store.url = url.clone();
     let probe = tagged(&url, "probe");
     let schema = store.schema.clone().unwrap();
-    fence_at(&store, &url).args(["init", "-q"]).run().expect(0);
+    store.fence_at(&url).args(["init", "-q"]).run().expect(0);
     let dir = tempfile::tempdir().unwrap();
-    let held = acquire_at(&store, &url, "job", "holder", "600s");
+    let held = store
+        .fence_at(&url)
+        .acquire("job", &["--owner", "holder", "--ttl", "600s"]);
+    // Another command of the role, beside the queue: it inspects `job` and takes and gives
+    // back a resource of its own.
+    let probe_the_role = |other: &str| -> Value {
+        let view = store
+            .fence_at(&probe)
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        let lease = store
+            .fence_at(&probe)
+            .acquire(other, &["--owner", "probe", "--ttl", "30s"]);
+        store.fence_at(&probe).release(&lease);
+        view
+    };
     let sampler = Sampler::start(&role);
     let started = Instant::now();
     let mut waiters = Vec::new();
@@ -215,18 +185,11 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
         });
         if i % 20 == 19 {
             // The role still has slots for the rest of the world.
-            let view = fence_at(&store, &probe)
-                .args(["inspect", "job", "--format", "json"])
-                .run()
-                .expect(0)
-                .json();
+            let view = probe_the_role(&format!("other-{i}"));
             assert_eq!(
                 view["resources"][0]["waiters"].as_array().unwrap().len(),
                 i + 1
             );
-            let other = format!("other-{i}");
-            let token = acquire_at(&store, &probe, &other, "probe", "30s");
-            release_at(&store, &probe, &other, "probe", token);
         }
     }
     let queued = started.elapsed();
@@ -238,21 +201,15 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
         .collect();
     let expected: Vec<String> = (0..WAITERS).map(|i| format!("w{i:03}")).collect();
     assert_eq!(rows, expected);
-    release_at(&store, &url, "job", "holder", held);
+    store.fence_at(&url).release(&held);
     let released = Instant::now();
     for (i, waiter) in waiters.iter_mut().enumerate() {
-        let code = wait_with_timeout(waiter, Duration::from_secs(300));
+        let code = wait_exit(waiter, Duration::from_secs(300));
         let stderr = std::fs::read_to_string(dir.path().join(format!("w{i:03}.err"))).unwrap();
         assert_eq!(code, Some(0), "w{i:03}: {stderr}");
         if i % 40 == 39 {
             // While the queue drains too.
-            fence_at(&store, &probe)
-                .args(["inspect", "job", "--format", "json"])
-                .run()
-                .expect(0);
-            let other = format!("drain-{i}");
-            let token = acquire_at(&store, &probe, &other, "probe", "30s");
-            release_at(&store, &probe, &other, "probe", token);
+            probe_the_role(&format!("drain-{i}"));
         }
     }
     let drained = released.elapsed();
@@ -262,7 +219,7 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
     );
     let turns = std::fs::read_to_string(dir.path().join("turns")).unwrap();
     let expected: Vec<String> = (0..WAITERS)
-        .map(|i| format!("w{i:03} {}", held + 1 + i as i64))
+        .map(|i| format!("w{i:03} {}", held.token + 1 + i as i64))
         .collect();
     assert_eq!(turns.lines().collect::<Vec<_>>(), expected);
     assert!(queue_rows(&schema, "job").is_empty(), "rows left behind");
@@ -281,9 +238,12 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
     let url = store.url.clone();
-    let held = acquire_at(&store, &url, "job", "holder", "60s");
+    let held = store
+        .fence_at(&url)
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
     let spawn = |owner: &str| -> Child {
-        let mut fence = fence_at(&store, &url)
+        let mut fence = store
+            .fence_at(&url)
             .args([
                 "acquire", "job", "--wait", "60s", "--ttl", "60s", "--owner", owner,
             ])
@@ -305,14 +265,14 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     kill(killed.id(), libc::SIGKILL);
     killed.wait().unwrap();
     let released = Instant::now();
-    release_at(&store, &url, "job", "holder", held);
+    store.fence_at(&url).release(&held);
     let out = next.wait_with_output().unwrap();
     let waited = released.elapsed();
     eprintln!("the next waiter was granted {waited:?} after the release");
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         store.lease("job"),
-        Some(("next".to_owned(), held + 1, true))
+        Some(("next".to_owned(), held.token + 1, true))
     );
     // Both rows were promised at most one near-head poll plus the grace; the next waiter's
     // own poll and a loaded machine get two seconds more.
@@ -327,7 +287,12 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
         Duration::from_secs(20),
         || queue_rows(&schema, "job") == ["paused"],
     );
-    release_at(&store, &url, "job", "next", held + 1);
+    let next = Lease {
+        resource: "job".into(),
+        owner: "next".into(),
+        token: held.token + 1,
+    };
+    store.fence_at(&url).release(&next);
     let out = paused.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -337,7 +302,7 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     );
     assert_eq!(
         store.lease("job"),
-        Some(("paused".to_owned(), held + 2, true))
+        Some(("paused".to_owned(), held.token + 2, true))
     );
     assert!(queue_rows(&schema, "job").is_empty());
 }
@@ -351,7 +316,7 @@ fn postgres_a_full_server_is_retried_for_the_whole_wait() {
     let (_role, url) = pg_limited_role(2);
     let mut store = Store::postgres();
     store.url = url.clone();
-    fence_at(&store, &url).args(["init", "-q"]).run().expect(0);
+    store.fence_at(&url).args(["init", "-q"]).run().expect(0);
     block_on(async {
         let mut idle = Vec::new();
         for _ in 0..2 {
@@ -360,7 +325,8 @@ fn postgres_a_full_server_is_retried_for_the_whole_wait() {
                 .unwrap();
             idle.push((client, tokio::spawn(conn)));
         }
-        let out = fence_at(&store, &url)
+        let out = store
+            .fence_at(&url)
             .args(["acquire", "job", "--owner", "impatient", "--format", "json"])
             .run()
             .expect(7)
@@ -370,7 +336,8 @@ fn postgres_a_full_server_is_retried_for_the_whole_wait() {
             message.contains("53300") && message.contains("retried") && message.contains("gave up"),
             "{message}"
         );
-        let mut waiter = fence_at(&store, &url)
+        let mut waiter = store
+            .fence_at(&url)
             .args(["acquire", "job", "--owner", "patient", "--wait", "60s"])
             .args(["--format", "json"])
             .cmd
@@ -411,10 +378,11 @@ fn postgres_a_holder_cut_off_while_the_server_is_full_reconnects_or_names_the_ca
     let (role, url) = pg_limited_role(2);
     let mut store = Store::postgres();
     store.url = url.clone();
-    fence_at(&store, &url).args(["init", "-q"]).run().expect(0);
+    store.fence_at(&url).args(["init", "-q"]).run().expect(0);
     let tag = format!("holder_{role}");
     let tagged = format!("{url}&application_name={tag}");
-    let holder = fence_at(&store, &tagged)
+    let holder = store
+        .fence_at(&tagged)
         .args([
             "run",
             "job",
@@ -439,17 +407,12 @@ fn postgres_a_holder_cut_off_while_the_server_is_full_reconnects_or_names_the_ca
         .first()
         .map(|row| row.get::<_, i32>(0))
     };
-    let start = Instant::now();
-    let pid = loop {
-        if let Some(pid) = backend() {
-            break pid;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the holder never connected"
-        );
-        sleep(Duration::from_millis(20));
-    };
+    let mut pid = None;
+    wait_for("the holder to connect", Duration::from_secs(20), || {
+        pid = backend();
+        pid.is_some()
+    });
+    let pid = pid.unwrap();
     pg_query(
         &pg_superuser(),
         &format!("SELECT pg_terminate_backend({pid})"),

@@ -276,6 +276,7 @@ fn the_readme_object_recipe_publishes_once(backend: common::Backend) {
                             .iter()
                             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
                             .collect(),
+                        version: meta["generation"].as_u64().map(|g| g.to_string()),
                     }
                 }),
             )

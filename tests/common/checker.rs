@@ -30,6 +30,17 @@ pub enum OpKind {
     RawWrite,
 }
 
+/// Which of fence's write forms a write used, and so what fences it: the target's guard row
+/// (the transaction form, `--sql`), the row's own token column (the row form, `--table`), or
+/// the object's stored `fence-token` (`--from`). Each form is its own sequence of accepted
+/// tokens: a row-form write is not ordered against the guard, nor an object against either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WriteForm {
+    Sql,
+    Row,
+    Object,
+}
+
 /// One recorded operation.
 #[derive(Clone, Debug)]
 pub struct Op {
@@ -55,6 +66,8 @@ pub struct Op {
     pub cancelled: bool,
     /// The process ran with a skewed clock (faketime).
     pub skewed: bool,
+    /// The write form (writes); `Sql` for every other kind.
+    pub form: WriteForm,
 }
 
 impl Op {
@@ -72,10 +85,15 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "op#{} w{} {:?} {} owner={} token={:?} ttl={:?} [{:.3}s..{:.3}s] exit={}{}{}{} {}",
+            "op#{} w{} {:?}{} {} owner={} token={:?} ttl={:?} [{:.3}s..{:.3}s] exit={}{}{}{} {}",
             self.id,
             self.worker,
             self.kind,
+            match self.form {
+                WriteForm::Sql => "",
+                WriteForm::Row => "(row)",
+                WriteForm::Object => "(object)",
+            },
             self.resource,
             self.owner,
             self.token,
@@ -114,6 +132,9 @@ pub struct CoordEvent {
     pub kind: String,
     pub owner: Option<String>,
     pub token: Option<i64>,
+    /// The TTL a grant or renewal set, when the record keeps it (else the TTL the owner's
+    /// operations asked for is used).
+    pub ttl_ms: Option<i64>,
 }
 
 impl fmt::Display for CoordEvent {
@@ -147,23 +168,28 @@ impl fmt::Display for TargetEvent {
     }
 }
 
-/// A row the writes left in the data: the token bound to its transaction and who wrote it.
+/// A write the data shows applied: the token it carried and who wrote it. Transaction form:
+/// a row of the data table (the token bound to its transaction). Row form: an entry of the
+/// row's audit log (a trigger's, inside the write's statement). Object form: a line of the
+/// object's content (each write appends one to the bytes it read, conditioned on their version).
 #[derive(Clone, Debug)]
 pub struct DataRow {
     pub resource: String,
-    /// Insertion order (a sequence drawn inside the transaction, after the guard).
+    /// Commit order within the form: a sequence drawn after the guard or the row lock, or the
+    /// line's position in the object.
     pub seq: i64,
     pub token: i64,
     /// The op id that wrote it.
     pub op: usize,
+    pub form: WriteForm,
 }
 
 impl fmt::Display for DataRow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "data#{} {} token={} by op#{}",
-            self.seq, self.resource, self.token, self.op
+            "data#{} {} {:?} token={} by op#{}",
+            self.seq, self.resource, self.form, self.token, self.op
         )
     }
 }
@@ -180,10 +206,16 @@ pub enum CoordClock {
     /// decided, so the two differ by the truncation (< 1 ms) plus the wall clock's slew over
     /// a lease's length. An overlap longer than the tolerance is a violation.
     Approximate { tolerance_us: i64 },
-    /// The timestamps cannot bound a lease (S3 events carry Last-Modified to the whole
-    /// second and expiry there is judged with up to two seconds' slack in the holder's
-    /// favour; skewed processes stamp the file store's events with a faked wall clock): I3 is
-    /// checked on the test's own clock only (a lower bound of every lease's validity).
+    /// An object store's record (S3, GCS): each change is dated by the Last-Modified of the
+    /// lease record's version that made it, on the store's clock, to its resolution (S3: whole
+    /// seconds, GCS: 1 ms). fence takes a lease over only once a probe object it writes is
+    /// stamped at least `LM + ttl + resolution`, and the takeover's own version is stamped
+    /// after the probe: a takeover stamped earlier than that — by one unit of the stamps — is
+    /// a violation. A release ends the lease at its own stamp.
+    Store { resolution_us: i64 },
+    /// The timestamps cannot bound a lease (skewed processes stamp the file store's events
+    /// with a faked wall clock): I3 is checked on the test's own clock only (a lower bound of
+    /// every lease's validity).
     DisplayOnly,
 }
 
@@ -196,6 +228,9 @@ pub struct History {
     pub data: Vec<DataRow>,
     /// The guard rows: resource → highest accepted token.
     pub guards: BTreeMap<String, i64>,
+    /// The token the row form's row (its token column) and the object (its `fence-token`)
+    /// store at the end, per resource.
+    pub stored: BTreeMap<(String, WriteForm), i64>,
     /// Faults injected (for the summary line).
     pub faults: usize,
     /// Whether `data` records every accepted write (false when a test writes rows some other
@@ -215,6 +250,7 @@ impl History {
             target: Vec::new(),
             data: Vec::new(),
             guards: BTreeMap::new(),
+            stored: BTreeMap::new(),
             faults: 0,
             data_complete: true,
             missing: Vec::new(),
@@ -342,6 +378,9 @@ fn check_evidence(h: &History, out: &mut Vec<Violation>) {
         if op.kind == OpKind::Release && op.json["already_released"] == Value::Bool(true) {
             continue; // released before: nothing new to record
         }
+        if op.kind == OpKind::Write && op.form != WriteForm::Sql {
+            continue; // no write log: its data (I6) and the stored token (below) speak for it
+        }
         let Some(token) = op.token else {
             out.push(v(
                 "evidence",
@@ -390,25 +429,37 @@ fn check_evidence(h: &History, out: &mut Vec<Violation>) {
             ));
         }
     }
-    // Every resource something was written to has its guard row.
-    let written: BTreeSet<&str> = h
+    // Every resource something was written to has its guard row (transaction form), its row
+    // a token (row form), the object a stored token (object form).
+    let written: BTreeSet<(&str, WriteForm)> = h
         .ops
         .iter()
         .filter(|o| o.kind == OpKind::Write && o.ok())
-        .map(|o| o.resource.as_str())
+        .map(|o| (o.resource.as_str(), o.form))
         .chain(
             h.target
                 .iter()
                 .filter(|e| e.kind == "write_accepted")
-                .map(|e| e.resource.as_str()),
+                .map(|e| (e.resource.as_str(), WriteForm::Sql)),
         )
-        .chain(h.data.iter().map(|r| r.resource.as_str()))
+        .chain(h.data.iter().map(|r| (r.resource.as_str(), r.form)))
         .collect();
-    for resource in written {
-        if !h.guards.contains_key(resource) {
+    for (resource, form) in written {
+        let (found, record) = match form {
+            WriteForm::Sql => (h.guards.contains_key(resource), "guard row"),
+            WriteForm::Row => (
+                h.stored.contains_key(&(resource.to_owned(), form)),
+                "token in its row's token column",
+            ),
+            WriteForm::Object => (
+                h.stored.contains_key(&(resource.to_owned(), form)),
+                "`fence-token` on its object",
+            ),
+        };
+        if !found {
             out.push(v(
                 "evidence",
-                format!("`{resource}` was written but has no guard row"),
+                format!("`{resource}` was written ({form:?} form) but has no {record}"),
                 vec![],
             ));
         }
@@ -460,8 +511,9 @@ fn check_i1(h: &History, out: &mut Vec<Violation>) {
     }
 }
 
-/// I2: per resource the target accepted tokens in non-decreasing order (write log and data
-/// rows, both in commit order), and the guard holds the highest accepted token.
+/// I2: per resource the target accepted tokens in non-decreasing order (write log and data,
+/// both in commit order, the data per write form), the guard holds the highest token the
+/// transaction form applied, and the row and the object store their last applied write's.
 fn check_i2(h: &History, out: &mut Vec<Violation>) {
     for (resource, events) in by_resource(&h.target, |e| &e.resource) {
         let mut accepted: Vec<&TargetEvent> = events
@@ -493,12 +545,19 @@ fn check_i2(h: &History, out: &mut Vec<Violation>) {
             }
         }
     }
-    for (resource, rows) in by_resource(&h.data, |r| &r.resource) {
+    let mut by_form: BTreeMap<(&str, WriteForm), Vec<&DataRow>> = BTreeMap::new();
+    for row in &h.data {
+        by_form
+            .entry((row.resource.as_str(), row.form))
+            .or_default()
+            .push(row);
+    }
+    for ((resource, form), rows) in by_form {
         let mut rows = rows;
         rows.sort_by_key(|r| r.seq);
         // The highest token seen so far, and the row that carried it.
         let mut high: Option<&DataRow> = None;
-        for row in rows {
+        for &row in &rows {
             match high {
                 Some(prev) if row.token < prev.token => {
                     let mut slice = vec![prev.to_string(), row.to_string()];
@@ -511,7 +570,7 @@ fn check_i2(h: &History, out: &mut Vec<Violation>) {
                     out.push(v(
                         "I2",
                         format!(
-                            "`{resource}`: a write with token {} landed after token {}",
+                            "`{resource}` ({form:?} form): a write with token {} landed after token {}",
                             row.token, prev.token
                         ),
                         slice,
@@ -520,6 +579,24 @@ fn check_i2(h: &History, out: &mut Vec<Violation>) {
                 Some(prev) if row.token <= prev.token => {}
                 _ => high = Some(row),
             }
+        }
+        if form != WriteForm::Sql {
+            // The row's token column and the object's `fence-token` hold the last applied
+            // write's token, which is the highest (a missing one is `check_evidence`'s).
+            let last = rows.last().map(|r| r.token);
+            let stored = h.stored.get(&(resource.to_owned(), form)).copied();
+            if let (Some(last), Some(stored)) = (last, stored) {
+                if stored != last {
+                    out.push(v(
+                        "I2",
+                        format!(
+                            "`{resource}` ({form:?} form): stores token {stored}, but the last applied write carries {last}"
+                        ),
+                        rows.iter().rev().take(3).map(|r| r.to_string()).collect(),
+                    ));
+                }
+            }
+            continue;
         }
         // A missing guard row is `check_evidence`'s violation.
         if let (Some(high), Some(guard)) = (high, h.guards.get(resource)) {
@@ -543,6 +620,8 @@ struct Span<'a> {
     token: i64,
     start_us: i64,
     end_us: i64,
+    /// Ended by a release (no resolution is added to a release's stamp).
+    released: bool,
     events: Vec<&'a CoordEvent>,
 }
 
@@ -561,12 +640,14 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             "I3"
         }
     };
-    let tolerance_us = match h.coord_clock {
-        CoordClock::Authoritative => Some(0),
-        CoordClock::Approximate { tolerance_us } => Some(tolerance_us),
+    // (How far an overlap may go unflagged, what an expiry adds for the stamps' resolution.)
+    let judged = match h.coord_clock {
+        CoordClock::Authoritative => Some((0, 0)),
+        CoordClock::Approximate { tolerance_us } => Some((tolerance_us, 0)),
+        CoordClock::Store { resolution_us } => Some((0, resolution_us)),
         CoordClock::DisplayOnly => None,
     };
-    if let Some(tolerance_us) = tolerance_us {
+    if let Some((tolerance_us, resolution_us)) = judged {
         // TTL per (owner, op kind): what the owner's acquire/renew asked for, from every op
         // that may have taken effect (not from definite rejections). Owners are unique per
         // acquisition in the workloads; the largest asked-for TTL is the safe bound.
@@ -589,28 +670,35 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
                 } else {
                     OpKind::Acquire
                 };
-                let owner_ttl = e
-                    .owner
-                    .as_deref()
-                    .and_then(|o| ttl.get(&(o, kind)))
-                    .copied()
-                    .unwrap_or(i64::MAX / 4_000);
+                let owner_ttl = e.ttl_ms.unwrap_or_else(|| {
+                    e.owner
+                        .as_deref()
+                        .and_then(|o| ttl.get(&(o, kind)))
+                        .copied()
+                        .unwrap_or(i64::MAX / 4_000)
+                });
                 match e.kind.as_str() {
                     k if GRANT_KINDS.contains(&k) => spans.push(Span {
                         token,
                         start_us: e.at_us,
                         end_us: e.at_us + owner_ttl * 1000,
+                        released: false,
                         events: vec![e],
                     }),
                     "renewed" | "reacquired" => {
+                        // The lease now runs its TTL from this change (a shorter one
+                        // shortens it), on every store.
                         if let Some(span) = spans.iter_mut().rev().find(|s| s.token == token) {
-                            span.end_us = span.end_us.max(e.at_us + owner_ttl * 1000);
+                            span.end_us = e.at_us + owner_ttl * 1000;
                             span.events.push(e);
                         }
                     }
                     "released" => {
                         if let Some(span) = spans.iter_mut().rev().find(|s| s.token == token) {
-                            span.end_us = span.end_us.min(e.at_us);
+                            if e.at_us < span.end_us + resolution_us {
+                                span.end_us = e.at_us;
+                                span.released = true;
+                            }
                             span.events.push(e);
                         }
                     }
@@ -619,7 +707,12 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
             }
             for pair in spans.windows(2) {
                 let (a, b) = (&pair[0], &pair[1]);
-                if b.start_us + tolerance_us < a.end_us {
+                let end_us = if a.released {
+                    a.end_us
+                } else {
+                    a.end_us + resolution_us
+                };
+                if b.start_us + tolerance_us < end_us {
                     let owners: Vec<&str> = a
                         .events
                         .iter()
@@ -631,7 +724,7 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
                         format!(
                             "`{resource}`: token {} granted {}us before token {}'s lease ended (coordinator clock)",
                             b.token,
-                            a.end_us - b.start_us,
+                            end_us - b.start_us,
                             a.token
                         ),
                         a.events

@@ -3,7 +3,7 @@
 //! application_name), and a `fence` child's end within a deadline.
 
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{pg_exec, pg_query, Store};
 
@@ -59,20 +59,13 @@ pub fn backends(store: &Store, name: &str) -> Vec<(String, String, String)> {
 }
 
 /// The exit code, stdout and stderr of a child, failing the test after `limit`.
-pub fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return (
-                status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
-        }
-        assert!(start.elapsed() < limit, "the process did not exit in time");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+pub fn finish(child: Child, limit: Duration) -> (i32, String, String) {
+    let out = super::wait_output("the process", child, limit);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Takes `resource`'s lease away from its holder, as an operator would: releases it with the

@@ -88,8 +88,14 @@ impl Store {
 
     /// A `fence` command with a clean environment, pointed at this store.
     pub fn fence(&self) -> Fence {
+        self.fence_at(&self.url)
+    }
+
+    /// A `fence` command like [`Store::fence`], but with `url` as the store (another path to
+    /// the same database: a proxy, a pooler, a role of its own).
+    pub fn fence_at(&self, url: &str) -> Fence {
         let mut fence = Fence::bare(self.home.path());
-        fence.cmd.arg("--store").arg(&self.url);
+        fence.cmd.arg("--store").arg(url);
         if let Some(schema) = &self.schema {
             fence.cmd.arg("--schema").arg(schema);
         }
@@ -121,10 +127,24 @@ impl Store {
 
     /// The lease record object's JSON body (S3 and GCS stores), or None.
     fn lease_object(&self, resource: &str) -> Option<Value> {
+        self.lease_object_at(resource).map(|(body, _)| body)
+    }
+
+    /// The lease record object's JSON body and the Last-Modified of that version by the
+    /// store's clock (ms), or None.
+    fn lease_object_at(&self, resource: &str) -> Option<(Value, i64)> {
         let (server, prefix) = self.server();
         let key = format!("{prefix}/leases/{}", objects::encode_key(resource));
-        let stored = server.get(&key)?;
-        Some(serde_json::from_slice(&stored.body).expect("lease record is JSON"))
+        // The body and the time of one version: read again if a write came between.
+        for _ in 0..10 {
+            let stored = server.get(&key)?;
+            let (version, modified_ms) = server.stat(&key)?;
+            if stored.version.as_deref() == Some(version.as_str()) {
+                let body = serde_json::from_slice(&stored.body).expect("lease record is JSON");
+                return Some((body, modified_ms));
+            }
+        }
+        panic!("the lease record of `{resource}` kept changing while it was read");
     }
 
     /// Whether fence's `inspect` reports the resource held (for stores that judge expiry by
@@ -159,55 +179,11 @@ impl Store {
                     })
                     .collect()
             }
-            Backend::S3 | Backend::LocalStack | Backend::Gcs => {
-                // The record keeps its latest changes; older ones are archived in event
-                // objects (`{"changes": [...]}`), beside one object per refusal. All are
-                // ordered by the record's write number (`seq`), a refusal after the change
-                // it refused to follow.
-                let (server, prefix) = self.server();
-                let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
-                let change = |c: &Value| {
-                    (
-                        (c["seq"].as_u64().unwrap(), 0),
-                        (
-                            c["kind"].as_str().unwrap().to_owned(),
-                            c["owner"].as_str().map(str::to_owned),
-                            c["token"].as_i64(),
-                        ),
-                    )
-                };
-                let mut events = Vec::new();
-                for key in server.list(&dir) {
-                    let stored = server.get(&key).expect("listed event object");
-                    let v: Value =
-                        serde_json::from_slice(&stored.body).expect("event body is JSON");
-                    if let Some(changes) = v["changes"].as_array() {
-                        events.extend(changes.iter().map(change));
-                        continue;
-                    }
-                    let name = key.rsplit('/').next().unwrap();
-                    let mut parts = name.split('-');
-                    let seq: u64 = parts.next().unwrap().parse().unwrap();
-                    let n: u64 = parts.next().unwrap().parse().unwrap();
-                    events.push((
-                        (seq, n),
-                        (
-                            v["kind"].as_str().unwrap().to_owned(),
-                            v["owner"].as_str().map(str::to_owned),
-                            v["token"].as_i64(),
-                        ),
-                    ));
-                }
-                if let Some(record) = self.lease_object(resource) {
-                    if let Some(history) = record["history"].as_array() {
-                        events.extend(history.iter().map(change));
-                    }
-                }
-                events.sort_by_key(|(order, _)| *order);
-                // A change may be both archived and still in the record.
-                events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
-                events.into_iter().map(|(_, event)| event).collect()
-            }
+            Backend::S3 | Backend::LocalStack | Backend::Gcs => self
+                .timed_events(resource)
+                .into_iter()
+                .map(|e| (e.kind, e.owner, e.token))
+                .collect(),
             Backend::Postgres | Backend::PostgresAsync => {
                 let sql = format!(
                     "SELECT kind, owner, token FROM {}.events WHERE resource = $1 ORDER BY id",
@@ -219,6 +195,63 @@ impl Store {
                     .collect()
             }
         }
+    }
+
+    /// The durable event history of a resource on an object store (S3, GCS), oldest first,
+    /// with the store's own times: each change of the lease record is dated by the
+    /// Last-Modified of the version that made it (kept in the record by the next write, read
+    /// from the current version for the last change) and carries the TTL it set. Refusals,
+    /// which change no lease, are undated here.
+    pub fn timed_events(&self, resource: &str) -> Vec<StoreEvent> {
+        // The record keeps its latest changes; older ones are archived in event objects
+        // (`{"changes": [...]}`), beside one object per refusal. All are ordered by the
+        // record's write number (`seq`), a refusal after the change it refused to follow.
+        let (server, prefix) = self.server();
+        let dir = format!("{prefix}/events/{}", objects::encode_key(resource));
+        let change = |c: &Value, written_ms: Option<i64>| {
+            (
+                (c["seq"].as_u64().unwrap(), 0),
+                StoreEvent {
+                    kind: c["kind"].as_str().unwrap().to_owned(),
+                    owner: c["owner"].as_str().map(str::to_owned),
+                    token: c["token"].as_i64(),
+                    at_ms: c["at_ms"].as_i64().or(written_ms),
+                    ttl_ms: c["ttl_ms"].as_i64(),
+                },
+            )
+        };
+        let mut events = Vec::new();
+        for key in server.list(&dir) {
+            let stored = server.get(&key).expect("listed event object");
+            let v: Value = serde_json::from_slice(&stored.body).expect("event body is JSON");
+            if let Some(changes) = v["changes"].as_array() {
+                events.extend(changes.iter().map(|c| change(c, None)));
+                continue;
+            }
+            let name = key.rsplit('/').next().unwrap();
+            let mut parts = name.split('-');
+            let seq: u64 = parts.next().unwrap().parse().unwrap();
+            let n: u64 = parts.next().unwrap().parse().unwrap();
+            events.push((
+                (seq, n),
+                StoreEvent {
+                    kind: v["kind"].as_str().unwrap().to_owned(),
+                    owner: v["owner"].as_str().map(str::to_owned),
+                    token: v["token"].as_i64(),
+                    at_ms: None,
+                    ttl_ms: None,
+                },
+            ));
+        }
+        if let Some((record, modified_ms)) = self.lease_object_at(resource) {
+            if let Some(history) = record["history"].as_array() {
+                events.extend(history.iter().map(|c| change(c, Some(modified_ms))));
+            }
+        }
+        events.sort_by_key(|(order, _)| *order);
+        // A change may be both archived and still in the record.
+        events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
+        events.into_iter().map(|(_, event)| event).collect()
     }
 
     /// The durable lease record: (owner, token, live by the store's clock), or None.
@@ -266,6 +299,19 @@ impl Store {
             client.query(&sql, &[&param]).await.expect("query")
         })
     }
+}
+
+/// An event of an object store's record, with the store's own time (see
+/// [`Store::timed_events`]).
+#[derive(Clone, Debug)]
+pub struct StoreEvent {
+    pub kind: String,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    /// The Last-Modified of the record's version that made the change (ms; None: a refusal).
+    pub at_ms: Option<i64>,
+    /// The TTL a grant or renewal set.
+    pub ttl_ms: Option<i64>,
 }
 
 impl Drop for Store {
@@ -383,15 +429,62 @@ pub struct Fence {
     pub cmd: Command,
 }
 
+/// `program` with an empty environment except PATH, HOME (`home`, a temp dir) and a C locale:
+/// what every process a test starts gets, so that nothing of the developer's (`FENCE_*`,
+/// `PG*`, credentials) reaches it.
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>, home: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("LANG", "C.UTF-8");
+    cmd
+}
+
+/// A lease a test was granted (by [`Fence::acquire`]).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub resource: String,
+    pub owner: String,
+    pub token: i64,
+}
+
 impl Fence {
-    /// `fence` with an empty environment except PATH, HOME (a temp dir) and a C locale.
+    /// `fence` with a clean environment (see [`clean_command`]).
     pub fn bare(home: &Path) -> Fence {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fence"));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", home)
-            .env("LANG", "C.UTF-8");
-        Fence { cmd }
+        Fence {
+            cmd: clean_command(env!("CARGO_BIN_EXE_fence"), home),
+        }
+    }
+
+    /// `acquire RESOURCE` with `args` (`--owner`, `--ttl`, …), which must be granted (the test
+    /// fails on any other outcome): `store.fence().acquire("job", &["--owner", "a"]).token`.
+    #[track_caller]
+    pub fn acquire(self, resource: &str, args: &[&str]) -> Lease {
+        let json = self
+            .args(["acquire", resource])
+            .args(args)
+            .args(["--format", "json"])
+            .run()
+            .expect(0)
+            .json();
+        Lease {
+            resource: resource.to_owned(),
+            owner: json["owner"]
+                .as_str()
+                .expect("the grant names its owner")
+                .to_owned(),
+            token: json["token"].as_i64().expect("the grant carries a token"),
+        }
+    }
+
+    /// `release` of `lease` (its resource, owner and token), which must succeed.
+    #[track_caller]
+    pub fn release(self, lease: &Lease) {
+        self.args(["release", &lease.resource, "--owner", &lease.owner])
+            .args(["--token", &lease.token.to_string()])
+            .run()
+            .expect(0);
     }
 
     pub fn args<I, S>(mut self, args: I) -> Fence
@@ -471,6 +564,19 @@ macro_rules! per_coordinator {
         }
         mod gcs {
             $( #[test] fn $name() { super::$name(&$crate::common::Store::new($crate::common::Backend::Gcs)) } )*
+        }
+    };
+}
+/// Generates one test per object service (S3 through moto, GCS through fake-gcs-server) for
+/// each named function taking a [`objects::Service`].
+#[macro_export]
+macro_rules! per_service {
+    ($($name:ident),* $(,)?) => {
+        mod s3 {
+            $( #[test] fn $name() { super::$name($crate::common::objects::Service::S3) } )*
+        }
+        mod gcs {
+            $( #[test] fn $name() { super::$name($crate::common::objects::Service::Gcs) } )*
         }
     };
 }
@@ -571,6 +677,29 @@ impl Drop for RowLock {
     }
 }
 
+/// Waits up to `timeout` for `child` to exit: its exit code (`None` when a signal ended it),
+/// or `None` after killing it if it was still running then (a bound for a hang, not a timing).
+pub fn wait_exit(child: &mut std::process::Child, timeout: std::time::Duration) -> Option<i32> {
+    if exits_within(child, timeout) {
+        return child.try_wait().unwrap().and_then(|status| status.code());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Whether `child` exits within `timeout` (polled every 10 ms; it is reaped if it did).
+fn exits_within(child: &mut std::process::Child, timeout: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    true
+}
+
 /// Waits for `child` to exit and collects its output; kills it and fails the test, naming
 /// `what`, if it is still running after `timeout` (a bound for a hang, not a timing).
 pub fn wait_output(
@@ -578,14 +707,10 @@ pub fn wait_output(
     mut child: std::process::Child,
     timeout: std::time::Duration,
 ) -> std::process::Output {
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("{what} was still running after {timeout:?}: {out:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    if !exits_within(&mut child, timeout) {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!("{what} was still running after {timeout:?}: {out:?}");
     }
     child.wait_with_output().unwrap()
 }
@@ -607,11 +732,16 @@ pub fn pg_limited_role(limit: u32) -> (String, String) {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let role = format!("limited_{}_{n}", std::process::id());
     let db = env_or_panic("FENCE_TEST_PG_DB");
+    // Two GRANTs on one database at once can fail ("tuple concurrently updated"): tests in
+    // other processes take their turn under a transaction-level advisory lock.
     pg_exec(
         &pg_superuser(),
         &format!(
-            "CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
-             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};"
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('fence-test-database-grants'));
+             CREATE ROLE {role} LOGIN PASSWORD 'limited-secret' CONNECTION LIMIT {limit};
+             GRANT CREATE, CONNECT ON DATABASE {db} TO {role};
+             COMMIT;"
         ),
     );
     let url = format!(

@@ -27,11 +27,13 @@ pub struct Server {
     pub bucket: String,
 }
 
-/// A stored object: its bytes and its user metadata (`fence-token`, …).
+/// A stored object: its bytes, its user metadata (`fence-token`, …) and its version (S3: the
+/// ETag; GCS and `file://`: the generation), all of one version.
 #[derive(Clone, Debug)]
 pub struct Stored {
     pub body: Vec<u8>,
     pub metadata: BTreeMap<String, String>,
+    pub version: Option<String>,
 }
 
 impl Stored {
@@ -71,6 +73,14 @@ impl Server {
             "the test servers must be on loopback: {server:?}"
         );
         server
+    }
+
+    /// The server's loopback address (for a proxy in front of it).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the endpoint is http://127.0.0.1:PORT")
     }
 
     /// The environment a `fence` process needs to reach this server, and nothing else: fixed
@@ -188,6 +198,16 @@ impl Server {
             .position(|w| w == b"\r\n\r\n")
             .expect("an HTTP response with headers");
         let head = String::from_utf8_lossy(&response[..split]);
+        let version_header = match self.service {
+            Service::S3 => "etag",
+            Service::Gcs => "x-goog-generation",
+        };
+        let version = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case(version_header)
+                .then(|| value.trim().to_owned())
+        });
         let metadata = head
             .lines()
             .filter_map(|line| {
@@ -200,7 +220,47 @@ impl Server {
         Some(Stored {
             body: response[split + 4..].to_vec(),
             metadata,
+            version,
         })
+    }
+
+    /// The object's version and its Last-Modified by the server's clock, in ms (S3: the
+    /// header, whole seconds; GCS: `updated`, to the millisecond, as fence reads it), or
+    /// `None` when it does not exist.
+    pub fn stat(&self, key: &str) -> Option<(String, i64)> {
+        match self.service {
+            Service::S3 => {
+                let url = format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key));
+                let head = String::from_utf8(self.curl(&["-sfI", &url])?).expect("headers");
+                let header = |name: &str| {
+                    head.lines().find_map(|line| {
+                        let (n, value) = line.split_once(':')?;
+                        n.trim()
+                            .eq_ignore_ascii_case(name)
+                            .then(|| value.trim().to_owned())
+                    })
+                };
+                let version = header("etag").expect("an ETag");
+                let modified = header("last-modified").expect("a Last-Modified");
+                Some((version, http_date_ms(&modified)))
+            }
+            Service::Gcs => {
+                let url = format!(
+                    "{}/storage/v1/b/{}/o/{}",
+                    self.endpoint,
+                    self.bucket,
+                    encode(key)
+                );
+                let v: Value = serde_json::from_slice(&self.curl(&["-sf", &url])?)
+                    .expect("object metadata is JSON");
+                let version = match &v["generation"] {
+                    Value::String(g) => g.clone(),
+                    other => other.to_string(),
+                };
+                let updated = v["updated"].as_str().expect("`updated`");
+                Some((version, rfc3339_ms(updated)))
+            }
+        }
     }
 
     /// Stores bytes directly, bypassing fence (an unfenced writer).
@@ -257,6 +317,43 @@ impl Server {
     }
 }
 
+/// A `file://` object and its sidecar, read under the object's lock as fence does, so the
+/// bytes and the metadata are from the same write (a write a crash interrupted is not settled
+/// here: fence settles it under the lock before its next read or write).
+pub fn read_local(path: &std::path::Path) -> Option<Stored> {
+    use std::os::fd::AsRawFd;
+    let dir = path.parent().unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(dir.join(format!(".{name}.fence.lock")))
+        .unwrap();
+    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let body = std::fs::read(path).ok()?;
+    let sidecar: Value = std::fs::read(dir.join(format!(".{name}.fence.json")))
+        .ok()
+        .map(|text| serde_json::from_slice(&text).unwrap())
+        .unwrap_or_default();
+    let metadata = sidecar["metadata"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    drop(lock);
+    Some(Stored {
+        body,
+        metadata,
+        version: sidecar["generation"].as_u64().map(|g| g.to_string()),
+    })
+}
+
 /// fence's key encoding of a resource name: `[A-Za-z0-9-]` stay, other bytes become `_XX`.
 pub fn encode_key(resource: &str) -> String {
     resource
@@ -269,6 +366,35 @@ pub fn encode_key(resource: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Milliseconds since the epoch of an HTTP date (`Fri, 04 Dec 2026 17:07:54 GMT`).
+fn http_date_ms(text: &str) -> i64 {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [_, day, month, year, time, "GMT"] = parts[..] else {
+        panic!("not an HTTP date: {text:?}");
+    };
+    let month = MONTHS
+        .iter()
+        .position(|m| *m == month)
+        .unwrap_or_else(|| panic!("not an HTTP date: {text:?}"))
+        + 1;
+    let day: u32 = day
+        .parse()
+        .unwrap_or_else(|_| panic!("not an HTTP date: {text:?}"));
+    super::timestamp_ms(&format!("{year}-{month:02}-{day:02}T{time}.000Z"))
+}
+
+/// Milliseconds since the epoch of an RFC 3339 UTC time with any number of fractional digits
+/// (`2026-12-04T17:07:54.369836Z`), truncated as fence truncates it.
+fn rfc3339_ms(text: &str) -> i64 {
+    let text = text.trim_end_matches('Z');
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let millis: String = fraction.chars().chain("000".chars()).take(3).collect();
+    super::timestamp_ms(&format!("{whole}.{millis}Z"))
 }
 
 /// Runs curl; `None` when the request failed (for `-f`: an HTTP error such as 404).
