@@ -328,7 +328,7 @@ fn postgres_a_version_3_schema_is_read_then_migrated() {
         .json();
     assert_eq!(
         (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(4))
+        (Some("migrated"), Some(5))
     );
     store
         .fence()
