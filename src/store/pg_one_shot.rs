@@ -31,10 +31,14 @@
 //! (another process's grant, renewal or release): the statement answers `retry`, changes
 //! nothing, and fence sends it again, as the functions looped or re-read. Every other answer
 //! is true at the snapshot: a busy holder, a stale token, a released lease.
+//!
+//! Each statement starts with a comment naming it (`-- fence: acquire`), which the server
+//! shows in `pg_stat_activity` and its logs, and the tests' fault proxy recognises.
 
 /// `$1` resource, `$2` owner, `$3` TTL in ms. Answers `acquired`, `taken_over`,
 /// `reacquired` (the owner's live lease, same token), `busy` (with the holder), or `retry`.
 pub const ACQUIRE: &str = "\
+-- fence: acquire
 WITH taken AS (
     UPDATE __SCHEMA__.leases AS l
     SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms,
@@ -88,6 +92,7 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true";
 /// lease of this owner and token that was live at the snapshot but not renewed changed since:
 /// `retry`.
 pub const RENEW: &str = "\
+-- fence: renew
 WITH renewed AS (
     UPDATE __SCHEMA__.leases AS l
     SET (renewed_at, expires_at, ttl_ms, last_event) = (
@@ -136,6 +141,7 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true";
 /// to hours) ran out. A release notifies the resource's channel (payload `r:<resource>`; see
 /// `wait_poll` in `schema.sql`), sent at commit, to wake the head of its queue.
 pub const RELEASE: &str = "\
+-- fence: release
 WITH released AS (
     UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
     WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
