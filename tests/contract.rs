@@ -717,7 +717,7 @@ fn postgres_refuses_to_delete_lease_rows_or_lower_tokens() {
 /// stale) and `run` leaves `pg_stat_user_functions` without a function of fence's schema
 /// (the guard trigger's function included), once every backend of the role has ended (a
 /// backend flushes its counts before it leaves `pg_stat_activity`). The events show each
-/// path did what it does. Then a `--wait` acquire, PL/pgSQL by design, shows up: the check
+/// path did what it does, and the busy one neither wrote nor locked the row. Then a `--wait` acquire, PL/pgSQL by design, shows up: the check
 /// can fail.
 #[test]
 fn postgres_one_shot_commands_call_no_plpgsql() {
@@ -759,11 +759,25 @@ fn postgres_one_shot_commands_call_no_plpgsql() {
 
     let first = acquire(&store, "job", "alice", "30s");
     assert!(acquire(&store, "job", "alice", "30s").reacquired);
+    // The row's version and locker: a busy answer neither writes nor locks it.
+    let row_version = || -> (String, String) {
+        let rows = common::pg_query(
+            &superuser,
+            &format!("SELECT xmin::text, xmax::text FROM {schema}.leases WHERE resource = 'job'"),
+        );
+        (rows[0].get(0), rows[0].get(1))
+    };
+    let before_busy = row_version();
     store
         .fence()
         .args(["acquire", "job", "--owner", "bob"])
         .run()
         .expect(3);
+    assert_eq!(
+        row_version(),
+        before_busy,
+        "a busy acquire wrote or locked the row"
+    );
     lease_cmd(&store, "renew", "job", "alice", first.token).expect(0);
     lease_cmd(&store, "renew", "job", "bob", first.token).expect(6);
     lease_cmd(&store, "release", "job", "alice", first.token).expect(0);
