@@ -219,7 +219,7 @@ cold = {}
 for line in open(f"{out}/cold.txt"):
     case, ms = line.split()
     cold.setdefault(case, []).append(float(ms))
-cold = {case: sorted(v)[len(v) // 2] for case, v in cold.items()}
+cold = {case: sum(v) / len(v) for case, v in cold.items()}
 
 print(f"fence bench contend, 64 workers: {b64['critical_sections_per_s']:.0f} critical sections/s, hand-off p50 {b64['handoff_p50_ms']} ms / p99 {b64['handoff_p99_ms']} ms")
 print(f"durable single-row update loop, 64 clients: {durable:.0f} updates/s")
