@@ -1,19 +1,26 @@
-//! The performance floor `fence` is compared with (README, benches/compare.sh): the smallest
-//! tokio-postgres program that connects and runs the same coordinator statement once.
+//! The floor `fence` is compared with (benches/compare.sh): the smallest tokio-postgres
+//! program that connects and runs one trivial statement, touching none of fence's objects, so
+//! that "× the floor" is what fence adds (its process, its statement) to what any client of
+//! the server pays (a process, a connection, a backend, one round trip).
 //!
-//! Usage: pg_floor URL acquire RESOURCE OWNER   → prints the token
-//!        pg_floor URL release RESOURCE OWNER TOKEN
-//!        pg_floor URL txn SQL                   → BEGIN, SQL, COMMIT pipelined (unfenced)
-
-use tokio_postgres::types::Type;
+//! Usage: pg_floor URL           → connect, `SELECT 1`
+//!        pg_floor URL txn SQL   → connect, BEGIN, SQL, COMMIT pipelined (an unfenced write)
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    if let [_, url, op, sql] = &args[..] {
-        if op == "txn" {
-            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
+    let (url, txn) = match &args[..] {
+        [_, url] => (url, None),
+        [_, url, op, sql] if op == "txn" => (url, Some(sql)),
+        _ => return Err("usage: pg_floor URL [txn SQL]".into()),
+    };
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    match txn {
+        None => {
+            client.query_typed("SELECT 1", &[]).await?;
+        }
+        Some(sql) => {
             let (begin, body, commit) = tokio::join!(
                 client.simple_query("BEGIN"),
                 client.simple_query(sql),
@@ -22,44 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             begin?;
             body?;
             commit?;
-            return Ok(());
         }
     }
-    let [_, url, op, resource, owner, rest @ ..] = &args[..] else {
-        return Err("usage: pg_floor URL acquire|release RESOURCE OWNER [TOKEN]".into());
-    };
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    let rows = match (op.as_str(), rest) {
-        ("acquire", []) => {
-            let ttl: i64 = 30_000;
-            client
-                .query_typed(
-                    "SELECT token FROM fence.acquire($1, $2, $3)",
-                    &[
-                        (resource, Type::TEXT),
-                        (owner, Type::TEXT),
-                        (&ttl, Type::INT8),
-                    ],
-                )
-                .await?
-        }
-        ("release", [token]) => {
-            let token: i64 = token.parse()?;
-            client
-                .query_typed(
-                    "SELECT token FROM fence.release($1, $2, $3)",
-                    &[
-                        (resource, Type::TEXT),
-                        (owner, Type::TEXT),
-                        (&token, Type::INT8),
-                    ],
-                )
-                .await?
-        }
-        _ => return Err("usage: pg_floor URL acquire|release RESOURCE OWNER [TOKEN]".into()),
-    };
-    let token: Option<i64> = rows[0].get(0);
-    println!("{}", token.unwrap_or_default());
     Ok(())
 }

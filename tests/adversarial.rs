@@ -1242,7 +1242,7 @@ fn seed_cancelled_acquisition(backend: Backend) {
     if sut.is_pg() {
         let proxy = Proxy::start(
             common::pg_upstream(),
-            Mode::CutWhenClientSends(b".acquire($1".to_vec()),
+            Mode::CutWhenClientSends(b"-- fence: acquire".to_vec()),
         );
         let url = via(&proxy);
         wait_for("init to expire", Duration::from_secs(5), || {
@@ -1783,7 +1783,7 @@ fn run_workload(w: Workload) {
         coord_cut: (sut.is_pg() && cluster.is_none()).then(|| {
             Proxy::start(
                 common::pg_upstream(),
-                Mode::CutWhenClientSends(b".acquire($1".to_vec()),
+                Mode::CutWhenClientSends(b"-- fence: acquire".to_vec()),
             )
         }),
         object_slow: object_server

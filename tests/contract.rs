@@ -718,7 +718,7 @@ fn postgres_refuses_to_delete_lease_rows_or_lower_tokens() {
     let held = acquire(&store, "job", "alice", "30s");
     let schema = store.schema.clone().unwrap();
     let url = store.url.clone();
-    let (delete, lower) = common::block_on(async move {
+    let (delete, lower, rename) = common::block_on(async move {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .unwrap();
@@ -734,15 +734,176 @@ fn postgres_refuses_to_delete_lease_rows_or_lower_tokens() {
             )
             .await
             .unwrap_err();
+        // A renamed record is a deleted one: the old name's next grant would be token 1.
+        let rename = client
+            .execute(
+                &format!("UPDATE {schema}.leases SET resource = 'other', token = token + 1"),
+                &[],
+            )
+            .await
+            .unwrap_err();
         (
             delete.code().unwrap().code().to_owned(),
             lower.code().unwrap().code().to_owned(),
+            rename.code().unwrap().code().to_owned(),
         )
     });
-    assert_eq!((delete.as_str(), lower.as_str()), ("LF004", "LF005"));
+    assert_eq!(
+        (delete.as_str(), lower.as_str(), rename.as_str()),
+        ("LF004", "LF005", "LF004")
+    );
     assert_eq!(
         store.lease("job"),
         Some(("alice".to_owned(), held.token, true))
+    );
+}
+
+/// Issue 22: one-shot commands call no PL/pgSQL, so a new connection compiles none. The
+/// store's role counts PL function calls (`track_functions = 'pl'`, set by the superuser for
+/// its sessions); every path of acquire (grant, reacquire, busy, grant of a released lease,
+/// takeover), renew (renewed, wrong owner, released, expired), release (released, twice,
+/// stale) and `run` leaves `pg_stat_user_functions` without a function of fence's schema
+/// (the guard trigger's function included), once every backend of the role has ended (a
+/// backend flushes its counts before it leaves `pg_stat_activity`). The events show each
+/// path did what it does, and the busy one neither wrote nor locked the row. Then a `--wait` acquire, PL/pgSQL by design, shows up: the check
+/// can fail.
+#[test]
+fn postgres_one_shot_commands_call_no_plpgsql() {
+    let (role, _) = common::pg_limited_role(20);
+    let superuser = common::pg_superuser();
+    common::pg_exec(
+        &superuser,
+        &format!("ALTER ROLE {role} SET track_functions = 'pl'"),
+    );
+    let mut store = Store::postgres();
+    // The role owns the schema, so that the store's clean-up (as the role) can drop it.
+    store.url = common::pg_socket_url(&role);
+    let schema = store.schema.clone().unwrap();
+    let called = || -> Vec<(String, i64)> {
+        common::wait_for(
+            "the role's backends to end",
+            Duration::from_secs(30),
+            || {
+                common::pg_query(
+                    &superuser,
+                    &format!("SELECT 1 FROM pg_stat_activity WHERE usename = '{role}'"),
+                )
+                .is_empty()
+            },
+        );
+        common::pg_query(
+            &superuser,
+            &format!(
+                "SELECT funcname::text, calls FROM pg_stat_user_functions \
+                 WHERE schemaname = '{schema}' ORDER BY 1"
+            ),
+        )
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+    };
+    store.fence().args(["init", "-q"]).run().expect(0);
+    assert_eq!(called(), [], "fence init called a function");
+
+    let first = acquire(&store, "job", "alice", "30s");
+    assert!(acquire(&store, "job", "alice", "30s").reacquired);
+    // The row's version and locker: a busy answer neither writes nor locks it.
+    let row_version = || -> (String, String) {
+        let rows = common::pg_query(
+            &superuser,
+            &format!("SELECT xmin::text, xmax::text FROM {schema}.leases WHERE resource = 'job'"),
+        );
+        (rows[0].get(0), rows[0].get(1))
+    };
+    let before_busy = row_version();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "bob"])
+        .run()
+        .expect(3);
+    assert_eq!(
+        row_version(),
+        before_busy,
+        "a busy acquire wrote or locked the row"
+    );
+    lease_cmd(&store, "renew", "job", "alice", first.token).expect(0);
+    lease_cmd(&store, "renew", "job", "bob", first.token).expect(6);
+    lease_cmd(&store, "release", "job", "alice", first.token).expect(0);
+    let twice: ReleaseOk =
+        parse(&lease_cmd(&store, "release", "job", "alice", first.token).expect(0));
+    assert!(twice.already_released);
+    lease_cmd(&store, "renew", "job", "alice", first.token).expect(5);
+    let short = acquire(&store, "job", "bob", "100ms");
+    common::wait_for(
+        "the lease to expire by the server's clock",
+        Duration::from_secs(10),
+        || {
+            !common::pg_query(
+                &superuser,
+                &format!(
+                    "SELECT 1 FROM {schema}.leases WHERE resource = 'job' \
+                     AND expires_at <= clock_timestamp()"
+                ),
+            )
+            .is_empty()
+        },
+    );
+    lease_cmd(&store, "renew", "job", "bob", short.token).expect(5);
+    let taken = acquire(&store, "job", "carol", "30s");
+    lease_cmd(&store, "release", "job", "bob", short.token).expect(4);
+    store
+        .fence()
+        .args(["run", "other", "--", "true"])
+        .run()
+        .expect(0);
+    assert_eq!(called(), [], "a one-shot command called PL/pgSQL");
+
+    let events: Vec<(String, String, i64, Option<String>)> = common::pg_query(
+        &superuser,
+        &format!(
+            "SELECT kind, owner, token, detail FROM {schema}.events WHERE resource = 'job' ORDER BY id"
+        ),
+    )
+    .iter()
+    .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+    .collect();
+    let event = |kind: &str, owner: &str, token: i64, detail: Option<&str>| {
+        (
+            kind.to_owned(),
+            owner.to_owned(),
+            token,
+            detail.map(str::to_owned),
+        )
+    };
+    assert_eq!(
+        events,
+        [
+            event("acquired", "alice", 1, None),
+            event("reacquired", "alice", 1, None),
+            event("renewed", "alice", 1, None),
+            event("released", "alice", 1, None),
+            event("renew_rejected", "alice", 1, Some("released")),
+            event("acquired", "bob", 2, None),
+            event("renew_rejected", "bob", 2, Some("expired")),
+            event("taken_over", "carol", 3, None),
+            event("release_rejected", "bob", 2, Some("token 3 issued since")),
+        ]
+    );
+    assert_eq!(
+        store.lease("job"),
+        Some(("carol".to_owned(), taken.token, true))
+    );
+    assert_eq!(taken.token, 3);
+
+    store
+        .fence()
+        .args(["acquire", "queued", "--owner", "dave", "--wait", "5s", "-q"])
+        .run()
+        .expect(0);
+    let waited: Vec<String> = called().into_iter().map(|(name, _)| name).collect();
+    assert!(
+        waited.contains(&"wait_enter".to_owned()),
+        "the calls of a --wait acquire were not counted: {waited:?}"
     );
 }
 

@@ -9,6 +9,7 @@
 pub(crate) mod file;
 pub mod history;
 mod object;
+mod pg_one_shot;
 mod postgres;
 pub mod scratch;
 pub(crate) use postgres::LogWindow;

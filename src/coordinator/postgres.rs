@@ -1,12 +1,14 @@
 //! The PostgreSQL coordinator (DESIGN §7–§8).
 //!
-//! Each operation is one call of a PL/pgSQL function in autocommit, one round trip, sent as
-//! an unnamed statement (`query_typed`; see `Session`). The functions compute the next token
-//! from the locked row, read `clock_timestamp()` after the lock, set `synchronous_commit = on`
-//! for their own transaction, and write the event row in the same transaction, so a token is
-//! reported only after it is durably granted, whatever the server's default. Nothing keeps
-//! session state (no advisory locks, no `SET`, no named statements), so every command also
-//! works through a transaction-mode pooler such as PgBouncer.
+//! Each operation is one statement in autocommit, one round trip, sent as an unnamed
+//! statement (`query_typed`; see `Session`): acquire, renew and release are plain statements
+//! ([`pg_one_shot`](super::pg_one_shot), no PL/pgSQL to compile on a new connection), a
+//! waiter's poll one call of a PL/pgSQL function. Both compute the next token from the locked
+//! row, read `clock_timestamp()` after the lock, set `synchronous_commit = on` for their own
+//! transaction, and write the event row in the same transaction, so a token is reported only
+//! after it is durably granted, whatever the server's default. Nothing keeps session state
+//! (no advisory locks, no `SET`, no named statements), so every command also works through a
+//! transaction-mode pooler such as PgBouncer.
 //!
 //! The connection is opened on first use, and a server that answers "too many connections"
 //! or "cannot connect now" is retried (for a couple of seconds, or for a whole `--wait`).
@@ -31,7 +33,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -39,6 +41,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use crate::coordinator::history::newest;
+use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
 use crate::coordinator::{
     ttl_ms, Attempt, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
     LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
@@ -222,6 +225,25 @@ impl PgCoordinator {
             .await?
             .call(what, mutating, sql, params)
             .await
+    }
+
+    /// Sends one of the one-shot statements until it answers something else than `retry`,
+    /// which means the lease row changed between the statement's snapshot and its row lock
+    /// (another process's grant, renewal or release) and nothing was written: the next
+    /// statement, on a new snapshot, sees the change.
+    async fn one_shot(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Answer, Error> {
+        loop {
+            let rows = self.call(what, true, sql, params).await?;
+            let answer = Answer::from_statement(&rows)?;
+            if answer.status != "retry" {
+                return Ok(answer);
+            }
+        }
     }
 
     /// A queued waiter's attempt: joins the queue (first call) or polls it; rejoins at the
@@ -446,7 +468,7 @@ impl PgCoordinator {
     }
 }
 
-/// The row every lease function returns.
+/// The row every lease function and one-shot statement returns.
 struct Answer {
     status: String,
     token: Option<i64>,
@@ -483,6 +505,33 @@ impl Answer {
             waiter: row.try_get("waiter").ok().flatten(),
             place: row.try_get("place").ok().flatten(),
             pace_ms: row.try_get("pace_ms").ok().flatten(),
+        })
+    }
+
+    /// The row of a one-shot statement: the lease's timestamps and the server's clock as
+    /// they are, converted here (one function fewer for a new connection to look up).
+    fn from_statement(rows: &[Row]) -> Result<Answer, Error> {
+        let row = rows.first().ok_or_else(|| {
+            Error::internal(
+                "PostgreSQL returned no row from a fence statement",
+                "fence's schema may have been altered by hand; run `fence init` to restore it",
+            )
+        })?;
+        let ms = |column: &str| row.get::<_, Option<SystemTime>>(column).map(epoch_ms);
+        let now = epoch_ms(row.get("now"));
+        let expires_ms = ms("expires_at");
+        Ok(Answer {
+            status: row.get("status"),
+            token: row.get("token"),
+            owner: row.get("owner"),
+            acquired_ms: ms("acquired_at"),
+            renewed_ms: ms("renewed_at"),
+            expires_ms,
+            expires_in_ms: expires_ms.map(|expires| expires - now),
+            ttl_ms: row.get("ttl_ms"),
+            waiter: None,
+            place: None,
+            pace_ms: None,
         })
     }
 
@@ -566,19 +615,16 @@ impl Coordinator for PgCoordinator {
         let answer = if queued {
             self.poll_queue(resource, owner, ttl).await?
         } else {
-            let rows = self
-                .call(
-                    &format!("acquire `{resource}`"),
-                    true,
-                    "SELECT * FROM __SCHEMA__.acquire($1, $2, $3)",
-                    &[
-                        (&resource, Type::TEXT),
-                        (&owner, Type::TEXT),
-                        (&ttl, Type::INT8),
-                    ],
-                )
-                .await?;
-            Answer::from_rows(&rows)?
+            self.one_shot(
+                &format!("acquire `{resource}`"),
+                ACQUIRE,
+                &[
+                    (&resource, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&ttl, Type::INT8),
+                ],
+            )
+            .await?
         };
         let lease = answer.lease(resource);
         if queued {
@@ -616,11 +662,10 @@ impl Coordinator for PgCoordinator {
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
         let ttl = ttl.map(ttl_ms);
-        let rows = self
-            .call(
+        let answer = self
+            .one_shot(
                 &format!("renew `{}`", lease.resource),
-                true,
-                "SELECT * FROM __SCHEMA__.renew($1, $2, $3, $4)",
+                RENEW,
                 &[
                     (&lease.resource, Type::TEXT),
                     (&lease.owner, Type::TEXT),
@@ -629,7 +674,6 @@ impl Coordinator for PgCoordinator {
                 ],
             )
             .await?;
-        let answer = Answer::from_rows(&rows)?;
         if answer.status == "renewed" {
             return Ok(answer.lease(&lease.resource));
         }
@@ -639,11 +683,10 @@ impl Coordinator for PgCoordinator {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
-        let rows = self
-            .call(
+        let answer = self
+            .one_shot(
                 &format!("release `{}`", lease.resource),
-                true,
-                "SELECT * FROM __SCHEMA__.release($1, $2, $3)",
+                RELEASE,
                 &[
                     (&lease.resource, Type::TEXT),
                     (&lease.owner, Type::TEXT),
@@ -651,7 +694,6 @@ impl Coordinator for PgCoordinator {
                 ],
             )
             .await?;
-        let answer = Answer::from_rows(&rows)?;
         match answer.status.as_str() {
             "released" => Ok(Released::Now),
             "already_released" => Ok(Released::Already),
@@ -1120,6 +1162,17 @@ impl Coordinator for PgCoordinator {
 
     fn pushes_wakeups(&self) -> bool {
         true
+    }
+}
+
+/// Milliseconds since the Unix epoch, rounded down, as the schema's `ms()` computes them.
+fn epoch_ms(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_millis()).unwrap_or(i64::MAX),
+        Err(before) => {
+            let ms = before.duration().as_micros().div_ceil(1000);
+            i64::try_from(ms).map_or(i64::MIN, |ms| -ms)
+        }
     }
 }
 

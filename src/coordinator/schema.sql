@@ -4,7 +4,8 @@
 -- queue on session advisory locks; version 3 replaced it with the durable queue below, which
 -- holds no session state and so works behind a transaction-mode pooler; version 4 records each
 -- grant's and renewal's TTL and expiry, and a takeover's previous expiry, in its event, for
--- `fence log`; version 5 adds the tables of the block at the end).
+-- `fence log`; version 5 keeps PL/pgSQL off the one-shot path and adds the tables of the
+-- incident view: see its two blocks at the end).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -226,13 +227,21 @@ BEGIN
 END
 $fn$;
 
--- Tokens never go down and lease rows are never removed, whoever writes (DESIGN §8).
+-- Tokens never go down and lease rows are never removed, whoever writes (DESIGN §8): the
+-- coordinator's role may write `leases` (the statements run with its rights), so only a
+-- trigger stops a hand-written DELETE, TRUNCATE, lowered token or renamed resource (which
+-- removes the record of the old name: its next grant would be token 1). Its triggers are
+-- created in the version-5 block.
 CREATE OR REPLACE FUNCTION __SCHEMA__.leases_guard() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
     IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
         RAISE EXCEPTION 'fence lease records are never deleted: the token counter must survive'
             USING ERRCODE = 'LF004', HINT = 'release leases with `fence release`; rows of free resources are harmless';
+    END IF;
+    IF NEW.resource IS DISTINCT FROM OLD.resource THEN
+        RAISE EXCEPTION 'the fence lease record of % cannot be renamed: its token counter must survive', OLD.resource
+            USING ERRCODE = 'LF004', HINT = 'a resource is known by its name: acquire the new name with `fence acquire` instead';
     END IF;
     IF NEW.token < OLD.token THEN
         RAISE EXCEPTION 'the fencing token of % cannot go down (% to %)', OLD.resource, OLD.token, NEW.token
@@ -241,17 +250,15 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
-CREATE OR REPLACE TRIGGER leases_guard BEFORE UPDATE OR DELETE ON __SCHEMA__.leases
-    FOR EACH ROW EXECUTE FUNCTION __SCHEMA__.leases_guard();
-CREATE OR REPLACE TRIGGER leases_no_truncate BEFORE TRUNCATE ON __SCHEMA__.leases
-    FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.leases_guard();
 
 -- STABLE, as extract() on a timestamptz is: a function more volatile inside than declared is
 -- never inlined, and a call that is not inlined re-plans its body in every transaction.
 CREATE OR REPLACE FUNCTION __SCHEMA__.ms(t timestamptz) RETURNS bigint
 LANGUAGE sql STABLE AS $fn$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $fn$;
 
--- Acquire in one call. The refused (busy) path takes no row lock and writes nothing: the
+-- Acquire in one call, for the waiters' functions (and fence of version 4): a one-shot
+-- acquire sends `ACQUIRE` (src/coordinator/postgres.rs), the same steps as one statement; keep the
+-- two alike. The refused (busy) path takes no row lock and writes nothing: the
 -- UPDATE only locks a row it can take, the INSERT only runs when no row exists, and the busy
 -- answer is a plain read. The new token is computed from the locked row (token + 1) and the
 -- clock is read after the lock (clock_timestamp in the per-row SET subquery).
@@ -319,6 +326,8 @@ BEGIN
 END
 $fn$;
 
+-- `classify`, `renew` and `release` are kept for fence binaries of version 4 during an
+-- upgrade; this fence sends `RENEW` and `RELEASE` (src/coordinator/postgres.rs) instead.
 -- Shared classification of a renew/release that did not match its lease. Writes a
 -- `<op>_rejected` event for a stale, expired or released lease so `inspect` shows it.
 CREATE OR REPLACE FUNCTION __SCHEMA__.classify(p_op text, p_resource text, p_owner text, p_token bigint,
@@ -425,9 +434,7 @@ BEGIN
 END
 $fn$;
 
--- ==========================================================================================
--- Version 5 (issue 19, the incident view): new tables only, written from Rust; nothing above
--- changes. Kept as one block so that it merges with other changes to the functions above.
+-- Version 5, the incident view: new tables only, written from Rust.
 --
 -- The events `fence prune` deleted, counted per resource and kind in the same statement that
 -- deletes them, so that `fence metrics` counters (events kept + events pruned) never go down
@@ -457,6 +464,27 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
     PRIMARY KEY (resource, minute, owner, kind)
 );
 -- ==========================================================================================
+
+-- ---------------------------------------------------------------------------------------
+-- Version 5, continued: no PL/pgSQL on the one-shot path.
+-- A new connection compiles each PL/pgSQL function on its first call and plans its
+-- statements (about 3 ms of a one-shot `fence acquire`). Acquire, renew and release are now
+-- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/postgres.rs),
+-- with the same semantics as the functions above; those stay, for the waiters (`wait_enter`
+-- and `wait_poll` call `acquire`: waiting is not one-shot) and for fence binaries of
+-- version 4 still running during an upgrade. The guard's UPDATE trigger calls its function
+-- only for an update it refuses (the WHEN clause is an expression the executor evaluates,
+-- no function call), so granting, renewing and releasing call no PL/pgSQL at all; DELETE and
+-- TRUNCATE are refused as before, by triggers of their own.
+CREATE OR REPLACE TRIGGER leases_guard BEFORE UPDATE ON __SCHEMA__.leases
+    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.resource <> OLD.resource)
+    EXECUTE FUNCTION __SCHEMA__.leases_guard();
+CREATE OR REPLACE TRIGGER leases_no_delete BEFORE DELETE ON __SCHEMA__.leases
+    FOR EACH ROW EXECUTE FUNCTION __SCHEMA__.leases_guard();
+CREATE OR REPLACE TRIGGER leases_no_truncate BEFORE TRUNCATE ON __SCHEMA__.leases
+    FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.leases_guard();
+-- End of version 5.
+-- ---------------------------------------------------------------------------------------
 
 INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '5')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -107,7 +107,14 @@ impl Session {
             Err(err) if err.code() == Some(&SqlState::UNDEFINED_COLUMN) && !mutating => {
                 Ok(Vec::new())
             }
-            Err(err) if is_missing_schema(&err) => {
+            // A write to a coordinator schema older than its statement (version 3 had no
+            // `previous_expires_at`, which the one-shot acquire writes) migrates it too. Not
+            // on a target, where a missing column is the caller's (`write --row`).
+            Err(err)
+                if is_missing_schema(&err)
+                    || (err.code() == Some(&SqlState::UNDEFINED_COLUMN)
+                        && self.spec.purpose != "target") =>
+            {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {
                     Ok(rows) => Ok(rows),
@@ -144,9 +151,8 @@ impl Session {
     /// (PgBouncer) consecutive transactions run on different server connections, where a
     /// named statement is missing ("does not exist"), already taken ("s0 already exists"), or
     /// worse, another client's statement of the same name. The server's parse and plan that
-    /// preparing saved cost about 0.06 ms per request (`fence bench`, README, Performance):
-    /// fence's requests are one call of a PL/pgSQL function, whose own plans are cached per
-    /// backend.
+    /// preparing saved cost about 0.06 ms per request (`fence bench`, README, Performance),
+    /// and a one-shot command sends each statement once per connection anyway.
     async fn query(
         &self,
         sql: &str,

@@ -1,0 +1,179 @@
+//! The PostgreSQL coordinator's one-shot statements: acquire, renew and release, each ONE
+//! plain statement in autocommit (data-modifying CTEs), sent as an unnamed statement.
+//!
+//! Why not the schema's PL/pgSQL functions: a one-shot `fence acquire` runs on a new
+//! connection, whose backend loads PL/pgSQL, compiles the function on its first call and
+//! plans each of its statements apart (issue 22). A plain statement is parsed and planned
+//! once, as any statement on a new connection is, and calls no PL/pgSQL (the `leases_guard`
+//! trigger calls its function only for an update it refuses: see the version-5 block of
+//! `schema.sql`). Measured as the new backend's CPU time (`perf stat -e task-clock`), a
+//! reacquire costs 2.2 ms instead of 3.3, a busy answer 1.9 instead of 2.9; what remains is
+//! what any statement pays on a new backend for the relations it touches (0.6 ms for a
+//! `SELECT` of one lease row). Waiting (`--wait`) keeps its PL/pgSQL functions: a waiter
+//! polls on one connection, where the compiled function is reused.
+//!
+//! Each statement keeps what the functions kept (DESIGN §7–§8):
+//! - the new token is computed from the locked row (`token + 1` in the UPDATE's SET, which
+//!   PostgreSQL evaluates again on the newest row version if the row changed under the lock),
+//!   never from a sequence, and a new resource starts at 1 through `INSERT … ON CONFLICT DO
+//!   NOTHING`; rows are never deleted, so the counter survives release and expiry;
+//! - the clock is `clock_timestamp()`, read per row after the lock;
+//! - the event row is written in the same statement, so in the same transaction;
+//! - `synchronous_commit` is set `on` for the statement's transaction (`set_config(…, true)`
+//!   runs before the commit that ends the statement), so a grant is reported only once it is
+//!   durable, whatever the server's default;
+//! - a refused acquire (busy) takes no row lock and writes nothing: the UPDATE matches no row
+//!   of the snapshot, the INSERT runs only when the snapshot has no row, and the answer is a
+//!   read;
+//! - a late renew or release changes nothing of a newer lease: its UPDATE is conditional on
+//!   owner and token.
+//!
+//! One difference from a function: all parts of a statement see one snapshot, where each
+//! statement of a PL/pgSQL function took a new one. When the UPDATE matched nothing although
+//! the snapshot's row would have matched, the row changed between the snapshot and the lock
+//! (another process's grant, renewal or release): the statement answers `retry`, changes
+//! nothing, and fence sends it again, as the functions looped or re-read. Every other answer
+//! is true at the snapshot: a busy holder, a stale token, a released lease.
+//!
+//! Each statement starts with a comment naming it (`-- fence: acquire`), which the server
+//! shows in `pg_stat_activity` and its logs, and the tests' fault proxy recognises.
+
+/// `$1` resource, `$2` owner, `$3` TTL in ms. Answers `acquired`, `taken_over`,
+/// `reacquired` (the owner's live lease, same token), `busy` (with the holder), or `retry`.
+pub const ACQUIRE: &str = "\
+-- fence: acquire
+WITH taken AS (
+    UPDATE __SCHEMA__.leases AS l
+    SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms,
+         previous_expires_at) = (
+        SELECT CASE WHEN x.live_mine THEN l.token ELSE l.token + 1 END,
+               CASE WHEN x.live_mine THEN 'reacquired'
+                    WHEN l.expires_at IS NULL OR l.owner = $2 THEN 'acquired'
+                    ELSE 'taken_over' END,
+               CASE WHEN x.live_mine THEN l.acquired_at ELSE x.now END,
+               $2, x.now, x.now + $3 * interval '1 millisecond', $3, l.expires_at
+        FROM (SELECT c.now, coalesce(l.owner = $2 AND l.expires_at > c.now, false) AS live_mine
+              FROM (SELECT clock_timestamp() AS now) c) x)
+    WHERE l.resource = $1
+      AND (l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = $2)
+    RETURNING l.*),
+seen AS (
+    SELECT * FROM __SCHEMA__.leases AS l WHERE l.resource = $1),
+created AS (
+    INSERT INTO __SCHEMA__.leases AS l
+        (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event)
+    SELECT $1, $2, 1, c.now, c.now, c.now + $3 * interval '1 millisecond', $3, 'acquired'
+    FROM (SELECT clock_timestamp() AS now) c
+    WHERE NOT EXISTS (SELECT FROM seen)
+    ON CONFLICT (resource) DO NOTHING
+    RETURNING l.*),
+granted AS (
+    SELECT * FROM taken UNION ALL SELECT * FROM created),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at,
+                                   previous_expires_at)
+    SELECT g.resource, g.renewed_at, g.last_event, g.owner, g.token, g.ttl_ms, g.expires_at,
+           CASE WHEN g.last_event = 'taken_over' THEN g.previous_expires_at END
+    FROM granted g),
+answer AS (
+    SELECT g.last_event AS status, g.token, g.owner, g.acquired_at, g.renewed_at,
+           g.expires_at, g.ttl_ms
+    FROM granted g
+    UNION ALL
+    SELECT CASE WHEN s.expires_at > clock_timestamp() AND s.owner IS DISTINCT FROM $2
+                THEN 'busy' ELSE 'retry' END,
+           s.token, s.owner, s.acquired_at, s.renewed_at, s.expires_at, s.ttl_ms
+    FROM seen s WHERE NOT EXISTS (SELECT FROM granted))
+SELECT coalesce(a.status, 'retry') AS status, a.token, a.owner, a.acquired_at, a.renewed_at,
+       a.expires_at, a.ttl_ms, clock_timestamp() AS now,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit
+FROM (SELECT) AS one LEFT JOIN answer a ON true";
+
+/// `$1` resource, `$2` owner, `$3` token, `$4` new TTL in ms or NULL (keep the lease's).
+/// Answers `renewed`, a refusal (`stale`, `expired`, `released` — each recorded as a
+/// `renew_rejected` event — or `never_issued`, `wrong_owner`, `no_lease`), or `retry`. A
+/// lease of this owner and token that was live at the snapshot but not renewed changed since:
+/// `retry`.
+pub const RENEW: &str = "\
+-- fence: renew
+WITH renewed AS (
+    UPDATE __SCHEMA__.leases AS l
+    SET (renewed_at, expires_at, ttl_ms, last_event) = (
+        SELECT c.now, c.now + coalesce($4, l.ttl_ms) * interval '1 millisecond',
+               coalesce($4, l.ttl_ms), 'renewed'
+        FROM (SELECT clock_timestamp() AS now) c)
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2
+      AND l.expires_at > clock_timestamp()
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
+    SELECT r.resource, r.renewed_at, 'renewed', r.owner, r.token, r.ttl_ms, r.expires_at
+    FROM renewed r),
+refused AS (
+    SELECT l.*,
+           CASE WHEN l.token > $3 THEN 'stale'
+                WHEN l.token < $3 THEN 'never_issued'
+                WHEN l.owner IS DISTINCT FROM $2 THEN 'wrong_owner'
+                WHEN l.expires_at IS NULL THEN 'released'
+                WHEN l.expires_at <= clock_timestamp() THEN 'expired'
+                ELSE 'retry' END AS status
+    FROM __SCHEMA__.leases AS l
+    WHERE l.resource = $1 AND NOT EXISTS (SELECT FROM renewed)),
+rejected AS (
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token, detail)
+    SELECT f.resource, 'renew_rejected', $2, $3,
+           CASE f.status WHEN 'stale' THEN 'token ' || f.token || ' issued since'
+                ELSE f.status END
+    FROM refused f WHERE f.status IN ('stale', 'released', 'expired')),
+answer AS (
+    SELECT 'renewed' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
+           r.ttl_ms
+    FROM renewed r
+    UNION ALL
+    SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
+    FROM refused f)
+SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
+       a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit
+FROM (SELECT) AS one LEFT JOIN answer a ON true";
+
+/// `$1` resource, `$2` owner, `$3` token. Answers `released`, `already_released` (success:
+/// releasing twice is not an event), a refusal (`stale`, recorded as a `release_rejected`
+/// event, or `never_issued`, `wrong_owner`, `no_lease`), or `retry`. Durable too: a release
+/// lost in a crash would be safe, but the resource would look held until the lease's TTL (up
+/// to hours) ran out. A release notifies the resource's channel (payload `r:<resource>`; see
+/// `wait_poll` in `schema.sql`), sent at commit, to wake the head of its queue.
+pub const RELEASE: &str = "\
+-- fence: release
+WITH released AS (
+    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
+    SELECT r.resource, 'released', r.owner, r.token FROM released r),
+refused AS (
+    SELECT l.*,
+           CASE WHEN l.token > $3 THEN 'stale'
+                WHEN l.token < $3 THEN 'never_issued'
+                WHEN l.owner IS DISTINCT FROM $2 THEN 'wrong_owner'
+                WHEN l.expires_at IS NULL THEN 'already_released'
+                ELSE 'retry' END AS status
+    FROM __SCHEMA__.leases AS l
+    WHERE l.resource = $1 AND NOT EXISTS (SELECT FROM released)),
+rejected AS (
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token, detail)
+    SELECT f.resource, 'release_rejected', $2, $3, 'token ' || f.token || ' issued since'
+    FROM refused f WHERE f.status = 'stale'),
+answer AS (
+    SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
+           r.ttl_ms
+    FROM released r
+    UNION ALL
+    SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
+    FROM refused f)
+SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
+       a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
+       (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit
+FROM (SELECT) AS one LEFT JOIN answer a ON true";
