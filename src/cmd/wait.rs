@@ -2,13 +2,14 @@
 //!
 //! A waiter sleeps until the holder's lease would expire, until the store pushes a release,
 //! or until a short jittered poll (stores without pushed wake-ups), whichever comes first. A
-//! refused attempt writes nothing on any store, so many waiters cost the holder nothing; the
-//! jitter keeps them from retrying in lockstep.
+//! refused attempt never touches the lease (no lock, no write), so many waiters cost the
+//! holder nothing; a waiter is recorded as one attempt however often it polls (`fence log`).
+//! The jitter keeps waiters from retrying in lockstep.
 //!
 //! On PostgreSQL waiters join a durable queue before their first attempt and are granted in
 //! arrival order; the coordinator decides how long each sleeps and whether it keeps its
 //! connection (only the two at the head do, and they listen for releases; see
-//! `store/postgres.rs`). Elsewhere no order is promised: the first waiter to retry after a
+//! `coordinator/postgres.rs`). Elsewhere no order is promised: the first waiter to retry after a
 //! release wins. Nowhere is a free resource reserved for the waiters: a plain `acquire`
 //! (without `--wait`) asking at that moment can be granted first.
 
