@@ -193,7 +193,7 @@ pub struct AcquireArgs {
 ///
 /// Once a day at most (a run that completed today is skipped, exit 0; COMMAND gets
 /// FENCE_RUN_ID for the ids of its writes, e.g. --id "$FENCE_RUN_ID-publish"):
-///   fence run nightly-report --id "nightly-$(date +%F)" --busy-exit-code 0 -q -- ./report.sh
+///   fence run nightly-report --id "nightly-$(date -u -I)" --busy-exit-code 0 -q -- ./report.sh
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -214,9 +214,10 @@ pub struct RunArgs {
 
     /// A run id, e.g. `nightly-2026-12-04` (1 to 64 of A-Z a-z 0-9 . _ - : @ +); default:
     /// FENCE_RUN_ID, unless an enclosing `fence run` set it. The command gets it as
-    /// FENCE_RUN_ID (without one: `run-<token>`, unique to this run); derive write ids from
-    /// it: `--id "$FENCE_RUN_ID-publish"`. Once the command exits 0, the run is recorded as
-    /// completed in the store (as resource `RESOURCE#done:KEY`); a later run with the same
+    /// FENCE_RUN_ID (without one: `run-<token>-<8 random hex>`, unique to this run); derive
+    /// write ids from it: `--id "$FENCE_RUN_ID-publish"`. Once the command exits 0 on its own
+    /// (not interrupted, nothing of it left running), the run is recorded as completed in the
+    /// store (as resource `RESOURCE#done:KEY`); a later run with the same
     /// id, once it holds the lease, starts nothing and exits 0 (or --done-exit-code), saying
     /// when and by whom it was completed.
     #[arg(long, value_name = "KEY", value_parser = parse_write_id)]

@@ -32,6 +32,11 @@ pub const ARG: &str = "__reaper";
 /// The descriptor on which the reaper reports a command it could not start.
 pub const REPORT_FD: i32 = 3;
 
+/// What the reaper reports on [`REPORT_FD`] after COMMAND ended when it had to stop
+/// descendants COMMAND left running. Before that, one newline says COMMAND started; any other
+/// text, with the pipe then closed, is why it could not start.
+pub const LEFTOVERS: &[u8] = b"leftovers\n";
+
 /// Runs the reaper: `args` are `PARENT -- COMMAND…` (what follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
     let parent: Option<i32> = args.first().and_then(|a| a.to_str()?.parse().ok());
@@ -86,7 +91,8 @@ pub fn main(args: &[OsString]) -> Exit {
             return Exit::Command(127);
         }
     };
-    drop(report);
+    // Started: one newline, and the pipe stays open for the end of the story (below).
+    let _ = report.write_all(b"\n");
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -117,8 +123,12 @@ pub fn main(args: &[OsString]) -> Exit {
         }
     };
     // Descendants that left the process group (setsid: daemons) were handed to us as their
-    // subreaper when their parents ended; none may outlive COMMAND.
-    kill_descendants();
+    // subreaper when their parents ended; none may outlive COMMAND. `fence run` is told that
+    // some had to be stopped: their work was cut short, so the run did not complete.
+    if kill_descendants() {
+        let _ = report.write_all(LEFTOVERS);
+    }
+    drop(report);
     if let Some(signal) = status.signal() {
         // Die of the same signal, so `fence run` reports 128+N as for any command.
         // SAFETY: restoring the default action and raising a signal on ourselves.
@@ -162,17 +172,19 @@ fn descendants() -> Vec<i32> {
 }
 
 /// SIGTERM to every descendant left, SIGKILL a second later to those still there; reaps the
-/// orphans handed to us, so none is left a zombie.
-fn kill_descendants() {
+/// orphans handed to us, so none is left a zombie. Returns whether any was left.
+fn kill_descendants() -> bool {
     let reap = || {
         // SAFETY: waitpid on our own children, without blocking.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     };
+    let mut any = false;
     for signal in [libc::SIGTERM, libc::SIGKILL] {
         let left = descendants();
         if left.is_empty() {
-            return;
+            return any;
         }
+        any = true;
         for &pid in &left {
             // SAFETY: kill(2) on our own descendants.
             unsafe { libc::kill(pid, signal) };
@@ -181,12 +193,13 @@ fn kill_descendants() {
         while std::time::Instant::now() < deadline {
             reap();
             if descendants().is_empty() {
-                return;
+                return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
     reap();
+    true
 }
 
 /// When `fence run` holds the terminal's foreground, takes it for the command's group before

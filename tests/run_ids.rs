@@ -66,19 +66,27 @@ fn a_completed_run_is_skipped(store: &Store) {
     // The lease was released after each skip.
     let (_, _, live) = store.lease("r").unwrap();
     assert!(!live);
-    // Another id runs; no id runs every time, with an id of its own (`run-<token>`).
+    // Another id runs; no id runs every time, with an id of its own (`run-<token>-<random>`:
+    // tokens repeat across stores, so the token alone would not be unique).
     run(store, &["--id", "day-2"], 0).expect(0);
     run(store, &[], 0).expect(0);
     run(store, &[], 0).expect(0);
     let lines = log(store);
     assert_eq!(lines[..2], ["day-1", "day-2"]);
     let token = store.lease("r").unwrap().1;
-    assert_eq!(
-        lines[2..],
-        [format!("run-{}", token - 1), format!("run-{token}")]
-    );
+    let own_id = |id: &str, token: i64| {
+        let random = id
+            .strip_prefix(&format!("run-{token}-"))
+            .unwrap_or_else(|| panic!("`{id}` is not run-{token}-…"));
+        assert!(
+            random.len() == 8 && random.chars().all(|c| c.is_ascii_hexdigit()),
+            "{id}"
+        );
+    };
+    own_id(&lines[2], token - 1);
+    own_id(&lines[3], token);
     let json = run(store, &["--format", "json"], 0).expect(0).json();
-    assert_eq!(json["run_id"], format!("run-{}", token + 1), "{json}");
+    own_id(json["run_id"].as_str().unwrap(), token + 1);
     // --done-exit-code without a run id has nothing to mean.
     run(store, &["--done-exit-code", "9"], 0).expect(2);
     assert_eq!(log(store).len(), 5);

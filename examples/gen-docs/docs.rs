@@ -65,7 +65,7 @@ pub const ENVIRONMENT: [(&str, &str); 31] = [
     (
         "FENCE_RUN_ID",
         "The run id, as fence run --id (ignored when it is the FENCE_RUN_PARENT_ID an \
-         enclosing fence run set). fence run sets it in its command's environment (run-TOKEN \
+         enclosing fence run set). fence run sets it in its command's environment (run-TOKEN-RANDOM \
          without an id). fence write does not read it: derive write ids from it \
          (--id \"$FENCE_RUN_ID-publish\").",
     ),

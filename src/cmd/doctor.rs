@@ -466,7 +466,12 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
     let sql = format!(
         "SELECT json_build_array(n.nspowner::regrole::text, session_user, \
          pg_has_role(session_user, n.nspowner, 'MEMBER')::text, \
-         (SELECT rolsuper FROM pg_roles WHERE rolname = session_user)::text)::text \
+         (SELECT rolsuper FROM pg_roles WHERE rolname = session_user)::text, \
+         coalesce((SELECT string_agg(format('%I.%I', n.nspname, c.relname), ', ' ORDER BY c.relname) \
+                   FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'r' \
+                     AND has_table_privilege(session_user, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')), ''), \
+         ((SELECT rolcreaterole FROM pg_roles WHERE rolname = session_user) \
+           AND current_setting('server_version_num')::int < 160000)::text)::text \
          FROM pg_namespace n WHERE n.nspname = '{schema}'"
     );
     match one(client, &sql).await {
@@ -482,10 +487,24 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
         ),
         Ok(Some(row)) => {
             let parts: Vec<String> = serde_json::from_str(&row).unwrap_or_default();
-            let [owner, user, member, superuser] = parts.as_slice() else {
+            let [owner, user, member, superuser, writable, createrole] = parts.as_slice() else {
                 return;
             };
-            if role == Role::Target && (*member == "true" || *superuser == "true") {
+            if role == Role::Target && !writable.is_empty() {
+                f.add(
+                    "postgres.schema_owner",
+                    Severity::Warn,
+                    format!("the connecting role `{user}` may write fence's own tables ({writable}), directly or through a role such as pg_write_all_data: it can forge `bindings`, so `protect` does not hold against it"),
+                    "connect as a role granted with `fence grant`, and revoke the write privileges (or the pg_write_all_data membership) from this one",
+                );
+            } else if role == Role::Target && *createrole == "true" {
+                f.add(
+                    "postgres.schema_owner",
+                    Severity::Warn,
+                    format!("the connecting role `{user}` has CREATEROLE, which before PostgreSQL 16 lets it join pg_write_all_data (or the schema's owner) at will and so bypass `protect`"),
+                    "connect as a role without CREATEROLE (ALTER ROLE … NOCREATEROLE), granted with `fence grant`",
+                );
+            } else if role == Role::Target && (*member == "true" || *superuser == "true") {
                 f.add(
                     "postgres.schema_owner",
                     Severity::Warn,

@@ -9,7 +9,8 @@
 //! gets SIGTERM and, after `--kill-after`, SIGKILL.
 //!
 //! Run ids (`--id KEY`, `FENCE_RUN_ID`): the command gets `FENCE_RUN_ID` (without an id,
-//! `run-<token>`: unique to this run, so a command's own retries of a write are replays), and
+//! `run-<token>-<8 random hex>`: unique to this run, whatever the store, so a command's own
+//! retries of a write are replays), and
 //! `FENCE_RUN_PARENT_ID`, the same value: a `fence run` inside the command whose environment
 //! still holds that id ignores it, or its second run of one resource would be "already done".
 //! With an id given, once the command exits 0, still under the lease, fence records the run as
@@ -284,12 +285,20 @@ async fn supervise(
 
     // Handlers go in before the command starts: a signal sent as soon as the command is
     // visible must be forwarded, not kill fence with its default action.
-    let given_id = id.clone().unwrap_or_else(|| format!("run-{}", lease.token));
-    let started = Interrupts::install().and_then(|interrupts| {
-        let child = spawn(&args.command, ctx, &lease, &given_id, out)?;
-        Ok((interrupts, child))
+    // Tokens are unique per coordinator only: a second (or restored) store issues the same
+    // ones, so the random part keeps ids derived from this run's from replaying another's.
+    let given_id = id.clone().unwrap_or_else(|| {
+        format!(
+            "run-{}-{:08x}",
+            lease.token,
+            crate::sys::random_u64() as u32
+        )
     });
-    let (mut interrupts, mut child) = match started {
+    let started = Interrupts::install().and_then(|interrupts| {
+        let (child, report) = spawn(&args.command, ctx, &lease, &given_id, out)?;
+        Ok((interrupts, child, report))
+    });
+    let (mut interrupts, mut child, report) = match started {
         Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
@@ -303,6 +312,9 @@ async fn supervise(
     let mut next_renew = Instant::now() + every;
     let mut reconnect = false;
     let mut last_error: Option<String> = None;
+    // The first signal passed on to the command: a run that was asked to stop did not
+    // complete, whatever its exit status (a `trap … exit 0` ends it with 0).
+    let mut interrupted: Option<i32> = None;
 
     let end = loop {
         tokio::select! {
@@ -332,6 +344,7 @@ async fn supervise(
                 Err(err) => return Err(Error::internal(format!("cannot wait for the command: {err}"), "check the system's process limits")),
             },
             (signal, _) = interrupts.next() => {
+                interrupted.get_or_insert(signal);
                 forward(pgid, signal);
                 forward(pgid, libc::SIGCONT);
             }
@@ -380,8 +393,27 @@ async fn supervise(
         End::Finished(status) => {
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
-            stop_leftovers(pgid, args.kill_after).await;
-            if let (Some(marker), Some(0)) = (&marker, status.code()) {
+            let left_over = stop_leftovers(pgid, args.kill_after).await
+                | reaper_stopped_leftovers(report);
+            // A run id is recorded as completed only for a run that ended on its own, whole:
+            // exit 0, not asked to stop, nothing of it still running that had to be stopped.
+            let incomplete = match (interrupted, left_over) {
+                (Some(signal), _) => Some(format!(
+                    "it was interrupted (signal {signal} was passed on to it)"
+                )),
+                (None, true) => Some(
+                    "it left processes running, which were stopped with it (a background job's work may be cut short)"
+                        .to_owned(),
+                ),
+                (None, false) => None,
+            };
+            if let (Some(_), Some(0), Some(why)) = (&marker, status.code(), &incomplete) {
+                crate::terminal::warn(&format!(
+                    "warning: the command exited 0, but {why}: run `{}` is not recorded as completed, so the next run with this id runs it again",
+                    id.as_deref().unwrap_or_default()
+                ));
+            }
+            if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
                 if let Err(err) = record_completed(coordinator.as_ref(), marker, &owner, ttl).await
                 {
                     crate::terminal::warn(&format!(
@@ -507,9 +539,10 @@ fn group_alive(pgid: Option<i32>) -> bool {
 }
 
 /// SIGTERM to what is left of the group, SIGKILL after `kill_after` to what still is.
-async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) {
+/// Returns whether anything was left.
+async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) -> bool {
     if !group_alive(pgid) {
-        return;
+        return false;
     }
     forward(pgid, libc::SIGTERM);
     forward(pgid, libc::SIGCONT);
@@ -518,6 +551,7 @@ async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     forward(pgid, libc::SIGKILL);
+    true
 }
 
 /// Starts COMMAND under the reaper (see [`crate::reaper`]) in a new process group, and waits
@@ -528,7 +562,7 @@ fn spawn(
     lease: &LeaseRef,
     run_id: &str,
     out: &Output,
-) -> Result<tokio::process::Child, Error> {
+) -> Result<(tokio::process::Child, std::fs::File), Error> {
     let program = command.first().ok_or_else(|| {
         Error::usage(
             "no command to run",
@@ -597,11 +631,24 @@ fn spawn(
         }
     })?;
     drop(write_end);
-    // The reaper closes its end once COMMAND runs, or first writes why it could not start.
-    let mut why = String::new();
-    let _ = report.read_to_string(&mut why);
-    if !why.is_empty() {
-        return Err(cannot(&why));
+    // The reaper writes one newline once COMMAND runs, or why it could not start and closes
+    // its end. A reaper that dies before either closes it with nothing said.
+    let mut first = [0u8; 1];
+    match report.read(&mut first) {
+        Ok(1) if first[0] == b'\n' => Ok((child, report)),
+        Ok(0) => Err(cannot(&"fence's supervisor of the command ended before starting it")),
+        _ => {
+            let mut why = String::from_utf8_lossy(&first).into_owned();
+            let _ = report.read_to_string(&mut why);
+            Err(cannot(&why))
+        }
     }
-    Ok(child)
+}
+
+/// Whether the reaper said, as it ended, that it had to stop processes the command left
+/// running (read once the reaper is gone: the pipe is then at its end).
+fn reaper_stopped_leftovers(mut report: std::fs::File) -> bool {
+    let mut rest = Vec::new();
+    let _ = report.read_to_end(&mut rest);
+    rest == crate::reaper::LEFTOVERS
 }

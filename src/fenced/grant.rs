@@ -140,7 +140,8 @@ impl PgTarget {
                     WHERE pg_has_role(r.oid, o.owner, 'MEMBER')), \
                    (SELECT string_agg(format('%I.%I', $2, c.relname), ', ') FROM pg_class c \
                     WHERE c.relnamespace = to_regnamespace($2) AND c.relkind = 'r' \
-                      AND has_table_privilege(r.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')) \
+                      AND has_table_privilege(r.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')), \
+                   r.rolcreaterole AND current_setting('server_version_num')::int < 160000 \
                  FROM pg_roles r WHERE r.rolname = $1",
                 &[(&role, Type::TEXT), (&session.schema, Type::TEXT)],
             )
@@ -168,6 +169,12 @@ impl PgTarget {
             return refuse(
                 format!("`{role}` may write fence's own tables ({tables}), which bypasses `fence protect`"),
                 "revoke it first: REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON those tables FROM that role",
+            );
+        }
+        if row.get::<_, bool>(4) {
+            return refuse(
+                format!("`{role}` has CREATEROLE, which before PostgreSQL 16 lets it grant itself pg_write_all_data (or membership in the schema's owner) and so bypass `fence protect`"),
+                "grant a role without CREATEROLE (ALTER ROLE … NOCREATEROLE), or create roles with an admin role the application does not use",
             );
         }
         Ok(row.get(0))

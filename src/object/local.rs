@@ -115,29 +115,38 @@ impl LocalObjects {
     }
 
     /// The current state (call under the lock): `None` when the object is absent.
+    ///
+    /// An object removed by hand (`rm`) whose sidecar is still there is still there for fence,
+    /// empty: its sidecar keeps the highest token it accepted and its write ids, so a stale
+    /// writer stays refused, an id is still a replay, and generations go on counting up.
     fn state(&self, object: &Path, sidecar: &Path) -> Result<Option<Sidecar>, Error> {
         self.settle(object, sidecar)?;
-        let modified = match fs::metadata(object) {
-            Ok(meta) => meta.modified().ok(),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(err) => return Err(io_error("read", object, &err)),
-        };
-        match fs::read(sidecar) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|err| {
+        let recorded = match fs::read(sidecar) {
+            Ok(bytes) => Some(serde_json::from_slice::<Sidecar>(&bytes).map_err(|err| {
                 Error::internal(
                     format!("the sidecar `{}` is damaged: {err}", sidecar.display()),
                     "restore it from a backup, or move it aside (the object then counts as unfenced)",
                 )
-            }),
-            Err(err) if err.kind() == ErrorKind::NotFound => Ok(Some(Sidecar {
-                generation: 1,
-                last_modified_ms: modified
-                    .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_millis() as i64),
-                metadata: BTreeMap::new(),
-                inode: None,
-            })),
-            Err(err) => Err(io_error("read", sidecar, &err)),
+            })?),
+            Err(err) if err.kind() == ErrorKind::NotFound => None,
+            Err(err) => return Err(io_error("read", sidecar, &err)),
+        };
+        match fs::metadata(object) {
+            // An object written without fence has no sidecar: generation 1, no metadata.
+            Ok(meta) => Ok(Some(recorded.unwrap_or_else(|| {
+                Sidecar {
+                    generation: 1,
+                    last_modified_ms: meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_millis() as i64),
+                    metadata: BTreeMap::new(),
+                    inode: None,
+                }
+            }))),
+            Err(err) if err.kind() == ErrorKind::NotFound => Ok(recorded),
+            Err(err) => Err(io_error("read", object, &err)),
         }
     }
 
@@ -216,7 +225,12 @@ impl ObjectApi for LocalObjects {
         let Some(state) = self.state(&object, &sidecar)? else {
             return Ok(None);
         };
-        let body = fs::read(&object).map_err(|err| io_error("read", &object, &err))?;
+        let body = match fs::read(&object) {
+            Ok(body) => body,
+            // Removed by hand, its sidecar kept (see `state`): an empty object.
+            Err(err) if err.kind() == ErrorKind::NotFound => Vec::new(),
+            Err(err) => return Err(io_error("read", &object, &err)),
+        };
         Ok(Some(Fetched {
             meta: Self::meta(state),
             body,
