@@ -393,8 +393,8 @@ async fn supervise(
         End::Finished(status) => {
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
-            let left_over = stop_leftovers(pgid, args.kill_after).await
-                | reaper_stopped_leftovers(report);
+            let left_over =
+                stop_leftovers(pgid, args.kill_after).await | reaper_stopped_leftovers(report);
             // A run id is recorded as completed only for a run that ended on its own, whole:
             // exit 0, not asked to stop, nothing of it still running that had to be stopped.
             let incomplete = match (interrupted, left_over) {
@@ -636,7 +636,9 @@ fn spawn(
     let mut first = [0u8; 1];
     match report.read(&mut first) {
         Ok(1) if first[0] == b'\n' => Ok((child, report)),
-        Ok(0) => Err(cannot(&"fence's supervisor of the command ended before starting it")),
+        Ok(0) => Err(cannot(
+            &"fence's supervisor of the command ended before starting it",
+        )),
         _ => {
             let mut why = String::from_utf8_lossy(&first).into_owned();
             let _ = report.read_to_string(&mut why);
