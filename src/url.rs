@@ -69,6 +69,14 @@ impl ObjectUrl {
                     bad("does not name an absolute path (write three slashes)")
                 }
             })?;
+            let text = path.to_string_lossy();
+            // `Path` drops a trailing `/` or `/.`: `file:///dir/obj/` would write `obj`, and
+            // `file:///dir/` the directory itself as an object of its parent.
+            if text.ends_with('/') || text.ends_with("/.") || text.ends_with("/..") {
+                return Err(bad(
+                    "ends with `/` (or `/.`, `/..`): that names a directory, not an object; name the file in it, e.g. `file:///dir/name`",
+                ));
+            }
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(bad("does not name a file"));
             };
@@ -276,6 +284,13 @@ mod tests {
         assert!(ObjectUrl::parse("file:///tmp/d/obj.fence.json", true)
             .unwrap()
             .is_ok());
+        for bad in [
+            "file:///tmp/d/obj/",
+            "file:///tmp/d/",
+            "file:///tmp/d/obj/.",
+        ] {
+            assert!(ObjectUrl::parse(bad, true).unwrap().is_err(), "{bad}");
+        }
         assert!(ObjectUrl::parse("postgres://x", true).is_none());
     }
 

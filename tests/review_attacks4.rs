@@ -1409,7 +1409,6 @@ fn ids_at_the_edges_round_trip_on_postgres() {
 /// object `obj`, and `file:///dir/` tries to write the directory itself as an object of its
 /// parent, failing with exit 1 "Is a directory … check the disk, then retry".
 #[test]
-#[ignore = "FINDING: a file:// target ending in `/` is not refused as the README says (exit 2): `file:///dir/obj/` writes the object `obj` (exit 0), and `file:///dir/` is taken as the object `dir` of its parent (exit 1, `Is a directory`, hint `check the disk, then retry`)"]
 fn a_file_target_ending_in_a_slash_is_refused() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
