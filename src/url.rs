@@ -77,6 +77,13 @@ impl ObjectUrl {
                     "ends with `/` (or `/.`, `/..`): that names a directory, not an object; name the file in it, e.g. `file:///dir/name`",
                 ));
             }
+            // No file name can hold a NUL, and a control character (a newline) in a path is
+            // unreadable in every listing and message.
+            if text.chars().any(char::is_control) {
+                return Err(bad(
+                    "has a NUL or another control character (a newline, a tab…) in its path (`%00`, `%0A`…); name the file without it",
+                ));
+            }
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(bad("does not name a file"));
             };
@@ -288,6 +295,8 @@ mod tests {
             "file:///tmp/d/obj/",
             "file:///tmp/d/",
             "file:///tmp/d/obj/.",
+            "file:///tmp/d/a%00b",
+            "file:///tmp/d%0A/obj",
         ] {
             assert!(ObjectUrl::parse(bad, true).unwrap().is_err(), "{bad}");
         }

@@ -859,7 +859,6 @@ fn protect_refuses_a_resource_no_write_can_use() {
 /// (`internal`) with "check the disk, then retry": a wrong cause and a retry that cannot
 /// help. The README gives exit 2 for `%00` in a store URL; a target should be the same.
 #[test]
-#[ignore = "FINDING: `fence write --target file:///dir/a%00b` (and `inspect --target`) fails with exit 1 `internal`, `file name contained an unexpected NUL byte`, hint `check the disk, then retry`; expected exit 2 (usage) before anything is attempted, as for a store URL with %00"]
 fn a_nul_in_a_file_target_is_a_usage_error() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
