@@ -1004,7 +1004,6 @@ fn prune_of_a_missing_schema_fails_loudly() {
 /// fair, but it is reported as exit 1 `internal` with "check the disk, then retry" — a wrong
 /// cause, and a retry that can never help — instead of a usage error naming the limit.
 #[test]
-#[ignore = "FINDING: `fence write --target file:///dir/<239-byte name>` fails with exit 1 `internal`, `File name too long`, hint `check the disk, then retry` (fence's `.<name>.fence.next.json` exceeds NAME_MAX); expected exit 2 before anything is attempted, naming the longest object name fence can keep files beside"]
 fn an_object_name_too_long_for_fence_s_files_is_a_usage_error() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
