@@ -1486,7 +1486,6 @@ fn two_runs_of_one_id_on_object_coordinators_run_once() {
 /// is safe to retry" — a retry loop (the README's "7 … retry") then spins on a command that
 /// can never succeed. The command's own comment says bad input is refused before connecting.
 #[test]
-#[ignore = "FINDING: `fence write R --table T --key … --set … --id K` (the row form takes no id: exit 2) against an unreachable database exits 7 `unavailable … safe to retry`, because the row form connects before it refuses --id (src/cmd/write.rs); expected exit 2 whatever the database's state"]
 fn a_row_form_id_is_refused_before_connecting() {
     let store = Store::file();
     let out = store
