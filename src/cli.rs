@@ -647,7 +647,7 @@ pub struct ProtectArgs {
     pub table: String,
 
     /// The resource whose tokens guard the table.
-    #[arg(long, value_parser = parse_name, required_unless_present = "remove")]
+    #[arg(long, value_parser = parse_resource, required_unless_present = "remove")]
     pub resource: Option<String>,
 
     /// Remove the triggers instead, from TABLE and everything below it (refused for a

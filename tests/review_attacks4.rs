@@ -827,7 +827,6 @@ fn killed_file_object_writes_keep_bytes_and_ids_together() {
 /// be written through fence again (every write is LF001/LF003). protect should refuse the
 /// name (exit 2), as acquire, run and write do.
 #[test]
-#[ignore = "FINDING: `fence protect --resource 'r#done:x'` is accepted (exit 0) though `fence write` refuses every resource containing `#done:` (exit 2): the table can no longer be written through fence (expected exit 2 before anything is installed)"]
 fn protect_refuses_a_resource_no_write_can_use() {
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
