@@ -978,7 +978,6 @@ fn a_reader_of_the_directory_can_inspect_an_object() {
 /// the wrong database — should fail loudly (exit 2), not report success while the real
 /// store's history keeps growing.
 #[test]
-#[ignore = "FINDING: `fence prune --older-than 0s` on a PostgreSQL store whose --schema does not exist (FENCE_SCHEMA forgotten in the crontab, a typo) exits 0 `store … has no records yet: nothing to prune`, while the real schema's events are untouched; expected exit 2 naming the missing schema (as review 3 found for `fence log`)"]
 fn prune_of_a_missing_schema_fails_loudly() {
     let store = Store::postgres();
     let token = acquire(&store, "r", "A");
