@@ -249,7 +249,8 @@ pub struct RunArgs {
     /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically
     /// (a temporary file renamed over it), for node_exporter's textfile collector: start, end,
     /// duration, time waited for the lease, token, exit status and reason (`ok`,
-    /// `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector's directory.
+    /// `command_failed`, `already_done` when the run id was completed before, `busy`,
+    /// `lease_lost`, …). Name it `*.prom` in the collector's directory.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<std::path::PathBuf>,
 

@@ -628,7 +628,6 @@ fn doctor_warns_about_writers_that_can_forge_bindings() {
 /// "already done" from "done now", as the README suggests) its metrics file must not say the
 /// command failed: it never ran.
 #[test]
-#[ignore = "FINDING: `fence run --id K --done-exit-code 9 --metrics-file F` on an id already completed writes fence_run_outcome{reason=\"command_failed\"} (and reason \"ok\" with the default 0) though no command ran; expected a reason of its own (e.g. `already_completed`)"]
 fn a_skipped_run_s_metrics_do_not_say_the_command_failed() {
     let store = Store::file();
     let prom = store.home.path().join("run.prom");

@@ -165,6 +165,8 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let mut granted = Granted::default();
     let started = Instant::now();
     let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
+        // A skipped run's status is its --done-exit-code: no command ran, none failed.
+        Ok(exit) if granted.skipped => (exit, "already_done"),
         Ok(exit) => (
             exit,
             if exit.code() == 0 {
@@ -209,6 +211,8 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
 struct Granted {
     token: Option<i64>,
     at: Option<Instant>,
+    /// The run id was completed before: no command ran (reason `already_done`).
+    skipped: bool,
 }
 
 /// The owner of this run's lease: unique to the run, so that two runs never share a lease,
@@ -262,6 +266,7 @@ async fn supervise(
     *granted = Granted {
         token: Some(grant.lease.token),
         at: Some(Instant::now()),
+        skipped: false,
     };
     let lease = LeaseRef {
         resource: args.resource.clone(),
@@ -278,6 +283,7 @@ async fn supervise(
         }
         if let Some(done) = done? {
             let id = id.as_deref().unwrap_or_default();
+            granted.skipped = true;
             return Ok(report_done(&args, id, ctx, out, &done));
         }
     }
