@@ -183,7 +183,6 @@ fn inspect_id_in_a_missing_schema_does_not_say_never_applied() {
 /// `fence write` to it is exit 2 (the directory is missing); `inspect --id` should not
 /// answer "never applied" with exit 0 either.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target file:///no/such/dir/obj --id KEY` answers exit 0, applied:false (`never applied there`) for a directory that does not exist, where `fence write` to it is exit 2 and S3/GCS name a missing bucket; expected exit 2"]
 fn inspect_id_in_a_missing_directory_does_not_say_never_applied() {
     let store = Store::file();
     let target = format!("file://{}/no-such-dir/obj", store.home.path().display());

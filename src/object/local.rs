@@ -110,6 +110,23 @@ impl LocalObjects {
             .map_err(|err| io_error("write", sidecar, &err))
     }
 
+    /// Fails (exit 2) unless the object's directory exists: a missing one is a typo in the
+    /// URL, never an object that is merely absent (as a missing bucket is on S3 and GCS).
+    fn check_dir(&self) -> Result<(), Error> {
+        match fs::metadata(&self.dir) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(Error::usage(
+                format!("`{}` is not a directory", self.dir.display()),
+                "fix the path in the URL: `file:///dir/name` names the file `name` in the directory `dir`",
+            )),
+            Err(err) if err.kind() == ErrorKind::NotFound => Err(Error::usage(
+                format!("the directory `{}` does not exist", self.dir.display()),
+                "fix the path in the URL, or create the directory (`mkdir -p`) before the first write",
+            )),
+            Err(err) => Err(io_error("read", &self.dir, &err)),
+        }
+    }
+
     fn lock(&self, path: &Path) -> Result<Locked, Error> {
         lock_exclusive(path).map_err(|(what, err)| io_error(what, path, &err))
     }
@@ -209,9 +226,7 @@ impl LocalObjects {
 impl ObjectApi for LocalObjects {
     async fn get(&self, key: &str) -> Result<Option<Fetched>, Error> {
         let (object, sidecar, lock) = self.paths(key);
-        if !self.dir.is_dir() {
-            return Ok(None);
-        }
+        self.check_dir()?;
         let _lock = self.lock(&lock)?;
         let Some(state) = self.state(&object, &sidecar)? else {
             return Ok(None);
@@ -225,9 +240,7 @@ impl ObjectApi for LocalObjects {
 
     async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
         let (object, sidecar, lock) = self.paths(key);
-        if !self.dir.is_dir() {
-            return Ok(None);
-        }
+        self.check_dir()?;
         let _lock = self.lock(&lock)?;
         Ok(self.state(&object, &sidecar)?.map(Self::meta))
     }
@@ -240,6 +253,7 @@ impl ObjectApi for LocalObjects {
         metadata: &BTreeMap<String, String>,
     ) -> Result<Put, Error> {
         let (object, sidecar, lock) = self.paths(key);
+        self.check_dir()?;
         let _lock = self.lock(&lock)?;
         let current = self.state(&object, &sidecar)?;
         let holds = match (cond, &current) {
