@@ -159,7 +159,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --sql 'SQL to run in the fenced transaction (one or more statements)'
             cand --file 'Read the SQL from a file (`-`: standard input)'
             cand --id 'A write id (idempotency key), e.g. `publish-2026-12-04`: 1 to 64 of A-Z a-z 0-9 . _ - : @ +. Recorded with the effect, atomically (transaction form: in the same transaction; objects: in the object''s metadata, by the same conditional put). A write whose id was already applied — by anyone, with any token — writes nothing and exits 0 (`"replayed": true`). After exit 8, run the same command again: it says whether the first one landed. Under `fence run --id`, derive it from `$FENCE_RUN_ID`. Objects remember their last 8 ids; PostgreSQL keeps them until deleted'
-            cand --timeout 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way'
+            cand --timeout 'Transaction form: the longest the fenced transaction may take (100ms to 24h). The server cancels it then, and it can never commit later, even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way. A `file://` object: the longest its lock file is waited for (exit 7, nothing written)'
             cand --table 'Row form: the table to write (`TABLE` or `SCHEMA.TABLE`, as named in the database)'
             cand --key 'Row form: a key column and its value; repeat for composite keys'
             cand --set 'Row form: a column to set and its value; repeat for more'

@@ -590,7 +590,8 @@ pub struct WriteArgs {
 
     /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
     /// server cancels it then, and it can never commit later, even if fence is gone; fence
-    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way.
+    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way. A
+    /// `file://` object: the longest its lock file is waited for (exit 7, nothing written).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_write_timeout)]
     pub timeout: std::time::Duration,
 

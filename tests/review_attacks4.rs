@@ -881,7 +881,6 @@ fn a_nul_in_a_file_target_is_a_usage_error() {
 /// answers 7 ("nothing applied, safe to retry"). Expected: the write gives up within its
 /// timeout, exit 7, nothing written.
 #[test]
-#[ignore = "FINDING: a `fence write` to a file:// object waits forever for `.<name>.fence.lock` (no bound, --timeout ignored): a paused earlier writer, or any local user with read access to the lock file (flock on an O_RDONLY fd), blocks the current owner indefinitely (still running after 20 s with --timeout 1s; expected exit 7 within the timeout)"]
 fn a_held_object_lock_does_not_block_a_writer_forever() {
     use std::os::fd::AsRawFd;
     let store = Store::file();

@@ -61,6 +61,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             owner: &owner,
             write_id: args.id.as_deref(),
             expect: &expect,
+            timeout: args.timeout,
         };
         let written = object_target::write(url, &write, body, &bar).await;
         // Done: the bar stays, showing what was really sent; failed or replayed: the error

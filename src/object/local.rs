@@ -3,7 +3,9 @@
 //! beside it. object_store's `LocalFileSystem` cannot do conditional updates or attributes
 //! (DESIGN §7), so this backend is ours.
 //!
-//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`;
+//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`,
+//! waited for no longer than the access allows (a write's `--timeout`: any process that can read
+//! the lock file can hold it, so an unbounded wait could last for ever);
 //! a write compares the generation, then commits the bytes and the metadata together: the new
 //! bytes go to a temporary file (fsync), the new sidecar to `.<name>.fence.next.json` naming
 //! that file's inode (write-to-temp, fsync, rename), then the bytes are renamed over the object
@@ -19,6 +21,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use indicatif::ProgressBar;
@@ -26,12 +29,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
-use crate::sys::{lock_exclusive, Locked};
+use crate::sys::{lock_exclusive_until, Locked};
 
 pub struct LocalObjects {
     dir: PathBuf,
     /// Counts the bytes of object bodies written (hidden unless `fence write` shows it).
     bar: ProgressBar,
+    /// How long an object's lock is waited for (a write's `--timeout`), and until when.
+    lock_wait: Duration,
+    deadline: Instant,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -64,8 +70,14 @@ fn now_ms() -> i64 {
 }
 
 impl LocalObjects {
-    pub fn new(dir: PathBuf, bar: ProgressBar) -> LocalObjects {
-        LocalObjects { dir, bar }
+    /// Objects in `dir`; every access gives up on an object's lock `lock_wait` from now.
+    pub fn new(dir: PathBuf, bar: ProgressBar, lock_wait: Duration) -> LocalObjects {
+        LocalObjects {
+            dir,
+            bar,
+            lock_wait,
+            deadline: Instant::now() + lock_wait,
+        }
     }
 
     /// The temporary file a write of `key`'s bytes (`part` "") or of its next sidecar (`part`
@@ -128,7 +140,25 @@ impl LocalObjects {
     }
 
     fn lock(&self, path: &Path) -> Result<Locked, Error> {
-        lock_exclusive(path).map_err(|(what, err)| io_error(what, path, &err))
+        lock_exclusive_until(path, self.deadline)
+            .map_err(|(what, err)| io_error(what, path, &err))?
+            .ok_or_else(|| self.still_locked(path))
+    }
+
+    /// The lock was still held at the deadline: nothing was done, and its holder may be any
+    /// process that can read the lock file, so it is named for the operator to find.
+    fn still_locked(&self, lock: &Path) -> Error {
+        Error::unavailable(
+            format!(
+                "the lock file `{}` was still locked after {}: another fence write to the object is under way or paused (a stopped or swapped-out process), or another local process that can read the file holds a lock on it; nothing was changed",
+                lock.display(),
+                crate::time::duration(self.lock_wait)
+            ),
+            format!(
+                "find the holder with `fuser -v {}` (or `lsof`); it is safe to retry, with a longer --timeout if a slow write holds it",
+                crate::error::shell_word(&lock.display().to_string())
+            ),
+        )
     }
 
     /// The current state (call under the lock): `None` when the object is absent.
