@@ -930,7 +930,6 @@ fn public_fence(dir: &Path) -> std::path::PathBuf {
 /// "did my write land?". On-call staff who may read the published directory but not write
 /// it cannot ask: the lookup opens (or creates) the object's lock file for writing.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target file:///dir/obj [--id KEY]` run by a user who may read but not write the directory fails (exit 2, `cannot open the lock file … Permission denied`): the read-only lookup needs write access (it opens the lock O_RDWR|O_CREAT); expected the answer (exit 0, applied true)"]
 fn a_reader_of_the_directory_can_inspect_an_object() {
     if unsafe { libc::geteuid() } != 0 {
         // Only root can run a command as another user here; nothing to show otherwise.

@@ -3,15 +3,17 @@
 //! beside it. object_store's `LocalFileSystem` cannot do conditional updates or attributes
 //! (DESIGN §7), so this backend is ours.
 //!
-//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`,
+//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`
+//! (a reader who may not write the directory takes a shared one through a read-only descriptor),
 //! waited for no longer than the access allows (a write's `--timeout`: any process that can read
 //! the lock file can hold it, so an unbounded wait could last for ever);
 //! a write compares the generation, then commits the bytes and the metadata together: the new
 //! bytes go to a temporary file (fsync), the new sidecar to `.<name>.fence.next.json` naming
 //! that file's inode (write-to-temp, fsync, rename), then the bytes are renamed over the object
 //! — the commit — and the next sidecar over the sidecar, each followed by a directory fsync.
-//! Whoever takes the lock next finishes or undoes a write a crash interrupted: a next sidecar
-//! whose inode is the object's was committed (it becomes the sidecar), any other is dropped. So
+//! Whoever takes the exclusive lock next finishes or undoes a write a crash interrupted: a next
+//! sidecar whose inode is the object's was committed (it becomes the sidecar), any other is
+//! dropped; a reader under the shared lock changes nothing and judges the files the same way. So
 //! the metadata (token, write ids) never describes bytes that did not land, nor the reverse.
 //! Generations increase by one per write and never repeat. A file written at the path without
 //! fence has generation 1 and no token until fence writes it.
@@ -29,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
-use crate::sys::{lock_exclusive_until, Locked};
+use crate::sys::{lock_exclusive_until, lock_shared_until, Locked};
 
 pub struct LocalObjects {
     dir: PathBuf,
@@ -99,13 +101,13 @@ impl LocalObjects {
         sidecar.with_extension("next.json")
     }
 
-    /// Finishes or undoes a write a crash interrupted (call under the lock): the next sidecar
-    /// of bytes that were renamed into place becomes the sidecar; any other is dropped.
-    fn settle(&self, object: &Path, sidecar: &Path) -> Result<(), Error> {
+    /// The next sidecar a crashed write left, if any, and whether its bytes landed (were
+    /// renamed over the object, whose inode it names). Changes nothing.
+    fn pending(&self, object: &Path, sidecar: &Path) -> Result<Option<(Sidecar, bool)>, Error> {
         let next = Self::next_sidecar(sidecar);
         let pending: Sidecar = match fs::read(&next) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(io_error("read", &next, &err)),
         };
         let landed = match fs::metadata(object) {
@@ -113,6 +115,17 @@ impl LocalObjects {
             Err(err) if err.kind() == ErrorKind::NotFound => false,
             Err(err) => return Err(io_error("read", object, &err)),
         };
+        Ok(Some((pending, landed)))
+    }
+
+    /// Finishes or undoes a write a crash interrupted (call under the exclusive lock): the
+    /// next sidecar of bytes that were renamed into place becomes the sidecar; any other is
+    /// dropped.
+    fn settle(&self, object: &Path, sidecar: &Path) -> Result<(), Error> {
+        let Some((_, landed)) = self.pending(object, sidecar)? else {
+            return Ok(());
+        };
+        let next = Self::next_sidecar(sidecar);
         let done = if landed {
             fs::rename(&next, sidecar)
         } else {
@@ -145,6 +158,27 @@ impl LocalObjects {
             .ok_or_else(|| self.still_locked(path))
     }
 
+    /// The lock a read takes, and whether under it a crashed write may be settled. A reader
+    /// who may not write the directory (or the lock file) takes a shared lock through a
+    /// read-only descriptor, which excludes writers all the same, and settles nothing. Without
+    /// a lock file, and unable to create one, no fence write has begun here: nothing to wait for.
+    fn lock_for_read(&self, path: &Path) -> Result<(Option<Locked>, bool), Error> {
+        let read_only = |err: &io::Error| {
+            err.kind() == ErrorKind::PermissionDenied || err.raw_os_error() == Some(libc::EROFS)
+        };
+        match lock_exclusive_until(path, self.deadline) {
+            Ok(Some(lock)) => Ok((Some(lock), true)),
+            Ok(None) => Err(self.still_locked(path)),
+            Err((_, err)) if read_only(&err) => match lock_shared_until(path, self.deadline) {
+                Ok(Some(lock)) => Ok((Some(lock), false)),
+                Ok(None) => Err(self.still_locked(path)),
+                Err((_, err)) if err.kind() == ErrorKind::NotFound => Ok((None, false)),
+                Err((what, err)) => Err(io_error(what, path, &err)),
+            },
+            Err((what, err)) => Err(io_error(what, path, &err)),
+        }
+    }
+
     /// The lock was still held at the deadline: nothing was done, and its holder may be any
     /// process that can read the lock file, so it is named for the operator to find.
     fn still_locked(&self, lock: &Path) -> Error {
@@ -161,14 +195,30 @@ impl LocalObjects {
         )
     }
 
-    /// The current state (call under the lock): `None` when the object is absent.
-    fn state(&self, object: &Path, sidecar: &Path) -> Result<Option<Sidecar>, Error> {
-        self.settle(object, sidecar)?;
+    /// The current state (call under the lock): `None` when the object is absent. With
+    /// `settle` (the exclusive lock) a crashed write is finished or undone first; without it
+    /// (a reader's shared lock) the state is judged as settling would leave it.
+    fn state(&self, object: &Path, sidecar: &Path, settle: bool) -> Result<Option<Sidecar>, Error> {
+        let landed = if settle {
+            self.settle(object, sidecar)?;
+            None
+        } else {
+            match self.pending(object, sidecar)? {
+                Some((next, true)) => Some(next),
+                _ => None,
+            }
+        };
         let modified = match fs::metadata(object) {
             Ok(meta) => meta.modified().ok(),
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(io_error("read", object, &err)),
         };
+        if let Some(next) = landed {
+            return Ok(Some(Sidecar {
+                inode: None,
+                ..next
+            }));
+        }
         match fs::read(sidecar) {
             Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|err| {
                 Error::internal(
@@ -257,8 +307,8 @@ impl ObjectApi for LocalObjects {
     async fn get(&self, key: &str) -> Result<Option<Fetched>, Error> {
         let (object, sidecar, lock) = self.paths(key);
         self.check_dir()?;
-        let _lock = self.lock(&lock)?;
-        let Some(state) = self.state(&object, &sidecar)? else {
+        let (_lock, settle) = self.lock_for_read(&lock)?;
+        let Some(state) = self.state(&object, &sidecar, settle)? else {
             return Ok(None);
         };
         let body = fs::read(&object).map_err(|err| io_error("read", &object, &err))?;
@@ -271,8 +321,8 @@ impl ObjectApi for LocalObjects {
     async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
         let (object, sidecar, lock) = self.paths(key);
         self.check_dir()?;
-        let _lock = self.lock(&lock)?;
-        Ok(self.state(&object, &sidecar)?.map(Self::meta))
+        let (_lock, settle) = self.lock_for_read(&lock)?;
+        Ok(self.state(&object, &sidecar, settle)?.map(Self::meta))
     }
 
     async fn put(
@@ -285,7 +335,7 @@ impl ObjectApi for LocalObjects {
         let (object, sidecar, lock) = self.paths(key);
         self.check_dir()?;
         let _lock = self.lock(&lock)?;
-        let current = self.state(&object, &sidecar)?;
+        let current = self.state(&object, &sidecar, true)?;
         let holds = match (cond, &current) {
             (Cond::None, _) => true,
             (Cond::Create, current) => current.is_none(),
