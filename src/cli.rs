@@ -794,8 +794,9 @@ pub struct GrantArgs {
 /// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
 /// connection sizing (the role's CONNECTION LIMIT against the server's slots and the 10
 /// connections one busy resource can use), the server's clock offset (informational). Directory store: network filesystems (flock is
-/// not enough there), permissions, free space. Object stores: endpoint, credentials, the S3
-/// ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
+/// not enough there), permissions, free space. `file://` object targets: their directory
+/// (exists, writable, not writable by every user, local filesystem, free space). S3 and GCS:
+/// endpoint, credentials, the S3 ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
 ///
 /// Example:
 ///   fence doctor --store postgres://app@db/app --target postgres://app@db/app

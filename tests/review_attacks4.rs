@@ -1021,7 +1021,6 @@ fn an_object_name_too_long_for_fence_s_files_is_a_usage_error() {
 /// and its sidecar: a directory that does not exist, or one any local user may rewrite
 /// (mode 0777, no sticky bit: anyone can replace the sidecar and so the token), is all "ok".
 #[test]
-#[ignore = "FINDING: `fence doctor --target file:///dir/obj` says `object.endpoint ok: endpoint: Google Cloud Storage; credentials: none found` for a local file, and runs no directory check (missing directory, world-writable directory where anyone can replace the sidecar's token, network filesystem), all ok, exit 0; expected the directory checks the store gets, and no GCS"]
 fn doctor_checks_a_file_target_s_directory_not_gcs() {
     use std::os::unix::fs::PermissionsExt;
     let store = Store::file();
