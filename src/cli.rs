@@ -250,7 +250,8 @@ pub struct RunArgs {
     /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically
     /// (a temporary file renamed over it), for node_exporter's textfile collector: start, end,
     /// duration, time waited for the lease, token, exit status and reason (`ok`,
-    /// `command_failed`, `busy`, `lease_lost`, …). Name it `*.prom` in the collector's directory.
+    /// `command_failed`, `already_done` when the run id was completed before, `busy`,
+    /// `lease_lost`, …). Name it `*.prom` in the collector's directory.
     #[arg(long, value_name = "PATH")]
     pub metrics_file: Option<std::path::PathBuf>,
 
@@ -595,7 +596,8 @@ pub struct WriteArgs {
 
     /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
     /// server cancels it then, and it can never commit later, even if fence is gone; fence
-    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way.
+    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way. A
+    /// `file://` object: the longest its lock file is waited for (exit 7, nothing written).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_write_timeout)]
     pub timeout: std::time::Duration,
 
@@ -653,7 +655,7 @@ pub struct ProtectArgs {
     pub table: String,
 
     /// The resource whose tokens guard the table.
-    #[arg(long, value_parser = parse_name, required_unless_present = "remove")]
+    #[arg(long, value_parser = parse_resource, required_unless_present = "remove")]
     pub resource: Option<String>,
 
     /// Remove the triggers instead, from TABLE and everything below it (refused for a
@@ -798,8 +800,9 @@ pub struct GrantArgs {
 /// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
 /// connection sizing (the role's CONNECTION LIMIT against the server's slots and the 10
 /// connections one busy resource can use), the server's clock offset (informational). Directory store: network filesystems (flock is
-/// not enough there), permissions, free space. Object stores: endpoint, credentials, the S3
-/// ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
+/// not enough there), permissions, free space. `file://` object targets: their directory
+/// (exists, writable, not writable by every user, local filesystem, free space). S3 and GCS:
+/// endpoint, credentials, the S3 ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
 ///
 /// Example:
 ///   fence doctor --store postgres://app@db/app --target postgres://app@db/app

@@ -16,6 +16,7 @@ use std::io::{self, ErrorKind, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
 /// for owner ids and temporary file names; not for secrets).
@@ -124,6 +125,47 @@ pub struct Locked {
 /// write the store's directory can open it. On failure, says which step failed ("open the
 /// lock file" or "lock") with the OS error.
 pub fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
+    let file = open_lock_file(path)?;
+    loop {
+        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(Locked { _file: file });
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != ErrorKind::Interrupted {
+            return Err(("lock", err));
+        }
+    }
+}
+
+/// [`lock_exclusive`], waiting for the lock no later than `deadline`: `None` when it is still
+/// held then. Whoever holds a lock may be paused for good (or be any local user who can read
+/// the lock file: `flock` works on a read-only descriptor), so a caller with a deadline must
+/// not wait without bound.
+pub fn lock_exclusive_until(
+    path: &Path,
+    deadline: Instant,
+) -> Result<Option<Locked>, (&'static str, io::Error)> {
+    let file = open_lock_file(path)?;
+    flock_until(file, libc::LOCK_EX, deadline)
+}
+
+/// A shared `flock` on an existing lock file opened read-only, waiting no later than
+/// `deadline` (`None`: still held then): for readers who may not write the directory. Holders
+/// of the exclusive lock are excluded, so no write is under way while it is held.
+pub fn lock_shared_until(
+    path: &Path,
+    deadline: Instant,
+) -> Result<Option<Locked>, (&'static str, io::Error)> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|err| ("open the lock file", err))?;
+    flock_until(file, libc::LOCK_SH, deadline)
+}
+
+fn open_lock_file(path: &Path) -> Result<File, (&'static str, io::Error)> {
     // Never through a symbolic link: in a shared directory another user could point it at
     // a file of ours, which `share` would then open up to the group.
     let file = OpenOptions::new()
@@ -135,14 +177,33 @@ pub fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> 
         .open(path)
         .map_err(|err| ("open the lock file", err))?;
     share(&file, path);
+    Ok(file)
+}
+
+/// Polls a non-blocking `flock` (`op`: LOCK_EX or LOCK_SH) until it is granted or `deadline`
+/// passes, with pauses growing from 1 ms to 50 ms (a write holds the lock for milliseconds).
+fn flock_until(
+    file: File,
+    op: libc::c_int,
+    deadline: Instant,
+) -> Result<Option<Locked>, (&'static str, io::Error)> {
+    let mut pause = Duration::from_millis(1);
     loop {
         // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(Locked { _file: file });
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(Some(Locked { _file: file }));
         }
         let err = io::Error::last_os_error();
-        if err.kind() != ErrorKind::Interrupted {
-            return Err(("lock", err));
+        match err.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => {}
+            _ => return Err(("lock", err)),
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }

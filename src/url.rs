@@ -69,9 +69,31 @@ impl ObjectUrl {
                     bad("does not name an absolute path (write three slashes)")
                 }
             })?;
+            let text = path.to_string_lossy();
+            // `Path` drops a trailing `/` or `/.`: `file:///dir/obj/` would write `obj`, and
+            // `file:///dir/` the directory itself as an object of its parent.
+            if text.ends_with('/') || text.ends_with("/.") || text.ends_with("/..") {
+                return Err(bad(
+                    "ends with `/` (or `/.`, `/..`): that names a directory, not an object; name the file in it, e.g. `file:///dir/name`",
+                ));
+            }
+            // No file name can hold a NUL, and a control character (a newline) in a path is
+            // unreadable in every listing and message.
+            if text.chars().any(char::is_control) {
+                return Err(bad(
+                    "has a NUL or another control character (a newline, a tab…) in its path (`%00`, `%0A`…); name the file without it",
+                ));
+            }
             let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
                 return Err(bad("does not name a file"));
             };
+            // fence keeps `.<name>.fence.next.json` beside the object: it must fit too.
+            if name.len() > MAX_FILE_NAME_BYTES {
+                return Err(bad(&format!(
+                    "names a file of {} bytes; fence keeps `.<name>.fence.next.json` beside it, so an object name may have at most {MAX_FILE_NAME_BYTES} bytes (255 for that file); use a shorter name",
+                    name.len()
+                )));
+            }
             // Writing them as objects would let any lease holder forge another object's
             // token and write ids.
             if is_bookkeeping(&name.to_string_lossy()) {
@@ -147,6 +169,10 @@ impl ObjectUrl {
 /// the room fence's own names under a prefix need (`/events/<resource>/<seq>-…`; resource
 /// names are limited separately).
 const MAX_KEY_BYTES: usize = 1024 - 256;
+
+/// The longest `file://` object name: its longest bookkeeping file, `.<name>.fence.next.json`
+/// (17 bytes more), must fit the 255 bytes Linux file systems allow a name.
+pub const MAX_FILE_NAME_BYTES: usize = 255 - ".".len() - ".fence.next.json".len();
 
 /// Whether `name` is one of the files this backend keeps beside an object (its sidecar, next
 /// sidecar, lock, or a temporary file): never an object itself.
@@ -276,6 +302,20 @@ mod tests {
         assert!(ObjectUrl::parse("file:///tmp/d/obj.fence.json", true)
             .unwrap()
             .is_ok());
+        for bad in [
+            "file:///tmp/d/obj/",
+            "file:///tmp/d/",
+            "file:///tmp/d/obj/.",
+            "file:///tmp/d/a%00b",
+            "file:///tmp/d%0A/obj",
+        ] {
+            assert!(ObjectUrl::parse(bad, true).unwrap().is_err(), "{bad}");
+        }
+        let fits = format!("file:///tmp/d/{}", "n".repeat(MAX_FILE_NAME_BYTES));
+        assert!(ObjectUrl::parse(&fits, true).unwrap().is_ok());
+        assert!(ObjectUrl::parse(&format!("{fits}n"), true)
+            .unwrap()
+            .is_err());
         assert!(ObjectUrl::parse("postgres://x", true).is_none());
     }
 

@@ -1,6 +1,7 @@
 //! `fence doctor` (issue 21) on real set-ups, asserted on its JSON findings: a healthy
 //! PostgreSQL, one with an asynchronous streaming standby (a second cluster made with
-//! pg_basebackup), a target whose schema the connecting role owns, and directory stores.
+//! pg_basebackup), a target whose schema the connecting role owns, directory stores, and the
+//! directories of `file://` object targets.
 
 mod common;
 
@@ -133,6 +134,53 @@ fn a_local_directory_store_is_fine_and_an_unwritable_one_fails() {
         assert_eq!(code, 2, "{json}");
         assert_eq!(finding(&json, "directory.path")[0].0, "fail", "{json}");
     }
+}
+
+/// A `file://` object target is judged by its directory, never as an object store: a private
+/// directory is fine, one every user may write into is a warning with the sticky bit (others
+/// can plant files, not replace ours) and a failure without it, a missing one fails.
+#[test]
+fn a_file_target_s_directory_is_checked() {
+    use std::os::unix::fs::PermissionsExt;
+    let store = Store::file();
+    let dirs: Vec<_> = [0o700, 0o1777, 0o777]
+        .into_iter()
+        .map(|mode| {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            dir
+        })
+        .collect();
+    let mut targets: Vec<String> = dirs
+        .iter()
+        .map(|d| format!("file://{}/obj", d.path().display()))
+        .collect();
+    targets.push(format!("file://{}/missing/obj", dirs[0].path().display()));
+    let args: Vec<&str> = targets.iter().flat_map(|t| ["--target", t]).collect();
+    let (code, json) = doctor_with(store.fence(), &args);
+    assert_eq!(code, 2, "{json}");
+    let of = |target: &str, check: &str| -> Vec<String> {
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["subject"] == target && f["check"] == check)
+            .map(|f| f["severity"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(of(&targets[0], "directory.permissions"), ["ok"], "{json}");
+    assert_eq!(of(&targets[0], "directory.filesystem"), ["ok"], "{json}");
+    assert_eq!(of(&targets[1], "directory.permissions"), ["warn"], "{json}");
+    assert_eq!(of(&targets[2], "directory.permissions"), ["fail"], "{json}");
+    assert_eq!(of(&targets[3], "directory.exists"), ["fail"], "{json}");
+    assert!(
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["check"] != "object.endpoint"),
+        "{json}"
+    );
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
 //!   after B is stale; `inspect --id` shows the entry, and says so when an id is absent;
 //! - two writers with one id at once (S3, GCS): the loser of the put race answers "replayed";
-//! - a crash of a `file://` write, recreated on disk before and after its commit;
+//! - a crash of a `file://` write, recreated on disk before and after its commit, also as
+//!   seen by a reader who may not write the directory (and so settles nothing);
 //! - the ledger keeps the last 8 ids across writes with and without ids;
 //! - ids fence cannot keep are refused before anything is sent (exit 2).
 
@@ -442,6 +443,65 @@ fn file_objects_settle_an_interrupted_write() {
         .expect(0)
         .json();
     assert_eq!(again["replayed"], true, "{again}");
+}
+
+/// A reader who may read the directory but not write it (run as `nobody`, so root only) looks
+/// an id up under a shared lock and settles nothing: a crashed write whose bytes landed counts
+/// as applied, one whose bytes did not as not applied, and the next sidecar stays for the
+/// next writer to settle.
+#[test]
+fn a_reader_without_write_access_judges_an_interrupted_write_without_settling_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    let bed = Bed::new(Backend::File);
+    let token = bed.acquire("A");
+    bed.write("obj", token, "A", "first", b"one").expect(0);
+    let dir = bed.dir.as_ref().unwrap().path().to_owned();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fence = bin.path().join("fence");
+    std::fs::copy(env!("CARGO_BIN_EXE_fence"), &fence).unwrap();
+    let next = dir.join(".obj.fence.next.json");
+    // A crashed write of id `second`: its next sidecar names the bytes in `tmp`.
+    let tmp = dir.join(".obj.fence.tmp");
+    std::fs::write(&tmp, b"two").unwrap();
+    let mut pending: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(".obj.fence.json")).unwrap()).unwrap();
+    pending["generation"] = 2.into();
+    pending["metadata"]["fence-id"] = "second".into();
+    pending["inode"] = std::fs::metadata(&tmp).unwrap().ino().into();
+    std::fs::write(&next, pending.to_string()).unwrap();
+    let lookup = |id: &str| -> serde_json::Value {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&fence)
+            .args(["inspect", "res", "--target", &bed.target("obj"), "--id", id])
+            .args(["--format", "json"])
+            .env_clear()
+            .env("HOME", bin.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Before the commit (the bytes not renamed over the object): not applied.
+    assert_eq!(lookup("second")["applied"], false);
+    assert_eq!(lookup("first")["applied"], true);
+    // After the commit: applied, at the version the crashed write made.
+    std::fs::rename(&tmp, dir.join("obj")).unwrap();
+    let seen = lookup("second");
+    assert_eq!(seen["applied"], true, "{seen}");
+    assert_eq!(seen["entry"]["version"], "2", "{seen}");
+    assert!(next.exists(), "a reader settled the write");
+    // The next access by a user who may write the directory settles it.
+    bed.inspect_id("obj", "second").expect(0);
+    assert!(!next.exists());
+    let stored = bed.stored("obj").unwrap();
+    assert_eq!(stored.metadata["fence-id"], "second");
 }
 
 /// Two writers with the same id at once: A's put is held on its way to the server until B,

@@ -184,19 +184,23 @@ fn named_resources_only_and_dead_waiters() {
     assert_eq!(store.events("b").len(), 4);
 }
 
-/// A store with no records yet is left as it is (no schema created); the directory store
-/// prunes by itself and says so (exit 2); a bad duration is a usage error.
+/// A store that does not exist (a typo'd --schema) is refused (exit 2, naming the schema) and
+/// left as it is (no schema created); the directory store prunes by itself and says so (exit
+/// 2); a bad duration is a usage error.
 #[test]
 fn nothing_to_prune_and_other_stores() {
     let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
     let out = store
         .fence()
         .args(["prune", "--older-than", "30d", "--format", "json"])
         .run()
-        .expect(0);
-    assert_eq!(out.json()["events_deleted"], 0);
-    assert_eq!(out.json()["before"], Value::Null);
-    let schema = store.schema.clone().unwrap();
+        .expect(2);
+    assert_eq!(out.json()["error"], "usage");
+    assert!(
+        out.json()["message"].as_str().unwrap().contains(&schema),
+        "{out:?}"
+    );
     let exists = pg_query(
         &store.url,
         &format!("SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"),

@@ -142,7 +142,6 @@ fn a_removed_file_object_still_refuses_a_stale_token() {
 /// schema that does not exist: the answer must not be "never applied there" with exit 0,
 /// `applied: false` — the write did land — and the read-only question must create nothing.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target URL --id KEY` with a --schema that does not exist in the target (the job's FENCE_SCHEMA forgotten) answers exit 0, applied:false, `it was never applied there`, though the write landed in the job's schema; expected exit 2 naming the missing schema"]
 fn inspect_id_in_a_missing_schema_does_not_say_never_applied() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
@@ -183,7 +182,6 @@ fn inspect_id_in_a_missing_schema_does_not_say_never_applied() {
 /// `fence write` to it is exit 2 (the directory is missing); `inspect --id` should not
 /// answer "never applied" with exit 0 either.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target file:///no/such/dir/obj --id KEY` answers exit 0, applied:false (`never applied there`) for a directory that does not exist, where `fence write` to it is exit 2 and S3/GCS name a missing bucket; expected exit 2"]
 fn inspect_id_in_a_missing_directory_does_not_say_never_applied() {
     let store = Store::file();
     let target = format!("file://{}/no-such-dir/obj", store.home.path().display());
@@ -623,7 +621,6 @@ fn doctor_warns_about_writers_that_can_forge_bindings() {
 /// "already done" from "done now", as the README suggests) its metrics file must not say the
 /// command failed: it never ran.
 #[test]
-#[ignore = "FINDING: `fence run --id K --done-exit-code 9 --metrics-file F` on an id already completed writes fence_run_outcome{reason=\"command_failed\"} (and reason \"ok\" with the default 0) though no command ran; expected a reason of its own (e.g. `already_completed`)"]
 fn a_skipped_run_s_metrics_do_not_say_the_command_failed() {
     let store = Store::file();
     let prom = store.home.path().join("run.prom");
@@ -821,7 +818,6 @@ fn killed_file_object_writes_keep_bytes_and_ids_together() {
 /// be written through fence again (every write is LF001/LF003). protect should refuse the
 /// name (exit 2), as acquire, run and write do.
 #[test]
-#[ignore = "FINDING: `fence protect --resource 'r#done:x'` is accepted (exit 0) though `fence write` refuses every resource containing `#done:` (exit 2): the table can no longer be written through fence (expected exit 2 before anything is installed)"]
 fn protect_refuses_a_resource_no_write_can_use() {
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
@@ -853,7 +849,6 @@ fn protect_refuses_a_resource_no_write_can_use() {
 /// (`internal`) with "check the disk, then retry": a wrong cause and a retry that cannot
 /// help. The README gives exit 2 for `%00` in a store URL; a target should be the same.
 #[test]
-#[ignore = "FINDING: `fence write --target file:///dir/a%00b` (and `inspect --target`) fails with exit 1 `internal`, `file name contained an unexpected NUL byte`, hint `check the disk, then retry`; expected exit 2 (usage) before anything is attempted, as for a store URL with %00"]
 fn a_nul_in_a_file_target_is_a_usage_error() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -880,7 +875,6 @@ fn a_nul_in_a_file_target_is_a_usage_error() {
 /// answers 7 ("nothing applied, safe to retry"). Expected: the write gives up within its
 /// timeout, exit 7, nothing written.
 #[test]
-#[ignore = "FINDING: a `fence write` to a file:// object waits forever for `.<name>.fence.lock` (no bound, --timeout ignored): a paused earlier writer, or any local user with read access to the lock file (flock on an O_RDONLY fd), blocks the current owner indefinitely (still running after 20 s with --timeout 1s; expected exit 7 within the timeout)"]
 fn a_held_object_lock_does_not_block_a_writer_forever() {
     use std::os::fd::AsRawFd;
     let store = Store::file();
@@ -930,7 +924,6 @@ fn public_fence(dir: &Path) -> std::path::PathBuf {
 /// "did my write land?". On-call staff who may read the published directory but not write
 /// it cannot ask: the lookup opens (or creates) the object's lock file for writing.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target file:///dir/obj [--id KEY]` run by a user who may read but not write the directory fails (exit 2, `cannot open the lock file … Permission denied`): the read-only lookup needs write access (it opens the lock O_RDWR|O_CREAT); expected the answer (exit 0, applied true)"]
 fn a_reader_of_the_directory_can_inspect_an_object() {
     if unsafe { libc::geteuid() } != 0 {
         // Only root can run a command as another user here; nothing to show otherwise.
@@ -974,7 +967,6 @@ fn a_reader_of_the_directory_can_inspect_an_object() {
 /// the wrong database — should fail loudly (exit 2), not report success while the real
 /// store's history keeps growing.
 #[test]
-#[ignore = "FINDING: `fence prune --older-than 0s` on a PostgreSQL store whose --schema does not exist (FENCE_SCHEMA forgotten in the crontab, a typo) exits 0 `store … has no records yet: nothing to prune`, while the real schema's events are untouched; expected exit 2 naming the missing schema (as review 3 found for `fence log`)"]
 fn prune_of_a_missing_schema_fails_loudly() {
     let store = Store::postgres();
     let token = acquire(&store, "r", "A");
@@ -999,7 +991,6 @@ fn prune_of_a_missing_schema_fails_loudly() {
 /// fair, but it is reported as exit 1 `internal` with "check the disk, then retry" — a wrong
 /// cause, and a retry that can never help — instead of a usage error naming the limit.
 #[test]
-#[ignore = "FINDING: `fence write --target file:///dir/<239-byte name>` fails with exit 1 `internal`, `File name too long`, hint `check the disk, then retry` (fence's `.<name>.fence.next.json` exceeds NAME_MAX); expected exit 2 before anything is attempted, naming the longest object name fence can keep files beside"]
 fn an_object_name_too_long_for_fence_s_files_is_a_usage_error() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -1024,7 +1015,6 @@ fn an_object_name_too_long_for_fence_s_files_is_a_usage_error() {
 /// and its sidecar: a directory that does not exist, or one any local user may rewrite
 /// (mode 0777, no sticky bit: anyone can replace the sidecar and so the token), is all "ok".
 #[test]
-#[ignore = "FINDING: `fence doctor --target file:///dir/obj` says `object.endpoint ok: endpoint: Google Cloud Storage; credentials: none found` for a local file, and runs no directory check (missing directory, world-writable directory where anyone can replace the sidecar's token, network filesystem), all ok, exit 0; expected the directory checks the store gets, and no GCS"]
 fn doctor_checks_a_file_target_s_directory_not_gcs() {
     use std::os::unix::fs::PermissionsExt;
     let store = Store::file();
@@ -1400,7 +1390,6 @@ fn ids_at_the_edges_round_trip_on_postgres() {
 /// object `obj`, and `file:///dir/` tries to write the directory itself as an object of its
 /// parent, failing with exit 1 "Is a directory … check the disk, then retry".
 #[test]
-#[ignore = "FINDING: a file:// target ending in `/` is not refused as the README says (exit 2): `file:///dir/obj/` writes the object `obj` (exit 0), and `file:///dir/` is taken as the object `dir` of its parent (exit 1, `Is a directory`, hint `check the disk, then retry`)"]
 fn a_file_target_ending_in_a_slash_is_refused() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -1480,7 +1469,6 @@ fn two_runs_of_one_id_on_object_coordinators_run_once() {
 /// is safe to retry" — a retry loop (the README's "7 … retry") then spins on a command that
 /// can never succeed. The command's own comment says bad input is refused before connecting.
 #[test]
-#[ignore = "FINDING: `fence write R --table T --key … --set … --id K` (the row form takes no id: exit 2) against an unreachable database exits 7 `unavailable … safe to retry`, because the row form connects before it refuses --id (src/cmd/write.rs); expected exit 2 whatever the database's state"]
 fn a_row_form_id_is_refused_before_connecting() {
     let store = Store::file();
     let out = store

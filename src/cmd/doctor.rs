@@ -1,8 +1,9 @@
 //! `fence doctor`: finds the set-ups that silently weaken fence's guarantees before they cost a
 //! token — an asynchronous standby that can be promoted with the last grants missing, a role
 //! that owns fence's schema (and so can bypass `protect`), a pooler between fence and the
-//! server, a directory store on a network filesystem — and says what each means and how to fix
-//! it. It changes nothing. Each finding is `ok`, `warn` or `fail`; any `fail` makes the exit
+//! server, a directory store or `file://` objects on a network filesystem, `file://` objects in
+//! a directory every local user may write — and says what each means and how to fix it. It
+//! changes nothing. Each finding is `ok`, `warn` or `fail`; any `fail` makes the exit
 //! status 2 (a configuration problem).
 
 use std::path::Path;
@@ -121,6 +122,9 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
                     &mut findings,
                 )
                 .await
+            }
+            Some(url) if url.service == crate::object::Service::File => {
+                object_directory(Path::new(&url.bucket), &mut findings)
             }
             Some(url) => {
                 object_store(&spec.display, &mut findings);
@@ -665,6 +669,108 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
     }
 }
 
+/// The directory of a `file://` object target: it must exist (a write never creates it), be
+/// writable by this user, be on a local filesystem (its `flock` serialises the writers), and
+/// not be open to every local user (who could replace the sidecar, and so the token).
+fn object_directory(dir: &Path, f: &mut Findings<'_>) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => meta.permissions().mode(),
+        Ok(_) => {
+            f.add(
+                "directory.path",
+                Severity::Fail,
+                format!("`{}` is not a directory", dir.display()),
+                "fix the path in --target: `file:///dir/name` names the file `name` in the directory `dir`",
+            );
+            return;
+        }
+        Err(err) => {
+            f.add(
+                "directory.exists",
+                Severity::Fail,
+                format!("cannot use the directory `{}`: {err}", dir.display()),
+                "fix the path in --target, or create the directory (a write does not create it)",
+            );
+            return;
+        }
+    };
+    if access_denied(dir) {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!("this user cannot write `{}`", dir.display()),
+            "fix the directory's owner or mode, or write the object elsewhere",
+        );
+    } else if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!(
+                "any local user may write `{}` (mode {:o}, no sticky bit): anyone can replace an object's sidecar `.<name>.fence.json`, and with it the highest token and the write ids",
+                dir.display(),
+                mode & 0o7777
+            ),
+            "remove write access for others (`chmod o-w DIR`), or share the directory through a group (`chmod 2770 DIR`)",
+        );
+    } else if mode & 0o002 != 0 {
+        f.add(
+            "directory.permissions",
+            Severity::Warn,
+            format!(
+                "any local user may create files in `{}` (mode {:o}): one can plant fence's files beside an object before fence creates them",
+                dir.display(),
+                mode & 0o7777
+            ),
+            "remove write access for others (`chmod o-w DIR`), or share the directory through a group (`chmod 2770 DIR`)",
+        );
+    } else {
+        f.add(
+            "directory.permissions",
+            Severity::Ok,
+            format!(
+                "this user may write `{}`, other users may not",
+                dir.display()
+            ),
+            "",
+        );
+    }
+    match filesystem(dir) {
+        Some((kind, Severity::Fail)) => f.add(
+            "directory.filesystem",
+            Severity::Fail,
+            format!("`{}` is on {kind}: its file locks do not serialise writers on different machines the way fence needs", dir.display()),
+            "keep `file://` objects on a local filesystem, or use S3 or GCS objects for writers on several machines",
+        ),
+        Some((kind, Severity::Warn)) => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
+            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
+        ),
+        Some((kind, _)) => f.add(
+            "directory.filesystem",
+            Severity::Ok,
+            format!("`{}` is on a local filesystem ({kind})", dir.display()),
+            "",
+        ),
+        None => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("cannot tell the filesystem of `{}`", dir.display()),
+            "",
+        ),
+    }
+    if let Some(free) = free_bytes(dir).filter(|free| *free < 64 << 20) {
+        f.add(
+            "directory.space",
+            Severity::Warn,
+            format!("only {} MiB free under `{}`", free >> 20, dir.display()),
+            "free some space: a full disk fails writes",
+        );
+    }
+}
+
 fn access_denied(dir: &Path) -> bool {
     let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
         return true;
@@ -718,9 +824,6 @@ fn free_bytes(path: &Path) -> Option<u64> {
 /// record under `dir` when there is one, else the proof itself (which writes scratch objects
 /// under `<dir>/.fence/` and, when the server passes, the record).
 async fn preconditions(url: &crate::object::ObjectUrl, dir: &str, f: &mut Findings<'_>) {
-    if url.service == crate::object::Service::File {
-        return;
-    }
     let api = match crate::object::open(url) {
         Ok(api) => api,
         Err(err) => {
@@ -755,7 +858,7 @@ async fn preconditions(url: &crate::object::ObjectUrl, dir: &str, f: &mut Findin
     }
 }
 
-/// What doctor can say about an object store without writing to it.
+/// What doctor can say about an S3 or GCS object store without writing to it.
 fn object_store(display: &str, f: &mut Findings<'_>) {
     let s3 = display.starts_with("s3://");
     let (endpoint, credentials) = if s3 {

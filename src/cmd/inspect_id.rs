@@ -64,16 +64,17 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<IdInspected, Error>
                 version: Some(e.version),
             })
         }
-        None => PgTarget::connect(&spec, &ctx.schema)
-            .await?
-            .ledger_entry(&resource, &id)
-            .await?
-            .map(|e| Entry {
-                at_ms: e.applied_at_ms,
-                token: e.token,
-                owner: e.owner,
-                version: None,
-            }),
+        None => {
+            let target = PgTarget::connect(&spec, &ctx.schema).await?;
+            target.require_existing().await?;
+            target.ledger_entry(&resource, &id).await?
+        }
+        .map(|e| Entry {
+            at_ms: e.applied_at_ms,
+            token: e.token,
+            owner: e.owner,
+            version: None,
+        }),
     };
     Ok(IdInspected {
         resource,

@@ -123,6 +123,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             continue;
         }
         let target = PgTarget::connect(spec, &ctx.schema).await?;
+        target.require_existing().await?;
         let reader = &target;
         let (events, more) = read_growing(
             &query,

@@ -153,10 +153,9 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
         "Writes the target refused for a stale token, by target and resource.",
     );
     for spec in &targets {
-        let guards = PgTarget::connect(spec, &ctx.schema)
-            .await?
-            .guards(&[])
-            .await?;
+        let target = PgTarget::connect(spec, &ctx.schema).await?;
+        target.require_existing().await?;
+        let guards = target.guards(&[]).await?;
         for g in guards.iter().filter(|g| wanted(&g.resource)) {
             let labels = [("target", spec.display.as_str()), ("resource", &g.resource)];
             accepted.add(&labels, g.accepted_writes as f64);

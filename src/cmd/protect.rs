@@ -23,6 +23,8 @@ pub struct Protected {
 
 pub async fn run(args: ProtectArgs, ctx: &Context) -> Result<Protected, Error> {
     let spec = TargetSpec::resolve(&args.target)?;
+    // Bad input is refused before connecting, whatever the database's state.
+    crate::fenced::quote_table(&args.table)?;
     let target = PgTarget::connect(spec.postgres("`fence protect`")?, &ctx.schema).await?;
     let resource = args.resource.clone().unwrap_or_default();
     let coverage = target.protect(&args.table, &resource, args.remove).await?;
@@ -112,6 +114,7 @@ pub async fn inspect(args: InspectArgs, ctx: &Context) -> Result<Inspected, Erro
     let url = args.target.as_deref().unwrap_or_default();
     let table = args.table.as_deref().unwrap_or_default();
     let spec = TargetSpec::resolve(url)?;
+    crate::fenced::quote_table(table)?;
     let target = PgTarget::connect(spec.postgres("`fence inspect --table`")?, &ctx.schema).await?;
     Ok(Inspected {
         tree: target.protection(table).await?,

@@ -30,6 +30,9 @@ pub async fn run(args: PruneArgs, ctx: &Context) -> Result<PruneReport, Error> {
         ));
     }
     let coordinator = ctx.coordinator().await?;
+    // A typo'd --schema or store (FENCE_SCHEMA missing from a crontab) must fail loudly, not
+    // report "nothing to prune" while the real store's history keeps growing.
+    coordinator.require_existing().await?;
     let pruned = coordinator
         .prune(&PruneQuery {
             resources: &args.resources,

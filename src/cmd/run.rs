@@ -166,6 +166,8 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let mut granted = Granted::default();
     let started = Instant::now();
     let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
+        // A skipped run's status is its --done-exit-code: no command ran, none failed.
+        Ok(exit) if granted.skipped => (exit, "already_done"),
         Ok(exit) => (
             exit,
             if exit.code() == 0 {
@@ -210,6 +212,8 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
 struct Granted {
     token: Option<i64>,
     at: Option<Instant>,
+    /// The run id was completed before: no command ran (reason `already_done`).
+    skipped: bool,
 }
 
 /// The owner of this run's lease: unique to the run, so that two runs never share a lease,
@@ -263,6 +267,7 @@ async fn supervise(
     *granted = Granted {
         token: Some(grant.lease.token),
         at: Some(Instant::now()),
+        skipped: false,
     };
     let lease = LeaseRef {
         resource: args.resource.clone(),
@@ -279,6 +284,7 @@ async fn supervise(
         }
         if let Some(done) = done? {
             let id = id.as_deref().unwrap_or_default();
+            granted.skipped = true;
             return Ok(report_done(&args, id, ctx, out, &done));
         }
     }

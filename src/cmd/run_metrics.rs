@@ -16,7 +16,8 @@ pub struct Outcome<'a> {
     pub waited: Duration,
     pub token: Option<i64>,
     pub exit_code: u8,
-    /// `ok`, `command_failed`, or the error's name (`busy`, `lease_lost`, …).
+    /// `ok`, `command_failed`, `already_done` (the run id was completed before: nothing
+    /// ran), or the error's name (`busy`, `lease_lost`, …).
     pub reason: &'a str,
 }
 
@@ -58,7 +59,7 @@ pub fn text(outcome: &Outcome<'_>) -> String {
     code.add(&r, f64::from(outcome.exit_code));
     let mut reason = Family::gauge(
         "fence_run_outcome",
-        "How it ended (value 1): reason `ok`, `command_failed`, or fence's error name.",
+        "How it ended (value 1): reason `ok`, `command_failed`, `already_done`, or fence's error name.",
     );
     reason.add(
         &[("resource", outcome.resource), ("reason", outcome.reason)],

@@ -77,6 +77,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             owner: &owner,
             write_id: args.id.as_deref(),
             expect: &expect,
+            timeout: args.timeout,
         };
         let written = object_target::write(url, &write, body, &bar).await;
         // Done: the bar stays, showing what was really sent; failed or replayed: the error
@@ -115,13 +116,14 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
                 "name the row to write, e.g. --key id=42",
             ));
         }
-        let target = PgTarget::connect(&spec, &ctx.schema).await?;
         if args.id.is_some() {
             return Err(Error::usage(
                 "--id works with the transaction form (--sql, --file) and objects, not the row form",
                 "write the row with --sql (an UPDATE … WHERE …) to give it an id",
             ));
         }
+        crate::fenced::quote_table(table)?;
+        let target = PgTarget::connect(&spec, &ctx.schema).await?;
         let outcome = target.write_row(&args.resource, args.token, &write).await?;
         Outcome::Row {
             table: table.clone(),

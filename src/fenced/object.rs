@@ -203,6 +203,8 @@ pub struct ObjectWrite<'a> {
     /// `--id`: applied at most once to this object, whoever writes it.
     pub write_id: Option<&'a str>,
     pub expect: &'a Expect,
+    /// `--timeout`: the longest a `file://` object's lock is waited for.
+    pub timeout: std::time::Duration,
 }
 
 /// Writes `body` to the object, counting the bytes sent on `bar`.
@@ -218,12 +220,13 @@ pub async fn write(
         owner,
         write_id,
         expect,
+        timeout,
     } = *write;
     if url.service == object::Service::S3 {
         ascii_metadata(url, "resource", resource)?;
         ascii_metadata(url, "owner", owner)?;
     }
-    let api = object::open_reporting(url, bar.clone())?;
+    let api = object::open_reporting(url, bar.clone(), timeout)?;
     let current = api.head(&url.key).await?;
     // An object fence wrote before was written after its prefix was verified; any other
     // write is the first fenced one here and needs the proof first.

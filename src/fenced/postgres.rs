@@ -456,6 +456,23 @@ impl PgTarget {
         }
     }
 
+    /// Fails (exit 2) when fence's schema is not in the target database: a read-only
+    /// question (`inspect --id`, `log --target`, `metrics --target`) about a typo'd --schema
+    /// (FENCE_SCHEMA forgotten) must not be answered "nothing was written there".
+    pub async fn require_existing(&self) -> Result<(), Error> {
+        if self.session.exists().await? {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!(
+                "no fence schema `{}` in the target database at `{}`",
+                self.session.schema,
+                self.display()
+            ),
+            "check --schema (FENCE_SCHEMA): it must name the schema the writes used; `fence init --target` or the first `fence write` creates it",
+        ))
+    }
+
     /// Write id `id`'s entry in the ledger of `resource`, if it is there.
     pub async fn ledger_entry(
         &self,

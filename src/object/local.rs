@@ -3,13 +3,17 @@
 //! beside it. object_store's `LocalFileSystem` cannot do conditional updates or attributes
 //! (DESIGN §7), so this backend is ours.
 //!
-//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`;
+//! Every read and write of an object happens under an exclusive `flock` on `.<name>.fence.lock`
+//! (a reader who may not write the directory takes a shared one through a read-only descriptor),
+//! waited for no longer than the access allows (a write's `--timeout`: any process that can read
+//! the lock file can hold it, so an unbounded wait could last for ever);
 //! a write compares the generation, then commits the bytes and the metadata together: the new
 //! bytes go to a temporary file (fsync), the new sidecar to `.<name>.fence.next.json` naming
 //! that file's inode (write-to-temp, fsync, rename), then the bytes are renamed over the object
 //! — the commit — and the next sidecar over the sidecar, each followed by a directory fsync.
-//! Whoever takes the lock next finishes or undoes a write a crash interrupted: a next sidecar
-//! whose inode is the object's was committed (it becomes the sidecar), any other is dropped. So
+//! Whoever takes the exclusive lock next finishes or undoes a write a crash interrupted: a next
+//! sidecar whose inode is the object's was committed (it becomes the sidecar), any other is
+//! dropped; a reader under the shared lock changes nothing and judges the files the same way. So
 //! the metadata (token, write ids) never describes bytes that did not land, nor the reverse.
 //! Generations increase by one per write and never repeat. A file written at the path without
 //! fence has generation 1 and no token until fence writes it.
@@ -19,6 +23,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use indicatif::ProgressBar;
@@ -26,12 +31,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::object::{Cond, Fetched, Meta, ObjectApi, Put, VersionKinds};
-use crate::sys::{lock_exclusive, Locked};
+use crate::sys::{lock_exclusive_until, lock_shared_until, Locked};
 
 pub struct LocalObjects {
     dir: PathBuf,
     /// Counts the bytes of object bodies written (hidden unless `fence write` shows it).
     bar: ProgressBar,
+    /// How long an object's lock is waited for (a write's `--timeout`), and until when.
+    lock_wait: Duration,
+    deadline: Instant,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -64,8 +72,14 @@ fn now_ms() -> i64 {
 }
 
 impl LocalObjects {
-    pub fn new(dir: PathBuf, bar: ProgressBar) -> LocalObjects {
-        LocalObjects { dir, bar }
+    /// Objects in `dir`; every access gives up on an object's lock `lock_wait` from now.
+    pub fn new(dir: PathBuf, bar: ProgressBar, lock_wait: Duration) -> LocalObjects {
+        LocalObjects {
+            dir,
+            bar,
+            lock_wait,
+            deadline: Instant::now() + lock_wait,
+        }
     }
 
     /// The temporary file a write of `key`'s bytes (`part` "") or of its next sidecar (`part`
@@ -87,13 +101,13 @@ impl LocalObjects {
         sidecar.with_extension("next.json")
     }
 
-    /// Finishes or undoes a write a crash interrupted (call under the lock): the next sidecar
-    /// of bytes that were renamed into place becomes the sidecar; any other is dropped.
-    fn settle(&self, object: &Path, sidecar: &Path) -> Result<(), Error> {
+    /// The next sidecar a crashed write left, if any, and whether its bytes landed (were
+    /// renamed over the object, whose inode it names). Changes nothing.
+    fn pending(&self, object: &Path, sidecar: &Path) -> Result<Option<(Sidecar, bool)>, Error> {
         let next = Self::next_sidecar(sidecar);
         let pending: Sidecar = match fs::read(&next) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
-            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(io_error("read", &next, &err)),
         };
         let landed = match fs::metadata(object) {
@@ -101,6 +115,17 @@ impl LocalObjects {
             Err(err) if err.kind() == ErrorKind::NotFound => false,
             Err(err) => return Err(io_error("read", object, &err)),
         };
+        Ok(Some((pending, landed)))
+    }
+
+    /// Finishes or undoes a write a crash interrupted (call under the exclusive lock): the
+    /// next sidecar of bytes that were renamed into place becomes the sidecar; any other is
+    /// dropped.
+    fn settle(&self, object: &Path, sidecar: &Path) -> Result<(), Error> {
+        let Some((_, landed)) = self.pending(object, sidecar)? else {
+            return Ok(());
+        };
+        let next = Self::next_sidecar(sidecar);
         let done = if landed {
             fs::rename(&next, sidecar)
         } else {
@@ -110,17 +135,89 @@ impl LocalObjects {
             .map_err(|err| io_error("write", sidecar, &err))
     }
 
-    fn lock(&self, path: &Path) -> Result<Locked, Error> {
-        lock_exclusive(path).map_err(|(what, err)| io_error(what, path, &err))
+    /// Fails (exit 2) unless the object's directory exists: a missing one is a typo in the
+    /// URL, never an object that is merely absent (as a missing bucket is on S3 and GCS).
+    fn check_dir(&self) -> Result<(), Error> {
+        match fs::metadata(&self.dir) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(Error::usage(
+                format!("`{}` is not a directory", self.dir.display()),
+                "fix the path in the URL: `file:///dir/name` names the file `name` in the directory `dir`",
+            )),
+            Err(err) if err.kind() == ErrorKind::NotFound => Err(Error::usage(
+                format!("the directory `{}` does not exist", self.dir.display()),
+                "fix the path in the URL, or create the directory (`mkdir -p`) before the first write",
+            )),
+            Err(err) => Err(io_error("read", &self.dir, &err)),
+        }
     }
 
-    /// The current state (call under the lock): `None` when the object is absent.
+    fn lock(&self, path: &Path) -> Result<Locked, Error> {
+        lock_exclusive_until(path, self.deadline)
+            .map_err(|(what, err)| io_error(what, path, &err))?
+            .ok_or_else(|| self.still_locked(path))
+    }
+
+    /// The lock a read takes, and whether under it a crashed write may be settled. A reader
+    /// who may not write the directory (or the lock file) takes a shared lock through a
+    /// read-only descriptor, which excludes writers all the same, and settles nothing. Without
+    /// a lock file, and unable to create one, no fence write has begun here: nothing to wait for.
+    fn lock_for_read(&self, path: &Path) -> Result<(Option<Locked>, bool), Error> {
+        let read_only = |err: &io::Error| {
+            err.kind() == ErrorKind::PermissionDenied || err.raw_os_error() == Some(libc::EROFS)
+        };
+        match lock_exclusive_until(path, self.deadline) {
+            Ok(Some(lock)) => Ok((Some(lock), true)),
+            Ok(None) => Err(self.still_locked(path)),
+            Err((_, err)) if read_only(&err) => match lock_shared_until(path, self.deadline) {
+                Ok(Some(lock)) => Ok((Some(lock), false)),
+                Ok(None) => Err(self.still_locked(path)),
+                Err((_, err)) if err.kind() == ErrorKind::NotFound => Ok((None, false)),
+                Err((what, err)) => Err(io_error(what, path, &err)),
+            },
+            Err((what, err)) => Err(io_error(what, path, &err)),
+        }
+    }
+
+    /// The lock was still held at the deadline: nothing was done, and its holder may be any
+    /// process that can read the lock file, so it is named for the operator to find.
+    fn still_locked(&self, lock: &Path) -> Error {
+        Error::unavailable(
+            format!(
+                "the lock file `{}` was still locked after {}: another fence write to the object is under way or paused (a stopped or swapped-out process), or another local process that can read the file holds a lock on it; nothing was changed",
+                lock.display(),
+                crate::time::duration(self.lock_wait)
+            ),
+            format!(
+                "find the holder with `fuser -v {}` (or `lsof`); it is safe to retry, with a longer --timeout if a slow write holds it",
+                crate::error::shell_word(&lock.display().to_string())
+            ),
+        )
+    }
+
+    /// The current state (call under the lock): `None` when the object is absent. With
+    /// `settle` (the exclusive lock) a crashed write is finished or undone first; without it
+    /// (a reader's shared lock) the state is judged as settling would leave it.
     ///
     /// An object removed by hand (`rm`) whose sidecar is still there is still there for fence,
     /// empty: its sidecar keeps the highest token it accepted and its write ids, so a stale
     /// writer stays refused, an id is still a replay, and generations go on counting up.
-    fn state(&self, object: &Path, sidecar: &Path) -> Result<Option<Sidecar>, Error> {
-        self.settle(object, sidecar)?;
+    fn state(&self, object: &Path, sidecar: &Path, settle: bool) -> Result<Option<Sidecar>, Error> {
+        let landed = if settle {
+            self.settle(object, sidecar)?;
+            None
+        } else {
+            match self.pending(object, sidecar)? {
+                Some((next, true)) => Some(next),
+                _ => None,
+            }
+        };
+        if let Some(next) = landed {
+            return Ok(Some(Sidecar {
+                inode: None,
+                ..next
+            }));
+        }
         let recorded = match fs::read(sidecar) {
             Ok(bytes) => Some(serde_json::from_slice::<Sidecar>(&bytes).map_err(|err| {
                 Error::internal(
@@ -218,11 +315,9 @@ impl LocalObjects {
 impl ObjectApi for LocalObjects {
     async fn get(&self, key: &str) -> Result<Option<Fetched>, Error> {
         let (object, sidecar, lock) = self.paths(key);
-        if !self.dir.is_dir() {
-            return Ok(None);
-        }
-        let _lock = self.lock(&lock)?;
-        let Some(state) = self.state(&object, &sidecar)? else {
+        self.check_dir()?;
+        let (_lock, settle) = self.lock_for_read(&lock)?;
+        let Some(state) = self.state(&object, &sidecar, settle)? else {
             return Ok(None);
         };
         let body = match fs::read(&object) {
@@ -239,11 +334,9 @@ impl ObjectApi for LocalObjects {
 
     async fn head(&self, key: &str) -> Result<Option<Meta>, Error> {
         let (object, sidecar, lock) = self.paths(key);
-        if !self.dir.is_dir() {
-            return Ok(None);
-        }
-        let _lock = self.lock(&lock)?;
-        Ok(self.state(&object, &sidecar)?.map(Self::meta))
+        self.check_dir()?;
+        let (_lock, settle) = self.lock_for_read(&lock)?;
+        Ok(self.state(&object, &sidecar, settle)?.map(Self::meta))
     }
 
     async fn put(
@@ -254,8 +347,9 @@ impl ObjectApi for LocalObjects {
         metadata: &BTreeMap<String, String>,
     ) -> Result<Put, Error> {
         let (object, sidecar, lock) = self.paths(key);
+        self.check_dir()?;
         let _lock = self.lock(&lock)?;
-        let current = self.state(&object, &sidecar)?;
+        let current = self.state(&object, &sidecar, true)?;
         let holds = match (cond, &current) {
             (Cond::None, _) => true,
             (Cond::Create, current) => current.is_none(),

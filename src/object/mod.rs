@@ -25,6 +25,7 @@ pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use indicatif::ProgressBar;
@@ -137,17 +138,26 @@ pub struct VersionKinds {
     pub generation: bool,
 }
 
+/// How long a read waits for a `file://` object's lock (a write waits its `--timeout`).
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
+
 /// Opens the object service a URL names (no network traffic yet).
 pub fn open(url: &ObjectUrl) -> Result<Box<dyn ObjectApi>, Error> {
-    open_reporting(url, ProgressBar::hidden())
+    open_reporting(url, ProgressBar::hidden(), LOCK_WAIT)
 }
 
-/// [`open`], with puts reporting the bytes sent on `bar` (which may be hidden).
-pub fn open_reporting(url: &ObjectUrl, bar: ProgressBar) -> Result<Box<dyn ObjectApi>, Error> {
+/// [`open`], with puts reporting the bytes sent on `bar` (which may be hidden), and
+/// `file://` objects' locks waited for at most `lock_wait` from now in all.
+pub fn open_reporting(
+    url: &ObjectUrl,
+    bar: ProgressBar,
+    lock_wait: Duration,
+) -> Result<Box<dyn ObjectApi>, Error> {
     match url.service {
         Service::File => Ok(Box::new(local::LocalObjects::new(
             PathBuf::from(&url.bucket),
             bar,
+            lock_wait,
         ))),
         #[cfg(feature = "s3")]
         Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket, bar)?)),
