@@ -21,6 +21,7 @@ pub mod signals;
 pub mod sys;
 pub mod terminal;
 pub mod time;
+pub mod timeline;
 pub mod url;
 
 use crate::exit::Exit;
@@ -38,7 +39,7 @@ pub fn main() -> Exit {
         Err(err) => return output::clap_error(&err, &args),
     };
     let out = output::Output::new(&cli.global);
-    let runtime = match build_runtime() {
+    let runtime = match sys::build_runtime() {
         Ok(runtime) => runtime,
         Err(cause) => {
             let err = error::Error::Internal {
@@ -53,27 +54,4 @@ pub fn main() -> Exit {
         pg::close_all().await;
         exit
     })
-}
-
-/// The runtime, or why it could not start. tokio panics (instead of returning an error) when
-/// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
-/// caught, silently, and turned into the error it is.
-pub(crate) fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let built = std::panic::catch_unwind(|| {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    });
-    std::panic::set_hook(hook);
-    match built {
-        Ok(Ok(runtime)) => Ok(runtime),
-        Ok(Err(err)) => Err(err.to_string()),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "it panicked".to_owned())),
-    }
 }

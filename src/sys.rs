@@ -1,5 +1,6 @@
 //! System mechanics that know nothing of leases or tokens: randomness, file locks, atomic
-//! replacement of files and the sweep of temporaries. A leaf: it imports nothing of fence's.
+//! replacement of files, the sweep of temporaries and the async runtime. A leaf: it imports
+//! nothing of fence's.
 //!
 //! Sharing rule (for the directory store and `file://` objects): a file fence creates in a
 //! directory gets that directory's read and write bits (`dir mode & 0o666`), whatever the
@@ -205,5 +206,28 @@ fn flock_until(
         }
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// The runtime, or why it could not start. tokio panics (instead of returning an error) when
+/// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
+/// caught, silently, and turned into the error it is.
+pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    });
+    std::panic::set_hook(hook);
+    match built {
+        Ok(Ok(runtime)) => Ok(runtime),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "it panicked".to_owned())),
     }
 }

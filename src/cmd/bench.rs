@@ -243,7 +243,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
 }
 
 fn worker(index: u32, plan: Plan) -> Result<Stats, Error> {
-    let runtime = match crate::build_runtime() {
+    let runtime = match crate::sys::build_runtime() {
         Ok(runtime) => runtime,
         Err(cause) => {
             plan.gate.arrive(false);

@@ -11,8 +11,8 @@ pub mod history;
 mod object;
 mod pg_one_shot;
 mod postgres;
+mod refusal;
 pub mod scratch;
-pub(crate) use postgres::LogWindow;
 
 /// The most connections the waiters of one busy resource keep on PostgreSQL.
 pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;
@@ -23,7 +23,9 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
-pub use history::{Attempt, LogQuery, Logged, Pattern};
+pub use crate::timeline::{Event, LogQuery, Logged, Pattern};
+pub use history::Attempt;
+pub use refusal::{Found, Refusal};
 
 /// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
 /// the coordinator's clock.
@@ -177,30 +179,6 @@ pub struct Finding {
 pub struct Inspection {
     pub views: Vec<ResourceView>,
     pub findings: Vec<Finding>,
-}
-
-/// One entry of a resource's append-only history.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Event {
-    pub at_ms: i64,
-    /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
-    /// `release_rejected`.
-    pub kind: String,
-    pub owner: Option<String>,
-    pub token: Option<i64>,
-    pub detail: Option<String>,
-    /// A grant or renewal: the TTL it asked for and the expiry it set, by the store's clock
-    /// (`None` for events recorded before fence kept them).
-    pub ttl_ms: Option<i64>,
-    pub expires_at_ms: Option<i64>,
-    /// A takeover: when the lease it took over had expired.
-    pub previous_expires_at_ms: Option<i64>,
-    /// A target's accepted write: the rows it changed, where the target records them.
-    pub rows: Option<i64>,
-    /// Refused attempts (`busy`, `conflict`) coalesced into this event: how many, and when
-    /// the last of them came (`at_ms` is the first).
-    pub count: Option<i64>,
-    pub last_at_ms: Option<i64>,
 }
 
 /// What `fence prune` deletes.

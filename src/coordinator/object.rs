@@ -46,7 +46,8 @@ use crate::coordinator::{
     ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
     Waiter,
 };
-use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::coordinator::{Found, Refusal};
+use crate::error::{Error, Holder};
 use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, ObjectUrl, Put};
 use crate::sys::random_u64;
 
@@ -464,55 +465,18 @@ impl ObjectCoordinator {
         lease: &LeaseRef,
         current: Option<&Current>,
     ) -> Result<Error, Error> {
-        let Some(current) = current else {
-            return Ok(Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::NoLease,
-            });
+        let refusal = Refusal::classify(
+            lease,
+            current.map(|c| Found {
+                token: c.body.token,
+                owner: &c.body.owner,
+                released: !c.held(),
+            }),
+        );
+        let (Some(current), Some(detail)) = (current, refusal.event_detail()) else {
+            return Ok(refusal.into_error(lease));
         };
         let body = &current.body;
-        let (error, detail) = if body.token > lease.token {
-            (
-                Error::Stale {
-                    resource: lease.resource.clone(),
-                    token: lease.token,
-                    highest_token: body.token,
-                },
-                format!("token {} issued since", body.token),
-            )
-        } else if body.token < lease.token {
-            return Ok(Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::NeverIssued {
-                    highest_token: body.token,
-                },
-            });
-        } else if body.owner != lease.owner {
-            return Ok(Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::WrongOwner {
-                    holder: body.owner.clone(),
-                },
-            });
-        } else {
-            let released = !current.held();
-            (
-                Error::LeaseLost {
-                    resource: lease.resource.clone(),
-                    owner: lease.owner.clone(),
-                    token: lease.token,
-                    reason: if released {
-                        LostReason::Released
-                    } else {
-                        LostReason::Expired
-                    },
-                },
-                if released { "released" } else { "expired" }.to_owned(),
-            )
-        };
         self.event(
             &lease.resource,
             body.seq,
@@ -526,7 +490,7 @@ impl ObjectCoordinator {
         )
         .await
         .unwrap_or_else(|err| self.unrecorded(&lease.resource, &err));
-        Ok(error)
+        Ok(refusal.into_error(lease))
     }
 
     /// The newest `history` events of a resource, newest first: the changes the record keeps,

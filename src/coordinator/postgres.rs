@@ -40,16 +40,18 @@ use tokio::time::Instant;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use crate::coordinator::history::newest;
 use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
+use crate::coordinator::Refusal;
 use crate::coordinator::{
     ttl_ms, Attempt, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
     LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
 };
-use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::error::{Error, Holder};
 use crate::pg::session::{SchemaSpec, Session};
+use crate::pg::window::LogWindow;
 use crate::pg::CONNECT_PATIENCE;
 use crate::sys::random_u64;
+use crate::timeline::newest;
 
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
@@ -550,44 +552,14 @@ impl Answer {
 
     /// Maps a refused renew/release to its error (the shared `classify` statuses).
     fn refusal(&self, lease: &LeaseRef) -> Error {
-        let resource = lease.resource.clone();
-        let token = lease.token;
         let highest_token = self.token.unwrap_or_default();
-        match self.status.as_str() {
-            "stale" => Error::Stale {
-                resource,
-                token,
-                highest_token,
-            },
-            "expired" | "released" => Error::LeaseLost {
-                resource,
-                owner: lease.owner.clone(),
-                token,
-                reason: if self.status == "expired" {
-                    LostReason::Expired
-                } else {
-                    LostReason::Released
-                },
-            },
-            "never_issued" => Error::Conflict {
-                resource,
-                token,
-                kind: ConflictKind::NeverIssued { highest_token },
-            },
-            "wrong_owner" => Error::Conflict {
-                resource,
-                token,
-                kind: ConflictKind::WrongOwner {
-                    holder: self.owner.clone().unwrap_or_default(),
-                },
-            },
-            "no_lease" => Error::Conflict {
-                resource,
-                token,
-                kind: ConflictKind::NoLease,
-            },
-            other => Error::internal(
-                format!("PostgreSQL answered `{other}`, which this fence does not know"),
+        match Refusal::from_status(&self.status, highest_token, self.owner.as_deref()) {
+            Some(refusal) => refusal.into_error(lease),
+            None => Error::internal(
+                format!(
+                    "PostgreSQL answered `{}`, which this fence does not know",
+                    self.status
+                ),
                 "fence's schema may be from another version; run `fence init`",
             ),
         }
@@ -1173,60 +1145,5 @@ fn epoch_ms(t: SystemTime) -> i64 {
             let ms = before.duration().as_micros().div_ceil(1000);
             i64::try_from(ms).map_or(i64::MIN, |ms| -ms)
         }
-    }
-}
-
-/// What the two PostgreSQL histories `fence log` reads share (the coordinator's `events`, a
-/// target's `write_events`): the resources matched by name or by glob, the time window and
-/// the limit, as one LATERAL range per resource over an `(resource, at)` index.
-pub(crate) struct LogWindow {
-    /// The condition on the resource column (`$1`).
-    pub filter: String,
-    names: Option<Vec<String>>,
-    since_ms: Option<i64>,
-    until_ms: Option<i64>,
-    limit: i64,
-}
-
-impl LogWindow {
-    /// Inside the per-resource range: the window (`$2`, `$3`), newest first, at most `$4`.
-    pub const RANGE: &'static str =
-        "AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
-         AND ($3::int8 IS NULL OR ev.at < to_timestamp($3::int8 / 1000.0)) \
-         ORDER BY ev.at DESC LIMIT $4";
-    /// After the ranges: the newest `$4` of them all.
-    pub const LAST: &'static str = "ORDER BY e.at DESC, e.id DESC LIMIT $4";
-
-    pub fn new(query: &LogQuery<'_>, column: &str) -> LogWindow {
-        let (filter, names) = match query.exact_names() {
-            Some(names) => (format!("{column} = ANY($1)"), Some(names)),
-            None if query.patterns.is_empty() => ("$1::text[] IS NULL".to_owned(), None),
-            None => (
-                format!("{column} COLLATE \"C\" LIKE ANY($1)"),
-                Some(query.patterns.iter().map(|p| p.like()).collect()),
-            ),
-        };
-        LogWindow {
-            filter,
-            names,
-            since_ms: query.since_ms,
-            until_ms: query.until_ms,
-            limit: i64::try_from(query.limit).unwrap_or(i64::MAX),
-        }
-    }
-
-    pub fn params(&self) -> [(&(dyn ToSql + Sync), Type); 4] {
-        [
-            (&self.names, Type::TEXT_ARRAY),
-            (&self.since_ms, Type::INT8),
-            (&self.until_ms, Type::INT8),
-            (&self.limit, Type::INT8),
-        ]
-    }
-
-    /// Rows read newest first, with their event ids, as the timeline wants them: oldest first.
-    pub fn oldest_first(mut logged: Vec<(i64, Logged)>) -> Vec<Logged> {
-        logged.sort_by_key(|(id, l)| (l.at_us, *id));
-        logged.into_iter().map(|(_, l)| l).collect()
     }
 }

@@ -372,7 +372,7 @@ pub async fn view(url: &ObjectUrl) -> Result<ObjectView, Error> {
 /// it whose write had an id (`fence-ids`: token, time, version; no owner). An object keeps no
 /// refusals: a refused write changes nothing in it (see `fence write`, which records the
 /// refusal in the coordinator's history when it can).
-pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::coordinator::Logged>, Error> {
+pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::timeline::Logged>, Error> {
     let api = object::open(url)?;
     let Some(meta) = api.head(&url.key).await? else {
         return Ok(Vec::new());
@@ -398,23 +398,23 @@ pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::coordinator::Logged>, Err
             },
         );
     }
-    let mut logged: Vec<crate::coordinator::Logged> = entries
+    let mut logged: Vec<crate::timeline::Logged> = entries
         .into_iter()
         .map(|entry| {
             let mut detail = format!("version {}", entry.version);
             if !entry.id.is_empty() {
                 detail.push_str(&format!(", id {}", entry.id));
             }
-            crate::coordinator::Logged {
+            crate::timeline::Logged {
                 resource: resource.clone(),
                 at_us: entry.applied_at_ms.saturating_mul(1000),
-                event: crate::coordinator::Event {
+                event: crate::timeline::Event {
                     at_ms: entry.applied_at_ms,
                     kind: "write_accepted".into(),
                     owner: entry.owner,
                     token: Some(entry.token),
                     detail: Some(detail),
-                    ..crate::coordinator::Event::default()
+                    ..crate::timeline::Event::default()
                 },
             }
         })

@@ -13,13 +13,14 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::SimpleQueryMessage;
 
-use crate::coordinator::{Event, LogQuery, LogWindow, Logged};
 use crate::error::{ConflictKind, Error};
 use crate::fenced::{quote_literal, quote_table, TargetSpec};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
+use crate::pg::window::LogWindow;
 use crate::pg::{self};
 use crate::signals::Interrupts;
+use crate::timeline::{Event, LogQuery, Logged};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {

@@ -34,6 +34,7 @@ use crate::sys::random_u64;
 mod libpq_files;
 pub mod session;
 pub mod sqlstate;
+pub mod window;
 
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.

@@ -11,7 +11,8 @@ use crate::coordinator::{
     ttl_ms, Attempt, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
     Released, ResourceView,
 };
-use crate::error::{ConflictKind, Error, Holder, LostReason};
+use crate::coordinator::{Found, Refusal};
+use crate::error::{Error, Holder};
 
 impl FileCoordinator {
     /// Runs `change` on a resource's record under its lock.
@@ -91,28 +92,22 @@ impl FileCoordinator {
         now: &Now,
         paths: &Paths,
     ) -> Error {
-        let Some(record) = record else {
-            return Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::NoLease,
-            };
-        };
-        let error = if record.token > lease.token {
-            Error::Stale {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                highest_token: record.token,
-            }
-        } else if record.token < lease.token {
+        let refusal = Refusal::classify(
+            lease,
+            record.map(|r| Found {
+                token: r.token,
+                owner: &r.owner,
+                released: r.released,
+            }),
+        );
+        if let (Refusal::NeverIssued { highest_token }, Some(_)) = (&refusal, record) {
             let issued = self.issued(paths).unwrap_or(0);
             if lease.token <= issued {
                 // The token was issued, but the record no longer shows it: not "never issued".
                 return Error::internal(
                     format!(
-                        "the lease record `{}` holds token {}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
+                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
                         paths.lease.display(),
-                        record.token,
                         lease.token
                     ),
                     format!(
@@ -121,40 +116,9 @@ impl FileCoordinator {
                     ),
                 );
             }
-            return Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::NeverIssued {
-                    highest_token: record.token,
-                },
-            };
-        } else if record.owner != lease.owner {
-            return Error::Conflict {
-                resource: lease.resource.clone(),
-                token: lease.token,
-                kind: ConflictKind::WrongOwner {
-                    holder: record.owner.clone(),
-                },
-            };
-        } else {
-            Error::LeaseLost {
-                resource: lease.resource.clone(),
-                owner: lease.owner.clone(),
-                token: lease.token,
-                reason: if record.released {
-                    LostReason::Released
-                } else {
-                    LostReason::Expired
-                },
-            }
-        };
-        let detail = match &error {
-            Error::Stale { highest_token, .. } => format!("token {highest_token} issued since"),
-            Error::LeaseLost {
-                reason: LostReason::Released,
-                ..
-            } => "released".into(),
-            _ => "expired".into(),
+        }
+        let Some(detail) = refusal.event_detail() else {
+            return refusal.into_error(lease);
         };
         if let Err(err) = super::log::append(
             &paths.events,
@@ -173,7 +137,7 @@ impl FileCoordinator {
                 paths.events.display()
             ));
         }
-        error
+        refusal.into_error(lease)
     }
 }
 

@@ -11,10 +11,10 @@ use super::counter::{self, Mark};
 use super::log;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
-use crate::coordinator::history::newest;
 use crate::coordinator::{Finding, Inspection, LogQuery, Logged, ResourceView, State};
 use crate::error::Error;
 use crate::sys::sweep_temporaries;
+use crate::timeline::newest;
 use crate::url::percent_decode;
 
 impl FileCoordinator {

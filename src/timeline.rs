@@ -1,0 +1,191 @@
+//! The vocabulary of `fence log`: an event of a resource's history, the query that selects
+//! events (names or globs, a time window, a limit) and an event as a log reads it. A leaf
+//! module: coordinators and fenced targets both speak it, so neither depends on the other.
+
+/// One entry of a resource's append-only history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub at_ms: i64,
+    /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
+    /// `release_rejected`.
+    pub kind: String,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    pub detail: Option<String>,
+    /// A grant or renewal: the TTL it asked for and the expiry it set, by the store's clock
+    /// (`None` for events recorded before fence kept them).
+    pub ttl_ms: Option<i64>,
+    pub expires_at_ms: Option<i64>,
+    /// A takeover: when the lease it took over had expired.
+    pub previous_expires_at_ms: Option<i64>,
+    /// A target's accepted write: the rows it changed, where the target records them.
+    pub rows: Option<i64>,
+    /// Refused attempts (`busy`, `conflict`) coalesced into this event: how many, and when
+    /// the last of them came (`at_ms` is the first).
+    pub count: Option<i64>,
+    pub last_at_ms: Option<i64>,
+}
+
+/// A resource name or a glob of them: `*` any run of characters, `?` one character.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pattern(String);
+
+impl Pattern {
+    pub fn new(text: &str) -> Pattern {
+        Pattern(text.to_owned())
+    }
+
+    /// The one name the pattern matches, when it has no wildcard.
+    pub fn exact(&self) -> Option<&str> {
+        (!self.0.contains(['*', '?'])).then_some(self.0.as_str())
+    }
+
+    /// Whether `name` matches: `*` any run of characters, `?` one. Linear in the product of
+    /// the two lengths (the usual greedy match that backtracks only to the last `*`): a
+    /// recursive match took exponential time on patterns such as `*a*a*a*a*a*b`.
+    pub fn matches(&self, name: &str) -> bool {
+        let pattern: Vec<char> = self.0.chars().collect();
+        let name: Vec<char> = name.chars().collect();
+        let (mut p, mut n) = (0, 0);
+        // After the last `*` seen: where in the pattern, and where in the name it resumed.
+        let mut star: Option<(usize, usize)> = None;
+        while n < name.len() {
+            match pattern.get(p) {
+                Some('*') => {
+                    star = Some((p + 1, n));
+                    p += 1;
+                }
+                Some(&c) if c == '?' || c == name[n] => {
+                    p += 1;
+                    n += 1;
+                }
+                _ => match star {
+                    Some((after, resumed)) => {
+                        p = after;
+                        n = resumed + 1;
+                        star = Some((after, resumed + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        pattern[p..].iter().all(|&c| c == '*')
+    }
+
+    /// The pattern for SQL `LIKE` (whose escape character is the backslash).
+    pub fn like(&self) -> String {
+        let mut like = String::with_capacity(self.0.len() + 4);
+        for c in self.0.chars() {
+            match c {
+                '*' => like.push('%'),
+                '?' => like.push('_'),
+                '%' | '_' | '\\' => {
+                    like.push('\\');
+                    like.push(c);
+                }
+                c => like.push(c),
+            }
+        }
+        like
+    }
+}
+
+/// Which events to read.
+#[derive(Clone, Copy, Debug)]
+pub struct LogQuery<'a> {
+    /// The resources (every one when empty).
+    pub patterns: &'a [Pattern],
+    /// Only events at or after this instant (milliseconds since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only events before this instant.
+    pub until_ms: Option<i64>,
+    /// At most this many, the most recent.
+    pub limit: usize,
+}
+
+impl LogQuery<'_> {
+    /// The names to read when every pattern is one (for indexed lookups); `None`: list.
+    pub fn exact_names(&self) -> Option<Vec<String>> {
+        if self.patterns.is_empty() {
+            return None;
+        }
+        self.patterns
+            .iter()
+            .map(|p| p.exact().map(str::to_owned))
+            .collect()
+    }
+
+    pub fn matches(&self, resource: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(resource))
+    }
+
+    pub fn in_window(&self, at_ms: i64) -> bool {
+        self.since_ms.is_none_or(|since| at_ms >= since)
+            && self.until_ms.is_none_or(|until| at_ms < until)
+    }
+}
+
+/// One event of one resource, as a log reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    pub resource: String,
+    /// Microseconds since the epoch where the store keeps them (PostgreSQL), else the
+    /// millisecond times 1000: what orders the events of several sources.
+    pub at_us: i64,
+    pub event: Event,
+}
+
+/// Sorts by time (stably: each resource's own order stays) and keeps the `limit` newest.
+pub fn newest(logged: &mut Vec<Logged>, limit: usize) {
+    logged.sort_by_key(|l| l.at_us);
+    if logged.len() > limit {
+        logged.drain(..logged.len() - limit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pattern;
+
+    #[test]
+    fn globs() {
+        let p = Pattern::new("nightly-*");
+        assert!(p.matches("nightly-report") && p.matches("nightly-") && !p.matches("daily"));
+        assert!(Pattern::new("a?c").matches("abc") && !Pattern::new("a?c").matches("ac"));
+        // Against the plain recursive definition, on every pattern and name over a small
+        // alphabet (the recursion is exponential only on long inputs).
+        fn reference(p: &[char], n: &[char]) -> bool {
+            match p.split_first() {
+                None => n.is_empty(),
+                Some(('*', rest)) => (0..=n.len()).any(|skip| reference(rest, &n[skip..])),
+                Some(('?', rest)) => !n.is_empty() && reference(rest, &n[1..]),
+                Some((c, rest)) => n.first() == Some(c) && reference(rest, &n[1..]),
+            }
+        }
+        let words = |alphabet: &[char], max: usize| {
+            let mut all = vec![String::new()];
+            let mut last = vec![String::new()];
+            for _ in 0..max {
+                last = last
+                    .iter()
+                    .flat_map(|w| alphabet.iter().map(move |c| format!("{w}{c}")))
+                    .collect();
+                all.extend(last.iter().cloned());
+            }
+            all
+        };
+        for pattern in words(&['a', 'b', '*', '?'], 4) {
+            for name in words(&['a', 'b'], 4) {
+                let (p, n): (Vec<char>, Vec<char>) =
+                    (pattern.chars().collect(), name.chars().collect());
+                assert_eq!(
+                    Pattern::new(&pattern).matches(&name),
+                    reference(&p, &n),
+                    "{pattern:?} on {name:?}"
+                );
+            }
+        }
+        assert_eq!(Pattern::new("job").exact(), Some("job"));
+        assert_eq!(Pattern::new("a_b%*").like(), "a\\_b\\%%");
+    }
+}
