@@ -407,11 +407,17 @@ fn postgres_a_holder_cut_off_while_the_server_is_full_reconnects_or_names_the_ca
         .first()
         .map(|row| row.get::<_, i32>(0))
     };
+    // Cut off once it holds the lease (its command runs): a cut during the acquire itself is
+    // another case (exit 8, outcome unknown), not this test's.
     let mut pid = None;
-    wait_for("the holder to connect", Duration::from_secs(20), || {
-        pid = backend();
-        pid.is_some()
-    });
+    wait_for(
+        "the holder to hold the lease",
+        Duration::from_secs(20),
+        || {
+            pid = backend();
+            pid.is_some() && store.lease("job").is_some_and(|(_, _, live)| live)
+        },
+    );
     let pid = pid.unwrap();
     pg_query(
         &pg_superuser(),
