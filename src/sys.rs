@@ -121,28 +121,13 @@ pub struct Locked {
     _file: File,
 }
 
-/// Opens (creating) `path` and takes an exclusive `flock` on it, retrying when interrupted.
-/// A lock file fence creates gets the sharing rule of [`share`], so that every user who can
-/// write the store's directory can open it. On failure, says which step failed ("open the
-/// lock file" or "lock") with the OS error.
-pub fn lock_exclusive(path: &Path) -> Result<Locked, (&'static str, io::Error)> {
-    let file = open_lock_file(path)?;
-    loop {
-        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(Locked { _file: file });
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != ErrorKind::Interrupted {
-            return Err(("lock", err));
-        }
-    }
-}
-
-/// [`lock_exclusive`], waiting for the lock no later than `deadline`: `None` when it is still
-/// held then. Whoever holds a lock may be paused for good (or be any local user who can read
-/// the lock file: `flock` works on a read-only descriptor), so a caller with a deadline must
-/// not wait without bound.
+/// Opens (creating) `path` and takes an exclusive `flock` on it, waiting no later than
+/// `deadline`: `None` when it is still held then. Whoever holds a lock may be paused for good
+/// (or be any local user who can read the lock file: `flock` works on a read-only
+/// descriptor), so no caller waits without bound. A lock file fence creates gets the sharing
+/// rule of [`share`], so that every user who can write the directory can open it; it is never
+/// opened through a symbolic link. On failure, says which step failed ("open the lock file"
+/// or "lock") with the OS error.
 pub fn lock_exclusive_until(
     path: &Path,
     deadline: Instant,

@@ -514,3 +514,61 @@ fn history_benchmark_2m_events() {
         println!("{} MB log: {}", size >> 20, line.trim());
     }
 }
+
+/// A resource's lock file held by something that is not a running fence operation (a paused
+/// fence process, or any local user who can read the file and `flock` it) does not block
+/// acquires forever: after the bounded wait it is exit 7, naming the lock, and nothing changed.
+#[test]
+fn a_held_store_lock_is_an_error_not_a_hang() {
+    use std::os::unix::process::CommandExt;
+    let store = Store::file();
+    let token = acquire(&store, "r", "a");
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let lock = std::fs::read_dir(store.dir().join("locks"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "lock"))
+        .expect("the resource's lock file");
+    // `-o`: only flock itself holds the lock (not the sleep it runs), so killing it frees it.
+    let mut holder = std::process::Command::new("flock")
+        .arg("-o")
+        .arg(&lock)
+        .args(["sleep", "300"])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Held once a non-blocking attempt fails.
+    common::wait_for(
+        "flock to hold the lock",
+        std::time::Duration::from_secs(20),
+        || {
+            !std::process::Command::new("flock")
+                .args(["-n"])
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .unwrap()
+                .success()
+        },
+    );
+    let out = store.fence().args(["acquire", "r", "--owner", "b"]).run();
+    // SAFETY: kill(2) of the process group we made for flock and its sleep.
+    unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) };
+    let _ = holder.wait();
+    assert_eq!(out.code, 7, "{out:?}");
+    assert!(out.stderr.contains("still locked"), "{out:?}");
+    assert!(out.stderr.contains(&lock.display().to_string()), "{out:?}");
+    // Nothing was granted: the next acquire gets the next token.
+    assert_eq!(acquire(&store, "r", "b"), token + 1);
+}

@@ -48,7 +48,7 @@ pub(super) fn read(path: &Path) -> io::Result<Mark> {
 /// when the file is new).
 pub(super) fn write(path: &Path, token: i64) -> io::Result<()> {
     let created = !path.exists();
-    // Never through a symbolic link (see `lock_exclusive`): it is rewritten in place.
+    // Never through a symbolic link (see `sys::lock_exclusive_until`): it is rewritten in place.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -62,7 +62,7 @@ pub(super) struct Tail {
 pub(super) fn append(path: &Path, event: &EventLine) -> io::Result<()> {
     let mut line = serde_json::to_vec(event).map_err(io::Error::other)?;
     line.push(b'\n');
-    // Never through a symbolic link (see `lock_exclusive`).
+    // Never through a symbolic link (see `sys::lock_exclusive_until`).
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)

@@ -14,6 +14,9 @@ use crate::coordinator::{
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
 
+/// How long an operation waits for a resource's lock before it gives up (exit 7).
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
 impl FileCoordinator {
     /// Runs `change` on a resource's record under its lock.
     fn with_lock<T>(
@@ -28,8 +31,26 @@ impl FileCoordinator {
         change(self, record, &paths)
     }
 
+    /// The resource's lock. Holders keep it for a few milliseconds; one that keeps it for
+    /// [`LOCK_WAIT`] is paused, or is not fence at all (any local user who can read the lock
+    /// file can `flock` it): then nothing was done, and the caller is told who to look for.
     fn lock(&self, path: &std::path::Path) -> Result<crate::sys::Locked, Error> {
-        crate::sys::lock_exclusive(path).map_err(|(what, err)| self.io_error(what, path, &err))
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        crate::sys::lock_exclusive_until(path, deadline)
+            .map_err(|(what, err)| self.io_error(what, path, &err))?
+            .ok_or_else(|| {
+                Error::unavailable(
+                    format!(
+                        "the lock file `{}` was still locked after {}: a fence process is paused in the middle of an operation on this resource, or another local process holds a lock on it; nothing was done",
+                        path.display(),
+                        crate::time::duration(LOCK_WAIT)
+                    ),
+                    format!(
+                        "find the holder with `fuser -v {}` (or `lsof`); it is safe to retry",
+                        crate::error::shell_word(&path.display().to_string())
+                    ),
+                )
+            })
     }
 
     /// The next token for a new grant: above the record's, the high-water mark's and the
