@@ -45,14 +45,18 @@ pub fn main(args: &[OsString]) -> Exit {
         args.get(1),
         args.get(2..).and_then(|c| c.split_first()),
     ) else {
-        eprintln!("fence: error: `fence {ARG}` is started by `fence run`, not by hand");
+        crate::terminal::warn(&format!(
+            "error: `fence {ARG}` is started by `fence run`, not by hand"
+        ));
         return Exit::Usage;
     };
     // `fence run` makes the reaper the leader of a new process group; anything else (typed
     // by hand) must not get to signal the group it is in, its shell's.
     // SAFETY: getpgrp and getpid have no preconditions.
     if sep != "--" || unsafe { libc::getpgrp() != libc::getpid() } {
-        eprintln!("fence: error: `fence {ARG}` is started by `fence run`, not by hand");
+        crate::terminal::warn(&format!(
+            "error: `fence {ARG}` is started by `fence run`, not by hand"
+        ));
         return Exit::Usage;
     }
     // The signals the reaper acts on are blocked and taken one at a time with sigtimedwait:
@@ -66,7 +70,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // `fence run` may have died between starting us and our parent-death signal taking hold.
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
-        eprintln!("fence: error: `fence run` is gone; nothing was started");
+        crate::terminal::warn("error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
     take_terminal(parent);

@@ -283,10 +283,10 @@ impl PgCoordinator {
             if answer.status != "lapsed" {
                 return Ok(answer);
             }
-            eprintln!(
-                "fence: warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
+            crate::terminal::warn(&format!(
+                "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
                 GRACE.as_secs()
-            );
+            ));
         }
         // Joining: the row must outlive the slowest first poll.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
