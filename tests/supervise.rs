@@ -561,3 +561,46 @@ fn postgres_waiters_survive_a_short_statement_timeout() {
         expected
     );
 }
+
+/// A coordinator statement the server cancels (a `statement_timeout` it cannot meet: here the
+/// free lease's row is locked by another transaction for longer) was rolled back, so fence
+/// sends it again a few times, then answers exit 7 — nothing applied, safe to retry — naming
+/// the cancel and the setting, not exit 1 "unexpected". The lease is as it was.
+#[test]
+fn postgres_a_cancelled_statement_is_retried_then_unavailable() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let held = pg_hold(&store, "job", "holder");
+    store
+        .fence()
+        .args([
+            "release",
+            "job",
+            "--owner",
+            "holder",
+            "--token",
+            &held.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let lock = common::fenced::hold_in_transaction(
+        &store.url,
+        format!("SELECT * FROM {schema}.leases WHERE resource = 'job' FOR UPDATE"),
+        "ROLLBACK",
+    );
+    let url = format!(
+        "{}{}options=-c%20statement_timeout%3D200",
+        store.url,
+        if store.url.contains('?') { '&' } else { '?' }
+    );
+    let out = common::Fence::bare(store.home.path())
+        .args(["--store", &url, "--schema", &schema])
+        .args(["acquire", "job", "--owner", "other"])
+        .run();
+    lock.release();
+    assert_eq!(out.code, 7, "{out:?}");
+    assert!(out.stderr.contains("cancelled"), "{out:?}");
+    assert!(out.stderr.contains("statement_timeout"), "{out:?}");
+    let (owner, token, live) = store.lease("job").unwrap();
+    assert_eq!((owner.as_str(), token, live), ("holder", held, false));
+}

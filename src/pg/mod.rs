@@ -586,6 +586,16 @@ pub fn request_error(
                 "for a store: grant this user the privileges fence needs (USAGE on its schema, EXECUTE on its functions, SELECT/INSERT/UPDATE on the coordinator's tables meta, leases, events, waiters), or use a --schema this user owns; for a target database: have the admin run `fence grant`, and never grant writes on its `guards` or `bindings`",
             );
         }
+        if *code == SqlState::QUERY_CANCELED {
+            // A cancelled statement is rolled back (a timeout is disarmed before commit).
+            return Error::unavailable(
+                format!(
+                    "PostgreSQL at `{display}` cancelled the request to {what}: {}",
+                    db.message()
+                ),
+                "nothing was applied; if a statement_timeout this short is set for this role, database or in the URL's options, raise it for fence, then retry",
+            );
+        }
         if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
             return Error::unavailable(
                 format!(

@@ -11,6 +11,9 @@ use crate::error::Error;
 use crate::pg::sqlstate::Fence;
 use crate::pg::{self, ConnectParams, CONNECT_PATIENCE, REQUEST_TIMEOUT};
 
+/// How many times a coordinator statement the server cancelled is sent in all.
+const CANCELLED_ATTEMPTS: u32 = 3;
+
 /// One of fence's schemas: where its version is kept and the script that creates it.
 pub struct SchemaSpec {
     /// Table (in the schema) holding `schema_version`.
@@ -120,6 +123,23 @@ impl Session {
                     Ok(rows) => Ok(rows),
                     Err(err) => Err(self.request_error(&err, what, mutating)),
                 }
+            }
+            // Cancelled by the server (a short `statement_timeout` on a loaded server, or an
+            // admin's pg_cancel_backend): a coordinator's statement runs alone in autocommit,
+            // so it was rolled back and nothing was applied; it is sent again, a few times.
+            Err(err)
+                if err.code() == Some(&SqlState::QUERY_CANCELED)
+                    && self.spec.purpose == "coordinator" =>
+            {
+                let mut last = err;
+                for _ in 1..CANCELLED_ATTEMPTS {
+                    match self.request(what, mutating, &sql, params).await? {
+                        Ok(rows) => return Ok(rows),
+                        Err(err) if err.code() == Some(&SqlState::QUERY_CANCELED) => last = err,
+                        Err(err) => return Err(self.request_error(&err, what, mutating)),
+                    }
+                }
+                Err(self.request_error(&last, what, mutating))
             }
             Err(err) => Err(self.request_error(&err, what, mutating)),
         }
