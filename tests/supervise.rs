@@ -464,8 +464,11 @@ fn postgres_a_paused_head_waiter_does_not_hold_up_the_queue() {
     pg_release(&store, "job", "holder", held);
     let token = granted_token(next, "next");
     assert_eq!(token, held + 1);
+    // Without the bound it would wait for as long as the paused waiter stays paused: for
+    // ever here. With it, at most a promised poll (FAR_MAX, 10 s) plus the grace (5 s); the
+    // rest of the margin is for a loaded machine.
     assert!(
-        released.elapsed() < Duration::from_secs(10),
+        released.elapsed() < Duration::from_secs(10 + 5 + 15),
         "the second waiter was held up for {:?}",
         released.elapsed()
     );
@@ -503,9 +506,11 @@ fn postgres_the_next_waiter_removes_the_rows_of_killed_waiters() {
     });
     kill(killed.id(), libc::SIGKILL);
     killed.wait().unwrap();
+    // Its deadline is at most its promised next poll (FAR_MAX, 10 s, behind a long lease)
+    // plus the grace (5 s) after its last poll; the margin is for a loaded machine.
     wait_for(
         "its row to pass its deadline",
-        Duration::from_secs(10),
+        Duration::from_secs(10 + 5 + 15),
         || pg_waiters(&store, "job").is_empty(),
     );
     assert_eq!(raw(&store), ["killed"], "the row outlives its process");
