@@ -1382,7 +1382,14 @@ fn seed_coordinator_restart(backend: Backend) {
         assert!(granted > 0, "cycle {cycle}: no acquisition was granted");
         // Crash: right after grants were reported, and with one acquisition in flight.
         let owner = format!("c{cycle}-inflight");
-        let after = Duration::from_micros(rng.range(500, 8_000));
+        // A SIGKILL must land before the process exits, and an acquire on a quiet machine
+        // takes a few milliseconds in all: early enough that every cycle is likely to find
+        // it in flight (a restart of PostgreSQL takes longer, any delay finds one).
+        let after = if cluster.is_some() {
+            Duration::from_micros(rng.range(500, 8_000))
+        } else {
+            Duration::from_micros(rng.range(200, 2_500))
+        };
         let (sut_ref, rec_ref, crash) = (&sut, &rec, cluster.is_some());
         thread::scope(|scope| {
             let inflight = scope.spawn(move || {

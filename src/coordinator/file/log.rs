@@ -32,6 +32,12 @@ const CHUNK: u64 = 64 * 1024;
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct EventLine {
     pub at_ms: i64,
+    /// The instant on CLOCK_BOOTTIME (ns, this boot) at which the store decided: expiry is
+    /// judged on that clock, `at_ms` is the wall clock read with it, for people. A process
+    /// preempted between the two reads makes them differ by the pause, so whoever checks
+    /// leases against each other uses this one. Absent on lines of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_ns: Option<u64>,
     pub kind: String,
     pub owner: Option<String>,
     pub token: Option<i64>,

@@ -70,6 +70,7 @@ impl FileCoordinator {
     fn event(now: &Now, kind: &str, owner: &str, token: i64) -> EventLine {
         EventLine {
             at_ms: now.wall_ms,
+            boot_ns: Some(now.boot_ns),
             kind: kind.to_owned(),
             owner: Some(owner.to_owned()),
             token: Some(token),
@@ -145,6 +146,7 @@ impl FileCoordinator {
             &paths.events,
             &EventLine {
                 at_ms: now.wall_ms,
+                boot_ns: Some(now.boot_ns),
                 kind: format!("{op}_rejected"),
                 owner: Some(lease.owner.clone()),
                 token: Some(lease.token),
