@@ -1112,13 +1112,8 @@ fn a_token_from_the_environment_is_not_used_for_another_resource() {
 /// already used: that day is skipped.) Run as written, in `sh`, at the same moment.
 #[test]
 fn the_publish_once_recipe_publishes_once_across_time_zones() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .split("<!-- recipe-once -->\n```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("README marks the publish-once recipe");
+    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = recipe.as_str();
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
     pg_exec(
@@ -1275,13 +1270,8 @@ fn as_cron_runs_it(line: &str) -> (String, String) {
 /// run --help`) should write `\%` for a crontab, or say so.
 #[test]
 fn the_publish_once_recipe_survives_a_crontab() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .split("<!-- recipe-once -->\n```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("README marks the publish-once recipe");
+    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = recipe.as_str();
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
     pg_exec(

@@ -211,13 +211,8 @@ fn publish_once(store: &Store, bin: &std::path::Path, recipe: &str) -> std::proc
 
 #[test]
 fn the_readme_publish_once_recipe_publishes_once() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .split("<!-- recipe-once -->\n```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("README marks the publish-once recipe");
+    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = recipe.as_str();
     let store = Store::postgres();
     common::pg_exec(
         &store.url,
@@ -248,13 +243,8 @@ fn the_readme_publish_once_recipe_publishes_once() {
 /// One effect: the object was written once (one version, the run's write id), and the run is
 /// recorded as completed.
 fn the_readme_object_recipe_publishes_once(backend: common::Backend) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let recipe = readme
-        .split("<!-- recipe-once-object -->\n```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("README marks the object recipe");
+    let recipe = common::readme_sh_block("<!-- recipe-once-object -->");
+    let recipe = recipe.as_str();
     let store = Store::new(backend);
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("report.csv"), "day,total\n").unwrap();

@@ -416,6 +416,18 @@ pub fn timestamp_ms(text: &str) -> i64 {
     ((days * 24 + num(11..13)) * 60 + num(14..16)) * 60_000 + num(17..19) * 1000 + num(20..23)
 }
 
+/// The `sh` block of the README that follows `marker` (`<!-- name -->`), exactly as written.
+pub fn readme_sh_block(marker: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    readme
+        .split(&format!("{marker}\n```sh\n"))
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .unwrap_or_else(|| panic!("README marks no sh block `{marker}`"))
+        .to_owned()
+}
+
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
