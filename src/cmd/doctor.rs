@@ -578,6 +578,44 @@ async fn clock(client: &Client, f: &mut Findings<'_>) {
     );
 }
 
+/// The `directory.filesystem` finding for `dir`, judged on `existing` (itself, or the
+/// nearest parent that exists): a network filesystem cannot serialise `who` on several
+/// machines (`remote_hint` says what to do instead).
+fn filesystem_finding(
+    existing: &Path,
+    dir: &Path,
+    who: &str,
+    remote_hint: &str,
+    f: &mut Findings<'_>,
+) {
+    match filesystem(existing) {
+        Some((kind, Severity::Fail)) => f.add(
+            "directory.filesystem",
+            Severity::Fail,
+            format!("`{}` is on {kind}: its file locks do not serialise {who} on different machines the way fence needs", dir.display()),
+            remote_hint,
+        ),
+        Some((kind, Severity::Warn)) => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
+            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
+        ),
+        Some((kind, _)) => f.add(
+            "directory.filesystem",
+            Severity::Ok,
+            format!("`{}` is on a local filesystem ({kind})", dir.display()),
+            "",
+        ),
+        None => f.add(
+            "directory.filesystem",
+            Severity::Warn,
+            format!("cannot tell the filesystem of `{}`", dir.display()),
+            "",
+        ),
+    }
+}
+
 fn directory(dir: &Path, f: &mut Findings<'_>) {
     // What the store itself refuses (kernel pseudo file systems, NUL bytes) fails here too.
     if let Err(err) = crate::coordinator::file::FileCoordinator::open(dir) {
@@ -614,32 +652,13 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
         );
         return;
     }
-    match filesystem(existing) {
-        Some((kind, Severity::Fail)) => f.add(
-            "directory.filesystem",
-            Severity::Fail,
-            format!("`{}` is on {kind}: its file locks do not serialise processes on different machines the way fence needs", dir.display()),
-            "put the store on a local filesystem, or use a PostgreSQL, S3 or GCS store for several machines",
-        ),
-        Some((kind, Severity::Warn)) => f.add(
-            "directory.filesystem",
-            Severity::Warn,
-            format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
-            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
-        ),
-        Some((kind, _)) => f.add(
-            "directory.filesystem",
-            Severity::Ok,
-            format!("`{}` is on a local filesystem ({kind})", dir.display()),
-            "",
-        ),
-        None => f.add(
-            "directory.filesystem",
-            Severity::Warn,
-            format!("cannot tell the filesystem of `{}`", dir.display()),
-            "",
-        ),
-    }
+    filesystem_finding(
+        existing,
+        dir,
+        "processes",
+        "put the store on a local filesystem, or use a PostgreSQL, S3 or GCS store for several machines",
+        f,
+    );
     if !dir.exists() {
         f.add(
             "directory.exists",
@@ -735,32 +754,13 @@ fn object_directory(dir: &Path, f: &mut Findings<'_>) {
             "",
         );
     }
-    match filesystem(dir) {
-        Some((kind, Severity::Fail)) => f.add(
-            "directory.filesystem",
-            Severity::Fail,
-            format!("`{}` is on {kind}: its file locks do not serialise writers on different machines the way fence needs", dir.display()),
-            "keep `file://` objects on a local filesystem, or use S3 or GCS objects for writers on several machines",
-        ),
-        Some((kind, Severity::Warn)) => f.add(
-            "directory.filesystem",
-            Severity::Warn,
-            format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
-            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
-        ),
-        Some((kind, _)) => f.add(
-            "directory.filesystem",
-            Severity::Ok,
-            format!("`{}` is on a local filesystem ({kind})", dir.display()),
-            "",
-        ),
-        None => f.add(
-            "directory.filesystem",
-            Severity::Warn,
-            format!("cannot tell the filesystem of `{}`", dir.display()),
-            "",
-        ),
-    }
+    filesystem_finding(
+        dir,
+        dir,
+        "writers",
+        "keep `file://` objects on a local filesystem, or use S3 or GCS objects for writers on several machines",
+        f,
+    );
     if let Some(free) = free_bytes(dir).filter(|free| *free < 64 << 20) {
         f.add(
             "directory.space",
