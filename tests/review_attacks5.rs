@@ -135,7 +135,7 @@ fn killing_the_reaper_stops_the_command_s_daemons_too() {
         &store,
         dir.path(),
         &["--ttl", "1m"],
-        "setsid sleep 300 & echo $! > daemon; echo $$ > child; wait",
+        "setsid sleep 300 >/dev/null 2>&1 & echo $! > daemon; echo $$ > child; wait",
     );
     wait_for("the command", Duration::from_secs(30), || {
         dir.path().join("daemon").exists() && dir.path().join("child").exists()
@@ -183,7 +183,10 @@ fn a_fork_chain_left_by_the_command_does_not_outlive_the_run() {
         for file in ["stop", "probe", "seen"] {
             let _ = std::fs::remove_file(dir.path().join(file));
         }
-        let script = format!("setsid sh {0}; setsid sh {0}; exit 0", chain.display());
+        let script = format!(
+            "setsid sh {0} >/dev/null 2>&1; setsid sh {0} >/dev/null 2>&1; exit 0",
+            chain.display()
+        );
         let fence = spawn_run(&store, dir.path(), &["--ttl", "1m"], &script);
         let out = common::wait_output("fence run", fence, Duration::from_secs(60));
         assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -434,6 +437,33 @@ fn as_role(store: &Store, url: &str) -> Fence {
     ])
 }
 
+/// The role's lease row as the superuser reads it: (owner, token, live).
+fn role_lease(store: &Store, resource: &str) -> (String, i64, bool) {
+    let rows = pg_query(
+        &common::pg_superuser(),
+        &format!(
+            "SELECT owner, token, coalesce(expires_at > clock_timestamp(), false) \
+             FROM {}.leases WHERE resource = '{resource}'",
+            store.schema.as_ref().unwrap()
+        ),
+    );
+    (rows[0].get(0), rows[0].get(1), rows[0].get(2))
+}
+
+/// The role's events of `resource`, oldest first: (kind, owner, token).
+fn role_events(store: &Store, resource: &str) -> Vec<(String, Option<String>, Option<i64>)> {
+    pg_query(
+        &common::pg_superuser(),
+        &format!(
+            "SELECT kind, owner, token FROM {}.events WHERE resource = '{resource}' ORDER BY id",
+            store.schema.as_ref().unwrap()
+        ),
+    )
+    .iter()
+    .map(|row| (row.get(0), row.get(1), row.get(2)))
+    .collect()
+}
+
 fn set_on_role(role: &str, setting: &str) {
     pg_exec(
         &common::pg_superuser(),
@@ -522,9 +552,9 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     let (store, role, url) = role_store();
     let schema = store.schema.clone().unwrap();
     let lease = as_role(&store, &url).acquire("r", &["--owner", "A", "--ttl", "10m"]);
-    let events_before = store.events("r");
+    let events_before = role_events(&store, "r");
     set_on_role(&role, "statement_timeout = '300ms'");
-    let gate = common::RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let gate = common::RowLock::hold(&common::pg_superuser(), &format!("{schema}.leases"));
     let token = lease.token.to_string();
     let renew = as_role(&store, &url)
         .args([
@@ -543,20 +573,15 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     assert_eq!(renew.code, 7, "{renew:?}");
     assert_eq!(release.code, 7, "{release:?}");
     assert_eq!(busy.code, 3, "{busy:?}");
-    let (owner, held_token, live) = store.lease("r").unwrap();
+    let (owner, held_token, live) = role_lease(&store, "r");
     assert_eq!((owner.as_str(), held_token, live), ("A", lease.token, true));
-    let events_after: Vec<_> = store
-        .events("r")
-        .into_iter()
-        .filter(|(kind, _, _)| kind != "busy")
-        .collect();
-    assert_eq!(events_after, events_before);
+    assert_eq!(role_events(&store, "r"), events_before);
 
     pg_exec(
         &common::pg_superuser(),
         &format!("ALTER ROLE {role} RESET statement_timeout"),
     );
-    let gate = common::RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let gate = common::RowLock::hold(&common::pg_superuser(), &format!("{schema}.leases"));
     let mut release = as_role(&store, &url)
         .args([
             "release", "r", "--owner", "A", "--token", &token, "--format", "json",
@@ -568,7 +593,7 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
         .unwrap();
     let waiting = || -> Option<(i32, String)> {
         pg_query(
-            &store.url,
+            &common::pg_superuser(),
             "SELECT pid, query_start::text FROM pg_stat_activity \
              WHERE wait_event_type = 'Lock' AND position('fence: release' in query) > 0",
         )
@@ -597,13 +622,12 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     let code = common::wait_exit(&mut release, Duration::from_secs(60));
     let out = release.wait_with_output().unwrap();
     assert_eq!(code, Some(0), "{out:?}");
-    let released = store
-        .events("r")
+    let released = role_events(&store, "r")
         .iter()
         .filter(|(kind, _, _)| kind == "released")
         .count();
     assert_eq!(released, 1);
-    assert!(!store.lease("r").unwrap().2);
+    assert!(!role_lease(&store, "r").2);
     drop_role(&store, &role);
 }
 
@@ -619,7 +643,7 @@ fn a_lock_timeout_on_the_role_is_unavailable_not_internal() {
     let schema = store.schema.clone().unwrap();
     let lease = as_role(&store, &url).acquire("r", &["--owner", "A", "--ttl", "10m"]);
     set_on_role(&role, "lock_timeout = '200ms'");
-    let gate = common::RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let gate = common::RowLock::hold(&common::pg_superuser(), &format!("{schema}.leases"));
     let token = lease.token.to_string();
     let renew = as_role(&store, &url)
         .args([
@@ -632,7 +656,7 @@ fn a_lock_timeout_on_the_role_is_unavailable_not_internal() {
         ])
         .run();
     gate.release();
-    let (_, _, live) = store.lease("r").unwrap();
+    let (_, _, live) = role_lease(&store, "r");
     drop_role(&store, &role);
     assert!(live, "the lease changed");
     assert_eq!(renew.code, 7, "{renew:?}");
@@ -653,10 +677,10 @@ fn a_repeatable_read_default_does_not_break_acquire() {
     let schema = store.schema.clone().unwrap();
     let first = as_role(&store, &url).acquire("r", &["--owner", "A", "--ttl", "100ms"]);
     wait_for("the lease to expire", Duration::from_secs(30), || {
-        !store.lease("r").unwrap().2
+        !role_lease(&store, "r").2
     });
     set_on_role(&role, "default_transaction_isolation = 'repeatable read'");
-    let update = RowUpdate::hold(&store.url, &schema, "r");
+    let update = RowUpdate::hold(&common::pg_superuser(), &schema, "r");
     let mut acquire = as_role(&store, &url)
         .args([
             "acquire", "r", "--owner", "B", "--ttl", "1m", "--format", "json",
@@ -667,13 +691,13 @@ fn a_repeatable_read_default_does_not_break_acquire() {
         .spawn()
         .unwrap();
     wait_for("the acquire to wait", Duration::from_secs(30), || {
-        common::lock_waiters(&store.url, "fence: acquire") == 1
+        common::lock_waiters(&common::pg_superuser(), "fence: acquire") == 1
             || acquire.try_wait().unwrap().is_some()
     });
     update.commit();
     let code = common::wait_exit(&mut acquire, Duration::from_secs(60));
     let out = acquire.wait_with_output().unwrap();
-    let (owner, token, _) = store.lease("r").unwrap();
+    let (owner, token, _) = role_lease(&store, "r");
     drop_role(&store, &role);
     assert_eq!(code, Some(0), "{out:?}");
     assert_eq!((owner.as_str(), token), ("B", first.token + 1));
@@ -886,9 +910,12 @@ per_coordinator!(refusals_are_classified_alike);
 
 /// `fence inspect R --target postgres://…` with a `--schema` that does not exist in the
 /// target database (a typo, or the job's FENCE_SCHEMA forgotten): the question is read-only,
-/// so it must create nothing, and it must not answer as if the target had simply accepted no
-/// write: exit 2 naming the schema, as `inspect --id` does.
+/// so it must create nothing (it does not), and it must not answer as if the target had
+/// simply accepted no write — after a takeover an operator checks exactly this to see whether
+/// the old holder's write landed, and "nothing accepted" is then a wrong answer. Exit 2
+/// naming the schema, as `inspect --id` does.
 #[test]
+#[ignore = "FINDING: `fence inspect R --target postgres://… --schema <missing>` exits 0 reporting the target with highest_token null and 0 accepted writes, no warning; it should exit 2 naming the missing schema"]
 fn inspect_target_in_a_missing_schema_fails_and_creates_nothing() {
     let store = Store::file();
     acquire(&store, "r", "A", "1m");
@@ -911,8 +938,11 @@ fn inspect_target_in_a_missing_schema_fails_and_creates_nothing() {
 }
 
 /// `fence log --follow --target postgres://…` with a target schema that does not exist: like
-/// a missing store schema, it must fail at once (exit 2), not follow nothing forever.
+/// a missing store schema, it must fail at once (exit 2), not follow nothing forever. It
+/// runs on, printing nothing, its failing query repeated five times a second (each one an
+/// ERROR in the server's log) until it is killed.
 #[test]
+#[ignore = "FINDING: `fence log --follow --target postgres://… --schema <missing>` never ends: it polls the missing tables every 200 ms forever (an ERROR in the server log each time) and prints nothing; it should exit 2 at once, as for a missing store schema"]
 fn log_follow_of_a_missing_target_schema_fails_closed() {
     let store = Store::file();
     acquire(&store, "r", "A", "1m");
@@ -966,35 +996,44 @@ fn two_benches_with_the_same_pid_do_not_share_a_scratch_schema() {
         .stderr(Stdio::piped());
         cmd
     };
-    let schema = "fence_bench_1";
-    let exists = || {
+    // The scratch schemas (oid, name) there are; one dropped and made again gets a new oid.
+    let scratch = || -> Vec<(u32, String)> {
         pg_query(
             &store.url,
-            &format!("SELECT to_regclass('{schema}.leases') IS NOT NULL"),
-        )[0]
-        .get::<_, bool>(0)
+            "SELECT oid, nspname::text FROM pg_namespace WHERE nspname LIKE 'fence\\_bench\\_%'",
+        )
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
     };
-    assert!(!exists(), "a scratch schema of pid 1 is already there");
+    let before = scratch();
     let mut long = bench("2m").spawn().unwrap();
+    let mut first = Vec::new();
     wait_for(
         "the first bench's scratch schema",
         Duration::from_secs(60),
-        || exists() || long.try_wait().unwrap().is_some(),
+        || {
+            first = scratch()
+                .into_iter()
+                .filter(|s| !before.contains(s))
+                .collect();
+            !first.is_empty() || long.try_wait().unwrap().is_some()
+        },
     );
     let short = bench("1s").output().unwrap();
     let first_running = long.try_wait().unwrap().is_none();
-    let kept = exists();
+    let after = scratch();
+    // SIGKILL (unshare passes it on): what a killed bench leaves is removed here.
     let _ = long.kill();
-    let first = long.wait_with_output().unwrap();
-    pg_exec(
-        &store.url,
-        &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-    );
+    let long = long.wait_with_output().unwrap();
+    for (_, name) in scratch().iter().filter(|s| !before.contains(s)) {
+        pg_exec(&store.url, &format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
+    }
     assert!(short.status.success(), "{short:?}");
-    assert!(first_running, "the first bench ended early: {first:?}");
+    assert!(first_running, "the first bench ended early: {long:?}");
+    let gone: Vec<_> = first.iter().filter(|s| !after.contains(s)).collect();
     assert!(
-        kept,
-        "the second bench dropped the first one's scratch schema while it ran: {}",
-        String::from_utf8_lossy(&short.stdout)
+        gone.is_empty(),
+        "the second bench dropped the scratch schema {gone:?} of the first one while it ran (now {after:?})"
     );
 }
