@@ -1037,3 +1037,64 @@ fn two_benches_with_the_same_pid_do_not_share_a_scratch_schema() {
         "the second bench dropped the scratch schema {gone:?} of the first one while it ran (now {after:?})"
     );
 }
+
+/// An S3 object whose user metadata another client wrote with raw non-ASCII bytes
+/// (`x-amz-meta-author: José` sent as it is, which S3 servers store and return): fence's
+/// S3 client refuses the whole response ("Metadata value … contained non UTF-8
+/// characters"), so `fence write --from` and `inspect --target` of that object fail after
+/// ten seconds of retries with exit 7 `unavailable` and a hint to check "the endpoint, the
+/// network and the credentials, then retry" — forever: no retry can succeed, and the cause
+/// named is wrong. fence reads only its own `fence-*` keys; a foreign header should be
+/// ignored (the write goes through), or at least be a definite error that names it.
+fn foreign_non_ascii_metadata(store: &Store) {
+    let (server, prefix) = store.server();
+    let key = format!("{prefix}/objects/report");
+    server.put_with_metadata(&key, b"raw", &[("author", "José")]);
+    let target = server.url(&key);
+    let token = acquire(store, "res", "A", "1m");
+    let file = store.home.path().join("body");
+    std::fs::write(&file, b"fenced").unwrap();
+    let write = store
+        .fence()
+        .args([
+            "write",
+            "res",
+            "--token",
+            &token.to_string(),
+            "--owner",
+            "A",
+        ])
+        .args(["--target", &target, "--format", "json"])
+        .args([std::ffi::OsStr::new("--from"), file.as_os_str()])
+        .run();
+    let inspect = store
+        .fence()
+        .args(["inspect", "res", "--target", &target, "--format", "json"])
+        .run();
+    let mut wrong = Vec::new();
+    for (what, out) in [("write", &write), ("inspect --target", &inspect)] {
+        let message = out.json()["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if out.code == 7 || (out.code != 0 && !message.contains("author")) {
+            wrong.push(format!("{what}: exit {}: {message}", out.code));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    if write.code == 0 {
+        assert_eq!(server.get(&key).unwrap().body, b"fenced");
+    }
+}
+
+#[test]
+#[ignore = "FINDING: an S3 object whose metadata another client wrote with raw non-ASCII bytes makes fence write --from and inspect --target exit 7 `unavailable` (after 10 s of retries) with a network/credentials hint, forever; foreign metadata should be ignored, or be a definite error naming it"]
+fn foreign_non_ascii_metadata_s3() {
+    foreign_non_ascii_metadata(&Store::new(common::Backend::S3));
+}
+
+#[test]
+#[ignore = "FINDING: as on moto, LocalStack's S3: raw non-ASCII foreign metadata makes fence write and inspect --target exit 7 with a network hint, forever"]
+fn foreign_non_ascii_metadata_localstack() {
+    foreign_non_ascii_metadata(&Store::new(common::Backend::LocalStack));
+}
