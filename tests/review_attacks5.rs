@@ -286,6 +286,64 @@ fn a_paused_fence_run_does_not_leave_its_command_running_past_the_lease() {
     );
 }
 
+/// `fence run --id` typed at a terminal, and interrupted with Ctrl-C. The reaper gives the
+/// command's process group the terminal's foreground (so that it can read the terminal), so
+/// the terminal's SIGINT goes to the command's group and never to fence: fence does not know
+/// the run was interrupted. The command's handler cleans up and exits 0 (`trap '…; exit 0'
+/// INT`, the common idiom), and fence records the run id as completed — tomorrow's cron run
+/// with the id skips work that was cut short. The same interruption sent to fence (`kill
+/// -INT`) is not recorded (review 4). The reaper sees the signal too, and could report it.
+#[test]
+#[ignore = "FINDING: Ctrl-C at a terminal reaches only the command's foreground group, not fence; a command that traps INT and exits 0 is then recorded as completed for its --id, and the next run with the id skips the unfinished work"]
+fn ctrl_c_at_a_terminal_is_an_interruption_too() {
+    use std::io::Write;
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let command = format!(
+        "{} --store {} run r --id day-1 -- sh -c 'trap \"echo interrupted >> {log}; exit 0\" INT; echo started >> {log}; sleep 30; echo finished >> {log}'",
+        env!("CARGO_BIN_EXE_fence"),
+        store.url,
+        log = log.display()
+    );
+    // `script` runs the line on a terminal of its own, as a person would type it.
+    let mut terminal = common::clean_command("script", store.home.path())
+        .args(["-qfec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the command", Duration::from_secs(30), || {
+        lines(&log).contains(&"started".to_owned())
+    });
+    // Ctrl-C, again until the command says it was interrupted (a keystroke that reaches
+    // the terminal before its line settings are in place is read as text).
+    let interrupted = || lines(&log).contains(&"interrupted".to_owned());
+    for _ in 0..10 {
+        terminal.stdin.as_mut().unwrap().write_all(b"\x03").unwrap();
+        if becomes(Duration::from_secs(3), interrupted) {
+            break;
+        }
+    }
+    assert!(interrupted(), "Ctrl-C never reached the command");
+    let code = common::wait_exit(&mut terminal, Duration::from_secs(60));
+    let first = terminal.wait_with_output().unwrap();
+    assert_eq!(code, Some(0), "{first:?}");
+    let again = spawn_run(
+        &store,
+        dir.path(),
+        &["--id", "day-1"],
+        &format!("echo finished >> {}", log.display()),
+    );
+    let again = common::wait_output("the next run", again, Duration::from_secs(60));
+    assert!(
+        lines(&log).contains(&"finished".to_owned()),
+        "the interrupted run was recorded as completed, and the next run skipped it: {:?}\nfirst: {first:?}\nnext: {again:?}",
+        lines(&log)
+    );
+}
+
 /// Holds: SIGTERM to `fence run` whose command ignores it (`trap '' TERM`, a program that
 /// finishes its batch first). fence passes it on and keeps renewing while the command runs:
 /// the lease is never given up under a living command (another owner stays busy), the
