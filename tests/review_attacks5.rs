@@ -598,7 +598,7 @@ impl Drop for RowUpdate {
     }
 }
 
-/// Holds: a role whose `statement_timeout` (300 ms) cancels every attempt of a renew and a
+/// Holds: a role whose `statement_timeout` (1 s: a busy answer on a loaded machine stays well within it) cancels every attempt of a renew and a
 /// release that wait for a row lock (another session holds the lease row): each is sent
 /// three times, then exit 7 (`unavailable`: nothing applied), and the durable lease and its
 /// events are exactly as before — not half-released, no refusal recorded. A busy acquire
@@ -611,7 +611,7 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     let schema = store.schema.clone().unwrap();
     let lease = as_role(&store, &url).acquire("r", &["--owner", "A", "--ttl", "10m"]);
     let events_before = role_events(&store, "r");
-    set_on_role(&role, "statement_timeout = '300ms'");
+    set_on_role(&role, "statement_timeout = '1s'");
     let gate = common::RowLock::hold(&common::pg_superuser(), &format!("{schema}.leases"));
     let token = lease.token.to_string();
     let renew = as_role(&store, &url)
