@@ -598,9 +598,9 @@ impl Drop for RowUpdate {
     }
 }
 
-/// Holds: a role whose `statement_timeout` (1 s: a busy answer on a loaded machine stays well within it) cancels every attempt of a renew and a
-/// release that wait for a row lock (another session holds the lease row): each is sent
-/// three times, then exit 7 (`unavailable`: nothing applied), and the durable lease and its
+/// Holds: a role whose `statement_timeout` (1 s, well above a busy answer on a loaded
+/// machine) cancels every attempt of a renew and a release that wait for a row lock (another
+/// session holds the lease row): each is sent three times, then exit 7 (`unavailable`: nothing applied), and the durable lease and its
 /// events are exactly as before — not half-released, no refusal recorded. A busy acquire
 /// takes no lock and is answered at once. Then, without the timeout, an administrator's
 /// `pg_cancel_backend` of a waiting release: it is sent again, applied once (one `released`
