@@ -844,6 +844,71 @@ fn a_lease_from_another_machine_s_boot_is_expired_here() {
     assert!(kinds.contains(&"taken_over".to_owned()), "{kinds:?}");
 }
 
+/// A hand-edited or damaged event log (a bit flip, a bad restore, an editor's mistake) with
+/// a token line at the top of the 64-bit range: the next token is "above the record's, the
+/// mark's and the log's" — `i64::MAX + 1`. A debug build panics (exit 101, no JSON object for
+/// `--format json`); a release build wraps to `-9223372036854775808`, grants it with exit 0,
+/// and writes it to the high-water mark (I1: tokens only go up). The store should refuse the
+/// grant (exit 1, naming the damaged file) when no token is left above the highest.
+#[test]
+#[ignore = "FINDING: a damaged/hand-edited event log line with token 9223372036854775807 makes the next acquire overflow: debug builds panic (exit 101), release builds grant token -9223372036854775808 with exit 0 and store it as the high-water mark; it should refuse the grant"]
+fn a_token_at_the_end_of_the_range_is_not_wrapped() {
+    let store = Store::file();
+    let token = acquire(&store, "r", "A", "1m");
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "A",
+            "--token",
+            &token.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let log = store.dir().join("events").join("r.jsonl");
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    text.push_str(
+        "{\"at_ms\":1,\"kind\":\"acquired\",\"owner\":\"X\",\"token\":9223372036854775807}\n",
+    );
+    std::fs::write(&log, text).unwrap();
+    let out = store
+        .fence()
+        .args(["acquire", "r", "--owner", "B", "--format", "json"])
+        .run();
+    let high = std::fs::read_to_string(store.dir().join("tokens").join("r.high")).unwrap();
+    let high: i64 = high.trim().parse().unwrap();
+    assert!(high > 0, "the high-water mark went to {high}: {out:?}");
+    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.json()["ok"], false, "{out:?}");
+}
+
+/// The refusal's words: an owner released its lease and acquired the resource again under
+/// the same `--owner` (a script's retry loop), and a late renew of its *old* token comes in.
+/// Exit 4 is right (a newer token exists), but the hint says "another owner has acquired `r`
+/// since", which is false: the newer token is the same owner's. An operator chasing "another
+/// owner" looks for a second host that does not exist. The message should name the holder of
+/// the newer token, or not guess.
+#[test]
+#[ignore = "FINDING: a stale renew after the same owner re-acquired is refused (4, right) with the hint \"another owner has acquired `r` since\", which is false; the message should not claim another owner"]
+fn a_stale_refusal_does_not_blame_another_owner_that_does_not_exist() {
+    let store = Store::file();
+    let old = acquire(&store, "r", "A", "1m");
+    store
+        .fence()
+        .args(["release", "r", "--owner", "A", "--token", &old.to_string()])
+        .run()
+        .expect(0);
+    let new = acquire(&store, "r", "A", "1m");
+    assert!(new > old);
+    let out = renew_as(&store, "r", "A", old);
+    assert_eq!(out.code, 4, "{out:?}");
+    let json = out.json();
+    let words = format!("{} {}", json["message"], json["hint"]);
+    assert!(!words.contains("another owner"), "{words}");
+}
+
 // ---------------------------------------------------------------------------------------
 // 4. Renew and release refusals, on every coordinator
 // ---------------------------------------------------------------------------------------
