@@ -1,13 +1,14 @@
 //! A fifth adversarial review: `fence run`'s reaper and its leftovers report (a killed
-//! reaper, fork chains, zombies, a paused supervisor, stop signals a command ignores, file
-//! descriptors a caller hands down, closed standard streams), the PostgreSQL coordinator's
-//! retry of cancelled statements and the settings a role or database can impose on it
-//! (`statement_timeout`, `lock_timeout`, `default_transaction_isolation`), the directory
-//! store under wall-clock jumps and copies from another machine, the shared classification
-//! of renew and release refusals on every coordinator, and `fence bench`'s scratch namespace.
-//! Each test asserts on durable state read without fence where it can (lease rows and
-//! records, event logs, files the command writes); a test marked `FINDING` and ignored shows
-//! an open defect and fails until it is fixed (`--run-ignored only` runs them).
+//! reaper, fork chains, zombies, a paused supervisor, Ctrl-C at a terminal, stop signals a
+//! command ignores, file descriptors a caller hands down, closed standard streams), the
+//! PostgreSQL coordinator's retry of cancelled statements and the settings a role or database
+//! can impose on it (`statement_timeout`, `lock_timeout`, `idle_session_timeout`,
+//! `default_transaction_isolation`), the directory store under wall-clock jumps, damaged logs
+//! and copies from another machine, the shared classification of renew and release refusals on
+//! every coordinator, missing target schemas, foreign S3 metadata, and `fence bench`'s scratch
+//! namespace. Each test asserts on durable state read without fence where it can (lease rows
+//! and records, event logs, files the command writes); a test marked `FINDING` and ignored
+//! shows an open defect and fails until it is fixed (`--run-ignored only` runs them).
 
 mod common;
 
@@ -687,6 +688,28 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     assert_eq!(released, 1);
     assert!(!role_lease(&store, "r").2);
     drop_role(&store, &role);
+}
+
+/// Holds: a role whose `idle_session_timeout` (300 ms) closes `fence run`'s connection
+/// between renewals (every TTL/3 = 500 ms), as a DBA's guard against idle sessions would:
+/// each renewal finds its connection closed and goes out on a fresh one, within the lease's
+/// bound, so the command runs to its end (exit 0) and the lease is released.
+#[test]
+fn an_idle_session_timeout_does_not_cost_a_run_its_lease() {
+    let (store, role, url) = role_store();
+    set_on_role(&role, "idle_session_timeout = '300ms'");
+    let out = as_role(&store, &url)
+        .args(["run", "r", "--ttl", "1500ms", "--", "sh", "-c", "sleep 3"])
+        .run();
+    let renewed = role_events(&store, "r")
+        .iter()
+        .filter(|(kind, _, _)| kind == "renewed")
+        .count();
+    let (_, _, live) = role_lease(&store, "r");
+    drop_role(&store, &role);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(renewed >= 2, "{renewed} renewals: {out:?}");
+    assert!(!live);
 }
 
 /// A `lock_timeout` set on the role or database (a common guard against lock pile-ups): a
