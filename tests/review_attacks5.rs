@@ -795,8 +795,10 @@ fn a_repeatable_read_default_does_not_break_acquire() {
 /// `fence log` orders the timeline by the wall-clock stamps, so the honest grant of token 2
 /// comes "before" token 1 and the log says `token_regressed`: "the store's records were
 /// restored from an older copy or changed by hand, and two holders may share a token",
-/// `integrity_ok: false`. A false alarm that sends an operator after a restore that never
-/// happened (and teaches them to ignore the warning). Within one boot, the order of a
+/// `integrity_ok: false`; it also shows the honest holder's live lease as `expired` (a
+/// derived expiry, dated in the future, because the fast process's events sort after it). A
+/// false alarm that sends an operator after a restore that never happened (and teaches them
+/// to ignore the warning). Within one boot, the order of a
 /// resource's events is the log's order (and `boot_ns`).
 #[test]
 #[ignore = "FINDING: on the directory store, one process with a wall clock 3h fast makes `fence log` order a resource's events by wall time and report token_regressed (integrity_ok false: \"restored from an older copy\"); events of one log should keep the log's order"]
