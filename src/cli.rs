@@ -675,8 +675,8 @@ pub struct ProtectArgs {
 /// `spread` — workers on --resources resources picked at random, refused when busy;
 /// `handoff` — like contend, with each holder keeping the lease for --hold, to time hand-offs.
 ///
-/// The bench works in a scratch namespace of the store (schema `fence_bench_<pid>` on
-/// PostgreSQL, a `bench-<pid>` directory in the local store) and removes it afterwards.
+/// The bench works in a scratch namespace of the store (schema `fence_bench_<pid>_<hex>` on
+/// PostgreSQL, a `bench-<pid>-<hex>` directory or prefix elsewhere) and removes it afterwards.
 ///
 /// Example:
 ///   fence bench --store postgres://app@db/app --workers 16 --duration 10s --mode contend

@@ -253,8 +253,13 @@ impl Error {
                 "wait longer (--wait DURATION, or --wait alone for no limit); `fence inspect {}` shows the holder",
                 shell_word(resource)
             ),
-            Error::Stale { resource, .. } => format!(
-                "another owner has acquired `{resource}` since: stop working under this token and acquire again if the work must go on"
+            Error::Stale {
+                resource,
+                highest_token,
+                ..
+            } => format!(
+                "`{resource}` was granted again since (token {highest_token}; `fence inspect {}` shows by whom): stop working under this token, and acquire again if the work must go on",
+                shell_word(resource)
             ),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",

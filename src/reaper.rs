@@ -16,8 +16,10 @@
 //! as daemons do) is handed to it when its parent ends, so the reaper finds it in /proc by its
 //! parent links; when COMMAND ends, the reaper stops every descendant left.
 //!
-//! A command that cannot be started is reported to `fence run` on file descriptor 3 (the
-//! reaper closes it once COMMAND runs), so `fence run` can say why and release the lease.
+//! A command that cannot be started is reported to `fence run` on a pipe whose descriptor
+//! number `fence run` passes as an argument (whatever number the pipe got in `fence run`, so
+//! that a descriptor the caller handed down, `3>>log`, reaches COMMAND unchanged; the reaper
+//! keeps the pipe from COMMAND), so `fence run` can say why and release the lease.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -29,21 +31,19 @@ use crate::exit::Exit;
 /// The argument that selects the reaper instead of the command line interface.
 pub const ARG: &str = "__reaper";
 
-/// The descriptor on which the reaper reports a command it could not start.
-pub const REPORT_FD: i32 = 3;
-
-/// What the reaper reports on [`REPORT_FD`] after COMMAND ended when it had to stop
+/// What the reaper reports on its report pipe after COMMAND ended when it had to stop
 /// descendants COMMAND left running. Before that, one newline says COMMAND started; any other
 /// text, with the pipe then closed, is why it could not start.
 pub const LEFTOVERS: &[u8] = b"leftovers\n";
 
-/// Runs the reaper: `args` are `PARENT -- COMMAND…` (what follows [`ARG`]).
+/// Runs the reaper: `args` are `PARENT REPORT_FD -- COMMAND…` (what follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
-    let parent: Option<i32> = args.first().and_then(|a| a.to_str()?.parse().ok());
-    let (Some(parent), Some(sep), Some((program, rest))) = (
-        parent,
-        args.get(1),
-        args.get(2..).and_then(|c| c.split_first()),
+    let number = |i: usize| -> Option<i32> { args.get(i)?.to_str()?.parse().ok() };
+    let (Some(parent), Some(report_fd), Some(sep), Some((program, rest))) = (
+        number(0),
+        number(1).filter(|fd| *fd > 2),
+        args.get(2),
+        args.get(3..).and_then(|c| c.split_first()),
     ) else {
         crate::terminal::warn(&format!(
             "error: `fence {ARG}` is started by `fence run`, not by hand"
@@ -74,10 +74,11 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Internal;
     }
     take_terminal(parent);
-    // SAFETY: fd 3 was set up by `fence run` for this report alone; we own it from here.
-    let mut report = unsafe { std::fs::File::from_raw_fd(REPORT_FD) };
+    // SAFETY: `report_fd` was left open by `fence run` for this report alone (it checked we
+    // are in the group and have the parent it started); we own it from here.
+    let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
-    unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     let mut command = std::process::Command::new(program);
     command.args(rest);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
@@ -146,61 +147,84 @@ pub fn main(args: &[OsString]) -> Exit {
     Exit::Command(status.code().unwrap_or(1) as u8)
 }
 
-/// Every process descended from this one, by the parent links in /proc.
+/// Every live process descended from this one, by the parent links in /proc. Zombies (ended,
+/// not yet waited for) are not counted: nothing of them runs.
 fn descendants() -> Vec<i32> {
     let me = std::process::id() as i32;
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let parents: Vec<(i32, i32)> = entries
+    let parents: Vec<(i32, i32, bool)> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
-            Some((pid, ppid))
+            let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+            let zombie = fields.next()? == "Z";
+            let ppid = fields.next()?.parse().ok()?;
+            Some((pid, ppid, zombie))
         })
         .collect();
-    let mut family = vec![me];
+    let mut family = vec![(me, false)];
     let mut i = 0;
     while i < family.len() {
-        let parent = family[i];
+        let parent = family[i].0;
         family.extend(
             parents
                 .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
+                .filter(|(_, pp, _)| *pp == parent)
+                .map(|(p, _, zombie)| (*p, *zombie)),
         );
         i += 1;
     }
-    family.split_off(1)
+    family
+        .into_iter()
+        .skip(1)
+        .filter(|(_, zombie)| !zombie)
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
-/// SIGTERM to every descendant left, SIGKILL a second later to those still there; reaps the
-/// orphans handed to us, so none is left a zombie. Returns whether any was left.
+/// How long leftovers that ignore SIGTERM get before SIGKILL.
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the reaper keeps killing: a process that forks its successor and exits (a
+/// respawning loop) is found again at every scan of /proc, until one is killed before it
+/// forks.
+const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// SIGTERM to every descendant left, then SIGKILL, again and again, to every one still there
+/// or born since; reaps the orphans handed to us, so none is left a zombie. Returns whether
+/// any was left running.
 fn kill_descendants() -> bool {
     let reap = || {
         // SAFETY: waitpid on our own children, without blocking.
         while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     };
-    let mut any = false;
-    for signal in [libc::SIGTERM, libc::SIGKILL] {
+    let signal_all = |signal| {
         let left = descendants();
-        if left.is_empty() {
-            return any;
-        }
-        any = true;
         for &pid in &left {
             // SAFETY: kill(2) on our own descendants.
             unsafe { libc::kill(pid, signal) };
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while std::time::Instant::now() < deadline {
-            reap();
-            if descendants().is_empty() {
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        !left.is_empty()
+    };
+    reap();
+    if !signal_all(libc::SIGTERM) {
+        return false;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < TERM_GRACE {
+        reap();
+        if descendants().is_empty() {
+            return true;
         }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    while start.elapsed() < TERM_GRACE + KILL_FOR {
+        reap();
+        if !signal_all(libc::SIGKILL) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     reap();
     true

@@ -19,6 +19,28 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// Whether standard output was closed when the process started (`fence acquire R >&-`).
+/// Rust's runtime reopens a closed standard descriptor on /dev/null before `main`, after
+/// which writes to it succeed and vanish; so this is recorded earlier, by a function the C
+/// runtime calls from `.init_array`.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_closed_stdout() {
+    // SAFETY: F_GETFD only asks whether descriptor 1 is open.
+    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+        STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static NOTE_CLOSED_STDOUT: extern "C" fn() = note_closed_stdout;
+
+/// Whether standard output was closed when fence started: what it prints there is lost.
+pub fn stdout_was_closed() -> bool {
+    STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
 /// for owner ids and temporary file names; not for secrets).
 pub(crate) fn random_u64() -> u64 {

@@ -163,8 +163,8 @@ fn killing_the_reaper_stops_the_command_s_daemons_too() {
 /// survives, `fence run` exits 0 with the lease released, and the chain works on unfenced
 /// forever. A killer that loops until no descendant is left (or a cgroup, or a PID namespace)
 /// would stop it. The attack is tried three times; one escape fails the test.
+/// Fixed: after SIGTERM, the reaper sends SIGKILL again and again (up to 10 s) to every descendant still there or born since.
 #[test]
-#[ignore = "FINDING: a fork chain (each process forks the next and exits) left by the command survives the reaper's single SIGKILL pass over a /proc scan and runs on after fence run released the lease; the reaper should kill until no descendant is left"]
 fn a_fork_chain_left_by_the_command_does_not_outlive_the_run() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -219,8 +219,8 @@ impl Drop for StopFile {
 /// the processes "left running" and tells `fence run`, which then refuses to record the run id
 /// as completed ("it left processes running, which were stopped with it"): nothing was
 /// running and nothing was stopped, yet every later run with the id runs the work again.
+/// Fixed: the reaper reaps first and skips zombies when it looks for leftovers.
 #[test]
-#[ignore = "FINDING: a zombie child of the command (ended, never waited for) counts as a leftover: fence run warns that processes were stopped and does not record the run id as completed, so the next run with the id runs the work again"]
 fn a_finished_child_never_waited_for_is_not_a_leftover() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -408,8 +408,9 @@ fn a_command_ignoring_a_forwarded_sigterm_keeps_its_lease_until_it_ends() {
 /// get at all — `echo >&3` fails with "Bad file descriptor", where without fence it works.
 /// fence should keep the caller's descriptors as they were (put its pipe on another number,
 /// or move the caller's fd 3 back before the command starts).
+/// Fixed: the report pipe keeps the number it got in `fence run`, passed to the reaper as
+/// an argument; the caller's descriptors reach the command unchanged.
 #[test]
-#[ignore = "FINDING: fence run replaces the caller's file descriptor 3 with its report pipe and the command gets no fd 3 (`echo >&3`: Bad file descriptor, exit 2); the command should inherit the caller's descriptors unchanged"]
 fn the_caller_s_descriptor_3_reaches_the_command() {
     let store = Store::file();
     let out = shell(
@@ -447,8 +448,9 @@ fn run_with_stdin_and_stdout_closed_passes_the_status_through() {
 /// owner, and the lease stays held for its whole TTL. Like any tool whose output is its
 /// result, fence should fail (non-zero) when it cannot deliver the grant, and give the lease
 /// back.
+/// Fixed: fence notes a closed standard output before the runtime reopens it, and acquire
+/// refuses (exit 2) before asking the store for anything.
 #[test]
-#[ignore = "FINDING: `fence acquire R >&-` (stdout closed) exits 0 with the lease held and the token delivered nowhere (Rust reopens fd 1 on /dev/null); it should fail and release the lease"]
 fn acquire_with_stdout_closed_does_not_exit_0_silently() {
     let store = Store::file();
     let mut wrong = Vec::new();
@@ -767,8 +769,8 @@ fn a_renewal_fence_run_gave_up_on_does_not_commit_later() {
 /// so nothing was applied and a retry is safe — exit 7. fence reports it as exit 1
 /// (`internal`, "this is unexpected; check the server log"), which scripts treat as a bug, and
 /// `fence release` the same, though the cancellation by `statement_timeout` is exit 7.
+/// Fixed: a statement rolled back by lock_timeout is sent again, up to 3 times, then exit 7.
 #[test]
-#[ignore = "FINDING: a renew or release rolled back by the role's lock_timeout (SQLSTATE 55P03) exits 1 `internal` (\"unexpected\"); nothing was applied, so it should be retried like a cancelled statement, or exit 7 unavailable"]
 fn a_lock_timeout_on_the_role_is_unavailable_not_internal() {
     let (store, role, url) = role_store();
     let schema = store.schema.clone().unwrap();
@@ -801,8 +803,8 @@ fn a_lock_timeout_on_the_role_is_unavailable_not_internal() {
 /// gets "could not serialize access due to concurrent update" (40001) instead of
 /// re-reading the row as READ COMMITTED does. Nothing was applied, the answer should be the
 /// grant (retried) — fence exits 1 `internal`.
+/// Fixed: a serialization failure (or deadlock) rolled the statement back, so it is sent again, up to 3 times, then exit 7.
 #[test]
-#[ignore = "FINDING: with default_transaction_isolation = 'repeatable read' on the role, an acquire racing a concurrent update of the lease row exits 1 `internal` (SQLSTATE 40001); fence should set its statements' isolation to READ COMMITTED or retry serialization failures"]
 fn a_repeatable_read_default_does_not_break_acquire() {
     let (store, role, url) = role_store();
     let schema = store.schema.clone().unwrap();
@@ -925,8 +927,8 @@ fn a_lease_from_another_machine_s_boot_is_expired_here() {
 /// `--format json`); a release build wraps to `-9223372036854775808`, grants it with exit 0,
 /// and writes it to the high-water mark (I1: tokens only go up). The store should refuse the
 /// grant (exit 1, naming the damaged file) when no token is left above the highest.
+/// Fixed: the grant is refused (exit 1) naming the damaged record; no token wraps.
 #[test]
-#[ignore = "FINDING: a damaged/hand-edited event log line with token 9223372036854775807 makes the next acquire overflow: debug builds panic (exit 101), release builds grant token -9223372036854775808 with exit 0 and store it as the high-water mark; it should refuse the grant"]
 fn a_token_at_the_end_of_the_range_is_not_wrapped() {
     let store = Store::file();
     let token = acquire(&store, "r", "A", "1m");
@@ -965,8 +967,8 @@ fn a_token_at_the_end_of_the_range_is_not_wrapped() {
 /// since", which is false: the newer token is the same owner's. An operator chasing "another
 /// owner" looks for a second host that does not exist. The message should name the holder of
 /// the newer token, or not guess.
+/// Fixed: the hint says the resource was granted again (with the newer token) and where to see by whom.
 #[test]
-#[ignore = "FINDING: a stale renew after the same owner re-acquired is refused (4, right) with the hint \"another owner has acquired `r` since\", which is false; the message should not claim another owner"]
 fn a_stale_refusal_does_not_blame_another_owner_that_does_not_exist() {
     let store = Store::file();
     let old = acquire(&store, "r", "A", "1m");
@@ -1112,8 +1114,8 @@ per_coordinator!(refusals_are_classified_alike);
 /// simply accepted no write — after a takeover an operator checks exactly this to see whether
 /// the old holder's write landed, and "nothing accepted" is then a wrong answer. Exit 2
 /// naming the schema, as `inspect --id` does.
+/// Fixed: exit 2 naming the schema (`--schema`), as `inspect --id` and `log --target` do.
 #[test]
-#[ignore = "FINDING: `fence inspect R --target postgres://… --schema <missing>` exits 0 reporting the target with highest_token null and 0 accepted writes, no warning; it should exit 2 naming the missing schema"]
 fn inspect_target_in_a_missing_schema_fails_and_creates_nothing() {
     let store = Store::file();
     acquire(&store, "r", "A", "1m");
@@ -1139,8 +1141,8 @@ fn inspect_target_in_a_missing_schema_fails_and_creates_nothing() {
 /// a missing store schema, it must fail at once (exit 2), not follow nothing forever. It
 /// runs on, printing nothing, its failing query repeated five times a second (each one an
 /// ERROR in the server's log) until it is killed.
+/// Fixed: a target that answers is checked once at the start; a missing schema is exit 2.
 #[test]
-#[ignore = "FINDING: `fence log --follow --target postgres://… --schema <missing>` never ends: it polls the missing tables every 200 ms forever (an ERROR in the server log each time) and prints nothing; it should exit 2 at once, as for a missing store schema"]
 fn log_follow_of_a_missing_target_schema_fails_closed() {
     let store = Store::file();
     acquire(&store, "r", "A", "1m");
@@ -1173,8 +1175,8 @@ fn log_follow_of_a_missing_target_schema_fails_closed() {
 /// share one schema: their numbers mix, and the first to finish drops the schema under the
 /// other (`DROP SCHEMA … CASCADE`); a bench killed with SIGKILL leaves its schema for the
 /// next one with its pid to adopt. The scratch name needs a random part.
+/// Fixed: the scratch name has a random part (`fence_bench_<pid>_<hex>`).
 #[test]
-#[ignore = "FINDING: two fence bench runs with the same pid (containers: pid 1) share the scratch schema fence_bench_<pid> on one server, and the first to finish drops it under the other; the scratch namespace should be unique per run"]
 fn two_benches_with_the_same_pid_do_not_share_a_scratch_schema() {
     let store = Store::postgres();
     let home = store.home.path();

@@ -109,10 +109,11 @@ pub async fn run(
             )),
             None => {
                 let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
-                let guards = PgTarget::connect(&spec, &ctx.schema)
-                    .await?
-                    .guards(&names)
-                    .await?;
+                let target = PgTarget::connect(&spec, &ctx.schema).await?;
+                // A schema that is not there is a wrong --schema, not a target that accepted
+                // nothing: "no write landed" would be a wrong answer after a takeover.
+                target.require_existing().await?;
+                let guards = target.guards(&names).await?;
                 Some((spec.display, Targets::Guards(guards)))
             }
         },

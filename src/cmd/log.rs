@@ -299,9 +299,16 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let coordinator = ctx.coordinator().await?;
-    // Once: a store that answers and is missing is a typo, not one that will appear. Later
-    // failures (a restart) are waited out.
+    // Once: a store or target schema that answers and is missing is a typo, not one that
+    // will appear. Later failures (a restart) are waited out, and so is a target that does
+    // not answer yet.
     coordinator.require_existing().await?;
+    for (spec, target) in targets.iter_mut() {
+        if let Ok(connected) = PgTarget::connect(spec, &ctx.schema).await {
+            connected.require_existing().await?;
+            *target = Some(connected);
+        }
+    }
     let every = match ctx.store.as_ref().map(|s| &s.kind) {
         Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
         _ => Duration::from_millis(200),

@@ -595,8 +595,10 @@ fn spawn(
     };
     let parent = std::process::id().to_string();
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    let raw_write = write_end.as_raw_fd();
     cmd.arg(crate::reaper::ARG)
         .arg(&parent)
+        .arg(raw_write.to_string())
         .arg("--")
         .args(command)
         .process_group(0)
@@ -613,13 +615,12 @@ fn spawn(
         // stdout carries fence's one JSON object; the command's output goes to stderr.
         cmd.stdout(std::io::stderr());
     }
-    let raw_write = write_end.as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls: dup2 puts the report pipe
-    // on the descriptor the reaper reads (dup2 clears close-on-exec), prctl sets the signal
-    // the reaper gets when this process dies.
+    // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the report pipe
+    // through the exec, at its own number (the caller's descriptors stay as they were), prctl
+    // sets the signal the reaper gets when this process dies.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw_write, crate::reaper::REPORT_FD) < 0 {
+            if libc::fcntl(raw_write, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);

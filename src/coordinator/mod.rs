@@ -385,3 +385,19 @@ pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>
 pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// The token after `highest` for a new grant of `resource`. Tokens only go up (I1), so when
+/// none is left above (only a damaged or hand-edited record can hold `i64::MAX`) the grant is
+/// refused, naming where the highest came from, instead of wrapping around to a negative one.
+pub fn next_token(resource: &str, highest: i64, source: &str) -> Result<i64, Error> {
+    highest.checked_add(1).ok_or_else(|| {
+        Error::internal(
+            format!(
+                "no fencing token is left above {highest} for `{resource}` (the highest a token can be), which {source} holds: it was damaged or edited by hand"
+            ),
+            format!(
+                "nothing was granted; repair or restore {source}, or use another resource name"
+            ),
+        )
+    })
+}

@@ -642,7 +642,11 @@ impl Coordinator for ObjectCoordinator {
                     let body = Body {
                         resource: resource.to_owned(),
                         owner: owner.to_owned(),
-                        token: previous.as_ref().map_or(0, |c| c.body.token) + 1,
+                        token: crate::coordinator::next_token(
+                            resource,
+                            previous.as_ref().map_or(0, |c| c.body.token),
+                            "the lease record object",
+                        )?,
                         ttl_ms: ttl,
                         state: "held".into(),
                         nonce: String::new(),

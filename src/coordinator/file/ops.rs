@@ -55,7 +55,12 @@ impl FileCoordinator {
 
     /// The next token for a new grant: above the record's, the high-water mark's and the
     /// log's. Warns when the record is below the others (restored or rolled back).
-    fn next_token(&self, paths: &Paths, previous: Option<&Record>) -> Result<i64, Error> {
+    fn next_token(
+        &self,
+        resource: &str,
+        paths: &Paths,
+        previous: Option<&Record>,
+    ) -> Result<i64, Error> {
         let issued = self.issued(paths)?;
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
@@ -64,7 +69,13 @@ impl FileCoordinator {
                 paths.lease.display()
             ));
         }
-        Ok(recorded.max(issued) + 1)
+        let source = format!(
+            "the lease record `{}`, the high-water mark `{}` or the event log `{}`",
+            paths.lease.display(),
+            paths.high.display(),
+            paths.events.display()
+        );
+        crate::coordinator::next_token(resource, recorded.max(issued), &source)
     }
 
     fn event(now: &Now, kind: &str, owner: &str, token: i64) -> EventLine {
@@ -216,7 +227,7 @@ impl Coordinator for FileCoordinator {
                 Some(r) if !r.released && r.owner != owner => "taken_over",
                 _ => "acquired",
             };
-            let token = store.next_token(paths, previous.as_ref())?;
+            let token = store.next_token(resource, paths, previous.as_ref())?;
             // The mark is durable before the token exists anywhere else: whatever happens
             // next, this token is never issued again.
             super::counter::write(&paths.high, token)
