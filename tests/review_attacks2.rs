@@ -1043,9 +1043,9 @@ fn damaged_file_object_state_fails_closed() {
     assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"new");
 }
 
-/// Holds: two `fence write --id` of one id on PostgreSQL at once (both past the ledger check,
-/// both waiting on the guard row, held by a test transaction): one applies, the other answers
-/// "replayed" (exit 0), and the row is inserted once.
+/// Holds: two `fence write --id` of one write (one id, the same SQL) on PostgreSQL at once
+/// (both past the ledger check, both waiting on the guard row, held by a test transaction):
+/// one applies, the other answers "replayed" (exit 0), and the row is inserted once.
 #[test]
 fn two_postgres_writers_of_one_id_at_once_apply_once() {
     let store = Store::postgres();
@@ -1056,14 +1056,14 @@ fn two_postgres_writers_of_one_id_at_once_apply_once() {
     let gate = common::RowLock::hold(&store.url, &format!("{schema}.guards"));
     let outs: Vec<Out> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..2)
-            .map(|n| {
+            .map(|_| {
                 let (store, table) = (&store, &table);
                 scope.spawn(move || {
                     pg_write(
                         store,
                         token,
                         "once",
-                        &format!("INSERT INTO {table} VALUES ({n})"),
+                        &format!("INSERT INTO {table} VALUES (7)"),
                     )
                 })
             })
@@ -1174,7 +1174,7 @@ fn a_raw_overwrite_resets_what_the_object_remembers(store: &Store) {
         None => store.server().0.put(&object.key("obj"), b"raw"),
     }
     let stale = write_object(store, "res", old, &target, None, b"stale");
-    let replay = write_object(store, "res", new, &target, Some("pub-1"), b"again").expect(0);
+    let replay = write_object(store, "res", new, &target, Some("pub-1"), b"fenced").expect(0);
     if object.dir.is_some() {
         assert_eq!(stale.code, 4, "{stale:?}");
         assert_eq!(replay.json()["replayed"], true, "{replay:?}");
@@ -1182,7 +1182,7 @@ fn a_raw_overwrite_resets_what_the_object_remembers(store: &Store) {
     } else {
         assert_eq!(stale.code, 0, "{stale:?}");
         assert_eq!(replay.json()["replayed"], false, "{replay:?}");
-        assert_eq!(object.stored("obj").unwrap().body, b"again");
+        assert_eq!(object.stored("obj").unwrap().body, b"fenced");
     }
 }
 

@@ -126,7 +126,7 @@ fn a_removed_file_object_still_refuses_a_stale_token() {
         wrong.push(format!("the generation went back to {generation}"));
     }
     let _ = std::fs::remove_file(dir.path().join("report.csv"));
-    let replay = write_object(&store, "report", new, &target, Some("pub-1"), b"again", &[]);
+    let replay = write_object(&store, "report", new, &target, Some("pub-1"), b"v1", &[]);
     if replay.code != 0 || replay.json()["replayed"] != true {
         wrong.push(format!("pub-1 wrote again: {}", replay.stdout.trim()));
     }
@@ -736,12 +736,20 @@ fn killed_file_object_writes_keep_bytes_and_ids_together() {
             .args(["--id", &format!("id-{i}"), "--format", "json", "--from"])
             .args([&path])
     };
+    // The kills are spread over twice what a whole write takes here and now (measured, not
+    // assumed: a loaded machine or a debug build stretches it), so that they fall on both
+    // sides of the commit.
+    let started = std::time::Instant::now();
+    write(0).run().expect(0);
+    let span = u64::try_from(started.elapsed().as_micros() * 2)
+        .unwrap()
+        .max(1);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let (mut landed_by_kill, mut lost_by_kill) = (0, 0);
-    let mut current: Option<u32> = None;
+    let mut current: Option<u32> = Some(0);
     for i in 1..=40u32 {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        let delay = Duration::from_micros((seed >> 33) % 40_000);
+        let delay = Duration::from_micros((seed >> 33) % span);
         let mut child = write(i)
             .cmd
             .stdout(Stdio::null())

@@ -139,7 +139,10 @@ mod tests {
         assert!(matches!(
             other,
             Err(Error::Conflict {
-                kind: ConflictKind::IdReused { applied_token: 1, .. },
+                kind: ConflictKind::IdReused {
+                    applied_token: 1,
+                    ..
+                },
                 token: 3,
                 ..
             })
