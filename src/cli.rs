@@ -586,11 +586,13 @@ pub struct WriteArgs {
 
     /// A write id (idempotency key), e.g. `publish-2026-12-04`: 1 to 64 of A-Z a-z 0-9 . _ -
     /// : @ +. Recorded with the effect, atomically (transaction form: in the same transaction;
-    /// objects: in the object's metadata, by the same conditional put). A write whose id was
-    /// already applied — by anyone, with any token — writes nothing and exits 0
-    /// (`"replayed": true`). After exit 8, run the same command again: it says whether the
-    /// first one landed. Under `fence run --id`, derive it from `$FENCE_RUN_ID`. Objects
-    /// remember their last 8 ids; PostgreSQL keeps them until deleted.
+    /// objects: in the object's metadata, by the same conditional put), with a digest of the
+    /// SQL or bytes. A write whose id was already applied — by anyone, with any token — writes
+    /// nothing: the same SQL or bytes exit 0 (`"replayed": true`); other SQL or bytes exit 6
+    /// (`"reason": "id_reused"`: one id, two different writes). After exit 8, run the same
+    /// command again: it says whether the first one landed. Under `fence run --id`, derive
+    /// one per write from `$FENCE_RUN_ID`. Objects remember their last 8 ids; PostgreSQL keeps
+    /// them until deleted.
     #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 

@@ -99,6 +99,7 @@ impl Report for IdInspected {
                 applied_at_ms: e.at_ms,
                 owner: e.owner.clone(),
                 version: version.clone(),
+                digest: None,
             }),
             None => json!({
                 "at": crate::time::rfc3339(e.at_ms),
