@@ -31,10 +31,13 @@ use crate::exit::Exit;
 /// The argument that selects the reaper instead of the command line interface.
 pub const ARG: &str = "__reaper";
 
-/// What the reaper reports on its report pipe after COMMAND ended when it had to stop
-/// descendants COMMAND left running. Before that, one newline says COMMAND started; any other
-/// text, with the pipe then closed, is why it could not start.
-pub const LEFTOVERS: &[u8] = b"leftovers\n";
+/// What the reaper reports on its report pipe after COMMAND ended, a line each: that it had
+/// to stop descendants COMMAND left running ([`LEFTOVERS`]), and that a stop signal reached
+/// the group ([`INTERRUPTED`] and its number: from `fence run`, or straight from the terminal,
+/// whose Ctrl-C goes to the foreground group only, the command's). Before that, one newline
+/// says COMMAND started; any other text, with the pipe then closed, is why it could not start.
+pub const LEFTOVERS: &str = "leftovers";
+pub const INTERRUPTED: &str = "interrupted";
 
 /// Runs the reaper: `args` are `PARENT REPORT_FD -- COMMAND…` (what follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
@@ -98,6 +101,7 @@ pub fn main(args: &[OsString]) -> Exit {
     };
     // Started: one newline, and the pipe stays open for the end of the story (below).
     let _ = report.write_all(b"\n");
+    let mut interrupted: Option<i32> = None;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -119,7 +123,9 @@ pub fn main(args: &[OsString]) -> Exit {
             }
             libc::SIGUSR2 => signal_descendants(libc::SIGKILL, false),
             libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
-                // The group got it from `fence run`; descendants that left it did not.
+                interrupted.get_or_insert(signal);
+                // The group got it (from `fence run`, or the terminal); descendants that left
+                // it did not.
                 signal_descendants(signal, true);
                 signal_descendants(libc::SIGCONT, true);
             }
@@ -131,7 +137,10 @@ pub fn main(args: &[OsString]) -> Exit {
     // subreaper when their parents ended; none may outlive COMMAND. `fence run` is told that
     // some had to be stopped: their work was cut short, so the run did not complete.
     if kill_descendants() {
-        let _ = report.write_all(LEFTOVERS);
+        let _ = writeln!(report, "{LEFTOVERS}");
+    }
+    if let Some(signal) = interrupted {
+        let _ = writeln!(report, "{INTERRUPTED} {signal}");
     }
     drop(report);
     if let Some(signal) = status.signal() {

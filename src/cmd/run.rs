@@ -399,13 +399,16 @@ async fn supervise(
         End::Finished(status) => {
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
-            let left_over =
-                stop_leftovers(pgid, args.kill_after).await | reaper_stopped_leftovers(report);
+            let told = reaper_report(report);
+            let left_over = stop_leftovers(pgid, args.kill_after).await | told.leftovers;
+            // A stop signal the command's group got without fence (Ctrl-C at a terminal goes to
+            // the foreground group, the command's) interrupted the run all the same.
+            let interrupted = interrupted.or(told.interrupted);
             // A run id is recorded as completed only for a run that ended on its own, whole:
             // exit 0, not asked to stop, nothing of it still running that had to be stopped.
             let incomplete = match (interrupted, left_over) {
                 (Some(signal), _) => Some(format!(
-                    "it was interrupted (signal {signal} was passed on to it)"
+                    "it was interrupted (signal {signal} reached it)"
                 )),
                 (None, true) => Some(
                     "it left processes running, which were stopped with it (a background job's work may be cut short)"
@@ -654,10 +657,26 @@ fn spawn(
     }
 }
 
-/// Whether the reaper said, as it ended, that it had to stop processes the command left
-/// running (read once the reaper is gone: the pipe is then at its end).
-fn reaper_stopped_leftovers(mut report: std::fs::File) -> bool {
-    let mut rest = Vec::new();
-    let _ = report.read_to_end(&mut rest);
-    rest == crate::reaper::LEFTOVERS
+/// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
+/// end).
+#[derive(Default)]
+struct ReaperReport {
+    /// It had to stop processes the command left running.
+    leftovers: bool,
+    /// A stop signal reached the command's group.
+    interrupted: Option<i32>,
+}
+
+fn reaper_report(mut report: std::fs::File) -> ReaperReport {
+    let mut rest = String::new();
+    let _ = report.read_to_string(&mut rest);
+    let mut told = ReaperReport::default();
+    for line in rest.lines() {
+        match line.split_once(' ') {
+            None if line == crate::reaper::LEFTOVERS => told.leftovers = true,
+            Some((crate::reaper::INTERRUPTED, signal)) => told.interrupted = signal.parse().ok(),
+            _ => {}
+        }
+    }
+    told
 }
