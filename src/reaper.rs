@@ -67,7 +67,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // the original mask back before exec.
     let (watched, original) = block_watched_signals();
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
-    // them (see kill_descendants).
+    // them (see `crate::sys::kill_descendants`).
     // SAFETY: prctl on this process only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
@@ -136,7 +136,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // Descendants that left the process group (setsid: daemons) were handed to us as their
     // subreaper when their parents ended; none may outlive COMMAND. `fence run` is told that
     // some had to be stopped: their work was cut short, so the run did not complete.
-    if kill_descendants() {
+    if crate::sys::kill_descendants() {
         let _ = writeln!(report, "{LEFTOVERS}");
     }
     if let Some(signal) = interrupted {
@@ -154,89 +154,6 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Command(128u8.wrapping_add(signal as u8));
     }
     Exit::Command(status.code().unwrap_or(1) as u8)
-}
-
-/// Every live process descended from this one, by the parent links in /proc. Zombies (ended,
-/// not yet waited for) are not counted: nothing of them runs.
-fn descendants() -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let parents: Vec<(i32, i32, bool)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let mut fields = stat.rsplit_once(") ")?.1.split(' ');
-            let zombie = fields.next()? == "Z";
-            let ppid = fields.next()?.parse().ok()?;
-            Some((pid, ppid, zombie))
-        })
-        .collect();
-    let mut family = vec![(me, false)];
-    let mut i = 0;
-    while i < family.len() {
-        let parent = family[i].0;
-        family.extend(
-            parents
-                .iter()
-                .filter(|(_, pp, _)| *pp == parent)
-                .map(|(p, _, zombie)| (*p, *zombie)),
-        );
-        i += 1;
-    }
-    family
-        .into_iter()
-        .skip(1)
-        .filter(|(_, zombie)| !zombie)
-        .map(|(pid, _)| pid)
-        .collect()
-}
-
-/// How long leftovers that ignore SIGTERM get before SIGKILL.
-const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-/// How long the reaper keeps killing: a process that forks its successor and exits (a
-/// respawning loop) is found again at every scan of /proc, until one is killed before it
-/// forks.
-const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// SIGTERM to every descendant left, then SIGKILL, again and again, to every one still there
-/// or born since; reaps the orphans handed to us, so none is left a zombie. Returns whether
-/// any was left running.
-fn kill_descendants() -> bool {
-    let reap = || {
-        // SAFETY: waitpid on our own children, without blocking.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-    };
-    let signal_all = |signal| {
-        let left = descendants();
-        for &pid in &left {
-            // SAFETY: kill(2) on our own descendants.
-            unsafe { libc::kill(pid, signal) };
-        }
-        !left.is_empty()
-    };
-    reap();
-    if !signal_all(libc::SIGTERM) {
-        return false;
-    }
-    let start = std::time::Instant::now();
-    while start.elapsed() < TERM_GRACE {
-        reap();
-        if descendants().is_empty() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    while start.elapsed() < TERM_GRACE + KILL_FOR {
-        reap();
-        if !signal_all(libc::SIGKILL) {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    reap();
-    true
 }
 
 /// When `fence run` holds the terminal's foreground, takes it for the command's group before
@@ -286,7 +203,7 @@ fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
 fn signal_descendants(signal: i32, outside: bool) {
     // SAFETY: getpgrp has no preconditions.
     let group = unsafe { libc::getpgrp() };
-    for pid in descendants() {
+    for pid in crate::sys::descendants() {
         // SAFETY: getpgid and kill(2) on our own descendants.
         unsafe {
             if !outside || libc::getpgid(pid) != group {

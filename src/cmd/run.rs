@@ -400,7 +400,8 @@ async fn supervise(
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
             let told = reaper_report(report);
-            let left_over = stop_leftovers(pgid, args.kill_after).await | told.leftovers;
+            let left_over =
+                stop_leftovers(pgid, args.kill_after).await | told.leftovers | orphans_stopped();
             // A stop signal the command's group got without fence (Ctrl-C at a terminal goes to
             // the foreground group, the command's) interrupted the run all the same.
             let interrupted = interrupted.or(told.interrupted);
@@ -459,6 +460,7 @@ async fn supervise(
         }
         End::Lost(err) => {
             stop(&mut child, pgid, args.kill_after).await;
+            orphans_stopped();
             Err(err)
         }
     }
@@ -508,6 +510,12 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     }
     forward(pgid, libc::SIGKILL);
     let _ = child.wait().await;
+}
+
+/// Stops what the reaper left to us (its orphans, when it died before the command's
+/// descendants) once the reaper itself has been waited for; returns whether there were any.
+fn orphans_stopped() -> bool {
+    crate::sys::kill_descendants()
 }
 
 /// The terminal, when `fence run` held its foreground: the reaper hands it to the command's
@@ -596,6 +604,11 @@ fn spawn(
             std::os::fd::OwnedFd::from_raw_fd(fds[1]),
         )
     };
+    // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was the
+    // subreaper of (daemons that left the command's group) is handed to us rather than to
+    // init, so that nothing of the command outlives the run (see `orphans_stopped`).
+    // SAFETY: prctl on this process only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let parent = std::process::id().to_string();
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     let raw_write = write_end.as_raw_fd();
