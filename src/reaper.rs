@@ -39,15 +39,31 @@ pub const ARG: &str = "__reaper";
 pub const LEFTOVERS: &str = "leftovers";
 pub const INTERRUPTED: &str = "interrupted";
 
-/// Runs the reaper: `args` are `PARENT REPORT_FD -- COMMAND…` (what follows [`ARG`]).
+/// Runs the reaper: `args` are `PARENT REPORT_FD BOUND_FD KILL_AFTER_MS -- COMMAND…` (what
+/// follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
-    let number = |i: usize| -> Option<i32> { args.get(i)?.to_str()?.parse().ok() };
-    let (Some(parent), Some(report_fd), Some(sep), Some((program, rest))) = (
-        number(0),
-        number(1).filter(|fd| *fd > 2),
-        args.get(2),
-        args.get(3..).and_then(|c| c.split_first()),
-    ) else {
+    let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
+    let fd = |i: usize| {
+        number(i)
+            .filter(|fd| *fd > 2)
+            .and_then(|fd| i32::try_from(fd).ok())
+    };
+    let (
+        Some(parent),
+        Some(report_fd),
+        Some(bound_fd),
+        Some(kill_after_ms),
+        Some(sep),
+        Some((program, rest)),
+    ) = (
+        number(0).and_then(|pid| i32::try_from(pid).ok()),
+        fd(1),
+        fd(2),
+        number(3).and_then(|ms| u64::try_from(ms).ok()),
+        args.get(4),
+        args.get(5..).and_then(|c| c.split_first()),
+    )
+    else {
         crate::terminal::warn(&format!(
             "error: `fence {ARG}` is started by `fence run`, not by hand"
         ));
@@ -82,6 +98,14 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: as for `report_fd`: left open by `fence run` for the lease's bounds alone; ours
+    // from here, close-on-exec and never blocking.
+    let mut bounds = unsafe {
+        libc::fcntl(bound_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK);
+        std::fs::File::from_raw_fd(bound_fd)
+    };
+    let kill_after = kill_after_ms.saturating_mul(1_000_000);
     let mut command = std::process::Command::new(program);
     command.args(rest);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
@@ -102,15 +126,36 @@ pub fn main(args: &[OsString]) -> Exit {
     // Started: one newline, and the pipe stays open for the end of the story (below).
     let _ = report.write_all(b"\n");
     let mut interrupted: Option<i32> = None;
+    // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns), and when the
+    // command, stopped there, gets SIGKILL.
+    let mut bound: Option<u64> = None;
+    let mut kill_at: Option<u64> = None;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(_) => return Exit::Internal,
         }
+        let mut next = 1_000_000_000u64;
+        if let Some(now) = crate::sys::boottime_ns() {
+            bound = latest_bound(&mut bounds).or(bound);
+            match (bound, kill_at) {
+                // `fence run` did not prove the lease beyond this (paused, or hung): the
+                // command stops now, whatever `fence run` does.
+                (Some(bound), None) if now >= bound => {
+                    signal_descendants(libc::SIGTERM, false);
+                    signal_descendants(libc::SIGCONT, false);
+                    kill_at = Some(now.saturating_add(kill_after));
+                }
+                (Some(bound), None) => next = next.min(bound - now),
+                (_, Some(at)) if now >= at => signal_descendants(libc::SIGKILL, false),
+                (_, Some(at)) => next = next.min(at - now),
+                (None, None) => {}
+            }
+        }
         let timeout = libc::timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
+            tv_sec: (next / 1_000_000_000) as libc::time_t,
+            tv_nsec: (next % 1_000_000_000) as libc::c_long,
         };
         // SAFETY: waits for one of the blocked signals of `watched`, at most a second.
         let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
@@ -197,6 +242,19 @@ fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
         libc::sigprocmask(libc::SIG_BLOCK, &watched, &mut original);
         (watched, original)
     }
+}
+
+/// The newest bound `fence run` sent (8 bytes each, CLOCK_BOOTTIME ns), if any came since the
+/// last look.
+fn latest_bound(bounds: &mut std::fs::File) -> Option<u64> {
+    use std::io::Read;
+    let mut latest = None;
+    let mut buf = [0u8; 8 * 64];
+    while let Ok(n @ 8..) = bounds.read(&mut buf) {
+        let last = &buf[(n / 8 - 1) * 8..n / 8 * 8];
+        latest = Some(u64::from_le_bytes(last.try_into().unwrap_or([0; 8])));
+    }
+    latest
 }
 
 /// `signal` to every descendant (only those outside our process group when `outside`).

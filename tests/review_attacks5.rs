@@ -255,8 +255,9 @@ fn a_finished_child_never_waited_for_is_not_a_leftover() {
 /// when the lease can no longer be proven "(store unreachable, or fence itself was
 /// paused)"; only a fence that wakes up does it. The reaper could hold the bound itself (fence
 /// sends it each renewal) and stop the group when it passes.
+/// Fixed: `fence run` sends the reaper the bound of every renewal, and the reaper stops the
+/// command there on its own (SIGTERM, SIGKILL after `--kill-after`).
 #[test]
-#[ignore = "FINDING: with fence run SIGSTOPped, its command keeps running after the lease expired and another owner acquired it, for as long as fence stays stopped; the reaper should stop the command at the lease's bound on its own"]
 fn a_paused_fence_run_does_not_leave_its_command_running_past_the_lease() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();

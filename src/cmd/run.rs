@@ -24,7 +24,7 @@
 //! work not done.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -301,10 +301,11 @@ async fn supervise(
         )
     });
     let started = Interrupts::install().and_then(|interrupts| {
-        let (child, report) = spawn(&args.command, ctx, &lease, &given_id, out)?;
-        Ok((interrupts, child, report))
+        let (child, report, bounds) =
+            spawn(&args.command, ctx, &lease, &given_id, args.kill_after, out)?;
+        Ok((interrupts, child, report, bounds))
     });
-    let (mut interrupts, mut child, report) = match started {
+    let (mut interrupts, mut child, report, bounds) = match started {
         Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
@@ -312,6 +313,7 @@ async fn supervise(
         }
     };
     let pgid = child.id().map(|pid| pid as i32);
+    bounds.send(valid_until);
     let terminal = Terminal::give(pgid);
 
     let every = ttl / 3;
@@ -368,6 +370,7 @@ async fn supervise(
                     Ok(Ok(renewed)) => {
                         last_error = None;
                         valid_until = valid_bound(sent, ttl, renewed.expires_in_ms);
+                        bounds.send(valid_until);
                         next_renew = Instant::now() + every;
                     }
                     Ok(Err(Error::Stale { highest_token, .. })) => {
@@ -512,6 +515,25 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     let _ = child.wait().await;
 }
 
+/// The lease's bound, sent to the reaper: should `fence run` be paused (SIGSTOP, a frozen
+/// cgroup) or hang past it, the reaper, which does not renew anything, stops the command
+/// there itself (SIGTERM, SIGKILL after `--kill-after`), so that it never runs on past the
+/// last renewal this process could prove.
+struct Bounds(std::fs::File);
+
+impl Bounds {
+    /// Sends `until` as an instant of CLOCK_BOOTTIME (which the reaper reads too, and which
+    /// counts a suspend), in nanoseconds, 8 bytes: one write, never split.
+    fn send(&self, until: Instant) {
+        let Some(now) = crate::sys::boottime_ns() else {
+            return;
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        let at = now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX));
+        let _ = (&self.0).write_all(&at.to_le_bytes());
+    }
+}
+
 /// Stops what the reaper left to us (its orphans, when it died before the command's
 /// descendants) once the reaper itself has been waited for; returns whether there were any.
 fn orphans_stopped() -> bool {
@@ -578,8 +600,9 @@ fn spawn(
     ctx: &Context,
     lease: &LeaseRef,
     run_id: &str,
+    kill_after: Duration,
     out: &Output,
-) -> Result<(tokio::process::Child, std::fs::File), Error> {
+) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
     let program = command.first().ok_or_else(|| {
         Error::usage(
             "no command to run",
@@ -604,6 +627,21 @@ fn spawn(
             std::os::fd::OwnedFd::from_raw_fd(fds[1]),
         )
     };
+    let mut bound_fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, which we own from here. Our end never blocks:
+    // a bound the reaper has not read yet is replaced by the next one anyway.
+    if unsafe { libc::pipe2(bound_fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(cannot(&std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else; O_NONBLOCK on
+    // our own end.
+    let (bound_read, bounds) = unsafe {
+        libc::fcntl(bound_fds[1], libc::F_SETFL, libc::O_NONBLOCK);
+        (
+            std::os::fd::OwnedFd::from_raw_fd(bound_fds[0]),
+            Bounds(std::fs::File::from_raw_fd(bound_fds[1])),
+        )
+    };
     // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was the
     // subreaper of (daemons that left the command's group) is handed to us rather than to
     // init, so that nothing of the command outlives the run (see `orphans_stopped`).
@@ -612,9 +650,12 @@ fn spawn(
     let parent = std::process::id().to_string();
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
     let raw_write = write_end.as_raw_fd();
+    let raw_bound = bound_read.as_raw_fd();
     cmd.arg(crate::reaper::ARG)
         .arg(&parent)
         .arg(raw_write.to_string())
+        .arg(raw_bound.to_string())
+        .arg(kill_after.as_millis().to_string())
         .arg("--")
         .args(command)
         .process_group(0)
@@ -636,7 +677,9 @@ fn spawn(
     // sets the signal the reaper gets when this process dies.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::fcntl(raw_write, libc::F_SETFD, 0) < 0 {
+            if libc::fcntl(raw_write, libc::F_SETFD, 0) < 0
+                || libc::fcntl(raw_bound, libc::F_SETFD, 0) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
@@ -654,11 +697,12 @@ fn spawn(
         }
     })?;
     drop(write_end);
+    drop(bound_read);
     // The reaper writes one newline once COMMAND runs, or why it could not start and closes
     // its end. A reaper that dies before either closes it with nothing said.
     let mut first = [0u8; 1];
     match report.read(&mut first) {
-        Ok(1) if first[0] == b'\n' => Ok((child, report)),
+        Ok(1) if first[0] == b'\n' => Ok((child, report, bounds)),
         Ok(0) => Err(cannot(
             &"fence's supervisor of the command ended before starting it",
         )),
