@@ -726,8 +726,9 @@ fn an_idle_session_timeout_does_not_cost_a_run_its_lease() {
 /// renewed for another TTL (a waiter stays blocked that long, and `fence log` shows a renewal
 /// after the loss). DESIGN §10: "what fence gives up on, it cancels on the server" — as
 /// fenced writes do (a cancel request, or `client_connection_check_interval`).
+/// Fixed: a renewal that did not answer in time is cancelled on the server (a cancel
+/// request on its connection) before fence tries again on a fresh one.
 #[test]
-#[ignore = "FINDING: a renewal fence run gave up on (lease row locked by another session) stays queued on the server and commits once the lock is released, after fence exited 5 and stopped the command: the dead run's lease is renewed for another TTL; fence should cancel it"]
 fn a_renewal_fence_run_gave_up_on_does_not_commit_later() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();

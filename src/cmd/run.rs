@@ -379,7 +379,13 @@ async fn supervise(
                     Ok(Err(Error::LeaseLost { reason, .. })) => break End::Lost(lost(&lease, reason)),
                     other => {
                         // Anything else may pass (a lost connection, a timeout, local I/O): try
-                        // again soon on a fresh connection, but only while the bound lasts.
+                        // again soon on a fresh connection, but only while the bound lasts. A
+                        // renewal left unanswered is cancelled on the server first: queued
+                        // behind a lock, it would otherwise commit later, for a run that may
+                        // have been reported lost by then.
+                        if other.is_err() {
+                            coordinator.cancel_pending().await;
+                        }
                         last_error = Some(match other {
                             Ok(Err(err)) => err.to_string(),
                             _ => match crate::pg::last_refusal() {

@@ -303,6 +303,11 @@ pub trait Coordinator {
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
 
+    /// Asks the store to stop the request this process gave up waiting for (a renewal that
+    /// did not answer within the lease's bound), so that it cannot apply later. Best effort,
+    /// bounded; nothing to do where a request cannot outlive its caller's wait.
+    async fn cancel_pending(&self) {}
+
     /// Fails (a usage error, exit 2) when the store has never been created: a read that only
     /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
     /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose

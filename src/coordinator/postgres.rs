@@ -1132,6 +1132,13 @@ impl Coordinator for PgCoordinator {
         }
     }
 
+    async fn cancel_pending(&self) {
+        let session = self.session.borrow().clone();
+        if let Some(session) = session {
+            let _ = tokio::time::timeout(Duration::from_secs(2), session.cancel()).await;
+        }
+    }
+
     fn pushes_wakeups(&self) -> bool {
         true
     }
