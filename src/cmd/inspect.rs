@@ -142,7 +142,7 @@ impl Inspected {
             let mut before: Option<i64> = None;
             // Most recent first in a view: oldest first here.
             for e in v.events.iter().rev() {
-                let (Some(token), "acquired" | "taken_over") = (e.token, e.kind.as_str()) else {
+                let Some(token) = e.token.filter(|_| e.kind.is_grant()) else {
                     continue;
                 };
                 if let Some(before) = before.filter(|&b| token <= b) {
@@ -400,7 +400,7 @@ impl<'a> Printer<'a> {
                 let event = format!(
                     "\n  event {}  {}  {}  {}  {}",
                     time::rfc3339(e.at_ms),
-                    cell(&e.kind),
+                    cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
                     cell(e.detail.as_deref().unwrap_or_default())
@@ -610,7 +610,7 @@ impl Report for Inspected {
             for e in &v.events {
                 events.add_row([
                     time::rfc3339(e.at_ms),
-                    cell(&e.kind),
+                    cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
                     cell(e.detail.as_deref().unwrap_or_default()),

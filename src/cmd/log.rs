@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::{Format, LogArgs};
 use crate::cmd::Context;
-use crate::coordinator::{Event, LogQuery, Logged, Pattern};
+use crate::coordinator::{Event, EventKind, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::fenced::postgres::PgTarget;
@@ -272,7 +272,7 @@ fn resolve_targets(urls: &[String], follow: bool) -> Result<Vec<TargetSpec>, Err
 const FOLLOW_LAG_MS: i64 = 2_000;
 
 /// An event `--follow` has shown: from a target?, resource, time, kind, owner, token.
-type SeenKey = (bool, String, i64, String, Option<String>, Option<i64>);
+type SeenKey = (bool, String, i64, EventKind, Option<String>, Option<i64>);
 
 /// `fence log --follow`: the events so far, then each new one as a line of its own, until a
 /// stop signal (exit 0). A store or target that fails is read again at the next poll, with a
@@ -496,7 +496,7 @@ impl Expiries {
         let mut entries = Vec::new();
         let ev = &logged.event;
         let resource = logged.resource.clone();
-        if ev.kind == "taken_over" && !self.open.contains_key(&resource) {
+        if ev.kind == EventKind::TakenOver && !self.open.contains_key(&resource) {
             if let Some(previous) = ev.previous_expires_at_ms {
                 self.open.insert(
                     resource.clone(),
@@ -509,7 +509,7 @@ impl Expiries {
                 );
             }
         }
-        if ev.kind != "pruned"
+        if ev.kind != EventKind::Pruned
             && self
                 .open
                 .get(&resource)
@@ -519,8 +519,11 @@ impl Expiries {
                 entries.push(expired(&resource, lease));
             }
         }
-        match ev.kind.as_str() {
-            "acquired" | "reacquired" | "taken_over" | "renewed" => match ev.expires_at_ms {
+        match ev.kind {
+            EventKind::Acquired
+            | EventKind::Reacquired
+            | EventKind::TakenOver
+            | EventKind::Renewed => match ev.expires_at_ms {
                 Some(expires_at_ms) => {
                     self.open.insert(
                         resource,
@@ -537,7 +540,7 @@ impl Expiries {
                     self.open.remove(&resource);
                 }
             },
-            "released" => {
+            EventKind::Released => {
                 self.open.remove(&resource);
             }
             _ => {}
@@ -573,8 +576,6 @@ fn expired(resource: &str, lease: Open) -> Entry {
             resource: resource.to_owned(),
             at_us: lease.expires_at_ms.saturating_mul(1000),
             event: Event {
-                at_ms: lease.expires_at_ms,
-                kind: "expired".into(),
                 owner: lease.owner,
                 token: lease.token,
                 detail: Some(match lease.ttl_ms {
@@ -586,7 +587,7 @@ fn expired(resource: &str, lease: Open) -> Entry {
                 }),
                 ttl_ms: lease.ttl_ms,
                 expires_at_ms: Some(lease.expires_at_ms),
-                ..Event::default()
+                ..Event::new(EventKind::Expired, lease.expires_at_ms)
             },
         },
     }
@@ -605,8 +606,8 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
         let Some(token) = ev.token else {
             continue;
         };
-        match (ev.kind.as_str(), &entry.source) {
-            ("acquired" | "taken_over", Source::Store) => {
+        match (&ev.kind, &entry.source) {
+            (EventKind::Acquired | EventKind::TakenOver, Source::Store) => {
                 if let Some(&before) = granted.get(resource) {
                     if token <= before {
                         warnings.push(Warning {
@@ -621,10 +622,10 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                     token.max(granted.get(resource).copied().unwrap_or(0)),
                 );
             }
-            ("expired", Source::Store) => {
+            (EventKind::Expired, Source::Store) => {
                 expired.insert((resource, token), ev.at_ms);
             }
-            ("released", Source::Store) => {
+            (EventKind::Released, Source::Store) => {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
@@ -639,7 +640,7 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                     });
                 }
             }
-            ("write_accepted", Source::Target(target)) => {
+            (EventKind::WriteAccepted, Source::Target(target)) => {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
@@ -739,7 +740,7 @@ impl Entry {
                 Source::Store => "store".to_owned(),
                 Source::Target(target) => target.clone(),
             },
-            ev.kind.clone(),
+            ev.kind.to_string(),
             ev.owner.clone().unwrap_or_else(|| "-".into()),
             ev.token
                 .map_or_else(|| "-".into(), |t| format!("token {t}")),
@@ -759,7 +760,7 @@ impl Entry {
         let ev = &self.logged.event;
         let mut parts = Vec::new();
         if let (Some(ttl), Some(expires)) = (ev.ttl_ms, ev.expires_at_ms) {
-            if ev.kind != "expired" {
+            if ev.kind != EventKind::Expired {
                 parts.push(format!(
                     "ttl {}, expires {}",
                     time::span(ttl),
@@ -847,7 +848,7 @@ impl Report for Timeline {
                         Source::Store => "store".to_owned(),
                         Source::Target(target) => target.clone(),
                     },
-                    ev.kind.clone(),
+                    ev.kind.to_string(),
                     ev.owner.clone().unwrap_or_else(dash),
                     ev.token.map_or_else(dash, |t| t.to_string()),
                     e.lease_text(),

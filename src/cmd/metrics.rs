@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::MetricsArgs;
 use crate::cmd::Context;
-use crate::coordinator::{Pattern, State};
+use crate::coordinator::{EventKind, Pattern, State};
 use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
@@ -20,14 +20,15 @@ pub struct Metrics {
 }
 
 /// The history's event kinds and the counter each is added to.
-const COUNTED: [(&str, &str); 7] = [
-    ("acquired", "fence_lease_acquisitions_total"),
-    ("taken_over", "fence_lease_acquisitions_total"),
-    ("taken_over", "fence_lease_takeovers_total"),
-    ("renewed", "fence_lease_renewals_total"),
-    ("released", "fence_lease_releases_total"),
-    ("renew_rejected", "fence_lease_rejections_total"),
-    ("release_rejected", "fence_lease_rejections_total"),
+/// (Other kinds, unknown ones included, are counted by no metric.)
+const COUNTED: [(EventKind, &str); 7] = [
+    (EventKind::Acquired, "fence_lease_acquisitions_total"),
+    (EventKind::TakenOver, "fence_lease_acquisitions_total"),
+    (EventKind::TakenOver, "fence_lease_takeovers_total"),
+    (EventKind::Renewed, "fence_lease_renewals_total"),
+    (EventKind::Released, "fence_lease_releases_total"),
+    (EventKind::RenewRejected, "fence_lease_rejections_total"),
+    (EventKind::ReleaseRejected, "fence_lease_rejections_total"),
 ];
 
 pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
@@ -56,7 +57,11 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
             continue;
         }
         for (counted, family) in COUNTED.iter().filter(|(k, _)| *k == kind) {
-            let op = counted.strip_suffix("_rejected").unwrap_or("");
+            let op = match counted {
+                EventKind::RenewRejected => "renew",
+                EventKind::ReleaseRejected => "release",
+                _ => "",
+            };
             *counts.entry((family, resource.clone(), op)).or_default() += n;
         }
     }

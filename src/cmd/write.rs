@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cli::WriteArgs;
 use crate::cmd::Context;
-use crate::coordinator::Attempt;
+use crate::coordinator::{Attempt, EventKind};
 use crate::error::Error;
 use crate::fenced::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
 use crate::fenced::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
@@ -175,7 +175,7 @@ async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, 
     let attempt = Attempt {
         resource: resource.to_owned(),
         owner: owner.to_owned(),
-        kind: "write_rejected",
+        kind: EventKind::WriteRejected,
         token,
         detail,
     };

@@ -20,7 +20,7 @@ use crate::pg::sqlstate::{self, Fence};
 use crate::pg::window::LogWindow;
 use crate::pg::{self};
 use crate::signals::Interrupts;
-use crate::timeline::{Event, LogQuery, Logged};
+use crate::timeline::{Event, EventKind, LogQuery, Logged};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
@@ -581,13 +581,11 @@ impl PgTarget {
                         resource: row.get("resource"),
                         at_us,
                         event: Event {
-                            at_ms: at_us.div_euclid(1000),
-                            kind: row.get("kind"),
                             owner: row.get("owner"),
                             token: row.get("token"),
                             detail: row.get("detail"),
                             rows: row.get("rows_affected"),
-                            ..Event::default()
+                            ..Event::new(EventKind::parse(row.get("kind")), at_us.div_euclid(1000))
                         },
                     },
                 )
