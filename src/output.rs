@@ -49,6 +49,12 @@ pub fn fields(report: &impl serde::Serialize) -> Map<String, Value> {
     }
 }
 
+/// A wire struct as one JSON value (an ndjson line, or an object built in parts): derived
+/// structs of strings, numbers, options and lists always serialize.
+pub fn value(wire: &impl serde::Serialize) -> Value {
+    serde_json::to_value(wire).unwrap_or_else(|err| unreachable!("a wire struct serializes: {err}"))
+}
+
 /// The output settings, resolved once and passed to every command.
 pub struct Output {
     pub format: Format,

@@ -15,7 +15,8 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::{Format, LogArgs};
 use crate::cmd::Context;
@@ -24,7 +25,7 @@ use crate::error::Error;
 use crate::exit::Exit;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
-use crate::output::{Output, Report};
+use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 use crate::time;
 
@@ -45,8 +46,8 @@ pub struct Entry {
     pub derived: bool,
 }
 
-/// Something the history proves wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Something the history proves wrong (on the wire: `resource`, `kind`, `message`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Warning {
     pub resource: String,
     /// `token_regressed`, `target_ahead` or `held_past_ttl`.
@@ -685,49 +686,93 @@ pub fn target_ahead(
     })
 }
 
-fn opt_time(ms: Option<i64>) -> Value {
-    ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
+/// One event of the JSON and ndjson answers: the keys in this order, the optional ones only
+/// where the event has them (`last_at` with `count`, null when unknown; `derived` only when
+/// true).
+#[derive(Serialize)]
+struct EntryJson<'a> {
+    at: String,
+    resource: &'a str,
+    /// `store` or `target`.
+    source: &'static str,
+    kind: &'a EventKind,
+    owner: Option<&'a str>,
+    token: Option<i64>,
+    /// The target's URL, for a target's event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_at: Option<Option<String>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    derived: bool,
+    detail: Option<&'a str>,
+}
+
+/// A warning as an ndjson line: `kind` is `warning`, `warning` says which.
+#[derive(Serialize)]
+struct WarningLine<'a> {
+    resource: &'a str,
+    kind: &'static str,
+    message: &'a str,
+    warning: &'static str,
+}
+
+/// The last ndjson line of an answer cut by `--limit`.
+#[derive(Serialize)]
+struct TruncatedLine {
+    kind: &'static str,
+    message: &'static str,
+}
+
+/// The JSON answer: the events, oldest first, and what the history proves wrong.
+#[derive(Serialize)]
+struct TimelineJson<'a> {
+    events: Vec<EntryJson<'a>>,
+    truncated: bool,
+    integrity_ok: bool,
+    warnings: &'a [Warning],
 }
 
 impl Entry {
-    fn json(&self) -> Value {
+    fn wire(&self) -> EntryJson<'_> {
         let ev = &self.logged.event;
-        let mut object = json!({
-            "at": time::rfc3339(ev.at_ms),
-            "resource": self.logged.resource,
-            "source": match self.source { Source::Store => "store", Source::Target(_) => "target" },
-            "kind": ev.kind,
-            "owner": ev.owner,
-            "token": ev.token,
-        });
-        let map = object.as_object_mut().expect("an object");
-        if let Source::Target(target) = &self.source {
-            map.insert("target".into(), json!(target));
+        EntryJson {
+            at: time::rfc3339(ev.at_ms),
+            resource: &self.logged.resource,
+            source: match self.source {
+                Source::Store => "store",
+                Source::Target(_) => "target",
+            },
+            kind: &ev.kind,
+            owner: ev.owner.as_deref(),
+            token: ev.token,
+            target: match &self.source {
+                Source::Store => None,
+                Source::Target(target) => Some(target),
+            },
+            ttl_ms: ev.ttl_ms,
+            expires_at: ev.expires_at_ms.map(time::rfc3339),
+            previous_expires_at: ev.previous_expires_at_ms.map(time::rfc3339),
+            rows: ev.rows,
+            count: ev.count,
+            last_at: ev.count.map(|_| ev.last_at_ms.map(time::rfc3339)),
+            derived: self.derived,
+            detail: ev.detail.as_deref(),
         }
-        if ev.ttl_ms.is_some() {
-            map.insert("ttl_ms".into(), json!(ev.ttl_ms));
-        }
-        if ev.expires_at_ms.is_some() {
-            map.insert("expires_at".into(), opt_time(ev.expires_at_ms));
-        }
-        if ev.previous_expires_at_ms.is_some() {
-            map.insert(
-                "previous_expires_at".into(),
-                opt_time(ev.previous_expires_at_ms),
-            );
-        }
-        if ev.rows.is_some() {
-            map.insert("rows".into(), json!(ev.rows));
-        }
-        if ev.count.is_some() {
-            map.insert("count".into(), json!(ev.count));
-            map.insert("last_at".into(), opt_time(ev.last_at_ms));
-        }
-        if self.derived {
-            map.insert("derived".into(), json!(true));
-        }
-        map.insert("detail".into(), json!(ev.detail));
-        object
+    }
+
+    fn json(&self) -> Value {
+        output::value(&self.wire())
     }
 
     /// One line for `--follow`: the table's columns, separated by two spaces.
@@ -789,40 +834,30 @@ impl Entry {
     }
 }
 
-impl Warning {
-    fn json(&self) -> Value {
-        json!({ "resource": self.resource, "kind": self.kind, "message": self.message })
-    }
-}
-
 impl Report for Timeline {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert(
-            "events".into(),
-            Value::Array(self.entries.iter().map(Entry::json).collect()),
-        );
-        map.insert("truncated".into(), json!(self.truncated));
-        map.insert("integrity_ok".into(), json!(self.warnings.is_empty()));
-        map.insert(
-            "warnings".into(),
-            Value::Array(self.warnings.iter().map(Warning::json).collect()),
-        );
-        map
+        output::fields(&TimelineJson {
+            events: self.entries.iter().map(Entry::wire).collect(),
+            truncated: self.truncated,
+            integrity_ok: self.warnings.is_empty(),
+            warnings: &self.warnings,
+        })
     }
 
     fn ndjson(&self) -> Option<Vec<Value>> {
         let mut lines: Vec<Value> = self.entries.iter().map(Entry::json).collect();
         lines.extend(self.warnings.iter().map(|w| {
-            let mut line = w.json();
-            line["kind"] = json!("warning");
-            line["warning"] = json!(w.kind);
-            line
+            output::value(&WarningLine {
+                resource: &w.resource,
+                kind: "warning",
+                message: &w.message,
+                warning: w.kind,
+            })
         }));
         if self.truncated {
-            lines.push(json!({
-                "kind": "truncated",
-                "message": "older events in the window were left out: narrow it with --since, or raise --limit",
+            lines.push(output::value(&TruncatedLine {
+                kind: "truncated",
+                message: "older events in the window were left out: narrow it with --since, or raise --limit",
             }));
         }
         Some(lines)

@@ -34,8 +34,8 @@ pub struct PgTarget {
     session: Session,
 }
 
-/// The result of one statement of the caller's SQL.
-#[derive(Debug, Default)]
+/// The result of one statement of the caller's SQL (as `fence write` prints it in JSON).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct StatementResult {
     /// Rows inserted, updated, deleted or returned.
     pub rows_affected: u64,
