@@ -1,4 +1,4 @@
-//! The JSON answers of `inspect` (with `--history`, `--target` and `--id`), `log` (json and
+//! The JSON answers of `inspect` (with `--history`, `--target`, `--id`, `--table`), `log` (json and
 //! ndjson, with a target), `write` (the three forms, ids applied and replayed), `run` (run,
 //! recorded, skipped), `doctor`, `bench` and `metrics`, pinned by their shape: every key in
 //! its order, nesting, `null` against an absent key, integer against float. They are a public
@@ -215,6 +215,11 @@ fn answers_keep_their_shape() {
         "run --id skipped",
         answer(json(&store, &["run", "job", "--id", "d1", "--", "true"]), 0),
     );
+    let table = ["inspect", "--target", &url, "--table", &jobs];
+    pin("inspect --table", answer(json(&store, &table), 0));
+    let protect = ["protect", "--target", &url, "--table", &jobs, "--resource", "r"];
+    json(&store, &protect).expect(0);
+    pin("inspect --table protected", answer(json(&store, &table), 0));
     pin(
         "doctor",
         answer(
@@ -313,6 +318,8 @@ run {ok:bool,op:str,resource:str,owner:str,token:int,exit_status:int,run_id:str,
 run exit 3 {ok:bool,op:str,resource:str,owner:str,token:int,exit_status:int,run_id:str,store:str}
 run --id {ok:bool,op:str,resource:str,owner:str,token:int,exit_status:int,run_id:str,store:str}
 run --id skipped {ok:bool,op:str,resource:str,run_id:str,skipped:bool,completed:{at:str,owner:str},store:str}
+inspect --table {ok:bool,op:str,target:str,tables:[{table:str,parent:null,kind:str,protected:bool,resource:null,enabled:null}],covers_later_partitions:bool}
+inspect --table protected {ok:bool,op:str,target:str,tables:[{table:str,parent:null,kind:str,protected:bool,resource:str,enabled:str}],covers_later_partitions:bool}
 doctor {ok:bool,op:str,findings:[{subject:str,check:str,severity:str,message:str,fix:str}],summary:{ok:int,warn:int,fail:int},store:str}
 inspect --target object ahead {ok:bool,op:str,resources:[{resource:str,state:str,owner:str,token:int,acquired_at:str,renewed_at:str,expires_at:str,expires_in_ms:int,events:[{at:str,kind:str,owner:str,token:int,detail:null}|{at:str,kind:str,owner:str,token:int,detail:str}],waiters:[]}],integrity_ok:bool,warnings:[{resource:str,kind:str,message:str}],targets:[{target:str,resource:str,highest_token:int,version:str,updated_at:str,updated_by:null}],store:str}
 log --target object ahead {ok:bool,op:str,events:[{at:str,resource:str,source:str,kind:str,owner:null,token:int,target:str,detail:str}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,count:int,last_at:str,detail:str}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,detail:null}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,detail:str}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,ttl_ms:int,expires_at:str,derived:bool,detail:str}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,ttl_ms:int,expires_at:str,detail:null}|{at:str,resource:str,source:str,kind:str,owner:str,token:int,ttl_ms:int,expires_at:str,previous_expires_at:str,detail:null}],truncated:bool,integrity_ok:bool,warnings:[{resource:str,kind:str,message:str}],store:str}
