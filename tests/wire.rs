@@ -217,7 +217,15 @@ fn answers_keep_their_shape() {
     );
     let table = ["inspect", "--target", &url, "--table", &jobs];
     pin("inspect --table", answer(json(&store, &table), 0));
-    let protect = ["protect", "--target", &url, "--table", &jobs, "--resource", "r"];
+    let protect = [
+        "protect",
+        "--target",
+        &url,
+        "--table",
+        &jobs,
+        "--resource",
+        "r",
+    ];
     json(&store, &protect).expect(0);
     pin("inspect --table protected", answer(json(&store, &table), 0));
     pin(

@@ -11,7 +11,6 @@
 //! the lease before it, and shown as `expired` events at that instant.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::time::Duration;
 
 use comfy_table::{presets, Table};
@@ -397,7 +396,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
                 Format::Ndjson => entry.json().to_string(),
                 _ => crate::terminal::terminal_safe(&entry.line(), false).into_owned(),
             };
-            if !out.quiet && print(&line).is_err() {
+            if !out.quiet && output::try_print_line(&line).is_err() {
                 // Nobody reads any more (a closed pipe): nothing left to do.
                 return Ok(());
             }
@@ -424,12 +423,6 @@ fn recovered(failing: &mut HashMap<String, bool>, source: &str) {
     if failing.insert(source.to_owned(), false).unwrap_or(false) {
         crate::terminal::warn(&format!("reading `{source}` again"));
     }
-}
-
-fn print(line: &str) -> std::io::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{line}")?;
-    stdout.flush()
 }
 
 fn now_ms() -> i64 {

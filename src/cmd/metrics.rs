@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::MetricsArgs;
 use crate::cmd::Context;
@@ -13,7 +14,7 @@ use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
 use crate::metrics::{render, seconds, Family};
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct Metrics {
     families: Vec<Family>,
@@ -186,24 +187,42 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
     })
 }
 
+/// One sample of the JSON answer (`metrics[]`): its family, its labels in their order, and
+/// its value (a float, as in the exposition).
+#[derive(Serialize)]
+struct SampleJson<'a> {
+    name: &'a str,
+    labels: Labels<'a>,
+    value: f64,
+}
+
+/// A sample's labels as one JSON object, in the order the family gives them.
+struct Labels<'a>(&'a [(&'static str, String)]);
+
+impl Serialize for Labels<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
 impl Report for Metrics {
     fn json(&self) -> Map<String, Value> {
-        let metrics: Vec<Value> = self
+        #[derive(Serialize)]
+        struct Json<'a> {
+            metrics: Vec<SampleJson<'a>>,
+        }
+        let metrics = self
             .families
             .iter()
             .flat_map(|f| {
-                f.samples().iter().map(|(labels, value)| {
-                    let labels: Map<String, Value> = labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-                        .collect();
-                    json!({ "name": f.name(), "labels": labels, "value": value })
+                f.samples().iter().map(|(labels, value)| SampleJson {
+                    name: f.name(),
+                    labels: Labels(labels),
+                    value: *value,
                 })
             })
             .collect();
-        let mut map = Map::new();
-        map.insert("metrics".into(), Value::Array(metrics));
-        map
+        output::fields(&Json { metrics })
     }
 
     fn human(&self) -> String {
