@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{Format, InspectArgs, StateFilter};
+use crate::cmd::log::WarningKind;
 use crate::cmd::Context;
 use crate::coordinator::{Coordinator, EventKind, Finding, InspectQuery, ResourceView, State};
 use crate::error::Error;
@@ -134,11 +135,11 @@ impl Inspected {
     /// What the history shows wrong: targets that accepted a token above the highest the
     /// coordinator issued for the resource ([`super::log::target_ahead`]), and grants whose
     /// token is not above an earlier grant's among the events shown. Kind, resource, message.
-    fn integrity_warnings(&self) -> Vec<(&'static str, String, String)> {
-        let mut warnings: Vec<(&'static str, String, String)> = self
+    fn integrity_warnings(&self) -> Vec<(WarningKind, String, String)> {
+        let mut warnings: Vec<(WarningKind, String, String)> = self
             .target_warnings()
             .into_iter()
-            .map(|(resource, message)| ("target_ahead", resource, message))
+            .map(|(resource, message)| (WarningKind::TargetAhead, resource, message))
             .collect();
         for v in &self.views {
             let mut before: Option<i64> = None;
@@ -149,7 +150,7 @@ impl Inspected {
                 };
                 if let Some(before) = before.filter(|&b| token <= b) {
                     warnings.push((
-                        "token_regressed",
+                        WarningKind::TokenRegressed,
                         v.resource.clone(),
                         super::log::token_regressed(&v.resource, before, token, e.at_ms),
                     ));
@@ -277,6 +278,7 @@ struct InspectJson<'a> {
 #[derive(Serialize)]
 struct WarningJson<'a> {
     resource: Cow<'a, str>,
+    /// A finding's (`damaged`, `restored`, …) or a [`WarningKind`].
     kind: &'static str,
     message: Cow<'a, str>,
 }
@@ -566,7 +568,7 @@ impl Report for Inspected {
                 .into_iter()
                 .map(|(kind, resource, message)| WarningJson {
                     resource: resource.into(),
-                    kind,
+                    kind: kind.as_str(),
                     message: message.into(),
                 }),
         );

@@ -45,12 +45,33 @@ pub struct Entry {
     pub derived: bool,
 }
 
+/// What the history proves wrong, by name on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarningKind {
+    /// A grant whose token is not above an earlier grant's.
+    TokenRegressed,
+    /// A target that accepted a token above the highest the store issued.
+    TargetAhead,
+    /// A release, or a write a target accepted, after the lease expired.
+    HeldPastTtl,
+}
+
+impl WarningKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarningKind::TokenRegressed => "token_regressed",
+            WarningKind::TargetAhead => "target_ahead",
+            WarningKind::HeldPastTtl => "held_past_ttl",
+        }
+    }
+}
+
 /// Something the history proves wrong (on the wire: `resource`, `kind`, `message`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Warning {
     pub resource: String,
-    /// `token_regressed`, `target_ahead` or `held_past_ttl`.
-    pub kind: &'static str,
+    pub kind: WarningKind,
     pub message: String,
 }
 
@@ -173,7 +194,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
                 if let Some(message) = target_ahead(target, resource, *highest, issued) {
                     warnings.push(Warning {
                         resource: resource.clone(),
-                        kind: "target_ahead",
+                        kind: WarningKind::TargetAhead,
                         message,
                     });
                 }
@@ -606,7 +627,7 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                     if token <= before {
                         warnings.push(Warning {
                             resource: resource.to_owned(),
-                            kind: "token_regressed",
+                            kind: WarningKind::TokenRegressed,
                             message: token_regressed(resource, before, token, ev.at_ms),
                         });
                     }
@@ -623,7 +644,7 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
-                        kind: "held_past_ttl",
+                        kind: WarningKind::HeldPastTtl,
                         message: format!(
                             "{} released `{resource}` (token {token}) at {}, {} after its lease expired at {} by the store's clock: whatever it did in between was done without a lease",
                             ev.owner.as_deref().unwrap_or("its owner"),
@@ -638,7 +659,7 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
-                        kind: "held_past_ttl",
+                        kind: WarningKind::HeldPastTtl,
                         message: format!(
                             "`{target}` accepted a write to `{resource}` with token {token} at {}, {} after that lease expired at {} by the store's clock (no newer token had written there yet): check what that write changed",
                             time::rfc3339(ev.at_ms),
@@ -844,7 +865,7 @@ impl Report for Timeline {
                 resource: &w.resource,
                 kind: "warning",
                 message: &w.message,
-                warning: w.kind,
+                warning: w.kind.as_str(),
             })
         }));
         if self.truncated {
@@ -891,7 +912,7 @@ impl Report for Timeline {
             );
         }
         for w in &self.warnings {
-            text.push_str(&format!("\nwarning ({}): {}\n", w.kind, w.message));
+            text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));
         }
         text
     }
