@@ -10,6 +10,7 @@ use crate::config::{
     parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
+use crate::timeline::EventKind;
 
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
 ///
@@ -443,8 +444,8 @@ pub struct LogArgs {
     pub token: Option<i64>,
 
     /// Only events of this kind (repeat for several).
-    #[arg(long = "kind", value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new(EVENT_KINDS))]
-    pub kinds: Vec<String>,
+    #[arg(long = "kind", value_name = "KIND")]
+    pub kinds: Vec<EventKind>,
 
     /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -481,23 +482,6 @@ pub struct MetricsArgs {
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
 }
-
-/// The kinds of event `fence log` shows.
-pub const EVENT_KINDS: [&str; 13] = [
-    "acquired",
-    "reacquired",
-    "taken_over",
-    "renewed",
-    "released",
-    "expired",
-    "renew_rejected",
-    "release_rejected",
-    "busy",
-    "conflict",
-    "write_accepted",
-    "write_rejected",
-    "pruned",
-];
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
 ///

@@ -30,7 +30,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Serialize;
 use tokio::time::{sleep_until, Instant};
 
 use crate::cli::{Format, RunArgs};
@@ -109,17 +109,29 @@ async fn record_completed(
 fn report_done(args: &RunArgs, id: &str, ctx: &Context, out: &Output, done: &Done) -> Exit {
     let at = done.at_ms.map(crate::time::rfc3339);
     if out.format == Format::Json {
-        let mut object = serde_json::Map::new();
-        object.insert("ok".into(), json!(true));
-        object.insert("op".into(), json!("run"));
-        object.insert("resource".into(), json!(args.resource));
-        object.insert("run_id".into(), json!(id));
-        object.insert("skipped".into(), json!(true));
-        object.insert("completed".into(), json!({ "at": at, "owner": done.owner }));
-        if let Some(store) = ctx.store_display() {
-            object.insert("store".into(), json!(store));
+        /// A skipped run: `completed` says when (null when unknown) and by whom.
+        #[derive(Serialize)]
+        struct Json<'a> {
+            resource: &'a str,
+            run_id: &'a str,
+            skipped: bool,
+            completed: Completed<'a>,
         }
-        crate::output::print_line(&serde_json::Value::Object(object).to_string());
+        #[derive(Serialize)]
+        struct Completed<'a> {
+            at: Option<String>,
+            owner: Option<&'a str>,
+        }
+        let answer = Json {
+            resource: &args.resource,
+            run_id: id,
+            skipped: true,
+            completed: Completed {
+                at,
+                owner: done.owner.as_deref(),
+            },
+        };
+        out.json_answer(true, "run", ctx.store_display(), &answer);
     } else if !out.quiet {
         crate::terminal::warn(&format!(
             "run `{id}` of `{}` already completed{}{}: the command was not started",
@@ -452,18 +464,23 @@ async fn supervise(
                 .or_else(|| status.signal().map(|s| 128 + s as u8))
                 .unwrap_or(1);
             if out.format == Format::Json {
-                let mut object = serde_json::Map::new();
-                object.insert("ok".into(), json!(true));
-                object.insert("op".into(), json!("run"));
-                object.insert("resource".into(), json!(lease.resource));
-                object.insert("owner".into(), json!(lease.owner));
-                object.insert("token".into(), json!(lease.token));
-                object.insert("exit_status".into(), json!(code));
-                object.insert("run_id".into(), json!(given_id));
-                if let Some(store) = ctx.store_display() {
-                    object.insert("store".into(), json!(store));
+                /// A run that ended: its lease, its command's status, its run id.
+                #[derive(Serialize)]
+                struct Json<'a> {
+                    resource: &'a str,
+                    owner: &'a str,
+                    token: i64,
+                    exit_status: u8,
+                    run_id: &'a str,
                 }
-                crate::output::print_line(&serde_json::Value::Object(object).to_string());
+                let answer = Json {
+                    resource: &lease.resource,
+                    owner: &lease.owner,
+                    token: lease.token,
+                    exit_status: code,
+                    run_id: &given_id,
+                };
+                out.json_answer(true, "run", ctx.store_display(), &answer);
             }
             Ok(Exit::Command(code))
         }

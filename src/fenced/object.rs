@@ -440,12 +440,13 @@ pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::timeline::Logged>, Error>
                 resource: resource.clone(),
                 at_us: entry.applied_at_ms.saturating_mul(1000),
                 event: crate::timeline::Event {
-                    at_ms: entry.applied_at_ms,
-                    kind: "write_accepted".into(),
                     owner: entry.owner,
                     token: Some(entry.token),
                     detail: Some(detail),
-                    ..crate::timeline::Event::default()
+                    ..crate::timeline::Event::new(
+                        crate::timeline::EventKind::WriteAccepted,
+                        entry.applied_at_ms,
+                    )
                 },
             }
         })

@@ -20,7 +20,7 @@ use crate::pg::sqlstate::{self, Fence};
 use crate::pg::window::LogWindow;
 use crate::pg::{self};
 use crate::signals::Interrupts;
-use crate::timeline::{Event, LogQuery, Logged};
+use crate::timeline::{Event, EventKind, LogQuery, Logged};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
@@ -34,8 +34,8 @@ pub struct PgTarget {
     session: Session,
 }
 
-/// The result of one statement of the caller's SQL.
-#[derive(Debug, Default)]
+/// The result of one statement of the caller's SQL (as `fence write` prints it in JSON).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct StatementResult {
     /// Rows inserted, updated, deleted or returned.
     pub rows_affected: u64,
@@ -591,13 +591,11 @@ impl PgTarget {
                         resource: row.get("resource"),
                         at_us,
                         event: Event {
-                            at_ms: at_us.div_euclid(1000),
-                            kind: row.get("kind"),
                             owner: row.get("owner"),
                             token: row.get("token"),
                             detail: row.get("detail"),
                             rows: row.get("rows_affected"),
-                            ..Event::default()
+                            ..Event::new(EventKind::parse(row.get("kind")), at_us.div_euclid(1000))
                         },
                     },
                 )

@@ -95,17 +95,16 @@ impl Session {
         self.server.cancel(&self.client.cancel_token()).await
     }
 
-    /// `init`: creates or migrates the schema; returns what it did and the version.
-    pub async fn init(&self) -> Result<(&'static str, i32), Error> {
+    /// `init`: creates or migrates the schema; returns the version it found (`None`: no
+    /// schema) and the version it is at now.
+    pub async fn init(&self) -> Result<(Option<i32>, i32), Error> {
         let before = self.schema_version().await?;
-        let action = match before {
+        match before {
             Some(v) if v > self.spec.version => return Err(self.newer_schema(v)),
-            Some(v) if v == self.spec.version => return Ok(("up_to_date", v)),
-            Some(_) => "migrated",
-            None => "created",
-        };
-        self.migrate().await?;
-        Ok((action, self.spec.version))
+            Some(v) if v == self.spec.version => return Ok((before, v)),
+            _ => self.migrate().await?,
+        }
+        Ok((before, self.spec.version))
     }
 
     /// Runs one request; a write creates the schema first if it does not exist yet, a read
