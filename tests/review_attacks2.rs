@@ -848,7 +848,17 @@ fn a_run_whose_connection_died_meanwhile_is_still_recorded() {
          WHERE pid <> pg_backend_pid() AND query LIKE '%{schema}.%'\" '{}'); [ \"$n\" -ge 1 ] || exit 3",
         store.url
     );
-    run_once(&store, "day-1", &kill).expect(0);
+    // A TTL far above what a reconnect can take on a loaded machine: the run must ride out
+    // the killed connection, not race its lease.
+    let log = store.home.path().join("log");
+    store
+        .fence()
+        .args([
+            "run", "r", "--ttl", "30s", "--id", "day-1", "--", "sh", "-c",
+        ])
+        .args([format!("echo ran >> '{}'; {kill}", log.display())])
+        .run()
+        .expect(0);
     assert!(store.lease("r#done:day-1").is_some(), "not recorded");
     let again = run_once(&store, "day-1", "exit 0").expect(0);
     assert!(again.stderr.contains("already completed"), "{again:?}");

@@ -407,6 +407,12 @@ fn spawn_run(store: &Store, extra: &[&str], script: &str) -> std::process::Child
         .unwrap()
 }
 
+/// Whether the leftover job whose pid the command wrote to `leftover` has stopped.
+fn leftover_gone(store: &Store) -> bool {
+    let pid = std::fs::read_to_string(store.home.path().join("leftover")).unwrap();
+    !Path::new(&format!("/proc/{}", pid.trim())).exists()
+}
+
 /// Holds: the command exits 0 at once but leaves a background job that ignores SIGTERM (a
 /// slow upload finishing, a `nohup`ed helper), with a TTL far below `--kill-after`. The
 /// reaper stops leftovers (SIGTERM, SIGKILL a second later) before it reports the command's
@@ -420,7 +426,7 @@ fn leftovers_are_covered_by_the_lease_until_they_are_gone() {
     let first = spawn_run(
         &store,
         &["--id", "day-1", "--ttl", "1s", "--kill-after", "8s"],
-        "(trap '' TERM; sleep 3; echo A-leftover-done >> log) & echo A >> log",
+        "(trap '' TERM; sleep 30; echo A-leftover-done >> log) & echo $! > leftover; echo A >> log",
     );
     wait_for("the first command", Duration::from_secs(30), || {
         log_lines(&log).contains(&"A".to_owned())
@@ -431,6 +437,9 @@ fn leftovers_are_covered_by_the_lease_until_they_are_gone() {
         "echo B >> log",
     );
     let first = common::wait_output("the first run", first, Duration::from_secs(60));
+    // The leftover (asleep for far longer than any stop takes) is gone once the first run
+    // has ended, and so before its lease was released.
+    assert!(leftover_gone(&store), "first: {first:?}");
     let second = common::wait_output("the second run", second, Duration::from_secs(60));
     let lines = log_lines(&log);
     assert!(
@@ -453,10 +462,11 @@ fn a_run_whose_leftovers_were_killed_is_not_recorded_as_completed() {
     let first = spawn_run(
         &store,
         &["--id", "day-1"],
-        "(trap '' TERM; sleep 3; echo A-leftover-done >> log) & echo A >> log",
+        "(trap '' TERM; sleep 30; echo A-leftover-done >> log) & echo $! > leftover; echo A >> log",
     );
     let first = common::wait_output("the first run", first, Duration::from_secs(60));
     assert_eq!(log_lines(&log), ["A"], "{first:?}");
+    assert!(leftover_gone(&store), "first: {first:?}");
     let second = spawn_run(&store, &["--id", "day-1"], "echo B >> log");
     let second = common::wait_output("the second run", second, Duration::from_secs(60));
     assert_eq!(
