@@ -343,7 +343,12 @@ async fn supervise(
                 // No renewal was confirmed in time (the store is unreachable, or this process
                 // was paused): stop the command first, then ask once why, for the report.
                 forward(pgid, libc::SIGTERM);
-                let reason = match tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await {
+                let asked = tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await;
+                if asked.is_err() {
+                    // Unanswered, it must not renew the lease later (see `cancel_pending`).
+                    coordinator.cancel_pending().await;
+                }
+                let reason = match asked {
                     Ok(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
                     Ok(Err(Error::LeaseLost { reason, .. })) => reason,
                     Ok(Ok(_)) => {
