@@ -113,15 +113,23 @@ impl FileCoordinator {
                 query.since_ms.is_some_and(|since| e.at_ms < since)
             })
             .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+            // The log's order is the order the store decided in (appended under the
+            // resource's lock); the wall-clock stamps are only each writer's clock, and one
+            // writer's clock running fast must not reorder them (a false "token regressed").
+            // So the sort key never goes down along the log, while each event keeps its time.
+            let mut key = i64::MIN;
             logged.extend(
                 tail.events
                     .into_iter()
                     .rev()
                     .filter(|e| query.in_window(e.at_ms))
-                    .map(|e| Logged {
-                        resource: name.clone(),
-                        at_us: e.at_ms.saturating_mul(1000),
-                        event: e.into_event(),
+                    .map(|e| {
+                        key = key.max(e.at_ms.saturating_mul(1000));
+                        Logged {
+                            resource: name.clone(),
+                            at_us: key,
+                            event: e.into_event(),
+                        }
                     }),
             );
             let windows = attempts::read(&paths.attempts)
