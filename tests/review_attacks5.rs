@@ -1293,14 +1293,16 @@ fn foreign_non_ascii_metadata(store: &Store) {
     }
 }
 
+/// Fixed: an answer the client cannot read is a definite error (exit 1) naming the header,
+/// not retried as if the network had failed.
 #[test]
-#[ignore = "FINDING: an S3 object whose metadata another client wrote with raw non-ASCII bytes makes fence write --from and inspect --target exit 7 `unavailable` (after 10 s of retries) with a network/credentials hint, forever; foreign metadata should be ignored, or be a definite error naming it"]
 fn foreign_non_ascii_metadata_s3() {
     foreign_non_ascii_metadata(&Store::new(common::Backend::S3));
 }
 
+/// Fixed: an answer the client cannot read is a definite error (exit 1) naming the header,
+/// not retried as if the network had failed.
 #[test]
-#[ignore = "FINDING: as on moto, LocalStack's S3: raw non-ASCII foreign metadata makes fence write and inspect --target exit 7 with a network hint, forever"]
 fn foreign_non_ascii_metadata_localstack() {
     foreign_non_ascii_metadata(&Store::new(common::Backend::LocalStack));
 }

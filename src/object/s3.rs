@@ -42,6 +42,27 @@ fn status_of(err: &object_store::Error) -> Option<(u16, String)> {
     Some((status, text[at + 3..].to_owned()))
 }
 
+/// Whether the server answered (no HTTP status failed, no connection or transfer failed: no
+/// `HttpError` anywhere in the error's sources) and the client could not make sense of the
+/// answer, as with a metadata header that is not UTF-8 (written raw by another client): the
+/// same answer comes again on every retry.
+fn answered_unreadably(err: &object_store::Error) -> bool {
+    if status_of(err).is_some() || matches!(err, object_store::Error::NotFound { .. }) {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(current) = source {
+        if current
+            .downcast_ref::<object_store::client::HttpError>()
+            .is_some()
+        {
+            return false;
+        }
+        source = current.source();
+    }
+    matches!(err, object_store::Error::Generic { .. })
+}
+
 /// What to do with a failed request.
 enum Failure {
     /// Worth another attempt after this pause.
@@ -210,6 +231,15 @@ impl S3Objects {
                 }
                 Err(err) => err,
             };
+            if answered_unreadably(&err) {
+                return Err(Error::internal(
+                    format!(
+                        "cannot {what} at `{}`: the server answered, but its answer cannot be read: {err}",
+                        self.display
+                    ),
+                    "another client probably stored metadata fence's S3 client cannot read (a value that is not ASCII): rewrite the object without it (e.g. `aws s3 cp` onto itself with `--metadata-directive REPLACE`), and write fenced objects only through fence",
+                ));
+            }
             match self.failure(&what, &err, attempt, None) {
                 Failure::Retry(pause) => tokio::time::sleep(pause).await,
                 Failure::Fail(err) => return Err(err),
