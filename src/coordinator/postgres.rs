@@ -26,10 +26,21 @@
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!
-//! The price of exact order, measured with `fence bench` (README, Performance): a released
-//! lease always goes to another process (the head), never back to the releasing worker, so a
-//! hot resource with sub-millisecond critical sections hands over at the pace of a
-//! notification and a poll (~5 ms here) rather than at the pace of one worker's loop.
+//! The hand-off (schema version 6): a release grants the lease to a live head of the queue in
+//! its own statement and commit ([`RELEASE`]), so a hand-off costs one durable commit, not
+//! two. Each poll tells the server when the waiter is next [`due`] (its promise plus a tenth
+//! and [`DUE_SLACK`]); a head past it (paused, killed) is not handed anything. The head,
+//! notified (`g<id>`), takes the grant up in its next poll without writing the lease, and
+//! only if the lease is still that grant (its row holds the token: waiters that share an
+//! owner name each take only their own); one that comes back after the grant expired is told
+//! (`lost`) and rejoins at the back. A waiter that leaves ([`Coordinator::unwait`]) releases
+//! a grant it did not take up (`wait_leave`), so a give-up never leaves the lease held by no
+//! one; if that call fails, the grant lives until its TTL, as a holder's lease whose release
+//! failed does. `fence run` bounds a lease by when its granting poll was sent and the expiry
+//! left that poll reports, which is no later than the server's expiry for a handed lease too.
+//! The lease still always goes to another process, never back to the releasing worker: a hot
+//! resource hands over at the pace of a commit, a notification and a poll (README,
+//! Performance).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -56,7 +67,7 @@ use crate::timeline::newest;
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 5,
+    version: 6,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
@@ -84,6 +95,11 @@ pub const FAR_MAX: Duration = Duration::from_secs(10);
 /// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
 /// the head holds the queue up for its promise plus this, then is skipped.
 pub const GRACE: Duration = Duration::from_secs(5);
+/// How late past its promise a waiter's poll may come and still find a lease a release
+/// handed it while it was late: its sleep's jitter (a tenth either way) and a round trip on a
+/// loaded machine. A release hands the lease only to a head whose promise plus this is
+/// ahead (its row's `due`): a paused or killed head is passed over sooner than its row dies.
+const DUE_SLACK: Duration = Duration::from_millis(100);
 /// Resources per `fence prune` statement: each is one short transaction.
 const PRUNE_PAGE: usize = 1_000;
 /// The longest a queued waiter sleeps when its wait has no end.
@@ -127,6 +143,12 @@ fn promise(place: i64) -> Duration {
     }
     let ahead = u32::try_from(place - WINDOW).unwrap_or(u32::MAX);
     FAR_STEP.saturating_mul(ahead).min(FAR_MAX).max(NEAR_POLL)
+}
+
+/// When, from its poll, a waiter that promised `promise` is due: the latest a live waiter's
+/// next poll comes (its row's `due`, see [`DUE_SLACK`]).
+fn due(promise: Duration) -> i64 {
+    i64::try_from((promise + promise / 10 + DUE_SLACK).as_millis()).unwrap_or(i64::MAX)
 }
 
 pub struct PgCoordinator {
@@ -268,25 +290,30 @@ impl PgCoordinator {
                 .call(
                     &what,
                     true,
-                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6)",
+                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6, $7)",
                     &[
                         (&resource, Type::TEXT),
                         (&owner, Type::TEXT),
                         (&ttl, Type::INT8),
                         (&waiter, Type::INT8),
+                        (&due(promise), Type::INT8),
                         (&live, Type::INT8),
                         (&listen_within, Type::INT8),
                     ],
                 )
                 .await?;
             let answer = Answer::from_rows(&rows)?;
-            if answer.status != "lapsed" {
-                return Ok(answer);
+            match answer.status.as_str() {
+                "lapsed" => crate::terminal::warn(&format!(
+                    "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
+                    GRACE.as_secs()
+                )),
+                "lost" => crate::terminal::warn(&format!(
+                    "warning: this waiter for `{resource}` was handed the lease (token {}) but polled again only after it had expired (paused, or the server unreachable), so it was not acquired; it joins the queue again at the back",
+                    answer.token.unwrap_or_default()
+                )),
+                _ => return Ok(answer),
             }
-            crate::terminal::warn(&format!(
-                "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
-                GRACE.as_secs()
-            ));
         }
         // Joining: the row must outlive the slowest first poll.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
@@ -294,11 +321,12 @@ impl PgCoordinator {
             .call(
                 &what,
                 true,
-                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5)",
+                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5, $6)",
                 &[
                     (&resource, Type::TEXT),
                     (&owner, Type::TEXT),
                     (&ttl, Type::INT8),
+                    (&due(FAR_MAX), Type::INT8),
                     (&live, Type::INT8),
                     (&listen_within, Type::INT8),
                 ],
@@ -1097,8 +1125,8 @@ impl Coordinator for PgCoordinator {
                 // The connection is gone (the next poll reconnects), or the time is up.
                 Ok(None) | Err(_) => return Ok(()),
             };
-            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted;
-            // `l<id>:<resource>` waiter <id> left.
+            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted (by its
+            // own poll, or handed the lease by a release); `l<id>:<resource>` waiter <id> left.
             let Some((event, moved)) = payload.split_once(':') else {
                 continue;
             };
@@ -1116,6 +1144,8 @@ impl Coordinator for PgCoordinator {
             let poll = match event.split_at_checked(1) {
                 // Only the head can take a released lease.
                 Some(("r", _)) => queue.place <= 1,
+                // A release handed this waiter the lease: its next poll takes it up.
+                Some(("g", id)) if queue.waiter.is_some_and(|mine| id.parse() == Ok(mine)) => true,
                 // The queue moved up: follow it; a new head polls at once only if the lease
                 // may be free (a waiter left; a grant means the lease is held).
                 Some((kind @ ("g" | "l"), id)) if ahead(id) => {
