@@ -75,6 +75,35 @@ fn wait_until_overdue(schema: &str, owner: &str) {
     );
 }
 
+/// Stops waiter `child` (SIGSTOP) as if just after a poll that promised the next one 60 s
+/// later (its row's `due`, set here as that poll would): a release hands it the lease, which
+/// it cannot take up until resumed.
+fn stop_while_live(schema: &str, owner: &str, child: &Child) {
+    kill(child.id(), libc::SIGSTOP);
+    // A poll it sent before it stopped runs to its end on the server.
+    wait_for(
+        "the stopped waiter's last poll to end",
+        Duration::from_secs(20),
+        || {
+            pg_query(
+                &pg_superuser(),
+                &format!(
+                    "SELECT 1 FROM pg_stat_activity WHERE state <> 'idle' \
+                     AND pid <> pg_backend_pid() AND query LIKE '%{schema}.wait_%'"
+                ),
+            )
+            .is_empty()
+        },
+    );
+    pg_query(
+        &pg_superuser(),
+        &format!(
+            "UPDATE {schema}.waiters SET due = clock_timestamp() + interval '60 seconds', \
+             deadline = clock_timestamp() + interval '65 seconds' WHERE owner = '{owner}'"
+        ),
+    );
+}
+
 /// Waits until the row of waiter `owner` has just been polled: its promised poll (`due`) is
 /// still at least `margin` ahead by the server's clock, so that a release sent now finds it
 /// live however slowly this test's next command starts.
@@ -692,9 +721,7 @@ fn postgres_a_waiter_that_leaves_when_handed_the_lease_releases_it() {
     wait_for("the waiter to queue", Duration::from_secs(20), || {
         queue_rows(&schema, "job") == ["leaver"]
     });
-    // Stopped while live, so that it is handed the lease but cannot take it up.
-    wait_until_polled(&schema, "leaver", Duration::from_millis(150));
-    kill(waiter.id(), libc::SIGSTOP);
+    stop_while_live(&schema, "leaver", &waiter);
     store.fence().release(&held);
     let row = pg_query(
         &pg_superuser(),
@@ -748,8 +775,7 @@ fn postgres_a_handed_lease_that_expired_is_not_reported_acquired() {
     wait_for("the waiter to queue", Duration::from_secs(20), || {
         queue_rows(&schema, "job") == ["sleeper"]
     });
-    wait_until_polled(&schema, "sleeper", Duration::from_millis(150));
-    kill(waiter.id(), libc::SIGSTOP);
+    stop_while_live(&schema, "sleeper", &waiter);
     store.fence().release(&held);
     assert_eq!(lease_row(&schema).0, "sleeper");
     let mut taken = None;

@@ -247,6 +247,16 @@ BEGIN
         END IF;
         RETURN;
     END IF;
+    -- A live lease of the caller's owner name is another process's (a waiter of the same name
+    -- that was granted or handed it): its turn has not come, however its owner is named.
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.resource = p_resource
+               AND l.owner = p_owner AND l.expires_at > clock_timestamp()) THEN
+        SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
+            waiter, place
+        FROM __SCHEMA__.wait_answer(p_resource, p_waiter);
+        LISTEN fence___SCHEMA__;
+        RETURN;
+    END IF;
     SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
     FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
     place := 1;
