@@ -717,7 +717,7 @@ fn postgres_a_waiter_that_leaves_when_handed_the_lease_releases_it() {
     let held = store
         .fence()
         .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
-    let mut waiter = acquire_waiter(&store, "leaver", "60s", "60s");
+    let waiter = acquire_waiter(&store, "leaver", "60s", "60s");
     wait_for("the waiter to queue", Duration::from_secs(20), || {
         queue_rows(&schema, "job") == ["leaver"]
     });
