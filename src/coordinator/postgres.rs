@@ -315,7 +315,9 @@ impl PgCoordinator {
                 _ => return Ok(answer),
             }
         }
-        // Joining: the row must outlive the slowest first poll.
+        // Joining: the row must outlive the slowest first poll; but until that poll tells it
+        // its place, the newcomer promises no more than a head does, so that one paused as it
+        // joins is not handed a lease for longer than a paused head would be.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
         let rows = self
             .call(
@@ -326,7 +328,7 @@ impl PgCoordinator {
                     (&resource, Type::TEXT),
                     (&owner, Type::TEXT),
                     (&ttl, Type::INT8),
-                    (&due(FAR_MAX), Type::INT8),
+                    (&due(NEAR_POLL), Type::INT8),
                     (&live, Type::INT8),
                     (&listen_within, Type::INT8),
                 ],
