@@ -861,14 +861,17 @@ impl Coordinator for PgCoordinator {
 
     /// One upsert into `attempts`, sent as it is: on a schema older than version 5 (no such
     /// table) nothing is recorded, since the refused path never migrates the schema (that
-    /// is `fence init`'s, or the next write's that needs it).
+    /// is `fence init`'s, or the next write's that needs it). History, not safety: committed
+    /// with `synchronous_commit` off, as the waiters' rows are, so that every waiter of a hot
+    /// resource does not wait for a WAL flush of its own (a crash may lose the last ones).
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
         let what = format!("record the refused attempt on `{}`", attempt.resource);
         let sql = "INSERT INTO __SCHEMA__.attempts AS a \
              (resource, minute, owner, kind, count, first_at, last_at, token, detail) \
              SELECT $1, date_trunc('minute', c.now), \
                $2, $3, 1, c.now, c.now, $4, $5 \
-             FROM (SELECT clock_timestamp() AS now) c \
+             FROM (SELECT clock_timestamp() AS now, \
+               set_config('synchronous_commit', 'off', true) AS synchronous_commit) c \
              ON CONFLICT (resource, minute, owner, kind) DO UPDATE \
              SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
                detail = EXCLUDED.detail"
