@@ -567,8 +567,10 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
 -- Version 5, continued: no PL/pgSQL on the one-shot path.
 -- A new connection compiles each PL/pgSQL function on its first call and plans its
 -- statements (about 3 ms of a one-shot `fence acquire`). Acquire, renew and release are now
--- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/postgres.rs),
--- with the same semantics as the functions above; those stay, for the waiters (`wait_enter`
+-- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/pg_one_shot.rs),
+-- with the same semantics as the functions above (except that since version 6 `RELEASE` also
+-- hands the lease to a live head of the queue, which the `release` function of fence 4 never
+-- does: its waiters are then served by their own polls); those stay, for the waiters (`wait_enter`
 -- and `wait_poll` call `acquire`: waiting is not one-shot) and for fence binaries of
 -- version 4 still running during an upgrade. The guard's UPDATE trigger calls its function
 -- only for an update it refuses (the WHEN clause is an expression the executor evaluates,
