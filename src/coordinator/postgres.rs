@@ -32,8 +32,9 @@
 //! and [`DUE_SLACK`]); a head past it (paused, killed) is not handed anything. The head,
 //! notified (`g<id>`), takes the grant up in its next poll without writing the lease, and
 //! only if the lease is still that grant (its row holds the token: waiters that share an
-//! owner name each take only their own); one that comes back after the grant expired is told
-//! (`lost`) and rejoins at the back. A waiter that leaves ([`Coordinator::unwait`]) releases
+//! owner name each take only their own); a grant that ran out first (a TTL shorter than the
+//! wake-up, a pause) is dropped, and the waiter, still the head, is served as any head is. A
+//! waiter that leaves ([`Coordinator::unwait`]) releases
 //! a grant it did not take up (`wait_leave`), so a give-up never leaves the lease held by no
 //! one; if that call fails, the grant lives until its TTL, as a holder's lease whose release
 //! failed does. `fence run` bounds a lease by when its granting poll was sent and the expiry
@@ -303,17 +304,13 @@ impl PgCoordinator {
                 )
                 .await?;
             let answer = Answer::from_rows(&rows)?;
-            match answer.status.as_str() {
-                "lapsed" => crate::terminal::warn(&format!(
-                    "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
-                    GRACE.as_secs()
-                )),
-                "lost" => crate::terminal::warn(&format!(
-                    "warning: this waiter for `{resource}` was handed the lease (token {}) but polled again only after it had expired (paused, or the server unreachable), so it was not acquired; it joins the queue again at the back",
-                    answer.token.unwrap_or_default()
-                )),
-                _ => return Ok(answer),
+            if answer.status != "lapsed" {
+                return Ok(answer);
             }
+            crate::terminal::warn(&format!(
+                "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
+                GRACE.as_secs()
+            ));
         }
         // Joining: the row must outlive the slowest first poll; but until that poll tells it
         // its place, the newcomer promises no more than a head does, so that one paused as it

@@ -105,8 +105,8 @@ CREATE INDEX IF NOT EXISTS waiters_resource_id ON __SCHEMA__.waiters (resource, 
 -- `ttl_ms` the TTL it asks for, both set by each poll; a row of fence of version 5 has
 -- neither and is never handed a lease. `granted_token` is the token a release granted the
 -- waiter: the row has left the queue (places and the head are counted without it), and the
--- waiter's next poll takes the lease up (or finds it lost, if it expired meanwhile), or its
--- wait_leave releases it. Nullable without a default: adding them rewrites nothing.
+-- waiter's next poll takes the lease up (or, if it expired meanwhile, drops the grant and is
+-- the head again), or its wait_leave releases it. Nullable without a default: adding them rewrites nothing.
 ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS due timestamptz;
 ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
 ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS granted_token bigint;
@@ -191,10 +191,10 @@ $fn$;
 -- p_listen_within of the head LISTENs (it keeps its connection); a granted one stops.
 -- (Behind a transaction-mode pooler LISTEN is lost with the server connection it ran on:
 -- the waiters near the head poll as well.)
--- A row a release handed the lease to (`granted_token`) is taken up: the row is removed, and
--- the answer is `acquired` with the lease if the lease is still that grant (the token and
--- owner, not expired), without writing the lease; else `lost` (the waiter came back after
--- its grant expired, and may have been taken over), with the granted token.
+-- A row a release handed the lease to (`granted_token`) is taken up if the lease is still
+-- that grant (the token and owner, not expired): the row is removed and the answer is
+-- `acquired`, without writing the lease. A grant that ran out first is dropped, and the
+-- waiter, back in its place at the head, is served as the queue serves any head.
 -- `lapsed`: the caller's row was deleted as dead.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_poll(p_resource text, p_owner text, p_ttl_ms bigint,
     p_waiter bigint, p_due_ms bigint, p_live_ms bigint, p_listen_within bigint,
@@ -218,10 +218,10 @@ BEGIN
     END IF;
     waiter := p_waiter;
     IF v_granted IS NOT NULL THEN
-        DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
-        UNLISTEN fence___SCHEMA__;
         SELECT * INTO r FROM __SCHEMA__.leases AS l WHERE l.resource = p_resource;
         IF r.token = v_granted AND r.owner = p_owner AND r.expires_at > clock_timestamp() THEN
+            DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
+            UNLISTEN fence___SCHEMA__;
             status := 'acquired';
             place := 1;
             token := r.token; owner := r.owner;
@@ -229,11 +229,11 @@ BEGIN
             expires_ms := __SCHEMA__.ms(r.expires_at);
             expires_in_ms := __SCHEMA__.ms(r.expires_at) - __SCHEMA__.ms(clock_timestamp());
             ttl_ms := r.ttl_ms;
-        ELSE
-            status := 'lost';
-            token := v_granted;
+            RETURN;
         END IF;
-        RETURN;
+        -- The grant ran out before this poll (a TTL shorter than the wake-up, a pause): the
+        -- waiter keeps its place, and is served below as any head is.
+        UPDATE __SCHEMA__.waiters w SET granted_token = NULL WHERE w.id = p_waiter;
     END IF;
     DELETE FROM __SCHEMA__.waiters w
     WHERE w.resource = p_resource AND w.id < p_waiter AND w.deadline < clock_timestamp();
