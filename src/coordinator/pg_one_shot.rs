@@ -146,12 +146,15 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true";
 /// The hand-off (schema version 6): when the resource's queue of `--wait` waiters has a head
 /// that is live by its promise (the first row not granted and not past its deadline, whose
 /// `due`, the next poll it promised, is still ahead by the server's clock read after the
-/// lease row's lock), the same UPDATE grants the lease to it: token + 1, its owner and TTL,
+/// lease row's lock) and whose TTL outlasts that promise (a grant it could not take up in
+/// time would run out unused: a 10 ms lease is left to the head's own acquire), the same
+/// UPDATE grants the lease to it: token + 1, its owner and TTL,
 /// expiry from that clock. The events are `released` (this owner and token) then `acquired`
 /// (the waiter's), both at that instant, in that order; the waiter's row records the token
 /// (`granted_token`), so the waiter knows the grant is its own whatever its owner's name, and
 /// is notified (`g<id>:<resource>`, which also moves the listening waiters behind it up). A
-/// head that is late (paused, killed, cut off) or of fence of version 5 gets nothing: the
+/// head that is late (paused, killed, cut off), asks for too short a TTL, or is of fence of
+/// version 5 (no `due`) gets nothing: the
 /// lease is freed and the head woken (`r:<resource>`), as before, and the queue's own polls
 /// take it from there. The head's row is locked (`FOR UPDATE`) before the lease row, as the
 /// waiters' functions lock their row before the lease, so that a waiter's poll or departure
@@ -179,7 +182,10 @@ released AS (
                CASE WHEN x.handed THEN x.now + h.ttl_ms * interval '1 millisecond' END,
                CASE WHEN x.handed THEN h.ttl_ms ELSE l.ttl_ms END,
                CASE WHEN x.handed THEN l.expires_at ELSE l.previous_expires_at END
-        FROM (SELECT c.now, coalesce(h.due > c.now AND h.ttl_ms IS NOT NULL, false) AS handed
+        FROM (SELECT c.now,
+                     coalesce(h.due > c.now
+                              AND c.now + h.ttl_ms * interval '1 millisecond' > h.due, false)
+                         AS handed
               FROM (SELECT clock_timestamp() AS now) c) x)
     FROM (SELECT) AS one LEFT JOIN head h ON true
     WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
