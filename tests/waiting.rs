@@ -75,10 +75,10 @@ fn wait_until_overdue(schema: &str, owner: &str) {
     );
 }
 
-/// Stops waiter `child` (SIGSTOP) as if just after a poll that promised the next one 60 s
-/// later (its row's `due`, set here as that poll would): a release hands it the lease, which
-/// it cannot take up until resumed.
-fn stop_while_live(schema: &str, owner: &str, child: &Child) {
+/// Stops waiter `child` (SIGSTOP) as if just after a poll that promised the next one `due`
+/// later (its row's `due`, set here as that poll would): a release within that time hands it
+/// the lease (if its TTL outlasts `due`), which it cannot take up until resumed.
+fn stop_while_live(schema: &str, owner: &str, child: &Child, due: Duration) {
     kill(child.id(), libc::SIGSTOP);
     // A poll it sent before it stopped runs to its end on the server.
     wait_for(
@@ -98,8 +98,9 @@ fn stop_while_live(schema: &str, owner: &str, child: &Child) {
     pg_query(
         &pg_superuser(),
         &format!(
-            "UPDATE {schema}.waiters SET due = clock_timestamp() + interval '60 seconds', \
-             deadline = clock_timestamp() + interval '65 seconds' WHERE owner = '{owner}'"
+            "UPDATE {schema}.waiters SET due = clock_timestamp() + {due} * interval '1 millisecond', \
+             deadline = clock_timestamp() + interval '65 seconds' WHERE owner = '{owner}'",
+            due = due.as_millis()
         ),
     );
 }
@@ -721,7 +722,7 @@ fn postgres_a_waiter_that_leaves_when_handed_the_lease_releases_it() {
     wait_for("the waiter to queue", Duration::from_secs(20), || {
         queue_rows(&schema, "job") == ["leaver"]
     });
-    stop_while_live(&schema, "leaver", &waiter);
+    stop_while_live(&schema, "leaver", &waiter, Duration::from_secs(30));
     store.fence().release(&held);
     let row = pg_query(
         &pg_superuser(),
@@ -772,17 +773,17 @@ fn postgres_a_handed_lease_that_expired_is_not_reported_acquired() {
     let held = store
         .fence()
         .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
-    let mut waiter = acquire_waiter(&store, "sleeper", "8s", "200ms");
+    let mut waiter = acquire_waiter(&store, "sleeper", "8s", "10s");
     wait_for("the waiter to queue", Duration::from_secs(20), || {
         queue_rows(&schema, "job") == ["sleeper"]
     });
-    stop_while_live(&schema, "sleeper", &waiter);
+    stop_while_live(&schema, "sleeper", &waiter, Duration::from_secs(8));
     store.fence().release(&held);
     assert_eq!(lease_row(&schema).0, "sleeper");
     let mut taken = None;
     wait_for(
         "the handed lease to expire and be taken over",
-        Duration::from_secs(20),
+        Duration::from_secs(40),
         || {
             let out = store
                 .fence()
