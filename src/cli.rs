@@ -10,6 +10,7 @@ use crate::config::{
     parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
 use crate::exit::Exit;
+use crate::timeline::EventKind;
 
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
 ///
@@ -443,8 +444,8 @@ pub struct LogArgs {
     pub token: Option<i64>,
 
     /// Only events of this kind (repeat for several).
-    #[arg(long = "kind", value_name = "KIND", value_parser = clap::builder::PossibleValuesParser::new(EVENT_KINDS))]
-    pub kinds: Vec<String>,
+    #[arg(long = "kind", value_name = "KIND")]
+    pub kinds: Vec<EventKind>,
 
     /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
     #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -481,23 +482,6 @@ pub struct MetricsArgs {
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
 }
-
-/// The kinds of event `fence log` shows.
-pub const EVENT_KINDS: [&str; 13] = [
-    "acquired",
-    "reacquired",
-    "taken_over",
-    "renewed",
-    "released",
-    "expired",
-    "renew_rejected",
-    "release_rejected",
-    "busy",
-    "conflict",
-    "write_accepted",
-    "write_rejected",
-    "pruned",
-];
 
 /// Write to a protected PostgreSQL database or an object with your fencing token.
 ///
@@ -586,11 +570,13 @@ pub struct WriteArgs {
 
     /// A write id (idempotency key), e.g. `publish-2026-12-04`: 1 to 64 of A-Z a-z 0-9 . _ -
     /// : @ +. Recorded with the effect, atomically (transaction form: in the same transaction;
-    /// objects: in the object's metadata, by the same conditional put). A write whose id was
-    /// already applied — by anyone, with any token — writes nothing and exits 0
-    /// (`"replayed": true`). After exit 8, run the same command again: it says whether the
-    /// first one landed. Under `fence run --id`, derive it from `$FENCE_RUN_ID`. Objects
-    /// remember their last 8 ids; PostgreSQL keeps them until deleted.
+    /// objects: in the object's metadata, by the same conditional put), with a digest of the
+    /// SQL or bytes. A write whose id was already applied — by anyone, with any token — writes
+    /// nothing: the same SQL or bytes exit 0 (`"replayed": true`); other SQL or bytes exit 6
+    /// (`"reason": "id_reused"`: one id, two different writes). After exit 8, run the same
+    /// command again: it says whether the first one landed. Under `fence run --id`, derive
+    /// one per write from `$FENCE_RUN_ID`. Objects remember their last 8 ids; PostgreSQL keeps
+    /// them until deleted.
     #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 
@@ -675,8 +661,8 @@ pub struct ProtectArgs {
 /// `spread` — workers on --resources resources picked at random, refused when busy;
 /// `handoff` — like contend, with each holder keeping the lease for --hold, to time hand-offs.
 ///
-/// The bench works in a scratch namespace of the store (schema `fence_bench_<pid>` on
-/// PostgreSQL, a `bench-<pid>` directory in the local store) and removes it afterwards.
+/// The bench works in a scratch namespace of the store (schema `fence_bench_<pid>_<hex>` on
+/// PostgreSQL, a `bench-<pid>-<hex>` directory or prefix elsewhere) and removes it afterwards.
 ///
 /// Example:
 ///   fence bench --store postgres://app@db/app --workers 16 --duration 10s --mode contend

@@ -55,6 +55,12 @@ pub enum ConflictKind {
     ConcurrentWrite { version: Option<String> },
     /// The object is fenced by another resource's tokens.
     OtherResource { stored: String },
+    /// The write id was applied already, to a different write (other SQL or other bytes):
+    /// neither replayed nor applied.
+    IdReused {
+        write_id: String,
+        applied_token: i64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +185,12 @@ fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
         ConflictKind::OtherResource { stored } => format!(
             "the object is fenced by resource `{stored}`, not `{resource}`; nothing was written"
         ),
+        ConflictKind::IdReused {
+            write_id,
+            applied_token,
+        } => format!(
+            "write id `{write_id}` of `{resource}` was used already, with token {applied_token}, for a different write (its SQL or bytes differ); this one was not applied"
+        ),
     }
 }
 
@@ -253,8 +265,13 @@ impl Error {
                 "wait longer (--wait DURATION, or --wait alone for no limit); `fence inspect {}` shows the holder",
                 shell_word(resource)
             ),
-            Error::Stale { resource, .. } => format!(
-                "another owner has acquired `{resource}` since: stop working under this token and acquire again if the work must go on"
+            Error::Stale {
+                resource,
+                highest_token,
+                ..
+            } => format!(
+                "`{resource}` was granted again since (token {highest_token}; `fence inspect {}` shows by whom): stop working under this token, and acquire again if the work must go on",
+                shell_word(resource)
             ),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
@@ -275,6 +292,9 @@ impl Error {
                 }
                 ConflictKind::OtherResource { .. } => {
                     "write the object with the resource that guards it".into()
+                }
+                ConflictKind::IdReused { .. } => {
+                    "give each write its own --id (e.g. \"$FENCE_RUN_ID-load\"); a retry must send the same SQL or bytes as the write that first used the id".into()
                 }
                 _ => format!(
                     "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
@@ -368,6 +388,14 @@ impl Error {
                     ConflictKind::OtherResource { stored } => {
                         map.insert("stored_resource".into(), json!(stored));
                         "other_resource"
+                    }
+                    ConflictKind::IdReused {
+                        write_id,
+                        applied_token,
+                    } => {
+                        map.insert("write_id".into(), json!(write_id));
+                        map.insert("applied_token".into(), json!(applied_token));
+                        "id_reused"
                     }
                 };
                 map.insert("reason".into(), json!(reason));

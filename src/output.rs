@@ -49,6 +49,12 @@ pub fn fields(report: &impl serde::Serialize) -> Map<String, Value> {
     }
 }
 
+/// A wire struct as one JSON value (an ndjson line, or an object built in parts): derived
+/// structs of strings, numbers, options and lists always serialize.
+pub fn value(wire: &impl serde::Serialize) -> Value {
+    serde_json::to_value(wire).unwrap_or_else(|err| unreachable!("a wire struct serializes: {err}"))
+}
+
 /// The output settings, resolved once and passed to every command.
 pub struct Output {
     pub format: Format,
@@ -63,11 +69,7 @@ impl Output {
     /// A progress bar on stderr for an upload of `bytes` to `target`, visible only for people
     /// at a terminal and for uploads of 1 MiB or more; otherwise hidden (counting is free).
     pub fn upload_bar(&self, bytes: usize, target: &str) -> ProgressBar {
-        if bytes < UPLOAD_BAR_MIN
-            || self.quiet
-            || self.format != Format::Human
-            || !std::io::stderr().is_terminal()
-        {
+        if bytes < UPLOAD_BAR_MIN || !self.shows_progress() {
             return ProgressBar::hidden();
         }
         let bar = ProgressBar::new(bytes as u64);
@@ -78,6 +80,12 @@ impl Output {
         }
         bar.set_message(format!("writing {target}"));
         bar
+    }
+
+    /// Whether progress (spinners, bars) is drawn: only for people at a terminal, not with
+    /// `--quiet` or a machine format.
+    pub fn shows_progress(&self) -> bool {
+        !self.quiet && self.format == Format::Human && std::io::stderr().is_terminal()
     }
 
     pub fn new(global: &GlobalArgs) -> Output {
@@ -104,16 +112,7 @@ impl Output {
         report: &dyn Report,
     ) -> std::io::Result<Exit> {
         match self.format {
-            Format::Json => {
-                let mut object = Map::new();
-                object.insert("ok".into(), json!(true));
-                object.insert("op".into(), json!(op));
-                object.extend(report.json());
-                if let Some(store) = store {
-                    object.insert("store".into(), json!(store));
-                }
-                print_stdout(&Value::Object(object).to_string())?;
-            }
+            Format::Json => print_stdout(&answer(true, op, report.json(), store))?,
             Format::Ndjson => match report.ndjson() {
                 Some(lines) => {
                     for line in lines {
@@ -152,6 +151,20 @@ impl Output {
             }
         }
         Ok(Exit::Success)
+    }
+
+    /// Prints the JSON answer of a command that decides its own exit status (`run` passes
+    /// its command's through, `doctor` fails when a check failed): `{"ok", "op", …fields…,
+    /// "store"}`, as [`Self::success`] prints it. A failure to write stdout is ignored, as
+    /// there.
+    pub fn json_answer(
+        &self,
+        ok: bool,
+        op: &str,
+        store: Option<&str>,
+        fields: &impl serde::Serialize,
+    ) {
+        let _ = print_stdout(&answer(ok, op, self::fields(fields), store));
     }
 
     /// Prints an error once (JSON on stdout, or `fence: error: …` and a hint on stderr) and
@@ -197,6 +210,18 @@ impl Output {
             let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
         }
     }
+}
+
+/// One JSON answer, compact: `ok`, `op`, the command's fields, then the store.
+fn answer(ok: bool, op: &str, fields: Map<String, Value>, store: Option<&str>) -> String {
+    let mut object = Map::new();
+    object.insert("ok".into(), json!(ok));
+    object.insert("op".into(), json!(op));
+    object.extend(fields);
+    if let Some(store) = store {
+        object.insert("store".into(), json!(store));
+    }
+    Value::Object(object).to_string()
 }
 
 /// The fields of a failure's JSON object after `ok` and `op`: the error, its exit status,
@@ -260,6 +285,12 @@ fn use_color(choice: ColorChoice) -> bool {
 /// it (a full disk, a closed pipe) is ignored, as for every answer but acquire's.
 pub fn print_line(text: &str) {
     let _ = print_stdout(text);
+}
+
+/// One line of data on stdout, reporting a failure to write it (`fence log --follow` stops
+/// when nobody reads any more).
+pub fn try_print_line(text: &str) -> std::io::Result<()> {
+    print_stdout(text)
 }
 
 /// Writes one answer to stdout and flushes it, reporting a failure (a full disk, a closed

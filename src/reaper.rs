@@ -16,8 +16,10 @@
 //! as daemons do) is handed to it when its parent ends, so the reaper finds it in /proc by its
 //! parent links; when COMMAND ends, the reaper stops every descendant left.
 //!
-//! A command that cannot be started is reported to `fence run` on file descriptor 3 (the
-//! reaper closes it once COMMAND runs), so `fence run` can say why and release the lease.
+//! A command that cannot be started is reported to `fence run` on a pipe whose descriptor
+//! number `fence run` passes as an argument (whatever number the pipe got in `fence run`, so
+//! that a descriptor the caller handed down, `3>>log`, reaches COMMAND unchanged; the reaper
+//! keeps the pipe from COMMAND), so `fence run` can say why and release the lease.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -29,22 +31,39 @@ use crate::exit::Exit;
 /// The argument that selects the reaper instead of the command line interface.
 pub const ARG: &str = "__reaper";
 
-/// The descriptor on which the reaper reports a command it could not start.
-pub const REPORT_FD: i32 = 3;
+/// What the reaper reports on its report pipe after COMMAND ended, a line each: that it had
+/// to stop descendants COMMAND left running ([`LEFTOVERS`]), and that a stop signal reached
+/// the group ([`INTERRUPTED`] and its number: from `fence run`, or straight from the terminal,
+/// whose Ctrl-C goes to the foreground group only, the command's). Before that, one newline
+/// says COMMAND started; any other text, with the pipe then closed, is why it could not start.
+pub const LEFTOVERS: &str = "leftovers";
+pub const INTERRUPTED: &str = "interrupted";
 
-/// What the reaper reports on [`REPORT_FD`] after COMMAND ended when it had to stop
-/// descendants COMMAND left running. Before that, one newline says COMMAND started; any other
-/// text, with the pipe then closed, is why it could not start.
-pub const LEFTOVERS: &[u8] = b"leftovers\n";
-
-/// Runs the reaper: `args` are `PARENT -- COMMAND…` (what follows [`ARG`]).
+/// Runs the reaper: `args` are `PARENT REPORT_FD BOUND_FD KILL_AFTER_MS -- COMMAND…` (what
+/// follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
-    let parent: Option<i32> = args.first().and_then(|a| a.to_str()?.parse().ok());
-    let (Some(parent), Some(sep), Some((program, rest))) = (
-        parent,
-        args.get(1),
-        args.get(2..).and_then(|c| c.split_first()),
-    ) else {
+    let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
+    let fd = |i: usize| {
+        number(i)
+            .filter(|fd| *fd > 2)
+            .and_then(|fd| i32::try_from(fd).ok())
+    };
+    let (
+        Some(parent),
+        Some(report_fd),
+        Some(bound_fd),
+        Some(kill_after_ms),
+        Some(sep),
+        Some((program, rest)),
+    ) = (
+        number(0).and_then(|pid| i32::try_from(pid).ok()),
+        fd(1),
+        fd(2),
+        number(3).and_then(|ms| u64::try_from(ms).ok()),
+        args.get(4),
+        args.get(5..).and_then(|c| c.split_first()),
+    )
+    else {
         crate::terminal::warn(&format!(
             "error: `fence {ARG}` is started by `fence run`, not by hand"
         ));
@@ -64,7 +83,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // the original mask back before exec.
     let (watched, original) = block_watched_signals();
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
-    // them (see kill_descendants).
+    // them (see `crate::sys::kill_descendants`).
     // SAFETY: prctl on this process only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
@@ -74,10 +93,19 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Internal;
     }
     take_terminal(parent);
-    // SAFETY: fd 3 was set up by `fence run` for this report alone; we own it from here.
-    let mut report = unsafe { std::fs::File::from_raw_fd(REPORT_FD) };
+    // SAFETY: `report_fd` was left open by `fence run` for this report alone (it checked we
+    // are in the group and have the parent it started); we own it from here.
+    let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
-    unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: as for `report_fd`: left open by `fence run` for the lease's bounds alone; ours
+    // from here, close-on-exec and never blocking.
+    let mut bounds = unsafe {
+        libc::fcntl(bound_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK);
+        std::fs::File::from_raw_fd(bound_fd)
+    };
+    let kill_after = kill_after_ms.saturating_mul(1_000_000);
     let mut command = std::process::Command::new(program);
     command.args(rest);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
@@ -97,15 +125,37 @@ pub fn main(args: &[OsString]) -> Exit {
     };
     // Started: one newline, and the pipe stays open for the end of the story (below).
     let _ = report.write_all(b"\n");
+    let mut interrupted: Option<i32> = None;
+    // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns), and when the
+    // command, stopped there, gets SIGKILL.
+    let mut bound: Option<u64> = None;
+    let mut kill_at: Option<u64> = None;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(_) => return Exit::Internal,
         }
+        let mut next = 1_000_000_000u64;
+        if let Some(now) = crate::sys::boottime_ns() {
+            bound = latest_bound(&mut bounds).or(bound);
+            match (bound, kill_at) {
+                // `fence run` did not prove the lease beyond this (paused, or hung): the
+                // command stops now, whatever `fence run` does.
+                (Some(bound), None) if now >= bound => {
+                    signal_descendants(libc::SIGTERM, false);
+                    signal_descendants(libc::SIGCONT, false);
+                    kill_at = Some(now.saturating_add(kill_after));
+                }
+                (Some(bound), None) => next = next.min(bound - now),
+                (_, Some(at)) if now >= at => signal_descendants(libc::SIGKILL, false),
+                (_, Some(at)) => next = next.min(at - now),
+                (None, None) => {}
+            }
+        }
         let timeout = libc::timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
+            tv_sec: (next / 1_000_000_000) as libc::time_t,
+            tv_nsec: (next % 1_000_000_000) as libc::c_long,
         };
         // SAFETY: waits for one of the blocked signals of `watched`, at most a second.
         let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
@@ -118,7 +168,9 @@ pub fn main(args: &[OsString]) -> Exit {
             }
             libc::SIGUSR2 => signal_descendants(libc::SIGKILL, false),
             libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
-                // The group got it from `fence run`; descendants that left it did not.
+                interrupted.get_or_insert(signal);
+                // The group got it (from `fence run`, or the terminal); descendants that left
+                // it did not.
                 signal_descendants(signal, true);
                 signal_descendants(libc::SIGCONT, true);
             }
@@ -129,8 +181,11 @@ pub fn main(args: &[OsString]) -> Exit {
     // Descendants that left the process group (setsid: daemons) were handed to us as their
     // subreaper when their parents ended; none may outlive COMMAND. `fence run` is told that
     // some had to be stopped: their work was cut short, so the run did not complete.
-    if kill_descendants() {
-        let _ = report.write_all(LEFTOVERS);
+    if crate::sys::kill_descendants() {
+        let _ = writeln!(report, "{LEFTOVERS}");
+    }
+    if let Some(signal) = interrupted {
+        let _ = writeln!(report, "{INTERRUPTED} {signal}");
     }
     drop(report);
     if let Some(signal) = status.signal() {
@@ -144,66 +199,6 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Command(128u8.wrapping_add(signal as u8));
     }
     Exit::Command(status.code().unwrap_or(1) as u8)
-}
-
-/// Every process descended from this one, by the parent links in /proc.
-fn descendants() -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let parents: Vec<(i32, i32)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut family = vec![me];
-    let mut i = 0;
-    while i < family.len() {
-        let parent = family[i];
-        family.extend(
-            parents
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    family.split_off(1)
-}
-
-/// SIGTERM to every descendant left, SIGKILL a second later to those still there; reaps the
-/// orphans handed to us, so none is left a zombie. Returns whether any was left.
-fn kill_descendants() -> bool {
-    let reap = || {
-        // SAFETY: waitpid on our own children, without blocking.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-    };
-    let mut any = false;
-    for signal in [libc::SIGTERM, libc::SIGKILL] {
-        let left = descendants();
-        if left.is_empty() {
-            return any;
-        }
-        any = true;
-        for &pid in &left {
-            // SAFETY: kill(2) on our own descendants.
-            unsafe { libc::kill(pid, signal) };
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while std::time::Instant::now() < deadline {
-            reap();
-            if descendants().is_empty() {
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-    reap();
-    true
 }
 
 /// When `fence run` holds the terminal's foreground, takes it for the command's group before
@@ -249,11 +244,24 @@ fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
     }
 }
 
+/// The newest bound `fence run` sent (8 bytes each, CLOCK_BOOTTIME ns), if any came since the
+/// last look.
+fn latest_bound(bounds: &mut std::fs::File) -> Option<u64> {
+    use std::io::Read;
+    let mut latest = None;
+    let mut buf = [0u8; 8 * 64];
+    while let Ok(n @ 8..) = bounds.read(&mut buf) {
+        let last = &buf[(n / 8 - 1) * 8..n / 8 * 8];
+        latest = Some(u64::from_le_bytes(last.try_into().unwrap_or([0; 8])));
+    }
+    latest
+}
+
 /// `signal` to every descendant (only those outside our process group when `outside`).
 fn signal_descendants(signal: i32, outside: bool) {
     // SAFETY: getpgrp has no preconditions.
     let group = unsafe { libc::getpgrp() };
-    for pid in descendants() {
+    for pid in crate::sys::descendants() {
         // SAFETY: getpgid and kill(2) on our own descendants.
         unsafe {
             if !outside || libc::getpgid(pid) != group {

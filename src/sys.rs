@@ -1,5 +1,6 @@
 //! System mechanics that know nothing of leases or tokens: randomness, file locks, atomic
-//! replacement of files, the sweep of temporaries and the async runtime. A leaf: it imports
+//! replacement of files, the sweep of temporaries, the async runtime, and the processes
+//! descended from this one (found and stopped through /proc). A leaf: it imports
 //! nothing of fence's.
 //!
 //! Sharing rule (for the directory store and `file://` objects): a file fence creates in a
@@ -18,6 +19,28 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// Whether standard output was closed when the process started (`fence acquire R >&-`).
+/// Rust's runtime reopens a closed standard descriptor on /dev/null before `main`, after
+/// which writes to it succeed and vanish; so this is recorded earlier, by a function the C
+/// runtime calls from `.init_array`.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_closed_stdout() {
+    // SAFETY: F_GETFD only asks whether descriptor 1 is open.
+    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+        STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static NOTE_CLOSED_STDOUT: extern "C" fn() = note_closed_stdout;
+
+/// Whether standard output was closed when fence started: what it prints there is lost.
+pub fn stdout_was_closed() -> bool {
+    STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
 /// for owner ids and temporary file names; not for secrets).
@@ -215,4 +238,163 @@ pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
             .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "it panicked".to_owned())),
     }
+}
+
+/// A process, as its /proc/PID/stat shows it.
+struct Process {
+    pid: i32,
+    ppid: i32,
+    group: i32,
+    zombie: bool,
+}
+
+/// Every process /proc shows.
+fn processes() -> Vec<Process> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+            let zombie = fields.next()? == "Z";
+            let ppid = fields.next()?.parse().ok()?;
+            let group = fields.next()?.parse().ok()?;
+            Some(Process {
+                pid,
+                ppid,
+                group,
+                zombie,
+            })
+        })
+        .collect()
+}
+
+/// The processes descended from this one (zombies included), by the parent links.
+fn family(all: &[Process]) -> Vec<&Process> {
+    let mut family: Vec<i32> = vec![std::process::id() as i32];
+    let mut found: Vec<&Process> = Vec::new();
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        for p in all.iter().filter(|p| p.ppid == parent) {
+            family.push(p.pid);
+            found.push(p);
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Every live process descended from this one, by the parent links in /proc. Zombies (ended,
+/// not yet waited for) are not counted: nothing of them runs.
+pub(crate) fn descendants() -> Vec<i32> {
+    family(&processes())
+        .into_iter()
+        .filter(|p| !p.zombie)
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// SIGKILL to every live descendant, and to every process group other than ours whose
+/// members are all descendants (remembered in `groups`, and killed again at every call): a
+/// group is killed as one, so a process that forks its successor and exits (a respawning
+/// loop in a session of its own) cannot slip between a scan of /proc and the kill.
+fn kill_descendants_once(groups: &mut Vec<i32>) {
+    let all = processes();
+    let family = family(&all);
+    // SAFETY: getpgrp has no preconditions.
+    let ours = unsafe { libc::getpgrp() };
+    for group in family.iter().map(|p| p.group) {
+        let only_family = all
+            .iter()
+            .filter(|p| p.group == group)
+            .all(|p| family.iter().any(|f| f.pid == p.pid));
+        if group != ours && group > 1 && only_family && !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
+    for &group in groups.iter() {
+        // SAFETY: kill(2) on a process group made of our descendants only.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+    for p in family.iter().filter(|p| !p.zombie) {
+        // SAFETY: kill(2) on our own descendants.
+        unsafe { libc::kill(p.pid, libc::SIGKILL) };
+    }
+}
+
+/// Whether this process has a child, live or ended and not yet waited for. Every descendant
+/// descends from a child (a subreaper's orphans become its children), so none means no
+/// descendant at all: an exact answer, where a scan of /proc can miss a process born or
+/// reparented while it reads.
+fn has_children() -> bool {
+    // SAFETY: siginfo_t is plain data (zeroed is valid); waitid with WNOWAIT only looks, and
+    // fails with ECHILD exactly when there is no child.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        ) == 0
+    }
+}
+
+/// How long leftovers that ignore SIGTERM get before SIGKILL.
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long the killing goes on at most (a process that cannot die: stuck in the kernel).
+const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Stops every descendant of this process: SIGTERM, then after [`TERM_GRACE`] SIGKILL again
+/// and again to every one still there or born since (and to the process groups only they
+/// are in), until this process has no child left; reaps them all (a subreaper's orphans), so
+/// none is left a zombie. Returns whether any was left. Reaps any child, so a caller must
+/// have waited for the children it waits for itself.
+pub(crate) fn kill_descendants() -> bool {
+    let reap = || {
+        // SAFETY: waitpid on our own children, without blocking.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    };
+    reap();
+    if !has_children() {
+        return false;
+    }
+    for pid in descendants() {
+        // SAFETY: kill(2) on our own descendants.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < TERM_GRACE {
+        reap();
+        if !has_children() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut groups = Vec::new();
+    while start.elapsed() < TERM_GRACE + KILL_FOR {
+        reap();
+        if !has_children() {
+            break;
+        }
+        kill_descendants_once(&mut groups);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    reap();
+    true
+}
+
+/// CLOCK_BOOTTIME in nanoseconds: monotonic, and counting time the machine was suspended
+/// (a lease runs out during a suspend too). `None` where it cannot be read.
+pub(crate) fn boottime_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }

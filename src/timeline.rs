@@ -2,13 +2,149 @@
 //! events (names or globs, a time window, a limit) and an event as a log reads it. A leaf
 //! module: coordinators and fenced targets both speak it, so neither depends on the other.
 
+/// What happened to a resource: an event's kind. Its name ([`EventKind::as_str`], also its
+/// `Display` and its serde form) is on the wire: JSON answers, the directory store's and the
+/// object stores' event logs, PostgreSQL's `events.kind` and `write_events.kind`, `fence log
+/// --kind`, Prometheus labels. Never rename one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A new token for a free or released lease.
+    Acquired,
+    /// The same owner's live lease, extended (the same token).
+    Reacquired,
+    /// A new token for another owner's expired lease.
+    TakenOver,
+    Renewed,
+    Released,
+    /// A lease's expiry, derived by `fence log` from the expiry it recorded; never stored.
+    Expired,
+    /// Renewals and releases refused (stale token, expired or released lease).
+    RenewRejected,
+    ReleaseRejected,
+    /// Refused attempts, coalesced per owner and minute: an acquire of a lease another owner
+    /// holds, a renew or release of a lease the caller does not hold.
+    Busy,
+    Conflict,
+    /// A fenced write a target accepted or refused.
+    WriteAccepted,
+    WriteRejected,
+    /// The directory store's retention cut its log here (carrying the highest token).
+    Pruned,
+    /// A kind this fence does not know (written by another version of fence): read and shown
+    /// as stored, never an error, matched by no `--kind` and counted by no metric.
+    Other(String),
+}
+
+/// Every kind this fence writes or derives, in the order `--kind` lists them.
+pub static KNOWN_KINDS: [EventKind; 13] = [
+    EventKind::Acquired,
+    EventKind::Reacquired,
+    EventKind::TakenOver,
+    EventKind::Renewed,
+    EventKind::Released,
+    EventKind::Expired,
+    EventKind::RenewRejected,
+    EventKind::ReleaseRejected,
+    EventKind::Busy,
+    EventKind::Conflict,
+    EventKind::WriteAccepted,
+    EventKind::WriteRejected,
+    EventKind::Pruned,
+];
+
+impl EventKind {
+    /// The kind's name on the wire.
+    pub fn as_str(&self) -> &str {
+        match self {
+            EventKind::Acquired => "acquired",
+            EventKind::Reacquired => "reacquired",
+            EventKind::TakenOver => "taken_over",
+            EventKind::Renewed => "renewed",
+            EventKind::Released => "released",
+            EventKind::Expired => "expired",
+            EventKind::RenewRejected => "renew_rejected",
+            EventKind::ReleaseRejected => "release_rejected",
+            EventKind::Busy => "busy",
+            EventKind::Conflict => "conflict",
+            EventKind::WriteAccepted => "write_accepted",
+            EventKind::WriteRejected => "write_rejected",
+            EventKind::Pruned => "pruned",
+            EventKind::Other(name) => name,
+        }
+    }
+
+    /// The kind named `name`; a name this fence does not know is [`EventKind::Other`].
+    pub fn parse(name: &str) -> EventKind {
+        KNOWN_KINDS
+            .iter()
+            .find(|k| k.as_str() == name)
+            .cloned()
+            .unwrap_or_else(|| EventKind::Other(name.to_owned()))
+    }
+
+    /// The refusal of `op` (`renew`, `release`) as the history records it
+    /// (`renew_rejected`, `release_rejected`).
+    pub fn rejected(op: &str) -> EventKind {
+        EventKind::parse(&format!("{op}_rejected"))
+    }
+
+    /// A grant: a new token (`acquired`, `taken_over`).
+    pub fn is_grant(&self) -> bool {
+        matches!(self, EventKind::Acquired | EventKind::TakenOver)
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Ordered by name, as the strings were (per-kind counts keep their order on disk).
+impl Ord for EventKind {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialOrd for EventKind {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl serde::Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EventKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Ok(EventKind::parse(&name))
+    }
+}
+
+/// `--kind`: the known kinds, by name (an unknown one is a usage error listing them).
+impl clap::ValueEnum for EventKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &KNOWN_KINDS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        KNOWN_KINDS
+            .iter()
+            .find(|known| *known == self)
+            .map(|known| clap::builder::PossibleValue::new(known.as_str()))
+    }
+}
+
 /// One entry of a resource's append-only history.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     pub at_ms: i64,
-    /// `acquired`, `reacquired`, `taken_over`, `renewed`, `released`, `renew_rejected`,
-    /// `release_rejected`.
-    pub kind: String,
+    pub kind: EventKind,
     pub owner: Option<String>,
     pub token: Option<i64>,
     pub detail: Option<String>,
@@ -24,6 +160,25 @@ pub struct Event {
     /// the last of them came (`at_ms` is the first).
     pub count: Option<i64>,
     pub last_at_ms: Option<i64>,
+}
+
+impl Event {
+    /// An event of `kind` at `at_ms` that carries nothing else yet.
+    pub fn new(kind: EventKind, at_ms: i64) -> Event {
+        Event {
+            at_ms,
+            kind,
+            owner: None,
+            token: None,
+            detail: None,
+            ttl_ms: None,
+            expires_at_ms: None,
+            previous_expires_at_ms: None,
+            rows: None,
+            count: None,
+            last_at_ms: None,
+        }
+    }
 }
 
 /// A resource name or a glob of them: `*` any run of characters, `?` one character.
@@ -145,7 +300,66 @@ pub fn newest(logged: &mut Vec<Logged>, limit: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::Pattern;
+    use super::{EventKind, Pattern, KNOWN_KINDS};
+
+    #[test]
+    fn event_kinds_keep_their_names() {
+        let names: Vec<&str> = KNOWN_KINDS.iter().map(EventKind::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "acquired",
+                "reacquired",
+                "taken_over",
+                "renewed",
+                "released",
+                "expired",
+                "renew_rejected",
+                "release_rejected",
+                "busy",
+                "conflict",
+                "write_accepted",
+                "write_rejected",
+                "pruned"
+            ]
+        );
+        for kind in &KNOWN_KINDS {
+            assert_eq!(&EventKind::parse(kind.as_str()), kind);
+            assert_eq!(kind.to_string(), kind.as_str());
+            let json = serde_json::to_string(kind).unwrap();
+            assert_eq!(json, format!("\"{kind}\""));
+            assert_eq!(&serde_json::from_str::<EventKind>(&json).unwrap(), kind);
+        }
+        assert_eq!(EventKind::rejected("renew"), EventKind::RenewRejected);
+        assert_eq!(EventKind::rejected("release"), EventKind::ReleaseRejected);
+    }
+
+    /// A kind written by another version of fence is read, kept and written back as it was.
+    #[test]
+    fn unknown_event_kinds_are_kept_as_stored() {
+        let kind: EventKind = serde_json::from_str("\"lease_teleported\"").unwrap();
+        assert_eq!(kind, EventKind::Other("lease_teleported".into()));
+        assert_eq!(kind.as_str(), "lease_teleported");
+        assert_eq!(
+            serde_json::to_string(&kind).unwrap(),
+            "\"lease_teleported\""
+        );
+        // Per-kind counts keep their order on disk: by name, as when kinds were strings.
+        let counts: std::collections::BTreeMap<EventKind, i64> =
+            serde_json::from_str(r#"{"acquired":1,"lease_teleported":2,"busy":3,"taken_over":4}"#)
+                .unwrap();
+        assert_eq!(
+            serde_json::to_string(&counts).unwrap(),
+            r#"{"acquired":1,"busy":3,"lease_teleported":2,"taken_over":4}"#
+        );
+        // `--kind` offers the known kinds only.
+        use clap::ValueEnum;
+        assert_eq!(kind.to_possible_value(), None);
+        assert_eq!(
+            EventKind::TakenOver.to_possible_value().unwrap().get_name(),
+            "taken_over"
+        );
+    }
 
     #[test]
     fn globs() {

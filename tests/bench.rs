@@ -142,19 +142,28 @@ fn postgres_bench_with_a_write_target_leaves_no_schema_behind() {
         .args(["--write-target", &store.url])
         .stdout(std::process::Stdio::piped());
     let child = fence.cmd.spawn().unwrap();
-    let scratch = format!("fence_bench_{}", child.id());
+    let pid = child.id();
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "{output:?}");
     let out: BenchOut = serde_json::from_slice(&output.stdout).unwrap();
     assert!(out.critical_sections > 0);
-    let rows = store.pg_rows(
-        "SELECT nspname::text FROM pg_namespace WHERE nspname = $1",
-        &scratch,
-    );
+    let left = scratch_schemas(&store, pid);
     assert!(
-        rows.is_empty(),
-        "the scratch schema {scratch} was left behind"
+        left.is_empty(),
+        "the scratch schema {left:?} was left behind"
     );
+}
+
+/// The scratch schemas of the bench with process id `pid` (`fence_bench_<pid>_<hex>`).
+fn scratch_schemas(store: &Store, pid: u32) -> Vec<String> {
+    store
+        .pg_rows(
+            "SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, $1)",
+            &format!("fence_bench_{pid}_"),
+        )
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
 }
 
 #[test]
@@ -192,14 +201,15 @@ fn postgres_prefill_creates_every_resource_before_timing() {
         .args(["--resources", "50000", "--workers", "1", "--duration", "3s"])
         .stdout(std::process::Stdio::piped());
     let child = fence.cmd.spawn().unwrap();
-    let scratch = format!("fence_bench_{}", child.id());
-    let count = format!("SELECT count(*) FROM {scratch}.leases WHERE resource <> $1");
+    let pid = child.id();
     let exists = "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                   WHERE n.nspname = $1 AND c.relname = 'leases'";
     let started = std::time::Instant::now();
     let mut seen = 0;
     while started.elapsed() < std::time::Duration::from_secs(60) {
-        if !store.pg_rows(exists, &scratch).is_empty() {
+        let scratch = scratch_schemas(&store, pid).pop().unwrap_or_default();
+        let count = format!("SELECT count(*) FROM {scratch}.leases WHERE resource <> $1");
+        if !scratch.is_empty() && !store.pg_rows(exists, &scratch).is_empty() {
             seen = store.pg_rows(&count, "")[0].get::<_, i64>(0);
             if seen >= 50_000 {
                 break;
@@ -220,16 +230,14 @@ fn scratch_left(store: &Store, pid: u32) -> bool {
     match store.backend {
         common::Backend::File => std::fs::read_dir(store.dir())
             .map(|d| {
-                d.flatten()
-                    .any(|e| e.file_name().to_string_lossy() == format!("bench-{pid}"))
+                d.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("bench-{pid}-"))
+                })
             })
             .unwrap_or(false),
-        _ => !store
-            .pg_rows(
-                "SELECT nspname::text FROM pg_namespace WHERE nspname = $1",
-                &format!("fence_bench_{pid}"),
-            )
-            .is_empty(),
+        _ => !scratch_schemas(store, pid).is_empty(),
     }
 }
 

@@ -1173,3 +1173,100 @@ fn postgres_a_version_4_schema_records_attempts_once_migrated() {
         [("B".to_owned(), "busy".to_owned(), 1)]
     );
 }
+
+/// An event of a kind this fence does not know (written by another version of fence) is
+/// read, not an error: `log` and `inspect` show it as stored, `--kind` matches it with no
+/// known kind, and `metrics` counts it in no metric.
+fn unknown_kinds_are_shown_as_stored(store: &Store, insert: impl Fn(&Store)) {
+    let lease = store
+        .fence()
+        .acquire("job", &["--owner", "A", "--ttl", "1m"]);
+    store.fence().release(&lease);
+    insert(store);
+    let kinds_of = |events: &Value| -> Vec<(String, String)> {
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let owner = e["owner"].as_str().unwrap_or("-").to_owned();
+                (e["kind"].as_str().unwrap().to_owned(), owner)
+            })
+            .collect()
+    };
+    let teleported = ("lease_teleported".to_owned(), "Z".to_owned());
+    let log = store
+        .fence()
+        .args(["log", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert!(kinds_of(&log["events"]).contains(&teleported), "{log:#}");
+    let acquired = store
+        .fence()
+        .args([
+            "log", "--kind", "acquired", "--kind", "released", "--format", "json",
+        ])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        kinds_of(&acquired["events"]),
+        [
+            ("acquired".into(), "A".into()),
+            ("released".into(), "A".into())
+        ]
+    );
+    let inspect = store
+        .fence()
+        .args(["inspect", "job", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let events = &inspect["resources"][0]["events"];
+    assert!(kinds_of(events).contains(&teleported), "{inspect:#}");
+    let metrics = store
+        .fence()
+        .args(["metrics", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let acquisitions: Vec<f64> = metrics["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == "fence_lease_acquisitions_total")
+        .map(|m| m["value"].as_f64().unwrap())
+        .collect();
+    assert_eq!(acquisitions, [1.0], "{metrics:#}");
+}
+
+#[test]
+fn file_store_unknown_kinds_are_shown_as_stored() {
+    unknown_kinds_are_shown_as_stored(&Store::file(), |store| {
+        let log = store.dir().join("events/job.jsonl");
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        text.push_str(&format!(
+            r#"{{"at_ms":{now_ms},"kind":"lease_teleported","owner":"Z","token":1}}"#
+        ));
+        text.push('\n');
+        std::fs::write(&log, text).unwrap();
+    });
+}
+
+#[test]
+fn postgres_unknown_kinds_are_shown_as_stored() {
+    unknown_kinds_are_shown_as_stored(&Store::postgres(), |store| {
+        let s = store.schema.clone().unwrap();
+        pg_exec(
+            &store.url,
+            &format!(
+                "INSERT INTO {s}.events (resource, kind, owner, token) VALUES ('job', 'lease_teleported', 'Z', 1)"
+            ),
+        );
+    });
+}

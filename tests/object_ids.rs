@@ -4,7 +4,8 @@
 //! - the connection cut after the PUT was sent: exit 8; the same command again exits 0 and the
 //!   object holds the effect once, in both orders (the put landed → replayed, version
 //!   unchanged; it did not → written now);
-//! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
+//! - A then B (newer token) with one id: B replays the same bytes, and other bytes under it are
+//!   a conflict (`id_reused`, exit 6); B with a new id writes; A with a new id
 //!   after B is stale; `inspect --id` shows the entry, and says so when an id is absent;
 //! - two writers with one id at once (S3, GCS): the loser of the put race answers "replayed";
 //! - a crash of a `file://` write, recreated on disk before and after its commit, also as
@@ -166,9 +167,14 @@ fn an_id_is_applied_once_across_owners_and_tokens(backend: Backend) {
     let b = bed.acquire("B");
     assert!(b > a);
 
-    // B with the same id: a replay, naming A's write; nothing is written.
+    // B with the same id and other bytes: a conflict (the id was used for another write);
+    // with the same bytes: a replay, naming A's write. Nothing is written either way.
+    let reused = bed.write("obj", b, "B", "daily", b"from B");
+    assert_eq!(reused.code, 6, "{reused:?}");
+    assert_eq!(reused.json()["reason"], "id_reused", "{reused:?}");
+    assert_eq!(reused.json()["applied_token"], a, "{reused:?}");
     let replay = bed
-        .write("obj", b, "B", "daily", b"from B")
+        .write("obj", b, "B", "daily", b"from A")
         .expect(0)
         .json();
     assert_eq!(replay["replayed"], true, "{replay}");
@@ -199,7 +205,7 @@ fn an_id_is_applied_once_across_owners_and_tokens(backend: Backend) {
     assert_eq!(late.code, 4, "{late:?}");
     assert_eq!(late.json()["highest_token"], b);
     let old = bed
-        .write("obj", a, "A", "daily", b"late A")
+        .write("obj", a, "A", "daily", b"from A")
         .expect(0)
         .json();
     assert_eq!(old["replayed"], true, "{old}");
@@ -261,10 +267,14 @@ fn the_ledger_keeps_the_last_ids(backend: Backend) {
     assert_eq!(ids.len(), 7, "{ids:?}");
     assert_eq!(ids[0], "id-8");
     let replay = bed
-        .write("obj", token, "A", "id-2", b"again")
+        .write("obj", token, "A", "id-2", b"id-2")
         .expect(0)
         .json();
     assert_eq!(replay["replayed"], true, "{replay}");
+    // An older entry keeps its digest too: other bytes under id-2 are refused.
+    let reused = bed.write("obj", token, "A", "id-2", b"again");
+    assert_eq!(reused.code, 6, "{reused:?}");
+    assert_eq!(reused.json()["reason"], "id_reused", "{reused:?}");
     let forgotten = bed
         .write("obj", token, "A", "id-1", b"again")
         .expect(0)
@@ -410,6 +420,7 @@ fn file_objects_settle_an_interrupted_write() {
         let mut pending = sidecar();
         pending["generation"] = (pending["generation"].as_u64().unwrap() + 1).into();
         pending["metadata"]["fence-id"] = id.into();
+        pending["metadata"]["fence-id-digest"] = common::write_digest(bytes).into();
         pending["inode"] = std::fs::metadata(&tmp).unwrap().ino().into();
         std::fs::write(&next, pending.to_string()).unwrap();
         tmp
@@ -504,9 +515,10 @@ fn a_reader_without_write_access_judges_an_interrupted_write_without_settling_it
     assert_eq!(stored.metadata["fence-id"], "second");
 }
 
-/// Two writers with the same id at once: A's put is held on its way to the server until B,
-/// with the same id, has written; A's put then finds another version, fence reads once more,
-/// sees the id applied, and answers "replayed" (exit 0): the effect is there once, B's.
+/// Two writers of one write (the same id and bytes: a retry racing the original) at once: A's
+/// put is held on its way to the server until B has written; A's put then finds another
+/// version, fence reads once more, sees the id applied, and answers "replayed" (exit 0): the
+/// effect is there once, B's.
 fn the_same_id_at_once_lands_once(service: Service) {
     let bed = Bed::new(match service {
         Service::S3 => Backend::S3,
@@ -528,12 +540,12 @@ fn the_same_id_at_once_lands_once(service: Service) {
     let endpoint = format!("http://{}", held.addr());
     let a = std::thread::scope(|scope| {
         let a =
-            scope.spawn(|| bed.write_via(Some(&endpoint), "obj", token, "A", "once", b"from A"));
+            scope.spawn(|| bed.write_via(Some(&endpoint), "obj", token, "A", "once", b"report"));
         wait_for("A's put to be held", Duration::from_secs(20), || {
             held.held() == 1
         });
         let b = bed
-            .write("obj", token, "B", "once", b"from B")
+            .write("obj", token, "B", "once", b"report")
             .expect(0)
             .json();
         assert_eq!(b["replayed"], false, "{b}");
@@ -544,7 +556,7 @@ fn the_same_id_at_once_lands_once(service: Service) {
     assert_eq!(a["replayed"], true, "{a}");
     assert_eq!(a["applied"]["owner"], "B");
     let stored = bed.stored("obj").unwrap();
-    assert_eq!(stored.body, b"from B");
+    assert_eq!(stored.body, b"report");
     assert_eq!(ledger_ids(&stored), ["once", "warm-up"]);
 }
 

@@ -161,9 +161,9 @@ fn ids_differ_by_case_and_odd_ids_replay(store: &Store) {
     assert_eq!(odd.len(), 63);
     let odd = format!("{odd}x");
     write_object(store, "res", token, &target, Some(&odd), b"three").expect(0);
-    let again = write_object(store, "res", token, &target, Some(&odd), b"four").expect(0);
+    let again = write_object(store, "res", token, &target, Some(&odd), b"three").expect(0);
     assert_eq!(again.json()["replayed"], true, "{again:?}");
-    let again = write_object(store, "res", token, &target, Some("Nightly-1"), b"five").expect(0);
+    let again = write_object(store, "res", token, &target, Some("Nightly-1"), b"one").expect(0);
     assert_eq!(again.json()["replayed"], true, "{again:?}");
     let stored = object.stored("obj").unwrap();
     assert_eq!(stored.body, b"three");
@@ -305,8 +305,9 @@ fn forged_object_metadata_fails_closed() {
     }
 }
 
-/// Holds: eight concurrent writers of one `file://` object with one id: exactly one writes,
-/// the others answer "replayed" (the flock orders them), and the object has one version.
+/// Holds: eight concurrent writers of one `file://` object with one id, each with bytes of its
+/// own: exactly one writes, the others are refused as other writes under an applied id (exit
+/// 6, `id_reused`; the flock orders them), and the object has one version.
 #[test]
 fn concurrent_writers_of_one_id_on_a_file_object_land_once() {
     let store = Store::file();
@@ -331,12 +332,15 @@ fn concurrent_writers_of_one_id_on_a_file_object_land_once() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let written = outs
-        .into_iter()
-        .map(|out| out.expect(0).json())
-        .filter(|json| json["replayed"] == false)
-        .count();
-    assert_eq!(written, 1);
+    let written = outs.iter().filter(|out| out.code == 0).count();
+    assert_eq!(written, 1, "{outs:?}");
+    for out in outs.iter().filter(|out| out.code != 0) {
+        assert_eq!(
+            (out.code, out.json()["reason"].as_str()),
+            (6, Some("id_reused")),
+            "{out:?}"
+        );
+    }
     assert_eq!(sidecar(dir.path(), "obj")["generation"], 1);
 }
 
@@ -844,7 +848,17 @@ fn a_run_whose_connection_died_meanwhile_is_still_recorded() {
          WHERE pid <> pg_backend_pid() AND query LIKE '%{schema}.%'\" '{}'); [ \"$n\" -ge 1 ] || exit 3",
         store.url
     );
-    run_once(&store, "day-1", &kill).expect(0);
+    // A TTL far above what a reconnect can take on a loaded machine: the run must ride out
+    // the killed connection, not race its lease.
+    let log = store.home.path().join("log");
+    store
+        .fence()
+        .args([
+            "run", "r", "--ttl", "30s", "--id", "day-1", "--", "sh", "-c",
+        ])
+        .args([format!("echo ran >> '{}'; {kill}", log.display())])
+        .run()
+        .expect(0);
     assert!(store.lease("r#done:day-1").is_some(), "not recorded");
     let again = run_once(&store, "day-1", "exit 0").expect(0);
     assert!(again.stderr.contains("already completed"), "{again:?}");
@@ -1028,7 +1042,7 @@ fn damaged_file_object_state_fails_closed() {
     let stale = write_object(&store, "res", old, &target, None, b"stale");
     assert_eq!(stale.code, 4, "{stale:?}");
     assert!(!next.exists());
-    let replay = write_object(&store, "res", new, &target, Some("w-1"), b"again").expect(0);
+    let replay = write_object(&store, "res", new, &target, Some("w-1"), b"new").expect(0);
     assert_eq!(replay.json()["replayed"], true);
 
     let side = dir.path().join(".obj.fence.json");
@@ -1039,9 +1053,9 @@ fn damaged_file_object_state_fails_closed() {
     assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"new");
 }
 
-/// Holds: two `fence write --id` of one id on PostgreSQL at once (both past the ledger check,
-/// both waiting on the guard row, held by a test transaction): one applies, the other answers
-/// "replayed" (exit 0), and the row is inserted once.
+/// Holds: two `fence write --id` of one write (one id, the same SQL) on PostgreSQL at once
+/// (both past the ledger check, both waiting on the guard row, held by a test transaction):
+/// one applies, the other answers "replayed" (exit 0), and the row is inserted once.
 #[test]
 fn two_postgres_writers_of_one_id_at_once_apply_once() {
     let store = Store::postgres();
@@ -1052,14 +1066,14 @@ fn two_postgres_writers_of_one_id_at_once_apply_once() {
     let gate = common::RowLock::hold(&store.url, &format!("{schema}.guards"));
     let outs: Vec<Out> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..2)
-            .map(|n| {
+            .map(|_| {
                 let (store, table) = (&store, &table);
                 scope.spawn(move || {
                     pg_write(
                         store,
                         token,
                         "once",
-                        &format!("INSERT INTO {table} VALUES ({n})"),
+                        &format!("INSERT INTO {table} VALUES (7)"),
                     )
                 })
             })
@@ -1170,7 +1184,7 @@ fn a_raw_overwrite_resets_what_the_object_remembers(store: &Store) {
         None => store.server().0.put(&object.key("obj"), b"raw"),
     }
     let stale = write_object(store, "res", old, &target, None, b"stale");
-    let replay = write_object(store, "res", new, &target, Some("pub-1"), b"again").expect(0);
+    let replay = write_object(store, "res", new, &target, Some("pub-1"), b"fenced").expect(0);
     if object.dir.is_some() {
         assert_eq!(stale.code, 4, "{stale:?}");
         assert_eq!(replay.json()["replayed"], true, "{replay:?}");
@@ -1178,7 +1192,7 @@ fn a_raw_overwrite_resets_what_the_object_remembers(store: &Store) {
     } else {
         assert_eq!(stale.code, 0, "{stale:?}");
         assert_eq!(replay.json()["replayed"], false, "{replay:?}");
-        assert_eq!(object.stored("obj").unwrap().body, b"again");
+        assert_eq!(object.stored("obj").unwrap().body, b"fenced");
     }
 }
 

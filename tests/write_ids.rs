@@ -5,6 +5,9 @@
 //!   exits 0, in both orders (the commit landed → replayed; it did not → applied now);
 //! - A then B (newer token) with one id: B replays; B with a new id writes; A with a new id
 //!   after B is stale;
+//! - the same id with other SQL: exit 6 (`id_reused`), nothing run; the ledger row keeps the
+//!   digest of the SQL that used the id, and a row without one (fence before version 4)
+//!   replays whatever comes;
 //! - the README's "publish exactly once" cron recipes (PostgreSQL; objects on `file://`, S3 and
 //!   GCS), each run twice in a row and twice at once.
 
@@ -344,4 +347,61 @@ fn the_readme_object_recipe_publishes_once_on_s3() {
 #[test]
 fn the_readme_object_recipe_publishes_once_on_gcs() {
     the_readme_object_recipe_publishes_once(common::Backend::Gcs);
+}
+
+/// One id, two different writes: the second (other SQL) is refused as a conflict, after the
+/// ledger row recorded the first's digest; the first again is a replay. A ledger row without
+/// a digest (written by fence before target schema version 4) replays any SQL, as it did.
+#[test]
+fn an_id_used_for_other_sql_is_a_conflict() {
+    let store = Store::postgres();
+    let table = setup(&store);
+    let extract = format!("INSERT INTO {table} VALUES ('extract')");
+    let load = format!("INSERT INTO {table} VALUES ('load')");
+    let token = acquire(&store, "a");
+    write(&store, &store.url, token, "run-7", &extract).expect(0);
+    let digest: Option<String> = common::pg_query(
+        &store.url,
+        &format!(
+            "SELECT digest FROM {}.write_ledger WHERE resource = 'r' AND write_id = 'run-7'",
+            schema(&store)
+        ),
+    )[0]
+    .get(0);
+    assert_eq!(digest, Some(common::write_digest(extract.as_bytes())));
+
+    let reused = write(&store, &store.url, token, "run-7", &load);
+    assert_eq!(reused.code, 6, "{reused:?}");
+    let json = reused.json();
+    assert_eq!(json["error"], "conflict", "{json}");
+    assert_eq!(json["reason"], "id_reused", "{json}");
+    assert_eq!(json["write_id"], "run-7", "{json}");
+    assert_eq!(json["applied_token"], token, "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("different write")
+            && json["hint"].as_str().unwrap().contains("its own --id"),
+        "{json}"
+    );
+    let again = write(&store, &store.url, token, "run-7", &extract)
+        .expect(0)
+        .json();
+    assert_eq!(again["replayed"], true, "{again}");
+    let rows: Vec<String> = common::pg_query(&store.url, &format!("SELECT what FROM {table}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["extract"]);
+
+    common::pg_exec(
+        &store.url,
+        &format!("UPDATE {}.write_ledger SET digest = NULL", schema(&store)),
+    );
+    let legacy = write(&store, &store.url, token, "run-7", &load)
+        .expect(0)
+        .json();
+    assert_eq!(legacy["replayed"], true, "{legacy}");
+    assert_eq!(count(&store, &table), 1);
 }

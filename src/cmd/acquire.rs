@@ -23,6 +23,16 @@ pub struct Acquired {
 }
 
 pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acquired, Error> {
+    if crate::sys::stdout_was_closed() {
+        // The token would go nowhere, and the lease be held for its TTL by nobody.
+        return Err(Error::usage(
+            format!(
+                "standard output is closed, so the token of `{}` could not be delivered; nothing was acquired",
+                args.resource
+            ),
+            "give fence a standard output to print the grant on (e.g. `token=$(fence acquire R --format env)`), or use `fence run R -- COMMAND`",
+        ));
+    }
     let owner = args.owner.unwrap_or_else(default_owner);
     let coordinator = ctx.coordinator().await?;
     let grant = wait::acquire(

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::{BenchArgs, BenchMode};
 use crate::cmd::{wait, Context};
@@ -19,7 +20,7 @@ use crate::config::StoreSpec;
 use crate::coordinator::{self, LeaseRef};
 use crate::error::Error;
 use crate::fenced::postgres::{PgTarget, TxWrite};
-use crate::output::{Output, Report};
+use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 use crate::sys::random_u64;
 
@@ -408,42 +409,40 @@ fn percentile(values: &mut [u64], p: f64) -> Option<f64> {
     Some(values[rank] as f64 / 1000.0)
 }
 
+/// What a bench measured, in the order JSON and the table show it: counts, rates per second
+/// and latencies in milliseconds (rounded to the microsecond; null without a sample).
+#[derive(Serialize)]
+struct Figures {
+    critical_sections: u64,
+    critical_sections_per_s: f64,
+    refused: u64,
+    refused_per_s: f64,
+    acquire_p50_ms: Option<f64>,
+    acquire_p99_ms: Option<f64>,
+    handoff_p50_ms: Option<f64>,
+    handoff_p99_ms: Option<f64>,
+    renewals: u64,
+    stale_rejections: u64,
+}
+
 impl Benched {
-    fn figures(&self) -> Vec<(&'static str, Value)> {
+    fn figures(&self) -> Figures {
         let secs = self.elapsed.as_secs_f64().max(f64::EPSILON);
         let mut acquire = self.totals.acquire_us.clone();
         let mut handoff = self.totals.handoff_us.clone();
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
-        vec![
-            ("critical_sections", json!(self.totals.sections)),
-            (
-                "critical_sections_per_s",
-                json!(round(self.totals.sections as f64 / secs)),
-            ),
-            ("refused", json!(self.totals.refused)),
-            (
-                "refused_per_s",
-                json!(round(self.totals.refused as f64 / secs)),
-            ),
-            (
-                "acquire_p50_ms",
-                json!(percentile(&mut acquire, 50.0).map(round)),
-            ),
-            (
-                "acquire_p99_ms",
-                json!(percentile(&mut acquire, 99.0).map(round)),
-            ),
-            (
-                "handoff_p50_ms",
-                json!(percentile(&mut handoff, 50.0).map(round)),
-            ),
-            (
-                "handoff_p99_ms",
-                json!(percentile(&mut handoff, 99.0).map(round)),
-            ),
-            ("renewals", json!(self.totals.renewals)),
-            ("stale_rejections", json!(self.totals.stale)),
-        ]
+        Figures {
+            critical_sections: self.totals.sections,
+            critical_sections_per_s: round(self.totals.sections as f64 / secs),
+            refused: self.totals.refused,
+            refused_per_s: round(self.totals.refused as f64 / secs),
+            acquire_p50_ms: percentile(&mut acquire, 50.0).map(round),
+            acquire_p99_ms: percentile(&mut acquire, 99.0).map(round),
+            handoff_p50_ms: percentile(&mut handoff, 50.0).map(round),
+            handoff_p99_ms: percentile(&mut handoff, 99.0).map(round),
+            renewals: self.totals.renewals,
+            stale_rejections: self.totals.stale,
+        }
     }
 
     fn mode_name(&self) -> &'static str {
@@ -457,23 +456,31 @@ impl Benched {
 
 impl Report for Benched {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("mode".into(), json!(self.mode_name()));
-        map.insert("workers".into(), json!(self.workers));
-        map.insert("resources".into(), json!(self.resources));
-        map.insert("prefilled".into(), json!(self.prefilled));
-        map.insert("duration_ms".into(), json!(self.elapsed.as_millis() as u64));
-        for (name, value) in self.figures() {
-            map.insert(name.into(), value);
+        #[derive(Serialize)]
+        struct Json {
+            mode: &'static str,
+            workers: u32,
+            resources: u32,
+            prefilled: bool,
+            duration_ms: u64,
+            #[serde(flatten)]
+            figures: Figures,
         }
-        map
+        output::fields(&Json {
+            mode: self.mode_name(),
+            workers: self.workers,
+            resources: self.resources,
+            prefilled: self.prefilled,
+            duration_ms: self.elapsed.as_millis() as u64,
+            figures: self.figures(),
+        })
     }
 
     fn human(&self) -> String {
         let mut table = Table::new();
         table.load_preset(presets::UTF8_FULL_CONDENSED);
         table.set_header(["MEASURE", "VALUE"]);
-        for (name, value) in self.figures() {
+        for (name, value) in output::fields(&self.figures()) {
             let shown = match value {
                 Value::Null => "-".to_owned(),
                 other => other.to_string(),

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
 use tokio_postgres::Client;
 
 use crate::cli::{DoctorArgs, Format};
@@ -21,7 +21,8 @@ use crate::fenced::TargetSpec;
 use crate::output::Output;
 use crate::pg;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
 enum Severity {
     Ok,
     Warn,
@@ -38,6 +39,9 @@ impl Severity {
     }
 }
 
+/// One finding, as JSON shows it (`findings[]`: these keys in this order, `severity` `ok`,
+/// `warn` or `fail`).
+#[derive(Serialize)]
 struct Finding {
     /// Where: `store` or the target's URL (without password).
     subject: String,
@@ -144,30 +148,27 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
     let failed = all.iter().any(|f| f.severity == Severity::Fail);
     let count = |s: Severity| all.iter().filter(|f| f.severity == s).count();
     if out.format == Format::Json {
-        let findings: Vec<Value> = all
-            .iter()
-            .map(|f| {
-                json!({
-                    "subject": f.subject,
-                    "check": f.check,
-                    "severity": f.severity.as_str(),
-                    "message": f.message,
-                    "fix": f.fix,
-                })
-            })
-            .collect();
-        let mut object = Map::new();
-        object.insert("ok".into(), json!(!failed));
-        object.insert("op".into(), json!("doctor"));
-        object.insert("findings".into(), Value::Array(findings));
-        object.insert(
-            "summary".into(),
-            json!({"ok": count(Severity::Ok), "warn": count(Severity::Warn), "fail": count(Severity::Fail)}),
-        );
-        if let Some(store) = ctx.store_display() {
-            object.insert("store".into(), json!(store));
+        #[derive(Serialize)]
+        struct Json<'a> {
+            findings: &'a [Finding],
+            summary: Summary,
         }
-        crate::output::print_line(&Value::Object(object).to_string());
+        /// How many findings of each severity.
+        #[derive(Serialize)]
+        struct Summary {
+            ok: usize,
+            warn: usize,
+            fail: usize,
+        }
+        let answer = Json {
+            findings: all,
+            summary: Summary {
+                ok: count(Severity::Ok),
+                warn: count(Severity::Warn),
+                fail: count(Severity::Fail),
+            },
+        };
+        out.json_answer(!failed, "doctor", ctx.store_display(), &answer);
     } else if !out.quiet || failed {
         let mut table = Table::new();
         table.load_preset(presets::UTF8_FULL_CONDENSED);

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::cli::InitArgs;
 use crate::cmd::Context;
-use crate::coordinator::InitReport;
+use crate::coordinator::{InitAction, InitReport};
 use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
@@ -27,10 +27,10 @@ pub async fn run(args: InitArgs, ctx: &Context) -> Result<Initialised, Error> {
 async fn init_target(url: &str, ctx: &Context) -> Result<Initialised, Error> {
     let spec = TargetSpec::resolve(url)?;
     let target = PgTarget::connect(spec.postgres("`fence init --target`")?, &ctx.schema).await?;
-    let (action, schema_version) = target.session().init().await?;
+    let (before, schema_version) = target.session().init().await?;
     Ok(Initialised {
         report: InitReport {
-            action,
+            action: InitAction::of(before, schema_version),
             schema_version,
             location: format!("schema `{}` in {}", ctx.schema, spec.display),
         },
@@ -44,9 +44,9 @@ impl Report for Initialised {
 
     fn human(&self) -> String {
         let what = match self.report.action {
-            "created" => "created",
-            "migrated" => "migrated",
-            _ => "already up to date:",
+            InitAction::Created => "created",
+            InitAction::Migrated => "migrated",
+            InitAction::UpToDate => "already up to date:",
         };
         format!(
             "{what} {} (version {})\n",

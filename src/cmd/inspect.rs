@@ -1,14 +1,17 @@
 //! `fence inspect`: who holds what, with which token, and the recent history — the first
 //! thing an operator reads during an incident. Times are the coordinator's.
 
+use std::borrow::Cow;
 use std::io::Write;
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::{Format, InspectArgs, StateFilter};
+use crate::cmd::log::WarningKind;
 use crate::cmd::Context;
-use crate::coordinator::{Coordinator, Finding, InspectQuery, ResourceView, State};
+use crate::coordinator::{Coordinator, EventKind, Finding, InspectQuery, ResourceView, State};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::fenced::object::{self as object_target, ObjectView};
@@ -109,10 +112,11 @@ pub async fn run(
             )),
             None => {
                 let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
-                let guards = PgTarget::connect(&spec, &ctx.schema)
-                    .await?
-                    .guards(&names)
-                    .await?;
+                let target = PgTarget::connect(&spec, &ctx.schema).await?;
+                // A schema that is not there is a wrong --schema, not a target that accepted
+                // nothing: "no write landed" would be a wrong answer after a takeover.
+                target.require_existing().await?;
+                let guards = target.guards(&names).await?;
                 Some((spec.display, Targets::Guards(guards)))
             }
         },
@@ -132,22 +136,22 @@ impl Inspected {
     /// What the history shows wrong: targets that accepted a token above the highest the
     /// coordinator issued for the resource ([`super::log::target_ahead`]), and grants whose
     /// token is not above an earlier grant's among the events shown. Kind, resource, message.
-    fn integrity_warnings(&self) -> Vec<(&'static str, String, String)> {
-        let mut warnings: Vec<(&'static str, String, String)> = self
+    fn integrity_warnings(&self) -> Vec<(WarningKind, String, String)> {
+        let mut warnings: Vec<(WarningKind, String, String)> = self
             .target_warnings()
             .into_iter()
-            .map(|(resource, message)| ("target_ahead", resource, message))
+            .map(|(resource, message)| (WarningKind::TargetAhead, resource, message))
             .collect();
         for v in &self.views {
             let mut before: Option<i64> = None;
             // Most recent first in a view: oldest first here.
             for e in v.events.iter().rev() {
-                let (Some(token), "acquired" | "taken_over") = (e.token, e.kind.as_str()) else {
+                let Some(token) = e.token.filter(|_| e.kind.is_grant()) else {
                     continue;
                 };
                 if let Some(before) = before.filter(|&b| token <= b) {
                     warnings.push((
-                        "token_regressed",
+                        WarningKind::TokenRegressed,
                         v.resource.clone(),
                         super::log::token_regressed(&v.resource, before, token, e.at_ms),
                     ));
@@ -181,48 +185,136 @@ impl Inspected {
     }
 }
 
-fn opt_time(ms: Option<i64>) -> Value {
-    ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
+/// One resource of the JSON answer (`resources[]`), keys in this order; `reason` only for a
+/// damaged resource, so that a healthy store's answer keeps its shape.
+#[derive(Serialize)]
+struct ResourceJson<'a> {
+    resource: &'a str,
+    /// `held`, `expired` or `free`.
+    state: &'static str,
+    owner: Option<&'a str>,
+    token: Option<i64>,
+    acquired_at: Option<String>,
+    renewed_at: Option<String>,
+    expires_at: Option<String>,
+    expires_in_ms: Option<i64>,
+    /// Most recent first.
+    events: Vec<EventJson<'a>>,
+    /// Longest waiting first.
+    waiters: Vec<WaiterJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
 }
 
-/// One resource of the JSON answer (`resources[]`).
-fn resource_json(v: &ResourceView, findings: &[Finding]) -> Value {
-    let events: Vec<Value> = v
-        .events
-        .iter()
-        .map(|e| {
-            json!({
-                "at": time::rfc3339(e.at_ms),
-                "kind": e.kind,
-                "owner": e.owner,
-                "token": e.token,
-                "detail": e.detail,
-            })
-        })
-        .collect();
-    let mut resource = json!({
-        "resource": v.resource,
-        "state": v.state.as_str(),
-        "owner": v.owner,
-        "token": v.token,
-        "acquired_at": opt_time(v.acquired_at_ms),
-        "renewed_at": opt_time(v.renewed_at_ms),
-        "expires_at": opt_time(v.expires_at_ms),
-        "expires_in_ms": v.expires_in_ms,
-        "events": events,
-        "waiters": v.waiters.iter().map(|w| json!({
-            "owner": w.owner,
-            "since": time::rfc3339(w.since_ms),
-        })).collect::<Vec<_>>(),
-    });
-    // Only for a damaged resource: the answer for a healthy store keeps its shape.
-    if let Some(f) = findings
-        .iter()
-        .find(|f| f.resource == v.resource && f.kind == "damaged")
-    {
-        resource["reason"] = json!(f.message);
+#[derive(Serialize)]
+struct EventJson<'a> {
+    at: String,
+    kind: &'a EventKind,
+    owner: Option<&'a str>,
+    token: Option<i64>,
+    detail: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WaiterJson<'a> {
+    owner: &'a str,
+    since: String,
+}
+
+impl<'a> ResourceJson<'a> {
+    fn of(v: &'a ResourceView, findings: &'a [Finding]) -> ResourceJson<'a> {
+        ResourceJson {
+            resource: &v.resource,
+            state: v.state.as_str(),
+            owner: v.owner.as_deref(),
+            token: v.token,
+            acquired_at: v.acquired_at_ms.map(time::rfc3339),
+            renewed_at: v.renewed_at_ms.map(time::rfc3339),
+            expires_at: v.expires_at_ms.map(time::rfc3339),
+            expires_in_ms: v.expires_in_ms,
+            events: v
+                .events
+                .iter()
+                .map(|e| EventJson {
+                    at: time::rfc3339(e.at_ms),
+                    kind: &e.kind,
+                    owner: e.owner.as_deref(),
+                    token: e.token,
+                    detail: e.detail.as_deref(),
+                })
+                .collect(),
+            waiters: v
+                .waiters
+                .iter()
+                .map(|w| WaiterJson {
+                    owner: &w.owner,
+                    since: time::rfc3339(w.since_ms),
+                })
+                .collect(),
+            reason: findings
+                .iter()
+                .find(|f| f.resource == v.resource && f.kind == "damaged")
+                .map(|f| f.message.as_str()),
+        }
     }
-    resource
+}
+
+/// The JSON answer after `ok` and `op`: `integrity_ok` (false) and `warnings` only when
+/// something is wrong, so that a healthy store's answer keeps its shape; `targets` with
+/// `--target`.
+#[derive(Serialize)]
+struct InspectJson<'a> {
+    resources: Vec<ResourceJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_after: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    integrity_ok: Option<bool>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<WarningJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    targets: Option<Vec<TargetJson<'a>>>,
+}
+
+/// A finding of the store's own files, or what the history proves wrong.
+#[derive(Serialize)]
+struct WarningJson<'a> {
+    resource: Cow<'a, str>,
+    /// A finding's (`damaged`, `restored`, …) or a [`WarningKind`].
+    kind: &'static str,
+    message: Cow<'a, str>,
+}
+
+/// What `--target` shows: an object's stored token, or a database's guard rows.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TargetJson<'a> {
+    Object {
+        target: &'a str,
+        resource: Option<&'a str>,
+        highest_token: Option<i64>,
+        version: Option<&'a str>,
+        updated_at: Option<String>,
+        updated_by: Option<&'a str>,
+    },
+    Guard {
+        target: &'a str,
+        resource: &'a str,
+        highest_token: Option<i64>,
+        updated_at: Option<String>,
+        updated_by: Option<&'a str>,
+        accepted_writes: i64,
+        rejected_writes: i64,
+    },
+}
+
+/// The fields that close a streamed answer, `ok` last.
+#[derive(Serialize)]
+struct StreamEnd<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_after: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<&'a str>,
+    ok: bool,
 }
 
 const COLUMNS: [&str; 7] = [
@@ -384,7 +476,8 @@ impl<'a> Printer<'a> {
                 } else {
                     ","
                 };
-                self.write(&format!("{comma}{}", resource_json(v, &[])))?;
+                let resource = output::value(&ResourceJson::of(v, &[]));
+                self.write(&format!("{comma}{resource}"))?;
                 continue;
             }
             let mut text = self.line(&row_cells(v));
@@ -400,7 +493,7 @@ impl<'a> Printer<'a> {
                 let event = format!(
                     "\n  event {}  {}  {}  {}  {}",
                     time::rfc3339(e.at_ms),
-                    cell(&e.kind),
+                    cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
                     cell(e.detail.as_deref().unwrap_or_default())
@@ -416,15 +509,12 @@ impl<'a> Printer<'a> {
     /// The end of a complete answer; `next_after` when `--limit` was reached.
     fn finish(&mut self, next_after: Option<&str>, ctx: &Context) -> std::io::Result<()> {
         let tail = if self.json {
-            let mut tail = Map::new();
-            if let Some(next) = next_after {
-                tail.insert("next_after".into(), json!(next));
-            }
-            if let Some(store) = ctx.store_display() {
-                tail.insert("store".into(), json!(store));
-            }
-            tail.insert("ok".into(), json!(true));
-            format!("]{}\n", json_fields(tail))
+            let end = output::fields(&StreamEnd {
+                next_after,
+                store: ctx.store_display(),
+                ok: true,
+            });
+            format!("]{}\n", json_fields(end))
         } else {
             next_after.map_or_else(String::new, |next| {
                 format!(
@@ -446,7 +536,7 @@ impl<'a> Printer<'a> {
             return self.settings.error("inspect", ctx.store_display(), err);
         }
         let mut tail = output::error_fields(err, ctx.store_display(), exit);
-        tail.insert("ok".into(), json!(false));
+        tail.insert("ok".into(), Value::Bool(false));
         let _ = self.write(&format!("]{}\n", json_fields(tail)));
         let _ = self.out.flush();
         exit
@@ -465,60 +555,60 @@ fn json_fields(fields: Map<String, Value>) -> String {
 
 impl Report for Inspected {
     fn json(&self) -> Map<String, Value> {
-        let resources: Vec<Value> = self
-            .views
-            .iter()
-            .map(|v| resource_json(v, &self.findings))
-            .collect();
-        let mut map = Map::new();
-        map.insert("resources".into(), Value::Array(resources));
-        if let Some(next) = &self.next_after {
-            map.insert("next_after".into(), json!(next));
-        }
-        // Only when something is wrong, so that a healthy store's answer keeps its shape.
-        let mut warnings: Vec<Value> = self
+        let mut warnings: Vec<WarningJson> = self
             .findings
             .iter()
-            .map(|f| json!({ "resource": f.resource, "kind": f.kind, "message": f.message }))
+            .map(|f| WarningJson {
+                resource: f.resource.as_str().into(),
+                kind: f.kind,
+                message: f.message.as_str().into(),
+            })
             .collect();
         warnings.extend(
             self.integrity_warnings()
                 .into_iter()
-                .map(|(kind, resource, message)| json!({ "resource": resource, "kind": kind, "message": message })),
+                .map(|(kind, resource, message)| WarningJson {
+                    resource: resource.into(),
+                    kind: kind.as_str(),
+                    message: message.into(),
+                }),
         );
-        if !warnings.is_empty() {
-            map.insert("integrity_ok".into(), json!(false));
-            map.insert("warnings".into(), Value::Array(warnings));
-        }
-        if let Some((target, Targets::Object(o))) = &self.targets {
-            let entry = json!({
-                "target": target,
-                "resource": o.resource,
-                "highest_token": o.token,
-                "version": o.version,
-                "updated_at": opt_time(o.updated_at_ms),
-                "updated_by": o.owner,
-            });
-            map.insert("targets".into(), Value::Array(vec![entry]));
-        }
-        if let Some((target, Targets::Guards(guards))) = &self.targets {
-            let guards: Vec<Value> = guards
-                .iter()
-                .map(|g| {
-                    json!({
-                        "target": target,
-                        "resource": g.resource,
-                        "highest_token": g.highest_token,
-                        "updated_at": opt_time(g.updated_at_ms),
-                        "updated_by": g.updated_by,
-                        "accepted_writes": g.accepted_writes,
-                        "rejected_writes": g.rejected_writes,
+        let targets = self
+            .targets
+            .as_ref()
+            .map(|(target, targets)| match targets {
+                Targets::Object(o) => vec![TargetJson::Object {
+                    target,
+                    resource: o.resource.as_deref(),
+                    highest_token: o.token,
+                    version: o.version.as_deref(),
+                    updated_at: o.updated_at_ms.map(time::rfc3339),
+                    updated_by: o.owner.as_deref(),
+                }],
+                Targets::Guards(guards) => guards
+                    .iter()
+                    .map(|g| TargetJson::Guard {
+                        target,
+                        resource: &g.resource,
+                        highest_token: g.highest_token,
+                        updated_at: g.updated_at_ms.map(time::rfc3339),
+                        updated_by: g.updated_by.as_deref(),
+                        accepted_writes: g.accepted_writes,
+                        rejected_writes: g.rejected_writes,
                     })
-                })
-                .collect();
-            map.insert("targets".into(), Value::Array(guards));
-        }
-        map
+                    .collect(),
+            });
+        output::fields(&InspectJson {
+            resources: self
+                .views
+                .iter()
+                .map(|v| ResourceJson::of(v, &self.findings))
+                .collect(),
+            next_after: self.next_after.as_deref(),
+            integrity_ok: (!warnings.is_empty()).then_some(false),
+            warnings,
+            targets,
+        })
     }
 
     fn human(&self) -> String {
@@ -610,7 +700,7 @@ impl Report for Inspected {
             for e in &v.events {
                 events.add_row([
                     time::rfc3339(e.at_ms),
-                    cell(&e.kind),
+                    cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
                     cell(e.detail.as_deref().unwrap_or_default()),

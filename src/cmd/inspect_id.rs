@@ -3,16 +3,17 @@
 //! the target only (no coordinator). An id that is not there is an answer, not a failure: exit
 //! 0, `"applied": false`.
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::InspectArgs;
-use crate::cmd::write::{applied_when, id_entry_json};
+use crate::cmd::write::{applied_when, AppliedJson};
 use crate::cmd::Context;
 use crate::error::Error;
 use crate::fenced::object as object_target;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct IdInspected {
     resource: String,
@@ -87,27 +88,24 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<IdInspected, Error>
 
 impl Report for IdInspected {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("resource".into(), json!(self.resource));
-        map.insert("target".into(), json!(self.target));
-        map.insert("write_id".into(), json!(self.id));
-        map.insert("applied".into(), json!(self.entry.is_some()));
-        let entry = self.entry.as_ref().map(|e| match &e.version {
-            Some(version) => id_entry_json(&object_target::IdEntry {
-                id: self.id.clone(),
-                token: e.token,
-                applied_at_ms: e.at_ms,
-                owner: e.owner.clone(),
-                version: version.clone(),
+        /// `entry` is null when the id is not in the ledger.
+        #[derive(Serialize)]
+        struct Json<'a> {
+            resource: &'a str,
+            target: &'a str,
+            write_id: &'a str,
+            applied: bool,
+            entry: Option<AppliedJson<'a>>,
+        }
+        output::fields(&Json {
+            resource: &self.resource,
+            target: &self.target,
+            write_id: &self.id,
+            applied: self.entry.is_some(),
+            entry: self.entry.as_ref().map(|e| {
+                AppliedJson::new(e.at_ms, e.token, e.owner.as_deref(), e.version.as_deref())
             }),
-            None => json!({
-                "at": crate::time::rfc3339(e.at_ms),
-                "token": e.token,
-                "owner": e.owner,
-            }),
-        });
-        map.insert("entry".into(), entry.unwrap_or(Value::Null));
-        map
+        })
     }
 
     fn human(&self) -> String {

@@ -11,20 +11,20 @@
 //! the lease before it, and shown as `expired` events at that instant.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::time::Duration;
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::{Format, LogArgs};
 use crate::cmd::Context;
-use crate::coordinator::{Event, LogQuery, Logged, Pattern};
+use crate::coordinator::{Event, EventKind, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
-use crate::output::{Output, Report};
+use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 use crate::time;
 
@@ -45,12 +45,33 @@ pub struct Entry {
     pub derived: bool,
 }
 
-/// Something the history proves wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the history proves wrong, by name on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarningKind {
+    /// A grant whose token is not above an earlier grant's.
+    TokenRegressed,
+    /// A target that accepted a token above the highest the store issued.
+    TargetAhead,
+    /// A release, or a write a target accepted, after the lease expired.
+    HeldPastTtl,
+}
+
+impl WarningKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarningKind::TokenRegressed => "token_regressed",
+            WarningKind::TargetAhead => "target_ahead",
+            WarningKind::HeldPastTtl => "held_past_ttl",
+        }
+    }
+}
+
+/// Something the history proves wrong (on the wire: `resource`, `kind`, `message`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Warning {
     pub resource: String,
-    /// `token_regressed`, `target_ahead` or `held_past_ttl`.
-    pub kind: &'static str,
+    pub kind: WarningKind,
     pub message: String,
 }
 
@@ -173,7 +194,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
                 if let Some(message) = target_ahead(target, resource, *highest, issued) {
                     warnings.push(Warning {
                         resource: resource.clone(),
-                        kind: "target_ahead",
+                        kind: WarningKind::TargetAhead,
                         message,
                     });
                 }
@@ -272,7 +293,7 @@ fn resolve_targets(urls: &[String], follow: bool) -> Result<Vec<TargetSpec>, Err
 const FOLLOW_LAG_MS: i64 = 2_000;
 
 /// An event `--follow` has shown: from a target?, resource, time, kind, owner, token.
-type SeenKey = (bool, String, i64, String, Option<String>, Option<i64>);
+type SeenKey = (bool, String, i64, EventKind, Option<String>, Option<i64>);
 
 /// `fence log --follow`: the events so far, then each new one as a line of its own, until a
 /// stop signal (exit 0). A store or target that fails is read again at the next poll, with a
@@ -299,9 +320,16 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let coordinator = ctx.coordinator().await?;
-    // Once: a store that answers and is missing is a typo, not one that will appear. Later
-    // failures (a restart) are waited out.
+    // Once: a store or target schema that answers and is missing is a typo, not one that
+    // will appear. Later failures (a restart) are waited out, and so is a target that does
+    // not answer yet.
     coordinator.require_existing().await?;
+    for (spec, target) in targets.iter_mut() {
+        if let Ok(connected) = PgTarget::connect(spec, &ctx.schema).await {
+            connected.require_existing().await?;
+            *target = Some(connected);
+        }
+    }
     let every = match ctx.store.as_ref().map(|s| &s.kind) {
         Some(crate::config::StoreKind::Postgres(_)) => Duration::from_millis(50),
         _ => Duration::from_millis(200),
@@ -396,7 +424,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
                 Format::Ndjson => entry.json().to_string(),
                 _ => crate::terminal::terminal_safe(&entry.line(), false).into_owned(),
             };
-            if !out.quiet && print(&line).is_err() {
+            if !out.quiet && output::try_print_line(&line).is_err() {
                 // Nobody reads any more (a closed pipe): nothing left to do.
                 return Ok(());
             }
@@ -423,12 +451,6 @@ fn recovered(failing: &mut HashMap<String, bool>, source: &str) {
     if failing.insert(source.to_owned(), false).unwrap_or(false) {
         crate::terminal::warn(&format!("reading `{source}` again"));
     }
-}
-
-fn print(line: &str) -> std::io::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{line}")?;
-    stdout.flush()
 }
 
 fn now_ms() -> i64 {
@@ -496,7 +518,7 @@ impl Expiries {
         let mut entries = Vec::new();
         let ev = &logged.event;
         let resource = logged.resource.clone();
-        if ev.kind == "taken_over" && !self.open.contains_key(&resource) {
+        if ev.kind == EventKind::TakenOver && !self.open.contains_key(&resource) {
             if let Some(previous) = ev.previous_expires_at_ms {
                 self.open.insert(
                     resource.clone(),
@@ -509,7 +531,7 @@ impl Expiries {
                 );
             }
         }
-        if ev.kind != "pruned"
+        if ev.kind != EventKind::Pruned
             && self
                 .open
                 .get(&resource)
@@ -519,8 +541,11 @@ impl Expiries {
                 entries.push(expired(&resource, lease));
             }
         }
-        match ev.kind.as_str() {
-            "acquired" | "reacquired" | "taken_over" | "renewed" => match ev.expires_at_ms {
+        match ev.kind {
+            EventKind::Acquired
+            | EventKind::Reacquired
+            | EventKind::TakenOver
+            | EventKind::Renewed => match ev.expires_at_ms {
                 Some(expires_at_ms) => {
                     self.open.insert(
                         resource,
@@ -537,7 +562,7 @@ impl Expiries {
                     self.open.remove(&resource);
                 }
             },
-            "released" => {
+            EventKind::Released => {
                 self.open.remove(&resource);
             }
             _ => {}
@@ -573,8 +598,6 @@ fn expired(resource: &str, lease: Open) -> Entry {
             resource: resource.to_owned(),
             at_us: lease.expires_at_ms.saturating_mul(1000),
             event: Event {
-                at_ms: lease.expires_at_ms,
-                kind: "expired".into(),
                 owner: lease.owner,
                 token: lease.token,
                 detail: Some(match lease.ttl_ms {
@@ -586,7 +609,7 @@ fn expired(resource: &str, lease: Open) -> Entry {
                 }),
                 ttl_ms: lease.ttl_ms,
                 expires_at_ms: Some(lease.expires_at_ms),
-                ..Event::default()
+                ..Event::new(EventKind::Expired, lease.expires_at_ms)
             },
         },
     }
@@ -605,13 +628,13 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
         let Some(token) = ev.token else {
             continue;
         };
-        match (ev.kind.as_str(), &entry.source) {
-            ("acquired" | "taken_over", Source::Store) => {
+        match (&ev.kind, &entry.source) {
+            (EventKind::Acquired | EventKind::TakenOver, Source::Store) => {
                 if let Some(&before) = granted.get(resource) {
                     if token <= before {
                         warnings.push(Warning {
                             resource: resource.to_owned(),
-                            kind: "token_regressed",
+                            kind: WarningKind::TokenRegressed,
                             message: token_regressed(resource, before, token, ev.at_ms),
                         });
                     }
@@ -621,14 +644,14 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                     token.max(granted.get(resource).copied().unwrap_or(0)),
                 );
             }
-            ("expired", Source::Store) => {
+            (EventKind::Expired, Source::Store) => {
                 expired.insert((resource, token), ev.at_ms);
             }
-            ("released", Source::Store) => {
+            (EventKind::Released, Source::Store) => {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
-                        kind: "held_past_ttl",
+                        kind: WarningKind::HeldPastTtl,
                         message: format!(
                             "{} released `{resource}` (token {token}) at {}, {} after its lease expired at {} by the store's clock: whatever it did in between was done without a lease",
                             ev.owner.as_deref().unwrap_or("its owner"),
@@ -639,11 +662,11 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                     });
                 }
             }
-            ("write_accepted", Source::Target(target)) => {
+            (EventKind::WriteAccepted, Source::Target(target)) => {
                 if let Some(&at) = expired.get(&(resource, token)) {
                     warnings.push(Warning {
                         resource: resource.to_owned(),
-                        kind: "held_past_ttl",
+                        kind: WarningKind::HeldPastTtl,
                         message: format!(
                             "`{target}` accepted a write to `{resource}` with token {token} at {}, {} after that lease expired at {} by the store's clock (no newer token had written there yet): check what that write changed",
                             time::rfc3339(ev.at_ms),
@@ -684,49 +707,93 @@ pub fn target_ahead(
     })
 }
 
-fn opt_time(ms: Option<i64>) -> Value {
-    ms.map_or(Value::Null, |ms| json!(time::rfc3339(ms)))
+/// One event of the JSON and ndjson answers: the keys in this order, the optional ones only
+/// where the event has them (`last_at` with `count`, null when unknown; `derived` only when
+/// true).
+#[derive(Serialize)]
+struct EntryJson<'a> {
+    at: String,
+    resource: &'a str,
+    /// `store` or `target`.
+    source: &'static str,
+    kind: &'a EventKind,
+    owner: Option<&'a str>,
+    token: Option<i64>,
+    /// The target's URL, for a target's event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_expires_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rows: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_at: Option<Option<String>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    derived: bool,
+    detail: Option<&'a str>,
+}
+
+/// A warning as an ndjson line: `kind` is `warning`, `warning` says which.
+#[derive(Serialize)]
+struct WarningLine<'a> {
+    resource: &'a str,
+    kind: &'static str,
+    message: &'a str,
+    warning: &'static str,
+}
+
+/// The last ndjson line of an answer cut by `--limit`.
+#[derive(Serialize)]
+struct TruncatedLine {
+    kind: &'static str,
+    message: &'static str,
+}
+
+/// The JSON answer: the events, oldest first, and what the history proves wrong.
+#[derive(Serialize)]
+struct TimelineJson<'a> {
+    events: Vec<EntryJson<'a>>,
+    truncated: bool,
+    integrity_ok: bool,
+    warnings: &'a [Warning],
 }
 
 impl Entry {
-    fn json(&self) -> Value {
+    fn wire(&self) -> EntryJson<'_> {
         let ev = &self.logged.event;
-        let mut object = json!({
-            "at": time::rfc3339(ev.at_ms),
-            "resource": self.logged.resource,
-            "source": match self.source { Source::Store => "store", Source::Target(_) => "target" },
-            "kind": ev.kind,
-            "owner": ev.owner,
-            "token": ev.token,
-        });
-        let map = object.as_object_mut().expect("an object");
-        if let Source::Target(target) = &self.source {
-            map.insert("target".into(), json!(target));
+        EntryJson {
+            at: time::rfc3339(ev.at_ms),
+            resource: &self.logged.resource,
+            source: match self.source {
+                Source::Store => "store",
+                Source::Target(_) => "target",
+            },
+            kind: &ev.kind,
+            owner: ev.owner.as_deref(),
+            token: ev.token,
+            target: match &self.source {
+                Source::Store => None,
+                Source::Target(target) => Some(target),
+            },
+            ttl_ms: ev.ttl_ms,
+            expires_at: ev.expires_at_ms.map(time::rfc3339),
+            previous_expires_at: ev.previous_expires_at_ms.map(time::rfc3339),
+            rows: ev.rows,
+            count: ev.count,
+            last_at: ev.count.map(|_| ev.last_at_ms.map(time::rfc3339)),
+            derived: self.derived,
+            detail: ev.detail.as_deref(),
         }
-        if ev.ttl_ms.is_some() {
-            map.insert("ttl_ms".into(), json!(ev.ttl_ms));
-        }
-        if ev.expires_at_ms.is_some() {
-            map.insert("expires_at".into(), opt_time(ev.expires_at_ms));
-        }
-        if ev.previous_expires_at_ms.is_some() {
-            map.insert(
-                "previous_expires_at".into(),
-                opt_time(ev.previous_expires_at_ms),
-            );
-        }
-        if ev.rows.is_some() {
-            map.insert("rows".into(), json!(ev.rows));
-        }
-        if ev.count.is_some() {
-            map.insert("count".into(), json!(ev.count));
-            map.insert("last_at".into(), opt_time(ev.last_at_ms));
-        }
-        if self.derived {
-            map.insert("derived".into(), json!(true));
-        }
-        map.insert("detail".into(), json!(ev.detail));
-        object
+    }
+
+    fn json(&self) -> Value {
+        output::value(&self.wire())
     }
 
     /// One line for `--follow`: the table's columns, separated by two spaces.
@@ -739,7 +806,7 @@ impl Entry {
                 Source::Store => "store".to_owned(),
                 Source::Target(target) => target.clone(),
             },
-            ev.kind.clone(),
+            ev.kind.to_string(),
             ev.owner.clone().unwrap_or_else(|| "-".into()),
             ev.token
                 .map_or_else(|| "-".into(), |t| format!("token {t}")),
@@ -759,7 +826,7 @@ impl Entry {
         let ev = &self.logged.event;
         let mut parts = Vec::new();
         if let (Some(ttl), Some(expires)) = (ev.ttl_ms, ev.expires_at_ms) {
-            if ev.kind != "expired" {
+            if ev.kind != EventKind::Expired {
                 parts.push(format!(
                     "ttl {}, expires {}",
                     time::span(ttl),
@@ -788,40 +855,30 @@ impl Entry {
     }
 }
 
-impl Warning {
-    fn json(&self) -> Value {
-        json!({ "resource": self.resource, "kind": self.kind, "message": self.message })
-    }
-}
-
 impl Report for Timeline {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert(
-            "events".into(),
-            Value::Array(self.entries.iter().map(Entry::json).collect()),
-        );
-        map.insert("truncated".into(), json!(self.truncated));
-        map.insert("integrity_ok".into(), json!(self.warnings.is_empty()));
-        map.insert(
-            "warnings".into(),
-            Value::Array(self.warnings.iter().map(Warning::json).collect()),
-        );
-        map
+        output::fields(&TimelineJson {
+            events: self.entries.iter().map(Entry::wire).collect(),
+            truncated: self.truncated,
+            integrity_ok: self.warnings.is_empty(),
+            warnings: &self.warnings,
+        })
     }
 
     fn ndjson(&self) -> Option<Vec<Value>> {
         let mut lines: Vec<Value> = self.entries.iter().map(Entry::json).collect();
         lines.extend(self.warnings.iter().map(|w| {
-            let mut line = w.json();
-            line["kind"] = json!("warning");
-            line["warning"] = json!(w.kind);
-            line
+            output::value(&WarningLine {
+                resource: &w.resource,
+                kind: "warning",
+                message: &w.message,
+                warning: w.kind.as_str(),
+            })
         }));
         if self.truncated {
-            lines.push(json!({
-                "kind": "truncated",
-                "message": "older events in the window were left out: narrow it with --since, or raise --limit",
+            lines.push(output::value(&TruncatedLine {
+                kind: "truncated",
+                message: "older events in the window were left out: narrow it with --since, or raise --limit",
             }));
         }
         Some(lines)
@@ -847,7 +904,7 @@ impl Report for Timeline {
                         Source::Store => "store".to_owned(),
                         Source::Target(target) => target.clone(),
                     },
-                    ev.kind.clone(),
+                    ev.kind.to_string(),
                     ev.owner.clone().unwrap_or_else(dash),
                     ev.token.map_or_else(dash, |t| t.to_string()),
                     e.lease_text(),
@@ -862,7 +919,7 @@ impl Report for Timeline {
             );
         }
         for w in &self.warnings {
-            text.push_str(&format!("\nwarning ({}): {}\n", w.kind, w.message));
+            text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));
         }
         text
     }

@@ -4,30 +4,32 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::MetricsArgs;
 use crate::cmd::Context;
-use crate::coordinator::{Pattern, State};
+use crate::coordinator::{EventKind, Pattern, State};
 use crate::error::Error;
 use crate::fenced::postgres::PgTarget;
 use crate::fenced::TargetSpec;
 use crate::metrics::{render, seconds, Family};
-use crate::output::Report;
+use crate::output::{self, Report};
 
 pub struct Metrics {
     families: Vec<Family>,
 }
 
 /// The history's event kinds and the counter each is added to.
-const COUNTED: [(&str, &str); 7] = [
-    ("acquired", "fence_lease_acquisitions_total"),
-    ("taken_over", "fence_lease_acquisitions_total"),
-    ("taken_over", "fence_lease_takeovers_total"),
-    ("renewed", "fence_lease_renewals_total"),
-    ("released", "fence_lease_releases_total"),
-    ("renew_rejected", "fence_lease_rejections_total"),
-    ("release_rejected", "fence_lease_rejections_total"),
+/// (Other kinds, unknown ones included, are counted by no metric.)
+const COUNTED: [(EventKind, &str); 7] = [
+    (EventKind::Acquired, "fence_lease_acquisitions_total"),
+    (EventKind::TakenOver, "fence_lease_acquisitions_total"),
+    (EventKind::TakenOver, "fence_lease_takeovers_total"),
+    (EventKind::Renewed, "fence_lease_renewals_total"),
+    (EventKind::Released, "fence_lease_releases_total"),
+    (EventKind::RenewRejected, "fence_lease_rejections_total"),
+    (EventKind::ReleaseRejected, "fence_lease_rejections_total"),
 ];
 
 pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
@@ -56,7 +58,11 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
             continue;
         }
         for (counted, family) in COUNTED.iter().filter(|(k, _)| *k == kind) {
-            let op = counted.strip_suffix("_rejected").unwrap_or("");
+            let op = match counted {
+                EventKind::RenewRejected => "renew",
+                EventKind::ReleaseRejected => "release",
+                _ => "",
+            };
             *counts.entry((family, resource.clone(), op)).or_default() += n;
         }
     }
@@ -181,24 +187,42 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
     })
 }
 
+/// One sample of the JSON answer (`metrics[]`): its family, its labels in their order, and
+/// its value (a float, as in the exposition).
+#[derive(Serialize)]
+struct SampleJson<'a> {
+    name: &'a str,
+    labels: Labels<'a>,
+    value: f64,
+}
+
+/// A sample's labels as one JSON object, in the order the family gives them.
+struct Labels<'a>(&'a [(&'static str, String)]);
+
+impl Serialize for Labels<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
 impl Report for Metrics {
     fn json(&self) -> Map<String, Value> {
-        let metrics: Vec<Value> = self
+        #[derive(Serialize)]
+        struct Json<'a> {
+            metrics: Vec<SampleJson<'a>>,
+        }
+        let metrics = self
             .families
             .iter()
             .flat_map(|f| {
-                f.samples().iter().map(|(labels, value)| {
-                    let labels: Map<String, Value> = labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), json!(v)))
-                        .collect();
-                    json!({ "name": f.name(), "labels": labels, "value": value })
+                f.samples().iter().map(|(labels, value)| SampleJson {
+                    name: f.name(),
+                    labels: Labels(labels),
+                    value: *value,
                 })
             })
             .collect();
-        let mut map = Map::new();
-        map.insert("metrics".into(), Value::Array(metrics));
-        map
+        output::fields(&Json { metrics })
     }
 
     fn human(&self) -> String {

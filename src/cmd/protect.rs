@@ -4,7 +4,7 @@
 
 use comfy_table::{presets, Table};
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::cli::{InspectArgs, ProtectArgs};
 use crate::cmd::Context;
@@ -124,29 +124,39 @@ pub async fn inspect(args: InspectArgs, ctx: &Context) -> Result<Inspected, Erro
 
 impl Report for Inspected {
     fn json(&self) -> Map<String, Value> {
-        let tables: Vec<Value> = self
-            .tree
-            .tables
-            .iter()
-            .map(|t| {
-                json!({
-                    "table": t.table,
-                    "parent": t.parent,
-                    "kind": t.kind,
-                    "protected": t.protected(),
-                    "resource": t.resource,
-                    "enabled": t.enabled,
+        #[derive(Serialize)]
+        struct Json<'a> {
+            target: &'a str,
+            tables: Vec<TableJson<'a>>,
+            covers_later_partitions: bool,
+        }
+        /// A table of the tree; `resource` and `enabled` null where fence's triggers are not.
+        #[derive(Serialize)]
+        struct TableJson<'a> {
+            table: &'a str,
+            parent: Option<&'a str>,
+            kind: &'static str,
+            protected: bool,
+            resource: Option<&'a str>,
+            enabled: Option<&'a str>,
+        }
+        output::fields(&Json {
+            target: &self.target,
+            tables: self
+                .tree
+                .tables
+                .iter()
+                .map(|t| TableJson {
+                    table: &t.table,
+                    parent: t.parent.as_deref(),
+                    kind: t.kind,
+                    protected: t.protected(),
+                    resource: t.resource.as_deref(),
+                    enabled: t.enabled.as_deref(),
                 })
-            })
-            .collect();
-        let mut map = Map::new();
-        map.insert("target".into(), json!(self.target));
-        map.insert("tables".into(), Value::Array(tables));
-        map.insert(
-            "covers_later_partitions".into(),
-            json!(self.tree.covers_later_tables),
-        );
-        map
+                .collect(),
+            covers_later_partitions: self.tree.covers_later_tables,
+        })
     }
 
     fn human(&self) -> String {

@@ -24,13 +24,13 @@
 //! work not done.
 
 use std::ffi::OsString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Serialize;
 use tokio::time::{sleep_until, Instant};
 
 use crate::cli::{Format, RunArgs};
@@ -109,17 +109,29 @@ async fn record_completed(
 fn report_done(args: &RunArgs, id: &str, ctx: &Context, out: &Output, done: &Done) -> Exit {
     let at = done.at_ms.map(crate::time::rfc3339);
     if out.format == Format::Json {
-        let mut object = serde_json::Map::new();
-        object.insert("ok".into(), json!(true));
-        object.insert("op".into(), json!("run"));
-        object.insert("resource".into(), json!(args.resource));
-        object.insert("run_id".into(), json!(id));
-        object.insert("skipped".into(), json!(true));
-        object.insert("completed".into(), json!({ "at": at, "owner": done.owner }));
-        if let Some(store) = ctx.store_display() {
-            object.insert("store".into(), json!(store));
+        /// A skipped run: `completed` says when (null when unknown) and by whom.
+        #[derive(Serialize)]
+        struct Json<'a> {
+            resource: &'a str,
+            run_id: &'a str,
+            skipped: bool,
+            completed: Completed<'a>,
         }
-        crate::output::print_line(&serde_json::Value::Object(object).to_string());
+        #[derive(Serialize)]
+        struct Completed<'a> {
+            at: Option<String>,
+            owner: Option<&'a str>,
+        }
+        let answer = Json {
+            resource: &args.resource,
+            run_id: id,
+            skipped: true,
+            completed: Completed {
+                at,
+                owner: done.owner.as_deref(),
+            },
+        };
+        out.json_answer(true, "run", ctx.store_display(), &answer);
     } else if !out.quiet {
         crate::terminal::warn(&format!(
             "run `{id}` of `{}` already completed{}{}: the command was not started",
@@ -301,10 +313,11 @@ async fn supervise(
         )
     });
     let started = Interrupts::install().and_then(|interrupts| {
-        let (child, report) = spawn(&args.command, ctx, &lease, &given_id, out)?;
-        Ok((interrupts, child, report))
+        let (child, report, bounds) =
+            spawn(&args.command, ctx, &lease, &given_id, args.kill_after, out)?;
+        Ok((interrupts, child, report, bounds))
     });
-    let (mut interrupts, mut child, report) = match started {
+    let (mut interrupts, mut child, report, bounds) = match started {
         Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
@@ -312,6 +325,7 @@ async fn supervise(
         }
     };
     let pgid = child.id().map(|pid| pid as i32);
+    bounds.send(valid_until);
     let terminal = Terminal::give(pgid);
 
     let every = ttl / 3;
@@ -329,7 +343,12 @@ async fn supervise(
                 // No renewal was confirmed in time (the store is unreachable, or this process
                 // was paused): stop the command first, then ask once why, for the report.
                 forward(pgid, libc::SIGTERM);
-                let reason = match tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await {
+                let asked = tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await;
+                if asked.is_err() {
+                    // Unanswered, it must not renew the lease later (see `cancel_pending`).
+                    coordinator.cancel_pending().await;
+                }
+                let reason = match asked {
                     Ok(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
                     Ok(Err(Error::LeaseLost { reason, .. })) => reason,
                     Ok(Ok(_)) => {
@@ -368,6 +387,7 @@ async fn supervise(
                     Ok(Ok(renewed)) => {
                         last_error = None;
                         valid_until = valid_bound(sent, ttl, renewed.expires_in_ms);
+                        bounds.send(valid_until);
                         next_renew = Instant::now() + every;
                     }
                     Ok(Err(Error::Stale { highest_token, .. })) => {
@@ -376,7 +396,13 @@ async fn supervise(
                     Ok(Err(Error::LeaseLost { reason, .. })) => break End::Lost(lost(&lease, reason)),
                     other => {
                         // Anything else may pass (a lost connection, a timeout, local I/O): try
-                        // again soon on a fresh connection, but only while the bound lasts.
+                        // again soon on a fresh connection, but only while the bound lasts. A
+                        // renewal left unanswered is cancelled on the server first: queued
+                        // behind a lock, it would otherwise commit later, for a run that may
+                        // have been reported lost by then.
+                        if other.is_err() {
+                            coordinator.cancel_pending().await;
+                        }
                         last_error = Some(match other {
                             Ok(Err(err)) => err.to_string(),
                             _ => match crate::pg::last_refusal() {
@@ -399,13 +425,17 @@ async fn supervise(
         End::Finished(status) => {
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
+            let told = reaper_report(report);
             let left_over =
-                stop_leftovers(pgid, args.kill_after).await | reaper_stopped_leftovers(report);
+                stop_leftovers(pgid, args.kill_after).await | told.leftovers | orphans_stopped();
+            // A stop signal the command's group got without fence (Ctrl-C at a terminal goes to
+            // the foreground group, the command's) interrupted the run all the same.
+            let interrupted = interrupted.or(told.interrupted);
             // A run id is recorded as completed only for a run that ended on its own, whole:
             // exit 0, not asked to stop, nothing of it still running that had to be stopped.
             let incomplete = match (interrupted, left_over) {
                 (Some(signal), _) => Some(format!(
-                    "it was interrupted (signal {signal} was passed on to it)"
+                    "it was interrupted (signal {signal} reached it)"
                 )),
                 (None, true) => Some(
                     "it left processes running, which were stopped with it (a background job's work may be cut short)"
@@ -439,23 +469,29 @@ async fn supervise(
                 .or_else(|| status.signal().map(|s| 128 + s as u8))
                 .unwrap_or(1);
             if out.format == Format::Json {
-                let mut object = serde_json::Map::new();
-                object.insert("ok".into(), json!(true));
-                object.insert("op".into(), json!("run"));
-                object.insert("resource".into(), json!(lease.resource));
-                object.insert("owner".into(), json!(lease.owner));
-                object.insert("token".into(), json!(lease.token));
-                object.insert("exit_status".into(), json!(code));
-                object.insert("run_id".into(), json!(given_id));
-                if let Some(store) = ctx.store_display() {
-                    object.insert("store".into(), json!(store));
+                /// A run that ended: its lease, its command's status, its run id.
+                #[derive(Serialize)]
+                struct Json<'a> {
+                    resource: &'a str,
+                    owner: &'a str,
+                    token: i64,
+                    exit_status: u8,
+                    run_id: &'a str,
                 }
-                crate::output::print_line(&serde_json::Value::Object(object).to_string());
+                let answer = Json {
+                    resource: &lease.resource,
+                    owner: &lease.owner,
+                    token: lease.token,
+                    exit_status: code,
+                    run_id: &given_id,
+                };
+                out.json_answer(true, "run", ctx.store_display(), &answer);
             }
             Ok(Exit::Command(code))
         }
         End::Lost(err) => {
             stop(&mut child, pgid, args.kill_after).await;
+            orphans_stopped();
             Err(err)
         }
     }
@@ -505,6 +541,31 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
     }
     forward(pgid, libc::SIGKILL);
     let _ = child.wait().await;
+}
+
+/// The lease's bound, sent to the reaper: should `fence run` be paused (SIGSTOP, a frozen
+/// cgroup) or hang past it, the reaper, which does not renew anything, stops the command
+/// there itself (SIGTERM, SIGKILL after `--kill-after`), so that it never runs on past the
+/// last renewal this process could prove.
+struct Bounds(std::fs::File);
+
+impl Bounds {
+    /// Sends `until` as an instant of CLOCK_BOOTTIME (which the reaper reads too, and which
+    /// counts a suspend), in nanoseconds, 8 bytes: one write, never split.
+    fn send(&self, until: Instant) {
+        let Some(now) = crate::sys::boottime_ns() else {
+            return;
+        };
+        let left = until.saturating_duration_since(Instant::now());
+        let at = now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX));
+        let _ = (&self.0).write_all(&at.to_le_bytes());
+    }
+}
+
+/// Stops what the reaper left to us (its orphans, when it died before the command's
+/// descendants) once the reaper itself has been waited for; returns whether there were any.
+fn orphans_stopped() -> bool {
+    crate::sys::kill_descendants()
 }
 
 /// The terminal, when `fence run` held its foreground: the reaper hands it to the command's
@@ -567,8 +628,9 @@ fn spawn(
     ctx: &Context,
     lease: &LeaseRef,
     run_id: &str,
+    kill_after: Duration,
     out: &Output,
-) -> Result<(tokio::process::Child, std::fs::File), Error> {
+) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
     let program = command.first().ok_or_else(|| {
         Error::usage(
             "no command to run",
@@ -593,10 +655,35 @@ fn spawn(
             std::os::fd::OwnedFd::from_raw_fd(fds[1]),
         )
     };
+    let mut bound_fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, which we own from here. Our end never blocks:
+    // a bound the reaper has not read yet is replaced by the next one anyway.
+    if unsafe { libc::pipe2(bound_fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(cannot(&std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else; O_NONBLOCK on
+    // our own end.
+    let (bound_read, bounds) = unsafe {
+        libc::fcntl(bound_fds[1], libc::F_SETFL, libc::O_NONBLOCK);
+        (
+            std::os::fd::OwnedFd::from_raw_fd(bound_fds[0]),
+            Bounds(std::fs::File::from_raw_fd(bound_fds[1])),
+        )
+    };
+    // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was the
+    // subreaper of (daemons that left the command's group) is handed to us rather than to
+    // init, so that nothing of the command outlives the run (see `orphans_stopped`).
+    // SAFETY: prctl on this process only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let parent = std::process::id().to_string();
     let mut cmd = tokio::process::Command::new("/proc/self/exe");
+    let raw_write = write_end.as_raw_fd();
+    let raw_bound = bound_read.as_raw_fd();
     cmd.arg(crate::reaper::ARG)
         .arg(&parent)
+        .arg(raw_write.to_string())
+        .arg(raw_bound.to_string())
+        .arg(kill_after.as_millis().to_string())
         .arg("--")
         .args(command)
         .process_group(0)
@@ -613,13 +700,14 @@ fn spawn(
         // stdout carries fence's one JSON object; the command's output goes to stderr.
         cmd.stdout(std::io::stderr());
     }
-    let raw_write = write_end.as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls: dup2 puts the report pipe
-    // on the descriptor the reaper reads (dup2 clears close-on-exec), prctl sets the signal
-    // the reaper gets when this process dies.
+    // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the report pipe
+    // through the exec, at its own number (the caller's descriptors stay as they were), prctl
+    // sets the signal the reaper gets when this process dies.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(raw_write, crate::reaper::REPORT_FD) < 0 {
+            if libc::fcntl(raw_write, libc::F_SETFD, 0) < 0
+                || libc::fcntl(raw_bound, libc::F_SETFD, 0) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
@@ -637,11 +725,12 @@ fn spawn(
         }
     })?;
     drop(write_end);
+    drop(bound_read);
     // The reaper writes one newline once COMMAND runs, or why it could not start and closes
     // its end. A reaper that dies before either closes it with nothing said.
     let mut first = [0u8; 1];
     match report.read(&mut first) {
-        Ok(1) if first[0] == b'\n' => Ok((child, report)),
+        Ok(1) if first[0] == b'\n' => Ok((child, report, bounds)),
         Ok(0) => Err(cannot(
             &"fence's supervisor of the command ended before starting it",
         )),
@@ -653,10 +742,26 @@ fn spawn(
     }
 }
 
-/// Whether the reaper said, as it ended, that it had to stop processes the command left
-/// running (read once the reaper is gone: the pipe is then at its end).
-fn reaper_stopped_leftovers(mut report: std::fs::File) -> bool {
-    let mut rest = Vec::new();
-    let _ = report.read_to_end(&mut rest);
-    rest == crate::reaper::LEFTOVERS
+/// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
+/// end).
+#[derive(Default)]
+struct ReaperReport {
+    /// It had to stop processes the command left running.
+    leftovers: bool,
+    /// A stop signal reached the command's group.
+    interrupted: Option<i32>,
+}
+
+fn reaper_report(mut report: std::fs::File) -> ReaperReport {
+    let mut rest = String::new();
+    let _ = report.read_to_string(&mut rest);
+    let mut told = ReaperReport::default();
+    for line in rest.lines() {
+        match line.split_once(' ') {
+            None if line == crate::reaper::LEFTOVERS => told.leftovers = true,
+            Some((crate::reaper::INTERRUPTED, signal)) => told.interrupted = signal.parse().ok(),
+            _ => {}
+        }
+    }
+    told
 }

@@ -13,7 +13,6 @@
 //! release wins. Nowhere is a free resource reserved for the waiters: a plain `acquire`
 //! (without `--wait`) asking at that moment can be granted first.
 
-use std::io::IsTerminal;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -214,10 +213,7 @@ async fn waiting(
 impl Output {
     /// A spinner on stderr, only when stderr is a terminal and output is for people.
     pub fn spinner(&self) -> Option<ProgressBar> {
-        if self.quiet
-            || self.format != crate::cli::Format::Human
-            || !std::io::stderr().is_terminal()
-        {
+        if !self.shows_progress() {
             return None;
         }
         let spinner = ProgressBar::new_spinner();

@@ -3,16 +3,19 @@
 use std::io::Read;
 
 use comfy_table::{presets, Table};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::cli::WriteArgs;
 use crate::cmd::Context;
-use crate::coordinator::Attempt;
+use crate::coordinator::{Attempt, EventKind};
 use crate::error::Error;
 use crate::fenced::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
-use crate::fenced::postgres::{LedgerEntry, PgTarget, RowOutcome, RowWrite, TxOutcome, TxWrite};
+use crate::fenced::postgres::{
+    LedgerEntry, PgTarget, RowOutcome, RowWrite, StatementResult, TxOutcome, TxWrite,
+};
 use crate::fenced::{sql_check, TargetSpec};
-use crate::output::{Output, Report};
+use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 
 pub struct Written {
@@ -175,7 +178,7 @@ async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, 
     let attempt = Attempt {
         resource: resource.to_owned(),
         owner: owner.to_owned(),
-        kind: "write_rejected",
+        kind: EventKind::WriteRejected,
         token,
         detail,
     };
@@ -193,22 +196,90 @@ async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, 
     }
 }
 
-fn ledger_json(entry: &LedgerEntry) -> Value {
-    json!({
-        "at": crate::time::rfc3339(entry.applied_at_ms),
-        "token": entry.token,
-        "owner": entry.owner,
-    })
+/// A write id's ledger entry, as `fence write` (replayed) and `fence inspect --id` show it:
+/// when, with which token and by whom it was applied, and for an object the version it made.
+#[derive(Serialize)]
+pub struct AppliedJson<'a> {
+    at: String,
+    token: i64,
+    owner: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<&'a str>,
 }
 
-/// An object's ledger entry, as `fence write` and `fence inspect --id` show it.
-pub fn id_entry_json(entry: &IdEntry) -> Value {
-    json!({
-        "at": crate::time::rfc3339(entry.applied_at_ms),
-        "token": entry.token,
-        "owner": entry.owner,
-        "version": entry.version,
-    })
+impl<'a> AppliedJson<'a> {
+    pub fn new(
+        at_ms: i64,
+        token: i64,
+        owner: Option<&'a str>,
+        version: Option<&'a str>,
+    ) -> AppliedJson<'a> {
+        AppliedJson {
+            at: crate::time::rfc3339(at_ms),
+            token,
+            owner,
+            version,
+        }
+    }
+
+    fn of_ledger(entry: &'a LedgerEntry) -> AppliedJson<'a> {
+        Self::new(
+            entry.applied_at_ms,
+            entry.token,
+            entry.owner.as_deref(),
+            None,
+        )
+    }
+
+    fn of_object(entry: &'a IdEntry) -> AppliedJson<'a> {
+        Self::new(
+            entry.applied_at_ms,
+            entry.token,
+            entry.owner.as_deref(),
+            Some(&entry.version),
+        )
+    }
+}
+
+/// The JSON answer after `ok` and `op`: the write, then its form's own keys (`form` first).
+#[derive(Serialize)]
+struct WrittenJson<'a> {
+    resource: &'a str,
+    token: i64,
+    target: &'a str,
+    #[serde(flatten)]
+    form: FormJson<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "form", rename_all = "snake_case")]
+enum FormJson<'a> {
+    /// `applied` only for a replayed id, whose `statements` are then empty.
+    Transaction {
+        write_id: Option<&'a str>,
+        replayed: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        applied: Option<AppliedJson<'a>>,
+        statements: &'a [StatementResult],
+    },
+    Row {
+        table: &'a str,
+        /// `applied` or `inserted`.
+        status: &'static str,
+    },
+    /// Written: `version` and `previous_version` (null for a new object); replayed:
+    /// `applied`, and 0 bytes.
+    Object {
+        write_id: Option<&'a str>,
+        replayed: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        version: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_version: Option<Option<&'a str>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        applied: Option<AppliedJson<'a>>,
+        bytes: usize,
+    },
 }
 
 /// "at T with token N by `O`": when and by whom an id was applied.
@@ -284,7 +355,7 @@ fn assignments(flag: &str, pairs: &[String]) -> Result<Map<String, Value>, Error
                 format!("write {flag} column=value (the value may be empty)"),
             ));
         };
-        if map.insert(column.to_owned(), json!(value)).is_some() {
+        if map.insert(column.to_owned(), Value::from(value)).is_some() {
             return Err(Error::usage(
                 format!("column `{column}` is given twice in {flag}"),
                 "give each column once",
@@ -296,65 +367,53 @@ fn assignments(flag: &str, pairs: &[String]) -> Result<Map<String, Value>, Error
 
 impl Report for Written {
     fn json(&self) -> Map<String, Value> {
-        let mut map = Map::new();
-        map.insert("resource".into(), json!(self.resource));
-        map.insert("token".into(), json!(self.token));
-        map.insert("target".into(), json!(self.target));
-        match &self.outcome {
-            Outcome::Transaction { write_id, outcome } => {
-                map.insert("form".into(), json!("transaction"));
-                map.insert("write_id".into(), json!(write_id));
-                let statements = match outcome {
-                    TxOutcome::Applied(statements) => {
-                        map.insert("replayed".into(), json!(false));
-                        statements.as_slice()
-                    }
-                    TxOutcome::Replayed(entry) => {
-                        map.insert("replayed".into(), json!(true));
-                        map.insert("applied".into(), ledger_json(entry));
-                        &[]
-                    }
-                };
-                let statements: Vec<Value> = statements
-                    .iter()
-                    .map(|s| {
-                        json!({
-                            "rows_affected": s.rows_affected,
-                            "columns": s.columns,
-                            "rows": s.rows,
-                        })
-                    })
-                    .collect();
-                map.insert("statements".into(), Value::Array(statements));
-            }
-            Outcome::Row { table, outcome } => {
-                map.insert("form".into(), json!("row"));
-                map.insert("table".into(), json!(table));
-                let status = match outcome {
+        let form = match &self.outcome {
+            Outcome::Transaction { write_id, outcome } => match outcome {
+                TxOutcome::Applied(statements) => FormJson::Transaction {
+                    write_id: write_id.as_deref(),
+                    replayed: false,
+                    applied: None,
+                    statements,
+                },
+                TxOutcome::Replayed(entry) => FormJson::Transaction {
+                    write_id: write_id.as_deref(),
+                    replayed: true,
+                    applied: Some(AppliedJson::of_ledger(entry)),
+                    statements: &[],
+                },
+            },
+            Outcome::Row { table, outcome } => FormJson::Row {
+                table,
+                status: match outcome {
                     RowOutcome::Applied => "applied",
                     RowOutcome::Inserted => "inserted",
-                };
-                map.insert("status".into(), json!(status));
-            }
-            Outcome::Object { write_id, outcome } => {
-                map.insert("form".into(), json!("object"));
-                map.insert("write_id".into(), json!(write_id));
-                match outcome {
-                    ObjectOutcome::Written(written) => {
-                        map.insert("replayed".into(), json!(false));
-                        map.insert("version".into(), json!(written.version));
-                        map.insert("previous_version".into(), json!(written.previous));
-                        map.insert("bytes".into(), json!(written.bytes));
-                    }
-                    ObjectOutcome::Replayed(entry) => {
-                        map.insert("replayed".into(), json!(true));
-                        map.insert("applied".into(), id_entry_json(entry));
-                        map.insert("bytes".into(), json!(0));
-                    }
-                }
-            }
-        }
-        map
+                },
+            },
+            Outcome::Object { write_id, outcome } => match outcome {
+                ObjectOutcome::Written(written) => FormJson::Object {
+                    write_id: write_id.as_deref(),
+                    replayed: false,
+                    version: Some(&written.version),
+                    previous_version: Some(written.previous.as_deref()),
+                    applied: None,
+                    bytes: written.bytes,
+                },
+                ObjectOutcome::Replayed(entry) => FormJson::Object {
+                    write_id: write_id.as_deref(),
+                    replayed: true,
+                    version: None,
+                    previous_version: None,
+                    applied: Some(AppliedJson::of_object(entry)),
+                    bytes: 0,
+                },
+            },
+        };
+        output::fields(&WrittenJson {
+            resource: &self.resource,
+            token: self.token,
+            target: &self.target,
+            form,
+        })
     }
 
     fn human(&self) -> String {

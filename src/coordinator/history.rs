@@ -3,7 +3,7 @@
 
 use crate::coordinator::ResourceView;
 use crate::error::{ConflictKind, Error};
-use crate::timeline::{newest, LogQuery, Logged};
+use crate::timeline::{newest, EventKind, LogQuery, Logged};
 
 /// Refused attempts are coalesced per resource, owner, kind and this long a window (a
 /// count, and the first and last time), so that a busy loop cannot grow the history.
@@ -15,8 +15,8 @@ pub const ATTEMPT_WINDOW_MS: i64 = 60_000;
 pub struct Attempt {
     pub resource: String,
     pub owner: String,
-    /// `busy` or `conflict`.
-    pub kind: &'static str,
+    /// `busy` or `conflict` (`write_rejected` for an object's refused write).
+    pub kind: EventKind,
     /// Busy: the holder's token; conflict: the token presented.
     pub token: i64,
     pub detail: String,
@@ -32,7 +32,7 @@ impl Attempt {
                 resource, holder, ..
             } => (
                 resource,
-                "busy",
+                EventKind::Busy,
                 holder.token,
                 format!("held by `{}` (token {})", holder.owner, holder.token),
             ),
@@ -51,7 +51,12 @@ impl Attempt {
                     }
                     _ => return None,
                 };
-                (resource, "conflict", *token, format!("{op} refused: {why}"))
+                (
+                    resource,
+                    EventKind::Conflict,
+                    *token,
+                    format!("{op} refused: {why}"),
+                )
             }
             _ => return None,
         };

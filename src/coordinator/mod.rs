@@ -23,7 +23,7 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
-pub use crate::timeline::{Event, LogQuery, Logged, Pattern};
+pub use crate::timeline::{Event, EventKind, LogQuery, Logged, Pattern};
 pub use history::Attempt;
 pub use refusal::{Found, Refusal};
 
@@ -205,11 +205,31 @@ pub struct Pruned {
     pub before_ms: Option<i64>,
 }
 
+/// What `fence init` did to the store's records (on the wire: `created`, `migrated`,
+/// `up_to_date`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitAction {
+    Created,
+    Migrated,
+    UpToDate,
+}
+
+impl InitAction {
+    /// From the schema version found (`None`: none yet) and the version now.
+    pub fn of(before: Option<i32>, now: i32) -> InitAction {
+        match before {
+            None => InitAction::Created,
+            Some(v) if v == now => InitAction::UpToDate,
+            Some(_) => InitAction::Migrated,
+        }
+    }
+}
+
 /// What `fence init` did.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct InitReport {
-    /// `created`, `migrated` or `up_to_date`.
-    pub action: &'static str,
+    pub action: InitAction,
     pub schema_version: i32,
     /// Where fence's records live (schema name or directory).
     pub location: String,
@@ -304,6 +324,11 @@ pub trait Coordinator {
     /// has them) or after `max`, whichever is first.
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
 
+    /// Asks the store to stop the request this process gave up waiting for (a renewal that
+    /// did not answer within the lease's bound), so that it cannot apply later. Best effort,
+    /// bounded; nothing to do where a request cannot outlive its caller's wait.
+    async fn cancel_pending(&self) {}
+
     /// Fails (a usage error, exit 2) when the store has never been created: a read that only
     /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
     /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose
@@ -332,8 +357,8 @@ pub trait Coordinator {
     /// How many events of each kind each resource's history has had, as (resource, kind,
     /// count): for `fence metrics`, totals since the history began, including events
     /// `fence prune` or a store's retention removed since, so that they never go down.
-    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
-        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
+        let mut counts: std::collections::BTreeMap<(String, EventKind), i64> = Default::default();
         for view in self.inspect(&[], usize::MAX).await? {
             for event in view.events {
                 *counts
@@ -352,14 +377,14 @@ pub trait Coordinator {
 /// The refused attempts a process has recorded, by resource and kind: a waiter's retries
 /// are one attempt, recorded once.
 #[derive(Default)]
-pub(crate) struct Attempted(std::cell::RefCell<std::collections::HashSet<(String, &'static str)>>);
+pub(crate) struct Attempted(std::cell::RefCell<std::collections::HashSet<(String, EventKind)>>);
 
 impl Attempted {
     /// True the first time this process sees `attempt`'s resource and kind.
     pub fn first(&self, attempt: &Attempt) -> bool {
         self.0
             .borrow_mut()
-            .insert((attempt.resource.clone(), attempt.kind))
+            .insert((attempt.resource.clone(), attempt.kind.clone()))
     }
 }
 
@@ -385,4 +410,20 @@ pub async fn open(spec: &StoreSpec, schema: &str) -> Result<Box<dyn Coordinator>
 /// The TTL in whole milliseconds, as coordinators store it.
 pub fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The token after `highest` for a new grant of `resource`. Tokens only go up (I1), so when
+/// none is left above (only a damaged or hand-edited record can hold `i64::MAX`) the grant is
+/// refused, naming where the highest came from, instead of wrapping around to a negative one.
+pub fn next_token(resource: &str, highest: i64, source: &str) -> Result<i64, Error> {
+    highest.checked_add(1).ok_or_else(|| {
+        Error::internal(
+            format!(
+                "no fencing token is left above {highest} for `{resource}` (the highest a token can be), which {source} holds: it was damaged or edited by hand"
+            ),
+            format!(
+                "nothing was granted; repair or restore {source}, or use another resource name"
+            ),
+        )
+    })
 }

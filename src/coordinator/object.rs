@@ -43,8 +43,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{
-    ttl_ms, Coordinator, Event, Grant, InitReport, Lease, LeaseRef, Released, ResourceView, State,
-    Waiter,
+    ttl_ms, Coordinator, Event, EventKind, Grant, InitAction, InitReport, Lease, LeaseRef,
+    Released, ResourceView, State, Waiter,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
@@ -122,7 +122,7 @@ struct Archive {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Change {
     seq: u64,
-    kind: String,
+    kind: EventKind,
     owner: String,
     token: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,13 +137,11 @@ impl Change {
     fn event(&self, written_ms: i64) -> Event {
         let at_ms = self.at_ms.unwrap_or(written_ms);
         Event {
-            at_ms,
-            kind: self.kind.clone(),
             owner: Some(self.owner.clone()),
             token: Some(self.token),
             ttl_ms: self.ttl_ms,
             expires_at_ms: self.ttl_ms.map(|ttl| at_ms.saturating_add(ttl)),
-            ..Event::default()
+            ..Event::new(self.kind.clone(), at_ms)
         }
     }
 }
@@ -152,7 +150,7 @@ impl Change {
 /// before changes were kept in the record); its time is the object's Last-Modified.
 #[derive(Debug, Serialize, Deserialize)]
 struct EventBody {
-    kind: String,
+    kind: EventKind,
     owner: Option<String>,
     token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -206,7 +204,7 @@ async fn backoff(attempt: usize) {
 fn history(
     read: Option<&Current>,
     seq: u64,
-    kind: &str,
+    kind: EventKind,
     owner: &str,
     token: i64,
     ttl_ms: Option<i64>,
@@ -217,7 +215,7 @@ fn history(
     }
     history.push(Change {
         seq,
-        kind: kind.to_owned(),
+        kind,
         owner: owner.to_owned(),
         token,
         at_ms: None,
@@ -482,7 +480,7 @@ impl ObjectCoordinator {
             body.seq,
             1,
             &EventBody {
-                kind: format!("{op}_rejected"),
+                kind: EventKind::rejected(op),
                 owner: Some(lease.owner.clone()),
                 token: Some(lease.token),
                 detail: Some(detail),
@@ -529,12 +527,10 @@ impl ObjectCoordinator {
                 events.push((
                     (seq, n),
                     Event {
-                        at_ms: fetched.meta.last_modified_ms,
-                        kind: e.kind,
                         owner: e.owner,
                         token: e.token,
                         detail: e.detail,
-                        ..Event::default()
+                        ..Event::new(e.kind, fetched.meta.last_modified_ms)
                     },
                 ));
             }
@@ -588,8 +584,8 @@ impl Coordinator for ObjectCoordinator {
             .await?;
         Ok(InitReport {
             action: match put {
-                Put::Done(_) => "created",
-                Put::Lost => "up_to_date",
+                Put::Done(_) => InitAction::Created,
+                Put::Lost => InitAction::UpToDate,
             },
             schema_version: FORMAT_VERSION,
             location: format!(
@@ -632,17 +628,21 @@ impl Coordinator for ObjectCoordinator {
                     let mut body = c.body.clone();
                     body.acquired_at_ms = Some(c.lease(now).acquired_at_ms);
                     body.ttl_ms = ttl;
-                    (body, "reacquired")
+                    (body, EventKind::Reacquired)
                 }
                 (previous, _) => {
                     let kind = match previous {
-                        Some(c) if c.held() && c.body.owner != owner => "taken_over",
-                        _ => "acquired",
+                        Some(c) if c.held() && c.body.owner != owner => EventKind::TakenOver,
+                        _ => EventKind::Acquired,
                     };
                     let body = Body {
                         resource: resource.to_owned(),
                         owner: owner.to_owned(),
-                        token: previous.as_ref().map_or(0, |c| c.body.token) + 1,
+                        token: crate::coordinator::next_token(
+                            resource,
+                            previous.as_ref().map_or(0, |c| c.body.token),
+                            "the lease record object",
+                        )?,
                         ttl_ms: ttl,
                         state: "held".into(),
                         nonce: String::new(),
@@ -662,7 +662,7 @@ impl Coordinator for ObjectCoordinator {
                 history: history(
                     current.as_ref(),
                     seq,
-                    kind,
+                    kind.clone(),
                     owner,
                     body.token,
                     Some(body.ttl_ms),
@@ -676,7 +676,7 @@ impl Coordinator for ObjectCoordinator {
             let now = meta.last_modified_ms;
             return Ok(Grant {
                 lease: Current { body, meta }.lease(now),
-                reacquired: kind == "reacquired",
+                reacquired: kind == EventKind::Reacquired,
             });
         }
         Err(self.contended(resource))
@@ -709,7 +709,7 @@ impl Coordinator for ObjectCoordinator {
                 history: history(
                     Some(c),
                     c.body.seq + 1,
-                    "renewed",
+                    EventKind::Renewed,
                     &lease.owner,
                     lease.token,
                     Some(renewed_ttl),
@@ -747,7 +747,7 @@ impl Coordinator for ObjectCoordinator {
                 history: history(
                     Some(c),
                     c.body.seq + 1,
-                    "released",
+                    EventKind::Released,
                     &lease.owner,
                     lease.token,
                     None,

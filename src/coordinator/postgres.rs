@@ -55,8 +55,9 @@ use tokio_postgres::Row;
 use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
 use crate::coordinator::Refusal;
 use crate::coordinator::{
-    ttl_ms, Attempt, Coordinator, Event, Grant, InitReport, InspectQuery, Inspection, Lease,
-    LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView, State, Waiter,
+    ttl_ms, Attempt, Coordinator, Event, EventKind, Grant, InitAction, InitReport, InspectQuery,
+    Inspection, Lease, LeaseRef, LogQuery, Logged, PruneQuery, Pruned, Released, ResourceView,
+    State, Waiter,
 };
 use crate::error::{Error, Holder};
 use crate::pg::session::{SchemaSpec, Session};
@@ -596,9 +597,9 @@ impl Answer {
 #[async_trait(?Send)]
 impl Coordinator for PgCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
-        let (action, schema_version) = self.session().await?.init().await?;
+        let (before, schema_version) = self.session().await?.init().await?;
         Ok(InitReport {
-            action,
+            action: InitAction::of(before, schema_version),
             schema_version,
             location: format!("schema `{}`", self.schema),
         })
@@ -814,12 +815,10 @@ impl Coordinator for PgCoordinator {
                 let resource: String = row.get("resource");
                 if let Some(&i) = index.get(&resource) {
                     views[i].events.push(Event {
-                        at_ms: row.get("at_ms"),
-                        kind: row.get("kind"),
                         owner: row.get("owner"),
                         token: row.get("token"),
                         detail: row.get("detail"),
-                        ..Event::default()
+                        ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
                     });
                 }
             }
@@ -873,7 +872,7 @@ impl Coordinator for PgCoordinator {
              SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
                detail = EXCLUDED.detail"
             .replace("__SCHEMA__", &self.schema);
-        let kind = attempt.kind;
+        let kind = attempt.kind.as_str();
         let session = self.session().await?;
         match session
             .request(
@@ -958,15 +957,13 @@ impl Coordinator for PgCoordinator {
                         resource: row.get("resource"),
                         at_us: row.get("at_us"),
                         event: Event {
-                            at_ms: row.get("at_ms"),
-                            kind: row.get("kind"),
                             owner: row.get("owner"),
                             token: row.get("token"),
                             detail: row.get("detail"),
                             ttl_ms: row.get("ttl_ms"),
                             expires_at_ms: row.get("expires_ms"),
                             previous_expires_at_ms: row.get("previous_expires_ms"),
-                            ..Event::default()
+                            ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
                         },
                     },
                 )
@@ -995,14 +992,12 @@ impl Coordinator for PgCoordinator {
             resource: row.get("resource"),
             at_us: row.get("at_us"),
             event: Event {
-                at_ms: row.get("at_ms"),
-                kind: row.get("kind"),
                 owner: row.get("owner"),
                 token: row.get("token"),
                 detail: row.get("detail"),
                 count: row.get("count"),
                 last_at_ms: row.get("last_ms"),
-                ..Event::default()
+                ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
             },
         }));
         newest(&mut logged, query.limit);
@@ -1012,7 +1007,7 @@ impl Coordinator for PgCoordinator {
     /// One pass over the events table (no index serves a count of everything), plus what
     /// `fence prune` deleted (`event_totals`; none on a schema older than version 5, which
     /// reads as no rows).
-    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+    async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
         let what = "count the events";
         let kept = self
             .call(
@@ -1030,9 +1025,10 @@ impl Coordinator for PgCoordinator {
                 &[],
             )
             .await?;
-        let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
+        let mut counts: std::collections::BTreeMap<(String, EventKind), i64> = Default::default();
         for row in kept.iter().chain(&pruned) {
-            *counts.entry((row.get(0), row.get(1))).or_default() += row.get::<_, i64>(2);
+            let kind = EventKind::parse(row.get(1));
+            *counts.entry((row.get(0), kind)).or_default() += row.get::<_, i64>(2);
         }
         Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
     }
@@ -1161,6 +1157,13 @@ impl Coordinator for PgCoordinator {
                 while notifications.try_recv().is_ok() {}
                 return Ok(());
             }
+        }
+    }
+
+    async fn cancel_pending(&self) {
+        let session = self.session.borrow().clone();
+        if let Some(session) = session {
+            let _ = tokio::time::timeout(Duration::from_secs(2), session.cancel()).await;
         }
     }
 

@@ -6,11 +6,18 @@ use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
 use crate::url::Service;
 
-/// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>` on
-/// PostgreSQL, directory `bench-<pid>` inside the local store. Returns the spec and schema.
+/// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>_<hex>`
+/// on PostgreSQL, directory or prefix `bench-<pid>-<hex>` elsewhere. The random part keeps two
+/// benches with one pid (pid 1 in two containers) out of each other's namespace, and a
+/// namespace a killed bench left behind from being reused. Returns the spec and schema.
 pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
-    let pid = std::process::id();
+    let pid = format!(
+        "{}_{:08x}",
+        std::process::id(),
+        crate::sys::random_u64() as u32
+    );
     let schema = format!("fence_bench_{pid}");
+    let pid = pid.replace('_', "-");
     let spec = match &spec.kind {
         StoreKind::File(dir) => {
             let dir = dir.join(format!("bench-{pid}"));

@@ -61,6 +61,10 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.write_ledger (
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (resource, write_id)
 );
+-- Version 4: what the write did (a digest of its SQL, from the `fence.write_digest` setting
+-- fence sets before begin_write_once), so that the same id given to a different write is a
+-- conflict, not a replay. NULL for rows written before, or by fence of version 3.
+ALTER TABLE __SCHEMA__.write_ledger ADD COLUMN IF NOT EXISTS digest text;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.guards_keep() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
@@ -211,8 +215,10 @@ $fn$;
 -- begin_write for a write with an id: an id already applied raises LF011 (with when, which
 -- token and whose, in DETAIL) before the token is even looked at, so a retry after a lost
 -- COMMIT gets a definite answer even once a newer owner holds the resource; otherwise the
--- token is checked (begin_write) and the id recorded in this transaction. Two writers with one
--- id: the second waits for the first's commit on the ledger row, then raises LF011.
+-- token is checked (begin_write) and the id recorded in this transaction, with the digest of
+-- the write that fence set in `fence.write_digest` (DETAIL returns the recorded one, and fence
+-- compares: a different digest is another write under a reused id). Two writers with one id:
+-- the second waits for the first's commit on the ledger row, then raises LF011.
 CREATE OR REPLACE FUNCTION __SCHEMA__.begin_write_once(p_resource text, p_token bigint, p_owner text, p_write_id text)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -226,8 +232,9 @@ BEGIN
     SELECT * INTO v_seen FROM __SCHEMA__.write_ledger WHERE resource = p_resource AND write_id = p_write_id;
     IF NOT FOUND THEN
         v_highest := __SCHEMA__.begin_write(p_resource, p_token, p_owner);
-        INSERT INTO __SCHEMA__.write_ledger (resource, write_id, token, owner)
-        VALUES (p_resource, p_write_id, p_token, nullif(p_owner, ''))
+        INSERT INTO __SCHEMA__.write_ledger (resource, write_id, token, owner, digest)
+        VALUES (p_resource, p_write_id, p_token, nullif(p_owner, ''),
+                nullif(current_setting('fence.write_digest', true), ''))
         ON CONFLICT (resource, write_id) DO NOTHING;
         IF FOUND THEN
             RETURN v_highest;
@@ -237,7 +244,8 @@ BEGIN
     RAISE EXCEPTION 'write % of % was already applied', p_write_id, p_resource
         USING ERRCODE = 'LF011',
               DETAIL = json_build_object('applied_at', floor(extract(epoch FROM v_seen.applied_at) * 1000)::bigint,
-                                         'token', v_seen.token, 'owner', v_seen.owner)::text;
+                                         'token', v_seen.token, 'owner', v_seen.owner,
+                                         'digest', v_seen.digest)::text;
 END
 $fn$;
 
@@ -553,7 +561,7 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '3')
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '4')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- Least privilege (DESIGN §10): nothing of fence's is PUBLIC's. PostgreSQL grants EXECUTE on
@@ -566,7 +574,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA __SCHEMA__ FROM PUBLIC;
 
 -- A role granted the write path (`fence grant`) before a function joined it, in an upgrade,
 -- gets that function too, so that its writes keep working. The names are WRITER_FUNCTIONS in
--- src/target/grant.rs.
+-- src/fenced/grant.rs.
 DO $grant$
 DECLARE
     r record;

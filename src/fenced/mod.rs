@@ -8,7 +8,9 @@ pub mod postgres;
 pub mod protection;
 pub mod sql_check;
 
-use crate::error::Error;
+use sha2::{Digest, Sha256};
+
+use crate::error::{ConflictKind, Error};
 use crate::object::ObjectUrl;
 use crate::url::redact_url;
 
@@ -79,6 +81,41 @@ pub fn quote_literal(value: &str) -> String {
     format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
+/// What a write with an id does, as 16 hex digits (the first 64 bits of the SHA-256 of its SQL
+/// or its bytes). The ledger keeps it beside the id, so that a retry of the same write is told
+/// apart from a different write given the same id: the first is replayed, the second refused.
+pub fn write_digest(effect: &[u8]) -> String {
+    Sha256::digest(effect)
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// Whether write id `id` was used, as the ledger says (`recorded`: the digest kept with it,
+/// `None` for entries written before digests were kept), for this write (`digest`) or for
+/// another one: then the answer is a conflict instead of a replay.
+pub fn check_reused_id(
+    recorded: Option<&str>,
+    digest: &str,
+    resource: &str,
+    token: i64,
+    id: &str,
+    applied_token: i64,
+) -> Result<(), Error> {
+    match recorded {
+        Some(recorded) if recorded != digest => Err(Error::Conflict {
+            resource: resource.to_owned(),
+            token,
+            kind: ConflictKind::IdReused {
+                write_id: id.to_owned(),
+                applied_token,
+            },
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +126,26 @@ mod tests {
         assert_eq!(quote_table("s.t\"x").unwrap(), "\"s\".\"t\"\"x\"");
         assert!(quote_table(".t").is_err());
         assert_eq!(quote_literal("it's \\"), "E'it''s \\\\'");
+    }
+
+    #[test]
+    fn a_digest_tells_writes_apart_and_old_entries_replay() {
+        // SHA-256("abc") begins ba7816bf8f01cfea.
+        assert_eq!(write_digest(b"abc"), "ba7816bf8f01cfea");
+        let same = write_digest(b"INSERT 1");
+        assert!(check_reused_id(Some(&same), &same, "r", 1, "id", 1).is_ok());
+        assert!(check_reused_id(None, &same, "r", 1, "id", 1).is_ok());
+        let other = check_reused_id(Some(&write_digest(b"INSERT 2")), &same, "r", 3, "id", 1);
+        assert!(matches!(
+            other,
+            Err(Error::Conflict {
+                kind: ConflictKind::IdReused {
+                    applied_token: 1,
+                    ..
+                },
+                token: 3,
+                ..
+            })
+        ));
     }
 }

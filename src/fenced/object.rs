@@ -10,12 +10,16 @@
 //! the caller should look at first.
 //!
 //! Write ids (`--id`): the id of the write that made the current version is kept beside its
-//! token (`fence-id`), and the ids of the versions before it, newest first, in `fence-ids`
-//! (`id,token,written_at_ms,version` entries joined by `;`): [`LEDGER_IDS`] ids in all. A write
+//! token (`fence-id`, with the digest of its bytes in `fence-id-digest`), and the ids of the
+//! versions before it, newest first, in `fence-ids` (`id,token,written_at_ms,version,digest`
+//! entries joined by `;`; entries of fence before digests have no digest): [`LEDGER_IDS`] ids
+//! in all. A write
 //! carries the ledger over (with or without an id of its own), so it lives in the same
 //! metadata as the token and changes only by the same conditional put as the bytes: the id and
-//! the effect land together or not at all. An id found there is a replay, checked before the
-//! token (a retry after exit 8 gets its answer even once a newer owner wrote). Older entries
+//! the effect land together or not at all. An id found there with the same digest (or none)
+//! is a replay, with another digest a conflict (the id was given to different bytes); both are
+//! checked before the token (a retry after exit 8 gets its answer even once a newer owner
+//! wrote). Older entries
 //! keep no owner: S3 allows 2 KB of metadata per object, and an owner takes up to 200 bytes.
 //!
 //! S3 caveat (ABA): an ETag is a hash of the bytes, so if a newer writer stores bytes identical
@@ -30,14 +34,15 @@ use indicatif::ProgressBar;
 
 use crate::error::{ConflictKind, Error};
 use crate::object::{
-    self, verify, Cond, Meta, ObjectUrl, Put, META_ID, META_IDS, META_OWNER, META_RESOURCE,
-    META_TOKEN,
+    self, verify, Cond, Meta, ObjectUrl, Put, META_ID, META_IDS, META_ID_DIGEST, META_OWNER,
+    META_RESOURCE, META_TOKEN,
 };
 
 /// How many write ids an object remembers: the current version's and those of the versions
 /// before it. Bounded by S3's 2 KB of user metadata per object: 7 older entries of at most
-/// 136 bytes (a 64-byte id, a token, a time, an ETag), beside the token, the resource and the
-/// owner (up to 200 bytes each) and the current id, stay under 1.6 KB.
+/// 160 bytes (a 64-byte id, a token, a time, an ETag, a digest), beside the token, the
+/// resource and the owner (up to 200 bytes each) and the current id and its digest, stay
+/// under 1.7 KB.
 pub const LEDGER_IDS: usize = 8;
 
 /// The caller's own expectation of the current version.
@@ -66,6 +71,8 @@ pub struct IdEntry {
     pub owner: Option<String>,
     /// The version the write made (ETag or generation).
     pub version: String,
+    /// The digest of the bytes the write sent (`None` in entries of fence before digests).
+    pub digest: Option<String>,
 }
 
 /// A written object.
@@ -110,17 +117,19 @@ pub fn ledger(meta: &Meta) -> Vec<IdEntry> {
                 .filter(|owner| !owner.is_empty())
                 .cloned(),
             version: meta.version.clone(),
+            digest: meta.metadata.get(META_ID_DIGEST).cloned(),
         });
     }
     let older = meta.metadata.get(META_IDS).map_or("", String::as_str);
     entries.extend(older.split(';').filter_map(|entry| {
-        let mut fields = entry.splitn(4, ',');
+        let mut fields = entry.splitn(5, ',');
         Some(IdEntry {
             id: fields.next().filter(|id| !id.is_empty())?.to_owned(),
             token: fields.next()?.parse().ok()?,
             applied_at_ms: fields.next()?.parse().ok()?,
             owner: None,
             version: fields.next()?.to_owned(),
+            digest: fields.next().filter(|d| !d.is_empty()).map(str::to_owned),
         })
     }));
     entries
@@ -134,13 +143,18 @@ fn older_ids(current: Option<&Meta>) -> Option<String> {
         .iter()
         .take(LEDGER_IDS - 1)
         .map(|e| {
-            format!(
+            let mut entry = format!(
                 "{},{},{},{}",
                 e.id,
                 e.token,
                 e.applied_at_ms,
                 e.version.replace([',', ';'], "")
-            )
+            );
+            if let Some(digest) = &e.digest {
+                entry.push(',');
+                entry.push_str(&digest.replace([',', ';'], ""));
+            }
+            entry
         })
         .collect();
     (!kept.is_empty()).then(|| kept.join(";"))
@@ -226,6 +240,7 @@ pub async fn write(
         ascii_metadata(url, "resource", resource)?;
         ascii_metadata(url, "owner", owner)?;
     }
+    let digest = crate::fenced::write_digest(&body);
     let api = object::open_reporting(url, bar.clone(), timeout)?;
     let current = api.head(&url.key).await?;
     // An object fence wrote before was written after its prefix was verified; any other
@@ -259,7 +274,7 @@ pub async fn write(
             _ => {}
         }
         if let Some(entry) = find(Some(meta), write_id) {
-            return Ok(ObjectOutcome::Replayed(entry));
+            return replay(entry, &digest, write);
         }
         if stored_token(meta) > token {
             return Err(stale(stored_token(meta)));
@@ -295,6 +310,7 @@ pub async fn write(
     }
     if let Some(id) = write_id {
         metadata.insert(META_ID.to_owned(), id.to_owned());
+        metadata.insert(META_ID_DIGEST.to_owned(), digest.clone());
     }
     if let Some(older) = older_ids(current.as_ref()) {
         metadata.insert(META_IDS.to_owned(), older);
@@ -314,7 +330,7 @@ pub async fn write(
             let again = api.head(&url.key).await?;
             // A concurrent write with the same id won: the effect is there once.
             if let Some(entry) = find(again.as_ref(), write_id) {
-                return Ok(ObjectOutcome::Replayed(entry));
+                return replay(entry, &digest, write);
             }
             match again {
                 Some(meta) if stored_token(&meta) > token => Err(stale(stored_token(&meta))),
@@ -324,6 +340,20 @@ pub async fn write(
             }
         }
     }
+}
+
+/// The answer to a write whose id is in the ledger already: a replay when the entry was
+/// made by the same bytes (or before digests were kept), a conflict when by other bytes.
+fn replay(entry: IdEntry, digest: &str, write: &ObjectWrite<'_>) -> Result<ObjectOutcome, Error> {
+    crate::fenced::check_reused_id(
+        entry.digest.as_deref(),
+        digest,
+        write.resource,
+        write.token,
+        &entry.id,
+        entry.token,
+    )?;
+    Ok(ObjectOutcome::Replayed(entry))
 }
 
 /// The entry of write id `id` in the object's ledger, with the resource the object belongs to
@@ -395,6 +425,7 @@ pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::timeline::Logged>, Error>
                     .filter(|owner| !owner.is_empty())
                     .cloned(),
                 version: meta.version.clone(),
+                digest: None,
             },
         );
     }
@@ -409,12 +440,13 @@ pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::timeline::Logged>, Error>
                 resource: resource.clone(),
                 at_us: entry.applied_at_ms.saturating_mul(1000),
                 event: crate::timeline::Event {
-                    at_ms: entry.applied_at_ms,
-                    kind: "write_accepted".into(),
                     owner: entry.owner,
                     token: Some(entry.token),
                     detail: Some(detail),
-                    ..crate::timeline::Event::default()
+                    ..crate::timeline::Event::new(
+                        crate::timeline::EventKind::WriteAccepted,
+                        entry.applied_at_ms,
+                    )
                 },
             }
         })
@@ -470,8 +502,9 @@ mod tests {
         );
         // The worst case fits S3's 2 KB of user metadata.
         let long = "x".repeat(crate::config::MAX_WRITE_ID_BYTES);
+        let digest = crate::fenced::write_digest(b"bytes");
         let entry = format!(
-            "{long},{},{},\"{}-10000\"",
+            "{long},{},{},\"{}-10000\",{digest}",
             i64::MAX,
             1_000_000_000_000_000i64,
             "f".repeat(32)
@@ -481,6 +514,7 @@ mod tests {
             (META_RESOURCE, "r".repeat(200)),
             (META_OWNER, "o".repeat(200)),
             (META_ID, long.clone()),
+            (META_ID_DIGEST, digest.clone()),
             (META_IDS, vec![entry; LEDGER_IDS - 1].join(";")),
         ];
         let size: usize = worst.iter().map(|(k, v)| k.len() + v.len()).sum();

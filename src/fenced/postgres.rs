@@ -14,18 +14,18 @@ use tokio_postgres::types::Type;
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::error::{ConflictKind, Error};
-use crate::fenced::{quote_literal, quote_table, TargetSpec};
+use crate::fenced::{quote_literal, quote_table, write_digest, TargetSpec};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
 use crate::pg::window::LogWindow;
 use crate::pg::{self};
 use crate::signals::Interrupts;
-use crate::timeline::{Event, LogQuery, Logged};
+use crate::timeline::{Event, EventKind, LogQuery, Logged};
 
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "target_meta",
-    version: 3,
+    version: 4,
     sql: include_str!("guard.sql"),
     purpose: "target",
 };
@@ -34,8 +34,8 @@ pub struct PgTarget {
     session: Session,
 }
 
-/// The result of one statement of the caller's SQL.
-#[derive(Debug, Default)]
+/// The result of one statement of the caller's SQL (as `fence write` prints it in JSON).
+#[derive(Debug, Default, serde::Serialize)]
 pub struct StatementResult {
     /// Rows inserted, updated, deleted or returned.
     pub rows_affected: u64,
@@ -209,7 +209,7 @@ impl PgTarget {
                     ));
                 }
                 let mut results = statement_results(messages);
-                // BEGIN, two SETs and begin_write before; end_write and COMMIT after.
+                // BEGIN, three SETs and begin_write before; end_write and COMMIT after.
                 results.truncate(results.len().saturating_sub(2));
                 return Ok(TxOutcome::Applied(
                     results.split_off(PRELUDE_STATEMENTS.min(results.len())),
@@ -228,8 +228,18 @@ impl PgTarget {
             if let Some(refused) = self.missing_grant(&err) {
                 return Err(Retry::Fail(refused));
             }
-            if let Some(replayed) = replayed(&err) {
-                return Ok(replayed);
+            if let Some((entry, digest)) = replayed(&err) {
+                let id = write.write_id.unwrap_or_default();
+                crate::fenced::check_reused_id(
+                    digest.as_deref(),
+                    &write_digest(write.sql.as_bytes()),
+                    write.resource,
+                    write.token,
+                    id,
+                    entry.token,
+                )
+                .map_err(Retry::Fail)?;
+                return Ok(TxOutcome::Replayed(entry));
             }
         }
         // A timeout: the statement cancelled (by statement_timeout, or end_write past the
@@ -581,13 +591,11 @@ impl PgTarget {
                         resource: row.get("resource"),
                         at_us,
                         event: Event {
-                            at_ms: at_us.div_euclid(1000),
-                            kind: row.get("kind"),
                             owner: row.get("owner"),
                             token: row.get("token"),
                             detail: row.get("detail"),
                             rows: row.get("rows_affected"),
-                            ..Event::default()
+                            ..Event::new(EventKind::parse(row.get("kind")), at_us.div_euclid(1000))
                         },
                     },
                 )
@@ -602,8 +610,8 @@ enum Retry {
     Fail(Error),
 }
 
-/// Statements fence sends before the caller's SQL: BEGIN, two SETs, begin_write.
-const PRELUDE_STATEMENTS: usize = 4;
+/// Statements fence sends before the caller's SQL: BEGIN, three SETs, begin_write.
+const PRELUDE_STATEMENTS: usize = 5;
 
 /// How much longer than a lock wait a statement may run: what the server cancels at `--timeout`
 /// is a lock wait, not the statement, when both would go together. end_write still refuses to
@@ -635,17 +643,19 @@ pub struct LedgerEntry {
     pub owner: Option<String>,
 }
 
-/// The ledger entry an LF011 ("already applied") error carries in its DETAIL.
-fn replayed(err: &tokio_postgres::Error) -> Option<TxOutcome> {
+/// The ledger entry an LF011 ("already applied") error carries in its DETAIL, with the
+/// digest of the write that used the id (`None` before target schema version 4).
+fn replayed(err: &tokio_postgres::Error) -> Option<(LedgerEntry, Option<String>)> {
     let db = err
         .as_db_error()
         .filter(|db| Fence::of(db.code()) == Some(Fence::AlreadyApplied))?;
     let detail: serde_json::Value = serde_json::from_str(db.detail()?).ok()?;
-    Some(TxOutcome::Replayed(LedgerEntry {
+    let entry = LedgerEntry {
         applied_at_ms: detail["applied_at"].as_i64()?,
         token: detail["token"].as_i64()?,
         owner: detail["owner"].as_str().map(str::to_owned),
-    }))
+    };
+    Some((entry, detail["digest"].as_str().map(str::to_owned)))
 }
 
 /// One fenced transaction: who writes what, with which token, within how long.
@@ -705,6 +715,11 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
         ),
         None => format!("{schema}.begin_write({resource}, {token}, {owner})"),
     };
+    // What the write does, kept in the ledger with its id (empty without an id).
+    let digest = match write.write_id {
+        Some(_) => write_digest(write.sql.as_bytes()),
+        None => String::new(),
+    };
     let ms = write.timeout.as_millis().max(1);
     // A lock wait times out before the statement does, so it is reported as a lock wait.
     let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
@@ -712,6 +727,7 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
         "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
          SET LOCAL statement_timeout = {statement_ms};\n\
          SET LOCAL lock_timeout = {ms};\n\
+         SET LOCAL fence.write_digest = '{digest}';\n\
          SELECT {begin};\n\
          {sql}\n;\n\
          SELECT {schema}.end_write({resource}, {token}, {ms});\n\

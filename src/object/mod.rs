@@ -41,6 +41,9 @@ pub const META_OWNER: &str = "fence-owner";
 pub const META_ID: &str = "fence-id";
 /// The write ids of the versions before, newest first (the ledger of the object targets).
 pub const META_IDS: &str = "fence-ids";
+/// The digest of the bytes of the write that made this version (with `fence-id`): the same
+/// id with other bytes is another write, refused rather than replayed.
+pub const META_ID_DIGEST: &str = "fence-id-digest";
 
 /// What a put is conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -596,6 +596,29 @@ pub fn request_error(
                 "nothing was applied; if a statement_timeout this short is set for this role, database or in the URL's options, raise it for fence, then retry",
             );
         }
+        if *code == SqlState::LOCK_NOT_AVAILABLE {
+            return Error::unavailable(
+                format!(
+                    "PostgreSQL at `{display}` gave up the request to {what} waiting for a lock: {}",
+                    db.message()
+                ),
+                "nothing was applied; if a lock_timeout this short is set for this role, database or in the URL's options, raise it for fence, then retry",
+            );
+        }
+        if [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ]
+        .contains(code)
+        {
+            return Error::unavailable(
+                format!(
+                    "PostgreSQL at `{display}` rolled back the request to {what}, which raced other updates: {}",
+                    db.message()
+                ),
+                "nothing was applied; retry (a default_transaction_isolation above read committed on this role or database makes such races fail: fence needs read committed)",
+            );
+        }
         if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
             return Error::unavailable(
                 format!(

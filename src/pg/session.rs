@@ -11,8 +11,25 @@ use crate::error::Error;
 use crate::pg::sqlstate::Fence;
 use crate::pg::{self, ConnectParams, CONNECT_PATIENCE, REQUEST_TIMEOUT};
 
-/// How many times a coordinator statement the server cancelled is sent in all.
+/// How many times a coordinator statement the server rolled back on its own (see
+/// [`ROLLED_BACK`]) is sent in all.
 const CANCELLED_ATTEMPTS: u32 = 3;
+
+/// What the server answers when it rolled a statement back for a reason of the moment, not
+/// of the statement: cancelled (a short `statement_timeout`, an admin's pg_cancel_backend), a
+/// lock not granted within the role's `lock_timeout`, a serialization failure (a role or
+/// database whose `default_transaction_isolation` is repeatable read or serializable, racing
+/// another update of the row) or a deadlock. Nothing of it was applied: sent again.
+const ROLLED_BACK: [SqlState; 4] = [
+    SqlState::QUERY_CANCELED,
+    SqlState::LOCK_NOT_AVAILABLE,
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+];
+
+fn rolled_back(err: &tokio_postgres::Error) -> bool {
+    err.code().is_some_and(|code| ROLLED_BACK.contains(code))
+}
 
 /// One of fence's schemas: where its version is kept and the script that creates it.
 pub struct SchemaSpec {
@@ -78,17 +95,16 @@ impl Session {
         self.server.cancel(&self.client.cancel_token()).await
     }
 
-    /// `init`: creates or migrates the schema; returns what it did and the version.
-    pub async fn init(&self) -> Result<(&'static str, i32), Error> {
+    /// `init`: creates or migrates the schema; returns the version it found (`None`: no
+    /// schema) and the version it is at now.
+    pub async fn init(&self) -> Result<(Option<i32>, i32), Error> {
         let before = self.schema_version().await?;
-        let action = match before {
+        match before {
             Some(v) if v > self.spec.version => return Err(self.newer_schema(v)),
-            Some(v) if v == self.spec.version => return Ok(("up_to_date", v)),
-            Some(_) => "migrated",
-            None => "created",
-        };
-        self.migrate().await?;
-        Ok((action, self.spec.version))
+            Some(v) if v == self.spec.version => return Ok((before, v)),
+            _ => self.migrate().await?,
+        }
+        Ok((before, self.spec.version))
     }
 
     /// Runs one request; a write creates the schema first if it does not exist yet, a read
@@ -124,18 +140,15 @@ impl Session {
                     Err(err) => Err(self.request_error(&err, what, mutating)),
                 }
             }
-            // Cancelled by the server (a short `statement_timeout` on a loaded server, or an
-            // admin's pg_cancel_backend): a coordinator's statement runs alone in autocommit,
-            // so it was rolled back and nothing was applied; it is sent again, a few times.
-            Err(err)
-                if err.code() == Some(&SqlState::QUERY_CANCELED)
-                    && self.spec.purpose == "coordinator" =>
-            {
+            // Rolled back by the server for a reason of the moment ([`ROLLED_BACK`]): a
+            // coordinator's statement runs alone in autocommit, so nothing was applied; it is
+            // sent again, a few times.
+            Err(err) if rolled_back(&err) && self.spec.purpose == "coordinator" => {
                 let mut last = err;
                 for _ in 1..CANCELLED_ATTEMPTS {
                     match self.request(what, mutating, &sql, params).await? {
                         Ok(rows) => return Ok(rows),
-                        Err(err) if err.code() == Some(&SqlState::QUERY_CANCELED) => last = err,
+                        Err(err) if rolled_back(&err) => last = err,
                         Err(err) => return Err(self.request_error(&err, what, mutating)),
                     }
                 }

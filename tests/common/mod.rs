@@ -416,6 +416,18 @@ pub fn timestamp_ms(text: &str) -> i64 {
     ((days * 24 + num(11..13)) * 60 + num(14..16)) * 60_000 + num(17..19) * 1000 + num(20..23)
 }
 
+/// The digest fence keeps beside a write id (`fence-id-digest`, the ledger's `digest`): the
+/// first 64 bits of the SHA-256 of the SQL or bytes, in hex. Written out here rather than
+/// taken from fence, so a change of the format on either side fails a test.
+pub fn write_digest(effect: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(effect)
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// The `sh` block of the README that follows `marker` (`<!-- name -->`), exactly as written.
 pub fn readme_sh_block(marker: &str) -> String {
     let readme =

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::history::ATTEMPT_WINDOW_MS;
-use crate::coordinator::{Attempt, Event};
+use crate::coordinator::{Attempt, Event, EventKind};
 use crate::sys::replace;
 
 /// Windows kept per resource: a day of one owner retrying every minute, or many owners.
@@ -20,7 +20,7 @@ const KEEP: usize = 1_440;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct Window {
     pub owner: String,
-    pub kind: String,
+    pub kind: EventKind,
     /// The start of the minute (ms since the epoch).
     pub window_ms: i64,
     pub count: i64,
@@ -34,14 +34,12 @@ pub(super) struct Window {
 impl Window {
     pub fn event(&self) -> Event {
         Event {
-            at_ms: self.first_ms,
-            kind: self.kind.clone(),
             owner: Some(self.owner.clone()),
             token: Some(self.token),
             detail: Some(self.detail.clone()),
             count: Some(self.count),
             last_at_ms: Some(self.last_ms),
-            ..Event::default()
+            ..Event::new(self.kind.clone(), self.first_ms)
         }
     }
 }
@@ -73,7 +71,7 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
         }
         None => windows.push(Window {
             owner: attempt.owner.clone(),
-            kind: attempt.kind.to_owned(),
+            kind: attempt.kind.clone(),
             window_ms,
             count: 1,
             first_ms: now_ms,

@@ -18,6 +18,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::sys::{replace, share};
+use crate::timeline::EventKind;
 
 /// A log larger than this is pruned at the next append.
 pub(crate) const MAX_LOG_BYTES: u64 = 4 << 20;
@@ -29,7 +30,7 @@ const TOKEN_SCAN_EVENTS: usize = 256;
 const CHUNK: u64 = 64 * 1024;
 
 /// A line of `events/<name>.jsonl`.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(super) struct EventLine {
     pub at_ms: i64,
     /// The instant on CLOCK_BOOTTIME (ns, this boot) at which the store decided: expiry is
@@ -38,7 +39,7 @@ pub(super) struct EventLine {
     /// leases against each other uses this one. Absent on lines of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_ns: Option<u64>,
-    pub kind: String,
+    pub kind: EventKind,
     pub owner: Option<String>,
     pub token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,7 +55,25 @@ pub(super) struct EventLine {
     /// A `pruned` event: the events of each kind the cut removed (with the totals of the
     /// `pruned` events among them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub totals: Option<BTreeMap<String, i64>>,
+    pub totals: Option<BTreeMap<EventKind, i64>>,
+}
+
+impl EventLine {
+    /// An event of `kind` at `at_ms` that carries nothing else yet.
+    pub fn new(kind: EventKind, at_ms: i64) -> EventLine {
+        EventLine {
+            at_ms,
+            boot_ns: None,
+            kind,
+            owner: None,
+            token: None,
+            detail: None,
+            ttl_ms: None,
+            expires_at_ms: None,
+            previous_expires_at_ms: None,
+            totals: None,
+        }
+    }
 }
 
 /// The end of a log, most recent event first.
@@ -185,7 +204,7 @@ fn read_all(path: &Path) -> io::Result<Vec<EventLine>> {
 }
 
 /// Adds an event to per-kind counts: one of its kind, or a `pruned` event's totals.
-fn fold(totals: &mut BTreeMap<String, i64>, event: &EventLine) {
+fn fold(totals: &mut BTreeMap<EventKind, i64>, event: &EventLine) {
     match &event.totals {
         Some(cut) => {
             for (kind, n) in cut {
@@ -198,7 +217,7 @@ fn fold(totals: &mut BTreeMap<String, i64>, event: &EventLine) {
 
 /// How many events of each kind the resource's history has had: those in the log, and
 /// those its retention cut (kept in its `pruned` events).
-pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<String, i64>> {
+pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
     let mut totals = BTreeMap::new();
     for event in read_all(path)? {
         fold(&mut totals, &event);
@@ -217,15 +236,12 @@ pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
         fold(&mut totals, event);
     }
     let mut body = serde_json::to_vec(&EventLine {
-        at_ms: now_ms,
-        kind: "pruned".into(),
-        owner: None,
         token: Some(high),
         detail: Some(format!(
             "older events removed by retention (the last {KEEP_EVENTS} are kept); {high} is the highest token issued"
         )),
         totals: Some(totals),
-        ..EventLine::default()
+        ..EventLine::new(EventKind::Pruned, now_ms)
     })
     .map_err(io::Error::other)?;
     body.push(b'\n');

@@ -8,11 +8,12 @@ use super::log::EventLine;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
 use crate::coordinator::{
-    ttl_ms, Attempt, Coordinator, Grant, InitReport, Inspection, Lease, LeaseRef, LogQuery, Logged,
-    Released, ResourceView,
+    ttl_ms, Attempt, Coordinator, Grant, InitAction, InitReport, Inspection, Lease, LeaseRef,
+    LogQuery, Logged, Released, ResourceView,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
+use crate::timeline::EventKind;
 
 /// How long an operation waits for a resource's lock before it gives up (exit 7).
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -55,7 +56,12 @@ impl FileCoordinator {
 
     /// The next token for a new grant: above the record's, the high-water mark's and the
     /// log's. Warns when the record is below the others (restored or rolled back).
-    fn next_token(&self, paths: &Paths, previous: Option<&Record>) -> Result<i64, Error> {
+    fn next_token(
+        &self,
+        resource: &str,
+        paths: &Paths,
+        previous: Option<&Record>,
+    ) -> Result<i64, Error> {
         let issued = self.issued(paths)?;
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
@@ -64,22 +70,26 @@ impl FileCoordinator {
                 paths.lease.display()
             ));
         }
-        Ok(recorded.max(issued) + 1)
+        let source = format!(
+            "the lease record `{}`, the high-water mark `{}` or the event log `{}`",
+            paths.lease.display(),
+            paths.high.display(),
+            paths.events.display()
+        );
+        crate::coordinator::next_token(resource, recorded.max(issued), &source)
     }
 
-    fn event(now: &Now, kind: &str, owner: &str, token: i64) -> EventLine {
+    fn event(now: &Now, kind: EventKind, owner: &str, token: i64) -> EventLine {
         EventLine {
-            at_ms: now.wall_ms,
             boot_ns: Some(now.boot_ns),
-            kind: kind.to_owned(),
             owner: Some(owner.to_owned()),
             token: Some(token),
-            ..EventLine::default()
+            ..EventLine::new(kind, now.wall_ms)
         }
     }
 
     /// A grant's or renewal's event, with the TTL and expiry `record` now has.
-    fn lease_event(now: &Now, kind: &str, record: &Record) -> EventLine {
+    fn lease_event(now: &Now, kind: EventKind, record: &Record) -> EventLine {
         EventLine {
             ttl_ms: Some(record.ttl_ms),
             expires_at_ms: Some(record.expires_at_ms),
@@ -142,16 +152,15 @@ impl FileCoordinator {
         let Some(detail) = refusal.event_detail() else {
             return refusal.into_error(lease);
         };
+        let rejected = EventKind::rejected(op);
         if let Err(err) = super::log::append(
             &paths.events,
             &EventLine {
-                at_ms: now.wall_ms,
                 boot_ns: Some(now.boot_ns),
-                kind: format!("{op}_rejected"),
                 owner: Some(lease.owner.clone()),
                 token: Some(lease.token),
                 detail: Some(detail),
-                ..EventLine::default()
+                ..EventLine::new(rejected, now.wall_ms)
             },
         ) {
             // The refusal is the true answer; only its history entry is missing.
@@ -176,7 +185,11 @@ impl Coordinator for FileCoordinator {
         }
         self.sweep();
         Ok(InitReport {
-            action: if existed { "up_to_date" } else { "created" },
+            action: if existed {
+                InitAction::UpToDate
+            } else {
+                InitAction::Created
+            },
             schema_version: FORMAT_VERSION,
             location: format!("directory `{}`", self.dir.display()),
         })
@@ -205,7 +218,7 @@ impl Coordinator for FileCoordinator {
                 }
                 let mut extended = record.clone();
                 extended.extend(&now, &store.boot_id, ttl);
-                let event = Self::lease_event(&now, "reacquired", &extended);
+                let event = Self::lease_event(&now, EventKind::Reacquired, &extended);
                 store.commit(paths, &extended, record, false, &event, "reacquired")?;
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
@@ -213,10 +226,10 @@ impl Coordinator for FileCoordinator {
                 });
             }
             let kind = match &previous {
-                Some(r) if !r.released && r.owner != owner => "taken_over",
-                _ => "acquired",
+                Some(r) if !r.released && r.owner != owner => EventKind::TakenOver,
+                _ => EventKind::Acquired,
             };
-            let token = store.next_token(paths, previous.as_ref())?;
+            let token = store.next_token(resource, paths, previous.as_ref())?;
             // The mark is durable before the token exists anywhere else: whatever happens
             // next, this token is never issued again.
             super::counter::write(&paths.high, token)
@@ -227,7 +240,7 @@ impl Coordinator for FileCoordinator {
             let event = EventLine {
                 previous_expires_at_ms: previous
                     .as_ref()
-                    .filter(|_| kind == "taken_over")
+                    .filter(|_| kind == EventKind::TakenOver)
                     .map(|r| r.expires_at_ms),
                 ..Self::lease_event(&now, kind, &record)
             };
@@ -251,7 +264,7 @@ impl Coordinator for FileCoordinator {
                     let ttl = ttl.map_or(record.ttl_ms, ttl_ms);
                     let mut renewed = record.clone();
                     renewed.extend(&now, &store.boot_id, ttl);
-                    let event = Self::lease_event(&now, "renewed", &renewed);
+                    let event = Self::lease_event(&now, EventKind::Renewed, &renewed);
                     store.commit(paths, &renewed, &record, false, &event, "renewed")?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
@@ -278,7 +291,7 @@ impl Coordinator for FileCoordinator {
                 Some(record) if record.token == lease.token && record.owner == lease.owner => {
                     let mut released = record.clone();
                     released.released = true;
-                    let event = Self::event(&now, "released", &lease.owner, lease.token);
+                    let event = Self::event(&now, EventKind::Released, &lease.owner, lease.token);
                     store.commit(paths, &released, &record, false, &event, "released")?;
                     Ok(Released::Now)
                 }
@@ -324,7 +337,7 @@ impl Coordinator for FileCoordinator {
         })
     }
 
-    async fn event_counts(&self) -> Result<Vec<(String, String, i64)>, Error> {
+    async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
         self.event_counts_store()
     }
 

@@ -49,22 +49,15 @@ impl Now {
 }
 
 fn boottime_ns() -> Result<u64, Error> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_BOOTTIME exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    if rc != 0 {
-        return Err(Error::internal(
+    crate::sys::boottime_ns().ok_or_else(|| {
+        Error::internal(
             format!(
                 "cannot read the monotonic clock: {}",
                 io::Error::last_os_error()
             ),
             "the local directory store needs CLOCK_BOOTTIME (Linux)",
-        ));
-    }
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+        )
+    })
 }
 
 impl Record {

@@ -11,7 +11,7 @@ use super::counter::{self, Mark};
 use super::log;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
-use crate::coordinator::{Finding, Inspection, LogQuery, Logged, ResourceView, State};
+use crate::coordinator::{EventKind, Finding, Inspection, LogQuery, Logged, ResourceView, State};
 use crate::error::Error;
 use crate::sys::sweep_temporaries;
 use crate::timeline::newest;
@@ -143,7 +143,7 @@ impl FileCoordinator {
 
     /// `fence metrics`: each resource's events per kind, over its whole log and what its
     /// retention cut.
-    pub(super) fn event_counts_store(&self) -> Result<Vec<(String, String, i64)>, Error> {
+    pub(super) fn event_counts_store(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
         self.require_dir()?;
         let mut counts = Vec::new();
         for name in self.known_names()? {
