@@ -57,6 +57,141 @@ fn queue_rows(schema: &str, resource: &str) -> Vec<String> {
     .collect()
 }
 
+/// Waits until the row of waiter `owner` is past its promised poll (`due`) by the server's
+/// clock, as a paused or killed waiter's row comes to be: no release hands it a lease then.
+fn wait_until_overdue(schema: &str, owner: &str) {
+    wait_for(
+        "the waiter's promised poll to pass",
+        Duration::from_secs(30),
+        || {
+            !pg_query(
+                &pg_superuser(),
+                &format!(
+                    "SELECT 1 FROM {schema}.waiters WHERE owner = '{owner}' AND due < clock_timestamp()"
+                ),
+            )
+            .is_empty()
+        },
+    );
+}
+
+/// Stops waiter `child` (SIGSTOP) as if just after a poll that promised the next one `due`
+/// later (its row's `due`, set here as that poll would): a release within that time hands it
+/// the lease (if its TTL outlasts `due`), which it cannot take up until resumed.
+fn stop_while_live(schema: &str, owner: &str, child: &Child, due: Duration) {
+    kill(child.id(), libc::SIGSTOP);
+    // A poll it sent before it stopped runs to its end on the server.
+    wait_for(
+        "the stopped waiter's last poll to end",
+        Duration::from_secs(20),
+        || {
+            pg_query(
+                &pg_superuser(),
+                &format!(
+                    "SELECT 1 FROM pg_stat_activity WHERE state <> 'idle' \
+                     AND pid <> pg_backend_pid() AND query LIKE '%{schema}.wait_%'"
+                ),
+            )
+            .is_empty()
+        },
+    );
+    pg_query(
+        &pg_superuser(),
+        &format!(
+            "UPDATE {schema}.waiters SET due = clock_timestamp() + {due} * interval '1 millisecond', \
+             deadline = clock_timestamp() + interval '65 seconds' WHERE owner = '{owner}'",
+            due = due.as_millis()
+        ),
+    );
+}
+
+/// Waits until the row of waiter `owner` has just been polled: its promised poll (`due`) is
+/// still at least `margin` ahead by the server's clock, so that a release sent now finds it
+/// live however slowly this test's next command starts.
+fn wait_until_polled(schema: &str, owner: &str, margin: Duration) {
+    let sql = format!(
+        "SELECT 1 FROM {schema}.waiters WHERE owner = '{owner}' \
+         AND due > clock_timestamp() + {} * interval '1 millisecond'",
+        margin.as_millis()
+    );
+    wait_for("the waiter to poll", Duration::from_secs(30), || {
+        !pg_query(&pg_superuser(), &sql).is_empty()
+    });
+}
+
+/// `fence acquire job --wait WAIT --ttl TTL --owner OWNER --format json`, output piped.
+fn acquire_waiter(store: &Store, owner: &str, wait: &str, ttl: &str) -> Child {
+    let mut fence = store
+        .fence()
+        .args([
+            "acquire", "job", "--wait", wait, "--ttl", ttl, "--owner", owner,
+        ])
+        .args(["--format", "json"]);
+    fence.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    fence.cmd.spawn().unwrap()
+}
+
+/// A coordinator event as stored: kind, owner, token, the TTL it set, its time (µs since the
+/// epoch, the server's clock) and detail.
+#[derive(Debug, PartialEq)]
+struct Stored {
+    kind: String,
+    owner: Option<String>,
+    token: Option<i64>,
+    ttl_ms: Option<i64>,
+    at_us: i64,
+    detail: Option<String>,
+}
+
+/// The events of `job`, oldest first.
+fn stored_events(schema: &str) -> Vec<Stored> {
+    pg_query(
+        &pg_superuser(),
+        &format!(
+            "SELECT kind, owner, token, ttl_ms, floor(extract(epoch FROM at) * 1000000)::int8, detail \
+             FROM {schema}.events WHERE resource = 'job' ORDER BY id"
+        ),
+    )
+    .iter()
+    .map(|row| Stored {
+        kind: row.get(0),
+        owner: row.get(1),
+        token: row.get(2),
+        ttl_ms: row.get(3),
+        at_us: row.get(4),
+        detail: row.get(5),
+    })
+    .collect()
+}
+
+/// (kind, owner, token) of each event.
+fn kinds(events: &[Stored]) -> Vec<(&str, &str, i64)> {
+    events
+        .iter()
+        .map(|e| {
+            (
+                e.kind.as_str(),
+                e.owner.as_deref().unwrap_or_default(),
+                e.token.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The lease row of `job`: owner, token, TTL, its expiry less its grant (ms), and whether it is
+/// live by the server's clock.
+fn lease_row(schema: &str) -> (String, i64, i64, Option<i64>, bool) {
+    let rows = pg_query(
+        &pg_superuser(),
+        &format!(
+            "SELECT owner, token, ttl_ms, (extract(epoch FROM expires_at - acquired_at) * 1000)::int8, \
+             coalesce(expires_at > clock_timestamp(), false) FROM {schema}.leases WHERE resource = 'job'"
+        ),
+    );
+    let row = &rows[0];
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+}
+
 /// `url` with an application_name, so that its connections can be told apart.
 fn tagged(url: &str, name: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
@@ -229,7 +364,7 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
     );
 }
 
-/// Issue 25 (a paused or killed head): a SIGSTOPped head and a SIGKILLed waiter behind it hold
+/// Issue 25 (a paused or killed head): a SIGSTOPped head (once past its promised poll) and a SIGKILLed waiter behind it hold
 /// the queue up for their heartbeat bound at most; the next waiter gets the lease, the paused
 /// one, resumed, finds its place given up, says so, rejoins at the back and is served after;
 /// no rows are left behind.
@@ -264,6 +399,9 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     kill(paused.id(), libc::SIGSTOP);
     kill(killed.id(), libc::SIGKILL);
     killed.wait().unwrap();
+    // Until its promised poll is past, a paused head counts as live, and a release would hand
+    // it the lease (see `postgres_a_late_head_is_not_handed_the_lease`).
+    wait_until_overdue(&schema, "paused");
     let released = Instant::now();
     store.fence_at(&url).release(&held);
     let out = next.wait_with_output().unwrap();
@@ -448,4 +586,280 @@ fn postgres_a_holder_cut_off_while_the_server_is_full_reconnects_or_names_the_ca
         other => panic!("unexpected exit {other:?}: {stderr}"),
     }
     eprintln!("holder: exit {:?}; {stderr}", outcome.status.code());
+}
+
+/// Issue 22, the hand-off: with no waiter, a release frees the lease as it always did (same
+/// token and owner, no expiry, one `released` event). With a live head waiter, the release
+/// grants the lease to it in the same statement: token + 1, the waiter's owner and TTL, the
+/// expiry counted from the grant; `released` then `acquired` at the same instant (one
+/// statement, one commit); the waiter reports that grant and leaves no row.
+#[test]
+fn postgres_a_release_hands_the_lease_to_the_live_head() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let alone = store
+        .fence()
+        .acquire("job", &["--owner", "alone", "--ttl", "60s"]);
+    store.fence().release(&alone);
+    assert_eq!(lease_row(&schema).0, "alone");
+    assert_eq!(lease_row(&schema).1, alone.token);
+    assert_eq!(lease_row(&schema).3, None, "a free lease has no expiry");
+    assert_eq!(
+        kinds(&stored_events(&schema)),
+        [
+            ("acquired", "alone", alone.token),
+            ("released", "alone", alone.token)
+        ]
+    );
+
+    let held = store
+        .fence()
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+    let waiter = acquire_waiter(&store, "heir", "60s", "45s");
+    wait_for("the waiter to queue", Duration::from_secs(20), || {
+        queue_rows(&schema, "job") == ["heir"]
+    });
+    wait_until_polled(&schema, "heir", Duration::from_millis(150));
+    store.fence().release(&held);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let granted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(granted["owner"], "heir");
+    assert_eq!(granted["token"], held.token + 1);
+    assert_eq!(
+        lease_row(&schema),
+        (
+            "heir".to_owned(),
+            held.token + 1,
+            45_000,
+            Some(45_000),
+            true
+        )
+    );
+    let events = stored_events(&schema);
+    let last = &events[events.len() - 2..];
+    assert_eq!(
+        kinds(last),
+        [
+            ("released", "holder", held.token),
+            ("acquired", "heir", held.token + 1)
+        ]
+    );
+    assert_eq!(last[1].ttl_ms, Some(45_000));
+    assert_eq!(
+        last[0].at_us, last[1].at_us,
+        "the grant was not made by the release's own statement"
+    );
+    assert!(queue_rows(&schema, "job").is_empty(), "rows left behind");
+}
+
+/// Issue 22: a head that stopped polling (SIGSTOP, SIGKILL) and is past its promised poll is
+/// not handed the lease: the release frees it, the head's row is not granted, and the next
+/// waiter gets the lease by the queue's own poll once the head's row has died, never the
+/// late head.
+#[test]
+fn postgres_a_late_head_is_not_handed_the_lease() {
+    for signal in [libc::SIGSTOP, libc::SIGKILL] {
+        let store = Store::postgres();
+        let schema = store.schema.clone().unwrap();
+        let held = store
+            .fence()
+            .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+        let mut late = acquire_waiter(&store, "late", "60s", "60s");
+        wait_for("the late waiter to queue", Duration::from_secs(20), || {
+            queue_rows(&schema, "job") == ["late"]
+        });
+        let next = acquire_waiter(&store, "next", "60s", "60s");
+        wait_for("the next waiter to queue", Duration::from_secs(20), || {
+            queue_rows(&schema, "job") == ["late", "next"]
+        });
+        kill(late.id(), signal);
+        wait_until_overdue(&schema, "late");
+        store.fence().release(&held);
+        let granted_late = pg_query(
+            &pg_superuser(),
+            &format!(
+                "SELECT 1 FROM {schema}.waiters WHERE owner = 'late' AND granted_token IS NOT NULL"
+            ),
+        );
+        assert!(
+            granted_late.is_empty(),
+            "the late head was handed the lease"
+        );
+        let out = next.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let events = stored_events(&schema);
+        let last = &events[events.len() - 2..];
+        assert_eq!(
+            kinds(last),
+            [
+                ("released", "holder", held.token),
+                ("acquired", "next", held.token + 1)
+            ]
+        );
+        assert!(
+            events.iter().all(|e| e.owner.as_deref() != Some("late")),
+            "{events:?}"
+        );
+        assert_eq!(lease_row(&schema).0, "next");
+        kill(late.id(), libc::SIGKILL);
+        late.wait().unwrap();
+    }
+}
+
+/// Issue 22: a waiter handed the lease that gives up before taking it up (its wait ran out or
+/// it was interrupted: fence then calls `wait_leave` for its row, as here) leaves the lease
+/// free at once, released by the waiter's grant with its event, not held by no one until the
+/// TTL runs out.
+#[test]
+fn postgres_a_waiter_that_leaves_when_handed_the_lease_releases_it() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let held = store
+        .fence()
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+    let waiter = acquire_waiter(&store, "leaver", "60s", "60s");
+    wait_for("the waiter to queue", Duration::from_secs(20), || {
+        queue_rows(&schema, "job") == ["leaver"]
+    });
+    stop_while_live(&schema, "leaver", &waiter, Duration::from_secs(30));
+    store.fence().release(&held);
+    let row = pg_query(
+        &pg_superuser(),
+        &format!("SELECT id, granted_token FROM {schema}.waiters WHERE owner = 'leaver'"),
+    );
+    let (id, granted): (i64, Option<i64>) = (row[0].get(0), row[0].get(1));
+    assert_eq!(granted, Some(held.token + 1));
+    assert_eq!(lease_row(&schema).0, "leaver");
+    assert!(lease_row(&schema).4, "the handed lease is live");
+    // What the waiter's departure sends.
+    pg_query(
+        &pg_superuser(),
+        &format!("SELECT {schema}.wait_leave('job', {id})"),
+    );
+    let (owner, token, _, expiry, live) = lease_row(&schema);
+    assert_eq!(
+        (owner.as_str(), token, expiry, live),
+        ("leaver", held.token + 1, None, false)
+    );
+    let events = stored_events(&schema);
+    let last = &events[events.len() - 3..];
+    assert_eq!(
+        kinds(last),
+        [
+            ("released", "holder", held.token),
+            ("acquired", "leaver", held.token + 1),
+            ("released", "leaver", held.token + 1)
+        ]
+    );
+    assert!(last[2].detail.is_some());
+    assert!(queue_rows(&schema, "job").is_empty());
+    // Resumed, the waiter finds no row: it rejoins (alone), and the free lease is its own.
+    kill(waiter.id(), libc::SIGCONT);
+    let out = waiter.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let granted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(granted["token"], held.token + 2);
+}
+
+/// Issue 22: a waiter handed the lease that polls again only after the grant expired (paused
+/// past its TTL) and was taken over does not report it acquired: it keeps its place at the
+/// head (its row, no longer granted), and its wait runs out (exit 3) while the new holder
+/// keeps the lease.
+#[test]
+fn postgres_a_handed_lease_that_expired_is_not_reported_acquired() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let held = store
+        .fence()
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+    let mut waiter = acquire_waiter(&store, "sleeper", "8s", "10s");
+    wait_for("the waiter to queue", Duration::from_secs(20), || {
+        queue_rows(&schema, "job") == ["sleeper"]
+    });
+    stop_while_live(&schema, "sleeper", &waiter, Duration::from_secs(8));
+    store.fence().release(&held);
+    assert_eq!(lease_row(&schema).0, "sleeper");
+    let mut taken = None;
+    wait_for(
+        "the handed lease to expire and be taken over",
+        Duration::from_secs(40),
+        || {
+            let out = store
+                .fence()
+                .args([
+                    "acquire", "job", "--owner", "other", "--ttl", "60s", "--format", "json",
+                ])
+                .run();
+            taken = (out.code == 0).then(|| out.json());
+            taken.is_some()
+        },
+    );
+    assert_eq!(taken.unwrap()["token"], held.token + 2);
+    kill(waiter.id(), libc::SIGCONT);
+    let code = wait_exit(&mut waiter, Duration::from_secs(30));
+    let out = waiter.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(!stderr.contains("joins the queue again"), "{stderr}");
+    assert_eq!(lease_row(&schema).0, "other");
+    assert_eq!(lease_row(&schema).1, held.token + 2);
+}
+
+/// Issue 22: two waiters with the same owner name (a fixed `--owner` in two crontabs) each
+/// get a grant of their own: the first release hands the lease to the first, the next release
+/// (by the first) to the second, each reporting its own token.
+#[test]
+fn postgres_waiters_of_one_owner_name_each_get_their_own_grant() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let held = store
+        .fence()
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+    let first = acquire_waiter(&store, "cron", "60s", "60s");
+    wait_for("the first waiter to queue", Duration::from_secs(20), || {
+        queue_rows(&schema, "job") == ["cron"]
+    });
+    let second = acquire_waiter(&store, "cron", "60s", "60s");
+    wait_for(
+        "the second waiter to queue",
+        Duration::from_secs(20),
+        || queue_rows(&schema, "job") == ["cron", "cron"],
+    );
+    store.fence().release(&held);
+    let out = first.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let one: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (one["owner"].as_str(), one["token"].as_i64()),
+        (Some("cron"), Some(held.token + 1))
+    );
+    assert_eq!(
+        queue_rows(&schema, "job"),
+        ["cron"],
+        "the second waiter took the first one's grant"
+    );
+    store.fence().release(&Lease {
+        resource: "job".into(),
+        owner: "cron".into(),
+        token: held.token + 1,
+    });
+    let out = second.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let two: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (two["owner"].as_str(), two["token"].as_i64()),
+        (Some("cron"), Some(held.token + 2))
+    );
+    let events = stored_events(&schema);
+    assert_eq!(
+        kinds(&events[events.len() - 4..]),
+        [
+            ("released", "holder", held.token),
+            ("acquired", "cron", held.token + 1),
+            ("released", "cron", held.token + 1),
+            ("acquired", "cron", held.token + 2)
+        ]
+    );
+    assert!(queue_rows(&schema, "job").is_empty());
 }
