@@ -14,42 +14,12 @@ use common::fenced::{
     backends, finish, hold_in_transaction, one, release_as_operator, schema, setup_table,
     tagged_url, values,
 };
-use common::process::{is_gone, kill, read_pid};
+use common::process::{becomes, is_gone, kill, parent_of, read_pid, Reap};
 use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Store};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
-
-/// Whether `check` holds at some point within `limit`.
-fn becomes(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    check()
-}
-
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let (_, rest) = stat.rsplit_once(") ").unwrap();
-    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// Kills a process the test left behind, whatever the test's outcome.
-struct Reap(Vec<u32>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            // SAFETY: kill(2) on a pid this test started (through fence run).
-            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
-        }
-    }
-}
 
 /// PATH with the fence under test first, for commands that call `fence` themselves.
 fn path_with_fence() -> String {

@@ -14,46 +14,15 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::process::{is_gone, kill, read_pid};
+use common::process::{becomes, is_gone, kill, parent_of, read_pid, Reap};
 use common::{env_or_panic, pg_exec, pg_query, wait_for, Fence, Out, Store};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
-
-/// Whether `check` holds at some point within `limit` (polled every 20 ms).
-fn becomes(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    check()
-}
-
-fn parent_of(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let (_, rest) = stat.rsplit_once(") ").unwrap();
-    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// SIGKILLs the processes a test left behind, whatever its outcome.
-struct Reap(Vec<u32>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            if !is_gone(*pid) {
-                kill(*pid, libc::SIGKILL);
-            }
-        }
-    }
-}
 
 fn acquire(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
     store

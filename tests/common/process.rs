@@ -1,5 +1,5 @@
 //! Helpers for tests of processes: whether one still runs, a pid a command wrote down, a
-//! signal sent to it.
+//! signal sent to it, its parent, and the processes a test leaves behind.
 
 use std::path::Path;
 
@@ -41,4 +41,36 @@ pub fn read_pid(path: &Path) -> u32 {
 pub fn kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a process this test started.
     unsafe { libc::kill(pid as i32, signal) };
+}
+
+/// The parent of a running process, from /proc.
+pub fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(") ").unwrap();
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Whether `check` holds at some point within `limit` (polled every 20 ms).
+pub fn becomes(limit: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    check()
+}
+
+/// SIGKILLs the processes a test left behind (those still running), whatever its outcome.
+pub struct Reap(pub Vec<u32>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            if !is_gone(*pid) {
+                kill(*pid, libc::SIGKILL);
+            }
+        }
+    }
 }
