@@ -713,8 +713,6 @@ struct Req<'a> {
     owner: &'a str,
     token: Option<i64>,
     ttl_ms: Option<i64>,
-    /// Acquire: `--wait` this long (ms).
-    wait_ms: Option<u64>,
     /// The coordinator URL to use (a proxy), if not the default.
     store: Option<&'a str>,
     /// The target URL for writes (default: the test database, directly).
@@ -738,7 +736,6 @@ impl<'a> Req<'a> {
             owner,
             token: None,
             ttl_ms: None,
-            wait_ms: None,
             store: None,
             target: None,
             endpoint: None,
@@ -758,10 +755,6 @@ impl<'a> Req<'a> {
     }
     fn ttl(mut self, ms: i64) -> Self {
         self.ttl_ms = Some(ms);
-        self
-    }
-    fn wait(mut self, ms: u64) -> Self {
-        self.wait_ms = Some(ms);
         self
     }
     fn worker(mut self, w: usize) -> Self {
@@ -819,9 +812,6 @@ impl Recorder {
                 cmd.args(["acquire", req.resource, "--owner", req.owner]);
                 if let Some(ttl) = &ttl {
                     cmd.args(["--ttl", ttl]);
-                }
-                if let Some(wait) = req.wait_ms {
-                    cmd.args(["--wait", &format!("{wait}ms")]);
                 }
             }
             OpKind::Renew | OpKind::Release => {
@@ -2145,13 +2135,6 @@ fn worker_loop(
             process_fault(&mut rng, w, skew, ttl, slack, OpKind::Acquire)
         {
             acq = acq.fault(fault, name);
-        }
-        // On PostgreSQL, some acquisitions queue (`--wait`), so that releases hand leases to
-        // live queued waiters, and paused or killed ones (the process faults above) are in
-        // the queue too. Not through the coordinator's proxies, whose faults are timed for
-        // the one-shot acquire.
-        if w.backend == Backend::Postgres && acq.store.is_none() && rng.chance(30) {
-            acq = acq.wait(rng.range(100, 1_000));
         }
         let cut_acquire = acq.fault_name.as_deref() == Some("coordinator cut after acquire sent");
         let op = rec.op(sut, acq);

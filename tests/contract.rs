@@ -918,7 +918,7 @@ fn postgres_init_is_idempotent() {
         .expect(0)
         .json();
     assert_eq!(first["action"], "created");
-    assert_eq!(first["schema_version"], 6);
+    assert_eq!(first["schema_version"], 5);
     let again = store
         .fence()
         .args(["init", "--format", "json"])
@@ -958,8 +958,6 @@ fn downgrade_schema(store: &Store, version: u32) {
         &format!(
             "DROP FUNCTION {s}.wait_enter(text, text, bigint, bigint, bigint);
              DROP FUNCTION {s}.wait_poll(text, text, bigint, bigint, bigint, bigint);
-             DROP FUNCTION {s}.wait_enter(text, text, bigint, bigint, bigint, bigint);
-             DROP FUNCTION {s}.wait_poll(text, text, bigint, bigint, bigint, bigint, bigint);
              DROP FUNCTION {s}.wait_leave(text, bigint);
              DROP FUNCTION {s}.wait_answer(text, bigint);
              DROP TABLE {s}.waiters;
@@ -1006,15 +1004,7 @@ fn queue_functions(store: &Store) -> Vec<String> {
 /// which then gets its lease; the old waiters table and functions are gone.
 #[test]
 fn postgres_a_version_1_or_2_schema_is_migrated() {
-    // `wait_enter` and `wait_poll` twice: version 6's, and version 5's signatures.
-    let current = [
-        "wait_answer",
-        "wait_enter",
-        "wait_enter",
-        "wait_leave",
-        "wait_poll",
-        "wait_poll",
-    ];
+    let current = ["wait_answer", "wait_enter", "wait_leave", "wait_poll"];
     for version in [1, 2] {
         let store = Store::postgres();
         store.fence().args(["init", "-q"]).run().expect(0);
@@ -1027,9 +1017,9 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .json();
         assert_eq!(
             (init["action"].as_str(), init["schema_version"].as_i64()),
-            (Some("migrated"), Some(6))
+            (Some("migrated"), Some(5))
         );
-        assert_eq!(schema_version(&store), "6");
+        assert_eq!(schema_version(&store), "5");
         assert_eq!(queue_functions(&store), current);
 
         downgrade_schema(&store, version);
@@ -1043,57 +1033,9 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
             .collect();
         assert_eq!(owners, ["bob"], "the old table's row is gone");
         release_to_waiter(&store, &held, waiter, "bob");
-        assert_eq!(schema_version(&store), "6");
+        assert_eq!(schema_version(&store), "5");
         assert_eq!(queue_functions(&store), current);
     }
-}
-
-/// Version 5 (no hand-off) is migrated to 6 by the first release, lazily; the signatures of
-/// the queue functions that fence 5 calls stay, and a waiter queued through them (a row that
-/// promises nothing) is never handed a lease: a release frees it, and the waiter's own poll
-/// takes it, as in version 5.
-#[test]
-fn postgres_a_version_5_schema_is_migrated_and_its_waiters_are_not_handed_leases() {
-    let store = Store::postgres();
-    let s = store.schema.clone().unwrap();
-    let held = acquire(&store, "job", "alice", "30s");
-    common::pg_exec(
-        &store.url,
-        &format!(
-            "DROP FUNCTION {s}.wait_enter(text, text, bigint, bigint, bigint);
-             DROP FUNCTION {s}.wait_poll(text, text, bigint, bigint, bigint, bigint);
-             DROP FUNCTION {s}.wait_enter(text, text, bigint, bigint, bigint, bigint);
-             DROP FUNCTION {s}.wait_poll(text, text, bigint, bigint, bigint, bigint, bigint);
-             ALTER TABLE {s}.waiters DROP COLUMN due, DROP COLUMN ttl_ms, DROP COLUMN granted_token;
-             UPDATE {s}.meta SET value = '5' WHERE key = 'schema_version';"
-        ),
-    );
-    lease_cmd(&store, "release", "job", "alice", held.token).expect(0);
-    assert_eq!(schema_version(&store), "6");
-    let held = acquire(&store, "job", "alice", "30s");
-    // What fence 5 sends: wait_enter(resource, owner, ttl, live, listen_within), then
-    // wait_poll(resource, owner, ttl, waiter, live, listen_within).
-    let entered = store.pg_rows(
-        &format!("SELECT status, waiter FROM {s}.wait_enter('job', $1, 30000, 60000, 2)"),
-        "old",
-    );
-    let (status, waiter): (String, i64) = (entered[0].get(0), entered[0].get(1));
-    assert_eq!(status, "busy");
-    lease_cmd(&store, "release", "job", "alice", held.token).expect(0);
-    assert_eq!(
-        store.lease("job"),
-        Some(("alice".to_owned(), held.token, false))
-    );
-    let polled = store.pg_rows(
-        &format!("SELECT status, token FROM {s}.wait_poll('job', $1, 30000, {waiter}, 60000, 2)"),
-        "old",
-    );
-    let (status, token): (String, i64) = (polled[0].get(0), polled[0].get(1));
-    assert_eq!((status.as_str(), token), ("acquired", held.token + 1));
-    assert_eq!(
-        store.lease("job"),
-        Some(("old".to_owned(), held.token + 1, true))
-    );
 }
 
 /// A schema a newer fence made is never "up to date" nor migrated backwards: `init` refuses

@@ -328,7 +328,7 @@ fn postgres_a_version_3_schema_is_read_then_migrated() {
         .json();
     assert_eq!(
         (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(6))
+        (Some("migrated"), Some(5))
     );
     store
         .fence()
@@ -1116,7 +1116,7 @@ fn postgres_object_refusals_leave_a_trace() {
 
 /// A version-4 schema (no `attempts`, no `event_totals`) keeps working with this fence: a
 /// busy acquire is refused as before (exit 3, no warning, and no migration on that path), and
-/// `fence log` and `fence metrics` read it; `fence init` migrates it (to the current version), after which
+/// `fence log` and `fence metrics` read it; `fence init` migrates it to version 5, after which
 /// attempts are recorded.
 #[test]
 fn postgres_a_version_4_schema_records_attempts_once_migrated() {
@@ -1161,7 +1161,7 @@ fn postgres_a_version_4_schema_records_attempts_once_migrated() {
         .json();
     assert_eq!(
         (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(6))
+        (Some("migrated"), Some(5))
     );
     store
         .fence()

@@ -316,8 +316,7 @@ pub trait Coordinator {
     /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
 
-    /// Removes this process from the resource's waiters; where a release may have handed it
-    /// the lease meanwhile (PostgreSQL), releases that grant, which it never reported.
+    /// Removes this process from the resource's waiters.
     async fn unwait(&self, resource: &str) -> Result<(), Error>;
 
     /// Returns when the resource may have been released (a pushed wake-up, where the store

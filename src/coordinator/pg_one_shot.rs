@@ -141,69 +141,17 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true";
 /// releasing twice is not an event), a refusal (`stale`, recorded as a `release_rejected`
 /// event, or `never_issued`, `wrong_owner`, `no_lease`), or `retry`. Durable too: a release
 /// lost in a crash would be safe, but the resource would look held until the lease's TTL (up
-/// to hours) ran out.
-///
-/// The hand-off (schema version 6): when the resource's queue of `--wait` waiters has a head
-/// that is live by its promise (the first row not granted and not past its deadline, whose
-/// `due`, the next poll it promised, is still ahead by the server's clock read after the
-/// lease row's lock) and whose TTL outlasts that promise (a grant it could not take up in
-/// time would run out unused: a 10 ms lease is left to the head's own acquire), the same
-/// UPDATE grants the lease to it: token + 1, its owner and TTL,
-/// expiry from that clock. The events are `released` (this owner and token) then `acquired`
-/// (the waiter's), both at that instant, in that order; the waiter's row records the token
-/// (`granted_token`), so the waiter knows the grant is its own whatever its owner's name, and
-/// is notified (`g<id>:<resource>`, which also moves the listening waiters behind it up). A
-/// head that is late (paused, killed, cut off), asks for too short a TTL, or is of fence of
-/// version 5 (no `due`) gets nothing: the
-/// lease is freed and the head woken (`r:<resource>`), as before, and the queue's own polls
-/// take it from there. The head's row is locked (`FOR UPDATE`) before the lease row, as the
-/// waiters' functions lock their row before the lease, so that a waiter's poll or departure
-/// and a hand-off to it are ordered: a row deleted by a departure that committed first is
-/// skipped (the next row is the head), and a departure after the hand-off finds the row
-/// granted and releases the lease (`wait_leave`). Notifications are sent at commit; not
-/// durable, and dropped behind a transaction-mode pooler, so the listening waiters also poll.
+/// to hours) ran out. A release notifies the resource's channel (payload `r:<resource>`; see
+/// `wait_poll` in `schema.sql`), sent at commit, to wake the head of its queue.
 pub const RELEASE: &str = "\
 -- fence: release
-WITH head AS (
-    SELECT w.id, w.owner, w.ttl_ms, w.due
-    FROM __SCHEMA__.waiters AS w
-    WHERE w.resource = $1 AND w.granted_token IS NULL AND w.deadline >= clock_timestamp()
-    ORDER BY w.id LIMIT 1
-    FOR UPDATE),
-released AS (
-    UPDATE __SCHEMA__.leases AS l
-    SET (token, owner, last_event, acquired_at, renewed_at, expires_at, ttl_ms,
-         previous_expires_at) = (
-        SELECT CASE WHEN x.handed THEN l.token + 1 ELSE l.token END,
-               CASE WHEN x.handed THEN h.owner ELSE l.owner END,
-               CASE WHEN x.handed THEN 'acquired' ELSE 'released' END,
-               CASE WHEN x.handed THEN x.now ELSE l.acquired_at END,
-               CASE WHEN x.handed THEN x.now ELSE l.renewed_at END,
-               CASE WHEN x.handed THEN x.now + h.ttl_ms * interval '1 millisecond' END,
-               CASE WHEN x.handed THEN h.ttl_ms ELSE l.ttl_ms END,
-               CASE WHEN x.handed THEN l.expires_at ELSE l.previous_expires_at END
-        FROM (SELECT c.now,
-                     coalesce(h.due > c.now
-                              AND c.now + h.ttl_ms * interval '1 millisecond' > h.due, false)
-                         AS handed
-              FROM (SELECT clock_timestamp() AS now) c) x)
-    FROM (SELECT) AS one LEFT JOIN head h ON true
+WITH released AS (
+    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
     WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
-    RETURNING l.*, CASE WHEN l.expires_at IS NOT NULL THEN h.id END AS heir),
-granted AS (
-    UPDATE __SCHEMA__.waiters AS w SET granted_token = r.token
-    FROM released r WHERE w.id = r.heir),
+    RETURNING l.*),
 logged AS (
-    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
-    SELECT r.resource, coalesce(e.at, clock_timestamp()), e.kind, e.owner, e.token, e.ttl_ms,
-           e.expires_at
-    FROM released r CROSS JOIN LATERAL (VALUES
-        (1, CASE WHEN r.heir IS NOT NULL THEN r.renewed_at END, 'released', $2, $3,
-         NULL::int8, NULL::timestamptz),
-        (2, r.renewed_at, 'acquired', r.owner, r.token, r.ttl_ms, r.expires_at))
-        AS e (n, at, kind, owner, token, ttl_ms, expires_at)
-    WHERE e.n = 1 OR r.heir IS NOT NULL
-    ORDER BY e.n),
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
+    SELECT r.resource, 'released', r.owner, r.token FROM released r),
 refused AS (
     SELECT l.*,
            CASE WHEN l.token > $3 THEN 'stale'
@@ -218,16 +166,14 @@ rejected AS (
     SELECT f.resource, 'release_rejected', $2, $3, 'token ' || f.token || ' issued since'
     FROM refused f WHERE f.status = 'stale'),
 answer AS (
-    SELECT 'released' AS status, $3 AS token, $2 AS owner, r.acquired_at, r.renewed_at,
-           NULL::timestamptz AS expires_at, r.ttl_ms
+    SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
+           r.ttl_ms
     FROM released r
     UNION ALL
     SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
     FROM refused f)
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
        a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       (SELECT count(pg_notify('fence___SCHEMA__',
-                CASE WHEN r.heir IS NULL THEN 'r:' ELSE 'g' || r.heir || ':' END || r.resource))
-        FROM released r) AS woken,
+       (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
        set_config('synchronous_commit', 'on', true) AS synchronous_commit
 FROM (SELECT) AS one LEFT JOIN answer a ON true";

@@ -26,22 +26,10 @@
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!
-//! The hand-off (schema version 6): a release grants the lease to a live head of the queue in
-//! its own statement and commit ([`RELEASE`]), so a hand-off costs one durable commit, not
-//! two. Each poll tells the server when the waiter is next [`due`] (its promise plus a tenth
-//! and [`DUE_SLACK`]); a head past it (paused, killed) is not handed anything. The head,
-//! notified (`g<id>`), takes the grant up in its next poll without writing the lease, and
-//! only if the lease is still that grant (its row holds the token: waiters that share an
-//! owner name each take only their own); a grant that ran out first (a TTL shorter than the
-//! wake-up, a pause) is dropped, and the waiter, still the head, is served as any head is. A
-//! waiter that leaves ([`Coordinator::unwait`]) releases
-//! a grant it did not take up (`wait_leave`), so a give-up never leaves the lease held by no
-//! one; if that call fails, the grant lives until its TTL, as a holder's lease whose release
-//! failed does. `fence run` bounds a lease by when its granting poll was sent and the expiry
-//! left that poll reports, which is no later than the server's expiry for a handed lease too.
-//! The lease still always goes to another process, never back to the releasing worker: a hot
-//! resource hands over at the pace of a commit, a notification and a poll (README,
-//! Performance).
+//! The price of exact order, measured with `fence bench` (README, Performance): a released
+//! lease always goes to another process (the head), never back to the releasing worker, so a
+//! hot resource with sub-millisecond critical sections hands over at the pace of a
+//! notification and a poll (~5 ms here) rather than at the pace of one worker's loop.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -69,7 +57,7 @@ use crate::timeline::newest;
 /// fence's own tables in the coordinator database.
 pub const COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "meta",
-    version: 6,
+    version: 5,
     sql: include_str!("schema.sql"),
     purpose: "coordinator",
 };
@@ -97,11 +85,6 @@ pub const FAR_MAX: Duration = Duration::from_secs(10);
 /// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
 /// the head holds the queue up for its promise plus this, then is skipped.
 pub const GRACE: Duration = Duration::from_secs(5);
-/// How late past its promise a waiter's poll may come and still find a lease a release
-/// handed it while it was late: its sleep's jitter (a tenth either way) and a round trip on a
-/// loaded machine. A release hands the lease only to a head whose promise plus this is
-/// ahead (its row's `due`): a paused or killed head is passed over sooner than its row dies.
-const DUE_SLACK: Duration = Duration::from_millis(100);
 /// Resources per `fence prune` statement: each is one short transaction.
 const PRUNE_PAGE: usize = 1_000;
 /// The longest a queued waiter sleeps when its wait has no end.
@@ -145,12 +128,6 @@ fn promise(place: i64) -> Duration {
     }
     let ahead = u32::try_from(place - WINDOW).unwrap_or(u32::MAX);
     FAR_STEP.saturating_mul(ahead).min(FAR_MAX).max(NEAR_POLL)
-}
-
-/// When, from its poll, a waiter that promised `promise` is due: the latest a live waiter's
-/// next poll comes (its row's `due`, see [`DUE_SLACK`]).
-fn due(promise: Duration) -> i64 {
-    i64::try_from((promise + promise / 10 + DUE_SLACK).as_millis()).unwrap_or(i64::MAX)
 }
 
 pub struct PgCoordinator {
@@ -292,13 +269,12 @@ impl PgCoordinator {
                 .call(
                     &what,
                     true,
-                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6, $7)",
+                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6)",
                     &[
                         (&resource, Type::TEXT),
                         (&owner, Type::TEXT),
                         (&ttl, Type::INT8),
                         (&waiter, Type::INT8),
-                        (&due(promise), Type::INT8),
                         (&live, Type::INT8),
                         (&listen_within, Type::INT8),
                     ],
@@ -313,20 +289,17 @@ impl PgCoordinator {
                 GRACE.as_secs()
             ));
         }
-        // Joining: the row must outlive the slowest first poll; but until that poll tells it
-        // its place, the newcomer promises no more than a head does, so that one paused as it
-        // joins is not handed a lease for longer than a paused head would be.
+        // Joining: the row must outlive the slowest first poll.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
         let rows = self
             .call(
                 &what,
                 true,
-                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5, $6)",
+                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5)",
                 &[
                     (&resource, Type::TEXT),
                     (&owner, Type::TEXT),
                     (&ttl, Type::INT8),
-                    (&due(NEAR_POLL), Type::INT8),
                     (&live, Type::INT8),
                     (&listen_within, Type::INT8),
                 ],
@@ -857,17 +830,14 @@ impl Coordinator for PgCoordinator {
 
     /// One upsert into `attempts`, sent as it is: on a schema older than version 5 (no such
     /// table) nothing is recorded, since the refused path never migrates the schema (that
-    /// is `fence init`'s, or the next write's that needs it). History, not safety: committed
-    /// with `synchronous_commit` off, as the waiters' rows are, so that every waiter of a hot
-    /// resource does not wait for a WAL flush of its own (a crash may lose the last ones).
+    /// is `fence init`'s, or the next write's that needs it).
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
         let what = format!("record the refused attempt on `{}`", attempt.resource);
         let sql = "INSERT INTO __SCHEMA__.attempts AS a \
              (resource, minute, owner, kind, count, first_at, last_at, token, detail) \
              SELECT $1, date_trunc('minute', c.now), \
                $2, $3, 1, c.now, c.now, $4, $5 \
-             FROM (SELECT clock_timestamp() AS now, \
-               set_config('synchronous_commit', 'off', true) AS synchronous_commit) c \
+             FROM (SELECT clock_timestamp() AS now) c \
              ON CONFLICT (resource, minute, owner, kind) DO UPDATE \
              SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
                detail = EXCLUDED.detail"
@@ -1123,8 +1093,8 @@ impl Coordinator for PgCoordinator {
                 // The connection is gone (the next poll reconnects), or the time is up.
                 Ok(None) | Err(_) => return Ok(()),
             };
-            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted (by its
-            // own poll, or handed the lease by a release); `l<id>:<resource>` waiter <id> left.
+            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted;
+            // `l<id>:<resource>` waiter <id> left.
             let Some((event, moved)) = payload.split_once(':') else {
                 continue;
             };
@@ -1142,8 +1112,6 @@ impl Coordinator for PgCoordinator {
             let poll = match event.split_at_checked(1) {
                 // Only the head can take a released lease.
                 Some(("r", _)) => queue.place <= 1,
-                // A release handed this waiter the lease: its next poll takes it up.
-                Some(("g", id)) if queue.waiter.is_some_and(|mine| id.parse() == Ok(mine)) => true,
                 // The queue moved up: follow it; a new head polls at once only if the lease
                 // may be free (a waiter left; a grant means the lease is held).
                 Some((kind @ ("g" | "l"), id)) if ahead(id) => {

@@ -1,13 +1,11 @@
--- fence coordinator schema, version 6. `__SCHEMA__` is replaced by the validated --schema name.
+-- fence coordinator schema, version 5. `__SCHEMA__` is replaced by the validated --schema name.
 -- Idempotent: run inside one transaction under an advisory lock by `fence init` or lazily; a
 -- version-1 or version-2 schema is migrated by running it again (version 2 added a waiters'
 -- queue on session advisory locks; version 3 replaced it with the durable queue below, which
 -- holds no session state and so works behind a transaction-mode pooler; version 4 records each
 -- grant's and renewal's TTL and expiry, and a takeover's previous expiry, in its event, for
 -- `fence log`; version 5 keeps PL/pgSQL off the one-shot path and adds the tables of the
--- incident view: see its two blocks at the end; version 6 lets a release hand the lease to
--- the head of the queue: the waiters' columns of the hand-off, and the queue functions of
--- one more argument, whose former signatures stay for fence of version 5).
+-- incident view: see its two blocks at the end).
 CREATE SCHEMA IF NOT EXISTS __SCHEMA__;
 
 CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
@@ -17,7 +15,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.meta (
 
 DO $gate$
 BEGIN
-    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 6 THEN
+    IF (SELECT value::int FROM __SCHEMA__.meta WHERE key = 'schema_version') > 5 THEN
         RAISE EXCEPTION 'schema __SCHEMA__ was created by a newer fence (version %)',
             (SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version')
             USING ERRCODE = 'LF014', HINT = 'upgrade fence, or use another --schema';
@@ -99,17 +97,6 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.waiters (
 -- HOT (no index entries, pruned in the page). The table holds only waiting processes, so the
 -- purge of overdue rows in wait_enter reads it whole at little cost.
 CREATE INDEX IF NOT EXISTS waiters_resource_id ON __SCHEMA__.waiters (resource, id);
--- Version 6, the hand-off: a release gives the lease to the head of the queue in its own
--- statement (`RELEASE` in src/coordinator/pg_one_shot.rs) when the head is live by its
--- promise. `due` is when the waiter promised to poll next (the deadline less the grace), and
--- `ttl_ms` the TTL it asks for, both set by each poll; a row of fence of version 5 has
--- neither and is never handed a lease. `granted_token` is the token a release granted the
--- waiter: the row has left the queue (places and the head are counted without it), and the
--- waiter's next poll takes the lease up (or, if it expired meanwhile, drops the grant and is
--- the head again), or its wait_leave releases it. Nullable without a default: adding them rewrites nothing.
-ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS due timestamptz;
-ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS ttl_ms bigint;
-ALTER TABLE __SCHEMA__.waiters ADD COLUMN IF NOT EXISTS granted_token bigint;
 
 -- What a waiter's poll answers besides the lease: its row and its place (1 = head).
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_answer(p_resource text, p_waiter bigint,
@@ -123,7 +110,7 @@ BEGIN
     status := 'busy';
     waiter := p_waiter;
     SELECT count(*) INTO place FROM __SCHEMA__.waiters w
-    WHERE w.resource = p_resource AND w.id <= p_waiter AND w.granted_token IS NULL;
+    WHERE w.resource = p_resource AND w.id <= p_waiter;
     SELECT * INTO r FROM __SCHEMA__.leases AS l WHERE l.resource = p_resource;
     IF FOUND THEN
         token := r.token; owner := r.owner;
@@ -138,11 +125,10 @@ $fn$;
 -- A `--wait` acquire's first call: deletes every waiter row past its deadline (any
 -- resource); then, unless other waiters are queued for the resource (and the
 -- caller does not hold it live already), tries the acquire; if that is busy or was not
--- tried, queues the caller at the back with a row that lives p_live_ms unless polled, due
--- p_due_ms from now and asking for p_ttl_ms if handed the lease (and LISTENs as wait_poll
--- does), and tells it how fast the queue has been moving.
+-- tried, queues the caller at the back with a row that lives p_live_ms unless polled (and
+-- LISTENs as wait_poll does), and tells it how fast the queue has been moving.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_enter(p_resource text, p_owner text, p_ttl_ms bigint,
-    p_due_ms bigint, p_live_ms bigint, p_listen_within bigint,
+    p_live_ms bigint, p_listen_within bigint,
     OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
     OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
     OUT waiter bigint, OUT place bigint, OUT pace_ms bigint)
@@ -152,8 +138,7 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM __SCHEMA__.waiters w WHERE w.deadline < clock_timestamp();
-    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource
-                   AND w.granted_token IS NULL)
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource)
        OR EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.resource = p_resource
                   AND l.owner = p_owner AND l.expires_at > clock_timestamp()) THEN
         -- acquire() makes its own transaction's commit synchronous again.
@@ -163,9 +148,8 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    INSERT INTO __SCHEMA__.waiters (resource, owner, deadline, due, ttl_ms)
-    VALUES (p_resource, p_owner, clock_timestamp() + p_live_ms * interval '1 millisecond',
-            clock_timestamp() + p_due_ms * interval '1 millisecond', p_ttl_ms)
+    INSERT INTO __SCHEMA__.waiters (resource, owner, deadline)
+    VALUES (p_resource, p_owner, clock_timestamp() + p_live_ms * interval '1 millisecond')
     RETURNING waiters.id INTO v_id;
     SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
         waiter, place
@@ -183,62 +167,32 @@ BEGIN
 END
 $fn$;
 
--- A queued waiter's poll, one short statement: extends the caller's row for p_live_ms (due
--- p_due_ms from now), deletes the resource's rows past their deadline (dead or paused
--- waiters are skipped, and told when they come back), and, if the caller now heads the
--- queue, tries the acquire. A grant removes the row and notifies the resource's channel, so
--- that the next waiter, if it listens, takes the head at once. A waiter within
--- p_listen_within of the head LISTENs (it keeps its connection); a granted one stops.
--- (Behind a transaction-mode pooler LISTEN is lost with the server connection it ran on:
--- the waiters near the head poll as well.)
--- A row a release handed the lease to (`granted_token`) is taken up if the lease is still
--- that grant (the token and owner, not expired): the row is removed and the answer is
--- `acquired`, without writing the lease. A grant that ran out first is dropped, and the
--- waiter, back in its place at the head, is served as the queue serves any head.
+-- A queued waiter's poll, one short statement: extends the caller's row for p_live_ms,
+-- deletes the resource's rows past their deadline (dead or paused waiters are skipped, and
+-- told when they come back), and, if the caller now heads the queue, tries the acquire. A
+-- grant removes the row and notifies the resource's channel, so that the next waiter, if it
+-- listens, takes the head at once. A waiter within p_listen_within of the head LISTENs (it
+-- keeps its connection); a granted one stops. (Behind a transaction-mode pooler LISTEN is
+-- lost with the server connection it ran on: the waiters near the head poll as well.)
 -- `lapsed`: the caller's row was deleted as dead.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_poll(p_resource text, p_owner text, p_ttl_ms bigint,
-    p_waiter bigint, p_due_ms bigint, p_live_ms bigint, p_listen_within bigint,
+    p_waiter bigint, p_live_ms bigint, p_listen_within bigint,
     OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
     OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
     OUT waiter bigint, OUT place bigint)
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_granted bigint;
-    r __SCHEMA__.leases;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     UPDATE __SCHEMA__.waiters w
-    SET deadline = clock_timestamp() + p_live_ms * interval '1 millisecond',
-        due = clock_timestamp() + p_due_ms * interval '1 millisecond', ttl_ms = p_ttl_ms
-    WHERE w.id = p_waiter AND w.resource = p_resource
-    RETURNING w.granted_token INTO v_granted;
+    SET deadline = clock_timestamp() + p_live_ms * interval '1 millisecond'
+    WHERE w.id = p_waiter AND w.resource = p_resource;
     IF NOT FOUND THEN
         status := 'lapsed';
         RETURN;
     END IF;
-    waiter := p_waiter;
-    IF v_granted IS NOT NULL THEN
-        SELECT * INTO r FROM __SCHEMA__.leases AS l WHERE l.resource = p_resource;
-        IF r.token = v_granted AND r.owner = p_owner AND r.expires_at > clock_timestamp() THEN
-            DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
-            UNLISTEN fence___SCHEMA__;
-            status := 'acquired';
-            place := 1;
-            token := r.token; owner := r.owner;
-            acquired_ms := __SCHEMA__.ms(r.acquired_at); renewed_ms := __SCHEMA__.ms(r.renewed_at);
-            expires_ms := __SCHEMA__.ms(r.expires_at);
-            expires_in_ms := __SCHEMA__.ms(r.expires_at) - __SCHEMA__.ms(clock_timestamp());
-            ttl_ms := r.ttl_ms;
-            RETURN;
-        END IF;
-        -- The grant ran out before this poll (a TTL shorter than the wake-up, a pause): the
-        -- waiter keeps its place, and is served below as any head is.
-        UPDATE __SCHEMA__.waiters w SET granted_token = NULL WHERE w.id = p_waiter;
-    END IF;
     DELETE FROM __SCHEMA__.waiters w
     WHERE w.resource = p_resource AND w.id < p_waiter AND w.deadline < clock_timestamp();
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource
-               AND w.id < p_waiter AND w.granted_token IS NULL) THEN
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.waiters w WHERE w.resource = p_resource AND w.id < p_waiter) THEN
         SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
             waiter, place
         FROM __SCHEMA__.wait_answer(p_resource, p_waiter);
@@ -247,18 +201,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- A live lease of the caller's owner name is another process's (a waiter of the same name
-    -- that was granted or handed it): its turn has not come, however its owner is named.
-    IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.resource = p_resource
-               AND l.owner = p_owner AND l.expires_at > clock_timestamp()) THEN
-        SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms,
-            waiter, place
-        FROM __SCHEMA__.wait_answer(p_resource, p_waiter);
-        LISTEN fence___SCHEMA__;
-        RETURN;
-    END IF;
     SELECT * INTO status, token, owner, acquired_ms, renewed_ms, expires_ms, expires_in_ms, ttl_ms
     FROM __SCHEMA__.acquire(p_resource, p_owner, p_ttl_ms) a;
+    waiter := p_waiter;
     place := 1;
     IF status <> 'busy' THEN
         DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
@@ -270,57 +215,14 @@ BEGIN
 END
 $fn$;
 
--- The version-5 signatures, for fence of version 5 during an upgrade: the same queue, with
--- rows that promise nothing (`due` NULL), so that no release hands them a lease and their
--- polls never meet a grant.
-CREATE OR REPLACE FUNCTION __SCHEMA__.wait_enter(p_resource text, p_owner text, p_ttl_ms bigint,
-    p_live_ms bigint, p_listen_within bigint,
-    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
-    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
-    OUT waiter bigint, OUT place bigint, OUT pace_ms bigint)
-LANGUAGE sql AS $fn$
-    SELECT * FROM __SCHEMA__.wait_enter(p_resource, p_owner, p_ttl_ms, NULL, p_live_ms,
-                                        p_listen_within)
-$fn$;
-CREATE OR REPLACE FUNCTION __SCHEMA__.wait_poll(p_resource text, p_owner text, p_ttl_ms bigint,
-    p_waiter bigint, p_live_ms bigint, p_listen_within bigint,
-    OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
-    OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint,
-    OUT waiter bigint, OUT place bigint)
-LANGUAGE sql AS $fn$
-    SELECT * FROM __SCHEMA__.wait_poll(p_resource, p_owner, p_ttl_ms, p_waiter, NULL, p_live_ms,
-                                       p_listen_within)
-$fn$;
-
 -- Leaves the queue (the wait ran out, or failed). If the caller was the head, the next
--- waiter is told at once (`l<id>:`). A lease a release handed to the caller meanwhile (its
--- row's `granted_token`, read from the row as deleted: a hand-off that locked the row first
--- has committed by then, and one that comes after finds no row) is released, durably, with
--- its event, so that the resource is free at once rather than held by no one until the TTL
--- runs out, and the head is woken as by a release (`r:`; the hand-off already moved the
--- queue up); the conditions on token and owner leave a lease taken over since alone.
+-- waiter is told at once.
 CREATE OR REPLACE FUNCTION __SCHEMA__.wait_leave(p_resource text, p_waiter bigint) RETURNS void
 LANGUAGE plpgsql AS $fn$
-DECLARE
-    v_owner text;
-    v_granted bigint;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter AND w.resource = p_resource
-    RETURNING w.owner, w.granted_token INTO v_owner, v_granted;
-    IF v_granted IS NOT NULL THEN
-        PERFORM set_config('synchronous_commit', 'on', true);
-        UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
-        WHERE l.resource = p_resource AND l.token = v_granted AND l.owner = v_owner
-          AND l.expires_at IS NOT NULL;
-        IF FOUND THEN
-            INSERT INTO __SCHEMA__.events (resource, kind, owner, token, detail)
-            VALUES (p_resource, 'released', v_owner, v_granted, 'its waiter left before taking it up');
-            PERFORM pg_notify('fence___SCHEMA__', 'r:' || p_resource);
-        END IF;
-    ELSE
-        PERFORM pg_notify('fence___SCHEMA__', 'l' || p_waiter || ':' || p_resource);
-    END IF;
+    DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter AND w.resource = p_resource;
+    PERFORM pg_notify('fence___SCHEMA__', 'l' || p_waiter || ':' || p_resource);
     UNLISTEN fence___SCHEMA__;
 END
 $fn$;
@@ -567,10 +469,8 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
 -- Version 5, continued: no PL/pgSQL on the one-shot path.
 -- A new connection compiles each PL/pgSQL function on its first call and plans its
 -- statements (about 3 ms of a one-shot `fence acquire`). Acquire, renew and release are now
--- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/pg_one_shot.rs),
--- with the same semantics as the functions above (except that since version 6 `RELEASE` also
--- hands the lease to a live head of the queue, which the `release` function of fence 4 never
--- does: its waiters are then served by their own polls); those stay, for the waiters (`wait_enter`
+-- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/postgres.rs),
+-- with the same semantics as the functions above; those stay, for the waiters (`wait_enter`
 -- and `wait_poll` call `acquire`: waiting is not one-shot) and for fence binaries of
 -- version 4 still running during an upgrade. The guard's UPDATE trigger calls its function
 -- only for an update it refuses (the WHEN clause is an expression the executor evaluates,
@@ -586,5 +486,5 @@ CREATE OR REPLACE TRIGGER leases_no_truncate BEFORE TRUNCATE ON __SCHEMA__.lease
 -- End of version 5.
 -- ---------------------------------------------------------------------------------------
 
-INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '6')
+INSERT INTO __SCHEMA__.meta (key, value) VALUES ('schema_version', '5')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
