@@ -143,12 +143,12 @@ pub fn main(args: &[OsString]) -> Exit {
                 // `fence run` did not prove the lease beyond this (paused, or hung): the
                 // command stops now, whatever `fence run` does.
                 (Some(bound), None) if now >= bound => {
-                    signal_descendants(libc::SIGTERM, false);
-                    signal_descendants(libc::SIGCONT, false);
+                    crate::sys::signal_descendants(libc::SIGTERM, false);
+                    crate::sys::signal_descendants(libc::SIGCONT, false);
                     kill_at = Some(now.saturating_add(kill_after));
                 }
                 (Some(bound), None) => next = next.min(bound - now),
-                (_, Some(at)) if now >= at => signal_descendants(libc::SIGKILL, false),
+                (_, Some(at)) if now >= at => crate::sys::signal_descendants(libc::SIGKILL, false),
                 (_, Some(at)) => next = next.min(at - now),
                 (None, None) => {}
             }
@@ -162,17 +162,17 @@ pub fn main(args: &[OsString]) -> Exit {
         match signal {
             libc::SIGUSR1 => {
                 // `fence run` died: nothing may outlive it, in the group or not.
-                signal_descendants(libc::SIGKILL, false);
+                crate::sys::signal_descendants(libc::SIGKILL, false);
                 // SAFETY: the group is the one `fence run` made for us; we go with it.
                 unsafe { libc::kill(-libc::getpgrp(), libc::SIGKILL) };
             }
-            libc::SIGUSR2 => signal_descendants(libc::SIGKILL, false),
+            libc::SIGUSR2 => crate::sys::signal_descendants(libc::SIGKILL, false),
             libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
                 interrupted.get_or_insert(signal);
                 // The group got it (from `fence run`, or the terminal); descendants that left
                 // it did not.
-                signal_descendants(signal, true);
-                signal_descendants(libc::SIGCONT, true);
+                crate::sys::signal_descendants(signal, true);
+                crate::sys::signal_descendants(libc::SIGCONT, true);
             }
             // SIGCHLD, a timeout: look at the command again.
             _ => {}
@@ -255,18 +255,4 @@ fn latest_bound(bounds: &mut std::fs::File) -> Option<u64> {
         latest = Some(u64::from_le_bytes(last.try_into().unwrap_or([0; 8])));
     }
     latest
-}
-
-/// `signal` to every descendant (only those outside our process group when `outside`).
-fn signal_descendants(signal: i32, outside: bool) {
-    // SAFETY: getpgrp has no preconditions.
-    let group = unsafe { libc::getpgrp() };
-    for pid in crate::sys::descendants() {
-        // SAFETY: getpgid and kill(2) on our own descendants.
-        unsafe {
-            if !outside || libc::getpgid(pid) != group {
-                libc::kill(pid, signal);
-            }
-        }
-    }
 }

@@ -287,14 +287,18 @@ fn family(all: &[Process]) -> Vec<&Process> {
     found
 }
 
-/// Every live process descended from this one, by the parent links in /proc. Zombies (ended,
-/// not yet waited for) are not counted: nothing of them runs.
-pub(crate) fn descendants() -> Vec<i32> {
-    family(&processes())
-        .into_iter()
-        .filter(|p| !p.zombie)
-        .map(|p| p.pid)
-        .collect()
+/// `signal` to every live descendant (only to those outside our process group when
+/// `outside`: the group itself got it already).
+pub(crate) fn signal_descendants(signal: i32, outside: bool) {
+    // SAFETY: getpgrp has no preconditions.
+    let ours = unsafe { libc::getpgrp() };
+    for p in family(&processes()) {
+        let skipped = p.zombie || (outside && p.group == ours);
+        if !skipped {
+            // SAFETY: kill(2) on our own descendants.
+            unsafe { libc::kill(p.pid, signal) };
+        }
+    }
 }
 
 /// SIGKILL to every live descendant, and to every process group other than ours whose
@@ -362,10 +366,7 @@ pub(crate) fn kill_descendants() -> bool {
     if !has_children() {
         return false;
     }
-    for pid in descendants() {
-        // SAFETY: kill(2) on our own descendants.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
+    signal_descendants(libc::SIGTERM, false);
     let start = std::time::Instant::now();
     while start.elapsed() < TERM_GRACE {
         reap();

@@ -426,8 +426,11 @@ async fn supervise(
             // Whatever the command left running in its group (a background job, or all of
             // its children if the reaper was killed) must not outlive the lease.
             let told = reaper_report(report);
-            let left_over =
-                stop_leftovers(pgid, args.kill_after).await | told.leftovers | orphans_stopped();
+            // The reaper has been waited for: any child of ours now is an orphan it left
+            // (it died before the command's descendants), stopped here.
+            let left_over = stop_leftovers(pgid, args.kill_after).await
+                | told.leftovers
+                | crate::sys::kill_descendants();
             // A stop signal the command's group got without fence (Ctrl-C at a terminal goes to
             // the foreground group, the command's) interrupted the run all the same.
             let interrupted = interrupted.or(told.interrupted);
@@ -491,7 +494,8 @@ async fn supervise(
         }
         End::Lost(err) => {
             stop(&mut child, pgid, args.kill_after).await;
-            orphans_stopped();
+            // The reaper has been waited for: what it left is ours to stop.
+            crate::sys::kill_descendants();
             Err(err)
         }
     }
@@ -560,12 +564,6 @@ impl Bounds {
         let at = now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX));
         let _ = (&self.0).write_all(&at.to_le_bytes());
     }
-}
-
-/// Stops what the reaper left to us (its orphans, when it died before the command's
-/// descendants) once the reaper itself has been waited for; returns whether there were any.
-fn orphans_stopped() -> bool {
-    crate::sys::kill_descendants()
 }
 
 /// The terminal, when `fence run` held its foreground: the reaper hands it to the command's
@@ -672,7 +670,8 @@ fn spawn(
     };
     // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was the
     // subreaper of (daemons that left the command's group) is handed to us rather than to
-    // init, so that nothing of the command outlives the run (see `orphans_stopped`).
+    // init, so that nothing of the command outlives the run (`sys::kill_descendants` once the
+    // reaper has been waited for).
     // SAFETY: prctl on this process only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let parent = std::process::id().to_string();
