@@ -1,0 +1,284 @@
+//! A sixth adversarial review: the digests write ids keep (PostgreSQL's `fence.write_digest`
+//! setting and the ledger row, an object's `fence-id-digest` and `fence-ids` entries), and
+//! `fence run`'s reaper now that it receives the lease's bound over a pipe (a command that
+//! closes every descriptor, `--kill-after 0`, a lease taken away while the command ignores
+//! SIGTERM). Each test asserts on durable state read without fence where it can (ledger rows,
+//! table rows, object metadata, files the command writes); a test marked `FINDING` and ignored
+//! shows an open defect and fails until it is fixed (`--run-ignored only` runs them).
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::fenced::{finish, release_as_operator};
+use common::process::{becomes, is_gone, read_pid, Reap};
+use common::{env_or_panic, pg_exec, pg_query, wait_for, write_digest, Out, Store};
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn schema(store: &Store) -> &str {
+    store.schema.as_deref().unwrap()
+}
+
+fn setup(store: &Store) -> String {
+    let table = format!("{}.published", schema(store));
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; CREATE TABLE {table} (what text)",
+            s = schema(store)
+        ),
+    );
+    table
+}
+
+fn acquire(store: &Store, owner: &str) -> i64 {
+    store
+        .fence()
+        .args(["acquire", "r", "--ttl", "1m", "--owner", owner])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+fn write(store: &Store, target: &str, token: i64, id: &str, sql: &str) -> Out {
+    store
+        .fence()
+        .args(["write", "r", "--token", &token.to_string()])
+        .args([
+            "--target", target, "--id", id, "--sql", sql, "--format", "json",
+        ])
+        .run()
+}
+
+fn ledger_digest(store: &Store, id: &str) -> Option<String> {
+    pg_query(
+        &store.url,
+        &format!(
+            "SELECT digest FROM {}.write_ledger WHERE resource = 'r' AND write_id = '{id}'",
+            schema(store)
+        ),
+    )[0]
+    .get(0)
+}
+
+fn rows(store: &Store, table: &str) -> Vec<String> {
+    pg_query(
+        &store.url,
+        &format!("SELECT what FROM {table} ORDER BY what"),
+    )
+    .iter()
+    .map(|row| row.get(0))
+    .collect()
+}
+
+/// `fence run r [extra] -- sh -c SCRIPT` in `dir`, started in the background.
+fn spawn_run(store: &Store, dir: &Path, extra: &[&str], script: &str) -> Child {
+    let mut fence = store.fence().args(["run", "r"]).args(extra);
+    fence = fence.args(["--", "sh", "-c", script]);
+    fence
+        .cmd
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// Write digests
+// ---------------------------------------------------------------------------------------
+
+/// The caller's SQL sets `fence.write_digest` itself (to the digest of other SQL, and empty),
+/// after `begin_write_once` read it: the ledger keeps the digest of the SQL that ran, a replay
+/// of it is exit 0, and the SQL whose digest it claimed is still a conflict.
+#[test]
+fn sql_that_sets_the_digest_setting_cannot_change_what_the_ledger_keeps() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let table = setup(&store);
+    let load = format!("INSERT INTO {table} VALUES ('load')");
+    let forged = format!(
+        "INSERT INTO {table} VALUES ('extract'); \
+         SELECT set_config('fence.write_digest', '{}', true); \
+         SELECT set_config('fence.write_digest', '', false)",
+        write_digest(load.as_bytes())
+    );
+    let token = acquire(&store, "a");
+    write(&store, &store.url, token, "run-1", &forged).expect(0);
+    assert_eq!(
+        ledger_digest(&store, "run-1"),
+        Some(write_digest(forged.as_bytes()))
+    );
+    write(&store, &store.url, token, "run-1", &forged).expect(0);
+    let conflict = write(&store, &store.url, token, "run-1", &load).expect(6);
+    assert_eq!(conflict.json()["reason"], "id_reused", "{conflict:?}");
+    assert_eq!(rows(&store, &table), ["extract"]);
+}
+
+/// Through transaction-mode PgBouncer, one write's SQL leaves `fence.write_digest` set on the
+/// server session (`set_config(.., false)` commits with the transaction) for whichever client
+/// gets that server connection next: every later write with an id still records its own digest
+/// (fence sets the setting LOCAL in each transaction), so the leaked value never reaches a
+/// ledger row and never turns a replay into a conflict or a conflict into a replay.
+#[test]
+fn a_digest_leaked_on_a_pooled_server_session_reaches_no_other_write() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let table = setup(&store);
+    let pooled = env_or_panic("FENCE_TEST_PGBOUNCER_URL");
+    let token = acquire(&store, "a");
+    let second = format!("INSERT INTO {table} VALUES ('second')");
+    let leak = format!(
+        "INSERT INTO {table} VALUES ('first'); \
+         SELECT set_config('fence.write_digest', '{}', false)",
+        write_digest(second.as_bytes())
+    );
+    write(&store, &pooled, token, "leak", &leak).expect(0);
+    // Several writes, so that some surely land on the server session the first one left set.
+    for round in 0..4 {
+        let id = format!("after-{round}");
+        let sql = format!("INSERT INTO {table} VALUES ('after-{round}')");
+        write(&store, &pooled, token, &id, &sql).expect(0);
+        assert_eq!(
+            ledger_digest(&store, &id),
+            Some(write_digest(sql.as_bytes()))
+        );
+        let other = write(&store, &pooled, token, &id, &second).expect(6);
+        assert_eq!(other.json()["reason"], "id_reused", "{other:?}");
+    }
+    // The id of the leaking write, with the SQL whose digest it leaked: still a conflict.
+    let conflict = write(&store, &pooled, token, "leak", &second).expect(6);
+    assert_eq!(conflict.json()["reason"], "id_reused", "{conflict:?}");
+    assert_eq!(
+        ledger_digest(&store, "leak"),
+        Some(write_digest(leak.as_bytes()))
+    );
+    assert!(!rows(&store, &table).contains(&"second".to_owned()));
+}
+
+/// A large write (SQL of 4 MB, from `--file`) is digested whole: the same SQL replays, the
+/// same SQL with its last byte changed is a conflict (a digest of a prefix would replay it).
+#[test]
+fn a_large_write_is_digested_whole() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let table = setup(&store);
+    let token = acquire(&store, "a");
+    let dir = tempfile::tempdir().unwrap();
+    let pad = "x".repeat(4 << 20);
+    let big = dir.path().join("big.sql");
+    let changed = dir.path().join("changed.sql");
+    std::fs::write(
+        &big,
+        format!("INSERT INTO {table} VALUES ('big') -- {pad}a"),
+    )
+    .unwrap();
+    std::fs::write(
+        &changed,
+        format!("INSERT INTO {table} VALUES ('big') -- {pad}b"),
+    )
+    .unwrap();
+    let run = |file: &Path| {
+        store
+            .fence()
+            .args(["write", "r", "--token", &token.to_string()])
+            .args(["--target", &store.url, "--id", "big", "--format", "json"])
+            .args([std::ffi::OsStr::new("--file"), file.as_os_str()])
+            .run()
+    };
+    run(&big).expect(0);
+    assert_eq!(run(&big).expect(0).json()["replayed"], true);
+    let conflict = run(&changed).expect(6);
+    assert_eq!(conflict.json()["reason"], "id_reused", "{conflict:?}");
+    assert_eq!(rows(&store, &table), ["big"]);
+}
+
+/// The same on an object (`file://`): 8 MB of bytes, the last one changed, is a conflict; the
+/// same bytes replay; the object keeps the first bytes.
+#[test]
+fn a_large_object_is_digested_whole() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let token = acquire(&store, "a");
+    let mut bytes = vec![b'x'; 8 << 20];
+    let first = dir.path().join("first");
+    std::fs::write(&first, &bytes).unwrap();
+    *bytes.last_mut().unwrap() = b'y';
+    let second = dir.path().join("second");
+    std::fs::write(&second, &bytes).unwrap();
+    let target = format!("file://{}/obj", dir.path().display());
+    let run = |file: &Path| {
+        store
+            .fence()
+            .args(["write", "r", "--token", &token.to_string()])
+            .args(["--target", &target, "--id", "big", "--format", "json"])
+            .args([std::ffi::OsStr::new("--from"), file.as_os_str()])
+            .run()
+    };
+    run(&first).expect(0);
+    assert_eq!(run(&first).expect(0).json()["replayed"], true);
+    let conflict = run(&second).expect(6);
+    assert_eq!(conflict.json()["reason"], "id_reused", "{conflict:?}");
+    let stored = std::fs::read(dir.path().join("obj")).unwrap();
+    assert_eq!(stored.last(), Some(&b'x'));
+}
+
+// ---------------------------------------------------------------------------------------
+// fence run's reaper
+// ---------------------------------------------------------------------------------------
+
+/// A command that closes every descriptor it inherited (standard streams and anything fence
+/// may have leaked to it, such as the reaper's pipe) while its lease is renewed: it runs to the
+/// end and fence exits 0.
+#[test]
+fn a_command_that_closes_every_descriptor_runs_to_the_end() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let script = "for fd in 0 1 2 3 4 5 6 7 8 9; do eval \"exec $fd>&-\"; done; \
+                  sleep 3; echo done > done";
+    let child = spawn_run(&store, dir.path(), &["--ttl", "1s"], script);
+    let (code, out, err) = finish(child, Duration::from_secs(60));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(dir.path().join("done").exists(), "{err}");
+}
+
+/// `--kill-after 0` and a lease taken away while the command ignores SIGTERM: the command (and
+/// what it started) is killed at once, fence exits 5, and nothing of it is left running.
+#[test]
+fn kill_after_zero_kills_a_command_that_ignores_sigterm() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let dir = tempfile::tempdir().unwrap();
+    let script = "trap '' TERM; (trap '' TERM; echo $$ > /dev/null; sh -c 'echo $$ > grandchild; \
+                  trap \"\" TERM; while :; do sleep 0.1; done') & echo $$ > pid; \
+                  while :; do sleep 0.1; done";
+    let child = spawn_run(
+        &store,
+        dir.path(),
+        &["--ttl", "2s", "--kill-after", "0"],
+        script,
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        dir.path().join("pid").exists() && dir.path().join("grandchild").exists()
+    });
+    let pid = read_pid(&dir.path().join("pid"));
+    let grandchild = read_pid(&dir.path().join("grandchild"));
+    let _reap = Reap(vec![pid, grandchild]);
+    release_as_operator(&store, "r");
+    let (code, out, err) = finish(child, Duration::from_secs(60));
+    assert_eq!(code, 5, "{out}\n{err}");
+    assert!(
+        becomes(Duration::from_secs(10), || is_gone(pid)
+            && is_gone(grandchild)),
+        "left running after exit 5: {err}"
+    );
+}
