@@ -13,7 +13,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::fenced::{finish, release_as_operator};
-use common::process::{becomes, is_gone, read_pid, Reap};
+use common::process::{becomes, is_gone, kill, read_pid, Reap};
 use common::{env_or_panic, pg_exec, pg_query, wait_for, write_digest, Out, Store};
 
 // ---------------------------------------------------------------------------------------
@@ -281,4 +281,44 @@ fn kill_after_zero_kills_a_command_that_ignores_sigterm() {
             && is_gone(grandchild)),
         "left running after exit 5: {err}"
     );
+}
+
+/// `fence run --id` is paused past the lease's bound (nobody else wants the resource); the
+/// reaper stops the command with SIGTERM as it should, and the command's handler cleans up and
+/// exits 0 (`trap '…; exit 0' TERM`, the common idiom). When fence wakes up, the run was cut
+/// short for the lease: fence must not report success, nor record the run id as completed (a
+/// later run with the id must run the work again).
+#[test]
+fn a_command_the_reaper_stopped_for_the_lease_is_not_a_completed_run() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let fence = spawn_run(
+        &store,
+        dir.path(),
+        &["--id", "day-1", "--ttl", "2s", "--kill-after", "5s"],
+        "trap 'echo stopped >> log; exit 0' TERM; echo $$ > child; \
+         while :; do sleep 0.05; done",
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        dir.path().join("child").exists()
+    });
+    let child = read_pid(&dir.path().join("child"));
+    let _reap = Reap(vec![child]);
+    kill(fence.id(), libc::SIGSTOP);
+    let stopped = becomes(Duration::from_secs(20), || is_gone(child));
+    kill(fence.id(), libc::SIGCONT);
+    let out = common::wait_output("fence run", fence, Duration::from_secs(60));
+    assert!(stopped, "the reaper never stopped the command: {out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("log")).unwrap_or_default(),
+        "stopped\n"
+    );
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    let mut again = store
+        .fence()
+        .args(["run", "r", "--id", "day-1", "--format", "json", "--"])
+        .args(["sh", "-c", "echo again >> log"]);
+    again.cmd.current_dir(dir.path());
+    let again = again.run();
+    assert_ne!(again.json()["skipped"], true, "{out:?}\n{again:?}");
 }
