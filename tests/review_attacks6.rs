@@ -322,3 +322,45 @@ fn a_command_the_reaper_stopped_for_the_lease_is_not_a_completed_run() {
     let again = again.run();
     assert_ne!(again.json()["skipped"], true, "{out:?}\n{again:?}");
 }
+
+/// A renewal that succeeds late: `fence run`'s renewal waits on the lease row (another session
+/// holds it locked) past the bound the reaper was sent, so the reaper stops the command
+/// (SIGTERM; its handler exits 0); then the lock goes and the renewal goes through. The
+/// command was stopped for the lease, whatever the renewal answered later: fence must not call
+/// the run a success (exit 0), and must say the lease could not be kept.
+#[test]
+fn a_command_stopped_before_a_late_renewal_is_not_a_success() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let dir = tempfile::tempdir().unwrap();
+    let fence = spawn_run(
+        &store,
+        dir.path(),
+        &["--ttl", "3s", "--kill-after", "5s"],
+        "trap 'echo stopped >> log; exit 0' TERM; echo $$ > child; \
+         while [ ! -e stop ]; do sleep 0.05; done; echo done >> log",
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        dir.path().join("child").exists()
+    });
+    let child = read_pid(&dir.path().join("child"));
+    let _reap = Reap(vec![child]);
+    let held = common::fenced::hold_in_transaction(
+        &store.url,
+        format!(
+            "SELECT * FROM {}.leases WHERE resource = 'r' FOR UPDATE",
+            schema(&store)
+        ),
+        "ROLLBACK",
+    );
+    let stopped = becomes(Duration::from_secs(20), || is_gone(child));
+    held.release();
+    std::fs::write(dir.path().join("stop"), "").unwrap();
+    let out = common::wait_output("fence run", fence, Duration::from_secs(60));
+    assert!(stopped, "the reaper never stopped the command: {out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("log")).unwrap_or_default(),
+        "stopped\n"
+    );
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+}
