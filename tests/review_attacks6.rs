@@ -364,3 +364,37 @@ fn a_command_stopped_before_a_late_renewal_is_not_a_success() {
     );
     assert_eq!(out.status.code(), Some(5), "{out:?}");
 }
+
+/// The command is a subreaper itself (`prctl(PR_SET_CHILD_SUBREAPER)`, as supervisors and
+/// container inits are): a daemon it started (`setsid`, its middle parent gone) is its child,
+/// not the reaper's, until the command exits without waiting for it. The daemon must not
+/// outlive the run.
+#[test]
+fn a_daemon_of_a_command_that_is_a_subreaper_does_not_outlive_the_run() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"exec perl -MPOSIX -e '
+        syscall(157, 36, 1, 0, 0, 0) == 0 or die "prctl: $!";
+        my $c = fork;
+        if ($c == 0) {
+            my $g = fork;
+            if ($g == 0) {
+                POSIX::setsid();
+                open my $f, ">", "grandchild.tmp"; print $f "$$\n"; close $f;
+                rename "grandchild.tmp", "grandchild";
+                sleep 1000; exit 0;
+            }
+            exit 0;
+        }
+        waitpid($c, 0);
+        select(undef, undef, undef, 0.05) while ! -e "grandchild";
+        exit 0;'"#;
+    let fence = spawn_run(&store, dir.path(), &[], script);
+    let out = common::wait_output("fence run", fence, Duration::from_secs(60));
+    let grandchild = read_pid(&dir.path().join("grandchild"));
+    let _reap = Reap(vec![grandchild]);
+    assert!(
+        becomes(Duration::from_secs(10), || is_gone(grandchild)),
+        "the daemon outlived the run: {out:?}"
+    );
+}
