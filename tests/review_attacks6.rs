@@ -398,3 +398,58 @@ fn a_daemon_of_a_command_that_is_a_subreaper_does_not_outlive_the_run() {
         "the daemon outlived the run: {out:?}"
     );
 }
+
+/// The shortest lease (`--ttl 100ms`) on a machine whose cores are all busy: renewals may be
+/// late, and the reaper may stop the command at the bound. Whatever happens, fence's answer
+/// must agree with it: exit 0 only if the command ran to its end and was never stopped.
+fn shortest_ttl_under_load(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let busy: Vec<Child> = (0..3)
+        .map(|_| {
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let busy = Reap(busy.iter().map(Child::id).collect());
+    for round in 0..3 {
+        let log = dir.path().join(format!("log-{round}"));
+        let script = format!(
+            "trap 'echo stopped >> {log}; exit 0' TERM; sleep 1.5; echo done >> {log}",
+            log = log.display()
+        );
+        let fence = spawn_run(
+            store,
+            dir.path(),
+            &["--ttl", "100ms", "--kill-after", "1s"],
+            &script,
+        );
+        let out = common::wait_output("fence run", fence, Duration::from_secs(60));
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        if out.status.code() == Some(0) {
+            assert_eq!(
+                log, "done\n",
+                "exit 0 but the command did not run to its end: {out:?}"
+            );
+        } else {
+            assert_ne!(
+                log, "done\n",
+                "the command ran to its end but fence failed: {out:?}"
+            );
+        }
+    }
+    drop(busy);
+}
+
+#[test]
+fn the_shortest_ttl_under_load_agrees_with_what_the_command_did_on_files() {
+    shortest_ttl_under_load(&Store::file());
+}
+
+#[test]
+fn the_shortest_ttl_under_load_agrees_with_what_the_command_did_on_postgres() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    shortest_ttl_under_load(&store);
+}
