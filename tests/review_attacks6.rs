@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::fenced::{finish, release_as_operator};
 use common::process::{becomes, is_gone, kill, read_pid, Reap};
-use common::{env_or_panic, pg_exec, pg_query, wait_for, write_digest, Out, Store};
+use common::{env_or_panic, pg_exec, pg_query, wait_for, write_digest, Backend, Out, Store};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -202,11 +202,10 @@ fn a_large_write_is_digested_whole() {
     assert_eq!(rows(&store, &table), ["big"]);
 }
 
-/// The same on an object (`file://`): 8 MB of bytes, the last one changed, is a conflict; the
-/// same bytes replay; the object keeps the first bytes.
-#[test]
-fn a_large_object_is_digested_whole() {
-    let store = Store::file();
+/// The same on objects: 8 MB of bytes (sent in parts where the store does that), the last
+/// one changed, is a conflict; the same bytes replay; the object keeps the first bytes.
+fn a_large_object_is_digested_whole(backend: Backend) {
+    let store = Store::new(backend);
     let dir = tempfile::tempdir().unwrap();
     let token = acquire(&store, "a");
     let mut bytes = vec![b'x'; 8 << 20];
@@ -215,7 +214,14 @@ fn a_large_object_is_digested_whole() {
     *bytes.last_mut().unwrap() = b'y';
     let second = dir.path().join("second");
     std::fs::write(&second, &bytes).unwrap();
-    let target = format!("file://{}/obj", dir.path().display());
+    let (target, key) = match backend {
+        Backend::File => (format!("file://{}/obj", dir.path().display()), None),
+        _ => {
+            let (server, prefix) = store.server();
+            let key = format!("{prefix}/objects/big");
+            (server.url(&key), Some(key))
+        }
+    };
     let run = |file: &Path| {
         store
             .fence()
@@ -228,8 +234,27 @@ fn a_large_object_is_digested_whole() {
     assert_eq!(run(&first).expect(0).json()["replayed"], true);
     let conflict = run(&second).expect(6);
     assert_eq!(conflict.json()["reason"], "id_reused", "{conflict:?}");
-    let stored = std::fs::read(dir.path().join("obj")).unwrap();
+    let stored = match key {
+        None => std::fs::read(dir.path().join("obj")).unwrap(),
+        Some(key) => store.server().0.get(&key).unwrap().body,
+    };
+    assert_eq!(stored.len(), 8 << 20);
     assert_eq!(stored.last(), Some(&b'x'));
+}
+
+#[test]
+fn a_large_object_is_digested_whole_on_files() {
+    a_large_object_is_digested_whole(Backend::File);
+}
+
+#[test]
+fn a_large_object_is_digested_whole_on_s3() {
+    a_large_object_is_digested_whole(Backend::S3);
+}
+
+#[test]
+fn a_large_object_is_digested_whole_on_gcs() {
+    a_large_object_is_digested_whole(Backend::Gcs);
 }
 
 // ---------------------------------------------------------------------------------------
