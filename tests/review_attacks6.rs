@@ -388,6 +388,8 @@ fn a_command_stopped_before_a_late_renewal_is_not_a_success() {
         "stopped\n"
     );
     assert_eq!(out.status.code(), Some(5), "{out:?}");
+    // Whatever the late renewal did, fence does not leave the lease held behind it.
+    assert_eq!(store.lease("r").map(|l| l.2), Some(false), "{out:?}");
 }
 
 /// The command is a subreaper itself (`prctl(PR_SET_CHILD_SUBREAPER)`, as supervisors and
