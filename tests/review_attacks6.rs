@@ -1,8 +1,10 @@
 //! A sixth adversarial review: the digests write ids keep (PostgreSQL's `fence.write_digest`
 //! setting and the ledger row, an object's `fence-id-digest` and `fence-ids` entries), and
 //! `fence run`'s reaper now that it receives the lease's bound over a pipe (a command that
-//! closes every descriptor, `--kill-after 0`, a lease taken away while the command ignores
-//! SIGTERM). Each test asserts on durable state read without fence where it can (ledger rows,
+//! closes every descriptor, `--kill-after 0` with a lease taken away or fence paused while the
+//! command ignores SIGTERM, a command stopped for the lease whose handler exits 0, a renewal
+//! held up on a locked lease row, the shortest TTL on a busy machine, a command that is a
+//! subreaper itself). Each test asserts on durable state read without fence where it can (ledger rows,
 //! table rows, object metadata, files the command writes); a test marked `FINDING` and ignored
 //! shows an open defect and fails until it is fixed (`--run-ignored only` runs them).
 
@@ -517,4 +519,33 @@ fn an_id_entry_with_an_extra_field_still_replays_the_same_bytes() {
     assert_eq!(again.code, 0, "{again:?}");
     assert_eq!(again.json()["replayed"], true, "{again:?}");
     assert_eq!(std::fs::read(dir.path().join("obj")).unwrap(), b"B\n");
+}
+
+/// `--kill-after 0` with fence paused past the lease's bound and a command (and a child of it)
+/// that ignore SIGTERM: the reaper alone must SIGKILL both while fence is still stopped.
+#[test]
+fn kill_after_zero_under_a_paused_fence_kills_what_ignores_sigterm() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let fence = spawn_run(
+        &store,
+        dir.path(),
+        &["--ttl", "2s", "--kill-after", "0"],
+        "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > grandchild; \
+         while :; do sleep 0.05; done' & echo $$ > child; while :; do sleep 0.05; done",
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        dir.path().join("child").exists() && dir.path().join("grandchild").exists()
+    });
+    let child = read_pid(&dir.path().join("child"));
+    let grandchild = read_pid(&dir.path().join("grandchild"));
+    let _reap = Reap(vec![child, grandchild]);
+    kill(fence.id(), libc::SIGSTOP);
+    let stopped = becomes(Duration::from_secs(20), || {
+        is_gone(child) && is_gone(grandchild)
+    });
+    kill(fence.id(), libc::SIGCONT);
+    let out = common::wait_output("fence run", fence, Duration::from_secs(60));
+    assert!(stopped, "left running under a paused fence: {out:?}");
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
 }
