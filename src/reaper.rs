@@ -146,6 +146,7 @@ pub fn main(args: &[OsString]) -> Exit {
                     crate::sys::signal_descendants(libc::SIGTERM, false);
                     crate::sys::signal_descendants(libc::SIGCONT, false);
                     kill_at = Some(now.saturating_add(kill_after));
+                    next = next.min(kill_after);
                 }
                 (Some(bound), None) => next = next.min(bound - now),
                 (_, Some(at)) if now >= at => crate::sys::signal_descendants(libc::SIGKILL, false),

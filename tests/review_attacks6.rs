@@ -488,8 +488,8 @@ fn the_shortest_ttl_under_load_agrees_with_what_the_command_did_on_postgres() {
 /// but this one is neither skipped nor read right — `splitn(5, ',')` makes the digest
 /// `DIGEST,extra`, so the very bytes that used the id are called a conflict (exit 6,
 /// `id_reused`) instead of a replay.
+/// Fixed: fields after the digest are ignored.
 #[test]
-#[ignore = "FINDING: a fence-ids entry with a 6th field turns a replay of the same bytes into id_reused (exit 6)"]
 fn an_id_entry_with_an_extra_field_still_replays_the_same_bytes() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();

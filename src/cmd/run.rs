@@ -461,7 +461,19 @@ async fn supervise(
                     ));
                 }
             }
-            if let Err(err) = coordinator.release(&lease).await {
+            let mut released = coordinator.release(&lease).await;
+            if matches!(
+                released,
+                Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+            ) {
+                // The connection may have been closed while the command ran (a server's
+                // idle_session_timeout, a restart): a release is safe to send again, once, on a
+                // fresh one (a second release of the token is "already released").
+                if let Ok(fresh) = ctx.coordinator().await {
+                    released = fresh.release(&lease).await;
+                }
+            }
+            if let Err(err) = released {
                 crate::terminal::warn(&format!(
                     "warning: the command ended but its lease could not be released: {err}"
                 ));

@@ -122,7 +122,8 @@ pub fn ledger(meta: &Meta) -> Vec<IdEntry> {
     }
     let older = meta.metadata.get(META_IDS).map_or("", String::as_str);
     entries.extend(older.split(';').filter_map(|entry| {
-        let mut fields = entry.splitn(5, ',');
+        // Fields after the digest (a later fence's) are ignored, not read into it.
+        let mut fields = entry.split(',');
         Some(IdEntry {
             id: fields.next().filter(|id| !id.is_empty())?.to_owned(),
             token: fields.next()?.parse().ok()?,
