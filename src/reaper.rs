@@ -1,9 +1,14 @@
 //! The small process between `fence run` and its command, so that the command never outlives
 //! its supervisor, however the supervisor dies (`kill -9`, the OOM killer).
 //!
-//! `fence run` starts its own binary as `fence __reaper PARENT -- COMMAND…` in a new process
-//! group, with a parent-death signal (SIGUSR1) set before exec. The reaper starts COMMAND in
-//! that group and waits for it and for signals. When `fence run` dies, the kernel sends the reaper
+//! `fence run` starts its own binary as `fence __reaper PARENT REPORT_FD START_FD
+//! KILL_AFTER_MS -- COMMAND…` in a new process group, with a parent-death signal (SIGUSR1) set
+//! before exec, before it asks for the lease (the reaper's start then overlaps the
+//! coordinator's round trips). The reaper starts nothing until `fence run`, granted the lease,
+//! sends its start message on START_FD: the lease's first bound and COMMAND's environment
+//! (`FENCE_TOKEN`…); should that pipe end first (busy, an error, `fence run` gone), it exits
+//! without starting anything. Then it starts COMMAND in that group and waits for it, for
+//! signals, and for the lease's later bounds on the same pipe. When `fence run` dies, the kernel sends the reaper
 //! SIGUSR1 and the reaper SIGKILLs every descendant and the whole group, itself included.
 //! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are caught (and so reset
 //! to their defaults in COMMAND by exec) so that the reaper stays to pass on COMMAND's status
@@ -39,7 +44,7 @@ pub const ARG: &str = "__reaper";
 pub const LEFTOVERS: &str = "leftovers";
 pub const INTERRUPTED: &str = "interrupted";
 
-/// Runs the reaper: `args` are `PARENT REPORT_FD BOUND_FD KILL_AFTER_MS -- COMMAND…` (what
+/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD KILL_AFTER_MS -- COMMAND…` (what
 /// follows [`ARG`]).
 pub fn main(args: &[OsString]) -> Exit {
     let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
@@ -86,6 +91,18 @@ pub fn main(args: &[OsString]) -> Exit {
     // them (see `crate::sys::kill_descendants`).
     // SAFETY: prctl on this process only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    // SAFETY: as for `report_fd` below: left open by `fence run` for its start message and
+    // then the lease's bounds alone; ours from here, close-on-exec.
+    let mut bounds = unsafe {
+        libc::fcntl(bound_fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        std::fs::File::from_raw_fd(bound_fd)
+    };
+    // `fence run` starts us before it asks for the lease: wait for its go, the lease's first
+    // bound and COMMAND's environment. Its end closed without them (busy, an error, or
+    // `fence run` gone): nothing is started.
+    let Some((first_bound, env)) = read_start(&mut bounds) else {
+        return Exit::Success;
+    };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } != parent {
@@ -98,16 +115,11 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-    // SAFETY: as for `report_fd`: left open by `fence run` for the lease's bounds alone; ours
-    // from here, close-on-exec and never blocking.
-    let mut bounds = unsafe {
-        libc::fcntl(bound_fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK);
-        std::fs::File::from_raw_fd(bound_fd)
-    };
+    // SAFETY: our own descriptor: from here on the bounds are read without blocking.
+    unsafe { libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK) };
     let kill_after = kill_after_ms.saturating_mul(1_000_000);
     let mut command = std::process::Command::new(program);
-    command.args(rest);
+    command.args(rest).envs(env);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -128,7 +140,7 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut interrupted: Option<i32> = None;
     // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns), and when the
     // command, stopped there, gets SIGKILL.
-    let mut bound: Option<u64> = None;
+    let mut bound: Option<u64> = Some(first_bound);
     let mut kill_at: Option<u64> = None;
     let status = loop {
         match child.try_wait() {
@@ -243,6 +255,34 @@ fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
         libc::sigprocmask(libc::SIG_BLOCK, &watched, &mut original);
         (watched, original)
     }
+}
+
+/// `fence run`'s start message: the lease's first bound (8 bytes, CLOCK_BOOTTIME ns), the
+/// length of what follows (4 bytes), and COMMAND's added environment, `KEY=VALUE` entries each
+/// ended by a NUL. `None` when the pipe ends first: the command must not start.
+fn read_start(start: &mut std::fs::File) -> Option<(u64, Vec<(OsString, OsString)>)> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let mut head = [0u8; 12];
+    start.read_exact(&mut head).ok()?;
+    let (bound, len) = head.split_at(8);
+    let bound = u64::from_le_bytes(bound.try_into().ok()?);
+    let len = u32::from_le_bytes(len.try_into().ok()?);
+    let mut payload = vec![0u8; usize::try_from(len).ok()?];
+    start.read_exact(&mut payload).ok()?;
+    let env = payload
+        .split(|b| *b == 0)
+        .filter(|entry| !entry.is_empty())
+        .filter_map(|entry| {
+            let at = entry.iter().position(|b| *b == b'=')?;
+            let (key, value) = (&entry[..at], &entry[at + 1..]);
+            Some((
+                std::ffi::OsStr::from_bytes(key).to_owned(),
+                std::ffi::OsStr::from_bytes(value).to_owned(),
+            ))
+        })
+        .collect();
+    Some((bound, env))
 }
 
 /// The newest bound `fence run` sent (8 bytes each, CLOCK_BOOTTIME ns), if any came since the

@@ -186,6 +186,76 @@ fn a_wait_longer_than_the_ttl_still_runs_the_command(store: &Store) {
     assert_eq!(state(store, "job"), "free");
 }
 
+/// The live processes whose command line holds `marker` (a reaper's holds its command's).
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) && !is_gone(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `fence run` starts its reaper before it asks for the lease (its start then overlaps the
+/// coordinator's round trips): a run refused as busy, or killed with SIGKILL while it waits,
+/// leaves no reaper behind, and the command never runs, not even once the lease is free.
+fn a_run_that_never_got_the_lease_leaves_nothing_running(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = store
+        .fence()
+        .args(["acquire", "job", "--ttl", "1m", "--owner", "holder"])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    let ran = dir.path().join("ran");
+    let marker = ran.to_str().unwrap().to_owned();
+    let script = format!("touch '{marker}'");
+    let out = run_cmd(store, &["job"], &script, dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        common::process::becomes(Duration::from_secs(10), || processes_with(&marker)
+            .is_empty()),
+        "a busy run left {:?} running",
+        processes_with(&marker)
+    );
+
+    let mut waiting = run_cmd(store, &["job", "--wait", "5m"], &script, dir.path())
+        .spawn()
+        .unwrap();
+    // fence and its reaper, idle until a grant.
+    wait_for("the waiting run's reaper", Duration::from_secs(20), || {
+        processes_with(&marker).len() >= 2
+    });
+    common::process::kill(waiting.id(), libc::SIGKILL);
+    waiting.wait().unwrap();
+    assert!(
+        common::process::becomes(Duration::from_secs(10), || processes_with(&marker)
+            .is_empty()),
+        "the reaper of a killed waiting run outlived it: {:?}",
+        processes_with(&marker)
+    );
+    store
+        .fence()
+        .args(["release", "job", "--owner", "holder", "--token"])
+        .args([holder["token"].to_string()])
+        .run()
+        .expect(0);
+    assert_eq!(state(store, "job"), "free");
+    assert!(!ran.exists(), "the command ran without the lease");
+}
+
 /// On every coordinator (apart from the per-backend tests below, whose modules share names).
 mod every_coordinator {
     use super::*;
@@ -199,6 +269,7 @@ per_backend!(
     busy_can_exit_zero_quietly_for_cron_and_never_starts_the_command,
     json_stdout_holds_only_fences_object,
     a_command_that_cannot_start_releases_the_lease,
+    a_run_that_never_got_the_lease_leaves_nothing_running,
 );
 
 #[test]

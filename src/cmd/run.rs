@@ -265,6 +265,8 @@ async fn supervise(
         .as_deref()
         .map(|id| done_marker(&args.resource, id))
         .transpose()?;
+    // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
+    let reaper = Reaper::start(&args.command, args.kill_after, out)?;
     let mut coordinator = ctx.coordinator().await?;
     // The bound starts before the granted attempt was sent (not before a `--wait`).
     let (grant, sent) = wait::acquire_sent(
@@ -312,9 +314,19 @@ async fn supervise(
             crate::sys::random_u64() as u32
         )
     });
+    let mut env = vec![
+        ("FENCE_RESOURCE", lease.resource.clone()),
+        ("FENCE_OWNER", lease.owner.clone()),
+        ("FENCE_TOKEN", lease.token.to_string()),
+        ("FENCE_SCHEMA", ctx.schema.clone()),
+    ];
+    if let Some(store) = &ctx.store {
+        env.push(("FENCE_STORE", store.url.clone()));
+    }
+    env.push(("FENCE_RUN_ID", given_id.clone()));
+    env.push(("FENCE_RUN_PARENT_ID", given_id.clone()));
     let started = Interrupts::install().and_then(|interrupts| {
-        let (child, report, bounds) =
-            spawn(&args.command, ctx, &lease, &given_id, args.kill_after, out)?;
+        let (child, report, bounds) = reaper.go(&env, valid_until)?;
         Ok((interrupts, child, report, bounds))
     });
     let (mut interrupts, mut child, report, bounds) = match started {
@@ -325,7 +337,6 @@ async fn supervise(
         }
     };
     let pgid = child.id().map(|pid| pid as i32);
-    bounds.send(valid_until);
     let terminal = Terminal::give(pgid);
 
     let every = ttl / 3;
@@ -566,15 +577,19 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
 struct Bounds(std::fs::File);
 
 impl Bounds {
-    /// Sends `until` as an instant of CLOCK_BOOTTIME (which the reaper reads too, and which
-    /// counts a suspend), in nanoseconds, 8 bytes: one write, never split.
-    fn send(&self, until: Instant) {
+    /// `until` as an instant of CLOCK_BOOTTIME (which the reaper reads too, and which counts
+    /// a suspend), in nanoseconds; `u64::MAX` (no bound) should that clock be unreadable.
+    fn instant(until: Instant) -> u64 {
         let Some(now) = crate::sys::boottime_ns() else {
-            return;
+            return u64::MAX;
         };
         let left = until.saturating_duration_since(Instant::now());
-        let at = now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX));
-        let _ = (&self.0).write_all(&at.to_le_bytes());
+        now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Sends `until` (see [`Bounds::instant`]), 8 bytes: one write, never split.
+    fn send(&self, until: Instant) {
+        let _ = (&self.0).write_all(&Self::instant(until).to_le_bytes());
     }
 }
 
@@ -631,126 +646,171 @@ async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) -> bool {
     true
 }
 
-/// Starts COMMAND under the reaper (see [`crate::reaper`]) in a new process group, and waits
-/// for the reaper's report that COMMAND runs (or why it could not start).
-fn spawn(
-    command: &[OsString],
-    ctx: &Context,
-    lease: &LeaseRef,
-    run_id: &str,
-    kill_after: Duration,
-    out: &Output,
-) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
-    let program = command.first().ok_or_else(|| {
-        Error::usage(
-            "no command to run",
-            "put the command after `--`: fence run R -- ./job.sh",
-        )
-    })?;
-    let cannot = |err: &dyn std::fmt::Display| {
-        Error::usage(
-            format!("cannot start `{}`: {err}", program.to_string_lossy()),
-            "check the command's path and permissions; the lease was released",
-        )
-    };
+/// The reaper (see [`crate::reaper`]), started in a new process group before the lease is
+/// asked for, so that its start overlaps the coordinator's round trips; it waits, starting
+/// nothing, until [`Reaper::go`] sends what COMMAND needs. Dropped without `go` (busy, an
+/// error, a completed run id), it is killed: COMMAND was never started.
+struct Reaper {
+    child: Option<tokio::process::Child>,
+    report: Option<std::fs::File>,
+    /// The start message, then the lease's bounds (see [`Bounds`]).
+    start: Option<std::fs::File>,
+    program: String,
+}
+
+impl Reaper {
+    fn start(command: &[OsString], kill_after: Duration, out: &Output) -> Result<Reaper, Error> {
+        let program = command.first().ok_or_else(|| {
+            Error::usage(
+                "no command to run",
+                "put the command after `--`: fence run R -- ./job.sh",
+            )
+        })?;
+        let cannot = |err: &dyn std::fmt::Display| {
+            Error::usage(
+                format!("cannot start fence's supervisor of the command: {err}"),
+                "check the system's process and file limits; nothing was started and no lease was taken",
+            )
+        };
+        // Each (read end, write end): fence reads the report and writes the start message.
+        let (report, report_end) = pipe().map_err(|err| cannot(&err))?;
+        let (start_end, start) = pipe().map_err(|err| cannot(&err))?;
+        let start = std::fs::File::from(start);
+        // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was
+        // the subreaper of (daemons that left the command's group) is handed to us rather than
+        // to init, so that nothing of the command outlives the run (`sys::kill_descendants`
+        // once the reaper has been waited for).
+        // SAFETY: prctl on this process only.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+        let parent = std::process::id().to_string();
+        let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        let raw_report = report_end.as_raw_fd();
+        let raw_start = start_end.as_raw_fd();
+        cmd.arg(crate::reaper::ARG)
+            .arg(&parent)
+            .arg(raw_report.to_string())
+            .arg(raw_start.to_string())
+            .arg(kill_after.as_millis().to_string())
+            .arg("--")
+            .args(command)
+            .process_group(0);
+        if out.format == Format::Json {
+            // stdout carries fence's one JSON object; the command's output goes to stderr.
+            cmd.stdout(std::io::stderr());
+        }
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the two
+        // pipes through the exec, at their own numbers (the caller's descriptors stay as they
+        // were), prctl sets the signal the reaper gets when this process dies.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(raw_report, libc::F_SETFD, 0) < 0
+                    || libc::fcntl(raw_start, libc::F_SETFD, 0) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|err| {
+            if std::path::Path::new("/proc/self/exe").exists() {
+                cannot(&err)
+            } else {
+                Error::usage(
+                    format!(
+                        "cannot start fence's supervisor of the command (/proc/self/exe): {err}"
+                    ),
+                    "fence run needs /proc mounted; nothing was started and no lease was taken",
+                )
+            }
+        })?;
+        Ok(Reaper {
+            child: Some(child),
+            report: Some(report),
+            start: Some(start),
+            program: program.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Has the reaper start COMMAND with `env` (fence's variables) under the lease's first
+    /// bound, `until`: the reaper enforces the bound from COMMAND's first instant. Waits for
+    /// its report that COMMAND runs (or why it could not start).
+    fn go(
+        mut self,
+        env: &[(&str, String)],
+        until: Instant,
+    ) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
+        let program = std::mem::take(&mut self.program);
+        let cannot = |err: &dyn std::fmt::Display| {
+            Error::usage(
+                format!("cannot start `{program}`: {err}"),
+                "check the command's path and permissions; the lease was released",
+            )
+        };
+        let mut payload = Vec::new();
+        for (key, value) in env {
+            payload.extend_from_slice(key.as_bytes());
+            payload.push(b'=');
+            payload.extend_from_slice(value.as_bytes());
+            payload.push(0);
+        }
+        let mut message = Bounds::instant(until).to_le_bytes().to_vec();
+        message.extend_from_slice(&u32::try_from(payload.len()).unwrap_or(0).to_le_bytes());
+        message.extend_from_slice(&payload);
+        let (Some(child), Some(mut report), Some(start)) =
+            (self.child.take(), self.report.take(), self.start.take())
+        else {
+            return Err(cannot(
+                &"fence's supervisor of the command was already used",
+            ));
+        };
+        // One write into the empty pipe, still blocking; from here on our end never blocks:
+        // a bound the reaper has not read yet is replaced by the next one anyway.
+        let sent = (&start).write_all(&message);
+        // SAFETY: O_NONBLOCK on our own end of the pipe.
+        unsafe { libc::fcntl(start.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let bounds = Bounds(start);
+        // The reaper writes one newline once COMMAND runs, or why it could not start and
+        // closes its end. A reaper that dies before either closes it with nothing said.
+        let mut first = [0u8; 1];
+        match (sent, report.read(&mut first)) {
+            (Ok(()), Ok(1)) if first[0] == b'\n' => Ok((child, report, bounds)),
+            (_, Ok(0)) | (Err(_), _) => Err(cannot(
+                &"fence's supervisor of the command ended before starting it",
+            )),
+            _ => {
+                let mut why = String::from_utf8_lossy(&first).into_owned();
+                let _ = report.read_to_string(&mut why);
+                Err(cannot(&why))
+            }
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // Never told to go: it starts nothing, and ends now (its pipe closes with us too).
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+            let _ = child.try_wait();
+        }
+    }
+}
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the two descriptors, which we own from here.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(cannot(&std::io::Error::last_os_error()));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.
-    let (mut report, write_end) = unsafe {
+    Ok(unsafe {
         (
             std::fs::File::from_raw_fd(fds[0]),
             std::os::fd::OwnedFd::from_raw_fd(fds[1]),
         )
-    };
-    let mut bound_fds = [0; 2];
-    // SAFETY: pipe2 fills the two descriptors, which we own from here. Our end never blocks:
-    // a bound the reaper has not read yet is replaced by the next one anyway.
-    if unsafe { libc::pipe2(bound_fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(cannot(&std::io::Error::last_os_error()));
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else; O_NONBLOCK on
-    // our own end.
-    let (bound_read, bounds) = unsafe {
-        libc::fcntl(bound_fds[1], libc::F_SETFL, libc::O_NONBLOCK);
-        (
-            std::os::fd::OwnedFd::from_raw_fd(bound_fds[0]),
-            Bounds(std::fs::File::from_raw_fd(bound_fds[1])),
-        )
-    };
-    // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was the
-    // subreaper of (daemons that left the command's group) is handed to us rather than to
-    // init, so that nothing of the command outlives the run (`sys::kill_descendants` once the
-    // reaper has been waited for).
-    // SAFETY: prctl on this process only.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
-    let parent = std::process::id().to_string();
-    let mut cmd = tokio::process::Command::new("/proc/self/exe");
-    let raw_write = write_end.as_raw_fd();
-    let raw_bound = bound_read.as_raw_fd();
-    cmd.arg(crate::reaper::ARG)
-        .arg(&parent)
-        .arg(raw_write.to_string())
-        .arg(raw_bound.to_string())
-        .arg(kill_after.as_millis().to_string())
-        .arg("--")
-        .args(command)
-        .process_group(0)
-        .env("FENCE_RESOURCE", &lease.resource)
-        .env("FENCE_OWNER", &lease.owner)
-        .env("FENCE_TOKEN", lease.token.to_string())
-        .env("FENCE_SCHEMA", &ctx.schema);
-    if let Some(store) = &ctx.store {
-        cmd.env("FENCE_STORE", &store.url);
-    }
-    cmd.env("FENCE_RUN_ID", run_id)
-        .env("FENCE_RUN_PARENT_ID", run_id);
-    if out.format == Format::Json {
-        // stdout carries fence's one JSON object; the command's output goes to stderr.
-        cmd.stdout(std::io::stderr());
-    }
-    // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the report pipe
-    // through the exec, at its own number (the caller's descriptors stay as they were), prctl
-    // sets the signal the reaper gets when this process dies.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::fcntl(raw_write, libc::F_SETFD, 0) < 0
-                || libc::fcntl(raw_bound, libc::F_SETFD, 0) < 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|err| {
-        if std::path::Path::new("/proc/self/exe").exists() {
-            cannot(&err)
-        } else {
-            Error::usage(
-                format!("cannot start fence's supervisor of the command (/proc/self/exe): {err}"),
-                "fence run needs /proc mounted; nothing was started and the lease was released",
-            )
-        }
-    })?;
-    drop(write_end);
-    drop(bound_read);
-    // The reaper writes one newline once COMMAND runs, or why it could not start and closes
-    // its end. A reaper that dies before either closes it with nothing said.
-    let mut first = [0u8; 1];
-    match report.read(&mut first) {
-        Ok(1) if first[0] == b'\n' => Ok((child, report, bounds)),
-        Ok(0) => Err(cannot(
-            &"fence's supervisor of the command ended before starting it",
-        )),
-        _ => {
-            let mut why = String::from_utf8_lossy(&first).into_owned();
-            let _ = report.read_to_string(&mut why);
-            Err(cannot(&why))
-        }
-    }
+    })
 }
 
 /// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
