@@ -220,7 +220,8 @@ pub struct RunArgs {
     /// (not interrupted, nothing of it left running), the run is recorded as completed in the
     /// store (as resource `RESOURCE#done:KEY`); a later run with the same
     /// id, once it holds the lease, starts nothing and exits 0 (or --done-exit-code), saying
-    /// when and by whom it was completed.
+    /// when and by whom it was completed; with other arguments, it starts nothing and exits 6
+    /// (`"reason": "id_reused"`: one id, two different commands).
     #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 

@@ -61,6 +61,9 @@ pub enum ConflictKind {
         write_id: String,
         applied_token: i64,
     },
+    /// The run id was completed already by a different command (other arguments): neither
+    /// skipped nor run.
+    RunIdReused { run_id: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +194,9 @@ fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
         } => format!(
             "write id `{write_id}` of `{resource}` was used already, with token {applied_token}, for a different write (its SQL or bytes differ); this one was not applied"
         ),
+        ConflictKind::RunIdReused { run_id } => format!(
+            "run id `{run_id}` of `{resource}` was completed already by a different command (its arguments differ); this one was not started"
+        ),
     }
 }
 
@@ -296,6 +302,9 @@ impl Error {
                 ConflictKind::IdReused { .. } => {
                     "give each write its own --id (e.g. \"$FENCE_RUN_ID-load\"); a retry must send the same SQL or bytes as the write that first used the id".into()
                 }
+                ConflictKind::RunIdReused { .. } => {
+                    "give each job its own run id, with what varies between jobs in it (e.g. --id nightly-$(date -u -I)); a retry must run the same command with the same arguments".into()
+                }
                 _ => format!(
                     "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
                     shell_word(resource)
@@ -395,6 +404,10 @@ impl Error {
                     } => {
                         map.insert("write_id".into(), json!(write_id));
                         map.insert("applied_token".into(), json!(applied_token));
+                        "id_reused"
+                    }
+                    ConflictKind::RunIdReused { run_id } => {
+                        map.insert("run_id".into(), json!(run_id));
                         "id_reused"
                     }
                 };

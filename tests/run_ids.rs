@@ -92,6 +92,40 @@ fn a_completed_run_is_skipped(store: &Store) {
     assert_eq!(log(store).len(), 5);
 }
 
+/// A run id completed by one command is neither a skip nor a run for another (other
+/// arguments): exit 6, `id_reused`, nothing started, the lease released; the command that
+/// completed it is still skipped.
+fn a_run_id_completed_by_another_command_is_refused(store: &Store) {
+    run(store, &["--id", "job-1"], 0).expect(0);
+    assert_eq!(log(store), ["job-1"]);
+    let other = |extra: &[&str]| {
+        store
+            .fence()
+            .args(["run", "r", "--id", "job-1"])
+            .args(extra)
+            .args(["--", "sh", "-c"])
+            .args([format!(
+                "echo other >> '{}'",
+                store.home.path().join("log").display()
+            )])
+            .run()
+    };
+    let refused = other(&[]).expect(6);
+    assert!(
+        refused.stderr.contains("run id `job-1`") && refused.stderr.contains("different command"),
+        "{refused:?}"
+    );
+    let json = other(&["--format", "json"]).expect(6).json();
+    assert_eq!(json["reason"], "id_reused", "{json}");
+    assert_eq!(json["run_id"], "job-1", "{json}");
+    assert_eq!(log(store), ["job-1"], "the other command ran");
+    let (_, _, live) = store.lease("r").unwrap();
+    assert!(!live, "the lease was not released");
+    // The command that completed the id is still a skip.
+    run(store, &["--id", "job-1"], 0).expect(0);
+    assert_eq!(log(store), ["job-1"]);
+}
+
 /// A `fence run` inside a run's command does not take the enclosing run's id as its own:
 /// two inner runs of one resource both run (each with its own `run-<token>`).
 fn an_inner_run_does_not_inherit_the_id(store: &Store) {
@@ -184,5 +218,6 @@ per_backend!(
     a_completed_run_is_skipped,
     a_failed_run_is_not_recorded,
     the_run_id_comes_from_the_environment_too,
-    an_inner_run_does_not_inherit_the_id
+    an_inner_run_does_not_inherit_the_id,
+    a_run_id_completed_by_another_command_is_refused,
 );

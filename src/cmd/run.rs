@@ -17,7 +17,10 @@
 //! completed in the coordinator, as a resource of its own (`RESOURCE#done:KEY`, acquired and
 //! released once: lease records are never deleted). A later run with the same id checks that
 //! record once it holds the lease — so it is ordered after any run that completed — and skips
-//! its command. The record goes through the coordinator's own calls, so it is as durable and
+//! its command. The record's owner carries a digest of the command's arguments
+//! (`OWNER#cmd:DIGEST`): a run with the id and other arguments is refused (exit 6, reason
+//! `id_reused`), neither skipped (it is not the work that completed) nor run (the id says
+//! this work was done). The record goes through the coordinator's own calls, so it is as durable and
 //! as consistent as every lease (and needs nothing new from the stores); it is written only
 //! after the command succeeded, so a crash in between means the next run runs again (which the
 //! command's own `fence write --id "$FENCE_RUN_ID-…"` turns into replays), never a skip of
@@ -37,7 +40,7 @@ use crate::cli::{Format, RunArgs};
 use crate::cmd::acquire::default_owner;
 use crate::cmd::{wait, Context};
 use crate::coordinator::{Coordinator, LeaseRef};
-use crate::error::{Error, LostReason};
+use crate::error::{ConflictKind, Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
 use crate::signals::Interrupts;
@@ -57,10 +60,45 @@ fn done_marker(resource: &str, id: &str) -> Result<String, Error> {
     })
 }
 
-/// When and by whom a run id was completed.
+/// What separates the owner from the command's digest in a completion record's owner.
+const COMMAND_MARK: &str = "#cmd:";
+
+/// The digest of a run's command, its arguments each ended by a NUL: a run id completed by
+/// one command is not a skip for another.
+fn command_digest(command: &[OsString]) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = Vec::new();
+    for arg in command {
+        bytes.extend_from_slice(arg.as_bytes());
+        bytes.push(0);
+    }
+    crate::fenced::write_digest(&bytes)
+}
+
+/// When, by whom and by which command (its digest: `None` in records of fence versions that
+/// did not keep it) a run id was completed.
 struct Done {
     at_ms: Option<i64>,
     owner: Option<String>,
+    digest: Option<String>,
+}
+
+impl Done {
+    /// Splits the digest off a completion record's owner (`OWNER#cmd:DIGEST`).
+    fn new(at_ms: Option<i64>, owner: Option<String>) -> Done {
+        match owner.as_deref().and_then(|o| o.rsplit_once(COMMAND_MARK)) {
+            Some((owner, digest)) => Done {
+                at_ms,
+                owner: Some(owner.to_owned()),
+                digest: Some(digest.to_owned()),
+            },
+            None => Done {
+                at_ms,
+                owner,
+                digest: None,
+            },
+        }
+    }
 }
 
 /// The completion record of a run id, if that run completed: its last event (the release
@@ -71,20 +109,14 @@ async fn completed(coordinator: &dyn Coordinator, marker: &str) -> Result<Option
         .into_iter()
         .find(|v| v.token.is_some())
         .map(|v| match v.events.first() {
-            Some(event) => Done {
-                at_ms: Some(event.at_ms),
-                owner: event.owner.clone().or(v.owner),
-            },
-            None => Done {
-                at_ms: v.renewed_at_ms.or(v.acquired_at_ms),
-                owner: v.owner,
-            },
+            Some(event) => Done::new(Some(event.at_ms), event.owner.clone().or(v.owner)),
+            None => Done::new(v.renewed_at_ms.or(v.acquired_at_ms), v.owner),
         }))
 }
 
 /// Records a run id as completed: the marker resource acquired and released at once, by this
-/// run's owner (with the run's TTL, which the store accepted). Busy means another run is
-/// recording the same id right now: recorded.
+/// run's owner with the command's digest (`OWNER#cmd:DIGEST`; with the run's TTL, which the
+/// store accepted). Busy means another run is recording the same id right now: recorded.
 async fn record_completed(
     coordinator: &dyn Coordinator,
     marker: &str,
@@ -265,6 +297,7 @@ async fn supervise(
         .as_deref()
         .map(|id| done_marker(&args.resource, id))
         .transpose()?;
+    let digest = command_digest(&args.command);
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
     let reaper = Reaper::start(&args.command, args.kill_after, out)?;
     let mut coordinator = ctx.coordinator().await?;
@@ -298,6 +331,15 @@ async fn supervise(
         }
         if let Some(done) = done? {
             let id = id.as_deref().unwrap_or_default();
+            if done.digest.as_ref().is_some_and(|d| *d != digest) {
+                return Err(Error::Conflict {
+                    resource: args.resource.clone(),
+                    token: lease.token,
+                    kind: ConflictKind::RunIdReused {
+                        run_id: id.to_owned(),
+                    },
+                });
+            }
             granted.skipped = true;
             return Ok(report_done(&args, id, ctx, out, &done));
         }
@@ -464,7 +506,9 @@ async fn supervise(
                 ));
             }
             if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
-                if let Err(err) = record_completed(coordinator.as_ref(), marker, &owner, ttl).await
+                let recorder = format!("{owner}{COMMAND_MARK}{digest}");
+                if let Err(err) =
+                    record_completed(coordinator.as_ref(), marker, &recorder, ttl).await
                 {
                     crate::terminal::warn(&format!(
                         "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
