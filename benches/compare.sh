@@ -144,28 +144,35 @@ printf 'SELECT 1;\n' > "$out/select1.sql"
 psql -qc "CREATE TABLE IF NOT EXISTS bench_row (id int PRIMARY KEY, n bigint); INSERT INTO bench_row VALUES (1, 0) ON CONFLICT DO NOTHING"
 printf 'UPDATE bench_row SET n = n + 1 WHERE id = 1;\n' > "$out/write1.sql"
 printf '\\set n random(1, 1000000000)\nSELECT token FROM fence.acquire(%s, %s, 30000);\n' "'plpgsql-' || :n" "'o'" > "$out/plpgsql.sql"
-# Alternated, twice, so that a change in the machine's load shows as a spread.
+printf "SELECT * FROM fence.leases WHERE resource = 'cold-held';\n" > "$out/read.sql"
+# Alternated, twice, so that a change in the machine's load shows as a spread. Each
+# transaction's own time (pgbench -l: the statement alone, without the connection) is logged
+# too: what the statement costs on a new backend.
+mkdir -p "$out/logs"
 for round in 1 2; do
-    for case in select1 busy write1 grant plpgsql; do
-        latency=$(pgbench -n -C -c 1 -T 5 -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
+    for case in select1 read busy write1 grant plpgsql; do
+        latency=$(cd "$out/logs" && pgbench -n -C -c 1 -T 5 -l --log-prefix="$case-$round" -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
         echo "$case $latency" >> "$out/cold.txt"
     done
 done
-python3 - "$out/cold.txt" <<'PY'
-import sys
+python3 - "$out/cold.txt" "$out/logs" <<'PY'
+import glob, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     case, ms = line.split()
     rows.setdefault(case, []).append(float(ms))
 names = {
     "select1": "SELECT 1 (trivial statement)",
+    "read": "SELECT of one lease row (fence's table, no change)",
     "busy": "fence acquire statement, refused (busy)",
     "write1": "UPDATE of one row (trivial durable write)",
     "grant": "fence acquire statement, granting a new resource",
     "plpgsql": "the schema's PL/pgSQL acquire(), granting (version 4's one-shot path)",
 }
 for case, name in names.items():
-    print(f"{name}: {' / '.join(f'{v:.2f}' for v in rows[case])} ms per connection + statement")
+    alone = [int(l.split()[2]) / 1000 for f in glob.glob(f"{sys.argv[2]}/{case}-*") for l in open(f)]
+    print(f"{name}: {' / '.join(f'{v:.2f}' for v in rows[case])} ms per connection + statement;"
+          f" the statement alone {statistics.median(alone):.2f} ms (median of {len(alone)})")
 PY
 
 echo
