@@ -43,6 +43,9 @@ pub const ARG: &str = "__reaper";
 /// says COMMAND started; any other text, with the pipe then closed, is why it could not start.
 pub const LEFTOVERS: &str = "leftovers";
 pub const INTERRUPTED: &str = "interrupted";
+/// Said instead of starting COMMAND when the lease's first bound had passed by the time the
+/// start message was read (`fence run` paused between its grant and its message).
+pub const EXPIRED: &str = "the lease's bound passed before the command could start";
 
 /// Runs the reaper: `args` are `PARENT REPORT_FD START_FD KILL_AFTER_MS -- COMMAND…` (what
 /// follows [`ARG`]).
@@ -109,12 +112,18 @@ pub fn main(args: &[OsString]) -> Exit {
         crate::terminal::warn("error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
-    take_terminal(parent);
     // SAFETY: `report_fd` was left open by `fence run` for this report alone (it checked we
     // are in the group and have the parent it started); we own it from here.
     let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
     // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // A bound already past (`fence run` was paused after its grant): COMMAND must not run at
+    // all, not even until the first look at the bound below.
+    if crate::sys::boottime_ns().is_some_and(|now| now >= first_bound) {
+        let _ = write!(report, "{EXPIRED}");
+        return Exit::Internal;
+    }
+    take_terminal(parent);
     // SAFETY: our own descriptor: from here on the bounds are read without blocking.
     unsafe { libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK) };
     let kill_after = kill_after_ms.saturating_mul(1_000_000);

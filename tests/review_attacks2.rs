@@ -860,7 +860,8 @@ fn a_run_whose_connection_died_meanwhile_is_still_recorded() {
         .run()
         .expect(0);
     assert!(store.lease("r#done:day-1").is_some(), "not recorded");
-    let again = run_once(&store, "day-1", "exit 0").expect(0);
+    // The same command (another one under a completed id is refused, not skipped).
+    let again = run_once(&store, "day-1", &kill).expect(0);
     assert!(again.stderr.contains("already completed"), "{again:?}");
     assert_eq!(runs(&store), 1);
 }

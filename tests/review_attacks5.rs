@@ -194,18 +194,15 @@ impl Drop for StopFile {
 fn a_finished_child_never_waited_for_is_not_a_leftover() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
-    let first = spawn_run(
-        &store,
-        dir.path(),
-        &["--id", "day-1"],
-        "echo ran >> log; : & exec sleep 1",
-    );
+    let script = "echo ran >> log; : & exec sleep 1";
+    let first = spawn_run(&store, dir.path(), &["--id", "day-1"], script);
     let first = common::wait_output("the first run", first, Duration::from_secs(60));
     assert_eq!(first.status.code(), Some(0), "{first:?}");
+    // The same command again (another one under a completed id is refused, not skipped).
     let again = store
         .fence()
         .args(["run", "r", "--id", "day-1", "--format", "json", "--"])
-        .args(["sh", "-c", "echo again >> log"]);
+        .args(["sh", "-c", script]);
     let mut again = again;
     again.cmd.current_dir(dir.path());
     let again = again.run();

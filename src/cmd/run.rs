@@ -368,7 +368,7 @@ async fn supervise(
     env.push(("FENCE_RUN_ID", given_id.clone()));
     env.push(("FENCE_RUN_PARENT_ID", given_id.clone()));
     let started = Interrupts::install().and_then(|interrupts| {
-        let (child, report, bounds) = reaper.go(&env, valid_until)?;
+        let (child, report, bounds) = reaper.go(&lease, &env, valid_until)?;
         Ok((interrupts, child, report, bounds))
     });
     let (mut interrupts, mut child, report, bounds) = match started {
@@ -781,6 +781,7 @@ impl Reaper {
     /// its report that COMMAND runs (or why it could not start).
     fn go(
         mut self,
+        lease: &LeaseRef,
         env: &[(&str, String)],
         until: Instant,
     ) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
@@ -825,6 +826,9 @@ impl Reaper {
             _ => {
                 let mut why = String::from_utf8_lossy(&first).into_owned();
                 let _ = report.read_to_string(&mut why);
+                if why == crate::reaper::EXPIRED {
+                    return Err(lost(lease, LostReason::Expired));
+                }
                 Err(cannot(&why))
             }
         }
