@@ -298,19 +298,46 @@ async fn supervise(
         .map(|id| done_marker(&args.resource, id))
         .transpose()?;
     let digest = command_digest(&args.command);
+    // Handlers go in before anything else: a stop signal before the command starts ends the
+    // run without starting it (the lease, if granted by then, released), never with the
+    // default action half-way, nor unseen between a `--wait`'s grant and the start; and a
+    // signal sent as soon as the command is visible is forwarded to it.
+    let mut interrupts = Interrupts::install()?;
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
     let reaper = Reaper::start(&args.command, args.kill_after, out)?;
-    let mut coordinator = ctx.coordinator().await?;
-    // The bound starts before the granted attempt was sent (not before a `--wait`).
-    let (grant, sent) = wait::acquire_sent(
-        coordinator.as_ref(),
-        &args.resource,
-        &owner,
-        args.ttl,
-        args.wait,
-        out,
-    )
-    .await?;
+    let interrupted = |name: &str, what: &str| {
+        Error::unavailable(
+            format!("interrupted by {name} {what}; the command was not started"),
+            "nothing was run; run the command again to run it",
+        )
+    };
+    let asked = async {
+        let coordinator = ctx.coordinator().await?;
+        // The bound starts before the granted attempt was sent (not before a `--wait`).
+        let (grant, sent) = wait::acquire_sent(
+            coordinator.as_ref(),
+            &args.resource,
+            &owner,
+            args.ttl,
+            args.wait,
+            out,
+        )
+        .await?;
+        Ok::<_, Error>((coordinator, grant, sent))
+    };
+    // A `--wait` ends on a signal itself (and leaves its queue). Otherwise a signal while the
+    // lease is asked for ends the run as the default action did (a grant in flight then lives
+    // until its TTL), but says so.
+    let (mut coordinator, grant, sent) = if args.wait.is_some() {
+        asked.await?
+    } else {
+        tokio::select! {
+            asked = asked => asked?,
+            (_, name) = interrupts.next() => {
+                return Err(interrupted(name, &format!("while asking for `{}`", args.resource)));
+            }
+        }
+    };
     *granted = Granted {
         token: Some(grant.lease.token),
         at: Some(Instant::now()),
@@ -344,9 +371,17 @@ async fn supervise(
             return Ok(report_done(&args, id, ctx, out, &done));
         }
     }
+    if let Some(name) = interrupts.pending() {
+        let _ = coordinator.release(&lease).await;
+        return Err(interrupted(
+            name,
+            &format!(
+                "once `{}` was granted; the lease was released",
+                args.resource
+            ),
+        ));
+    }
 
-    // Handlers go in before the command starts: a signal sent as soon as the command is
-    // visible must be forwarded, not kill fence with its default action.
     // Tokens are unique per coordinator only: a second (or restored) store issues the same
     // ones, so the random part keeps ids derived from this run's from replaying another's.
     let given_id = id.clone().unwrap_or_else(|| {
@@ -367,11 +402,7 @@ async fn supervise(
     }
     env.push(("FENCE_RUN_ID", given_id.clone()));
     env.push(("FENCE_RUN_PARENT_ID", given_id.clone()));
-    let started = Interrupts::install().and_then(|interrupts| {
-        let (child, report, bounds) = reaper.go(&lease, &env, valid_until)?;
-        Ok((interrupts, child, report, bounds))
-    });
-    let (mut interrupts, mut child, report, bounds) = match started {
+    let (mut child, report, bounds) = match reaper.go(&lease, &env, valid_until) {
         Ok(started) => started,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
@@ -734,7 +765,7 @@ impl Reaper {
             .arg(&parent)
             .arg(raw_report.to_string())
             .arg(raw_start.to_string())
-            .arg(kill_after.as_millis().to_string())
+            .arg(kill_after.as_millis().min(i64::MAX as u128).to_string())
             .arg("--")
             .args(command)
             .process_group(0);
@@ -820,8 +851,12 @@ impl Reaper {
         let mut first = [0u8; 1];
         match (sent, report.read(&mut first)) {
             (Ok(()), Ok(1)) if first[0] == b'\n' => Ok((child, report, bounds)),
-            (_, Ok(0)) | (Err(_), _) => Err(cannot(
-                &"fence's supervisor of the command ended before starting it",
+            (_, Ok(0)) | (Err(_), _) => Err(Error::internal(
+                format!(
+                    "fence's supervisor of the command (`fence __reaper`, pid {}) ended before it could start `{program}` (killed?)",
+                    child.id().map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+                ),
+                "nothing was run and the lease was released; run the command again",
             )),
             _ => {
                 let mut why = String::from_utf8_lossy(&first).into_owned();
