@@ -3,9 +3,8 @@
 //! Safe for many processes on one machine: every change to a resource happens under an
 //! exclusive `flock` on its lock file ([`lock`]), and lease records ([`record`]) are
 //! replaced by write-to-temp and rename ([`disk`]). A grant of a new token first raises the
-//! resource's durable high-water mark ([`counter`]), then writes the record (not synced: a
-//! lease does not outlive a reboot, see `write_record`), then appends to the event log
-//! ([`log`]); the next token is above the record's, the mark's and
+//! resource's durable high-water mark ([`counter`]), then writes the record durably, then
+//! appends to the event log ([`log`]); the next token is above the record's, the mark's and
 //! the log's, so no single restored, damaged or lost file makes a token be issued twice (I1).
 //! A change whose history entry cannot be written is undone and refused (exit 7).
 //!
@@ -33,10 +32,6 @@ use log::EventLine;
 use record::Record;
 
 const FORMAT_VERSION: i32 = 1;
-
-/// Why a lease record can hold a lower token than was issued (its high-water mark or log
-/// say more): the causes, for warnings and integrity findings.
-const LOWERED: &str = "it was restored from an older copy, rolled back, or lost its last change when the machine stopped (lease records are not synced to disk; the token is kept by the high-water mark)";
 
 /// Directories of the kernel's pseudo file systems: never a place for a store.
 const KERNEL_DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
@@ -181,17 +176,16 @@ impl FileCoordinator {
         Ok(mark.max(logged))
     }
 
-    /// Replaces a lease record atomically, without waiting for the disk.
+    /// Replaces a lease record atomically; `durable` also waits for the disk.
     ///
-    /// Only a new token must survive a power loss (I1), and its high-water mark did before
-    /// the record is written. The record need not: after a reboot every lease of the earlier
-    /// boot has expired anyway (the boot id changed), and a process crash loses nothing the
-    /// page cache holds. A record that lost its last change that way is below the mark, and
-    /// reported so ([`LOWERED`]).
-    fn write_record(&self, path: &Path, record: &Record) -> Result<(), Error> {
+    /// Only a grant of a new token must survive a power loss (I1), and its high-water mark
+    /// already has. Renewals, releases and reacquisitions need not: after a reboot every
+    /// lease of the earlier boot has expired anyway (the boot id changed), and a process
+    /// crash loses nothing the page cache holds.
+    fn write_record(&self, path: &Path, record: &Record, durable: bool) -> Result<(), Error> {
         let body = serde_json::to_vec(record)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        crate::sys::replace(path, &body, false)
+        crate::sys::replace(path, &body, durable)
             .map_err(|err| self.io_error("write the lease record", path, &err))
     }
 
@@ -203,10 +197,11 @@ impl FileCoordinator {
         paths: &Paths,
         record: &Record,
         undo: &Record,
+        durable: bool,
         event: &EventLine,
         what: &str,
     ) -> Result<(), Error> {
-        self.write_record(&paths.lease, record)?;
+        self.write_record(&paths.lease, record, durable)?;
         let Err(err) = log::append(&paths.events, event) else {
             if log::is_long(&paths.events) {
                 let pruned = self
@@ -227,7 +222,7 @@ impl FileCoordinator {
         };
         let events = paths.events.display();
         let resource = &record.resource;
-        match self.write_record(&paths.lease, undo) {
+        match self.write_record(&paths.lease, undo, false) {
             Ok(()) => Err(Error::unavailable(
                 format!("the lease on `{resource}` was not {what}: its history could not be written to `{events}`: {err}"),
                 "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied (a token this used up is never issued again)",

@@ -66,9 +66,8 @@ impl FileCoordinator {
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
             crate::terminal::warn(&format!(
-                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: {}; the new token continues above {issued}",
-                paths.lease.display(),
-                super::LOWERED
+                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy or rolled back; the new token continues above {issued}",
+                paths.lease.display()
             ));
         }
         let source = format!(
@@ -139,10 +138,9 @@ impl FileCoordinator {
                 // The token was issued, but the record no longer shows it: not "never issued".
                 return Error::internal(
                     format!(
-                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: {}, so the lease is no longer recorded",
+                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
                         paths.lease.display(),
-                        lease.token,
-                        super::LOWERED
+                        lease.token
                     ),
                     format!(
                         "stop using token {} and acquire `{}` again (the next token continues above {issued})",
@@ -221,7 +219,7 @@ impl Coordinator for FileCoordinator {
                 let mut extended = record.clone();
                 extended.extend(&now, &store.boot_id, ttl);
                 let event = Self::lease_event(&now, EventKind::Reacquired, &extended);
-                store.commit(paths, &extended, record, &event, "reacquired")?;
+                store.commit(paths, &extended, record, false, &event, "reacquired")?;
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
                     reacquired: true,
@@ -246,7 +244,7 @@ impl Coordinator for FileCoordinator {
                     .map(|r| r.expires_at_ms),
                 ..Self::lease_event(&now, kind, &record)
             };
-            store.commit(paths, &record, &undo, &event, "acquired")?;
+            store.commit(paths, &record, &undo, true, &event, "acquired")?;
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,
@@ -267,7 +265,7 @@ impl Coordinator for FileCoordinator {
                     let mut renewed = record.clone();
                     renewed.extend(&now, &store.boot_id, ttl);
                     let event = Self::lease_event(&now, EventKind::Renewed, &renewed);
-                    store.commit(paths, &renewed, &record, &event, "renewed")?;
+                    store.commit(paths, &renewed, &record, false, &event, "renewed")?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
                 other => {
@@ -294,7 +292,7 @@ impl Coordinator for FileCoordinator {
                     let mut released = record.clone();
                     released.released = true;
                     let event = Self::event(&now, EventKind::Released, &lease.owner, lease.token);
-                    store.commit(paths, &released, &record, &event, "released")?;
+                    store.commit(paths, &released, &record, false, &event, "released")?;
                     Ok(Released::Now)
                 }
                 other => {

@@ -237,10 +237,9 @@ impl FileCoordinator {
                     finding(
                         "restored",
                         format!(
-                            "the lease record `{}` holds token {}, but token {issued} was issued before: {}; the next token continues above {issued}",
+                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy or rolled back; the next token continues above {issued}",
                             paths.lease.display(),
-                            record.token,
-                            super::LOWERED
+                            record.token
                         ),
                     );
                 }
