@@ -66,7 +66,7 @@ impl FileCoordinator {
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
             crate::terminal::warn(&format!(
-                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy or rolled back; the new token continues above {issued}",
+                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant; the new token continues above {issued}",
                 paths.lease.display()
             ));
         }
@@ -138,7 +138,7 @@ impl FileCoordinator {
                 // The token was issued, but the record no longer shows it: not "never issued".
                 return Error::internal(
                     format!(
-                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy or rolled back, so the lease is no longer recorded",
+                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy, rolled back, or a power loss took its last grant, so the lease is no longer recorded",
                         paths.lease.display(),
                         lease.token
                     ),

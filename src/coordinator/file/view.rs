@@ -237,7 +237,7 @@ impl FileCoordinator {
                     finding(
                         "restored",
                         format!(
-                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy or rolled back; the next token continues above {issued}",
+                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant; the next token continues above {issued}",
                             paths.lease.display(),
                             record.token
                         ),
