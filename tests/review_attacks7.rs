@@ -1,0 +1,854 @@
+//! A seventh adversarial review, of three changes: `fence run` starts its reaper before it
+//! asks for the lease and sends it the lease's first bound and the command's environment in
+//! one start message; the directory store no longer fsyncs a lease record on a grant (only the
+//! high-water mark); and a run id completed by one command is refused (exit 6, `id_reused`)
+//! for another. Each test asserts on durable state read without fence where it can (files the
+//! command writes, the store's own files and rows, /proc); a test marked `FINDING` and ignored
+//! shows an open defect and fails until it is fixed (`--run-ignored only` runs them); the
+//! others are attacks that hold ("Holds:").
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::process::{becomes, is_gone, kill};
+use common::proxy::{Mode, Proxy};
+use common::{pg_exec, pg_upstream, pg_url_via, wait_for, wait_output, Store};
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// The live processes whose command line holds `marker` (a reaper's holds its command's).
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) && !is_gone(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Fails the test if any process whose command line holds `marker` is still running after a
+/// generous while (a bound for a hang: they are expected to be gone at once).
+#[track_caller]
+fn nothing_left(marker: &str, what: &str) {
+    assert!(
+        becomes(Duration::from_secs(20), || processes_with(marker)
+            .is_empty()),
+        "{what} left {:?} running",
+        processes_with(marker)
+    );
+}
+
+/// `fence run RESOURCE [extra] -- sh -c SCRIPT` in `dir`, started in the background.
+fn spawn_run(store: &Store, resource: &str, dir: &Path, extra: &[&str], script: &str) -> Child {
+    let mut fence = store.fence().args(["run", resource]).args(extra);
+    fence = fence.args(["--", "sh", "-c", script]);
+    fence
+        .cmd
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `fence run r --id ID [--format json] -- ARGS…` in `dir`, to its end.
+fn run_with_id(store: &Store, dir: &Path, id: &str, command: &[&OsStr]) -> common::Out {
+    let mut fence = store
+        .fence()
+        .args(["run", "r", "--id", id, "--format", "json", "--"])
+        .args(command);
+    fence.cmd.current_dir(dir);
+    fence.run()
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn schema(store: &Store) -> &str {
+    store.schema.as_deref().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. The reaper started before the lease
+// ---------------------------------------------------------------------------------------
+
+/// FINDING: the command starts after its lease's first bound has passed, while another owner
+/// holds the lease.
+///
+/// `fence run r --id late --ttl 1s` is granted `r`, then asks the store whether run `late`
+/// completed (one more round trip, under the lease, before the start message). That answer is
+/// held up (here by a proxy that holds the query naming `r#done:late`; in life a slow network,
+/// a busy server, or fence paused by SIGSTOP or a frozen cgroup) until the lease has expired
+/// by the store's clock and another owner has been granted `r`. Then fence gets its answer
+/// (not completed) and sends the reaper the start message with the first bound, which is
+/// already in the past (`Bounds::instant` saturates to "now"), and the reaper starts the
+/// command without looking at the bound (`reaper::main` checks it only in its loop, after
+/// `spawn`): the command runs, with the old token in FENCE_TOKEN, while `other` holds `r`.
+/// It gets SIGTERM at the reaper's first look, but a command that does its work at once, or
+/// traps SIGTERM, works without the lease (up to `--kill-after` more). Neither fence (before
+/// `go`) nor the reaper (before `spawn`) checks that the bound is still ahead.
+#[test]
+#[ignore = "FINDING: the reaper starts the command when the first bound has already passed (fence held up between the grant and the start message); the command runs while another owner holds the lease"]
+fn the_command_never_starts_once_its_first_bound_has_passed() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let gate = Proxy::start(
+        pg_upstream(),
+        Mode::HoldWhenClientSends(b"#done:late".to_vec()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut fence = store
+        .fence_at(&pg_url_via(gate.addr()))
+        .args([
+            "run",
+            "r",
+            "--id",
+            "late",
+            "--ttl",
+            "1s",
+            "--kill-after",
+            "1s",
+        ])
+        .args(["--", "sh", "-c", "echo \"$FENCE_TOKEN\" >> ran"]);
+    let child = fence
+        .cmd
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the run's check of its id at the gate",
+        Duration::from_secs(30),
+        || gate.held() == 1,
+    );
+    let (first_owner, first_token, _) = store.lease("r").expect("the run was granted r");
+    wait_for("the run's lease to expire", Duration::from_secs(30), || {
+        store.lease("r").is_some_and(|(_, _, live)| !live)
+    });
+    let other = store
+        .fence()
+        .acquire("r", &["--ttl", "5m", "--owner", "other"]);
+    gate.open();
+    let out = wait_output("fence run", child, Duration::from_secs(60));
+    let ran = lines(&dir.path().join("ran"));
+    assert!(
+        ran.is_empty(),
+        "the command ran with token {ran:?} (the run's: {first_token}, owner {first_owner}) while `other` held r with token {}: {out:?}",
+        other.token
+    );
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        store.lease("r").map(|l| (l.0, l.2)),
+        Some(("other".to_owned(), true))
+    );
+}
+
+/// Holds: fence paused (SIGSTOP) while it waits for a busy lease, then killed (SIGKILL), or
+/// stopped with SIGTERM or SIGINT while it waits: fence and its idle reaper are gone, and the
+/// command never runs, not even once the lease is free.
+fn a_waiting_run_paused_killed_or_interrupted_leaves_nothing(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = store
+        .fence()
+        .acquire("r", &["--ttl", "5m", "--owner", "holder"]);
+    let ran = dir.path().join("ran");
+    let marker = ran.to_str().unwrap().to_owned();
+    let script = format!("touch '{marker}'");
+    for (signal, paused) in [
+        (libc::SIGKILL, true),
+        (libc::SIGTERM, false),
+        (libc::SIGINT, false),
+        (libc::SIGHUP, false),
+    ] {
+        let mut waiting = spawn_run(store, "r", dir.path(), &["--wait", "5m"], &script);
+        // fence and its reaper, idle until a grant.
+        wait_for("the waiting run's reaper", Duration::from_secs(30), || {
+            processes_with(&marker).len() >= 2
+        });
+        if paused {
+            kill(waiting.id(), libc::SIGSTOP);
+        }
+        kill(waiting.id(), signal);
+        let status = waiting.wait().unwrap();
+        assert_ne!(status.code(), Some(0), "signal {signal}: {status:?}");
+        nothing_left(
+            &marker,
+            &format!("a waiting run stopped by signal {signal}"),
+        );
+    }
+    store.fence().release(&holder);
+    // The lease is free: nothing of those runs may take it now.
+    let next = store.fence().acquire("r", &["--owner", "next"]);
+    assert_eq!(next.token, holder.token + 1);
+    assert!(!ran.exists(), "the command ran without the lease");
+}
+
+/// Holds: a store that fails after the reaper started (a store directory that is a file; a
+/// PostgreSQL server that refuses connections) starts nothing and leaves no reaper.
+#[test]
+fn a_store_error_after_the_reaper_started_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let marker = ran.to_str().unwrap().to_owned();
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "").unwrap();
+    let refused = "postgres://fence:x@127.0.0.1:1/fence?sslmode=disable&connect_timeout=5";
+    for url in [
+        format!("file://{}/store", blocker.display()),
+        refused.to_owned(),
+    ] {
+        let out = common::Fence::bare(dir.path())
+            .args(["--store", &url, "run", "r", "--", "touch", &marker])
+            .run();
+        assert!(out.code != 0 && !out.stderr.is_empty(), "{url}: {out:?}");
+        nothing_left(&marker, &format!("a run on `{url}`"));
+        assert!(!ran.exists(), "{url}: the command ran without a lease");
+    }
+}
+
+/// Holds: the command sees fence's variables, not the caller's (`FENCE_TOKEN`, `FENCE_OWNER`,
+/// `FENCE_RESOURCE`, `FENCE_RUN_PARENT_ID` set before), with `FENCE_STORE` byte for byte for a
+/// store path holding `=`, spaces, a newline and non-ASCII; the caller's other variables
+/// (values with `=`, newlines, non-UTF-8 bytes) pass through unchanged; `--format json` keeps
+/// stdout to fence's one object.
+#[test]
+fn the_command_gets_fences_environment_whatever_the_caller_set() {
+    let home = tempfile::tempdir().unwrap();
+    let odd = home.path().join("a=b c\nd-é✓");
+    let url = format!("file://{}", odd.display());
+    let weird = OsStr::from_bytes(b"x=y\nFENCE_TOKEN=666\n\xff\xfe");
+    let out = common::Fence::bare(home.path())
+        .env("FENCE_TOKEN", "999")
+        .env("FENCE_OWNER", "someone-else")
+        .env("FENCE_RESOURCE", "elsewhere")
+        .env("FENCE_RUN_PARENT_ID", "parent-of-nothing")
+        .env("WEIRD", weird)
+        .args([
+            "--store", &url, "run", "r", "--owner", "me", "--format", "json",
+        ])
+        .args(["--", "sh", "-c", "env -0 > env; echo to-stdout"])
+        .current_dir_run(home.path());
+    let out = out.expect(0);
+    // The command's stdout went to fence's stderr: stdout is fence's object alone.
+    assert!(out.stderr.contains("to-stdout"), "{out:?}");
+    let json = out.json();
+    let env = std::fs::read(home.path().join("env")).unwrap();
+    let vars: Vec<&[u8]> = env.split(|b| *b == 0).filter(|e| !e.is_empty()).collect();
+    let get = |key: &str| -> Vec<Vec<u8>> {
+        let prefix = format!("{key}=");
+        vars.iter()
+            .filter(|v| v.starts_with(prefix.as_bytes()))
+            .map(|v| v[prefix.len()..].to_vec())
+            .collect()
+    };
+    assert_eq!(get("FENCE_TOKEN"), [json["token"].to_string().into_bytes()]);
+    assert_eq!(
+        get("FENCE_OWNER"),
+        [json["owner"].as_str().unwrap().as_bytes().to_vec()]
+    );
+    assert!(json["owner"].as_str().unwrap().starts_with("me/"), "{json}");
+    assert_eq!(get("FENCE_RESOURCE"), [b"r".to_vec()]);
+    assert_eq!(get("FENCE_STORE"), [url.as_bytes().to_vec()]);
+    let run_id = json["run_id"].as_str().unwrap().as_bytes().to_vec();
+    assert_eq!(get("FENCE_RUN_ID"), std::slice::from_ref(&run_id));
+    assert_eq!(get("FENCE_RUN_PARENT_ID"), [run_id]);
+    assert_eq!(get("WEIRD"), [weird.as_bytes().to_vec()]);
+}
+
+/// Runs a [`common::Fence`] in `dir`.
+trait RunIn {
+    fn current_dir_run(self, dir: &Path) -> common::Out;
+}
+
+impl RunIn for common::Fence {
+    fn current_dir_run(mut self, dir: &Path) -> common::Out {
+        self.cmd.current_dir(dir);
+        self.run()
+    }
+}
+
+/// Holds: a start message larger than a pipe's buffer (64 KiB): a PostgreSQL store URL of
+/// 100 000 bytes (`connect_timeout=000…010`, which the client reads as 10; a long
+/// `application_name` would not fit the server's startup packet), which the command gets whole
+/// as FENCE_STORE.
+#[test]
+fn a_start_message_larger_than_a_pipe_reaches_the_command_whole() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let separator = if store.url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{separator}connect_timeout={}10",
+        store.url,
+        "0".repeat(100_000)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut fence = store.fence_at(&url).args([
+        "run",
+        "r",
+        "--",
+        "sh",
+        "-c",
+        "printf %s \"$FENCE_STORE\" > store",
+    ]);
+    fence.cmd.current_dir(dir.path());
+    let out = fence.run();
+    assert_eq!(out.code, 0, "{}", &out.stderr[..out.stderr.len().min(2000)]);
+    let seen = std::fs::read_to_string(dir.path().join("store")).unwrap();
+    assert_eq!(seen.len(), url.len());
+    assert!(seen == url, "FENCE_STORE differs from the URL given");
+    assert_eq!(store.lease("r").map(|l| l.2), Some(false));
+}
+
+/// Holds: `fence __reaper`, started by hand as a group leader (`setsid`) with descriptors of
+/// its own, starts nothing when its start descriptor ends without a start message (empty, a
+/// header cut short, a length beyond what follows).
+#[test]
+fn a_reaper_started_by_hand_without_a_start_message_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let mut short_header = Vec::new();
+    short_header.extend_from_slice(&u64::MAX.to_le_bytes()[..5]);
+    let mut long_payload = u64::MAX.to_le_bytes().to_vec();
+    long_payload.extend_from_slice(&1000u32.to_le_bytes());
+    long_payload.extend_from_slice(b"FENCE_TOKEN=1\0");
+    for (name, body) in [
+        ("empty", Vec::new()),
+        ("short", short_header),
+        ("long", long_payload),
+    ] {
+        let start = dir.path().join(name);
+        std::fs::write(&start, &body).unwrap();
+        let script = format!(
+            "setsid '{}' __reaper $$ 3 4 1000 -- touch '{}' 3>/dev/null 4<'{}'",
+            env!("CARGO_BIN_EXE_fence"),
+            ran.display(),
+            start.display()
+        );
+        let out = common::clean_command("sh", dir.path())
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(!ran.exists(), "{name}: the command started: {out:?}");
+        nothing_left(ran.to_str().unwrap(), name);
+    }
+}
+
+/// Holds: many runs of one resource at once, all waiting: each command runs alone (a
+/// directory it makes and removes is never there already), each with its own token, and no
+/// reaper is left once they are done.
+fn many_runs_at_once_each_run_alone(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().to_str().unwrap().to_owned();
+    let script = format!(
+        "mkdir '{marker}/inside' || echo overlap >> '{marker}/log'; \
+         echo \"$FENCE_TOKEN\" >> '{marker}/tokens'; rmdir '{marker}/inside'"
+    );
+    let runs: Vec<Child> = (0..6)
+        .map(|_| {
+            spawn_run(
+                store,
+                "r",
+                dir.path(),
+                &["--wait", "5m", "--ttl", "30s"],
+                &script,
+            )
+        })
+        .collect();
+    for run in runs {
+        let out = wait_output("a concurrent run", run, Duration::from_secs(240));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    assert!(
+        lines(&dir.path().join("log")).is_empty(),
+        "two commands overlapped"
+    );
+    let mut tokens: Vec<i64> = lines(&dir.path().join("tokens"))
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 6, "{tokens:?}");
+    nothing_left(&marker, "six runs");
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. The directory store's unsynced lease records
+// ---------------------------------------------------------------------------------------
+
+/// A grant then a release on the directory store, by `owner`: the token.
+fn grant_and_release(store: &Store, owner: &str) -> i64 {
+    let lease = store
+        .fence()
+        .acquire("z", &["--ttl", "1m", "--owner", owner]);
+    store.fence().release(&lease);
+    lease.token
+}
+
+/// Holds: whatever single file of a resource is lost, emptied, cut short or restored from an
+/// older copy (the record, the mark, the log), the next token is above every token issued,
+/// and a record below the mark is reported with its true causes (a power loss among them).
+#[test]
+fn no_single_lost_or_older_file_makes_a_token_repeat() {
+    let store = Store::file();
+    let record = store.dir().join("leases/z.json");
+    let mark = store.dir().join("tokens/z.high");
+    let log = store.dir().join("events/z.jsonl");
+    let mut highest = grant_and_release(&store, "a");
+    let older_record = std::fs::read(&record).unwrap();
+    let older_mark = std::fs::read(&mark).unwrap();
+    let older_log = std::fs::read(&log).unwrap();
+    highest = highest.max(grant_and_release(&store, "b"));
+    // The record restored from the older copy: a warning naming the causes, and a new token.
+    std::fs::write(&record, &older_record).unwrap();
+    let out = store
+        .fence()
+        .args(["acquire", "z", "--owner", "c", "--format", "json"])
+        .run()
+        .expect(0);
+    assert!(
+        out.stderr.contains("restored from an older copy")
+            && out
+                .stderr
+                .contains("lost its last change when the machine stopped"),
+        "{out:?}"
+    );
+    let token = out.json()["token"].as_i64().unwrap();
+    assert!(token > highest, "token {token} after {highest}");
+    highest = token;
+    store.fence().release(&common::Lease {
+        resource: "z".into(),
+        owner: "c".into(),
+        token,
+    });
+    // Each other single file: gone, emptied (log), cut short (log), restored (mark, log).
+    type Fault<'a> = Box<dyn Fn() + 'a>;
+    let faults: Vec<(&str, Fault)> = vec![
+        (
+            "record removed",
+            Box::new(|| std::fs::remove_file(&record).unwrap()),
+        ),
+        (
+            "mark removed",
+            Box::new(|| std::fs::remove_file(&mark).unwrap()),
+        ),
+        (
+            "mark restored",
+            Box::new(|| std::fs::write(&mark, &older_mark).unwrap()),
+        ),
+        (
+            "log removed",
+            Box::new(|| std::fs::remove_file(&log).unwrap()),
+        ),
+        (
+            "log emptied",
+            Box::new(|| std::fs::write(&log, "").unwrap()),
+        ),
+        (
+            "log restored, its last line torn",
+            Box::new(|| {
+                let mut torn = older_log.clone();
+                torn.extend_from_slice(b"{\"at_ms\":1,\"kind\":\"acq");
+                std::fs::write(&log, torn).unwrap()
+            }),
+        ),
+    ];
+    for (what, fault) in faults {
+        fault();
+        let token = grant_and_release(&store, "d");
+        assert!(token > highest, "{what}: token {token} after {highest}");
+        highest = token;
+    }
+}
+
+/// FINDING: a lease record that a power loss left empty (zero bytes) or cut short blocks its
+/// resource, and the message names damage, not the power loss.
+///
+/// A grant no longer fsyncs the record, which is written to a new file and renamed into place:
+/// after a power loss, a file system may keep the rename and not the bytes (ext4 without
+/// `auto_da_alloc` for a new name, XFS), leaving `leases/<name>.json` empty or cut short. That
+/// is now an expected state after a crash, and harmless to tokens (the mark was fsynced before
+/// the token was handed out, and the next token goes above it, as for a missing record). Yet
+/// every acquire and `fence run` of the resource fails with exit 1, "the lease record … is
+/// damaged: EOF while parsing a value at line 1 column 0", until a person moves the file
+/// aside: a cron job stays down after a reboot, and the message does not name the cause that
+/// the change made likely (README: "a record or log entry that a power loss takes costs
+/// nothing but history"). Either an empty/partial record is treated like a missing one (the
+/// next token continues above the mark), or its message says it may be what a power loss
+/// left of an unsynced record.
+#[test]
+#[ignore = "FINDING: an empty or cut-short lease record (what a power loss leaves of an unsynced record) fails every acquire with exit 1 'damaged', naming neither the power loss nor continuing above the mark"]
+fn an_empty_record_left_by_a_power_loss_names_its_cause_or_is_survived() {
+    let store = Store::file();
+    let record = store.dir().join("leases/z.json");
+    let mut highest = grant_and_release(&store, "a");
+    for (what, body) in [
+        ("empty", &b""[..]),
+        ("cut short", &br#"{"resource":"z","owner":"#[..]),
+    ] {
+        std::fs::write(&record, body).unwrap();
+        let out = store
+            .fence()
+            .args(["acquire", "z", "--owner", "b", "--format", "json"])
+            .run();
+        if out.code == 0 {
+            let token = out.json()["token"].as_i64().unwrap();
+            assert!(token > highest, "{what}: token {token} after {highest}");
+            highest = token;
+            store.fence().release(&common::Lease {
+                resource: "z".into(),
+                owner: "b".into(),
+                token,
+            });
+        } else {
+            let message = out.json()["message"].as_str().unwrap().to_owned();
+            assert!(
+                message.contains("power") || message.contains("machine stopped"),
+                "{what}: the record a power loss can leave is refused without naming that cause: {out:?}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Run ids and the command's digest
+// ---------------------------------------------------------------------------------------
+
+/// Holds: the digest tells arguments apart by their boundaries (`a b` against `a` `b`), empty
+/// arguments (one more `""`), and non-UTF-8 bytes that read the same once made lossy
+/// (`\xff` against `\xfe`): each other command is refused (exit 6, nothing run), the same
+/// command is skipped.
+fn run_ids_tell_argument_boundaries_and_bytes_apart(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!("echo \"$FENCE_RUN_ID $#\" >> '{}'", log.display());
+    let s = |a: &str| OsStr::new(a).to_owned();
+    let base = |extra: &[std::ffi::OsString]| {
+        let mut c = vec![s("sh"), s("-c"), s(&script), s("x")];
+        c.extend_from_slice(extra);
+        c
+    };
+    let cases: Vec<(&str, Vec<std::ffi::OsString>, Vec<std::ffi::OsString>)> = vec![
+        ("boundaries", base(&[s("a b")]), base(&[s("a"), s("b")])),
+        ("empty", base(&[]), base(&[s("")])),
+        (
+            "bytes",
+            base(&[OsStr::from_bytes(b"\xff").to_owned()]),
+            base(&[OsStr::from_bytes(b"\xfe").to_owned()]),
+        ),
+    ];
+    for (id, first, other) in cases {
+        let first: Vec<&OsStr> = first.iter().map(|a| a.as_os_str()).collect();
+        let other: Vec<&OsStr> = other.iter().map(|a| a.as_os_str()).collect();
+        run_with_id(store, dir.path(), id, &first).expect(0);
+        let refused = run_with_id(store, dir.path(), id, &other).expect(6).json();
+        assert_eq!(refused["reason"], "id_reused", "{id}: {refused}");
+        assert_eq!(refused["run_id"], id, "{refused}");
+        let skipped = run_with_id(store, dir.path(), id, &first).expect(0).json();
+        assert_eq!(skipped["skipped"], true, "{id}: {skipped}");
+    }
+    assert_eq!(lines(&log).len(), 3, "{:?}", lines(&log));
+    assert_eq!(store.lease("r").map(|l| l.2), Some(false));
+}
+
+/// Holds: a skipped run and a refused one start nothing, leave no reaper, and release the
+/// lease; FENCE_RUN_ID from the environment is checked the same way as `--id`.
+fn skipped_and_refused_runs_start_nothing_and_leave_nothing(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let marker = log.to_str().unwrap().to_owned();
+    let run = |args: &[&str], env_id: Option<&str>| {
+        let mut fence = store
+            .fence()
+            .args(["run", "r", "--format", "json"])
+            .args(args)
+            .args(["--", "sh", "-c", &format!("echo ran >> '{marker}'"), "x"]);
+        if let Some(id) = env_id {
+            fence = fence.env("FENCE_RUN_ID", id);
+        }
+        fence.run()
+    };
+    run(&["--id", "day-1"], None).expect(0);
+    run(&["--id", "day-1"], None).expect(0);
+    nothing_left(&marker, "a skipped run");
+    let refused = store
+        .fence()
+        .args(["run", "r", "--id", "day-1", "--format", "json", "--"])
+        .args(["sh", "-c", &format!("echo other >> '{marker}'"), "x"])
+        .run()
+        .expect(6)
+        .json();
+    assert_eq!(refused["reason"], "id_reused", "{refused}");
+    nothing_left(&marker, "a refused run");
+    // The same from the environment.
+    run(&[], Some("day-1")).expect(0);
+    let refused = store
+        .fence()
+        .env("FENCE_RUN_ID", "day-1")
+        .args(["run", "r", "--format", "json", "--"])
+        .args(["sh", "-c", &format!("echo other >> '{marker}'"), "x"])
+        .run()
+        .expect(6)
+        .json();
+    assert_eq!(refused["run_id"], "day-1", "{refused}");
+    nothing_left(&marker, "a refused run with FENCE_RUN_ID");
+    assert_eq!(lines(&log), ["ran"]);
+    assert_eq!(store.lease("r").map(|l| l.2), Some(false));
+}
+
+/// Holds: several hosts (processes) run one id at once, half with one command and half with
+/// another, all waiting for the lease: exactly one command runs; the runs of that command are
+/// skipped (exit 0), those of the other refused (exit 6).
+fn one_id_run_at_once_by_two_commands_completes_once(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().to_str().unwrap().to_owned();
+    let runs: Vec<(char, Child)> = (0..6)
+        .map(|i| {
+            let which = if i % 2 == 0 { 'A' } else { 'B' };
+            let script = format!("echo {which} >> '{marker}/log'");
+            let child = spawn_run(
+                store,
+                "r",
+                dir.path(),
+                &["--wait", "5m", "--id", "once", "--format", "json"],
+                &script,
+            );
+            (which, child)
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for (which, run) in runs {
+        let out = wait_output("a run of id `once`", run, Duration::from_secs(240));
+        codes.push((
+            which,
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ));
+    }
+    let ran = lines(&dir.path().join("log"));
+    assert_eq!(ran.len(), 1, "{ran:?} {codes:?}");
+    let winner = ran[0].chars().next().unwrap();
+    for (which, code, stdout) in &codes {
+        let want = if *which == winner { 0 } else { 6 };
+        assert_eq!(
+            *code,
+            Some(want),
+            "{which} (winner {winner}): {stdout} {codes:?}"
+        );
+    }
+    nothing_left(&marker, "runs of one id");
+}
+
+/// The completion record of run `id` of `r` rewritten as fence versions before the digest
+/// wrote it: the owner alone, without `#cmd:DIGEST` (in the record and in its events).
+fn strip_digest(store: &Store, id: &str) {
+    let marker = format!("r#done:{id}");
+    match store.backend {
+        common::Backend::File => {
+            let name = marker.replace('#', "%23").replace(':', "%3A");
+            for path in [
+                store.dir().join("leases").join(format!("{name}.json")),
+                store.dir().join("events").join(format!("{name}.jsonl")),
+            ] {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let stripped = regex_strip(&text);
+                assert_ne!(stripped, text, "{}", path.display());
+                std::fs::write(&path, stripped).unwrap();
+            }
+        }
+        _ => pg_exec(
+            &store.url,
+            &format!(
+                "UPDATE {s}.leases SET owner = regexp_replace(owner, '#cmd:[0-9a-f]{{16}}$', '') \
+                 WHERE resource = '{marker}'; \
+                 UPDATE {s}.events SET owner = regexp_replace(owner, '#cmd:[0-9a-f]{{16}}$', '') \
+                 WHERE resource = '{marker}'",
+                s = schema(store)
+            ),
+        ),
+    }
+}
+
+/// `text` without any `#cmd:` followed by 16 hex digits (and a closing quote).
+fn regex_strip(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("#cmd:") {
+        let after = &rest[at + 5..];
+        let hex = after.chars().take_while(|c| c.is_ascii_hexdigit()).count();
+        out.push_str(&rest[..at]);
+        if hex == 16 {
+            rest = &after[16..];
+        } else {
+            out.push_str("#cmd:");
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Holds: a completion record written before digests were kept (owner without `#cmd:`) is
+/// still a skip, for the same command and for another.
+fn an_old_record_without_a_digest_is_still_a_skip(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let cmd = format!("echo ran >> '{}'", log.display());
+    let command = [OsStr::new("sh"), OsStr::new("-c"), OsStr::new(&cmd)];
+    run_with_id(store, dir.path(), "old", &command).expect(0);
+    strip_digest(store, "old");
+    let skipped = run_with_id(store, dir.path(), "old", &command)
+        .expect(0)
+        .json();
+    assert_eq!(skipped["skipped"], true, "{skipped}");
+    let other = [
+        OsStr::new("sh"),
+        OsStr::new("-c"),
+        OsStr::new("echo other >> log"),
+    ];
+    let skipped = run_with_id(store, dir.path(), "old", &other)
+        .expect(0)
+        .json();
+    assert_eq!(skipped["skipped"], true, "{skipped}");
+    assert_eq!(lines(&log), ["ran"]);
+}
+
+/// FINDING: a completion record written before digests were kept, by a run whose owner
+/// contains `#cmd:` (`--owner 'etl#cmd:nightly'`, or FENCE_OWNER), is refused as `id_reused`
+/// (exit 6) for the very command that completed it, instead of skipped.
+///
+/// `Done::new` splits the record's owner at its last `#cmd:` and takes whatever follows as the
+/// digest, without checking that it is one (16 hex digits): the old record's owner
+/// `etl#cmd:nightly/<pid>/<hex>` yields the "digest" `nightly/<pid>/<hex>`, which never equals
+/// the command's, so every retry of a run that did complete is refused (exit 6) after the
+/// upgrade — the README promises records without a digest still skip. Owner names may contain
+/// `#` (`parse_name` allows it), and `--owner` is free text.
+fn an_old_record_whose_owner_contains_the_mark_is_still_a_skip(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let cmd = format!("echo ran >> '{}'", log.display());
+    let mut fence = store
+        .fence()
+        .args([
+            "run",
+            "r",
+            "--id",
+            "old",
+            "--owner",
+            "etl#cmd:nightly",
+            "--",
+        ])
+        .args(["sh", "-c", &cmd]);
+    fence.cmd.current_dir(dir.path());
+    fence.run().expect(0);
+    strip_digest(store, "old");
+    let command = [OsStr::new("sh"), OsStr::new("-c"), OsStr::new(&cmd)];
+    let again = run_with_id(store, dir.path(), "old", &command);
+    assert_eq!(
+        again.code, 0,
+        "the command that completed run `old` (an old record, owner with `#cmd:`) was refused: {again:?}"
+    );
+    assert_eq!(again.json()["skipped"], true, "{again:?}");
+    assert_eq!(lines(&log), ["ran"]);
+}
+
+/// Holds: an owner containing `#cmd:` and something that looks like a digest (of another
+/// command) cannot make a new record skip for that other command: the digest fence appends
+/// last is the one read.
+fn an_owner_that_fakes_a_digest_does_not_skip_another_command(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let a = format!("echo a >> '{}'", log.display());
+    let b = format!("echo b >> '{}'", log.display());
+    // The digest fence would keep for command b, planted in the owner of the run of a.
+    let mut bytes = Vec::new();
+    for arg in ["sh", "-c", b.as_str()] {
+        bytes.extend_from_slice(arg.as_bytes());
+        bytes.push(0);
+    }
+    let fake = common::write_digest(&bytes);
+    let owner = format!("x#cmd:{fake}");
+    let mut fence = store
+        .fence()
+        .args(["run", "r", "--id", "k", "--owner", &owner, "--"])
+        .args(["sh", "-c", &a]);
+    fence.cmd.current_dir(dir.path());
+    fence.run().expect(0);
+    let command = [OsStr::new("sh"), OsStr::new("-c"), OsStr::new(&b)];
+    let other = run_with_id(store, dir.path(), "k", &command)
+        .expect(6)
+        .json();
+    assert_eq!(other["reason"], "id_reused", "{other}");
+    assert_eq!(lines(&log), ["a"]);
+}
+
+mod reaper_waits {
+    use super::*;
+    per_backend!(
+        a_waiting_run_paused_killed_or_interrupted_leaves_nothing,
+        many_runs_at_once_each_run_alone,
+    );
+}
+
+mod digests {
+    use super::*;
+    per_coordinator!(
+        run_ids_tell_argument_boundaries_and_bytes_apart,
+        skipped_and_refused_runs_start_nothing_and_leave_nothing,
+        an_owner_that_fakes_a_digest_does_not_skip_another_command,
+    );
+}
+
+mod concurrent_ids {
+    use super::*;
+    per_backend!(one_id_run_at_once_by_two_commands_completes_once);
+}
+
+mod old_records {
+    use super::*;
+    per_backend!(an_old_record_without_a_digest_is_still_a_skip);
+}
+
+/// The finding above on each store whose records the test can rewrite (see
+/// [`an_old_record_whose_owner_contains_the_mark_is_still_a_skip`]).
+mod old_records_with_the_mark_in_the_owner {
+    use super::*;
+
+    #[test]
+    #[ignore = "FINDING: an old completion record whose owner contains `#cmd:` is refused as id_reused (exit 6) for the command that completed it"]
+    fn file_store() {
+        an_old_record_whose_owner_contains_the_mark_is_still_a_skip(&Store::file());
+    }
+
+    #[test]
+    #[ignore = "FINDING: an old completion record whose owner contains `#cmd:` is refused as id_reused (exit 6) for the command that completed it"]
+    fn postgres() {
+        let store = Store::postgres();
+        store.fence().args(["init", "-q"]).run().expect(0);
+        an_old_record_whose_owner_contains_the_mark_is_still_a_skip(&store);
+    }
+}
