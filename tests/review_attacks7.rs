@@ -534,6 +534,67 @@ fn an_empty_record_left_by_a_power_loss_names_its_cause_or_is_survived() {
     }
 }
 
+/// FINDING: a run id's completion record that a power loss left empty makes every later run
+/// with that id run its command again, for ever.
+///
+/// The completion record (`leases/r%23done%3A<id>.json`) is a lease record like any other, so
+/// it is no longer synced either. Once a power loss left it empty (see the finding above),
+/// `fence run --id` reads it as "not completed" (the damaged record has no token) and runs the
+/// command again, which is the safe side; but recording the completion then fails on the same
+/// damaged file ("warning: … could not be recorded as completed …: the lease record … is
+/// damaged: EOF while parsing"), so the next run runs the work again, and so on: the id never
+/// protects that job again until a person moves the file aside, and the warning names damage,
+/// not the power loss. One re-run is the documented price of a lost record; every run after
+/// it is not.
+#[test]
+#[ignore = "FINDING: an empty completion record (a power loss of an unsynced record) is never replaced: every later run with the id runs the command again and warns 'damaged'"]
+fn an_emptied_completion_record_costs_one_rerun_not_every_run() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let cmd = format!("echo ran >> '{}'", log.display());
+    let command = [OsStr::new("sh"), OsStr::new("-c"), OsStr::new(&cmd)];
+    run_with_id(&store, dir.path(), "day-1", &command).expect(0);
+    std::fs::write(store.dir().join("leases/r%23done%3Aday-1.json"), "").unwrap();
+    let mut outs = Vec::new();
+    for _ in 0..3 {
+        outs.push(run_with_id(&store, dir.path(), "day-1", &command).expect(0));
+    }
+    assert!(
+        lines(&log).len() <= 2,
+        "the work ran {} times after one completion record was emptied: {outs:?}",
+        lines(&log).len()
+    );
+}
+
+/// FINDING (message): `inspect` blames a person for a lease record a power loss took.
+///
+/// A record is now renamed into place without syncing the file or its directory, so after a
+/// power loss the first record of a resource can be missing while its fsynced mark says a
+/// token was issued. `inspect` reports `record_missing: the lease record … is missing (moved
+/// aside or deleted)`, which sends the operator looking for who deleted it; the change made a
+/// power loss the likelier cause, and the restored-record warning already says so
+/// (`LOWERED`). The missing-record finding should name it too.
+#[test]
+#[ignore = "FINDING: inspect's record_missing finding says 'moved aside or deleted' and not the power loss that an unsynced record now makes the likely cause"]
+fn a_missing_record_is_not_blamed_on_a_person_alone() {
+    let store = Store::file();
+    store.fence().acquire("z", &["--owner", "a"]);
+    std::fs::remove_file(store.dir().join("leases/z.json")).unwrap();
+    let out = store.fence().args(["inspect", "z"]).run();
+    let finding = out
+        .stdout
+        .lines()
+        .chain(out.stderr.lines())
+        .find(|l| l.contains("record_missing"))
+        .unwrap_or_else(|| panic!("no record_missing finding: {out:?}"))
+        .to_owned();
+    assert!(
+        finding.contains("power") || finding.contains("machine stopped"),
+        "{finding}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Run ids and the command's digest
 // ---------------------------------------------------------------------------------------
