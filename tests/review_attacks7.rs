@@ -167,6 +167,71 @@ fn the_command_never_starts_once_its_first_bound_has_passed() {
     );
 }
 
+/// FINDING: a stop signal that reaches `fence run --wait` between its grant and the command's
+/// start is swallowed, and the command runs to its end as if nothing had been asked.
+///
+/// `--wait` installs fence's handlers for SIGINT, SIGTERM and SIGHUP while it waits (so a
+/// signal ends the wait cleanly); the handlers stay in place (tokio never restores the default
+/// action), but the listener is dropped when the wait ends, and `fence run` installs its own
+/// only just before the start message. A signal in between — while the granting attempt's
+/// answer is on its way, or, as here, while `--id` asks the store whether the run completed —
+/// is caught by nobody: fence neither dies (the default action) nor passes it on. The command
+/// starts and runs to its end, exit 0, and the run id is recorded as completed: `systemctl
+/// stop`, a Ctrl-C, or the TERM of a deploy that wanted the job not to start is ignored, and
+/// systemd waits for its stop timeout. The window is one round trip to the store on every
+/// run that waited.
+#[test]
+#[ignore = "FINDING: SIGTERM between the grant of a --wait run and its command's start is swallowed: the command runs to completion and the run id is recorded"]
+fn a_stop_signal_between_the_grant_and_the_start_is_not_swallowed() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let holder = store
+        .fence()
+        .acquire("r", &["--ttl", "5m", "--owner", "holder"]);
+    let gate = Proxy::start(
+        pg_upstream(),
+        Mode::HoldWhenClientSends(b"#done:stop".to_vec()),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut fence = store
+        .fence_at(&pg_url_via(gate.addr()))
+        .args(["run", "r", "--id", "stop", "--wait", "5m", "--ttl", "1m"])
+        .args(["--", "sh", "-c", "echo ran >> ran"]);
+    let child = fence
+        .cmd
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The run was refused once (busy): it waits, with its stop handlers in place.
+    wait_for("the run to wait", Duration::from_secs(30), || {
+        let json = store
+            .fence()
+            .args(["inspect", "r", "--format", "json"])
+            .run()
+            .json();
+        json["resources"][0]["waiters"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty())
+    });
+    store.fence().release(&holder);
+    wait_for(
+        "the granted run's check of its id at the gate",
+        Duration::from_secs(30),
+        || gate.held() == 1,
+    );
+    kill(child.id(), libc::SIGTERM);
+    gate.open();
+    let out = wait_output("fence run", child, Duration::from_secs(60));
+    let ran = lines(&dir.path().join("ran"));
+    assert!(
+        ran.is_empty() && out.status.code() != Some(0),
+        "SIGTERM before the start was ignored: the command ran ({ran:?}): {out:?}"
+    );
+}
+
 /// Holds: fence paused (SIGSTOP) while it waits for a busy lease, then killed (SIGKILL), or
 /// stopped with SIGTERM or SIGINT while it waits: fence and its idle reaper are gone, and the
 /// command never runs, not even once the lease is free.
