@@ -370,6 +370,33 @@ fn the_command_gets_the_callers_descriptors_and_no_others(store: &Store) {
     assert_eq!(lines(&dir.path().join("log")), ["via-3", "via-3"]);
 }
 
+/// FINDING: a `--kill-after` too long for the reaper's argument (more than i64::MAX ms, e.g.
+/// `300000000000y`, which `humantime` accepts) is found out only after the lease was taken.
+///
+/// `fence run` passes `--kill-after` to `fence __reaper` in milliseconds; the reaper reads it
+/// as an i64, fails, and exits with "error: `fence __reaper` is started by `fence run`, not by
+/// hand", a message about something the user did not do. fence, which started the reaper
+/// before asking for the lease, takes the lease (a token used up, a grant and a release in
+/// the history), then says "cannot start `echo`: fence's supervisor of the command ended
+/// before starting it" with the hint "check the command's path and permissions", exit 2:
+/// exit 2 promises "bad arguments or configuration; nothing was attempted", but a lease was
+/// granted. The option's value should be refused (or capped) when it is parsed.
+#[test]
+#[ignore = "FINDING: --kill-after 300000000000y takes and releases the lease, then fails with 'fence __reaper is started by fence run, not by hand' and a hint about the command's path"]
+fn an_out_of_range_kill_after_is_refused_before_the_lease() {
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args(["run", "r", "--kill-after", "300000000000y", "--", "true"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("--kill-after") && !out.stderr.contains("not by hand"),
+        "the message does not name the option: {out:?}"
+    );
+    assert_eq!(store.lease("r"), None, "a lease was taken: {out:?}");
+}
+
 /// Holds: a store that fails after the reaper started (a store directory that is a file; a
 /// PostgreSQL server that refuses connections) starts nothing and leaves no reaper.
 #[test]
@@ -1030,6 +1057,40 @@ fn an_owner_that_fakes_a_digest_does_not_skip_another_command(store: &Store) {
     assert_eq!(lines(&log), ["a"]);
 }
 
+/// Holds: the longest owner `fence run` accepts (180 bytes, before its `/<pid>/<hex>`) still
+/// records a completion (its record's owner is then 221 bytes with `#cmd:DIGEST`), read back
+/// whole: a retry is skipped and names that owner, another command is refused.
+fn the_longest_run_owner_still_records_its_digest(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = format!("{}é", "o".repeat(178));
+    assert_eq!(owner.len(), 180);
+    let log = dir.path().join("log");
+    let cmd = format!("echo ran >> '{}'", log.display());
+    let mut fence = store
+        .fence()
+        .args(["run", "r", "--id", "long", "--owner", &owner, "--"])
+        .args(["sh", "-c", &cmd]);
+    fence.cmd.current_dir(dir.path());
+    fence.run().expect(0);
+    let command = [OsStr::new("sh"), OsStr::new("-c"), OsStr::new(&cmd)];
+    let skipped = run_with_id(store, dir.path(), "long", &command)
+        .expect(0)
+        .json();
+    assert_eq!(skipped["skipped"], true, "{skipped}");
+    let by = skipped["completed"]["owner"].as_str().unwrap();
+    assert!(
+        by.starts_with(&format!("{owner}/")) && !by.contains("#cmd:"),
+        "{by}"
+    );
+    let other = [
+        OsStr::new("sh"),
+        OsStr::new("-c"),
+        OsStr::new("echo other >> log"),
+    ];
+    run_with_id(store, dir.path(), "long", &other).expect(6);
+    assert_eq!(lines(&log), ["ran"]);
+}
+
 mod reaper_waits {
     use super::*;
     per_backend!(
@@ -1045,6 +1106,7 @@ mod digests {
         run_ids_tell_argument_boundaries_and_bytes_apart,
         skipped_and_refused_runs_start_nothing_and_leave_nothing,
         an_owner_that_fakes_a_digest_does_not_skip_another_command,
+        the_longest_run_owner_still_records_its_digest,
     );
 }
 
