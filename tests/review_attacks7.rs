@@ -491,6 +491,58 @@ fn an_out_of_range_kill_after_is_refused_before_the_lease() {
     assert_eq!(store.lease("r"), None, "a lease was taken: {out:?}");
 }
 
+/// Holds: fence stopped while its acquire is on its way to PostgreSQL (held at a proxy), by
+/// SIGTERM, SIGINT or SIGKILL: fence dies, its idle reaper with it, and the command never
+/// runs, even though the server grants the lease once the acquire arrives (a lease of a dead
+/// owner, held until its TTL, which fence cannot avoid).
+#[test]
+fn a_run_stopped_while_its_acquire_is_in_flight_starts_nothing() {
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let marker = ran.to_str().unwrap().to_owned();
+    for (signal, resource) in [
+        (libc::SIGTERM, "term"),
+        (libc::SIGINT, "int"),
+        (libc::SIGKILL, "kill"),
+    ] {
+        let gate = Proxy::start(
+            pg_upstream(),
+            Mode::HoldWhenClientSends(b"'acquired'".to_vec()),
+        );
+        let mut fence = store
+            .fence_at(&pg_url_via(gate.addr()))
+            .args(["run", resource, "--ttl", "2s", "--", "touch", &marker]);
+        let mut child = fence
+            .cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for("the acquire at the gate", Duration::from_secs(30), || {
+            gate.held() == 1
+        });
+        kill(child.id(), signal);
+        let status = child.wait().unwrap();
+        assert_ne!(status.code(), Some(0), "signal {signal}: {status:?}");
+        nothing_left(
+            &marker,
+            &format!("a run stopped by signal {signal} while acquiring"),
+        );
+        gate.open();
+        // The acquire reaches the server once the gate opens, or never (fence is gone): either
+        // way the lease is free again within its TTL, and nothing ran.
+        wait_for(
+            "the dead run's lease to be free",
+            Duration::from_secs(30),
+            || store.lease(resource).is_none_or(|(_, _, live)| !live),
+        );
+        assert!(!ran.exists(), "signal {signal}: the command ran");
+    }
+}
+
 /// Holds: a store that fails after the reaper started (a store directory that is a file; a
 /// PostgreSQL server that refuses connections) starts nothing and leaves no reaper.
 #[test]
