@@ -931,6 +931,34 @@ fn a_missing_record_is_not_blamed_on_a_person_alone() {
     );
 }
 
+/// FINDING (message): a holder whose lease record went missing is told "no lease has ever
+/// been granted on `z`" (exit 6), though the high-water mark and the log both say token 1 was.
+///
+/// A record below the mark is reported as restored, rolled back or lost in a power loss
+/// (`FileCoordinator::refuse` checks the mark when the record is older), but a missing record
+/// skips that check (`Refusal::NeverIssued` with no record), so `renew` and `release` name a
+/// cause that is false and send the holder to check RESOURCE and --token. Records are moved
+/// aside by hand (fence's own hint for a damaged one) and, now that they are not synced, lost
+/// to power; the refusal should say the record is missing and that the token was issued.
+#[test]
+#[ignore = "FINDING: renew/release of a lease whose record is missing say 'no lease has ever been granted', though the mark and the log show the token was issued"]
+fn a_missing_record_is_not_reported_as_never_granted() {
+    let store = Store::file();
+    let lease = store.fence().acquire("z", &["--ttl", "5m", "--owner", "a"]);
+    std::fs::remove_file(store.dir().join("leases/z.json")).unwrap();
+    for op in ["renew", "release"] {
+        let out = store
+            .fence()
+            .args([op, "z", "--owner", "a", "--token", &lease.token.to_string()])
+            .run();
+        assert_ne!(out.code, 0, "{op}: {out:?}");
+        assert!(
+            !out.stderr.contains("no lease has ever been granted"),
+            "{op} names a false cause: {out:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. Run ids and the command's digest
 // ---------------------------------------------------------------------------------------
