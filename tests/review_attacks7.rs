@@ -957,6 +957,27 @@ fn a_missing_record_is_not_reported_as_never_granted() {
             "{op} names a false cause: {out:?}"
         );
     }
+    // `fence run` whose record goes missing says "no lease has ever been granted" and then
+    // "the store was unreachable, or this process was paused": neither is true.
+    let dir = tempfile::tempdir().unwrap();
+    let run = spawn_run(
+        &store,
+        "q",
+        dir.path(),
+        &["--ttl", "2s"],
+        "echo $$ > pid; exec sleep 60",
+    );
+    wait_for("the command", Duration::from_secs(30), || {
+        dir.path().join("pid").exists()
+    });
+    std::fs::remove_file(store.dir().join("leases/q.json")).unwrap();
+    let out = wait_output("fence run", run, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        !stderr.contains("no lease has ever been granted") && !stderr.contains("unreachable"),
+        "fence run names a false cause: {stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
