@@ -590,6 +590,31 @@ fn a_command_refused_by_the_process_limit_is_not_a_usage_error() {
     );
 }
 
+/// Holds: a caller that closed fence's standard descriptors (`<&- >&- 2>&-`, as some daemons
+/// and cron setups do): the pipes to the reaper never land on 0, 1 or 2 (which the reaper
+/// refuses), the command runs with descriptors 0–2 open, and the lease is released.
+#[test]
+fn a_run_with_its_standard_descriptors_closed_still_runs() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    for closed in ["<&-", ">&-", "2>&-", "<&- >&- 2>&-"] {
+        let _ = std::fs::remove_file(dir.path().join("fds"));
+        let line = format!(
+            "exec '{}' --store '{}' run r -- sh -c 'for f in 0 1 2; do [ -e /proc/$$/fd/$f ] && echo $f; done > fds' {closed}",
+            env!("CARGO_BIN_EXE_fence"),
+            store.url
+        );
+        let status = common::clean_command("sh", dir.path())
+            .current_dir(dir.path())
+            .args(["-c", &line])
+            .status()
+            .unwrap();
+        assert!(status.success(), "{closed}: {status:?}");
+        assert_eq!(lines(&dir.path().join("fds")), ["0", "1", "2"], "{closed}");
+        assert_eq!(store.lease("r").map(|l| l.2), Some(false), "{closed}");
+    }
+}
+
 /// Holds: a store that fails after the reaper started (a store directory that is a file; a
 /// PostgreSQL server that refuses connections) starts nothing and leaves no reaper.
 #[test]
