@@ -6,6 +6,17 @@
 //! command writes, the store's own files and rows, /proc); a test marked `FINDING` and ignored
 //! shows an open defect and fails until it is fixed (`--run-ignored only` runs them); the
 //! others are attacks that hold ("Holds:").
+//!
+//! Findings (ignored tests): the reaper starts the command after its first bound has passed
+//! (`the_command_never_starts_once_its_first_bound_has_passed`,
+//! `a_reaper_continued_after_its_first_bound_starts_nothing`); a stop signal between a `--wait`
+//! run's grant and its start is swallowed (`a_stop_signal_between_the_grant_and_the_start_…`);
+//! failures of `Reaper::go` are exit 2 with a hint about the command's path (a reaper killed
+//! while waiting, the process limit, an out-of-range `--kill-after`); an old completion record
+//! whose owner contains `#cmd:` is refused instead of skipped; an empty lease record (what a
+//! power loss leaves of an unsynced one) fails every acquire with "damaged", and an empty
+//! completion record re-runs the work on every run; a missing record is "moved aside or
+//! deleted" to `inspect` and "never granted" to its holder.
 
 mod common;
 
