@@ -245,8 +245,9 @@ pub struct RunArgs {
     )]
     pub wait: Option<Duration>,
 
-    /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL (at most
+    /// 7 days).
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_kill_after)]
     pub kill_after: Duration,
 
     /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically

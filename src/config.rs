@@ -173,6 +173,22 @@ pub fn parse_ttl(value: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// The longest `fence run --kill-after`: the grace between SIGTERM and SIGKILL.
+pub const MAX_KILL_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Parses `fence run --kill-after`: 0 to [`MAX_KILL_AFTER`].
+pub fn parse_kill_after(value: &str) -> Result<Duration, String> {
+    let grace = humantime::parse_duration(value)
+        .map_err(|err| format!("`{value}` is not a duration ({err}); write e.g. 0s, 10s, 5m"))?;
+    if grace > MAX_KILL_AFTER {
+        return Err(format!(
+            "the grace between SIGTERM and SIGKILL is at most {}; `{value}` is longer",
+            crate::time::duration(MAX_KILL_AFTER)
+        ));
+    }
+    Ok(grace)
+}
+
 /// The longest `fence write --timeout`: a fenced transaction holds its guard row's lock, so
 /// every other writer of the resource waits behind it.
 pub const MAX_WRITE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);

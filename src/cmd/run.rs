@@ -86,7 +86,14 @@ struct Done {
 impl Done {
     /// Splits the digest off a completion record's owner (`OWNER#cmd:DIGEST`).
     fn new(at_ms: Option<i64>, owner: Option<String>) -> Done {
-        match owner.as_deref().and_then(|o| o.rsplit_once(COMMAND_MARK)) {
+        // A digest is 16 hex digits: an older record's owner may hold the mark itself.
+        let split = owner
+            .as_deref()
+            .and_then(|o| o.rsplit_once(COMMAND_MARK))
+            .filter(|(_, digest)| {
+                digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit())
+            });
+        match split {
             Some((owner, digest)) => Done {
                 at_ms,
                 owner: Some(owner.to_owned()),
@@ -325,17 +332,27 @@ async fn supervise(
         .await?;
         Ok::<_, Error>((coordinator, grant, sent))
     };
-    // A `--wait` ends on a signal itself (and leaves its queue). Otherwise a signal while the
-    // lease is asked for ends the run as the default action did (a grant in flight then lives
-    // until its TTL), but says so.
-    let (mut coordinator, grant, sent) = if args.wait.is_some() {
-        asked.await?
-    } else {
-        tokio::select! {
-            asked = asked => asked?,
-            (_, name) = interrupts.next() => {
-                return Err(interrupted(name, &format!("while asking for `{}`", args.resource)));
+    // A signal while the lease is asked for ends the run, as the default action did (a grant
+    // in flight then lives until its TTL), but says so. A `--wait` that is waiting ends on the
+    // signal itself and leaves its queue: it is given a moment for that (and a lease granted
+    // meanwhile is released).
+    tokio::pin!(asked);
+    let (mut coordinator, grant, sent) = tokio::select! {
+        biased;
+        asked = &mut asked => asked?,
+        (_, name) = interrupts.next() => {
+            if let Ok(Ok((coordinator, grant, _))) =
+                tokio::time::timeout(Duration::from_secs(2), &mut asked).await
+            {
+                let _ = coordinator
+                    .release(&LeaseRef {
+                        resource: args.resource.clone(),
+                        owner: owner.clone(),
+                        token: grant.lease.token,
+                    })
+                    .await;
             }
+            return Err(interrupted(name, &format!("while asking for `{}`", args.resource)));
         }
     };
     *granted = Granted {
