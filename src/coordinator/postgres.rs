@@ -22,7 +22,12 @@
 //! [`NEAR_POLL`] besides (a pooler drops `LISTEN`); when the queue moves fast, up to
 //! [`HELD_MAX`] do. The others close their connection and poll on a fresh one, less often the
 //! further back they are ([`far_poll`]): a thousand waiters behind a long-held lease hold two
-//! connections and open about a hundred a second between them. A newcomer to `--wait` joins
+//! connections and open about a hundred a second between them. The queue's pace (time per
+//! grant) that decides both is, on joining, the median gap between the resource's recent
+//! grants, then what the waiter's own polls see, followed at once when it is faster and
+//! gradually when slower, and never shorter than the current holder has held the lease:
+//! a lease that lay free while the next waiter slept does not teach the others to sleep
+//! longer, which would leave it free longer still. A newcomer to `--wait` joins
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!
@@ -120,6 +125,23 @@ fn held_places(per_grant: Duration) -> i64 {
     places
 }
 
+/// The pace after a poll that saw `grants` grants in the `elapsed` since the waiter's last
+/// one. Fast attack, slow decay: a queue that speeds up is followed at once (its next
+/// waiters must be awake in time), one that slows down gradually, so that time the lease lay
+/// free because its next waiter slept does not teach the waiters to sleep longer (a slow
+/// holder is told by how long it has held the lease, `Queue::held_for`). No grant: no news.
+fn followed_pace(per_grant: Duration, elapsed: Duration, grants: u32) -> Duration {
+    if grants == 0 {
+        return per_grant;
+    }
+    let sample = (elapsed / grants).max(Duration::from_millis(1));
+    if sample < per_grant {
+        sample
+    } else {
+        (per_grant * 3 + sample) / 4
+    }
+}
+
 /// The longest a waiter at `place` sleeps before its next poll, whatever the pace: what its
 /// poll promises (its row lives that long plus [`GRACE`]). Never grows as the place shrinks.
 fn promise(place: i64) -> Duration {
@@ -165,8 +187,19 @@ struct Queue {
     last_token: Option<i64>,
     last_poll: Instant,
     per_grant: Duration,
+    /// How long the holder had held the lease at the last poll (zero when it was free): a
+    /// grant takes at least that long, whatever the queue did before.
+    held_for: Duration,
     /// The holder's remaining lease at the last poll.
     expires_in_ms: Option<i64>,
+}
+
+impl Queue {
+    /// The time per grant to plan with: the queue's recent pace, or longer while the current
+    /// holder has held the lease longer than that.
+    fn pace(&self) -> Duration {
+        self.per_grant.max(self.held_for)
+    }
 }
 
 impl PgCoordinator {
@@ -257,7 +290,7 @@ impl PgCoordinator {
             .borrow()
             .as_ref()
             .map_or((None, FAR_MAX, WINDOW), |queue| {
-                (queue.waiter, queue.promised, held_places(queue.per_grant))
+                (queue.waiter, queue.promised, held_places(queue.pace()))
             });
         if let Some(queue) = self.queue.borrow_mut().as_mut() {
             queue.listen_within = listen_within;
@@ -289,8 +322,14 @@ impl PgCoordinator {
                 GRACE.as_secs()
             ));
         }
-        // Joining: the row must outlive the slowest first poll.
+        // Joining: the row must outlive the slowest first poll. The newcomer does not know
+        // the queue's pace yet: it listens if it lands within reach of any pace, and lets go
+        // of its connection after the answer if the pace says so.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
+        let listen_within = HELD_MAX;
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.listen_within = listen_within;
+        }
         let rows = self
             .call(
                 &what,
@@ -335,12 +374,9 @@ impl PgCoordinator {
         } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
             let elapsed = now.saturating_duration_since(queue.last_poll);
             let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(u32::MAX);
-            queue.per_grant = if grants > 0 {
-                (queue.per_grant + elapsed / grants) / 2
-            } else {
-                queue.per_grant.max(elapsed)
-            };
+            queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
         }
+        queue.held_for = answer.held_for();
         let place = answer.place.unwrap_or(queue.place);
         let listens = place <= queue.listen_within;
         queue.started_listening = listens && !queue.listening;
@@ -536,6 +572,16 @@ impl Answer {
             place: None,
             pace_ms: None,
         })
+    }
+
+    /// How long the holder has held the lease, by the server's clock (zero when it is free).
+    fn held_for(&self) -> Duration {
+        match (self.acquired_ms, self.expires_ms, self.expires_in_ms) {
+            (Some(acquired), Some(expires), Some(left)) if left > 0 => {
+                Duration::from_millis(u64::try_from(expires - left - acquired).unwrap_or(0))
+            }
+            _ => Duration::ZERO,
+        }
     }
 
     fn lease(&self, resource: &str) -> Lease {
@@ -1016,6 +1062,7 @@ impl Coordinator for PgCoordinator {
             last_token: None,
             last_poll: Instant::now(),
             per_grant: FAR_STEP,
+            held_for: Duration::ZERO,
             expires_in_ms: None,
         });
         true
@@ -1049,7 +1096,10 @@ impl Coordinator for PgCoordinator {
     async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
         let (keep, nap) = match self.queue.borrow_mut().as_mut() {
             Some(queue) => {
-                let nap = if queue.started_listening {
+                // The pace may have slowed since the poll: hold on only while it is worth it.
+                let keep = queue.place <= held_places(queue.pace());
+                queue.listening = queue.listening && keep;
+                let nap = if queue.started_listening && queue.listening {
                     Duration::ZERO
                 } else if queue.place == 1 {
                     // The head also wakes when the holder's lease runs out.
@@ -1061,11 +1111,8 @@ impl Coordinator for PgCoordinator {
                     // Notifications keep it up to date: polls only prove it alive.
                     NEAR_POLL
                 } else {
-                    far_poll(queue.place, queue.per_grant)
+                    far_poll(queue.place, queue.pace())
                 };
-                // The pace may have slowed since the poll: hold on only while it is worth it.
-                let keep = queue.place <= held_places(queue.per_grant);
-                queue.listening = queue.listening && keep;
                 (keep, nap)
             }
             None => (true, max),
@@ -1148,5 +1195,66 @@ fn epoch_ms(t: SystemTime) -> i64 {
             let ms = before.duration().as_micros().div_ceil(1000);
             i64::try_from(ms).map_or(i64::MIN, |ms| -ms)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_pace_follows_a_faster_queue_at_once_and_a_stall_only_a_quarter() {
+        // Faster: taken as it is.
+        assert_eq!(followed_pace(40 * MS, 30 * MS, 10), 3 * MS);
+        // A stall of 200 ms among ten 3 ms grants moves a 3 ms pace by a quarter of the gap.
+        let stalled = followed_pace(3 * MS, 230 * MS, 10);
+        assert_eq!(stalled, (3 * 3 * MS + 23 * MS) / 4);
+        // No grant seen: the pace stays (how long the holder has held is another figure).
+        assert_eq!(followed_pace(3 * MS, 10 * FAR_MAX, 0), 3 * MS);
+        // Never below a millisecond.
+        assert_eq!(followed_pace(3 * MS, MS, 10), MS);
+    }
+
+    #[test]
+    fn a_slow_holder_slows_the_pace_and_a_free_lease_does_not() {
+        let answer = |expires_in_ms: Option<i64>| Answer {
+            status: "busy".into(),
+            token: Some(7),
+            owner: Some("holder".into()),
+            acquired_ms: Some(1_000),
+            renewed_ms: Some(60_000),
+            expires_ms: Some(70_000),
+            expires_in_ms,
+            ttl_ms: Some(10_000),
+            waiter: Some(3),
+            place: Some(2),
+            pace_ms: None,
+        };
+        // Held since 1 s, the server's clock at 65 s: 64 s.
+        assert_eq!(answer(Some(5_000)).held_for(), 64_000 * MS);
+        assert_eq!(answer(Some(0)).held_for(), Duration::ZERO);
+        assert_eq!(answer(None).held_for(), Duration::ZERO);
+        let mut queue = Queue {
+            resource: "r".into(),
+            until: None,
+            waiter: Some(3),
+            place: 2,
+            promised: NEAR_POLL,
+            listen_within: WINDOW,
+            listening: false,
+            started_listening: false,
+            last_token: Some(7),
+            last_poll: Instant::now(),
+            per_grant: 3 * MS,
+            held_for: answer(Some(5_000)).held_for(),
+            expires_in_ms: Some(5_000),
+        };
+        assert_eq!(queue.pace(), 64_000 * MS);
+        assert_eq!(held_places(queue.pace()), WINDOW);
+        queue.held_for = Duration::ZERO;
+        assert_eq!(queue.pace(), 3 * MS);
+        assert_eq!(held_places(queue.pace()), HELD_MAX);
     }
 }

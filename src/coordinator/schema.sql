@@ -157,13 +157,24 @@ BEGIN
     IF place <= p_listen_within THEN
         LISTEN fence___SCHEMA__;
     END IF;
-    -- The resource's recent pace, for the newcomer's first poll interval: the time its last
-    -- 16 events span per grant among them (an index range of 16 rows).
-    SELECT (__SCHEMA__.ms(clock_timestamp()) - __SCHEMA__.ms(min(e.at)))
-           / greatest(count(*) FILTER (WHERE e.kind IN ('acquired', 'taken_over')), 1)
-    INTO pace_ms
-    FROM (SELECT ev.at, ev.kind FROM __SCHEMA__.events ev WHERE ev.resource = p_resource
-          ORDER BY ev.id DESC LIMIT 16) e;
+    -- The resource's recent pace, for the newcomer's first poll interval: the median gap
+    -- between consecutive grants among its last 16 events (an index range of 16 rows), so
+    -- that a few stalls (a lease left free while its next waiter slept) do not teach the
+    -- newcomer to sleep longer; with fewer than two grants among them, the time they span
+    -- per grant.
+    WITH recent AS (
+        SELECT ev.id, ev.at, ev.kind FROM __SCHEMA__.events ev WHERE ev.resource = p_resource
+        ORDER BY ev.id DESC LIMIT 16),
+    gaps AS (
+        SELECT extract(epoch FROM r.at - lag(r.at) OVER (ORDER BY r.id)) * 1000 AS gap
+        FROM recent r WHERE r.kind IN ('acquired', 'taken_over'))
+    SELECT coalesce(
+        (SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY g.gap) FROM gaps g
+         WHERE g.gap IS NOT NULL)::bigint,
+        (SELECT (__SCHEMA__.ms(clock_timestamp()) - __SCHEMA__.ms(min(r.at)))
+                / greatest(count(*) FILTER (WHERE r.kind IN ('acquired', 'taken_over')), 1)
+         FROM recent r))
+    INTO pace_ms;
 END
 $fn$;
 
