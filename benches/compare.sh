@@ -104,6 +104,8 @@ hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/write.json" --style 
 hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic \
     -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
     -n "flock /tmp/x true" "flock $state/x true" \
+    -n "true (one process start)" "true" \
+    -n "fence --version (fence's own start)" "$bin/fence --version" \
     -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
 if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
     # A throwaway single-member etcd on loopback, without authentication, like the cluster.
@@ -212,6 +214,9 @@ pgbench -n -c 64 -j 2 -T 10 -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E 
 printf 'SELECT pg_advisory_lock(1);\nSELECT pg_advisory_unlock(1);\n' > "$out/lock.sql"
 pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock.txt"
 $fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff.json"
+# What one WAL flush costs on this disk: a hand-off commits twice in series (the release, then
+# the grant), and neither can wait for the other's flush.
+"$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$state/fsync.test" 2>/dev/null | awk '$1 == "fdatasync" {print "one fdatasync of an 8 kB write on this disk (pg_test_fsync, as wal_sync_method=fdatasync does): " $4 " us"; exit}' > "$out/fsync.txt"
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
 
 python3 - "$out" <<'PY'
@@ -236,6 +241,7 @@ print(f"fence bench contend, 64 workers: {b64['critical_sections_per_s']:.0f} cr
 print(f"durable single-row update loop, 64 clients: {durable:.0f} updates/s")
 print(f"pg_advisory_lock loop, 64 clients: {lock:.0f} lock+unlock/s")
 print(f"fence bench handoff, 2 workers: hand-off p50 {h['handoff_p50_ms']} ms / p99 {h['handoff_p99_ms']} ms")
+print(open(f"{out}/fsync.txt").read().strip())
 print()
 print("| measurement | median |")
 print("|---|---|")
@@ -249,6 +255,8 @@ rows = [
     ("floor: the same transaction unfenced", wr["unfenced transaction, same SQL (floor)"]),
     ("fence run R -- true, embedded store", rn["fence run R -- true (embedded store)"]),
     ("flock /tmp/x true", rn["flock /tmp/x true"]),
+    ("true (one process start)", rn["true (one process start)"]),
+    ("fence --version (fence's own start)", rn["fence --version (fence's own start)"]),
     ("fence run R -- true, PostgreSQL", rn["fence run R -- true (PostgreSQL)"]),
 ]
 if et:
