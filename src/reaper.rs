@@ -140,7 +140,9 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
-            let _ = write!(report, "{err}");
+            // The error number first (`E11 …`), for `fence run` to tell a passing limit from
+            // a command that cannot start.
+            let _ = write!(report, "E{} {err}", err.raw_os_error().unwrap_or(0));
             return Exit::Command(127);
         }
     };

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::process::{is_gone, read_pid};
+use common::process::{is_gone, processes_with, read_pid};
 use common::{wait_for, Store};
 
 fn run_cmd(store: &Store, args: &[&str], script: &str, dir: &Path) -> Command {
@@ -184,25 +184,6 @@ fn a_wait_longer_than_the_ttl_still_runs_the_command(store: &Store) {
         "done\n"
     );
     assert_eq!(state(store, "job"), "free");
-}
-
-/// The live processes whose command line holds `marker` (a reaper's holds its command's).
-fn processes_with(marker: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(marker) && !is_gone(pid) {
-            found.push(pid);
-        }
-    }
-    found
 }
 
 /// `fence run` starts its reaper before it asks for the lease (its start then overlaps the

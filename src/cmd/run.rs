@@ -881,7 +881,19 @@ impl Reaper {
                 if why == crate::reaper::EXPIRED {
                     return Err(lost(lease, LostReason::Expired));
                 }
-                Err(cannot(&why))
+                // `E<errno> <what>` (see the reaper): a limit that passes is worth a retry.
+                let (errno, what) = why
+                    .strip_prefix('E')
+                    .and_then(|rest| rest.split_once(' '))
+                    .and_then(|(n, what)| Some((n.parse::<i32>().ok()?, what.to_owned())))
+                    .unwrap_or((0, why));
+                if matches!(errno, libc::EAGAIN | libc::ENOMEM) {
+                    return Err(Error::unavailable(
+                        format!("cannot start `{program}`: {what}"),
+                        "a process or memory limit of this user was reached (`ulimit -u`); nothing was run and the lease was released: try again later",
+                    ));
+                }
+                Err(cannot(&what))
             }
         }
     }

@@ -74,3 +74,22 @@ impl Drop for Reap {
         }
     }
 }
+
+/// The live processes whose command line holds `marker` (a reaper's holds its command's).
+pub fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(marker) && !is_gone(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}

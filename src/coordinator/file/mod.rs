@@ -136,7 +136,10 @@ impl FileCoordinator {
         };
         let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
             Error::internal(
-                format!("the lease record `{}` is damaged: {err}", path.display()),
+                format!(
+                    "the lease record `{}` is damaged ({err}): a power loss while fence rewrote it (renewals and releases are not synced to disk) or an edit by hand leaves it so",
+                    path.display()
+                ),
                 format!(
                     "move it aside and retry: the next token continues above the high-water mark in `{}` and the event log, so no token is issued twice (the lease it described, if live, is lost)",
                     paths.high.display()
