@@ -24,8 +24,12 @@
 //! error number); an empty lease record's "damaged" error did not name a power loss as a
 //! cause (it does; the record still has to be moved aside, as the hint says).
 //!
+//! `renew` and `release` of a lease whose record is missing said "no lease has ever been
+//! granted" (they now say the record is missing though the token was issued).
+//!
 //! Still open (ignored tests): an empty completion record re-runs the work on every run; a
-//! missing record is "moved aside or deleted" to `inspect` and "never granted" to its holder.
+//! missing record is "moved aside or deleted" to `inspect` (not a power loss, which the
+//! reverted change made likely); `fence run` whose record goes missing ends "unreachable".
 
 mod common;
 
@@ -1004,8 +1008,9 @@ fn a_missing_record_is_not_blamed_on_a_person_alone() {
 /// cause that is false and send the holder to check RESOURCE and --token. Records are moved
 /// aside by hand (fence's own hint for a damaged one) and, now that they are not synced, lost
 /// to power; the refusal should say the record is missing and that the token was issued.
+/// Fixed for `renew` and `release` (they say the record is missing though the token was
+/// issued, exit 1); `fence run` is the next test.
 #[test]
-#[ignore = "FINDING: renew/release of a lease whose record is missing say 'no lease has ever been granted', though the mark and the log show the token was issued"]
 fn a_missing_record_is_not_reported_as_never_granted() {
     let store = Store::file();
     let lease = store.fence().acquire("z", &["--ttl", "5m", "--owner", "a"]);
@@ -1020,9 +1025,17 @@ fn a_missing_record_is_not_reported_as_never_granted() {
             !out.stderr.contains("no lease has ever been granted"),
             "{op} names a false cause: {out:?}"
         );
+        assert!(out.stderr.contains("is missing"), "{op}: {out:?}");
     }
-    // `fence run` whose record goes missing says "no lease has ever been granted" and then
-    // "the store was unreachable, or this process was paused": neither is true.
+}
+
+/// FINDING (message, open): `fence run` whose record goes missing retries its renewal as if
+/// the store were unreachable, then says "the store was unreachable, or this process was
+/// paused" (the warning before it names the missing record): the lease is lost either way.
+#[test]
+#[ignore = "FINDING: fence run whose lease record goes missing ends with 'unreachable', a false cause"]
+fn a_run_whose_record_goes_missing_names_the_cause() {
+    let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
     let run = spawn_run(
         &store,

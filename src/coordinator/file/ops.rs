@@ -149,6 +149,25 @@ impl FileCoordinator {
                 );
             }
         }
+        if let (Refusal::NoLease, None) = (&refusal, record) {
+            let issued = self.issued(paths).unwrap_or(0);
+            if (1..=issued).contains(&lease.token) {
+                // The token was issued (the mark or the log say so), but there is no record
+                // at all: not "no lease has ever been granted".
+                return Error::internal(
+                    format!(
+                        "the lease record `{}` is missing, though token {issued} of `{}` was issued (its high-water mark and event log say so): it was moved aside or deleted, so the lease of token {} is no longer recorded",
+                        paths.lease.display(),
+                        lease.resource,
+                        lease.token
+                    ),
+                    format!(
+                        "stop using token {} and acquire `{}` again (the next token continues above {issued})",
+                        lease.token, lease.resource
+                    ),
+                );
+            }
+        }
         let Some(detail) = refusal.event_detail() else {
             return refusal.into_error(lease);
         };
