@@ -5,13 +5,11 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-/// `2026-12-02T16:00:30.123Z` for milliseconds since the epoch.
+/// `2026-12-02T16:00:30.123Z` for milliseconds since the epoch. An instant before the epoch
+/// (no clock fence reads gives one; `prune --older-than` an age beyond it computes one) is
+/// shown as the epoch: the formatter cannot show earlier ones, and panicked on them.
 pub fn rfc3339(ms: i64) -> String {
-    let at = if ms >= 0 {
-        UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
-    };
+    let at = UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs());
     humantime::format_rfc3339_millis(at).to_string()
 }
 
@@ -56,6 +54,9 @@ mod tests {
     #[test]
     fn formats() {
         assert_eq!(rfc3339(1_796_227_230_123), "2026-12-02T16:00:30.123Z");
+        // Before the epoch: shown as the epoch, never a panic.
+        assert_eq!(rfc3339(-1), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(i64::MIN), "1970-01-01T00:00:00.000Z");
         assert_eq!(span(250), "250ms");
         assert_eq!(span(12_345), "12.3s");
         assert_eq!(span(250_000), "4m 10s");

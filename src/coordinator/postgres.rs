@@ -405,7 +405,7 @@ impl PgCoordinator {
             .call(
                 what,
                 false,
-                "SELECT __SCHEMA__.ms(clock_timestamp()) - least($1, __SCHEMA__.ms(clock_timestamp()))",
+                "SELECT greatest(c.now - $1, 0) FROM (SELECT __SCHEMA__.ms(clock_timestamp()) AS now) c",
                 &[(&older, Type::INT8)],
             )
             .await?;
