@@ -196,9 +196,12 @@ fn killing_the_reaper_leaves_nothing_of_the_command_running() {
     let (code, _, stderr) = finish(fence, Duration::from_secs(30));
     assert_ne!(code, 0, "{stderr}");
     let released = lease_state(&store, "job") == "free";
+    // Once seen failing in CI (fence done at once, the child alive): the child's state (its
+    // parent and group) and fence's exit status, to tell what happened next time.
     assert!(
         becomes(Duration::from_secs(2), || is_gone(grandchild)) || !released,
-        "the lease was released while the command's child {grandchild} still runs"
+        "the lease was released while the command's child {grandchild} still runs: /proc stat {:?}, reaper {reaper}, fence exit {code}",
+        std::fs::read_to_string(format!("/proc/{grandchild}/stat")).ok()
     );
 }
 
