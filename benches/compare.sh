@@ -216,7 +216,8 @@ pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^
 $fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff.json"
 # What one WAL flush costs on this disk: a hand-off commits twice in series (the release, then
 # the grant), and neither can wait for the other's flush.
-"$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$state/fsync.test" 2>/dev/null | awk '$1 == "fdatasync" {print "one fdatasync of an 8 kB write on this disk (pg_test_fsync, as wal_sync_method=fdatasync does): " $4 " us"; exit}' > "$out/fsync.txt"
+"$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$(psql -Atc 'show data_directory')/fence_fsync.test" 2>/dev/null | awk '$1 == "fdatasync" {print "one fdatasync of an 8 kB write on this disk (pg_test_fsync, as wal_sync_method=fdatasync does): " $4 " us"; exit}' > "$out/fsync.txt"
+rm -f "$(psql -Atc 'show data_directory')/fence_fsync.test"
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
 
 python3 - "$out" <<'PY'

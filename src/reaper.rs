@@ -151,7 +151,7 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut interrupted: Option<i32> = None;
     // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns), and when the
     // command, stopped there, gets SIGKILL.
-    let mut bound: Option<u64> = Some(first_bound);
+    let mut bound = first_bound;
     let mut kill_at: Option<u64> = None;
     let status = loop {
         match child.try_wait() {
@@ -161,20 +161,19 @@ pub fn main(args: &[OsString]) -> Exit {
         }
         let mut next = 1_000_000_000u64;
         if let Some(now) = crate::sys::boottime_ns() {
-            bound = latest_bound(&mut bounds).or(bound);
-            match (bound, kill_at) {
+            bound = latest_bound(&mut bounds).unwrap_or(bound);
+            match kill_at {
                 // `fence run` did not prove the lease beyond this (paused, or hung): the
                 // command stops now, whatever `fence run` does.
-                (Some(bound), None) if now >= bound => {
+                None if now >= bound => {
                     crate::sys::signal_descendants(libc::SIGTERM, false);
                     crate::sys::signal_descendants(libc::SIGCONT, false);
                     kill_at = Some(now.saturating_add(kill_after));
                     next = next.min(kill_after);
                 }
-                (Some(bound), None) => next = next.min(bound - now),
-                (_, Some(at)) if now >= at => crate::sys::signal_descendants(libc::SIGKILL, false),
-                (_, Some(at)) => next = next.min(at - now),
-                (None, None) => {}
+                None => next = next.min(bound - now),
+                Some(at) if now >= at => crate::sys::signal_descendants(libc::SIGKILL, false),
+                Some(at) => next = next.min(at - now),
             }
         }
         let timeout = libc::timespec {

@@ -373,7 +373,8 @@ impl PgCoordinator {
                 .clamp(Duration::from_millis(1), FAR_MAX);
         } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
             let elapsed = now.saturating_duration_since(queue.last_poll);
-            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(u32::MAX);
+            // A token lower than the last one seen (a restored store) is no grant, not billions.
+            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
             queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
         }
         queue.held_for = answer.held_for();

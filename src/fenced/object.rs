@@ -241,7 +241,10 @@ pub async fn write(
         ascii_metadata(url, "resource", resource)?;
         ascii_metadata(url, "owner", owner)?;
     }
-    let digest = crate::fenced::write_digest(&body);
+    // Kept and compared only with a write id: a write without one does not hash its bytes.
+    let digest = write_id
+        .map(|_| crate::fenced::write_digest(&body))
+        .unwrap_or_default();
     let api = object::open_reporting(url, bar.clone(), timeout)?;
     let current = api.head(&url.key).await?;
     // An object fence wrote before was written after its prefix was verified; any other
