@@ -31,6 +31,10 @@ pub enum LostReason {
     TakenOver { highest_token: i64 },
     /// The coordinator could not confirm a renewal before the lease ran out (`run`).
     Unreachable,
+    /// `fence run`'s supervisor of the command was killed or stopped answering: the command
+    /// and everything it started were stopped (`run`; the lease itself may still have been
+    /// valid, and was then released).
+    SupervisorLost,
 }
 
 /// Why a request was refused for a reason other than the token's age.
@@ -159,6 +163,9 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
         LostReason::Unreachable => format!(
             "the lease on `{resource}` with token {token} could not be renewed before it ran out (the store was unreachable, or this process was paused)"
         ),
+        LostReason::SupervisorLost => format!(
+            "the command under the lease on `{resource}` with token {token} lost its supervisor (`fence __reaper` was killed, or stopped and did not answer), so fence stopped the command and everything it started"
+        ),
     }
 }
 
@@ -279,6 +286,10 @@ impl Error {
                 "`{resource}` was granted again since (token {highest_token}; `fence inspect {}` shows by whom): stop working under this token, and acquire again if the work must go on",
                 shell_word(resource)
             ),
+            Error::LeaseLost {
+                reason: LostReason::SupervisorLost,
+                ..
+            } => "the command's own exit status is unknown and its work may be cut short: find what killed or stopped `fence __reaper` (the OOM killer: `journalctl -k | grep -i oom`; the command itself), then run it again".to_owned(),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)
@@ -361,6 +372,7 @@ impl Error {
                         "taken_over"
                     }
                     LostReason::Unreachable => "unreachable",
+                    LostReason::SupervisorLost => "supervisor_lost",
                 };
                 map.insert("reason".into(), json!(reason));
             }

@@ -43,12 +43,20 @@ pub const ARG: &str = "__reaper";
 /// says COMMAND started; any other text, with the pipe then closed, is why it could not start.
 pub const LEFTOVERS: &str = "leftovers";
 pub const INTERRUPTED: &str = "interrupted";
+/// The reaper stopped the command at the lease's bound (`fence run` proved none later).
+pub const BOUND: &str = "bound";
+/// The reaper's last line, as it ends on its own: without it, the reaper was killed.
+pub const ENDED: &str = "ended";
+
+/// The terminal's stop signals, ignored by the reaper (default again in COMMAND).
+const STOP_SIGNALS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
 /// Said instead of starting COMMAND when the lease's first bound had passed by the time the
 /// start message was read (`fence run` paused between its grant and its message).
 pub const EXPIRED: &str = "the lease's bound passed before the command could start";
 
-/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD KILL_AFTER_MS -- COMMAND…` (what
-/// follows [`ARG`]).
+/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD GRACE_MS -- COMMAND…` (what follows
+/// [`ARG`]). GRACE_MS is how long before the lease's bound the command gets SIGTERM, should
+/// `fence run` not have proven a later bound by then; at the bound itself, SIGKILL.
 pub fn main(args: &[OsString]) -> Exit {
     let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
     let fd = |i: usize| {
@@ -60,7 +68,7 @@ pub fn main(args: &[OsString]) -> Exit {
         Some(parent),
         Some(report_fd),
         Some(bound_fd),
-        Some(kill_after_ms),
+        Some(grace_ms),
         Some(sep),
         Some((program, rest)),
     ) = (
@@ -90,6 +98,16 @@ pub fn main(args: &[OsString]) -> Exit {
     // no handler, no race between looking at the command and a signal arriving. COMMAND gets
     // the original mask back before exec.
     let (watched, original) = block_watched_signals();
+    // A terminal's stop signals (Ctrl-Z reaches the command's group, the reaper's) must not
+    // stop the reaper: stopped, it could enforce no bound. COMMAND gets the defaults back. Nor
+    // may the command trace it (same user): PR_SET_DUMPABLE 0 refuses ptrace to non-root.
+    // SAFETY: signal dispositions and prctl of this process only.
+    unsafe {
+        for signal in STOP_SIGNALS {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
     // them (see `crate::sys::kill_descendants`).
     // SAFETY: prctl on this process only.
@@ -119,20 +137,23 @@ pub fn main(args: &[OsString]) -> Exit {
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     // A bound already past (`fence run` was paused after its grant): COMMAND must not run at
     // all, not even until the first look at the bound below.
-    if crate::sys::boottime_ns().is_some_and(|now| now >= first_bound) {
+    if crate::sys::bound_clock_ns() >= first_bound.saturating_sub(grace_ms.saturating_mul(1_000_000)) {
         let _ = write!(report, "{EXPIRED}");
         return Exit::Internal;
     }
     take_terminal(parent);
     // SAFETY: our own descriptor: from here on the bounds are read without blocking.
     unsafe { libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK) };
-    let kill_after = kill_after_ms.saturating_mul(1_000_000);
+    let grace = grace_ms.saturating_mul(1_000_000);
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(env);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
     unsafe {
         command.pre_exec(move || {
             libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
+            for signal in STOP_SIGNALS {
+                libc::signal(signal, libc::SIG_DFL);
+            }
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             Ok(())
         });
@@ -149,33 +170,38 @@ pub fn main(args: &[OsString]) -> Exit {
     // Started: one newline, and the pipe stays open for the end of the story (below).
     let _ = report.write_all(b"\n");
     let mut interrupted: Option<i32> = None;
-    // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns), and when the
-    // command, stopped there, gets SIGKILL.
+    // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns): SIGTERM `grace`
+    // before it, SIGKILL at it, to every descendant, again and again until the command ends.
     let mut bound = first_bound;
-    let mut kill_at: Option<u64> = None;
+    let mut enforced = false;
+    let mut groups = Vec::new();
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(_) => return Exit::Internal,
         }
-        let mut next = 1_000_000_000u64;
-        if let Some(now) = crate::sys::boottime_ns() {
+        let now = crate::sys::bound_clock_ns();
+        if !enforced {
             bound = latest_bound(&mut bounds).unwrap_or(bound);
-            match kill_at {
-                // `fence run` did not prove the lease beyond this (paused, or hung): the
-                // command stops now, whatever `fence run` does.
-                None if now >= bound => {
-                    crate::sys::signal_descendants(libc::SIGTERM, false);
-                    crate::sys::signal_descendants(libc::SIGCONT, false);
-                    kill_at = Some(now.saturating_add(kill_after));
-                    next = next.min(kill_after);
-                }
-                None => next = next.min(bound - now),
-                Some(at) if now >= at => crate::sys::signal_descendants(libc::SIGKILL, false),
-                Some(at) => next = next.min(at - now),
-            }
         }
+        let term_at = bound.saturating_sub(grace);
+        let next = if now >= bound {
+            // `fence run` did not prove the lease beyond this (paused, or hung): nothing of
+            // the command runs past it, whatever `fence run` does.
+            enforced = true;
+            crate::sys::kill_descendants_once(&mut groups);
+            10_000_000
+        } else if now >= term_at {
+            if !enforced {
+                enforced = true;
+                crate::sys::signal_descendants(libc::SIGTERM, false);
+                crate::sys::signal_descendants(libc::SIGCONT, false);
+            }
+            bound - now
+        } else {
+            (term_at - now).min(1_000_000_000)
+        };
         let timeout = libc::timespec {
             tv_sec: (next / 1_000_000_000) as libc::time_t,
             tv_nsec: (next % 1_000_000_000) as libc::c_long,
@@ -189,7 +215,7 @@ pub fn main(args: &[OsString]) -> Exit {
                 // SAFETY: the group is the one `fence run` made for us; we go with it.
                 unsafe { libc::kill(-libc::getpgrp(), libc::SIGKILL) };
             }
-            libc::SIGUSR2 => crate::sys::signal_descendants(libc::SIGKILL, false),
+            libc::SIGUSR2 => crate::sys::kill_descendants_once(&mut groups),
             libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
                 interrupted.get_or_insert(signal);
                 // The group got it (from `fence run`, or the terminal); descendants that left
@@ -202,14 +228,24 @@ pub fn main(args: &[OsString]) -> Exit {
         }
     };
     // Descendants that left the process group (setsid: daemons) were handed to us as their
-    // subreaper when their parents ended; none may outlive COMMAND. `fence run` is told that
-    // some had to be stopped: their work was cut short, so the run did not complete.
-    if crate::sys::kill_descendants() {
+    // subreaper when their parents ended; none may outlive COMMAND, nor the bound: they get
+    // SIGTERM and, at most a second later and never past the bound, SIGKILL. `fence run` is
+    // told that some had to be stopped: their work was cut short, so the run did not complete.
+    let left = latest_bound(&mut bounds)
+        .filter(|_| !enforced)
+        .unwrap_or(bound)
+        .saturating_sub(crate::sys::bound_clock_ns());
+    let term_grace = std::time::Duration::from_nanos(left).min(std::time::Duration::from_secs(1));
+    if crate::sys::kill_descendants(term_grace) {
         let _ = writeln!(report, "{LEFTOVERS}");
+    }
+    if enforced {
+        let _ = writeln!(report, "{BOUND}");
     }
     if let Some(signal) = interrupted {
         let _ = writeln!(report, "{INTERRUPTED} {signal}");
     }
+    let _ = writeln!(report, "{ENDED}");
     drop(report);
     if let Some(signal) = status.signal() {
         // Die of the same signal, so `fence run` reports 128+N as for any command.

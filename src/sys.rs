@@ -198,15 +198,8 @@ fn flock_until(
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
     let mut pause = Duration::from_millis(1);
     loop {
-        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+        if try_flock(&file, op)? {
             return Ok(Some(Locked { _file: file }));
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            ErrorKind::Interrupted => continue,
-            ErrorKind::WouldBlock => {}
-            _ => return Err(("lock", err)),
         }
         let now = Instant::now();
         if now >= deadline {
@@ -214,6 +207,44 @@ fn flock_until(
         }
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// [`lock_exclusive_until`] for the async runtime: the pauses between tries are the runtime's,
+/// so that a lock held by a paused process never blocks the thread (and every timer on it,
+/// such as `fence run`'s bound on its command).
+pub async fn lock_exclusive_by(
+    path: &Path,
+    deadline: Instant,
+) -> Result<Option<Locked>, (&'static str, io::Error)> {
+    let file = open_lock_file(path)?;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if try_flock(&file, libc::LOCK_EX)? {
+            return Ok(Some(Locked { _file: file }));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// One non-blocking `flock` (`op`): whether it was granted.
+fn try_flock(file: &File, op: libc::c_int) -> Result<bool, (&'static str, io::Error)> {
+    loop {
+        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return Ok(false),
+            _ => return Err(("lock", err)),
+        }
     }
 }
 
@@ -305,7 +336,7 @@ pub(crate) fn signal_descendants(signal: i32, outside: bool) {
 /// members are all descendants (remembered in `groups`, and killed again at every call): a
 /// group is killed as one, so a process that forks its successor and exits (a respawning
 /// loop in a session of its own) cannot slip between a scan of /proc and the kill.
-fn kill_descendants_once(groups: &mut Vec<i32>) {
+pub(crate) fn kill_descendants_once(groups: &mut Vec<i32>) {
     let all = processes();
     let family = family(&all);
     // SAFETY: getpgrp has no preconditions.
@@ -329,11 +360,21 @@ fn kill_descendants_once(groups: &mut Vec<i32>) {
     }
 }
 
+/// The live descendants of this process (zombies left out): their pids, for a report of what
+/// would not die.
+pub(crate) fn live_descendants() -> Vec<i32> {
+    family(&processes())
+        .iter()
+        .filter(|p| !p.zombie)
+        .map(|p| p.pid)
+        .collect()
+}
+
 /// Whether this process has a child, live or ended and not yet waited for. Every descendant
 /// descends from a child (a subreaper's orphans become its children), so none means no
 /// descendant at all: an exact answer, where a scan of /proc can miss a process born or
 /// reparented while it reads.
-fn has_children() -> bool {
+pub(crate) fn has_children() -> bool {
     // SAFETY: siginfo_t is plain data (zeroed is valid); waitid with WNOWAIT only looks, and
     // fails with ECHILD exactly when there is no child.
     unsafe {
@@ -347,55 +388,71 @@ fn has_children() -> bool {
     }
 }
 
-/// How long leftovers that ignore SIGTERM get before SIGKILL.
-const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Reaps every child that has ended, without blocking. Reaps any child, so a caller must
+/// have waited for the children it waits for itself.
+pub(crate) fn reap_children() {
+    // SAFETY: waitpid on our own children, without blocking.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
 /// How long the killing goes on at most (a process that cannot die: stuck in the kernel).
 const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Stops every descendant of this process: SIGTERM, then after [`TERM_GRACE`] SIGKILL again
+/// Stops every descendant of this process: SIGTERM, then after `term_grace` SIGKILL again
 /// and again to every one still there or born since (and to the process groups only they
 /// are in), until this process has no child left; reaps them all (a subreaper's orphans), so
 /// none is left a zombie. Returns whether any was left. Reaps any child, so a caller must
-/// have waited for the children it waits for itself.
-pub(crate) fn kill_descendants() -> bool {
-    let reap = || {
-        // SAFETY: waitpid on our own children, without blocking.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
-    };
-    reap();
+/// have waited for the children it waits for itself. Blocking: for the reaper, which has no
+/// runtime (`fence run` does the same in its own loop, between renewals).
+pub(crate) fn kill_descendants(term_grace: std::time::Duration) -> bool {
+    reap_children();
     if !has_children() {
         return false;
     }
     signal_descendants(libc::SIGTERM, false);
+    signal_descendants(libc::SIGCONT, false);
     let start = std::time::Instant::now();
-    while start.elapsed() < TERM_GRACE {
-        reap();
+    while start.elapsed() < term_grace {
+        reap_children();
         if !has_children() {
             return true;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let mut groups = Vec::new();
-    while start.elapsed() < TERM_GRACE + KILL_FOR {
-        reap();
+    while start.elapsed() < term_grace + KILL_FOR {
+        reap_children();
         if !has_children() {
             break;
         }
         kill_descendants_once(&mut groups);
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    reap();
+    reap_children();
     true
 }
 
 /// CLOCK_BOOTTIME in nanoseconds: monotonic, and counting time the machine was suspended
 /// (a lease runs out during a suspend too). `None` where it cannot be read.
 pub(crate) fn boottime_ns() -> Option<u64> {
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
+/// The clock of `fence run`'s bounds, in nanoseconds, read by fence and by the reaper alike:
+/// CLOCK_BOOTTIME (a suspend counts: a lease runs out during one too), or CLOCK_MONOTONIC on
+/// a kernel without it (before Linux 2.6.39).
+pub(crate) fn bound_clock_ns() -> u64 {
+    boottime_ns()
+        .or_else(|| clock_ns(libc::CLOCK_MONOTONIC))
+        .unwrap_or(0)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes into the timespec we own.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }

@@ -27,10 +27,13 @@
 //! work not done.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::future::Future;
+use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
+use std::pin::Pin;
 use std::process::ExitStatus;
+use std::rc::Rc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -39,7 +42,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::cli::{Format, RunArgs};
 use crate::cmd::acquire::default_owner;
 use crate::cmd::{wait, Context};
-use crate::coordinator::{Coordinator, LeaseRef};
+use crate::coordinator::{Coordinator, Lease, LeaseRef};
 use crate::error::{ConflictKind, Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
@@ -280,12 +283,6 @@ fn run_owner(given: Option<&str>) -> String {
     }
 }
 
-/// How the supervised command ended.
-enum End {
-    Finished(ExitStatus),
-    Lost(Error),
-}
-
 async fn supervise(
     args: RunArgs,
     ctx: &Context,
@@ -311,7 +308,9 @@ async fn supervise(
     // signal sent as soon as the command is visible is forwarded to it.
     let mut interrupts = Interrupts::install()?;
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
-    let reaper = Reaper::start(&args.command, args.kill_after, out)?;
+    // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
+    let grace = args.kill_after.min(args.ttl / 3);
+    let reaper = Reaper::start(&args.command, grace, out)?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(
             format!("interrupted by {name} {what}; the command was not started"),
@@ -337,7 +336,7 @@ async fn supervise(
     // signal itself and leaves its queue: it is given a moment for that (and a lease granted
     // meanwhile is released).
     tokio::pin!(asked);
-    let (mut coordinator, grant, sent) = tokio::select! {
+    let (coordinator, grant, sent) = tokio::select! {
         biased;
         asked = &mut asked => asked?,
         (_, name) = interrupts.next() => {
@@ -366,7 +365,9 @@ async fn supervise(
         token: grant.lease.token,
     };
     let ttl = args.ttl;
-    let mut valid_until = valid_bound(sent, ttl, grant.lease.expires_in_ms);
+    // When the granted attempt was sent, on the bound clock (which counts a suspend).
+    let sent = crate::sys::bound_clock_ns().saturating_sub(nanos(sent.elapsed()));
+    let bound = bound_of(sent, ttl, grant.lease.expires_in_ms);
     // Checked under the lease: a run that completed released it only after its record.
     if let Some(marker) = &marker {
         let done = completed(coordinator.as_ref(), marker).await;
@@ -419,93 +420,396 @@ async fn supervise(
     }
     env.push(("FENCE_RUN_ID", given_id.clone()));
     env.push(("FENCE_RUN_PARENT_ID", given_id.clone()));
-    let (mut child, report, bounds) = match reaper.go(&lease, &env, valid_until) {
-        Ok(started) => started,
+    let running = match reaper.go(&lease, &env, bound, grace).await {
+        Ok(running) => running,
         Err(err) => {
             let _ = coordinator.release(&lease).await;
             return Err(err);
         }
     };
+    let terminal = Terminal::give(running.child.id().map(|pid| pid as i32));
+    let plan = Plan {
+        ttl,
+        grace,
+        kill_after: args.kill_after,
+    };
+    let held = hold(
+        ctx,
+        &lease,
+        Rc::from(coordinator),
+        running,
+        &mut interrupts,
+        bound,
+        plan,
+    )
+    .await;
+    terminal.take_back();
+    let Held {
+        status,
+        lost: lost_reason,
+        leftovers,
+        interrupted,
+        coordinator,
+    } = held?;
+    if let Some(reason) = lost_reason {
+        return Err(lost(&lease, reason));
+    }
+    // A run id is recorded as completed only for a run that ended on its own, whole:
+    // exit 0, not asked to stop, nothing of it still running that had to be stopped.
+    let incomplete = match (interrupted, leftovers) {
+        (Some(signal), _) => Some(format!(
+            "it was interrupted (signal {signal} reached it)"
+        )),
+        (None, true) => Some(
+            "it left processes running, which were stopped with it (a background job's work may be cut short)"
+                .to_owned(),
+        ),
+        (None, false) => None,
+    };
+    if let (Some(_), Some(0), Some(why)) = (&marker, status.code(), &incomplete) {
+        crate::terminal::warn(&format!(
+            "warning: the command exited 0, but {why}: run `{}` is not recorded as completed, so the next run with this id runs it again",
+            id.as_deref().unwrap_or_default()
+        ));
+    }
+    if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
+        let recorder = format!("{owner}{COMMAND_MARK}{digest}");
+        if let Err(err) =
+            record_completed(coordinator.as_ref(), marker, &recorder, ttl).await
+        {
+            crate::terminal::warn(&format!(
+                "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
+                id.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    let mut released = coordinator.release(&lease).await;
+    if matches!(
+        released,
+        Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+    ) {
+        // The connection may have been closed while the command ran (a server's
+        // idle_session_timeout, a restart): a release is safe to send again, once, on a
+        // fresh one (a second release of the token is "already released").
+        if let Ok(fresh) = ctx.coordinator().await {
+            released = fresh.release(&lease).await;
+        }
+    }
+    if let Err(err) = released {
+        crate::terminal::warn(&format!(
+            "warning: the command ended but its lease could not be released: {err}"
+        ));
+    }
+    let code = status
+        .code()
+        .map(|c| c as u8)
+        .or_else(|| status.signal().map(|s| 128 + s as u8))
+        .unwrap_or(1);
+    if out.format == Format::Json {
+        /// A run that ended: its lease, its command's status, its run id.
+        #[derive(Serialize)]
+        struct Json<'a> {
+            resource: &'a str,
+            owner: &'a str,
+            token: i64,
+            exit_status: u8,
+            run_id: &'a str,
+        }
+        let answer = Json {
+            resource: &lease.resource,
+            owner: &lease.owner,
+            token: lease.token,
+            exit_status: code,
+            run_id: &given_id,
+        };
+        out.json_answer(true, "run", ctx.store_display(), &answer);
+    }
+    Ok(Exit::Command(code))
+}
+
+/// How `fence run` holds its lease: the TTL asked for, how long before the bound the command
+/// gets SIGTERM should no renewal be proven ([`Plan::grace`]), and `--kill-after`.
+#[derive(Clone, Copy)]
+struct Plan {
+    ttl: Duration,
+    /// `--kill-after`, but at most a third of the TTL: SIGTERM comes that long before the
+    /// bound, SIGKILL at the bound, so nothing of the command outlives the bound.
+    grace: Duration,
+    kill_after: Duration,
+}
+
+/// What [`hold`] saw by the time nothing of the command was left.
+struct Held {
+    /// The reaper's status: the command's, passed on.
+    status: ExitStatus,
+    /// Why the command was stopped before it ended on its own (the run then ends with this
+    /// lost lease; the lease was released when it was still provably ours).
+    lost: Option<LostReason>,
+    /// Processes of the command were left when it ended, and were stopped.
+    leftovers: bool,
+    /// The first stop signal that reached the command.
+    interrupted: Option<i32>,
+    /// The coordinator's connection, as the last renewal left it.
+    coordinator: Rc<dyn Coordinator>,
+}
+
+/// The command is being stopped: SIGTERM went out, SIGKILL is due at `graceful_until` (or at
+/// the bound, whichever is first; at once once the lease is lost).
+struct Stop {
+    graceful_until: u64,
+    /// When SIGKILL went out; it goes out again at every [`POLL`] until nothing is left.
+    killed: Option<Instant>,
+    /// Process groups made only of the command's processes (see
+    /// [`crate::sys::kill_descendants_once`]).
+    groups: Vec<i32>,
+    /// The processes that would not die were named.
+    warned: bool,
+}
+
+impl Stop {
+    fn until(graceful_until: u64) -> Option<Stop> {
+        Some(Stop {
+            graceful_until,
+            killed: None,
+            groups: Vec::new(),
+            warned: false,
+        })
+    }
+}
+
+/// A renewal in flight: the connection it went on, when it was sent (bound clock ns), and its
+/// answer (`None`: none in time).
+type Renewal<'a> =
+    Pin<Box<dyn Future<Output = (Rc<dyn Coordinator>, u64, Option<Result<Lease, Error>>)> + 'a>>;
+
+/// One renewal of `lease`, as a future the loop of [`hold`] polls beside its timers (so that
+/// no wait for the store delays the command's SIGTERM or SIGKILL): first, when `cancel_first`,
+/// the cancel of the one that was left unanswered (queued behind a lock, it would otherwise
+/// commit later, for a run that may have been reported lost by then), then, when `reconnect`,
+/// a fresh connection. Waits for an answer until `bound`, and at least [`CLASSIFY_WITHIN`].
+fn renewal<'a>(
+    ctx: &'a Context,
+    mut coordinator: Rc<dyn Coordinator>,
+    lease: &LeaseRef,
+    ttl: Duration,
+    bound: u64,
+    (reconnect, cancel_first): (bool, bool),
+) -> Renewal<'a> {
+    let lease = lease.clone();
+    let wait = move || {
+        Duration::from_nanos(bound.saturating_sub(crate::sys::bound_clock_ns()))
+            .max(CLASSIFY_WITHIN)
+    };
+    Box::pin(async move {
+        if cancel_first {
+            coordinator.cancel_pending().await;
+        }
+        if reconnect {
+            match tokio::time::timeout(wait(), ctx.coordinator()).await {
+                Ok(Ok(fresh)) => coordinator = Rc::from(fresh),
+                Ok(Err(err)) => return (coordinator, 0, Some(Err(err))),
+                Err(_) => return (coordinator, 0, None),
+            }
+        }
+        let sent = crate::sys::bound_clock_ns();
+        let answer = tokio::time::timeout(wait(), coordinator.renew(&lease, Some(ttl)))
+            .await
+            .ok();
+        (coordinator, sent, answer)
+    })
+}
+
+/// Sleeps until `deadline` on the bound clock (forever for `u64::MAX`). The runtime's timers
+/// do not count a suspend, so the clock is read again at least every [`TICK`].
+async fn until(deadline: u64) {
+    if deadline == u64::MAX {
+        return std::future::pending().await;
+    }
+    loop {
+        let now = crate::sys::bound_clock_ns();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_nanos(deadline - now).min(TICK)).await;
+    }
+}
+
+/// How often a wait for a bound reads the bound clock again (see [`until`]).
+const TICK: Duration = Duration::from_millis(200);
+/// How often the command's leftovers are looked at (and SIGKILLed again, once due).
+const POLL: Duration = Duration::from_millis(10);
+/// How long after SIGKILL processes that are still there are named (uninterruptible sleep).
+const UNKILLABLE_AFTER: Duration = Duration::from_secs(2);
+
+/// Holds the lease while the command runs, and until nothing of it is left.
+///
+/// Renewals go out every TTL/3 until then, also while the command is being stopped; each one
+/// proven moves the bound (sent + granted) and is passed on to the reaper. Should none be
+/// proven, the command gets SIGTERM `grace` before the bound and SIGKILL at the bound, from
+/// this process and, on its own clock, from the reaper (whichever of the two is still able:
+/// either may be paused or killed). A definite answer that the lease is gone (taken over,
+/// expired) stops everything with SIGKILL at once. When the command ends on its own, what it
+/// left running (in its group or not: every process it started descends from this one, the
+/// subreaper of the reaper's orphans) gets SIGTERM and, after `--kill-after` (never past the
+/// bound), SIGKILL — while the lease is renewed. The reaper is continued at every renewal (the
+/// command may stop it); one that never said the command started, or that was killed, is
+/// lost: everything is stopped at once, and the run ends with `supervisor_lost`.
+#[allow(clippy::too_many_arguments)]
+async fn hold(
+    ctx: &Context,
+    lease: &LeaseRef,
+    mut coordinator: Rc<dyn Coordinator>,
+    running: Running,
+    interrupts: &mut Interrupts,
+    mut bound: u64,
+    plan: Plan,
+) -> Result<Held, Error> {
+    let Running {
+        mut child,
+        answered,
+        bounds,
+        mut report,
+    } = running;
     let pgid = child.id().map(|pid| pid as i32);
-    let terminal = Terminal::give(pgid);
-
-    let every = ttl / 3;
+    let every = plan.ttl / 3;
     let mut next_renew = Instant::now() + every;
-    let mut reconnect = false;
+    let mut in_flight: Option<Renewal> = None;
+    let mut renewing = true;
+    let (mut reconnect, mut cancel_first) = (false, false);
     let mut last_error: Option<String> = None;
-    // The first signal passed on to the command: a run that was asked to stop did not
-    // complete, whatever its exit status (a `trap … exit 0` ends it with 0).
+    let mut status: Option<ExitStatus> = None;
+    let mut lost: Option<LostReason> = None;
+    let mut unproven = false;
+    let mut stop: Option<Stop> = None;
+    let mut leftovers = false;
     let mut interrupted: Option<i32> = None;
-
-    let end = loop {
+    if !answered {
+        lost = Some(LostReason::SupervisorLost);
+        stop = Stop::until(0);
+    }
+    loop {
+        if status.is_some() {
+            crate::sys::reap_children();
+            if !crate::sys::has_children() {
+                break;
+            }
+        }
+        let now = crate::sys::bound_clock_ns();
+        let term_at = match stop {
+            None => bound.saturating_sub(nanos(plan.grace)),
+            Some(_) => u64::MAX,
+        };
+        let kill_at = match &stop {
+            Some(Stop { killed: None, .. }) if lost.is_some() => 0,
+            Some(Stop {
+                killed: None,
+                graceful_until,
+                ..
+            }) => (*graceful_until).min(bound),
+            _ => u64::MAX,
+        };
         tokio::select! {
             biased;
-            _ = sleep_until(valid_until) => {
-                // No renewal was confirmed in time (the store is unreachable, or this process
-                // was paused): stop the command first, then ask once why, for the report.
+            _ = until(kill_at) => {
+                if let Some(stop) = stop.as_mut() {
+                    forward(pgid, libc::SIGKILL);
+                    crate::sys::kill_descendants_once(&mut stop.groups);
+                    stop.killed = Some(Instant::now());
+                }
+            }
+            _ = until(term_at) => {
+                // No renewal was proven in time: the command stops before the bound.
+                unproven = true;
                 forward(pgid, libc::SIGTERM);
-                let asked = tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(&lease, None)).await;
-                if asked.is_err() {
-                    // Unanswered, it must not renew the lease later (see `cancel_pending`).
-                    coordinator.cancel_pending().await;
-                }
-                let reason = match asked {
-                    Ok(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
-                    Ok(Err(Error::LeaseLost { reason, .. })) => reason,
-                    Ok(Ok(_)) => {
-                        // Still ours by the store's clock, but too late to prove in time:
-                        // hand it back rather than leave it to expire.
-                        let _ = coordinator.release(&lease).await;
-                        LostReason::Unreachable
-                    }
-                    _ => LostReason::Unreachable,
-                };
-                if let Some(cause) = &last_error {
-                    crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
-                }
-                break End::Lost(lost(&lease, reason));
-            }
-            status = child.wait() => match status {
-                Ok(status) => break End::Finished(status),
-                Err(err) => return Err(Error::internal(format!("cannot wait for the command: {err}"), "check the system's process limits")),
-            },
-            (signal, _) = interrupts.next() => {
-                interrupted.get_or_insert(signal);
-                forward(pgid, signal);
                 forward(pgid, libc::SIGCONT);
+                stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
             }
-            _ = sleep_until(next_renew) => {
-                if reconnect {
-                    let left = valid_until.saturating_duration_since(Instant::now());
-                    match tokio::time::timeout(left, ctx.coordinator()).await {
-                        Ok(Ok(fresh)) => { coordinator = fresh; reconnect = false; }
-                        _ => { next_renew = Instant::now() + retry_after(ttl); continue; }
+            waited = child.wait(), if status.is_none() => {
+                let waited = waited.map_err(|err| Error::internal(
+                    format!("cannot wait for the command: {err}"),
+                    "check the system's process limits",
+                ))?;
+                status = Some(waited);
+                // The reaper has been waited for: any child of ours now is an orphan of the
+                // command (the reaper died before it could stop them all).
+                crate::sys::reap_children();
+                if crate::sys::has_children() {
+                    leftovers = true;
+                    if stop.is_none() {
+                        crate::sys::signal_descendants(libc::SIGTERM, false);
+                        crate::sys::signal_descendants(libc::SIGCONT, false);
+                        stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
                     }
                 }
-                let sent = Instant::now();
-                let left = valid_until.saturating_duration_since(sent);
-                match tokio::time::timeout(left, coordinator.renew(&lease, Some(ttl))).await {
-                    Ok(Ok(renewed)) => {
+            }
+            _ = tokio::time::sleep(POLL), if status.is_some() => {
+                if let Some(Stop { killed: Some(at), groups, warned, .. }) = stop.as_mut() {
+                    crate::sys::kill_descendants_once(groups);
+                    if !*warned && at.elapsed() >= UNKILLABLE_AFTER {
+                        *warned = true;
+                        crate::terminal::warn(&format!(
+                            "warning: processes of the command did not end on SIGKILL (in uninterruptible sleep?): pid {}; fence renews the lease until they end",
+                            crate::sys::live_descendants()
+                                .iter()
+                                .map(|p| p.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                    }
+                }
+            }
+            (signal, _) = interrupts.next() => {
+                if status.is_none() {
+                    interrupted.get_or_insert(signal);
+                    forward(pgid, signal);
+                    forward(pgid, libc::SIGCONT);
+                } else if let Some(stop) = stop.as_mut() {
+                    // Asked again while the leftovers are stopped: no more grace.
+                    stop.graceful_until = 0;
+                }
+            }
+            _ = sleep_until(next_renew), if renewing && in_flight.is_none() => {
+                if status.is_none() {
+                    continue_process(child.id());
+                }
+                in_flight = Some(renewal(
+                    ctx,
+                    coordinator.clone(),
+                    lease,
+                    plan.ttl,
+                    bound,
+                    (reconnect, cancel_first),
+                ));
+            }
+            (used, sent, answer) = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
+                in_flight = None;
+                coordinator = used;
+                match answer {
+                    Some(Ok(renewed)) => {
+                        (reconnect, cancel_first) = (false, false);
                         last_error = None;
-                        valid_until = valid_bound(sent, ttl, renewed.expires_in_ms);
-                        bounds.send(valid_until);
+                        bound = bound_of(sent, plan.ttl, renewed.expires_in_ms);
+                        if status.is_none() {
+                            bounds.send(bound);
+                        }
                         next_renew = Instant::now() + every;
                     }
-                    Ok(Err(Error::Stale { highest_token, .. })) => {
-                        break End::Lost(lost(&lease, LostReason::TakenOver { highest_token }));
+                    Some(Err(Error::Stale { highest_token, .. })) => {
+                        lost.get_or_insert(LostReason::TakenOver { highest_token });
+                        renewing = false;
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
                     }
-                    Ok(Err(Error::LeaseLost { reason, .. })) => break End::Lost(lost(&lease, reason)),
+                    Some(Err(Error::LeaseLost { reason, .. })) => {
+                        lost.get_or_insert(reason);
+                        renewing = false;
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    }
                     other => {
-                        // Anything else may pass (a lost connection, a timeout, local I/O): try
-                        // again soon on a fresh connection, but only while the bound lasts. A
-                        // renewal left unanswered is cancelled on the server first: queued
-                        // behind a lock, it would otherwise commit later, for a run that may
-                        // have been reported lost by then.
-                        if other.is_err() {
-                            coordinator.cancel_pending().await;
-                        }
+                        // Anything else may pass (a lost connection, a timeout, local I/O):
+                        // try again soon on a fresh connection, cancelling the unanswered one.
+                        cancel_first = other.is_none();
                         last_error = Some(match other {
-                            Ok(Err(err)) => err.to_string(),
+                            Some(Err(err)) => err.to_string(),
                             _ => match crate::pg::last_refusal() {
                                 Some(refusal) => format!(
                                     "no answer in time: PostgreSQL was refusing connections ({refusal})"
@@ -514,112 +818,85 @@ async fn supervise(
                             },
                         });
                         reconnect = true;
-                        next_renew = Instant::now() + retry_after(ttl);
+                        next_renew = Instant::now() + retry_after(plan.ttl);
                     }
                 }
             }
         }
-    };
-
-    terminal.take_back();
-    match end {
-        End::Finished(status) => {
-            // Whatever the command left running in its group (a background job, or all of
-            // its children if the reaper was killed) must not outlive the lease.
-            let told = reaper_report(report);
-            // The reaper has been waited for: any child of ours now is an orphan it left
-            // (it died before the command's descendants), stopped here.
-            let left_over = stop_leftovers(pgid, args.kill_after).await
-                | told.leftovers
-                | crate::sys::kill_descendants();
-            // A stop signal the command's group got without fence (Ctrl-C at a terminal goes to
-            // the foreground group, the command's) interrupted the run all the same.
-            let interrupted = interrupted.or(told.interrupted);
-            // A run id is recorded as completed only for a run that ended on its own, whole:
-            // exit 0, not asked to stop, nothing of it still running that had to be stopped.
-            let incomplete = match (interrupted, left_over) {
-                (Some(signal), _) => Some(format!(
-                    "it was interrupted (signal {signal} reached it)"
-                )),
-                (None, true) => Some(
-                    "it left processes running, which were stopped with it (a background job's work may be cut short)"
-                        .to_owned(),
-                ),
-                (None, false) => None,
-            };
-            if let (Some(_), Some(0), Some(why)) = (&marker, status.code(), &incomplete) {
-                crate::terminal::warn(&format!(
-                    "warning: the command exited 0, but {why}: run `{}` is not recorded as completed, so the next run with this id runs it again",
-                    id.as_deref().unwrap_or_default()
-                ));
-            }
-            if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
-                let recorder = format!("{owner}{COMMAND_MARK}{digest}");
-                if let Err(err) =
-                    record_completed(coordinator.as_ref(), marker, &recorder, ttl).await
-                {
-                    crate::terminal::warn(&format!(
-                        "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
-                        id.as_deref().unwrap_or_default()
-                    ));
-                }
-            }
-            let mut released = coordinator.release(&lease).await;
-            if matches!(
-                released,
-                Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
-            ) {
-                // The connection may have been closed while the command ran (a server's
-                // idle_session_timeout, a restart): a release is safe to send again, once, on a
-                // fresh one (a second release of the token is "already released").
-                if let Ok(fresh) = ctx.coordinator().await {
-                    released = fresh.release(&lease).await;
-                }
-            }
-            if let Err(err) = released {
-                crate::terminal::warn(&format!(
-                    "warning: the command ended but its lease could not be released: {err}"
-                ));
-            }
-            let code = status
-                .code()
-                .map(|c| c as u8)
-                .or_else(|| status.signal().map(|s| 128 + s as u8))
-                .unwrap_or(1);
-            if out.format == Format::Json {
-                /// A run that ended: its lease, its command's status, its run id.
-                #[derive(Serialize)]
-                struct Json<'a> {
-                    resource: &'a str,
-                    owner: &'a str,
-                    token: i64,
-                    exit_status: u8,
-                    run_id: &'a str,
-                }
-                let answer = Json {
-                    resource: &lease.resource,
-                    owner: &lease.owner,
-                    token: lease.token,
-                    exit_status: code,
-                    run_id: &given_id,
-                };
-                out.json_answer(true, "run", ctx.store_display(), &answer);
-            }
-            Ok(Exit::Command(code))
+    }
+    let status = status.expect("the loop ends once the reaper was waited for");
+    let told = reaper_report(&mut report).await;
+    // The reaper stopped the command at the bound: this process did not prove one in time
+    // (paused, or the machine was suspended, which the runtime's timers do not count).
+    unproven |= told.bound;
+    if lost.is_none() && unproven {
+        // Ask once why, for the report (the renewal in flight, or a new one).
+        let asked = match in_flight.take() {
+            Some(flight) => tokio::time::timeout(CLASSIFY_WITHIN, flight)
+                .await
+                .ok()
+                .and_then(|(_, _, answer)| answer),
+            None => tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(lease, None))
+                .await
+                .ok(),
+        };
+        if asked.is_none() {
+            // Unanswered, it must not renew the lease later (see `cancel_pending`).
+            coordinator.cancel_pending().await;
         }
-        End::Lost(err) => {
-            stop(&mut child, pgid, args.kill_after).await;
-            // The reaper has been waited for: what it left is ours to stop.
-            crate::sys::kill_descendants();
-            Err(err)
+        lost = Some(match asked {
+            Some(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
+            Some(Err(Error::LeaseLost { reason, .. })) => reason,
+            Some(Ok(_)) => {
+                // Still ours by the store's clock, but too late to prove in time: hand it
+                // back, nothing of the command is left.
+                let _ = coordinator.release(lease).await;
+                LostReason::Unreachable
+            }
+            _ => LostReason::Unreachable,
+        });
+        if let Some(cause) = &last_error {
+            crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
         }
     }
+    if lost.is_none() && !told.ended {
+        // The reaper was killed (the OOM killer, a `kill -9` of the wrong pid, the command):
+        // the command's own status is unknown, and what it started was stopped here.
+        lost = Some(LostReason::SupervisorLost);
+    }
+    if lost == Some(LostReason::SupervisorLost) {
+        // Nothing of the command is left and the lease is still ours: hand it back.
+        let _ = coordinator.release(lease).await;
+    }
+    Ok(Held {
+        status,
+        lost,
+        leftovers: leftovers || told.leftovers,
+        interrupted: interrupted.or(told.interrupted),
+        coordinator,
+    })
 }
 
-fn valid_bound(sent: Instant, ttl: Duration, expires_in_ms: i64) -> Instant {
-    // Never trust more than the coordinator granted, nor more than the TTL asked for.
+/// The lease's bound on the bound clock (see [`crate::sys::bound_clock_ns`]): when the request
+/// that obtained it was sent, plus what the coordinator granted (never more than the TTL asked
+/// for), less [`margin`]. The coordinator extended the lease at or after `sent`, so the bound
+/// is before the coordinator's own expiry, by the margin at least, and no wall clock is
+/// compared (I7). Nothing of the command runs past it: SIGKILL goes out there.
+fn bound_of(sent: u64, ttl: Duration, expires_in_ms: i64) -> u64 {
     let granted = Duration::from_millis(expires_in_ms.max(0) as u64);
-    sent + ttl.min(granted)
+    sent.saturating_add(nanos(ttl.min(granted).saturating_sub(margin(ttl))))
+}
+
+/// How much earlier than the store's expiry the command is killed: the time a SIGKILL takes
+/// to land (a scan of /proc, a wake-up on a loaded machine) comes out of it, so that the
+/// command is gone before another owner can be granted the lease. A twentieth of the TTL, at
+/// most 250 ms.
+fn margin(ttl: Duration) -> Duration {
+    (ttl / 20).min(Duration::from_millis(250))
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How long to wait, once the lease could not be proven, for the store to say why.
@@ -645,23 +922,6 @@ fn forward(pgid: Option<i32>, signal: i32) {
     }
 }
 
-/// SIGTERM to the whole group, SIGKILL after `kill_after` (and always, for stragglers).
-async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: Duration) {
-    forward(pgid, libc::SIGTERM);
-    // A stopped command acts on SIGTERM only once continued.
-    forward(pgid, libc::SIGCONT);
-    let _ = tokio::time::timeout(kill_after, child.wait()).await;
-    // The reaper SIGKILLs every descendant, in the group or not, then reports; the group's
-    // SIGKILL is the fallback should the reaper not answer.
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) on our own child, the reaper.
-        unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
-        let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
-    }
-    forward(pgid, libc::SIGKILL);
-    let _ = child.wait().await;
-}
-
 /// The lease's bound, sent to the reaper: should `fence run` be paused (SIGSTOP, a frozen
 /// cgroup) or hang past it, the reaper, which does not renew anything, stops the command
 /// there itself (SIGTERM, SIGKILL after `--kill-after`), so that it never runs on past the
@@ -669,19 +929,9 @@ async fn stop(child: &mut tokio::process::Child, pgid: Option<i32>, kill_after: 
 struct Bounds(std::fs::File);
 
 impl Bounds {
-    /// `until` as an instant of CLOCK_BOOTTIME (which the reaper reads too, and which counts
-    /// a suspend), in nanoseconds; `u64::MAX` (no bound) should that clock be unreadable.
-    fn instant(until: Instant) -> u64 {
-        let Some(now) = crate::sys::boottime_ns() else {
-            return u64::MAX;
-        };
-        let left = until.saturating_duration_since(Instant::now());
-        now.saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
-    }
-
-    /// Sends `until` (see [`Bounds::instant`]), 8 bytes: one write, never split.
-    fn send(&self, until: Instant) {
-        let _ = (&self.0).write_all(&Self::instant(until).to_le_bytes());
+    /// Sends `bound` (bound clock ns), 8 bytes: one write, never split.
+    fn send(&self, bound: u64) {
+        let _ = (&self.0).write_all(&bound.to_le_bytes());
     }
 }
 
@@ -716,28 +966,6 @@ impl Terminal {
     }
 }
 
-/// Whether any process is left in the command's group.
-fn group_alive(pgid: Option<i32>) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks that the group has a member.
-    pgid.is_some_and(|pgid| unsafe { libc::kill(-pgid, 0) } == 0)
-}
-
-/// SIGTERM to what is left of the group, SIGKILL after `kill_after` to what still is.
-/// Returns whether anything was left.
-async fn stop_leftovers(pgid: Option<i32>, kill_after: Duration) -> bool {
-    if !group_alive(pgid) {
-        return false;
-    }
-    forward(pgid, libc::SIGTERM);
-    forward(pgid, libc::SIGCONT);
-    let deadline = Instant::now() + kill_after;
-    while group_alive(pgid) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    forward(pgid, libc::SIGKILL);
-    true
-}
-
 /// The reaper (see [`crate::reaper`]), started in a new process group before the lease is
 /// asked for, so that its start overlaps the coordinator's round trips; it waits, starting
 /// nothing, until [`Reaper::go`] sends what COMMAND needs. Dropped without `go` (busy, an
@@ -751,7 +979,7 @@ struct Reaper {
 }
 
 impl Reaper {
-    fn start(command: &[OsString], kill_after: Duration, out: &Output) -> Result<Reaper, Error> {
+    fn start(command: &[OsString], grace: Duration, out: &Output) -> Result<Reaper, Error> {
         let program = command.first().ok_or_else(|| {
             Error::usage(
                 "no command to run",
@@ -782,7 +1010,7 @@ impl Reaper {
             .arg(&parent)
             .arg(raw_report.to_string())
             .arg(raw_start.to_string())
-            .arg(kill_after.as_millis().min(i64::MAX as u128).to_string())
+            .arg(grace.as_millis().min(i64::MAX as u128).to_string())
             .arg("--")
             .args(command)
             .process_group(0);
@@ -825,14 +1053,19 @@ impl Reaper {
     }
 
     /// Has the reaper start COMMAND with `env` (fence's variables) under the lease's first
-    /// bound, `until`: the reaper enforces the bound from COMMAND's first instant. Waits for
-    /// its report that COMMAND runs (or why it could not start).
-    fn go(
+    /// `bound` (bound clock ns): the reaper enforces it from COMMAND's first instant, SIGTERM
+    /// `grace` before it. Waits for its report that COMMAND runs (or why it could not start),
+    /// never past `bound - grace`: a reaper stopped by its own command (`kill -STOP $PPID`) is
+    /// continued every [`NUDGE`], and one that still has not answered then is treated as lost
+    /// (`Started::answered` false: whatever it started is stopped by [`hold`]).
+    async fn go(
         mut self,
         lease: &LeaseRef,
         env: &[(&str, String)],
-        until: Instant,
-    ) -> Result<(tokio::process::Child, std::fs::File, Bounds), Error> {
+        bound: u64,
+        grace: Duration,
+    ) -> Result<Running, Error> {
+        use tokio::io::AsyncReadExt;
         let program = std::mem::take(&mut self.program);
         let cannot = |err: &dyn std::fmt::Display| {
             Error::usage(
@@ -847,37 +1080,67 @@ impl Reaper {
             payload.extend_from_slice(value.as_bytes());
             payload.push(0);
         }
-        let mut message = Bounds::instant(until).to_le_bytes().to_vec();
+        let mut message = bound.to_le_bytes().to_vec();
         message.extend_from_slice(&u32::try_from(payload.len()).unwrap_or(0).to_le_bytes());
         message.extend_from_slice(&payload);
-        let (Some(child), Some(mut report), Some(start)) =
+        let (Some(child), Some(report), Some(start)) =
             (self.child.take(), self.report.take(), self.start.take())
         else {
             return Err(cannot(
                 &"fence's supervisor of the command was already used",
             ));
         };
-        // One write into the empty pipe, still blocking; from here on our end never blocks:
-        // a bound the reaper has not read yet is replaced by the next one anyway.
+        // One write into the empty pipe (a pipe holds 64 KiB, and the message is below the
+        // argument limits), still blocking; from here on our end never blocks: a bound the
+        // reaper has not read yet is replaced by the next one anyway.
         let sent = (&start).write_all(&message);
         // SAFETY: O_NONBLOCK on our own end of the pipe.
         unsafe { libc::fcntl(start.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         let bounds = Bounds(start);
+        let mut report = tokio::net::unix::pipe::Receiver::from_file(report)
+            .map_err(|err| Error::internal(
+                format!("cannot watch fence's supervisor of the command: {err}"),
+                "check the system's file limits; nothing was run and the lease was released",
+            ))?;
         // The reaper writes one newline once COMMAND runs, or why it could not start and
         // closes its end. A reaper that dies before either closes it with nothing said.
+        let give_up = bound.saturating_sub(nanos(grace));
         let mut first = [0u8; 1];
-        match (sent, report.read(&mut first)) {
-            (Ok(()), Ok(1)) if first[0] == b'\n' => Ok((child, report, bounds)),
-            (_, Ok(0)) | (Err(_), _) => Err(Error::internal(
+        let read = loop {
+            match tokio::time::timeout(NUDGE, report.read(&mut first)).await {
+                Ok(read) => break Some(read),
+                Err(_) if crate::sys::bound_clock_ns() >= give_up => break None,
+                Err(_) => continue_process(child.id()),
+            }
+        };
+        match (sent, read) {
+            (Ok(()), Some(Ok(1))) if first[0] == b'\n' => Ok(Running {
+                child,
+                answered: true,
+                bounds,
+                report,
+            }),
+            (Ok(()), None) => Ok(Running {
+                child,
+                answered: false,
+                bounds,
+                report,
+            }),
+            (_, Some(Ok(0))) | (Err(_), _) => Err(Error::internal(
                 format!(
                     "fence's supervisor of the command (`fence __reaper`, pid {}) ended before it could start `{program}` (killed?)",
                     child.id().map_or_else(|| "?".to_owned(), |pid| pid.to_string())
                 ),
                 "nothing was run and the lease was released; run the command again",
             )),
-            _ => {
-                let mut why = String::from_utf8_lossy(&first).into_owned();
-                let _ = report.read_to_string(&mut why);
+            (Ok(()), Some(read)) => {
+                let mut why = Vec::new();
+                if matches!(read, Ok(1)) {
+                    why.push(first[0]);
+                }
+                // The reaper ends right after saying why: its end closes at once.
+                let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut why)).await;
+                let why = String::from_utf8_lossy(&why).into_owned();
                 if why == crate::reaper::EXPIRED {
                     return Err(lost(lease, LostReason::Expired));
                 }
@@ -897,6 +1160,27 @@ impl Reaper {
             }
         }
     }
+}
+
+/// How often `fence run` continues a reaper that has not answered yet (its own command may
+/// have stopped it).
+const NUDGE: Duration = Duration::from_millis(100);
+
+/// SIGCONT to `pid` (the reaper): stopped, it could enforce no bound.
+fn continue_process(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // SAFETY: kill(2) on our own child, the reaper.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+}
+
+/// A reaper told to go: the process, whether it said the command started, its pipes.
+struct Running {
+    child: tokio::process::Child,
+    /// The reaper said COMMAND started in time; false when it never answered.
+    answered: bool,
+    bounds: Bounds,
+    report: tokio::net::unix::pipe::Receiver,
 }
 
 impl Drop for Reaper {
@@ -933,15 +1217,23 @@ struct ReaperReport {
     leftovers: bool,
     /// A stop signal reached the command's group.
     interrupted: Option<i32>,
+    /// It stopped the command at the lease's bound.
+    bound: bool,
+    /// It ended on its own (it was not killed).
+    ended: bool,
 }
 
-fn reaper_report(mut report: std::fs::File) -> ReaperReport {
-    let mut rest = String::new();
-    let _ = report.read_to_string(&mut rest);
+async fn reaper_report(report: &mut tokio::net::unix::pipe::Receiver) -> ReaperReport {
+    use tokio::io::AsyncReadExt;
+    let mut rest = Vec::new();
+    // The reaper is gone, so its end is closed: the read ends at once.
+    let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut rest)).await;
     let mut told = ReaperReport::default();
-    for line in rest.lines() {
+    for line in String::from_utf8_lossy(&rest).lines() {
         match line.split_once(' ') {
             None if line == crate::reaper::LEFTOVERS => told.leftovers = true,
+            None if line == crate::reaper::BOUND => told.bound = true,
+            None if line == crate::reaper::ENDED => told.ended = true,
             Some((crate::reaper::INTERRUPTED, signal)) => told.interrupted = signal.parse().ok(),
             _ => {}
         }

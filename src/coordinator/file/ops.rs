@@ -19,15 +19,16 @@ use crate::timeline::EventKind;
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 impl FileCoordinator {
-    /// Runs `change` on a resource's record under its lock.
-    fn with_lock<T>(
+    /// Runs `change` on a resource's record under its lock. The wait for the lock is the
+    /// runtime's, so a timeout around the call can always fire.
+    async fn with_lock<T>(
         &self,
         resource: &str,
         change: impl FnOnce(&Self, Option<Record>, &Paths) -> Result<T, Error>,
     ) -> Result<T, Error> {
         self.ensure()?;
         let paths = self.paths(resource);
-        let _lock = self.lock(&paths.lock)?;
+        let _lock = self.lock(&paths.lock).await?;
         let record = self.read_record(&paths, resource)?;
         change(self, record, &paths)
     }
@@ -35,9 +36,10 @@ impl FileCoordinator {
     /// The resource's lock. Holders keep it for a few milliseconds; one that keeps it for
     /// [`LOCK_WAIT`] is paused, or is not fence at all (any local user who can read the lock
     /// file can `flock` it): then nothing was done, and the caller is told who to look for.
-    fn lock(&self, path: &std::path::Path) -> Result<crate::sys::Locked, Error> {
+    async fn lock(&self, path: &std::path::Path) -> Result<crate::sys::Locked, Error> {
         let deadline = std::time::Instant::now() + LOCK_WAIT;
-        crate::sys::lock_exclusive_until(path, deadline)
+        crate::sys::lock_exclusive_by(path, deadline)
+            .await
             .map_err(|(what, err)| self.io_error(what, path, &err))?
             .ok_or_else(|| {
                 Error::unavailable(
@@ -269,6 +271,7 @@ impl Coordinator for FileCoordinator {
                 reacquired: false,
             })
         })
+        .await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
@@ -294,6 +297,7 @@ impl Coordinator for FileCoordinator {
                 }
             }
         })
+        .await
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
@@ -321,6 +325,7 @@ impl Coordinator for FileCoordinator {
                 }
             }
         })
+        .await
     }
 
     async fn inspect(
@@ -354,6 +359,7 @@ impl Coordinator for FileCoordinator {
             super::attempts::note(&paths.attempts, attempt, now_ms)
                 .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
         })
+        .await
     }
 
     async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
