@@ -182,12 +182,18 @@ pub struct AcquireArgs {
 ///
 /// Acquires RESOURCE, starts COMMAND in its own process group with FENCE_STORE,
 /// FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER and FENCE_TOKEN set, and renews the lease about
-/// every TTL/3. When the lease is lost (expired, taken over by a newer token, or the store
-/// cannot confirm a renewal before the lease runs out by this machine's monotonic clock), the
-/// whole process group gets SIGTERM, then SIGKILL after --kill-after, and fence exits 5.
+/// every TTL/3. Nothing COMMAND starts runs once another owner can hold the lease: every
+/// process it forks (also after setsid or a double fork) stays a descendant of fence, and is
+/// stopped by the bound = when the last renewal was sent + TTL - min(TTL/20, 250ms), by this
+/// machine's clock (a suspend counts). A renewal not proven in time: SIGTERM min(--kill-after,
+/// TTL/3) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
+/// expired: SIGKILL at once, exit 5. fence and its supervisor (`fence __reaper`) each enforce
+/// the bound, so either may be paused or killed (exit 5, `supervisor_lost`). Not contained:
+/// what another service starts for COMMAND (systemd-run, at), and a COMMAND that stops both.
 /// SIGINT, SIGTERM and SIGHUP sent to fence are passed on to the group. When COMMAND ends,
-/// the lease is released and fence exits with COMMAND's status (128+N if killed by signal
-/// N). Busy without --wait: exit 3, COMMAND never started.
+/// what it left running gets SIGTERM, then SIGKILL after --kill-after, while the lease is
+/// still renewed; then the lease is released and fence exits with COMMAND's status (128+N if
+/// killed by signal N). Busy without --wait: exit 3, COMMAND never started.
 ///
 /// Example (a cron job's command; an overlap with the previous run exits 0, silently):
 ///   fence run nightly-report --ttl 30s --busy-exit-code 0 -q -- ./report.sh
@@ -245,8 +251,9 @@ pub struct RunArgs {
     )]
     pub wait: Option<Duration>,
 
-    /// After SIGTERM to a command whose lease was lost, wait this long before SIGKILL (at most
-    /// 7 days).
+    /// After SIGTERM to what COMMAND left running, wait this long before SIGKILL (at most 7
+    /// days). A command whose lease cannot be proven gets SIGTERM this long before the bound
+    /// (at most TTL/3) and SIGKILL at the bound: never later.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_kill_after)]
     pub kill_after: Duration,
 
