@@ -200,11 +200,15 @@ fn the_command_never_starts_once_its_first_bound_has_passed() {
 }
 
 /// FINDING (same root as the one above, on the directory store, without a slow store): the
-/// reaper is paused (SIGSTOP: a stray-looking `fence __reaper` stopped by hand, a debugger)
-/// while `fence run --wait` waits. Granted, fence writes the start message and then waits for
-/// the reaper's answer with a blocking read on its only thread, so it renews nothing; the lease
-/// expires and another owner takes it. When the reaper is continued, it starts the command
-/// although the bound it was sent has long passed, while `other` holds the lease.
+/// reaper is paused (SIGSTOP: a stray-looking `fence __reaper` stopped by hand, a debugger, or
+/// the command itself) while `fence run --wait` waits. Granted, fence writes the start message
+/// and then waits for the reaper's answer with a blocking read on its only thread, so it renews
+/// nothing; the lease expires and another owner takes it. When the reaper is continued, it
+/// starts the command although the bound it was sent has long passed, while `other` holds the
+/// lease. Fixed: fence waits for the answer without blocking, continues the reaper meanwhile,
+/// and gives up on it before the bound (killing whatever it started); the reaper never starts
+/// the command past the bound. Here the reaper is stopped again and again, as a hostile
+/// process would: the command either ran before `other`'s grant, or not at all.
 #[test]
 fn a_reaper_continued_after_its_first_bound_starts_nothing() {
     let store = Store::file();
@@ -227,7 +231,9 @@ fn a_reaper_continued_after_its_first_bound_starts_nothing() {
             "1s",
         ])
         .args(["--owner", "run", "--", "sh", "-c"])
-        .args([format!("echo \"$FENCE_TOKEN\" >> '{marker}'")]);
+        .args([format!(
+            "echo \"$FENCE_TOKEN $(date +%s%N)\" >> '{marker}'"
+        )]);
     let waiting = spawn_ignoring_term(fence, dir.path());
     let fence_pid = waiting.id();
     let reaper = || reapers_with(&marker, fence_pid);
@@ -235,11 +241,20 @@ fn a_reaper_continued_after_its_first_bound_starts_nothing() {
         reaper().len() == 1
     });
     let reaper_pid = reaper()[0];
-    kill(reaper_pid, libc::SIGSTOP);
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let stopper = {
+        let stopping = stopping.clone();
+        std::thread::spawn(move || {
+            while stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                kill(reaper_pid, libc::SIGSTOP);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
     let _continue = Continue(reaper_pid);
     store.fence().release(&holder);
     wait_for(
-        "the run's grant, then its expiry",
+        "the run's grant, then its end",
         Duration::from_secs(60),
         || {
             store
@@ -247,17 +262,30 @@ fn a_reaper_continued_after_its_first_bound_starts_nothing() {
                 .is_some_and(|(owner, _, live)| owner.starts_with("run/") && !live)
         },
     );
+    let before_other = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let other = store
         .fence()
         .acquire("r", &["--ttl", "5m", "--owner", "other"]);
+    stopping.store(false, std::sync::atomic::Ordering::SeqCst);
+    stopper.join().unwrap();
     kill(reaper_pid, libc::SIGCONT);
     let out = wait_output("fence run", waiting, Duration::from_secs(60));
-    let tokens = lines(&ran);
+    let late: Vec<String> = lines(&ran)
+        .into_iter()
+        .filter(|line| {
+            let at: u128 = line.split(' ').nth(1).unwrap().parse().unwrap();
+            at >= before_other
+        })
+        .collect();
     assert!(
-        tokens.is_empty(),
-        "the command ran with token {tokens:?} while `other` held r with token {}: {out:?}",
+        late.is_empty(),
+        "the command ran ({late:?}) after `other` was granted r with token {}: {out:?}",
         other.token
     );
+    assert!(matches!(out.status.code(), Some(0 | 5)), "{out:?}");
 }
 
 /// SIGCONT to a process the test stopped, whatever the test's outcome.

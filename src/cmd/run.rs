@@ -844,6 +844,22 @@ async fn hold(
             // Unanswered, it must not renew the lease later (see `cancel_pending`).
             coordinator.cancel_pending().await;
         }
+        // Why the renewals failed: this last answer, else the last failed attempt, and what
+        // the server said when it refused a new connection.
+        let failed = match &asked {
+            Some(Err(err)) if !matches!(err, Error::Stale { .. } | Error::LeaseLost { .. }) => {
+                Some(err.to_string())
+            }
+            _ => None,
+        }
+        .or(last_error);
+        let refused = crate::pg::last_refusal()
+            .filter(|refusal| !failed.as_ref().is_some_and(|f| f.contains(refusal.as_str())))
+            .map(|refusal| format!("PostgreSQL was refusing connections ({refusal})"));
+        let cause = match (failed, refused) {
+            (Some(failed), Some(refused)) => Some(format!("{failed}; {refused}")),
+            (failed, refused) => failed.or(refused),
+        };
         lost = Some(match asked {
             Some(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
             Some(Err(Error::LeaseLost { reason, .. })) => reason,
@@ -855,7 +871,7 @@ async fn hold(
             }
             _ => LostReason::Unreachable,
         });
-        if let Some(cause) = &last_error {
+        if let Some(cause) = cause {
             crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
         }
     }
