@@ -348,3 +348,44 @@ fn a_login_role_that_switches_to_another_is_judged_by_itself() {
         ),
     );
 }
+
+/// `fence doctor` says what `fence run` contains on this host (issue 31): every descendant,
+/// with the limits named, where subreapers, /proc and CLOCK_BOOTTIME all work; a failure
+/// where /proc cannot be read (the supervisor and the descendant scan need it), shown in a
+/// mount namespace with /proc hidden when the test may make one (as root).
+#[test]
+fn the_host_s_run_containment_is_reported() {
+    let home = tempfile::tempdir().unwrap();
+    let (code, json) = doctor(Fence::bare(home.path()));
+    assert_eq!(code, 0, "{json}");
+    let found = finding(&json, "host.run_containment");
+    assert_eq!(found.len(), 1, "{json}");
+    let (severity, message) = &found[0];
+    assert_eq!(severity, "ok", "{json}");
+    for said in ["every descendant", "setsid", "systemd-run", "stops both"] {
+        assert!(message.contains(said), "{said}: {message}");
+    }
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let hidden = std::process::Command::new("unshare")
+        .args(["--mount", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs none /proc && exec '{fence}' doctor --format json"
+        ))
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    if !hidden.status.success() && hidden.stdout.is_empty() {
+        eprintln!(
+            "no mount namespace here (not root?): the /proc case is not run: {}",
+            String::from_utf8_lossy(&hidden.stderr)
+        );
+        return;
+    }
+    let json: Value = serde_json::from_slice(&hidden.stdout).unwrap();
+    assert_eq!(hidden.status.code(), Some(2), "{json}");
+    let found = finding(&json, "host.run_containment");
+    assert_eq!(found[0].0, "fail", "{json}");
+    assert!(found[0].1.contains("/proc"), "{json}");
+}

@@ -81,11 +81,13 @@ per_service!(
     requests_per_operation,
     missing_bucket_is_named,
     history_survives_archiving,
+    a_proof_reached_through_a_stripping_proxy_is_not_trusted,
+    a_proof_copied_to_another_prefix_is_not_trusted,
 );
 
 /// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
-/// (exit 2, naming the precondition), and nothing of fence's but scratch probes is stored:
-/// no lease record, no verification record, no object written.
+/// (exit 2, naming the precondition), and nothing of fence's is stored: no lease record, no
+/// verification record, no object written, no scratch probe left behind.
 fn ignoring_server_is_refused(service: Service) {
     let store = Store::new(backend(service));
     let (server, prefix) = store.server();
@@ -111,8 +113,8 @@ fn ignoring_server_is_refused(service: Service) {
     assert_refused(&out, service);
     let stored = server.list(prefix);
     assert!(
-        stored.iter().all(|key| key.contains("/.fence/probe-")),
-        "only scratch probes were stored: {stored:?}"
+        stored.is_empty(),
+        "nothing was stored, not even the scratch probes of the failed proofs: {stored:?}"
     );
     assert!(
         !proxy.seen().is_empty(),
@@ -174,16 +176,41 @@ fn verification_is_recorded_once(service: Service) {
     let lease: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
     assert_eq!(lease["verified"], true, "{lease}");
 
+    let direct = record["proven_for"][0].as_str().unwrap().to_owned();
+    assert!(direct.ends_with(&format!("/{}", server.bucket)), "{record}");
+    // A proof is bound to the endpoint it was made through: the first use through another
+    // (here an honest proxy) proves the prefix again, there, and the record names both.
     let proxy = passing(server);
     via(&store, &proxy)
         .args(["acquire", "other", "--owner", "b", "--ttl", "30s"])
         .run()
         .expect(0);
+    let record = server.get(&format!("{prefix}/.fence/verified")).unwrap();
+    let record: serde_json::Value = serde_json::from_slice(&record.body).unwrap();
+    let proven: Vec<&str> = record["proven_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(proven.len(), 2, "{record}");
+    assert!(proven.contains(&direct.as_str()), "{record}");
+    assert!(
+        proven.iter().any(|p| p.contains(&proxy.endpoint())),
+        "{record}"
+    );
+    // From then on: one read of the record for a fresh resource, none for a lease written
+    // through this endpoint.
+    let before = proxy.seen().len();
     via(&store, &proxy)
-        .args(["acquire", "res", "--owner", "a", "--ttl", "30s"])
+        .args(["acquire", "third", "--owner", "b", "--ttl", "30s"])
         .run()
         .expect(0);
-    let seen = proxy.seen();
+    via(&store, &proxy)
+        .args(["acquire", "third", "--owner", "b", "--ttl", "30s"])
+        .run()
+        .expect(0);
+    let seen = proxy.seen()[before..].to_vec();
     assert!(
         seen.iter().filter(|r| r.contains(".fence")).count() == 1,
         "one read of the record (the fresh resource), none for the verified lease: {seen:?}"
@@ -230,7 +257,7 @@ fn answering(
     HttpProxy::start(
         server.addr(),
         Arc::new(move |request| {
-            if pick(request) {
+            if pick(request) && !proof_request(request) {
                 Verdict::Answer {
                     status,
                     body: format!("<Error><Code>Proxy{status}</Code><Message>answered by the test proxy</Message></Error>"),
@@ -240,6 +267,22 @@ fn answering(
             }
         }),
     )
+}
+
+/// Whether a request is part of the proof (`.fence/`): a proof is bound to the endpoint it was
+/// made through, so a store reached through a test proxy is proven through it first, and the
+/// proxies that fail requests let the proof through.
+fn proof_request(request: &common::proxy::HttpRequest) -> bool {
+    request.target.contains(".fence")
+        || common::proxy::contains(&request.body, b".fence/")
+        || common::proxy::contains(&request.body, b".fence%2F")
+}
+
+/// `init` through `proxy`: the prefix is proven through the endpoint the test then uses.
+/// Returns how many requests the proxy had seen by then.
+fn proven_via(store: &Store, proxy: &HttpProxy) -> usize {
+    via(store, proxy).args(["init"]).run().expect(0);
+    proxy.seen().len()
 }
 
 /// Whether a request is a conditional write of a lease record.
@@ -268,6 +311,7 @@ fn definite_answers_are_final(service: Service) {
         let store = verified_store(service);
         let (server, prefix) = store.server();
         let proxy = answering(server, status, move |r| conditional_write(service, r));
+        let proven = proven_via(&store, &proxy);
         let started = std::time::Instant::now();
         let out = via(&store, &proxy)
             .args([
@@ -280,8 +324,7 @@ fn definite_answers_are_final(service: Service) {
             message.contains(&format!("HTTP {status}")) && message.contains("nothing was written"),
             "{message}"
         );
-        let writes = proxy
-            .seen()
+        let writes = proxy.seen()[proven..]
             .iter()
             .filter(|r| r.starts_with("PUT") || r.starts_with("POST"))
             .count();
@@ -307,6 +350,7 @@ fn event_failures_never_hide_what_happened(service: Service) {
         // Events and clock probes are the only unconditional uploads.
         Service::Gcs => r.method == "POST" && !r.target.contains("ifGenerationMatch"),
     });
+    proven_via(&store, &proxy);
     let out = via(&store, &proxy)
         .args([
             "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
@@ -362,28 +406,28 @@ fn requests_per_operation(service: Service) {
     let target = server.url(&format!("{prefix}/objects/obj"));
     let file = store.home.path().join("body");
     std::fs::write(&file, "bytes").unwrap();
-    // The resource and the object exist (the first use of each is not the common path).
-    let lease = store
-        .fence()
-        .acquire("res", &["--owner", "a", "--ttl", "60s"]);
+    // One counting proxy, through which the prefix is proven first (a proof is bound to the
+    // endpoint it was made through), and the resource and the object exist, written through
+    // it (the first use of each is not the common path).
+    let proxy = passing(server);
+    proven_via(&store, &proxy);
+    let lease = via(&store, &proxy).acquire("res", &["--owner", "a", "--ttl", "60s"]);
     let token = lease.token.to_string();
-    store
-        .fence()
+    via(&store, &proxy)
         .args([
             "write", "res", "--token", &token, "--target", &target, "--from",
         ])
         .args([&file])
         .run()
         .expect(0);
-    store.fence().release(&lease);
-
+    via(&store, &proxy).release(&lease);
     let count = |args: &[&str]| {
-        let proxy = passing(server);
+        let before = proxy.seen().len();
         let out = via(&store, &proxy)
             .args(args)
             .args(["--format", "json"])
             .run();
-        (out, proxy.seen())
+        (out, proxy.seen()[before..].to_vec())
     };
     let (out, seen) = count(&["acquire", "res", "--owner", "b", "--ttl", "60s"]);
     assert_eq!(out.code, 0, "{out:?}");
@@ -572,4 +616,127 @@ fn expired_s3_session_credentials_are_named() {
     );
     assert!(!format!("{out:?}").contains("session-token-secret"));
     assert_eq!(proxy.seen().len(), 1, "asked once: {:?}", proxy.seen());
+}
+
+/// The proof is bound to what it proved (issue 32, 1): a prefix proven directly on an
+/// enforcing server, then reached through a proxy that strips the preconditions (a
+/// misconfigured gateway), is refused by every command — exit 2 naming the mismatch — in ten
+/// races of eight owners for a fresh resource (0 grants), and for `renew`, `release` and
+/// `write` of what was written directly. Without the binding every race granted token 1 to
+/// all eight.
+fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let lease = store.fence().acquire("held", &["--owner", "a", "--ttl", "60s"]);
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    let token = lease.token.to_string();
+    store
+        .fence()
+        .args(["write", "held", "--token", &token, "--target", &target, "--from"])
+        .args([&file])
+        .run()
+        .expect(0);
+    let proxy = ignoring(server);
+    refused_everywhere(&store, &store.url, &proxy, service, &target, &file, &lease);
+    let leases = server.list(&format!("{prefix}/leases"));
+    assert_eq!(leases, [format!("{prefix}/leases/held")], "no grant: {leases:?}");
+}
+
+/// The same for a copy of the prefix (`aws s3 sync` keeps keys and metadata: the proof
+/// record, the lease record, the fenced object) used through a server that ignores
+/// preconditions: the copied proof names another endpoint, is proven again and refused.
+fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let lease = store.fence().acquire("held", &["--owner", "a", "--ttl", "60s"]);
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    let token = lease.token.to_string();
+    store
+        .fence()
+        .args(["write", "held", "--token", &token, "--target", &target, "--from"])
+        .args([&file])
+        .run()
+        .expect(0);
+    let copy = format!("{prefix}-copy");
+    for key in server.list(&prefix) {
+        if !key.starts_with(&format!("{prefix}/")) {
+            continue;
+        }
+        let stored = server.get(&key).unwrap();
+        let metadata: Vec<(&str, &str)> = stored
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let copied = format!("{copy}{}", &key[prefix.len()..]);
+        server.put_with_metadata(&copied, &stored.body, &metadata);
+    }
+    assert!(server.get(&format!("{copy}/.fence/verified")).is_some());
+    let proxy = ignoring(server);
+    let target = server.url(&format!("{copy}/objects/obj"));
+    refused_everywhere(&store, &server.url(&copy), &proxy, service, &target, &file, &lease);
+    let leases = server.list(&format!("{copy}/leases"));
+    assert_eq!(leases, [format!("{copy}/leases/held")], "no grant: {leases:?}");
+}
+
+/// Every command on the store at `url` through `proxy` is refused, naming the mismatch: 10
+/// races of 8 owners for fresh resources, `renew` and `release` of `lease`, `write` to
+/// `target`.
+fn refused_everywhere(
+    store: &Store,
+    url: &str,
+    proxy: &HttpProxy,
+    service: Service,
+    target: &str,
+    file: &std::path::Path,
+    lease: &Lease,
+) {
+    let service_var = endpoint_var(service);
+    let through = || store.fence_at(url).env(service_var, proxy.endpoint());
+    let mismatch = |out: &Out| {
+        assert_refused(out, service);
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains("was made through") && message.contains(&proxy.endpoint()),
+            "the message names the mismatch: {message}"
+        );
+    };
+    for race in 0..10 {
+        let resource = format!("race-{race}");
+        let contenders: Vec<_> = (0..8)
+            .map(|n| {
+                let fence = through().args([
+                    "acquire",
+                    &resource,
+                    "--owner",
+                    &format!("o{n}"),
+                    "--ttl",
+                    "30s",
+                    "--format",
+                    "json",
+                ]);
+                thread::spawn(move || fence.run())
+            })
+            .collect();
+        for out in contenders.into_iter().map(|t| t.join().unwrap()) {
+            mismatch(&out);
+        }
+    }
+    let token = lease.token.to_string();
+    for verb in ["renew", "release"] {
+        let out = through()
+            .args([verb, "held", "--owner", "a", "--token", &token, "--format", "json"])
+            .run();
+        mismatch(&out);
+    }
+    let out = through()
+        .args(["write", "held", "--token", &token, "--target", target, "--from"])
+        .args([file])
+        .args(["--format", "json"])
+        .run();
+    mismatch(&out);
 }

@@ -82,9 +82,14 @@ struct Body {
     #[serde(default)]
     acquired_at_ms: Option<i64>,
     /// Written after the store was proven to enforce preconditions (`object::verify`), so a
-    /// process that finds this record needs no proof of its own.
+    /// process that finds this record needs no proof of its own — when it talks to the store
+    /// through the endpoint the proof was made through, [`Body::verified_for`].
     #[serde(default)]
     verified: bool,
+    /// The endpoint and bucket the proof held for (`verify::identity`); a record read through
+    /// another (a proxy, a copy of the prefix elsewhere) needs the proof record, or a proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verified_for: Option<String>,
     /// The latest changes of this record (at most [`HISTORY_KEPT`]), oldest first; the last
     /// one is the change this version made.
     #[serde(default)]
@@ -292,7 +297,8 @@ impl ObjectCoordinator {
     /// (exit 2 when the server ignores them). `false` only when the proof was skipped on the
     /// caller's explicit request.
     async fn verified(&self, current: Option<&Current>) -> Result<bool, Error> {
-        if current.is_some_and(|c| c.body.verified) {
+        let me = verify::identity(&self.url);
+        if current.is_some_and(|c| c.body.verified && c.body.verified_for.as_ref() == Some(&me)) {
             return Ok(true);
         }
         if let Some(known) = self.verified.get() {
@@ -649,6 +655,7 @@ impl Coordinator for ObjectCoordinator {
                         seq: 0,
                         acquired_at_ms: None,
                         verified,
+                        verified_for: None,
                         history: Vec::new(),
                     };
                     (body, kind)
@@ -659,6 +666,7 @@ impl Coordinator for ObjectCoordinator {
                 nonce: nonce(),
                 seq,
                 verified,
+                verified_for: verified.then(|| verify::identity(&self.url)),
                 history: history(
                     current.as_ref(),
                     seq,
@@ -696,12 +704,15 @@ impl Coordinator for ObjectCoordinator {
             let Some(c) = mine else {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
+            let verified = self.verified(Some(c)).await?;
             let now = self.now(&lease.resource).await?;
             if !self.live(c, now) {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             }
             let renewed_ttl = ttl.map_or(c.body.ttl_ms, ttl_ms);
             let mut body = Body {
+                verified,
+                verified_for: verified.then(|| verify::identity(&self.url)),
                 ttl_ms: renewed_ttl,
                 nonce: nonce(),
                 seq: c.body.seq + 1,
@@ -739,7 +750,10 @@ impl Coordinator for ObjectCoordinator {
             if !c.held() {
                 return Ok(Released::Already);
             }
+            let verified = self.verified(Some(c)).await?;
             let mut body = Body {
+                verified,
+                verified_for: verified.then(|| verify::identity(&self.url)),
                 state: "released".into(),
                 nonce: nonce(),
                 seq: c.body.seq + 1,

@@ -35,7 +35,7 @@ use indicatif::ProgressBar;
 use crate::error::{ConflictKind, Error};
 use crate::object::{
     self, verify, Cond, Meta, ObjectUrl, Put, META_ID, META_IDS, META_ID_DIGEST, META_OWNER,
-    META_RESOURCE, META_TOKEN,
+    META_PROVEN, META_RESOURCE, META_TOKEN,
 };
 
 /// How many write ids an object remembers: the current version's and those of the versions
@@ -247,12 +247,13 @@ pub async fn write(
         .unwrap_or_default();
     let api = object::open_reporting(url, bar.clone(), timeout)?;
     let current = api.head(&url.key).await?;
-    // An object fence wrote before was written after its prefix was verified; any other
-    // write is the first fenced one here and needs the proof first.
-    if !current
-        .as_ref()
-        .is_some_and(|m| m.metadata.contains_key(META_TOKEN))
-    {
+    // An object fence wrote before through this endpoint was written after its prefix was
+    // verified through it; any other write (the first fenced one here, or one through another
+    // endpoint: a proxy, a copy of the object on another server) needs the proof first.
+    let proven = crate::fenced::write_digest(verify::identity(url).as_bytes());
+    if !current.as_ref().is_some_and(|m| {
+        m.metadata.contains_key(META_TOKEN) && m.metadata.get(META_PROVEN) == Some(&proven)
+    }) {
         let dir = url.key.rsplit_once('/').map_or("", |(dir, _)| dir);
         verify::ensure(api.as_ref(), url, dir, false).await?;
     }
@@ -308,6 +309,7 @@ pub async fn write(
     let mut metadata = BTreeMap::from([
         (META_TOKEN.to_owned(), token.to_string()),
         (META_RESOURCE.to_owned(), resource.to_owned()),
+        (META_PROVEN.to_owned(), proven),
     ]);
     if !owner.is_empty() {
         metadata.insert(META_OWNER.to_owned(), owner.to_owned());

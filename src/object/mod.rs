@@ -44,6 +44,10 @@ pub const META_IDS: &str = "fence-ids";
 /// The digest of the bytes of the write that made this version (with `fence-id`): the same
 /// id with other bytes is another write, refused rather than replayed.
 pub const META_ID_DIGEST: &str = "fence-id-digest";
+/// The digest of the endpoint and bucket the prefix's proof held for when this version was
+/// written (`verify::identity`): a copy of the object elsewhere, or one read through a proxy,
+/// does not match, and is proven again before it is written.
+pub const META_PROVEN: &str = "fence-proven";
 
 /// What a put is conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -72,9 +72,64 @@ fn warn_unverified(url: &ObjectUrl) {
     ));
 }
 
-/// Makes sure `dir` (a key prefix in `url`'s bucket) was verified, verifying it now if not.
-/// `force` verifies again even when a record exists (`fence init`). `false` only when the
-/// check was skipped through [`UNVERIFIED_ENV`] (after a loud warning).
+/// What a proof is bound to: the endpoint fence's requests go to — scheme, host and port,
+/// lowercased, the scheme's default port and any user info left out — and the bucket. A proof
+/// made through one endpoint says nothing of another: a proxy in between may strip the
+/// preconditions, and a copy of the prefix (`aws s3 sync`) may sit on a server that ignores
+/// them.
+pub fn identity(url: &ObjectUrl) -> String {
+    format!("{}/{}", normalize(&endpoint(url)), url.bucket)
+}
+
+/// `https://User@Storage.GoogleAPIs.com:443/` → `https://storage.googleapis.com`.
+pub fn normalize(endpoint: &str) -> String {
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("https", endpoint));
+    let scheme = scheme.to_ascii_lowercase();
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let mut host_port = host_port.to_ascii_lowercase();
+    let default = match scheme.as_str() {
+        "https" => Some(":443"),
+        "http" => Some(":80"),
+        _ => None,
+    };
+    if let Some(default) = default {
+        if let Some(bare) = host_port.strip_suffix(default) {
+            host_port = bare.to_owned();
+        }
+    }
+    format!("{scheme}://{host_port}")
+}
+
+/// The identities a verification record holds (see [`identity`]): `proven_for`, and the
+/// single `endpoint` of records from fence versions before it (bound to `bucket`, the one
+/// the record is read from).
+fn proven_for(record: &[u8], bucket: &str) -> Vec<String> {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(record) else {
+        return Vec::new();
+    };
+    let mut all: Vec<String> = json["proven_for"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if all.is_empty() {
+        if let Some(endpoint) = json["endpoint"].as_str() {
+            all.push(format!("{}/{bucket}", normalize(endpoint)));
+        }
+    }
+    all
+}
+
+/// Makes sure `dir` (a key prefix in `url`'s bucket) was verified through the endpoint fence
+/// talks to now ([`identity`]), verifying it now if not: a record made through another
+/// endpoint (a proxy, a copy of the prefix on another server) is proven again here, and a
+/// failure then names the mismatch. `force` verifies again even when a record matches
+/// (`fence init`). `false` only when the check was skipped through [`UNVERIFIED_ENV`] (after
+/// a loud warning).
 pub async fn ensure(
     api: &dyn ObjectApi,
     url: &ObjectUrl,
@@ -84,17 +139,45 @@ pub async fn ensure(
     if url.service == Service::File {
         return Ok(true);
     }
-    if !force && api.head(&record_key(dir)).await?.is_some() {
-        return Ok(true);
+    let me = identity(url);
+    let mut proven = Vec::new();
+    if let Some(record) = api.get(&record_key(dir)).await? {
+        proven = proven_for(&record.body, &url.bucket);
+        if !force && proven.contains(&me) {
+            return Ok(true);
+        }
     }
     if bypassed() {
         warn_unverified(url);
         return Ok(false);
     }
-    prove(api, url, dir).await?;
+    if let Err(err) = prove(api, url, dir).await {
+        let others: Vec<&String> = proven.iter().filter(|p| **p != me).collect();
+        return Err(match (others.is_empty(), err) {
+            (false, Error::Usage { message, hint }) => Error::Usage {
+                message: format!(
+                    "the proof in `{}` was made through {}, not through {me}; proven again through {me}: {message}",
+                    record_key(dir),
+                    others
+                        .iter()
+                        .map(|p| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ),
+                hint: format!(
+                    "{hint}; a proxy in between, or a copy of the prefix on another server, must enforce conditional writes too"
+                ),
+            },
+            (_, err) => err,
+        });
+    }
+    if !proven.contains(&me) {
+        proven.push(me);
+    }
     let record = json!({
         "verified": ["create-only put of an existing object refused (412)", "put on a wrong version refused (412)", "put on the current version accepted"],
         "endpoint": endpoint(url),
+        "proven_for": proven,
         "by": format!("fence {}", env!("CARGO_PKG_VERSION")),
     })
     .to_string();
@@ -147,13 +230,21 @@ fn wrong_version(url: &ObjectUrl, current: &str) -> String {
     }
 }
 
+/// Proves on a scratch object of its own that the server enforces the preconditions (see the
+/// module's header); the scratch object is deleted whatever the outcome (a probe left behind,
+/// without delete permission, is harmless: its name is never reused).
 async fn prove(api: &dyn ObjectApi, url: &ObjectUrl, dir: &str) -> Result<(), Error> {
-    let (create, update) = names(url);
     let probe = join(
         dir,
         &format!(".fence/probe-{:016x}", crate::sys::random_u64()),
     );
-    let probe = probe.as_str();
+    let proved = prove_on(api, url, &probe).await;
+    let _ = api.delete(&probe).await;
+    proved
+}
+
+async fn prove_on(api: &dyn ObjectApi, url: &ObjectUrl, probe: &str) -> Result<(), Error> {
+    let (create, update) = names(url);
     let none = BTreeMap::new();
     let unsupported = |what: &str, err: Error| -> Error {
         match err {
@@ -239,7 +330,25 @@ async fn prove(api: &dyn ObjectApi, url: &ObjectUrl, dir: &str) -> Result<(), Er
             ))
         }
     }
-    // A probe left behind (no delete permission) is harmless: its name is never reused.
-    let _ = api.delete(probe).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn endpoints_are_compared_as_the_server_sees_them() {
+        for spelled in [
+            "https://storage.googleapis.com",
+            "https://storage.googleapis.com:443",
+            "HTTPS://Storage.GoogleAPIs.com/",
+            "https://user:secret@storage.googleapis.com:443/storage/v1",
+        ] {
+            assert_eq!(normalize(spelled), "https://storage.googleapis.com", "{spelled}");
+        }
+        assert_eq!(normalize("http://127.0.0.1:80"), "http://127.0.0.1");
+        assert_eq!(normalize("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
+        assert_ne!(normalize("http://127.0.0.1:9000"), normalize("http://127.0.0.1:9001"));
+    }
 }
