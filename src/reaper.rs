@@ -137,7 +137,9 @@ pub fn main(args: &[OsString]) -> Exit {
     unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     // A bound already past (`fence run` was paused after its grant): COMMAND must not run at
     // all, not even until the first look at the bound below.
-    if crate::sys::bound_clock_ns() >= first_bound.saturating_sub(grace_ms.saturating_mul(1_000_000)) {
+    if crate::sys::bound_clock_ns()
+        >= first_bound.saturating_sub(grace_ms.saturating_mul(1_000_000))
+    {
         let _ = write!(report, "{EXPIRED}");
         return Exit::Internal;
     }

@@ -28,6 +28,12 @@ type Issued = Arc<Mutex<HashMap<String, Instant>>>;
 /// A token endpoint that answers every JWT-bearer request with a token valid for 5 s (the
 /// signature is checked by `tests/objects.rs`; here only lifetimes matter).
 fn token_endpoint(issued: Issued) -> String {
+    token_endpoint_serving(issued, LIFETIME, usize::MAX)
+}
+
+/// A token endpoint whose tokens live `lifetime`, that issues `serve` of them and then answers
+/// 503 (an outage of the endpoint).
+fn token_endpoint_serving(issued: Issued, lifetime: Duration, serve: usize) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let uri = format!("http://{}/token", listener.local_addr().unwrap());
     thread::spawn(move || {
@@ -58,11 +64,18 @@ fn token_endpoint(issued: Issued) -> String {
                     }
                 }
             }
+            if n >= serve {
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+                );
+                continue;
+            }
             let token = format!("ya29.short-{n}-{}", std::process::id());
             issued.lock().unwrap().insert(token.clone(), Instant::now());
             let answer = serde_json::json!({
                 "access_token": token,
-                "expires_in": LIFETIME.as_secs(),
+                "expires_in": lifetime.as_secs(),
                 "token_type": "Bearer",
             })
             .to_string();
@@ -78,6 +91,16 @@ fn token_endpoint(issued: Issued) -> String {
 
 /// The proxy that enforces the tokens' lifetimes; counts the 401s it gave.
 fn checking(store: &Store, issued: Issued, refusals: Arc<Mutex<usize>>) -> HttpProxy {
+    checking_lifetime(store, issued, refusals, LIFETIME)
+}
+
+/// [`checking`] for tokens that live `lifetime`.
+fn checking_lifetime(
+    store: &Store,
+    issued: Issued,
+    refusals: Arc<Mutex<usize>>,
+    lifetime: Duration,
+) -> HttpProxy {
     let upstream = store
         .server()
         .0
@@ -97,7 +120,7 @@ fn checking(store: &Store, issued: Issued, refusals: Arc<Mutex<usize>>) -> HttpP
                 .lock()
                 .unwrap()
                 .get(&token)
-                .is_some_and(|at| at.elapsed() < LIFETIME);
+                .is_some_and(|at| at.elapsed() < lifetime);
             if valid {
                 Verdict::Forward
             } else {
@@ -179,6 +202,37 @@ fn run_outlives_short_lived_tokens() {
     );
 }
 
+/// An outage of the token endpoint once a token is due for exchange (three quarters of its
+/// life) does not throw away the token while it still works (issue 32, 6): a run whose one
+/// token lives 24 s, with the endpoint down from its second exchange on, keeps renewing past
+/// the 18 s mark with the token it has, and ends 0 at 19 s. It used to fail at 18 s, with
+/// 6 s of a good token left.
+#[test]
+fn a_failed_exchange_keeps_a_token_that_still_works() {
+    let lifetime = Duration::from_secs(24);
+    let store = Store::new(Backend::Gcs);
+    let issued: Issued = Arc::default();
+    let refusals = Arc::new(Mutex::new(0));
+    let token_uri = token_endpoint_serving(issued.clone(), lifetime, 1);
+    let key = key_file(&store, &token_uri);
+    let proxy = checking_lifetime(&store, issued.clone(), refusals.clone(), lifetime);
+    let out = store
+        .fence()
+        .env("FENCE_GCS_ENDPOINT", proxy.endpoint())
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key)
+        .args(["run", "job", "--ttl", "3s", "--", "sleep", "19"])
+        .run();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(issued.lock().unwrap().len(), 1, "one token was issued");
+    assert_eq!(
+        *refusals.lock().unwrap(),
+        0,
+        "no request with an expired token"
+    );
+    let lease = lease_record(&store, "job").expect("the lease record");
+    assert_eq!(lease["state"], "released", "{lease}");
+}
+
 /// A static token the server refuses: exit 7, the message names GOOGLE_OAUTH_ACCESS_TOKEN as
 /// expired (or invalid), not an unreachable store; nothing is written.
 #[test]
@@ -257,6 +311,13 @@ fn per_object_write_limits_are_respected() {
             }),
         )
     };
+    // Proven through the proxy first: a proof is bound to the endpoint it was made through.
+    store
+        .fence()
+        .env("FENCE_GCS_ENDPOINT", proxy.endpoint())
+        .args(["init"])
+        .run()
+        .expect(0);
     let runs: Vec<_> = (0..RUNS)
         .map(|n| {
             let fence = store

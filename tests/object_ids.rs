@@ -292,8 +292,20 @@ fn cut_write(bed: &Bed, pattern: &[u8], token: i64, id: &str, body: &[u8]) -> Ou
         .trim_start_matches("http://")
         .parse()
         .unwrap();
-    let cut = Proxy::start(upstream, Mode::CutWhenClientSends(pattern.to_vec()));
+    let cut = Proxy::start_disarmed(upstream, Mode::CutWhenClientSends(pattern.to_vec()));
     let endpoint = format!("http://{}", cut.addr());
+    // The prefix is proven through this endpoint first (a proof is bound to the endpoint it
+    // was made through), then the cut is armed.
+    bed.write_via(
+        Some(&endpoint),
+        "obj",
+        token,
+        "A",
+        &format!("proof-{id}"),
+        b"proof",
+    )
+    .expect(0);
+    cut.arm();
     let out = bed.write_via(Some(&endpoint), "obj", token, "A", id, body);
     assert_eq!(cut.cuts(), 1, "the proxy never saw the put: {out:?}");
     out
@@ -346,7 +358,8 @@ fn rerunning_after_outcome_unknown_gives_a_definite_answer(service: Service) {
     let stored = bed.stored("obj").unwrap();
     assert_eq!(
         stored.metadata.get("fence-id").map(String::as_str),
-        Some("k-landed")
+        Some("proof-k-lost"),
+        "the cut write did not land (the last is the warm-up write through the proxy)"
     );
     let again = bed
         .write("obj", token, "A", "k-lost", &body)
@@ -364,7 +377,16 @@ fn rerunning_after_outcome_unknown_gives_a_definite_answer(service: Service) {
     );
     let stored = bed.stored("obj").unwrap();
     assert_eq!(stored.body, body);
-    assert_eq!(ledger_ids(&stored), ["k-lost", "k-landed", "warm-up"]);
+    assert_eq!(
+        ledger_ids(&stored),
+        [
+            "k-lost",
+            "proof-k-lost",
+            "k-landed",
+            "proof-k-landed",
+            "warm-up"
+        ]
+    );
 }
 
 #[test]

@@ -83,6 +83,7 @@ per_service!(
     history_survives_archiving,
     a_proof_reached_through_a_stripping_proxy_is_not_trusted,
     a_proof_copied_to_another_prefix_is_not_trusted,
+    an_applied_write_whose_answer_was_lost_is_never_nothing_written,
 );
 
 /// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
@@ -269,13 +270,16 @@ fn answering(
     )
 }
 
-/// Whether a request is part of the proof (`.fence/`): a proof is bound to the endpoint it was
-/// made through, so a store reached through a test proxy is proven through it first, and the
-/// proxies that fail requests let the proof through.
+/// Whether a request is part of the proof (`.fence/`) or of `init` (`fence-store.json`): a
+/// proof is bound to the endpoint it was made through, so a store reached through a test proxy
+/// is proven through it first (`init`), and the proxies that fail requests let that through.
 fn proof_request(request: &common::proxy::HttpRequest) -> bool {
-    request.target.contains(".fence")
-        || common::proxy::contains(&request.body, b".fence/")
-        || common::proxy::contains(&request.body, b".fence%2F")
+    [&b".fence/"[..], b".fence%2F", b"fence-store.json"]
+        .iter()
+        .any(|name| {
+            common::proxy::contains(request.target.as_bytes(), name)
+                || common::proxy::contains(&request.body, name)
+        })
 }
 
 /// `init` through `proxy`: the prefix is proven through the endpoint the test then uses.
@@ -492,6 +496,24 @@ fn missing_bucket_is_named(service: Service) {
             .contains("bucket `nosuchbucket` does not exist"),
         "{out:?}"
     );
+    // `renew` and `release` too: a read in a missing bucket is not "no lease has ever been
+    // granted" (GCS said exit 6 where S3 said exit 2; issue 32, 6).
+    for verb in ["renew", "release"] {
+        let out = store
+            .fence_at(&format!("{scheme}://nosuchbucket/p"))
+            .args([
+                verb, "res", "--owner", "a", "--token", "1", "--format", "json",
+            ])
+            .run();
+        assert_eq!(out.code, 2, "{verb}: {out:?}");
+        assert!(
+            out.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("bucket `nosuchbucket` does not exist"),
+            "{verb}: {out:?}"
+        );
+    }
     let out = store
         .fence()
         .args(["inspect", "--target", &format!("{scheme}://nosuchbucket/x")])
@@ -627,21 +649,29 @@ fn expired_s3_session_credentials_are_named() {
 fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
     let store = verified_store(service);
     let (server, prefix) = store.server();
-    let lease = store.fence().acquire("held", &["--owner", "a", "--ttl", "60s"]);
+    let lease = store
+        .fence()
+        .acquire("held", &["--owner", "a", "--ttl", "60s"]);
     let target = server.url(&format!("{prefix}/objects/obj"));
     let file = store.home.path().join("body");
     std::fs::write(&file, "bytes").unwrap();
     let token = lease.token.to_string();
     store
         .fence()
-        .args(["write", "held", "--token", &token, "--target", &target, "--from"])
+        .args([
+            "write", "held", "--token", &token, "--target", &target, "--from",
+        ])
         .args([&file])
         .run()
         .expect(0);
     let proxy = ignoring(server);
     refused_everywhere(&store, &store.url, &proxy, service, &target, &file, &lease);
     let leases = server.list(&format!("{prefix}/leases"));
-    assert_eq!(leases, [format!("{prefix}/leases/held")], "no grant: {leases:?}");
+    assert_eq!(
+        leases,
+        [format!("{prefix}/leases/held")],
+        "no grant: {leases:?}"
+    );
 }
 
 /// The same for a copy of the prefix (`aws s3 sync` keeps keys and metadata: the proof
@@ -650,14 +680,18 @@ fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
 fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
     let store = verified_store(service);
     let (server, prefix) = store.server();
-    let lease = store.fence().acquire("held", &["--owner", "a", "--ttl", "60s"]);
+    let lease = store
+        .fence()
+        .acquire("held", &["--owner", "a", "--ttl", "60s"]);
     let target = server.url(&format!("{prefix}/objects/obj"));
     let file = store.home.path().join("body");
     std::fs::write(&file, "bytes").unwrap();
     let token = lease.token.to_string();
     store
         .fence()
-        .args(["write", "held", "--token", &token, "--target", &target, "--from"])
+        .args([
+            "write", "held", "--token", &token, "--target", &target, "--from",
+        ])
         .args([&file])
         .run()
         .expect(0);
@@ -678,9 +712,21 @@ fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
     assert!(server.get(&format!("{copy}/.fence/verified")).is_some());
     let proxy = ignoring(server);
     let target = server.url(&format!("{copy}/objects/obj"));
-    refused_everywhere(&store, &server.url(&copy), &proxy, service, &target, &file, &lease);
+    refused_everywhere(
+        &store,
+        &server.url(&copy),
+        &proxy,
+        service,
+        &target,
+        &file,
+        &lease,
+    );
     let leases = server.list(&format!("{copy}/leases"));
-    assert_eq!(leases, [format!("{copy}/leases/held")], "no grant: {leases:?}");
+    assert_eq!(
+        leases,
+        [format!("{copy}/leases/held")],
+        "no grant: {leases:?}"
+    );
 }
 
 /// Every command on the store at `url` through `proxy` is refused, naming the mismatch: 10
@@ -729,14 +775,86 @@ fn refused_everywhere(
     let token = lease.token.to_string();
     for verb in ["renew", "release"] {
         let out = through()
-            .args([verb, "held", "--owner", "a", "--token", &token, "--format", "json"])
+            .args([
+                verb, "held", "--owner", "a", "--token", &token, "--format", "json",
+            ])
             .run();
         mismatch(&out);
     }
     let out = through()
-        .args(["write", "held", "--token", &token, "--target", target, "--from"])
+        .args([
+            "write", "held", "--token", &token, "--target", target, "--from",
+        ])
         .args([file])
         .args(["--format", "json"])
         .run();
     mismatch(&out);
+}
+
+/// An object write whose put applied but whose answer was lost (a 503 from a proxy after the
+/// server stored it) is retried by the client, and the retry meets the version it made itself
+/// (412). fence reported exit 6 "another writer replaced the object … nothing was written",
+/// though the object held exactly its bytes and its token (issue 32, 3). Now: exit 0 or 8
+/// (outcome unknown, naming the version), never "nothing was written"; for a create and for
+/// an update.
+fn an_applied_write_whose_answer_was_lost_is_never_nothing_written(service: Service) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let key = format!("{prefix}/objects/obj");
+    let target = server.url(&key);
+    let name = format!("objects/obj");
+    let lost = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lost.clone();
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(move |request| {
+            let to_object = request.target.contains(&name)
+                || common::proxy::contains(&request.body, name.as_bytes())
+                || common::proxy::contains(&request.body, name.replace('/', "%2F").as_bytes());
+            if !proof_request(request)
+                && conditional_write(service, request)
+                && to_object
+                && counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0
+            {
+                Verdict::ForwardThenAnswer { status: 503 }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    );
+    proven_via(&store, &proxy);
+    let lease = store
+        .fence()
+        .acquire("res", &["--owner", "a", "--ttl", "60s"]);
+    let token = lease.token.to_string();
+    for (round, bytes) in [(0, "created"), (1, "updated")] {
+        lost.store(0, std::sync::atomic::Ordering::SeqCst);
+        let file = store.home.path().join("body");
+        std::fs::write(&file, bytes).unwrap();
+        let out = via(&store, &proxy)
+            .args([
+                "write", "res", "--token", &token, "--target", &target, "--from",
+            ])
+            .args([&file])
+            .args(["--format", "json"])
+            .run();
+        assert!(
+            lost.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+            "round {round}: the premise: an answer was lost: {:?}",
+            proxy.seen()
+        );
+        assert!(matches!(out.code, 0 | 8), "round {round}: {out:?}");
+        assert!(
+            !out.stdout.contains("nothing was written")
+                && !out.stderr.contains("nothing was written"),
+            "round {round}: {out:?}"
+        );
+        let stored = server.get(&key).unwrap();
+        assert_eq!(
+            stored.body,
+            bytes.as_bytes(),
+            "round {round}: the write applied"
+        );
+        assert_eq!(stored.token(), Some(lease.token), "round {round}");
+    }
 }

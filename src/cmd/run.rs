@@ -474,9 +474,7 @@ async fn supervise(
     }
     if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
         let recorder = format!("{owner}{COMMAND_MARK}{digest}");
-        if let Err(err) =
-            record_completed(coordinator.as_ref(), marker, &recorder, ttl).await
-        {
+        if let Err(err) = record_completed(coordinator.as_ref(), marker, &recorder, ttl).await {
             crate::terminal::warn(&format!(
                 "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
                 id.as_deref().unwrap_or_default()
@@ -672,7 +670,10 @@ async fn hold(
     } = running;
     let pgid = child.id().map(|pid| pid as i32);
     let every = plan.ttl / 3;
-    let mut next_renew = Instant::now() + every;
+    // The first renewal a third of the TTL after the grant was asked for (not after the
+    // command started: a slow grant leaves less of the lease).
+    let left = Duration::from_nanos(bound.saturating_sub(crate::sys::bound_clock_ns()));
+    let mut next_renew = Instant::now() + left.saturating_sub(plan.ttl * 2 / 3).min(every);
     let mut in_flight: Option<Renewal> = None;
     let mut renewing = true;
     let (mut reconnect, mut cancel_first) = (false, false);
@@ -854,14 +855,20 @@ async fn hold(
         }
         .or(last_error);
         let refused = crate::pg::last_refusal()
-            .filter(|refusal| !failed.as_ref().is_some_and(|f| f.contains(refusal.as_str())))
+            .filter(|refusal| {
+                !failed
+                    .as_ref()
+                    .is_some_and(|f| f.contains(refusal.as_str()))
+            })
             .map(|refusal| format!("PostgreSQL was refusing connections ({refusal})"));
         let cause = match (failed, refused) {
             (Some(failed), Some(refused)) => Some(format!("{failed}; {refused}")),
             (failed, refused) => failed.or(refused),
         };
         lost = Some(match asked {
-            Some(Err(Error::Stale { highest_token, .. })) => LostReason::TakenOver { highest_token },
+            Some(Err(Error::Stale { highest_token, .. })) => {
+                LostReason::TakenOver { highest_token }
+            }
             Some(Err(Error::LeaseLost { reason, .. })) => reason,
             Some(Ok(_)) => {
                 // Still ours by the store's clock, but too late to prove in time: hand it
@@ -1113,11 +1120,12 @@ impl Reaper {
         // SAFETY: O_NONBLOCK on our own end of the pipe.
         unsafe { libc::fcntl(start.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         let bounds = Bounds(start);
-        let mut report = tokio::net::unix::pipe::Receiver::from_file(report)
-            .map_err(|err| Error::internal(
+        let mut report = tokio::net::unix::pipe::Receiver::from_file(report).map_err(|err| {
+            Error::internal(
                 format!("cannot watch fence's supervisor of the command: {err}"),
                 "check the system's file limits; nothing was run and the lease was released",
-            ))?;
+            )
+        })?;
         // The reaper writes one newline once COMMAND runs, or why it could not start and
         // closes its end. A reaper that dies before either closes it with nothing said.
         let give_up = bound.saturating_sub(nanos(grace));

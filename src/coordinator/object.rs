@@ -477,6 +477,11 @@ impl ObjectCoordinator {
                 released: !c.held(),
             }),
         );
+        if current.is_none() {
+            // No record: a missing bucket reads as no record too (GCS answers a read in a
+            // missing bucket 404 like a missing object): a listing names it (exit 2).
+            self.api.list(&self.url.join("leases")).await?;
+        }
         let (Some(current), Some(detail)) = (current, refusal.event_detail()) else {
             return Ok(refusal.into_error(lease));
         };

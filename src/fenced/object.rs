@@ -340,6 +340,28 @@ pub async fn write(
             }
             match again {
                 Some(meta) if stored_token(&meta) > token => Err(stale(stored_token(&meta))),
+                // This token and owner stored a version after the one this write was
+                // conditioned on: this write, whose first answer was lost and whose retry met
+                // its own version (or another write under the same lease). Never "nothing was
+                // written": the outcome is unknown to fence.
+                Some(meta)
+                    if stored_token(&meta) == token
+                        && Some(meta.version.as_str()) != version.as_deref()
+                        && meta.metadata.get(META_OWNER).map_or("", String::as_str) == owner =>
+                {
+                    Err(Error::OutcomeUnknown {
+                        message: format!(
+                            "the write to `{}` may have been applied: the object now holds version {} with token {token} of this owner, written after version {} that this write was conditioned on (an answer lost on the way, then a retry that met it)",
+                            url.display,
+                            meta.version,
+                            version.as_deref().unwrap_or("(none: created)"),
+                        ),
+                        hint: format!(
+                            "compare the object with what was to be written (`fence inspect --target {}`) before writing again; a write with --id KEY is replayed instead",
+                            crate::error::shell_word(&url.display)
+                        ),
+                    })
+                }
                 other => Err(conflict(ConflictKind::ConcurrentWrite {
                     version: other.map(|m| m.version),
                 })),

@@ -31,8 +31,9 @@ pub enum Auth {
         key: ServiceKey,
         /// The key's private key, parsed once.
         signer: Box<RsaKeyPair>,
-        /// The current access token and when to exchange the key again.
-        token: Mutex<Option<(String, Instant)>>,
+        /// The current access token, when to exchange the key again, and until when the
+        /// token itself may still be used should that exchange fail.
+        token: Mutex<Option<Fresh>>,
     },
 }
 
@@ -108,6 +109,16 @@ impl Auth {
     }
 }
 
+/// An access token, when to exchange the key again (three quarters of its lifetime), and
+/// until when it may still be used should the exchange fail (its lifetime less an eighth, at
+/// most a minute: a request sent then still arrives before the token expires).
+#[derive(Clone)]
+pub(crate) struct Fresh {
+    value: String,
+    due: Instant,
+    usable_until: Instant,
+}
+
 impl ServiceKey {
     fn signer(&self) -> Result<RsaKeyPair, Error> {
         let body: String = self
@@ -166,11 +177,7 @@ impl ServiceKey {
     /// Exchanges the signed assertion for an access token at `token_uri`, with when to
     /// exchange again: after three quarters of the lifetime the endpoint gives (`expires_in`,
     /// one hour when absent).
-    async fn fetch(
-        &self,
-        signer: &RsaKeyPair,
-        client: &reqwest::Client,
-    ) -> Result<(String, Instant), Error> {
+    async fn fetch(&self, signer: &RsaKeyPair, client: &reqwest::Client) -> Result<Fresh, Error> {
         let asked = Instant::now();
         let uri = self.token_uri();
         let unavailable = |why: String| {
@@ -215,15 +222,20 @@ impl ServiceKey {
         }
         let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
         match body["access_token"].as_str() {
-            Some(token) if status.is_success() && !token.is_empty() => {
-                Ok((token.to_owned(), asked + lifetime * 3 / 4))
-            }
+            Some(token) if status.is_success() && !token.is_empty() => Ok(Fresh {
+                value: token.to_owned(),
+                due: asked + lifetime * 3 / 4,
+                usable_until: asked + lifetime - (lifetime / 8).min(Duration::from_secs(60)),
+            }),
             _ => Err(unavailable(format!(
                 "HTTP {status} without an access_token"
             ))),
         }
     }
 }
+
+/// How soon an exchange that failed is tried again while the current token still works.
+const RETRY_EXCHANGE: Duration = Duration::from_secs(2);
 
 impl Auth {
     /// The bearer token for a request, if any (for a service account: exchanged on first use
@@ -234,14 +246,29 @@ impl Auth {
             Auth::Token(token) => Ok(Some(token.clone())),
             Auth::ServiceAccount { key, signer, token } => {
                 let current = token.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let now = Instant::now();
                 match current {
-                    Some((value, due)) if Instant::now() < due => Ok(Some(value)),
-                    _ => {
-                        let (value, due) = key.fetch(signer, client).await?;
-                        *token.lock().unwrap_or_else(|e| e.into_inner()) =
-                            Some((value.clone(), due));
-                        Ok(Some(value))
-                    }
+                    Some(fresh) if now < fresh.due => Ok(Some(fresh.value)),
+                    _ => match key.fetch(signer, client).await {
+                        Ok(fresh) => {
+                            let value = fresh.value.clone();
+                            *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh);
+                            Ok(Some(value))
+                        }
+                        // The endpoint is down for now, but the token still works: keep it,
+                        // and ask again in a few seconds (a run's token is not thrown away
+                        // at three quarters of its life by an outage of the endpoint).
+                        Err(Error::Unavailable { .. })
+                            if current.as_ref().is_some_and(|f| now < f.usable_until) =>
+                        {
+                            let mut kept = current.expect("checked");
+                            kept.due = now + RETRY_EXCHANGE;
+                            let value = kept.value.clone();
+                            *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+                            Ok(Some(value))
+                        }
+                        Err(err) => Err(err),
+                    },
                 }
             }
         }

@@ -24,7 +24,10 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::object::{Cond, ObjectApi, ObjectUrl, Put, Service};
+use crate::object::{Cond, ObjectApi, ObjectUrl, Put, Service, META_PROVEN};
+
+/// How many endpoints a verification record keeps (the newest).
+const MAX_PROVEN: usize = 32;
 
 /// Set to `1` to use a store whose preconditions are not verified (or were found ignored):
 /// fence then warns on every use and may grant one lease to several owners.
@@ -140,9 +143,22 @@ pub async fn ensure(
         return Ok(true);
     }
     let me = identity(url);
+    let mine = crate::fenced::write_digest(me.as_bytes());
+    // The endpoints a record holds are in its metadata too (their digests), so that the
+    // common check is one HEAD; a record of an older fence is read whole.
     let mut proven = Vec::new();
-    if let Some(record) = api.get(&record_key(dir)).await? {
-        proven = proven_for(&record.body, &url.bucket);
+    if let Some(meta) = api.head(&record_key(dir)).await? {
+        let digests: Vec<&str> = meta
+            .metadata
+            .get(META_PROVEN)
+            .map(|all| all.split(';').collect())
+            .unwrap_or_default();
+        if !force && digests.contains(&mine.as_str()) {
+            return Ok(true);
+        }
+        if let Some(record) = api.get(&record_key(dir)).await? {
+            proven = proven_for(&record.body, &url.bucket);
+        }
         if !force && proven.contains(&me) {
             return Ok(true);
         }
@@ -174,6 +190,13 @@ pub async fn ensure(
     if !proven.contains(&me) {
         proven.push(me);
     }
+    // The newest endpoints, as many as metadata holds comfortably.
+    let skip = proven.len().saturating_sub(MAX_PROVEN);
+    let proven = &proven[skip..];
+    let digests: Vec<String> = proven
+        .iter()
+        .map(|p| crate::fenced::write_digest(p.as_bytes()))
+        .collect();
     let record = json!({
         "verified": ["create-only put of an existing object refused (412)", "put on a wrong version refused (412)", "put on the current version accepted"],
         "endpoint": endpoint(url),
@@ -185,7 +208,7 @@ pub async fn ensure(
         &record_key(dir),
         record.into_bytes(),
         &Cond::None,
-        &BTreeMap::new(),
+        &BTreeMap::from([(META_PROVEN.to_owned(), digests.join(";"))]),
     )
     .await?;
     Ok(true)
@@ -345,10 +368,17 @@ mod tests {
             "HTTPS://Storage.GoogleAPIs.com/",
             "https://user:secret@storage.googleapis.com:443/storage/v1",
         ] {
-            assert_eq!(normalize(spelled), "https://storage.googleapis.com", "{spelled}");
+            assert_eq!(
+                normalize(spelled),
+                "https://storage.googleapis.com",
+                "{spelled}"
+            );
         }
         assert_eq!(normalize("http://127.0.0.1:80"), "http://127.0.0.1");
         assert_eq!(normalize("http://127.0.0.1:9000"), "http://127.0.0.1:9000");
-        assert_ne!(normalize("http://127.0.0.1:9000"), normalize("http://127.0.0.1:9001"));
+        assert_ne!(
+            normalize("http://127.0.0.1:9000"),
+            normalize("http://127.0.0.1:9001")
+        );
     }
 }

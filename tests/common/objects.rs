@@ -297,9 +297,45 @@ impl Server {
 
 impl Server {
     /// Stores bytes with user metadata of the writer's choosing, bypassing fence (a raw
-    /// writer forging fence's metadata). S3 only.
+    /// writer forging fence's metadata, or a copy tool that keeps it).
     pub fn put_with_metadata(&self, key: &str, body: &[u8], metadata: &[(&str, &str)]) {
-        assert_eq!(self.service, Service::S3, "raw metadata puts are S3 only");
+        if self.service == Service::Gcs {
+            // A multipart upload: the object's resource (name, metadata), then its bytes.
+            let boundary = "fence-test-boundary-7d1f";
+            let resource = serde_json::json!({
+                "name": key,
+                "metadata": metadata
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+                    .collect::<serde_json::Map<_, _>>(),
+            });
+            let mut multipart = format!(
+                "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{resource}\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .into_bytes();
+            multipart.extend_from_slice(body);
+            multipart.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), &multipart).unwrap();
+            let data = format!("@{}", file.path().display());
+            let content_type = format!("Content-Type: multipart/related; boundary={boundary}");
+            let url = format!(
+                "{}/upload/storage/v1/b/{}/o?uploadType=multipart",
+                self.endpoint, self.bucket
+            );
+            self.curl(&[
+                "-sf",
+                "-X",
+                "POST",
+                "-H",
+                &content_type,
+                "--data-binary",
+                &data,
+                &url,
+            ])
+            .expect("direct multipart put with metadata");
+            return;
+        }
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), body).unwrap();
         let data = file.path().display().to_string();

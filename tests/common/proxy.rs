@@ -62,6 +62,8 @@ pub struct Forwarded {
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
+    /// Connections accepted while false are relayed unchanged ([`Proxy::start_disarmed`]).
+    disarmed: AtomicBool,
     accepted: AtomicUsize,
     cuts: AtomicUsize,
     held: AtomicUsize,
@@ -116,6 +118,20 @@ impl Proxy {
             shared,
             accept: Some(accept),
         }
+    }
+
+    /// Like [`Proxy::start`], but relaying every connection unchanged until [`Proxy::arm`]:
+    /// object stores are proven through the endpoint a client uses, so a test proves the
+    /// prefix through the proxy before its fault starts.
+    pub fn start_disarmed(upstream: SocketAddr, mode: Mode) -> Proxy {
+        let proxy = Proxy::start(upstream, mode);
+        proxy.shared.disarmed.store(true, Ordering::SeqCst);
+        proxy
+    }
+
+    /// From now on, new connections get the proxy's mode.
+    pub fn arm(&self) {
+        self.shared.disarmed.store(false, Ordering::SeqCst);
     }
 
     /// Where clients connect.
@@ -273,7 +289,12 @@ fn relay(
     }
     // Client → server.
     let (conn2, shared2) = (Arc::clone(&conn), Arc::clone(shared));
-    match mode.clone() {
+    let mode = if shared.disarmed.load(Ordering::SeqCst) {
+        Mode::Pass
+    } else {
+        mode.clone()
+    };
+    match mode {
         Mode::Pass => shared.spawn(format!("proxy-{id}-c2s"), move || {
             client_to_server(&conn2, &shared2, None)
         }),
@@ -480,7 +501,15 @@ impl HttpRequest {
 /// What a rule does with a request: forward it (possibly changed) or answer it itself.
 pub enum Verdict {
     Forward,
-    Answer { status: u16, body: String },
+    Answer {
+        status: u16,
+        body: String,
+    },
+    /// Forward the request, let the server apply it, and answer `status` instead of the
+    /// server's answer (an answer lost on the way back).
+    ForwardThenAnswer {
+        status: u16,
+    },
 }
 
 pub type Rule = Arc<dyn Fn(&mut HttpRequest) -> Verdict + Send + Sync>;
@@ -662,7 +691,7 @@ fn http_exchange(
             (&client)
                 .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
         }
-        Verdict::Forward => {
+        verdict @ (Verdict::Forward | Verdict::ForwardThenAnswer { .. }) => {
             let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
             server.set_read_timeout(Some(TICK))?;
             if let Ok(copy) = server.try_clone() {
@@ -679,6 +708,14 @@ fn http_exchange(
             (&server).write_all(&bytes)?;
             let mut response = Vec::new();
             read_until(&server, &mut response, &shared.stop, |_| false)?;
+            if let Verdict::ForwardThenAnswer { status } = verdict {
+                let body = format!("<Error><Code>Proxy{status}</Code><Message>the server's answer was lost by the test proxy</Message></Error>");
+                (&client).write_all(
+                    reply(status, &body, "Content-Type: application/xml\r\n").as_bytes(),
+                )?;
+                let _ = client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
             // Our own Connection header, so the client never reuses this connection.
             let split = head_end(&response).unwrap_or(response.len());
             let head = String::from_utf8_lossy(&response[..split]).into_owned();
