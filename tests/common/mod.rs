@@ -465,6 +465,12 @@ pub fn clean_command(program: impl AsRef<std::ffi::OsStr>, home: &Path) -> Comma
     cmd
 }
 
+/// The `fence` binary the tests run: `FENCE_TEST_BIN` when set (a mutant, see
+/// `tests/mutants/run`), else the one cargo built.
+pub fn fence_bin() -> std::ffi::OsString {
+    std::env::var_os("FENCE_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_fence").into())
+}
+
 /// A lease a test was granted (by [`Fence::acquire`]).
 #[derive(Clone, Debug)]
 pub struct Lease {
@@ -477,7 +483,7 @@ impl Fence {
     /// `fence` with a clean environment (see [`clean_command`]).
     pub fn bare(home: &Path) -> Fence {
         Fence {
-            cmd: clean_command(env!("CARGO_BIN_EXE_fence"), home),
+            cmd: clean_command(fence_bin(), home),
         }
     }
 
