@@ -1,9 +1,17 @@
 //! Timestamps as fence shows them: RFC 3339 UTC with milliseconds, and short relative spans.
 //!
 //! Coordinators report instants as milliseconds since the Unix epoch by *their* clock; this
-//! module only formats them. Nothing here decides expiry (DESIGN I7).
+//! module only formats them (and reads this machine's clock for views that cannot ask the
+//! store). Nothing here decides expiry (DESIGN I7).
 
 use std::time::{Duration, UNIX_EPOCH};
+
+/// This machine's wall clock, in milliseconds since the Unix epoch (0 before it).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 /// `2026-12-02T16:00:30.123Z` for milliseconds since the epoch. An instant before the epoch
 /// (no clock fence reads gives one; `prune --older-than` an age beyond it computes one) is

@@ -389,3 +389,46 @@ fn the_host_s_run_containment_is_reported() {
     assert_eq!(found[0].0, "fail", "{json}");
     assert!(found[0].1.contains("/proc"), "{json}");
 }
+
+/// The expiry clock of an object store is the time its answers carry (issue 32, 4): on S3
+/// the `Date` header, which a front proxy may write from its own clock. `doctor` compares the
+/// time of a write's answer with the object's own timestamp read back: a proxy 25 s ahead
+/// fails `object.clock`, naming the offset; the store itself is ok, on S3 and on GCS.
+#[test]
+fn a_date_header_from_another_clock_is_found() {
+    use std::sync::Arc;
+
+    use common::proxy::{HttpProxy, Verdict};
+
+    for backend in [common::Backend::S3, common::Backend::Gcs] {
+        let store = Store::new(backend);
+        let (code, json) = doctor(store.fence());
+        assert_eq!(code, 0, "{json}");
+        assert_eq!(finding(&json, "object.clock")[0].0, "ok", "{json}");
+    }
+    let store = Store::new(common::Backend::S3);
+    let upstream = store
+        .server()
+        .0
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let ahead = HttpProxy::start(
+        upstream,
+        Arc::new(|_| Verdict::ForwardSettingAnswerHeader {
+            name: "Date".into(),
+            value: common::proxy::http_date(
+                std::time::SystemTime::now() + std::time::Duration::from_secs(25),
+            ),
+        }),
+    );
+    let (code, json) = doctor(store.fence().env("AWS_ENDPOINT_URL", ahead.endpoint()));
+    assert_eq!(code, 2, "{json}");
+    let clock = finding(&json, "object.clock");
+    assert_eq!(clock[0].0, "fail", "{json}");
+    assert!(
+        clock[0].1.contains("ahead of") && clock[0].1.contains("Date"),
+        "{json}"
+    );
+}

@@ -906,6 +906,56 @@ async fn preconditions(url: &crate::object::ObjectUrl, dir: &str, f: &mut Findin
             &err.hint(),
         ),
     }
+    object_clock(api.as_ref(), dir, f).await;
+}
+
+/// Whether the time a write's answer carries is the store's own (issue 32, 4). Expiry is
+/// judged by the time of fence's own writes as their answers give it: on S3 the HTTP `Date`
+/// header (its answer to a put has no other), which a proxy in front of the store may write
+/// itself (nginx does by default), from its own clock; on GCS the object's `updated`, the
+/// store's own. So a scratch object is written, and the time its answer gave is compared
+/// with the object's own timestamp (S3 `Last-Modified`, GCS `updated`) read back.
+async fn object_clock(api: &dyn crate::object::ObjectApi, dir: &str, f: &mut Findings<'_>) {
+    use crate::object::{Cond, Put};
+    let check = "object.clock";
+    let probe = if dir.is_empty() {
+        format!(".fence/clock-{:016x}", crate::sys::random_u64())
+    } else {
+        format!("{dir}/.fence/clock-{:016x}", crate::sys::random_u64())
+    };
+    let none = std::collections::BTreeMap::new();
+    let answered = match api.put(&probe, b"clock".to_vec(), &Cond::None, &none).await {
+        Ok(Put::Done(meta)) => meta.last_modified_ms,
+        Ok(Put::Lost) | Err(_) => return,
+    };
+    let stored = api.head(&probe).await;
+    let _ = api.delete(&probe).await;
+    let Ok(Some(stored)) = stored else {
+        return;
+    };
+    // Both are floored to the store's resolution (S3: whole seconds), and the answer comes a
+    // moment after the write: a second of resolution and two of latency are honest.
+    let off = answered - stored.last_modified_ms;
+    let slack = api.clock_resolution_ms() + 2_000;
+    if off.abs() <= slack {
+        f.add(
+            check,
+            Severity::Ok,
+            format!("the time of a write's answer is the store's own ({off:+} ms from the object's timestamp)"),
+            "",
+        );
+    } else {
+        f.add(
+            check,
+            Severity::Fail,
+            format!(
+                "the time of a write's answer (the HTTP Date header) is {:.1} s {} the object's own timestamp: something in between (a proxy, a gateway) writes its own Date from another clock, and fence judges expiry by it, so a lease could be taken over while its holder still runs",
+                off.abs() as f64 / 1000.0,
+                if off > 0 { "ahead of" } else { "behind" }
+            ),
+            "let the proxy pass the store's Date header through (nginx: `proxy_pass_header Date;`), or reach the store directly",
+        );
+    }
 }
 
 /// What doctor can say about an S3 or GCS object store without writing to it.

@@ -73,8 +73,20 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         };
         object_target::check_flags(url, &expect)?;
         let body = read_bytes(from)?;
+        // The coordinator, to confirm right before the put that the token is still the
+        // newest (S3: see `ObjectWrite::sequencer`); none here, or none reachable: unchecked.
+        let sequencer = match (&ctx.history, url.service) {
+            (Some(store), crate::object::Service::S3) => {
+                match crate::coordinator::open(store, &ctx.schema).await {
+                    Ok(store) if store.require_existing().await.is_ok() => Some(store),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
         let bar = out.upload_bar(body.len(), &spec.display);
         let write = ObjectWrite {
+            sequencer: sequencer.as_deref(),
             resource: &args.resource,
             token: args.token,
             owner: &owner,

@@ -260,6 +260,19 @@ pub trait Coordinator {
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
 
+    /// The highest token issued for `resource` (`None`: never acquired): a fenced write
+    /// whose target cannot tell two versions with the same bytes apart (S3 ETags) asks it
+    /// right before its put, so that a writer paused after its read is refused (Chubby's
+    /// CheckSequencer). Reads only: no clock probe, no record of the asking.
+    async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
+        Ok(self
+            .inspect(&[resource.to_owned()], 0)
+            .await?
+            .into_iter()
+            .next()
+            .and_then(|view| view.token))
+    }
+
     /// [`Self::inspect`] with what is wrong with the store's own files; stores whose
     /// records live in a server have nothing of the kind to report.
     async fn inspect_checked(

@@ -782,6 +782,10 @@ impl Coordinator for ObjectCoordinator {
         Err(self.contended(&lease.resource))
     }
 
+    async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
+        Ok(self.read(resource).await?.map(|c| c.body.token))
+    }
+
     async fn inspect(
         &self,
         resources: &[String],
@@ -810,9 +814,20 @@ impl Coordinator for ObjectCoordinator {
                 currents.push((name.clone(), self.read(name).await?));
             }
         }
-        // One probe, that of the first resource with a record.
+        // One probe, that of the first resource with a record. A reader who may not write
+        // (read-only credentials) still sees the records: liveness is then judged by this
+        // machine's clock, and says so (a view only: no decision is taken on it).
         let now = match currents.iter().find(|(_, c)| c.is_some()) {
-            Some((name, _)) => self.now(name).await?,
+            Some((name, _)) => match self.now(name).await {
+                Ok(now) => now,
+                Err(err) => {
+                    crate::terminal::warn(&format!(
+                        "warning: cannot write the clock probe of `{}` ({err}); whether a lease is live is judged by this machine's clock instead of the store's",
+                        self.url.display
+                    ));
+                    crate::time::now_ms()
+                }
+            },
             None => 0,
         };
         let mut views = Vec::with_capacity(currents.len());

@@ -220,6 +220,11 @@ pub struct ObjectWrite<'a> {
     pub expect: &'a Expect,
     /// `--timeout`: the longest a `file://` object's lock is waited for.
     pub timeout: std::time::Duration,
+    /// The coordinator that issued the token, when it can be reached: asked for the highest
+    /// token right before the put where a version is an ETag (S3), whose bytes alone make
+    /// it, so that a newer token's identical bytes do not let a paused writer's stale put
+    /// through (ABA).
+    pub sequencer: Option<&'a dyn crate::coordinator::Coordinator>,
 }
 
 /// Writes `body` to the object, counting the bytes sent on `bar`.
@@ -236,6 +241,7 @@ pub async fn write(
         write_id,
         expect,
         timeout,
+        sequencer,
     } = *write;
     if url.service == object::Service::S3 {
         ascii_metadata(url, "resource", resource)?;
@@ -325,6 +331,19 @@ pub async fn write(
         Some(v) => Cond::Match(v.clone()),
         None => Cond::Create,
     };
+    // Where a version is made by the bytes alone (an S3 ETag), a newer token that wrote the
+    // same bytes leaves the version this write read, and its put would pass: the coordinator
+    // says, right before the put, whether a newer token exists (the window left is this
+    // round trip).
+    if let (object::Service::S3, Some(sequencer)) = (url.service, sequencer) {
+        match sequencer.highest_token(resource).await {
+            Ok(Some(highest)) if highest > token => return Err(stale(highest)),
+            Ok(_) => {}
+            Err(err) => crate::terminal::warn(&format!(
+                "warning: the coordinator could not confirm that token {token} is still the newest for `{resource}` ({err}); an S3 object's version does not change with the token alone, so a newer token's identical bytes would not stop this write"
+            )),
+        }
+    }
     let bytes = body.len();
     match api.put(&url.key, body, &cond, &metadata).await? {
         Put::Done(meta) => Ok(ObjectOutcome::Written(ObjectWritten {

@@ -510,6 +510,12 @@ pub enum Verdict {
     ForwardThenAnswer {
         status: u16,
     },
+    /// Forward the request, and set header `name` of the server's answer to `value` (a proxy
+    /// that writes its own `Date`).
+    ForwardSettingAnswerHeader {
+        name: String,
+        value: String,
+    },
 }
 
 pub type Rule = Arc<dyn Fn(&mut HttpRequest) -> Verdict + Send + Sync>;
@@ -691,7 +697,9 @@ fn http_exchange(
             (&client)
                 .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
         }
-        verdict @ (Verdict::Forward | Verdict::ForwardThenAnswer { .. }) => {
+        verdict @ (Verdict::Forward
+        | Verdict::ForwardThenAnswer { .. }
+        | Verdict::ForwardSettingAnswerHeader { .. }) => {
             let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
             server.set_read_timeout(Some(TICK))?;
             if let Ok(copy) = server.try_clone() {
@@ -723,8 +731,17 @@ fn http_exchange(
                 .trim_end_matches("\r\n")
                 .split("\r\n")
                 .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                .filter(|l| match &verdict {
+                    Verdict::ForwardSettingAnswerHeader { name, .. } => !l
+                        .to_ascii_lowercase()
+                        .starts_with(&format!("{}:", name.to_ascii_lowercase())),
+                    _ => true,
+                })
                 .map(|l| format!("{l}\r\n"))
                 .collect();
+            if let Verdict::ForwardSettingAnswerHeader { name, value } = &verdict {
+                fixed.push_str(&format!("{name}: {value}\r\n"));
+            }
             fixed.push_str("Connection: close\r\n\r\n");
             (&client).write_all(fixed.as_bytes())?;
             (&client).write_all(&response[split..])?;
@@ -732,4 +749,32 @@ fn http_exchange(
     }
     let _ = client.shutdown(Shutdown::Both);
     Ok(())
+}
+
+/// `at` as an HTTP date (`Sat, 05 Dec 2026 06:30:00 GMT`).
+pub fn http_date(at: std::time::SystemTime) -> String {
+    let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let days = (secs / 86_400) as i64;
+    let rest = secs % 86_400;
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    format!(
+        "{weekday}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        months[(month - 1) as usize],
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
 }
