@@ -27,6 +27,13 @@
 //! by its budget, that it injected each of its faults and provoked each outcome they exist
 //! for (`minimums`): a run that exercised nothing fails.
 //!
+//! `fence run` has randomised workloads of its own (`workload_run_*`, on the directory,
+//! PostgreSQL and GCS coordinators; see `workload_of_runs`): commands that append time-stamped
+//! effect lines (and `setsid` daemons that do too, commands that ignore SIGTERM) under SIGSTOP
+//! and SIGKILL of `fence run` and of its reaper, judged on the coordinator's grants: no effect
+//! of a token at or after the grant of a higher one, nothing of a command outliving its run,
+//! every run ended in time.
+//!
 //! Size: the randomised workloads share a budget of `FENCE_SOAK_OPS` fence invocations
 //! (default [`DEFAULT_OPS`] = 1200 across the suite, which keeps this binary well under three
 //! minutes on two cores); `FENCE_SOAK_OPS=100000` runs a soak. `FENCE_SOAK_SEED` fixes the
@@ -34,7 +41,11 @@
 //! through; the `soak` nextest profile never kills a slow test:
 //! `FENCE_SOAK_OPS=72000 tests/run --cargo-profile release --profile soak --test-threads 4
 //! -E 'binary(adversarial) & test(workload)' --success-output final` (the workloads' shares
-//! add up to 140 %: about 101,000 operations, 21 minutes of tests here; see the README).
+//! add up to 140 %: about 101,000 operations, 21 minutes of tests here; see the README). The
+//! `fence run` workloads take 20 % each, a run counted as 8 operations (its acquisition,
+//! renewals and release): 30 runs, about 45 s each by default; their runs last seconds
+//! whatever the machine, about 0.7 a second per workload, so a soak's share of them takes
+//! budget × 0.025 / 0.7 seconds each (FENCE_SOAK_OPS=72000: 1,800 runs, 43 minutes).
 
 #[path = "common/checker.rs"]
 mod checker;
@@ -2540,6 +2551,911 @@ fn clock_skew_with_faked_monotonic_clocks() {
             assert_eq!(again.code, if skewed_wrote { 4 } else { 0 }, "{again}");
         }
     }
+}
+
+// --- randomised `fence run` workloads ----------------------------------------------------------
+//
+// Workers run `fence run R --ttl 1–3s --kill-after … --wait 10s -- sh -c '<effect loop>'` over
+// two resources; each command appends `<FENCE_TOKEN> <wall clock ns> <run>` to its resource's
+// effects file every 20 ms for a fifth of the TTL to three TTLs, sometimes ignoring SIGTERM,
+// sometimes with a `setsid` daemon appending lines too. Once a command runs, its run is dealt a
+// fault (`RUN_DECK`): SIGSTOP of `fence run` (short, medium, past the TTL), SIGKILL of it,
+// SIGSTOP of the reaper (short, past the TTL), SIGKILL of it, or none. Judged afterwards on
+// durable state: no effect line of token t is stamped at or after the coordinator's grant of a
+// token above t, nor follows a line of a higher token in the file; and on liveness: runs are
+// granted, each `fence run` ends within TTL + kill-after + 10 s of its last fault (or of its
+// command's planned end), nothing of a command outlives its run, and each fault and the
+// outcomes 0 and 5 happened.
+
+/// The `fence run` workloads' share of the suite's budget, each, in per cent, and what one run
+/// counts as in that budget: its acquisition, its renewals (every third of the TTL, over a
+/// command that runs a fifth of the TTL to three TTLs), its release.
+const RUN_SHARE: usize = 20;
+const OPS_PER_RUN: usize = 8;
+/// Workers of a `fence run` workload, and its resources.
+const RUN_WORKERS: usize = 4;
+const RUN_RESOURCES: usize = 2;
+
+/// What a `fence run` workload does to a run once its command runs: a card of [`RUN_DECK`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum RunFault {
+    None,
+    /// SIGSTOP of `fence run` for 5–20 % of the TTL: a renewal due in the stop goes out before
+    /// the reaper's SIGTERM (a TTL/3 before a bound 0.95 TTL after the last renewal sent).
+    FenceStopShort,
+    /// 30–100 % of the TTL: the bound may pass while it is stopped, or not.
+    FenceStopMedium,
+    /// 120–300 % of the TTL: the bound passes while it is stopped; the reaper enforces it.
+    FenceStopLong,
+    /// SIGKILL of `fence run`: the reaper (its parent-death signal) kills everything.
+    FenceKill,
+    /// SIGSTOP of the reaper for 5–20 % of the TTL.
+    ReaperStopShort,
+    /// 120–300 % of the TTL: `fence run` continues it at its next renewal.
+    ReaperStopLong,
+    /// SIGKILL of the reaper: `fence run` kills what is left and exits 5 (`supervisor_lost`).
+    ReaperKill,
+}
+
+/// The faults of the `fence run` workloads, dealt in shuffled decks to the runs whose command
+/// started (a fault that finds its run ended goes back on the deck): each fault lands once in
+/// every nine or so runs that started, and about two in nine get none.
+const RUN_DECK: [RunFault; 9] = [
+    RunFault::None,
+    RunFault::None,
+    RunFault::FenceStopShort,
+    RunFault::FenceStopMedium,
+    RunFault::FenceStopLong,
+    RunFault::FenceKill,
+    RunFault::ReaperStopShort,
+    RunFault::ReaperStopLong,
+    RunFault::ReaperKill,
+];
+
+impl RunFault {
+    /// How long a stop lasts, in per cent of the TTL.
+    fn stop_percent(self) -> Option<(u64, u64)> {
+        match self {
+            RunFault::FenceStopShort | RunFault::ReaperStopShort => Some((5, 20)),
+            RunFault::FenceStopMedium => Some((30, 100)),
+            RunFault::FenceStopLong | RunFault::ReaperStopLong => Some((120, 300)),
+            _ => None,
+        }
+    }
+}
+
+/// One `fence run` of a workload, as it went.
+struct RunRecord {
+    name: String,
+    resource: String,
+    ttl_ms: u64,
+    kill_after_ms: u64,
+    /// How long the command's effect loop runs.
+    duration_ms: u64,
+    ignore_term: bool,
+    daemon: bool,
+    /// The fault that landed (`None`: none was dealt, or it found the run ended).
+    fault: RunFault,
+    /// When after the command's start the fault landed, and how long a stop lasted.
+    fault_after: Duration,
+    pause: Duration,
+    /// The command ran, with this token (its pid file), as `sh_pid`, child of `reaper_pid`.
+    token: Option<i64>,
+    sh_pid: Option<u32>,
+    reaper_pid: Option<u32>,
+    /// The command was still running when the reaper was killed.
+    running_at_reaper_kill: bool,
+    /// `fence run`'s exit code (-1: killed by a signal), its JSON's `reason`, its JSON.
+    code: i32,
+    reason: Option<String>,
+    json: Value,
+    /// On the workload's clock: start, end, and what the end is measured from (the last
+    /// fault's end, the command's planned end, or for a run never started the end of --wait).
+    began: Duration,
+    ended: Duration,
+    settled: Duration,
+    hung: bool,
+    /// What went wrong in this run (processes that outlived what they must not, a stopped
+    /// reaper never continued, an end too late).
+    problems: Vec<String>,
+    /// Reaper stops: `fence run` continued it before the test did (None: never seen stopped).
+    continued: Option<bool>,
+    /// `fence run` killed: how long until nothing of its command was left.
+    cleanup: Option<Duration>,
+    stderr: String,
+}
+
+impl std::fmt::Display for RunRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} token {} ttl {}ms kill-after {}ms command {}ms{}{} fault {:?}",
+            self.name,
+            self.resource,
+            self.token.map_or_else(|| "-".to_owned(), |t| t.to_string()),
+            self.ttl_ms,
+            self.kill_after_ms,
+            self.duration_ms,
+            if self.ignore_term {
+                " (ignores TERM)"
+            } else {
+                ""
+            },
+            if self.daemon {
+                " (+ setsid daemon)"
+            } else {
+                ""
+            },
+            self.fault,
+        )?;
+        if self.fault != RunFault::None {
+            write!(f, " {:?} after start", self.fault_after)?;
+            if !self.pause.is_zero() {
+                write!(f, " for {:?}", self.pause)?;
+            }
+        }
+        write!(
+            f,
+            " -> exit {}{} [{:.3}s..{:.3}s] pids sh {:?} reaper {:?}",
+            self.code,
+            self.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            self.began.as_secs_f64(),
+            self.ended.as_secs_f64(),
+            self.sh_pid,
+            self.reaper_pid,
+        )?;
+        if self.hung {
+            write!(f, " HUNG")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the workers of a `fence run` workload share.
+struct RunCtx<'a> {
+    sut: &'a Sut,
+    /// Effects (`effects/<resource>`), pid files (`pids/<run>.pid`, `.dpid`), outputs.
+    dir: std::path::PathBuf,
+    epoch: Instant,
+    remaining: AtomicI64,
+    deck: Mutex<(Vec<RunFault>, Rng)>,
+    records: Mutex<Vec<RunRecord>>,
+}
+
+impl RunCtx<'_> {
+    fn deal(&self) -> RunFault {
+        let mut deck = self.deck.lock().unwrap();
+        let (cards, rng) = &mut *deck;
+        if cards.is_empty() {
+            cards.extend(RUN_DECK);
+            for i in (1..cards.len()).rev() {
+                let j = rng.range(0, i as u64 + 1) as usize;
+                cards.swap(i, j);
+            }
+        }
+        cards.pop().unwrap()
+    }
+
+    fn put_back(&self, fault: RunFault) {
+        if fault != RunFault::None {
+            self.deck.lock().unwrap().0.push(fault);
+        }
+    }
+}
+
+/// A process's state letter and parent (None: gone).
+fn proc_stat(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The live processes (not zombies) whose command line or environment holds one of
+/// `needles`: (pid, state, parent, command line).
+fn processes_marked(needles: &[&[u8]]) -> Vec<(u32, char, u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if !needles
+            .iter()
+            .any(|n| holds(&cmdline, n) || holds(&environ, n))
+        {
+            continue;
+        }
+        if let Some((state, ppid)) = proc_stat(pid).filter(|(s, _)| !matches!(s, 'Z' | 'X')) {
+            let shown = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let shown: String = shown.chars().take(160).collect();
+            found.push((pid, state, ppid, shown));
+        }
+    }
+    found
+}
+
+/// The processes of run `name` still alive, but `except`.
+fn run_processes(ctx: &RunCtx, name: &str, except: &[u32]) -> Vec<(u32, char, u32, String)> {
+    let by_env = format!("WL_RUN={}/{name}\0", ctx.dir.display());
+    let by_path = format!("{}/pids/{name}.", ctx.dir.display());
+    processes_marked(&[by_env.as_bytes(), by_path.as_bytes()])
+        .into_iter()
+        .filter(|(pid, ..)| !except.contains(pid))
+        .collect()
+}
+
+/// The command's pid file, once whole: (sh pid, its parent — the reaper —, FENCE_TOKEN).
+fn read_run_pids(path: &std::path::Path) -> Option<(u32, u32, i64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.strip_suffix('\n')?;
+    let mut it = line.split_whitespace();
+    Some((
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+    ))
+}
+
+/// Sleeps until `until`, or until `fence run` ends (its status).
+fn sleep_watching(child: &mut Child, until: Instant) -> Option<std::process::ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        let now = Instant::now();
+        if now >= until {
+            return None;
+        }
+        thread::sleep((until - now).min(Duration::from_millis(5)));
+    }
+}
+
+fn run_worker(ctx: &RunCtx, worker: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut iteration = 0;
+    while ctx.remaining.fetch_sub(1, Ordering::SeqCst) > 0 {
+        iteration += 1;
+        let record = one_run(ctx, &mut rng, &format!("w{worker}-{iteration}"));
+        ctx.records.lock().unwrap().push(record);
+        thread::sleep(Duration::from_millis(rng.range(0, 100)));
+    }
+}
+
+/// One `fence run`: its command started, dealt a fault, watched to its end.
+fn one_run(ctx: &RunCtx, rng: &mut Rng, name: &str) -> RunRecord {
+    let sut = ctx.sut;
+    let resource = sut.resources[rng.range(0, sut.resources.len() as u64) as usize].clone();
+    let ttl = rng.range(1_000, 3_001);
+    let kill_after = match rng.range(0, 100) {
+        0..=44 => rng.range(100, 1_000),
+        45..=74 => rng.range(1_000, ttl + 1),
+        // Longer than the TTL: SIGTERM still comes at most TTL/3 before the bound.
+        _ => rng.range(ttl + 1, 2 * ttl + 1),
+    };
+    let duration = match rng.range(0, 100) {
+        0..=34 => rng.range(ttl / 5, ttl),
+        35..=84 => rng.range(ttl, 2 * ttl),
+        _ => rng.range(2 * ttl, 3 * ttl),
+    };
+    let ignore_term = rng.chance(30);
+    let daemon = rng.chance(30);
+    let daemon_ignores_term = ignore_term || rng.chance(30);
+    let dir = ctx.dir.display().to_string();
+    let pid_file = ctx.dir.join("pids").join(format!("{name}.pid"));
+    let effects = format!("{dir}/effects/{resource}");
+    let mut script = format!("echo \"$$ $PPID $FENCE_TOKEN\" > {dir}/pids/{name}.pid; ");
+    if ignore_term {
+        script.push_str("trap '' TERM; ");
+    }
+    if daemon {
+        script.push_str(&format!(
+            "setsid sh -c '{}echo $$ > {dir}/pids/{name}.dpid; while :; do \
+             echo \"$FENCE_TOKEN $(date +%s%N) {name}/daemon\" >> {effects}; sleep 0.02; done' \
+             </dev/null >/dev/null 2>&1 & ",
+            if daemon_ignores_term {
+                "trap \"\" TERM; "
+            } else {
+                ""
+            }
+        ));
+    }
+    script.push_str(&format!(
+        "end=$(( $(date +%s%N) + {duration}000000 )); \
+         while :; do now=$(date +%s%N); [ \"$now\" -ge \"$end\" ] && break; \
+         echo \"$FENCE_TOKEN $now {name}\" >> {effects}; sleep 0.02; done; exit 0"
+    ));
+    let out_path = ctx.dir.join("out").join(format!("{name}.json"));
+    let err_path = ctx.dir.join("out").join(format!("{name}.stderr"));
+    let mut cmd = sut.fence(None, None);
+    cmd.args(["run", &resource, "--ttl"])
+        .arg(format!("{ttl}ms"))
+        .arg("--kill-after")
+        .arg(format!("{kill_after}ms"))
+        .args(["--wait", "10s", "--", "sh", "-c", &script])
+        .env("WL_MARK", &dir)
+        .env("WL_RUN", format!("{dir}/{name}"))
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    let begin = Instant::now();
+    let mut child = cmd.spawn().expect("start fence run");
+    let fence_pid = child.id();
+    let mut rec = RunRecord {
+        name: name.to_owned(),
+        resource: resource.clone(),
+        ttl_ms: ttl,
+        kill_after_ms: kill_after,
+        duration_ms: duration,
+        ignore_term,
+        daemon,
+        fault: RunFault::None,
+        fault_after: Duration::ZERO,
+        pause: Duration::ZERO,
+        token: None,
+        sh_pid: None,
+        reaper_pid: None,
+        running_at_reaper_kill: false,
+        code: 0,
+        reason: None,
+        json: Value::Null,
+        began: begin - ctx.epoch,
+        ended: Duration::ZERO,
+        settled: Duration::ZERO,
+        hung: false,
+        problems: Vec::new(),
+        continued: None,
+        cleanup: None,
+        stderr: String::new(),
+    };
+    // How long after `settled` the run may take to end.
+    let limit = Duration::from_millis(ttl + kill_after) + Duration::from_secs(10);
+    let mut settled = begin + Duration::from_secs(10);
+    let mut status = None;
+    // The command starts, or the run ends without it (busy past --wait).
+    let mut started = None;
+    while status.is_none() && started.is_none() {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+        } else if let Some(pids) = read_run_pids(&pid_file) {
+            started = Some((Instant::now(), pids));
+        } else if begin.elapsed() > Duration::from_secs(10) + limit + Duration::from_secs(5) {
+            break;
+        } else {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    if let Some((start, (sh, reaper, token))) = started {
+        rec.token = Some(token);
+        rec.sh_pid = Some(sh);
+        rec.reaper_pid = Some(reaper);
+        settled = start + Duration::from_millis(duration);
+        let fault = ctx.deal();
+        // Mostly in the command's first half (so that a stop past the TTL finds it running),
+        // sometimes around its end: while what it left (a daemon) is being stopped.
+        let after = Duration::from_millis(if rng.chance(80) {
+            rng.range(0, duration / 2 + 1)
+        } else {
+            rng.range(duration.saturating_sub(100), duration + 600)
+        });
+        let pause = fault
+            .stop_percent()
+            .map(|(lo, hi)| Duration::from_millis(ttl * rng.range(lo, hi + 1) / 100))
+            .unwrap_or_default();
+        let landed = fault != RunFault::None
+            && match sleep_watching(&mut child, start + after) {
+                Some(s) => {
+                    status = Some(s);
+                    false
+                }
+                // The reaper is still fence's child (not a reused pid).
+                None => {
+                    !matches!(
+                        fault,
+                        RunFault::ReaperStopShort | RunFault::ReaperStopLong | RunFault::ReaperKill
+                    ) || proc_stat(reaper).is_some_and(|(s, ppid)| ppid == fence_pid && s != 'Z')
+                }
+            };
+        if !landed {
+            ctx.put_back(fault);
+        } else {
+            rec.fault = fault;
+            rec.fault_after = start.elapsed();
+            rec.pause = pause;
+            match fault {
+                RunFault::FenceStopShort | RunFault::FenceStopMedium | RunFault::FenceStopLong => {
+                    signal(&child, libc::SIGSTOP);
+                    thread::sleep(pause);
+                    if fault == RunFault::FenceStopLong {
+                        // The bound (at most a TTL after the last renewal sent, before the
+                        // stop) has passed: the reaper stopped the command and what it left.
+                        let left = run_processes(ctx, name, &[fence_pid, reaper]);
+                        if !left.is_empty() {
+                            rec.problems.push(format!(
+                                "processes of the command alive with fence stopped {pause:?} (past its bound): {left:?}"
+                            ));
+                        }
+                    }
+                    signal(&child, libc::SIGCONT);
+                    settled = settled.max(Instant::now());
+                }
+                RunFault::FenceKill => {
+                    signal(&child, libc::SIGKILL);
+                    let killed = Instant::now();
+                    settled = settled.max(killed);
+                    status = Some(child.wait().unwrap());
+                    // The reaper's parent-death signal: it kills everything, itself too.
+                    loop {
+                        let left = run_processes(ctx, name, &[]);
+                        if left.is_empty() {
+                            rec.cleanup = Some(killed.elapsed());
+                            break;
+                        }
+                        if killed.elapsed() > Duration::from_secs(3) {
+                            rec.problems.push(format!(
+                                "3 s after fence was killed, processes of its command are alive: {left:?}"
+                            ));
+                            break;
+                        }
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                RunFault::ReaperStopShort | RunFault::ReaperStopLong => {
+                    // SAFETY: kill(2) on fence's child, checked above to be the reaper.
+                    unsafe { libc::kill(reaper as i32, libc::SIGSTOP) };
+                    let until = Instant::now() + pause;
+                    let (mut seen_stopped, mut continued, mut last) = (false, false, None);
+                    while Instant::now() < until {
+                        last = proc_stat(reaper).map(|(s, _)| s);
+                        match last {
+                            Some('T') => seen_stopped = true,
+                            _ if seen_stopped => continued = true,
+                            _ => {}
+                        }
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                    rec.continued = seen_stopped.then_some(continued);
+                    if fault == RunFault::ReaperStopLong && last == Some('T') {
+                        rec.problems.push(format!(
+                            "the reaper, stopped for {pause:?} (past the TTL, so past renewals every TTL/3), was still stopped: fence never continued it"
+                        ));
+                    }
+                    // SAFETY: as above (a stopped process is not reaped: still the reaper).
+                    unsafe { libc::kill(reaper as i32, libc::SIGCONT) };
+                    settled = settled.max(Instant::now());
+                }
+                RunFault::ReaperKill => {
+                    rec.running_at_reaper_kill =
+                        proc_stat(sh).is_some_and(|(s, ppid)| ppid == reaper && s != 'Z');
+                    // SAFETY: as above.
+                    unsafe { libc::kill(reaper as i32, libc::SIGKILL) };
+                    settled = settled.max(Instant::now());
+                }
+                RunFault::None => {}
+            }
+        }
+    }
+    let status = match status {
+        Some(s) => s,
+        None => loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > settled + limit + Duration::from_secs(5) {
+                rec.hung = true;
+                let left = run_processes(ctx, name, &[]);
+                rec.problems.push(format!(
+                    "fence run had not ended {:?} after its last fault or its command's planned end (TTL + kill-after + 10 s is {limit:?}): killed; its processes then: {left:?}",
+                    settled.elapsed()
+                ));
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            thread::sleep(Duration::from_millis(10));
+        },
+    };
+    let ended = Instant::now();
+    rec.ended = ended - ctx.epoch;
+    rec.settled = settled - ctx.epoch;
+    if !rec.hung && ended > settled + limit {
+        rec.problems.push(format!(
+            "fence run ended {:?} after its last fault or its command's planned end, past TTL + kill-after + 10 s ({limit:?})",
+            ended - settled
+        ));
+    }
+    rec.code = status.code().unwrap_or(-1);
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    rec.json = serde_json::from_str(out.trim()).unwrap_or(Value::Null);
+    rec.reason = rec.json["reason"].as_str().map(str::to_owned);
+    rec.stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    if rec.fault != RunFault::FenceKill && !rec.hung {
+        // `fence run` ends once nothing of its command is left.
+        let left = run_processes(ctx, name, &[]);
+        if !left.is_empty() {
+            thread::sleep(Duration::from_secs(1));
+            let later = run_processes(ctx, name, &[]);
+            rec.problems.push(format!(
+                "processes of the command alive after fence run ended (exit {}): {left:?}; a second later: {later:?}",
+                rec.code
+            ));
+        }
+    }
+    rec
+}
+
+/// The grants of `resource` by the coordinator's durable history: (token, when, in ns of the
+/// wall clock of this machine — the store's own clock: the directory store's wall clock read
+/// with the grant, whole ms; PostgreSQL's `clock_timestamp()` under the row lock; GCS's
+/// Last-Modified of the version that granted it, ms).
+fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64)>, String> {
+    const GRANTS: [&str; 3] = ["acquired", "taken_over", "reacquired"];
+    let mut grants = Vec::new();
+    match sut.coord.backend {
+        Backend::File => {
+            let path = sut
+                .coord
+                .dir()
+                .join("events")
+                .join(format!("{resource}.jsonl"));
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("the event log `{}`: {e}", path.display()))?;
+            for line in text.lines() {
+                let v: Value = serde_json::from_str(line).map_err(|e| format!("{line}: {e}"))?;
+                if GRANTS.contains(&v["kind"].as_str().unwrap_or_default()) {
+                    let token = v["token"].as_i64().ok_or(format!("no token: {line}"))?;
+                    let at = v["at_ms"].as_i64().ok_or(format!("no at_ms: {line}"))?;
+                    grants.push((token, at * 1_000_000));
+                }
+            }
+        }
+        Backend::S3 | Backend::Gcs | Backend::LocalStack => {
+            for e in sut.coord.timed_events(resource) {
+                if GRANTS.contains(&e.kind.as_str()) {
+                    let token = e.token.ok_or(format!("no token: {e:?}"))?;
+                    let at = e.at_ms.ok_or(format!("no time: {e:?}"))?;
+                    grants.push((token, at * 1_000_000));
+                }
+            }
+        }
+        Backend::Postgres | Backend::PostgresAsync => {
+            let s = sut.coord.schema.clone().unwrap();
+            for e in coord_events_at(&sut.coord_url(), &s) {
+                if e.resource == resource && GRANTS.contains(&e.kind.as_str()) {
+                    let token = e.token.ok_or(format!("no token: {e:?}"))?;
+                    grants.push((token, e.at_us * 1_000));
+                }
+            }
+        }
+    }
+    Ok(grants)
+}
+
+/// One line of an effects file: (token, wall clock ns, who wrote it).
+fn effect_lines(path: &std::path::Path) -> Vec<(usize, i64, i64, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let mut it = line.split_whitespace();
+            let token = it.next()?.parse().ok()?;
+            let at = it.next()?.parse().ok()?;
+            Some((i + 1, token, at, it.next().unwrap_or("?").to_owned()))
+        })
+        .collect()
+}
+
+fn workload_of_runs(name: &str, backend: Backend) {
+    let seed = seed();
+    let runs = (total_ops() * RUN_SHARE / 100 / OPS_PER_RUN).max(2 * RUN_DECK.len());
+    eprintln!("{name}: seed {seed} (FENCE_SOAK_SEED={seed}), {runs} runs of `fence run`");
+    let sut = Sut::new(backend, RUN_RESOURCES);
+    if sut.is_pg() {
+        let out = sut.fence(None, None).arg("init").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["pids", "effects", "out"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+    }
+    let ctx = RunCtx {
+        sut: &sut,
+        dir: dir.path().to_owned(),
+        epoch: Instant::now(),
+        remaining: AtomicI64::new(runs as i64),
+        deck: Mutex::new((Vec::new(), Rng::new(seed ^ 0xDEC4))),
+        records: Mutex::new(Vec::new()),
+    };
+    thread::scope(|scope| {
+        for worker in 0..RUN_WORKERS {
+            let ctx = &ctx;
+            scope.spawn(move || {
+                run_worker(ctx, worker, seed ^ ((worker as u64 + 1) * 0x9E37_79B9));
+            });
+        }
+    });
+    let elapsed = ctx.epoch.elapsed();
+    let mut records = ctx.records.into_inner().unwrap();
+    records.sort_by_key(|r| r.began);
+    let mut failures: Vec<String> = Vec::new();
+
+    // Nothing of any command outlives the workload.
+    let mark = format!("WL_MARK={}\0", dir.path().display());
+    let path = dir.path().display().to_string();
+    let needles: [&[u8]; 2] = [mark.as_bytes(), path.as_bytes()];
+    let mut left = processes_marked(&needles);
+    let waited = Instant::now();
+    while !left.is_empty() && waited.elapsed() < Duration::from_secs(3) {
+        thread::sleep(Duration::from_millis(50));
+        left = processes_marked(&needles);
+    }
+    if !left.is_empty() {
+        failures.push(format!(
+            "processes of the workload's commands alive 3 s after every fence run ended: {left:?}"
+        ));
+        for (pid, ..) in &left {
+            // SAFETY: kill(2) on a process of this test's commands (its marker).
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+    }
+
+    // Each run: its problems, an exit its faults explain.
+    for r in &records {
+        for p in &r.problems {
+            failures.push(format!("{r}: {p}"));
+        }
+        let explained = match (r.fault, r.code) {
+            (RunFault::FenceKill, -1) => true,
+            (RunFault::FenceKill, _) => false,
+            (RunFault::ReaperKill, 5) if r.running_at_reaper_kill => {
+                r.reason.as_deref() == Some("supervisor_lost")
+            }
+            (RunFault::ReaperKill, 0 | 5) => !r.running_at_reaper_kill,
+            (_, 0 | 3 | 5) => true,
+            _ => false,
+        };
+        if !explained && !r.hung {
+            failures.push(format!(
+                "{r}: an exit its fault does not explain; json {}; stderr {}",
+                r.json,
+                r.stderr.trim()
+            ));
+        }
+        if r.code == 3 && r.token.is_some() {
+            failures.push(format!("{r}: busy (3), yet its command ran"));
+        }
+        if r.code == 0 && r.token.is_none() {
+            failures.push(format!("{r}: exit 0, yet its command never ran"));
+        }
+    }
+
+    // Safety, on durable state: no effect of a run at or after the grant of a higher token
+    // (by the store's clock, this machine's), and none after a higher token's in the file.
+    let by_token: BTreeMap<(String, i64), &RunRecord> = records
+        .iter()
+        .filter_map(|r| r.token.map(|t| ((r.resource.clone(), t), r)))
+        .collect();
+    let show = |resource: &str, t: i64| {
+        by_token
+            .get(&(resource.to_owned(), t))
+            .map_or_else(|| format!("token {t}: no run recorded"), |r| r.to_string())
+    };
+    let mut lines_total = 0;
+    let mut grants_total = 0;
+    // The closest an effect came to the next grant of a higher token (ns).
+    let mut closest: Option<(i64, String)> = None;
+    for resource in &sut.resources {
+        let grants = match run_grants(&sut, resource) {
+            Ok(g) => g,
+            Err(e) => {
+                failures.push(format!("{resource}: cannot read the grants: {e}"));
+                continue;
+            }
+        };
+        grants_total += grants.len();
+        let lines = effect_lines(&dir.path().join("effects").join(resource));
+        lines_total += lines.len();
+        // Per token, the earliest grant of any higher token.
+        let mut first_grant: BTreeMap<i64, i64> = BTreeMap::new();
+        for (t, at) in &grants {
+            let e = first_grant.entry(*t).or_insert(*at);
+            *e = (*e).min(*at);
+        }
+        let mut next_higher: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        let mut best: Option<(i64, i64)> = None;
+        for (t, at) in first_grant.iter().rev() {
+            if let Some(b) = best {
+                next_higher.insert(*t, b);
+            }
+            if best.is_none_or(|(_, b)| *at < b) {
+                best = Some((*t, *at));
+            }
+        }
+        let mut late = Vec::new();
+        let mut highest_so_far: Option<(usize, i64, String)> = None;
+        for (n, t, at, who) in &lines {
+            if !first_grant.contains_key(t) {
+                failures.push(format!(
+                    "{resource}: effect line {n} of token {t} ({who}): the store granted no token {t}"
+                ));
+            }
+            if let Some(&(t2, g)) = next_higher.get(t) {
+                if closest.as_ref().is_none_or(|(c, _)| g - at < *c) {
+                    closest = Some((
+                        g - at,
+                        format!("{resource} line {n} token {t} ({who}), grant of {t2}"),
+                    ));
+                }
+                if g <= *at {
+                    late.push(format!(
+                        "{resource}: effect line {n} of token {t} ({who}) at {at} is {:.1} ms after the grant of token {t2} at {g}\n    run of {t}: {}\n    run of {t2}: {}",
+                        (at - g) as f64 / 1e6,
+                        show(resource, *t),
+                        show(resource, t2)
+                    ));
+                }
+            }
+            match &highest_so_far {
+                Some((n0, t0, who0)) if t < t0 => late.push(format!(
+                    "{resource}: effect line {n} of token {t} ({who}) follows line {n0} of token {t0} ({who0}) in the file\n    run of {t}: {}\n    run of {t0}: {}",
+                    show(resource, *t),
+                    show(resource, *t0)
+                )),
+                Some((_, t0, _)) if t <= t0 => {}
+                _ => highest_so_far = Some((*n, *t, who.clone())),
+            }
+        }
+        if !late.is_empty() {
+            let mut grants = grants.clone();
+            grants.sort();
+            failures.push(format!(
+                "{resource}: {} effect lines after another owner's grant (first 20):\n  {}\n  grants (token, ns): {grants:?}",
+                late.len(),
+                late.iter().take(20).cloned().collect::<Vec<_>>().join("\n  ")
+            ));
+        }
+    }
+
+    // What the workload exercised.
+    let started: Vec<&RunRecord> = records.iter().filter(|r| r.token.is_some()).collect();
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut landed: BTreeMap<RunFault, usize> = BTreeMap::new();
+    for r in &records {
+        let outcome = match (r.code, &r.reason) {
+            (code, Some(reason)) => format!("{code} {reason}"),
+            (code, None) => code.to_string(),
+        };
+        *outcomes
+            .entry(format!("{:?}: {outcome}", r.fault))
+            .or_insert(0) += 1;
+        if r.token.is_some() {
+            *landed.entry(r.fault).or_insert(0) += 1;
+        }
+    }
+    let code_count = |code: i32| records.iter().filter(|r| r.code == code).count();
+    let durations: Vec<f64> = records
+        .iter()
+        .map(|r| (r.ended - r.began).as_secs_f64())
+        .collect();
+    let cleanup = records.iter().filter_map(|r| r.cleanup).max();
+    let continued = records.iter().filter(|r| r.continued == Some(true)).count();
+    let daemons = started.iter().filter(|r| r.daemon).count();
+    let ignoring = started.iter().filter(|r| r.ignore_term).count();
+    eprintln!(
+        "{name}: {} runs in {:.1}s, {} started (with daemon {daemons}, ignoring TERM {ignoring}); exits 0: {}, 3: {}, 5: {}, killed: {}; run durations mean {:.2}s max {:.2}s; {lines_total} effect lines, {grants_total} grants; closest effect before a later grant: {}; slowest cleanup after a fence kill: {cleanup:?}; reaper stops continued by fence: {continued}",
+        records.len(),
+        elapsed.as_secs_f64(),
+        started.len(),
+        code_count(0),
+        code_count(3),
+        code_count(5),
+        code_count(-1),
+        durations.iter().sum::<f64>() / durations.len().max(1) as f64,
+        durations.iter().cloned().fold(0.0, f64::max),
+        closest
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |(ns, at)| format!("{:.1} ms ({at})", *ns as f64 / 1e6)),
+    );
+    eprintln!("{name}: faults landed {landed:?}");
+    eprintln!("{name}: outcomes by fault {outcomes:?}");
+
+    // Liveness and coverage, scaled by the runs (as `minimums`).
+    if started.len() * 10 < records.len() * 6 {
+        failures.push(format!(
+            "only {} of {} runs were granted within --wait 10s",
+            started.len(),
+            records.len()
+        ));
+    }
+    let per_card = started.len() / RUN_DECK.len();
+    for fault in RUN_DECK {
+        let n = landed.get(&fault).copied().unwrap_or(0);
+        if fault != RunFault::None && n < (per_card / 3).max(1) {
+            failures.push(format!(
+                "fault {fault:?} landed {n} times (at least {})",
+                (per_card / 3).max(1)
+            ));
+        }
+    }
+    // A run that nothing but the machine's load stood in the way of (no fault, or only its
+    // reaper stopped, which fence continues) keeps its lease: losing it is rare at worst.
+    let quiet: Vec<&&RunRecord> = started
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.fault,
+                RunFault::None | RunFault::ReaperStopShort | RunFault::ReaperStopLong
+            )
+        })
+        .collect();
+    let lost: Vec<String> = quiet
+        .iter()
+        .filter(|r| r.code != 0)
+        .map(|r| format!("{r}: {}", r.stderr.trim()))
+        .collect();
+    if !lost.is_empty() {
+        eprintln!(
+            "{name}: runs without a fault of fence's that did not end 0:\n  {}",
+            lost.join("\n  ")
+        );
+    }
+    if lost.len() > (quiet.len() / 5).max(1) {
+        failures.push(format!(
+            "{} of {} runs without a fault of fence's lost their lease:\n  {}",
+            lost.len(),
+            quiet.len(),
+            lost.join("\n  ")
+        ));
+    }
+    let want0 = (started.len() / 10).max(1);
+    if code_count(0) < want0 {
+        failures.push(format!("exit 0: {} (at least {want0})", code_count(0)));
+    }
+    let lossy = landed.get(&RunFault::FenceStopLong).copied().unwrap_or(0)
+        + landed.get(&RunFault::ReaperKill).copied().unwrap_or(0);
+    let want5 = (lossy / 3).max(1);
+    if code_count(5) < want5 {
+        failures.push(format!("exit 5: {} (at least {want5})", code_count(5)));
+    }
+    if !failures.is_empty() {
+        let dump: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+        panic!(
+            "{name}: seed {seed} (FENCE_SOAK_SEED={seed}): {} failures:\n{}\n\nall runs:\n{}",
+            failures.len(),
+            failures.join("\n"),
+            dump.join("\n")
+        );
+    }
+}
+
+#[test]
+fn workload_run_file_coordinator() {
+    workload_of_runs("workload_run_file_coordinator", Backend::File);
+}
+
+#[test]
+fn workload_run_postgres_coordinator() {
+    workload_of_runs("workload_run_postgres_coordinator", Backend::Postgres);
+}
+
+#[test]
+fn workload_run_gcs_coordinator() {
+    workload_of_runs("workload_run_gcs_coordinator", Backend::Gcs);
 }
 
 // --- the checker's own tests: hand-made histories ---------------------------------------------
