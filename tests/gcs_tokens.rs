@@ -258,15 +258,17 @@ fn an_expired_static_token_is_named() {
     assert!(lease_record(&store, "job").is_none());
 }
 
-/// GCS allows about one write per second to one object name. Through a proxy that answers
-/// 429 to a second write of the same name within a second, 24 `fence run`s on 24 resources
-/// (TTL 3 s: each renews its record every second) hold their leases for 30 s and exit 0: no
-/// object is shared between resources (per-resource clock probes), and a 429 is retried.
-#[test]
-fn per_object_write_limits_are_respected() {
-    const RUNS: usize = 24;
-    let store = Store::new(Backend::Gcs);
-    store.fence().args(["init"]).run();
+/// A proxy in front of fake-gcs-server that allows one write per second to each object name
+/// (GCS's documented limit), answering 429 beyond it: the names written, with when, and how
+/// many writes it refused.
+#[allow(clippy::type_complexity)]
+fn throttling(
+    store: &Store,
+) -> (
+    HttpProxy,
+    Arc<Mutex<HashMap<String, Instant>>>,
+    Arc<Mutex<usize>>,
+) {
     let last: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let throttled = Arc::new(Mutex::new(0usize));
     let upstream = store
@@ -311,6 +313,19 @@ fn per_object_write_limits_are_respected() {
             }),
         )
     };
+    (proxy, last, throttled)
+}
+
+/// GCS allows about one write per second to one object name. Through a proxy that answers
+/// 429 to a second write of the same name within a second, 24 `fence run`s on 24 resources
+/// (TTL 3 s: each renews its record every second) hold their leases for 30 s and exit 0: no
+/// object is shared between resources (per-resource clock probes), and a 429 is retried.
+#[test]
+fn per_object_write_limits_are_respected() {
+    const RUNS: usize = 24;
+    let store = Store::new(Backend::Gcs);
+    store.fence().args(["init"]).run();
+    let (proxy, last, throttled) = throttling(&store);
     // Proven through the proxy first: a proof is bound to the endpoint it was made through.
     store
         .fence()
@@ -357,4 +372,76 @@ fn per_object_write_limits_are_respected() {
         names >= 2 * RUNS,
         "each resource writes its own record and probe: {names}"
     );
+}
+
+/// Waiters never make a healthy holder lose its lease (issue 32, 2). Behind a proxy that
+/// allows one write per second to each object (GCS's limit), a holder renewing a 3 s lease
+/// through a job of 4 TTLs keeps it with 1, 4 and 16 waiters polling meanwhile, and every
+/// waiter is granted in the end (each runs `true` in turn). Waiters used to write the holder's
+/// clock probe at every poll: one waiter made the holder exit 5 in 4 of 5 trials, and waiters
+/// exited 7 after seconds of 429. `FENCE_TEST_GCS_WAIT_JOB` (seconds) and
+/// `FENCE_TEST_GCS_WAIT_TRIALS` make it the full check (a 60 s job, 5 trials each).
+#[test]
+fn waiters_do_not_throttle_the_holder() {
+    let job: u64 = std::env::var("FENCE_TEST_GCS_WAIT_JOB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let trials: usize = std::env::var("FENCE_TEST_GCS_WAIT_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let store = Store::new(Backend::Gcs);
+    let (proxy, _, throttled) = throttling(&store);
+    let through = || store.fence().env("FENCE_GCS_ENDPOINT", proxy.endpoint());
+    through().args(["init"]).run().expect(0);
+    for trial in 0..trials {
+        for waiters in [1usize, 4, 16] {
+            let resource = format!("job-{trial}-{waiters}");
+            let marker = store.home.path().join(format!("{resource}.holding"));
+            let holder = {
+                let script = format!("touch '{}'; sleep {job}", marker.display());
+                let fence = through()
+                    .args(["run", &resource, "--ttl", "3s", "--", "sh", "-c"])
+                    .args([script]);
+                thread::spawn(move || fence.run())
+            };
+            let started = Instant::now();
+            while !marker.exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the holder never started"
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            let waiting: Vec<_> = (0..waiters)
+                .map(|_| {
+                    let fence = through().args([
+                        "run", &resource, "--ttl", "3s", "--wait", "10m", "--", "true",
+                    ]);
+                    thread::spawn(move || fence.run())
+                })
+                .collect();
+            let out = holder.join().unwrap();
+            assert_eq!(
+                out.code, 0,
+                "trial {trial}, {waiters} waiters: the holder: {out:?}"
+            );
+            for (n, waiter) in waiting.into_iter().enumerate() {
+                let out = waiter.join().unwrap();
+                assert_eq!(
+                    out.code, 0,
+                    "trial {trial}, waiter {n} of {waiters}: {out:?}"
+                );
+            }
+            let lease = lease_record(&store, &resource).expect("the lease record");
+            assert_eq!(lease["state"], "released", "{lease}");
+            assert_eq!(
+                lease["token"].as_u64().unwrap(),
+                1 + waiters as u64,
+                "each waiter was granted once: {lease}"
+            );
+        }
+    }
+    eprintln!("the proxy refused {} writes", *throttled.lock().unwrap());
 }

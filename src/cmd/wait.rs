@@ -31,6 +31,8 @@ const QUEUED_MAX_NAP: Duration = Duration::from_secs(3600);
 /// The first and the longest poll interval on stores without pushed wake-ups.
 const POLL_MIN: Duration = Duration::from_millis(5);
 const POLL_MAX: Duration = Duration::from_millis(250);
+/// The longest pause between attempts while the store answers "unavailable" (429, 503).
+const UNAVAILABLE_MAX: Duration = Duration::from_secs(2);
 
 pub async fn acquire(
     coordinator: &dyn Coordinator,
@@ -140,6 +142,9 @@ async fn waiting(
     // Without handlers (no descriptors left), a signal ends fence as by default.
     let mut interrupts = crate::signals::Interrupts::install().ok();
     let mut poll = POLL_MIN;
+    let mut warned_unavailable = false;
+    // Grows while the store answers "unavailable", back to nothing on any other answer.
+    let mut backoff = Duration::ZERO;
     let result = loop {
         if let Some(spinner) = &spinner {
             spinner.set_message(format!(
@@ -162,7 +167,7 @@ async fn waiting(
                 poll
             };
             let jitter = Duration::from_micros(random_u64() % 5_000);
-            until_expiry.min(fallback) + jitter
+            until_expiry.min(fallback).max(backoff) + jitter
         };
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -198,6 +203,19 @@ async fn waiting(
             Err(Error::Busy { holder: next, .. }) => {
                 *refused += 1;
                 holder = next;
+                backoff = Duration::ZERO;
+            }
+            // A store that is throttling or briefly unavailable (429, 503, a lost
+            // connection: nothing was acquired) is waited out like a busy lease, until the
+            // deadline; the holder's lease is unchanged, so its expiry still bounds the nap.
+            Err(err @ Error::Unavailable { .. }) if deadline.is_none_or(|d| Instant::now() < d) => {
+                if !warned_unavailable {
+                    warned_unavailable = true;
+                    crate::terminal::warn(&format!(
+                        "warning: still waiting for `{resource}` though the store answered: {err}"
+                    ));
+                }
+                backoff = (backoff * 2).clamp(POLL_MAX, UNAVAILABLE_MAX);
             }
             other => break other,
         }

@@ -52,6 +52,10 @@ use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, Ob
 use crate::sys::random_u64;
 
 const FORMAT_VERSION: i32 = 1;
+/// How far below the lease's expiry a waiter's estimate of the store's time must be for it to
+/// answer "busy" without a probe.
+const ESTIMATE_SLACK_MS: i64 = 1_000;
+
 /// Attempts before a decision that keeps losing races gives up (exit 7, safe to retry).
 const MAX_ATTEMPTS: usize = 200;
 
@@ -62,6 +66,14 @@ pub struct ObjectCoordinator {
     waiter_id: String,
     /// Whether this process has seen the prefix verified (`None`: not looked yet).
     verified: std::cell::Cell<Option<bool>>,
+    /// Set while this process waits (`--wait`): its clock probes are its own object, never
+    /// the one the holder's renewals write (GCS allows about one write per second to one
+    /// object), and a poll of a lease that is surely still live writes no probe at all.
+    waiting: std::cell::Cell<bool>,
+    /// The store's time at this process's last probe, and when (this machine's monotonic
+    /// clock): a waiter's estimate of the store's time now, trusted only to say "still live"
+    /// (a takeover is always decided on a fresh probe).
+    last_probe: std::cell::Cell<Option<(i64, std::time::Instant)>>,
 }
 
 /// The lease object's body.
@@ -240,6 +252,8 @@ impl ObjectCoordinator {
             url: url.clone(),
             waiter_id: format!("{}-{}", std::process::id(), nonce()),
             verified: std::cell::Cell::new(None),
+            waiting: std::cell::Cell::new(false),
+            last_probe: std::cell::Cell::new(None),
         })
     }
 
@@ -309,15 +323,46 @@ impl ObjectCoordinator {
         Ok(known)
     }
 
+    /// The clock probe of `resource`: the holder's and one-shot callers', or this waiter's own.
+    fn probe_key(&self, resource: &str) -> String {
+        if self.waiting.get() {
+            self.url.join(&format!(
+                "clock/{}.w-{}",
+                encode_key(resource),
+                self.waiter_id
+            ))
+        } else {
+            self.url.join(&format!("clock/{}", encode_key(resource)))
+        }
+    }
+
+    /// The store's time to judge whether `current` (held) is live, for an acquire. A waiter
+    /// that probed before estimates it from that probe and its own monotonic clock since,
+    /// and writes no probe when the estimate, less a second, still says live (busy is never
+    /// unsafe); any other answer is a fresh probe.
+    async fn now_for(&self, resource: &str, current: &Current) -> Result<i64, Error> {
+        if let (true, Some((at_ms, at))) = (self.waiting.get(), self.last_probe.get()) {
+            let estimate = at_ms + i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX);
+            if estimate + ESTIMATE_SLACK_MS < self.taken_over_at_ms(current) {
+                return Ok(estimate);
+            }
+        }
+        self.now(resource).await
+    }
+
     /// The store's clock now: the Last-Modified of a probe object written for the purpose.
     async fn now(&self, resource: &str) -> Result<i64, Error> {
-        let key = self.url.join(&format!("clock/{}", encode_key(resource)));
+        let key = self.probe_key(resource);
+        let asked = std::time::Instant::now();
         match self
             .api
             .put(&key, nonce().into_bytes(), &Cond::None, &BTreeMap::new())
             .await?
         {
-            Put::Done(meta) => Ok(meta.last_modified_ms),
+            Put::Done(meta) => {
+                self.last_probe.set(Some((meta.last_modified_ms, asked)));
+                Ok(meta.last_modified_ms)
+            }
             Put::Lost => Err(Error::internal(
                 "an unconditional write of the clock probe was refused",
                 "report this bug",
@@ -620,7 +665,7 @@ impl Coordinator for ObjectCoordinator {
             let current = self.read(resource).await?;
             let verified = self.verified(current.as_ref()).await?;
             let now = match &current {
-                Some(c) if c.held() => Some(self.now(resource).await?),
+                Some(c) if c.held() => Some(self.now_for(resource, c).await?),
                 _ => None,
             };
             let (body, kind) = match (&current, now) {
@@ -872,11 +917,22 @@ impl Coordinator for ObjectCoordinator {
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
         let body = serde_json::json!({ "owner": owner }).to_string();
         let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
+        self.waiting.set(true);
         self.api.put_blind(&key, body.into_bytes()).await
     }
 
     async fn unwait(&self, resource: &str) -> Result<(), Error> {
         let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
+        if self.waiting.replace(false) {
+            // This waiter's own clock probe goes with it (best effort: a probe left by a
+            // killed waiter is never read again).
+            let probe = self.url.join(&format!(
+                "clock/{}.w-{}",
+                encode_key(resource),
+                self.waiter_id
+            ));
+            let _ = self.api.delete(&probe).await;
+        }
         self.api.delete(&key).await
     }
 
