@@ -85,6 +85,7 @@ per_service!(
     a_proof_copied_to_another_prefix_is_not_trusted,
     an_applied_write_whose_answer_was_lost_is_never_nothing_written,
     read_only_credentials_can_inspect,
+    a_lost_answer_to_a_grant_or_release_is_reported_as_it_was,
 );
 
 /// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
@@ -978,4 +979,59 @@ fn read_only_credentials_can_inspect(service: Service) {
         out.stderr.contains("clock probe") && out.stderr.contains("this machine's clock"),
         "{out:?}"
     );
+}
+
+/// A 503 after the store applied an acquire's or a release's put: the client asks again, and
+/// its retry meets its own version. fence reported the grant as `reacquired` and the release
+/// as `already_released` (issue 32, 6). Now it recognises its own write (the nonce it stored)
+/// and reports what happened: acquired (not reacquired), released.
+fn a_lost_answer_to_a_grant_or_release_is_reported_as_it_was(service: Service) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let store = verified_store(service);
+    let (server, _) = store.server();
+    let armed = Arc::new(AtomicBool::new(false));
+    let trigger = armed.clone();
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(move |request| {
+            let record = request.target.contains("leases")
+                || common::proxy::contains(&request.body, b"leases/res")
+                || common::proxy::contains(&request.body, b"leases%2Fres");
+            if record
+                && conditional_write(service, request)
+                && trigger.swap(false, Ordering::SeqCst)
+            {
+                Verdict::ForwardThenAnswer { status: 503 }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    );
+    proven_via(&store, &proxy);
+    armed.store(true, Ordering::SeqCst);
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "60s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        !armed.load(Ordering::SeqCst),
+        "the premise: an answer was lost"
+    );
+    let json = out.json();
+    assert_eq!(json["reacquired"], false, "{json}");
+    let token = json["token"].as_i64().unwrap().to_string();
+    armed.store(true, Ordering::SeqCst);
+    let out = via(&store, &proxy)
+        .args([
+            "release", "res", "--owner", "a", "--token", &token, "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        !armed.load(Ordering::SeqCst),
+        "the premise: an answer was lost"
+    );
+    assert_eq!(out.json()["already_released"], false, "{out:?}");
 }

@@ -52,6 +52,15 @@ use crate::object::{self, encode_key, verify, Cond, Fetched, Meta, ObjectApi, Ob
 use crate::sys::random_u64;
 
 const FORMAT_VERSION: i32 = 1;
+/// Who writes a clock probe (see `ObjectCoordinator::probe_key`).
+#[derive(Clone, Copy)]
+enum Prober {
+    /// The holder, renewing.
+    Holder,
+    /// Anyone else: a contender, a waiter, a viewer.
+    Other,
+}
+
 /// How far below the lease's expiry a waiter's estimate of the store's time must be for it to
 /// answer "busy" without a probe.
 const ESTIMATE_SLACK_MS: i64 = 1_000;
@@ -323,17 +332,19 @@ impl ObjectCoordinator {
         Ok(known)
     }
 
-    /// The clock probe of `resource`: the holder's and one-shot callers', or this waiter's own.
-    fn probe_key(&self, resource: &str) -> String {
-        if self.waiting.get() {
-            self.url.join(&format!(
-                "clock/{}.w-{}",
-                encode_key(resource),
-                self.waiter_id
-            ))
-        } else {
-            self.url.join(&format!("clock/{}", encode_key(resource)))
-        }
+    /// The clock probe of `resource` for `who`: the holder's renewals have one of their own,
+    /// which nothing else writes (GCS allows about one write per second to one object, and a
+    /// renewal refused by the rate limit could cost a healthy holder its lease); a waiter has
+    /// its own (deleted when it stops waiting); every other caller (a one-shot `acquire`,
+    /// `inspect`) shares a third.
+    fn probe_key(&self, resource: &str, who: Prober) -> String {
+        let name = encode_key(resource);
+        let key = match (who, self.waiting.get()) {
+            (Prober::Holder, _) => format!("clock/{name}"),
+            (Prober::Other, true) => format!("clock/{name}.w-{}", self.waiter_id),
+            (Prober::Other, false) => format!("clock/{name}.c"),
+        };
+        self.url.join(&key)
     }
 
     /// The store's time to judge whether `current` (held) is live, for an acquire. A waiter
@@ -347,12 +358,12 @@ impl ObjectCoordinator {
                 return Ok(estimate);
             }
         }
-        self.now(resource).await
+        self.now(resource, Prober::Other).await
     }
 
     /// The store's clock now: the Last-Modified of a probe object written for the purpose.
-    async fn now(&self, resource: &str) -> Result<i64, Error> {
-        let key = self.probe_key(resource);
+    async fn now(&self, resource: &str, who: Prober) -> Result<i64, Error> {
+        let key = self.probe_key(resource, who);
         let asked = std::time::Instant::now();
         match self
             .api
@@ -660,9 +671,22 @@ impl Coordinator for ObjectCoordinator {
         let ttl = ttl_ms(ttl);
         self.check_ttl(ttl)?;
         self.check_resource(resource)?;
+        // The nonce and kind of this call's last write that may have applied unseen (its
+        // answer lost, its retry refused by its own version).
+        let mut tried: Option<(String, EventKind)> = None;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(resource).await?;
+            if let (Some(c), Some((nonce, kind))) = (&current, &tried) {
+                if c.body.nonce == *nonce {
+                    // Our own write is the current version: granted by it, as it said.
+                    let now = c.meta.last_modified_ms;
+                    return Ok(Grant {
+                        lease: c.lease(now),
+                        reacquired: *kind == EventKind::Reacquired,
+                    });
+                }
+            }
             let verified = self.verified(current.as_ref()).await?;
             let now = match &current {
                 Some(c) if c.held() => Some(self.now_for(resource, c).await?),
@@ -728,9 +752,15 @@ impl Coordinator for ObjectCoordinator {
                 ..body
             };
             self.archive(&mut body).await?;
+            tried = Some((body.nonce.clone(), kind.clone()));
             let Some(meta) = self.write(current.as_ref(), &body).await? else {
                 continue;
             };
+            if self.waiting.get() && self.last_probe.get().is_some() {
+                // Granted: a waiter's own clock probe is never read again (best effort).
+                let probe = self.probe_key(resource, Prober::Other);
+                let _ = self.api.delete(&probe).await;
+            }
             let now = meta.last_modified_ms;
             return Ok(Grant {
                 lease: Current { body, meta }.lease(now),
@@ -755,7 +785,7 @@ impl Coordinator for ObjectCoordinator {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
             let verified = self.verified(Some(c)).await?;
-            let now = self.now(&lease.resource).await?;
+            let now = self.now(&lease.resource, Prober::Holder).await?;
             if !self.live(c, now) {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             }
@@ -788,9 +818,19 @@ impl Coordinator for ObjectCoordinator {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
+        // The nonce of this call's last write, which may have applied unseen.
+        let mut tried: Option<String> = None;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(&lease.resource).await?;
+            if current
+                .as_ref()
+                .zip(tried.as_ref())
+                .is_some_and(|(c, nonce)| c.body.nonce == *nonce)
+            {
+                // Our own release is the current version (its answer was lost).
+                return Ok(Released::Now);
+            }
             let mine = current
                 .as_ref()
                 .filter(|c| c.body.token == lease.token && c.body.owner == lease.owner);
@@ -819,6 +859,7 @@ impl Coordinator for ObjectCoordinator {
                 ..c.body.clone()
             };
             self.archive(&mut body).await?;
+            tried = Some(body.nonce.clone());
             if self.write(Some(c), &body).await?.is_none() {
                 continue;
             }
@@ -863,7 +904,7 @@ impl Coordinator for ObjectCoordinator {
         // (read-only credentials) still sees the records: liveness is then judged by this
         // machine's clock, and says so (a view only: no decision is taken on it).
         let now = match currents.iter().find(|(_, c)| c.is_some()) {
-            Some((name, _)) => match self.now(name).await {
+            Some((name, _)) => match self.now(name, Prober::Other).await {
                 Ok(now) => now,
                 Err(err) => {
                     crate::terminal::warn(&format!(
@@ -914,6 +955,18 @@ impl Coordinator for ObjectCoordinator {
         Ok(views)
     }
 
+    /// No queue here; but from its first attempt on, a waiter probes the store's clock on an
+    /// object of its own (see `probe_key`).
+    fn queue_up(
+        &self,
+        _resource: &str,
+        _owner: &str,
+        _until: Option<tokio::time::Instant>,
+    ) -> bool {
+        self.waiting.set(true);
+        false
+    }
+
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
         let body = serde_json::json!({ "owner": owner }).to_string();
         let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
@@ -923,16 +976,13 @@ impl Coordinator for ObjectCoordinator {
 
     async fn unwait(&self, resource: &str) -> Result<(), Error> {
         let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
-        if self.waiting.replace(false) {
+        if self.waiting.get() && self.last_probe.get().is_some() {
             // This waiter's own clock probe goes with it (best effort: a probe left by a
             // killed waiter is never read again).
-            let probe = self.url.join(&format!(
-                "clock/{}.w-{}",
-                encode_key(resource),
-                self.waiter_id
-            ));
+            let probe = self.probe_key(resource, Prober::Other);
             let _ = self.api.delete(&probe).await;
         }
+        self.waiting.set(false);
         self.api.delete(&key).await
     }
 
