@@ -43,9 +43,10 @@
 //! -E 'binary(adversarial) & test(workload)' --success-output final` (the workloads' shares
 //! add up to 140 %: about 101,000 operations, 21 minutes of tests here; see the README). The
 //! `fence run` workloads take 20 % each, a run counted as 8 operations (its acquisition,
-//! renewals and release): 30 runs, about 45 s each by default; their runs last seconds
-//! whatever the machine, about 0.7 a second per workload, so a soak's share of them takes
-//! budget × 0.025 / 0.7 seconds each (FENCE_SOAK_OPS=72000: 1,800 runs, 43 minutes).
+//! renewals and release): 30 runs, 30–50 s each by default; their runs last seconds whatever
+//! the machine, about 0.65 a second per workload, so a soak's share of them takes
+//! budget × 0.025 / 0.65 seconds each (FENCE_SOAK_OPS=5000: 125 runs, 3–3.5 minutes;
+//! FENCE_SOAK_OPS=72000: 1,800 runs, about 46 minutes).
 
 #[path = "common/checker.rs"]
 mod checker;
@@ -3100,10 +3101,10 @@ fn one_run(ctx: &RunCtx, rng: &mut Rng, name: &str) -> RunRecord {
 }
 
 /// The grants of `resource` by the coordinator's durable history: (token, when, in ns of the
-/// wall clock of this machine — the store's own clock: the directory store's wall clock read
+/// wall clock of this machine, whether it took over an expired lease — the store's own clock: the directory store's wall clock read
 /// with the grant, whole ms; PostgreSQL's `clock_timestamp()` under the row lock; GCS's
 /// Last-Modified of the version that granted it, ms).
-fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64)>, String> {
+fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64, bool)>, String> {
     const GRANTS: [&str; 3] = ["acquired", "taken_over", "reacquired"];
     let mut grants = Vec::new();
     match sut.coord.backend {
@@ -3120,7 +3121,7 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64)>, String> {
                 if GRANTS.contains(&v["kind"].as_str().unwrap_or_default()) {
                     let token = v["token"].as_i64().ok_or(format!("no token: {line}"))?;
                     let at = v["at_ms"].as_i64().ok_or(format!("no at_ms: {line}"))?;
-                    grants.push((token, at * 1_000_000));
+                    grants.push((token, at * 1_000_000, v["kind"] == "taken_over"));
                 }
             }
         }
@@ -3129,7 +3130,7 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64)>, String> {
                 if GRANTS.contains(&e.kind.as_str()) {
                     let token = e.token.ok_or(format!("no token: {e:?}"))?;
                     let at = e.at_ms.ok_or(format!("no time: {e:?}"))?;
-                    grants.push((token, at * 1_000_000));
+                    grants.push((token, at * 1_000_000, e.kind == "taken_over"));
                 }
             }
         }
@@ -3138,7 +3139,7 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64)>, String> {
             for e in coord_events_at(&sut.coord_url(), &s) {
                 if e.resource == resource && GRANTS.contains(&e.kind.as_str()) {
                     let token = e.token.ok_or(format!("no token: {e:?}"))?;
-                    grants.push((token, e.at_us * 1_000));
+                    grants.push((token, e.at_us * 1_000, e.kind == "taken_over"));
                 }
             }
         }
@@ -3257,8 +3258,9 @@ fn workload_of_runs(name: &str, backend: Backend) {
     };
     let mut lines_total = 0;
     let mut grants_total = 0;
-    // The closest an effect came to the next grant of a higher token (ns).
-    let mut closest: Option<(i64, String)> = None;
+    // The closest an effect came to the next grant of a higher token (ns): after a release,
+    // and taking over an expired lease (the margin the bound keeps).
+    let mut closest: [Option<(i64, String)>; 2] = [None, None];
     for resource in &sut.resources {
         let grants = match run_grants(&sut, resource) {
             Ok(g) => g,
@@ -3271,19 +3273,21 @@ fn workload_of_runs(name: &str, backend: Backend) {
         let lines = effect_lines(&dir.path().join("effects").join(resource));
         lines_total += lines.len();
         // Per token, the earliest grant of any higher token.
-        let mut first_grant: BTreeMap<i64, i64> = BTreeMap::new();
-        for (t, at) in &grants {
-            let e = first_grant.entry(*t).or_insert(*at);
-            *e = (*e).min(*at);
+        let mut first_grant: BTreeMap<i64, (i64, bool)> = BTreeMap::new();
+        for (t, at, took) in &grants {
+            let e = first_grant.entry(*t).or_insert((*at, *took));
+            if *at < e.0 {
+                *e = (*at, *took);
+            }
         }
-        let mut next_higher: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        let mut best: Option<(i64, i64)> = None;
-        for (t, at) in first_grant.iter().rev() {
+        let mut next_higher: BTreeMap<i64, (i64, i64, bool)> = BTreeMap::new();
+        let mut best: Option<(i64, i64, bool)> = None;
+        for (t, (at, took)) in first_grant.iter().rev() {
             if let Some(b) = best {
                 next_higher.insert(*t, b);
             }
-            if best.is_none_or(|(_, b)| *at < b) {
-                best = Some((*t, *at));
+            if best.is_none_or(|(_, b, _)| *at < b) {
+                best = Some((*t, *at, *took));
             }
         }
         let mut late = Vec::new();
@@ -3294,11 +3298,18 @@ fn workload_of_runs(name: &str, backend: Backend) {
                     "{resource}: effect line {n} of token {t} ({who}): the store granted no token {t}"
                 ));
             }
-            if let Some(&(t2, g)) = next_higher.get(t) {
-                if closest.as_ref().is_none_or(|(c, _)| g - at < *c) {
-                    closest = Some((
+            if let Some(&(t2, g, took)) = next_higher.get(t) {
+                let c = &mut closest[usize::from(took)];
+                if c.as_ref().is_none_or(|(gap, _)| g - at < *gap) {
+                    *c = Some((
                         g - at,
-                        format!("{resource} line {n} token {t} ({who}), grant of {t2}"),
+                        format!(
+                            "{resource} line {n} token {t} ({who}, {}), grant of {t2}",
+                            by_token.get(&(resource.clone(), *t)).map_or_else(
+                                || "no run recorded".to_owned(),
+                                |r| format!("ttl {}ms, fault {:?}", r.ttl_ms, r.fault)
+                            )
+                        ),
                     ));
                 }
                 if g <= *at {
@@ -3321,7 +3332,7 @@ fn workload_of_runs(name: &str, backend: Backend) {
             }
         }
         if !late.is_empty() {
-            let mut grants = grants.clone();
+            let mut grants: Vec<(i64, i64)> = grants.iter().map(|(t, at, _)| (*t, *at)).collect();
             grants.sort();
             failures.push(format!(
                 "{resource}: {} effect lines after another owner's grant (first 20):\n  {}\n  grants (token, ns): {grants:?}",
@@ -3357,7 +3368,7 @@ fn workload_of_runs(name: &str, backend: Backend) {
     let daemons = started.iter().filter(|r| r.daemon).count();
     let ignoring = started.iter().filter(|r| r.ignore_term).count();
     eprintln!(
-        "{name}: {} runs in {:.1}s, {} started (with daemon {daemons}, ignoring TERM {ignoring}); exits 0: {}, 3: {}, 5: {}, killed: {}; run durations mean {:.2}s max {:.2}s; {lines_total} effect lines, {grants_total} grants; closest effect before a later grant: {}; slowest cleanup after a fence kill: {cleanup:?}; reaper stops continued by fence: {continued}",
+        "{name}: {} runs in {:.1}s, {} started (with daemon {daemons}, ignoring TERM {ignoring}); exits 0: {}, 3: {}, 5: {}, killed: {}; run durations mean {:.2}s max {:.2}s; {lines_total} effect lines, {grants_total} grants; closest effect before a later grant: {} after a release, {} taking over an expired lease; slowest cleanup after a fence kill: {cleanup:?}; reaper stops continued by fence: {continued}",
         records.len(),
         elapsed.as_secs_f64(),
         started.len(),
@@ -3367,9 +3378,14 @@ fn workload_of_runs(name: &str, backend: Backend) {
         code_count(-1),
         durations.iter().sum::<f64>() / durations.len().max(1) as f64,
         durations.iter().cloned().fold(0.0, f64::max),
-        closest
-            .as_ref()
-            .map_or_else(|| "none".to_owned(), |(ns, at)| format!("{:.1} ms ({at})", *ns as f64 / 1e6)),
+        closest[0].as_ref().map_or_else(
+            || "none".to_owned(),
+            |(ns, at)| format!("{:.1} ms ({at})", *ns as f64 / 1e6)
+        ),
+        closest[1].as_ref().map_or_else(
+            || "none".to_owned(),
+            |(ns, at)| format!("{:.1} ms ({at})", *ns as f64 / 1e6)
+        ),
     );
     eprintln!("{name}: faults landed {landed:?}");
     eprintln!("{name}: outcomes by fault {outcomes:?}");
