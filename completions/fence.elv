@@ -64,7 +64,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --done-exit-code 'Exit with CODE instead of 0 when the run id was already completed (COMMAND never starts), to tell "already done" apart from "done now"'
             cand --ttl 'The lease length; fence renews about every third of it'
             cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
-            cand --kill-after 'After SIGTERM to what COMMAND left running, wait this long before SIGKILL (at most 7 days). A command whose lease cannot be proven gets SIGTERM this long before the bound (at most TTL/3) and SIGKILL at the bound: never later'
+            cand --kill-after 'After SIGTERM to what COMMAND left running, wait this long before SIGKILL (at most 7 days). A command whose lease cannot be proven gets SIGTERM this long before the bound (at most TTL/5) and SIGKILL at the bound: never later'
             cand --metrics-file 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter''s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `already_done` when the run id was completed before, `busy`, `lease_lost`, …). Name it `*.prom` in the collector''s directory'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'

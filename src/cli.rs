@@ -186,7 +186,7 @@ pub struct AcquireArgs {
 /// process it forks (also after setsid or a double fork) stays a descendant of fence, and is
 /// stopped by the bound = when the last renewal was sent + TTL - min(TTL/20, 250ms), by this
 /// machine's clock (a suspend counts). A renewal not proven in time: SIGTERM min(--kill-after,
-/// TTL/3) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
+/// TTL/5) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
 /// expired: SIGKILL at once, exit 5. fence and its supervisor (`fence __reaper`) each enforce
 /// the bound, so either may be paused or killed (exit 5, `supervisor_lost`). Not contained:
 /// what another service starts for COMMAND (systemd-run, at), and a COMMAND that stops both.
@@ -253,7 +253,7 @@ pub struct RunArgs {
 
     /// After SIGTERM to what COMMAND left running, wait this long before SIGKILL (at most 7
     /// days). A command whose lease cannot be proven gets SIGTERM this long before the bound
-    /// (at most TTL/3) and SIGKILL at the bound: never later.
+    /// (at most TTL/5) and SIGKILL at the bound: never later.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_kill_after)]
     pub kill_after: Duration,
 

@@ -231,9 +231,7 @@ fn a_reaper_continued_after_its_first_bound_starts_nothing() {
             "1s",
         ])
         .args(["--owner", "run", "--", "sh", "-c"])
-        .args([format!(
-            "echo \"$FENCE_TOKEN $(date +%s%N)\" >> '{marker}'"
-        )]);
+        .args([format!("echo \"$FENCE_TOKEN $(date +%s%N)\" >> '{marker}'")]);
     let waiting = spawn_ignoring_term(fence, dir.path());
     let fence_pid = waiting.id();
     let reaper = || reapers_with(&marker, fence_pid);

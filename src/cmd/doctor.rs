@@ -217,13 +217,18 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
         }
     };
     version(&client, f).await;
+    f.add(
+        "postgres.synchronous_commit",
+        Severity::Ok,
+        match role {
+            Role::Coordinator => "fence sets synchronous_commit = on for each of its own transactions, whatever the server default",
+            Role::Target => "fence sets synchronous_commit = on last in every fenced write, after the caller's SQL, whatever the database, the role or the SQL set",
+        }
+        .into(),
+        "",
+    );
+    durability(&client, f).await;
     if role == Role::Coordinator {
-        f.add(
-            "postgres.synchronous_commit",
-            Severity::Ok,
-            "fence sets synchronous_commit = on for each of its own transactions, whatever the server default".into(),
-            "",
-        );
         replication(&client, f).await;
         connections(&client, f).await;
     }
@@ -271,6 +276,41 @@ async fn version(client: &Client, f: &mut Findings<'_>) {
             "upgrade to PostgreSQL 14 or later",
         ),
         Err(err) => f.add("postgres.version", Severity::Warn, err, ""),
+    }
+}
+
+/// The server settings without which a commit it acknowledged can vanish in a crash: a
+/// token granted twice (coordinator), a guard row gone back to an older token (target).
+async fn durability(client: &Client, f: &mut Findings<'_>) {
+    let mut off = Vec::new();
+    for setting in ["fsync", "full_page_writes"] {
+        if let Ok(Some(value)) = one(client, &format!("SHOW {setting}")).await {
+            if value == "off" {
+                off.push(setting);
+            }
+        }
+    }
+    if off.is_empty() {
+        f.add(
+            "postgres.durability",
+            Severity::Ok,
+            "fsync and full_page_writes are on: a commit the server acknowledged survives a crash"
+                .into(),
+            "",
+        );
+    } else {
+        f.add(
+            "postgres.durability",
+            Severity::Fail,
+            format!(
+                "{} = off: a commit the server acknowledged can be lost in a crash, so a token could be granted twice or a guard row fall back to an older token",
+                off.join(" and ")
+            ),
+            &format!(
+                "set {} in postgresql.conf and reload (`SELECT pg_reload_conf()`); off is for throwaway data only",
+                off.iter().map(|s| format!("{s} = on")).collect::<Vec<_>>().join(", ")
+            ),
+        );
     }
 }
 

@@ -309,7 +309,7 @@ async fn supervise(
     let mut interrupts = Interrupts::install()?;
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
     // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
-    let grace = args.kill_after.min(args.ttl / 3);
+    let grace = args.kill_after.min(args.ttl / 5);
     let reaper = Reaper::start(&args.command, grace, out)?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(
@@ -530,8 +530,9 @@ async fn supervise(
 #[derive(Clone, Copy)]
 struct Plan {
     ttl: Duration,
-    /// `--kill-after`, but at most a third of the TTL: SIGTERM comes that long before the
-    /// bound, SIGKILL at the bound, so nothing of the command outlives the bound.
+    /// `--kill-after`, but at most a fifth of the TTL (renewals go out every third of it, and
+    /// what is left is for their retries): SIGTERM comes that long before the bound, SIGKILL
+    /// at the bound, so nothing of the command outlives the bound.
     grace: Duration,
     kill_after: Duration,
 }
@@ -670,10 +671,19 @@ async fn hold(
     } = running;
     let pgid = child.id().map(|pid| pid as i32);
     let every = plan.ttl / 3;
-    // The first renewal a third of the TTL after the grant was asked for (not after the
-    // command started: a slow grant leaves less of the lease).
-    let left = Duration::from_nanos(bound.saturating_sub(crate::sys::bound_clock_ns()));
-    let mut next_renew = Instant::now() + left.saturating_sub(plan.ttl * 2 / 3).min(every);
+    // The first renewal a third of the TTL after the command started, as every later one
+    // after the one before (GCS allows one write per second to the lease record, and a TTL of
+    // 3 s renews every second); but after a slow grant (more than half of that third gone
+    // since it was asked for), a third of the TTL after it was asked for.
+    let since_sent = (plan.ttl - margin(plan.ttl)).saturating_sub(Duration::from_nanos(
+        bound.saturating_sub(crate::sys::bound_clock_ns()),
+    ));
+    let first = if since_sent > every / 2 {
+        every.saturating_sub(since_sent)
+    } else {
+        every
+    };
+    let mut next_renew = Instant::now() + first;
     let mut in_flight: Option<Renewal> = None;
     let mut renewing = true;
     let (mut reconnect, mut cancel_first) = (false, false);

@@ -65,6 +65,9 @@ enum Prober {
 /// answer "busy" without a probe.
 const ESTIMATE_SLACK_MS: i64 = 1_000;
 
+/// The least time between two probes of a waiter's own clock object.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(1_050);
+
 /// Attempts before a decision that keeps losing races gives up (exit 7, safe to retry).
 const MAX_ATTEMPTS: usize = 200;
 
@@ -354,8 +357,16 @@ impl ObjectCoordinator {
     async fn now_for(&self, resource: &str, current: &Current) -> Result<i64, Error> {
         if let (true, Some((at_ms, at))) = (self.waiting.get(), self.last_probe.get()) {
             let estimate = at_ms + i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX);
-            if estimate + ESTIMATE_SLACK_MS < self.taken_over_at_ms(current) {
+            let expiry = self.taken_over_at_ms(current);
+            if estimate + ESTIMATE_SLACK_MS < expiry {
                 return Ok(estimate);
+            }
+            if let Some(wait) = PROBE_EVERY.checked_sub(at.elapsed()) {
+                // Its own probe was written less than a second ago (GCS allows one write per
+                // second to an object): still busy, until the next probe may be written (busy
+                // is never unsafe; a takeover waits for that probe).
+                let wait = i64::try_from(wait.as_millis()).unwrap_or(1).max(1);
+                return Ok(expiry - wait);
             }
         }
         self.now(resource, Prober::Other).await

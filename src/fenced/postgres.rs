@@ -1,6 +1,10 @@
 //! The PostgreSQL target (DESIGN §3 `write`/`protect`, §7–§8): fenced transactions, fenced
 //! row writes, and the trigger that makes every other write path go through the fence.
 //!
+//! Every fenced write commits synchronously (`synchronous_commit = on` set last in its
+//! transaction, after the caller's SQL, which cannot undo it): with the database at `off`, an
+//! acknowledged guard row could be lost in a crash and a stale token accepted after it.
+//!
 //! Transaction form: `BEGIN ISOLATION LEVEL READ COMMITTED`, `begin_write` (advance the guard
 //! row iff the token is ≥ the highest accepted, bind the token to this transaction), the
 //! caller's SQL and `COMMIT` are pipelined: one round trip. If `begin_write` refuses, the
@@ -430,7 +434,10 @@ impl PgTarget {
             .call(
                 &what,
                 true,
-                "SELECT status, stored_token FROM __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, $5, $6)",
+                // Evaluated after write_row: whatever the database, role or a trigger set, the
+                // implicit transaction commits synchronously (a guard row acknowledged and then
+                // lost in a crash would let a stale token back in).
+                "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) FROM __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, $5, $6) AS w",
                 &[
                     (&table, Type::TEXT),
                     (&key.to_string(), Type::TEXT),
@@ -730,7 +737,7 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
          SET LOCAL fence.write_digest = '{digest}';\n\
          SELECT {begin};\n\
          {sql}\n;\n\
-         SELECT {schema}.end_write({resource}, {token}, {ms});\n\
+         SELECT {schema}.end_write({resource}, {token}, {ms}), set_config('synchronous_commit', 'on', true);\n\
          COMMIT",
         sql = write.sql
     )

@@ -1,0 +1,155 @@
+//! The PostgreSQL target at its trust edges (issue 33): what fence assumed about the database
+//! instead of checking it. Each test runs on a real PostgreSQL 15 server of its own where it
+//! needs server settings (a private cluster, crash-restarted with `-m immediate`).
+
+mod common;
+
+use common::cluster::Cluster;
+use common::{pg_exec, pg_query, Fence};
+
+/// The WAL writer's round at its maximum (it then writes out asynchronous commits only every
+/// ten seconds or when a WAL page fills), and no volume-triggered flush: an asynchronous
+/// commit acknowledged just before a crash is lost.
+const PINNED: &str = "wal_writer_delay = 10s\nwal_writer_flush_after = 1GB\n";
+
+fn fence(home: &std::path::Path, url: &str) -> Fence {
+    Fence::bare(home).args(["--store", url])
+}
+
+fn acquire(home: &std::path::Path, url: &str, owner: &str) -> i64 {
+    fence(home, url)
+        .args([
+            "acquire", "r", "--owner", owner, "--ttl", "1s", "--format", "json",
+        ])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+fn values(url: &str) -> Vec<String> {
+    pg_query(url, "SELECT v FROM ledger ORDER BY v")
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect()
+}
+
+/// Issue 33, 1: with the target database committing asynchronously (the cluster's default
+/// here, a common tuning), B's fenced write with token 2 was acknowledged (exit 0) and lost in
+/// a crash right after: the guard row was back at token 1, and A's stale write with token 1
+/// was accepted. Now every fenced write commits synchronously whatever the database, the role
+/// or the caller's SQL set (`SET LOCAL synchronous_commit = off` inside it too), in the
+/// transaction form and the row form: after the crash A is refused (exit 4) and only B's
+/// values are in the table.
+#[test]
+fn a_fenced_write_survives_a_crash_on_an_asynchronous_target() {
+    let cluster = Cluster::start_with(PINNED);
+    let url = cluster.url();
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    fence(home, &url).args(["init"]).run().expect(0);
+    pg_exec(
+        &url,
+        "CREATE TABLE ledger (v text); CREATE TABLE account (id int PRIMARY KEY, v text, fence_token bigint); INSERT INTO account VALUES (1, 'start', 0)",
+    );
+    let write_sql = |token: i64, sql: &str| {
+        fence(home, &url)
+            .args([
+                "write",
+                "r",
+                "--token",
+                &token.to_string(),
+                "--target",
+                &url,
+            ])
+            .args(["--sql", sql, "--format", "json"])
+            .run()
+    };
+    let write_row = |token: i64, value: &str| {
+        fence(home, &url)
+            .args([
+                "write",
+                "r",
+                "--token",
+                &token.to_string(),
+                "--target",
+                &url,
+            ])
+            .args(["--table", "account", "--key", "id=1", "--set"])
+            .args([format!("v={value}")])
+            .args(["--format", "json"])
+            .run()
+    };
+    let a = acquire(home, &url, "a");
+    write_sql(a, "INSERT INTO ledger VALUES ('a1')").expect(0);
+    // A's lease runs out; B takes over with a newer token.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let b = acquire(home, &url, "b");
+    assert!(b > a);
+    for (round, sql) in [
+        "INSERT INTO ledger VALUES ('b1')",
+        "SET LOCAL synchronous_commit = off; INSERT INTO ledger VALUES ('b2')",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        write_sql(b, sql).expect(0);
+        cluster.pg_ctl("restart");
+        let out = write_sql(a, &format!("INSERT INTO ledger VALUES ('stale-{round}')"));
+        assert_eq!(
+            out.code, 4,
+            "round {round}: the stale write after a crash: {out:?}"
+        );
+    }
+    assert_eq!(values(&url), ["a1", "b1", "b2"]);
+    write_row(b, "b").expect(0);
+    cluster.pg_ctl("restart");
+    let out = write_row(a, "stale");
+    assert_eq!(out.code, 4, "the stale row write after a crash: {out:?}");
+    let row = pg_query(&url, "SELECT v FROM account WHERE id = 1");
+    assert_eq!(row[0].get::<_, String>(0), "b");
+}
+
+/// `fence doctor` names the server settings without which an acknowledged commit can vanish
+/// in a crash (issue 33, 7): `fsync = off` fails `postgres.durability` for a store and for a
+/// target, naming the setting and the fix; with it on, the check is ok.
+#[test]
+fn doctor_fails_a_server_without_fsync() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let safe = Cluster::start();
+    let unsafe_ = Cluster::start_with("fsync = off\n");
+    let check = |url: &str| {
+        let out = fence(home, url)
+            .args(["doctor", "--target", url, "--format", "json"])
+            .run();
+        let json = out.json();
+        let found: Vec<(String, String, String)> = json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "postgres.durability")
+            .map(|f| {
+                (
+                    f["severity"].as_str().unwrap().to_owned(),
+                    f["message"].as_str().unwrap().to_owned(),
+                    f["fix"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        (out.code, found)
+    };
+    let (code, found) = check(&safe.url());
+    assert_eq!(found.len(), 2, "the store and the target: {found:?}");
+    assert!(found.iter().all(|f| f.0 == "ok"), "{found:?}");
+    assert_eq!(code, 0, "{found:?}");
+    let (code, found) = check(&unsafe_.url());
+    assert_eq!(code, 2, "{found:?}");
+    assert_eq!(found.len(), 2, "{found:?}");
+    for (severity, message, fix) in found {
+        assert_eq!(severity, "fail");
+        assert!(message.contains("fsync = off"), "{message}");
+        assert!(fix.contains("fsync = on"), "{fix}");
+    }
+}
