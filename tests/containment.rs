@@ -143,21 +143,33 @@ fn count_events(store: &Store, kind: &str) -> usize {
         .count()
 }
 
-/// Waits until the lease is no longer live by the store's own clock, then has another owner
-/// acquire it. Returns when that acquire was sent (a lower bound of the grant: the lease had
-/// expired by then), when it returned, and the token granted.
-fn take_over_once_expired(store: &Store) -> (i128, i128, i64) {
+/// Waits until the lease is no longer live by the store's own clock.
+fn wait_expired(store: &Store) {
     wait_for(
-        "the paused run's lease to expire by the store's clock",
+        "the run's lease to expire by the store's clock",
         Duration::from_secs(60),
         || store.lease("job").is_some_and(|(_, _, live)| !live),
     );
+}
+
+/// Has another owner acquire the lease, which must be granted: when that acquire was sent (a
+/// lower bound of the grant), when it returned, and the token granted.
+fn take_over(store: &Store) -> (i128, i128, i64) {
     let sent = wall_ns();
     let token = store
         .fence()
         .acquire("job", &["--owner", "contender", "--ttl", "1m"])
         .token;
     (sent, wall_ns(), token)
+}
+
+/// Instants as milliseconds from `zero`, for a failure's message.
+fn timeline(zero: i128, points: &[(&str, i128)]) -> String {
+    points
+        .iter()
+        .map(|(what, at)| format!("{what} {:+.1} ms", (at - zero) as f64 / 1e6))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Writes a wall-clock timestamp every ~20 ms and ignores SIGTERM (so do `date` and `sleep`:
@@ -205,8 +217,10 @@ fn pause_fence_and_take_over(store: &Store, ttl: &str, kill_after: &str) -> Paus
     kill(fence.id(), libc::SIGSTOP);
     let paused_at = Instant::now();
     let paused = wall_ns();
-    let (sent, returned, token) = take_over_once_expired(store);
+    wait_expired(store);
     let expiry = expiry_ns(store);
+    let (sent, returned, token) = take_over(store);
+    let gone_at_grant = is_gone(cmd);
     // The command must be gone already. Were it not, it would show by writing again (every
     // 20 ms): wait for either, so that a command that outlives the bound is seen.
     wait_for(
@@ -214,7 +228,8 @@ fn pause_fence_and_take_over(store: &Store, ttl: &str, kill_after: &str) -> Paus
         Duration::from_secs(20),
         || is_gone(cmd) || dir.stamps("stamps").iter().any(|s| *s >= sent),
     );
-    let at_grant = std::fs::read(dir.path().join("stamps")).unwrap();
+    let looked = wall_ns();
+    let at_grant = dir.stamps("stamps");
     kill(fence.id(), libc::SIGCONT);
     let out = wait_output("the continued fence run", fence, Duration::from_secs(30));
     let exited_after_pause = paused_at.elapsed();
@@ -224,10 +239,20 @@ fn pause_fence_and_take_over(store: &Store, ttl: &str, kill_after: &str) -> Paus
         Vec::<u32>::new(),
         "processes of the run are left after fence exited"
     );
+    let stamps = dir.stamps("stamps");
+    let mut points = vec![
+        ("paused", paused),
+        ("acquire sent", sent),
+        ("acquire returned", returned),
+        ("looked", looked),
+    ];
+    points.extend(stamps.iter().rev().take(5).rev().map(|s| ("write", *s)));
     assert_eq!(
-        std::fs::read(dir.path().join("stamps")).unwrap(),
-        at_grant,
-        "the command wrote after the contender's grant"
+        stamps.len(),
+        at_grant.len(),
+        "the command wrote after the contender's grant (command gone at the grant: \
+         {gone_at_grant}); from the store's expiry: {}",
+        timeline(expiry, &points)
     );
     // The contender's lease is untouched.
     let (owner, held, live) = store.lease("job").unwrap();
@@ -236,7 +261,7 @@ fn pause_fence_and_take_over(store: &Store, ttl: &str, kill_after: &str) -> Paus
         paused,
         expiry,
         granted: (sent, returned),
-        stamps: dir.stamps("stamps"),
+        stamps,
         code,
         json,
         exited_after_pause,
@@ -495,7 +520,8 @@ fn postgres_fence_alone_enforces_the_bound_on_a_command_that_stops_its_reaper() 
     lock.release();
     // Another owner gets the lease once it expired (a renewal that landed late would have
     // extended it for the run's owner, and shows in the log).
-    let (sent, _, token) = take_over_once_expired(&store);
+    wait_expired(&store);
+    let (sent, _, token) = take_over(&store);
     assert!(last < sent);
     assert_eq!(
         count_events(&store, "renewed"),
