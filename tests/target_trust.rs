@@ -51,7 +51,7 @@ fn a_fenced_write_survives_a_crash_on_an_asynchronous_target() {
     fence(home, &url).args(["init"]).run().expect(0);
     pg_exec(
         &url,
-        "CREATE TABLE ledger (v text); CREATE TABLE account (id int PRIMARY KEY, v text, fence_token bigint); INSERT INTO account VALUES (1, 'start', 0)",
+        "CREATE TABLE ledger (v text); CREATE TABLE account (id int PRIMARY KEY, v text, last_fencing_token bigint); INSERT INTO account VALUES (1, 'start', 0)",
     );
     let write_sql = |token: i64, sql: &str| {
         fence(home, &url)
