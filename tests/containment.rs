@@ -652,12 +652,23 @@ fn delayed_requests_keep_the_lease(delay: Duration) {
             .args(["acquire", "job", "--owner", "contender", "--ttl", "1m"])
             .run();
         if out.code == 0 {
+            // Granted: only once the run had released its lease (its command done, fence
+            // about to exit), and after the command's last write.
+            let events = store.events("job");
+            let at = |kind: &str, contender: bool| {
+                events.iter().position(|(k, owner, _)| {
+                    k == kind && (owner.as_deref() == Some("contender")) == contender
+                })
+            };
             let last = dir.stamps("stamps").last().copied().unwrap_or(0);
-            panic!(
-                "another owner was granted the lease during the run (last write {:.1} ms after that acquire was sent); requests: {:?}",
+            assert!(
+                at("released", false).is_some_and(|r| Some(r) < at("acquired", true))
+                    && last < sent,
+                "another owner was granted the lease during the run (last write {:.1} ms after that acquire was sent): {events:?}; requests: {:?}",
                 (last - sent) as f64 / 1e6,
                 requests(&proxy)
             );
+            break;
         }
         assert_eq!(out.code, 3, "{out:?}");
         refused += 1;
@@ -675,8 +686,14 @@ fn delayed_requests_keep_the_lease(delay: Duration) {
     assert!(refused > 0, "the command never started");
     let renewals = count_events(&store, "renewed");
     eprintln!("{renewals} renewals; requests: {:?}", requests(&proxy));
-    assert!(renewals >= 2, "{:?}", store.events("job"));
-    assert_eq!(view(&store)["state"], "free");
+    let events = store.events("job");
+    assert!(renewals >= 2, "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|(kind, owner, _)| kind == "released" && owner.as_deref() != Some("contender")),
+        "the run did not release its lease: {events:?}"
+    );
 }
 
 /// Requests held for a thirtieth of the TTL (100 ms).
