@@ -705,7 +705,7 @@ fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
         .run()
         .expect(0);
     let copy = format!("{prefix}-copy");
-    for key in server.list(&prefix) {
+    for key in server.list(prefix) {
         if !key.starts_with(&format!("{prefix}/")) {
             continue;
         }
@@ -811,7 +811,7 @@ fn an_applied_write_whose_answer_was_lost_is_never_nothing_written(service: Serv
     let (server, prefix) = store.server();
     let key = format!("{prefix}/objects/obj");
     let target = server.url(&key);
-    let name = format!("objects/obj");
+    let name = "objects/obj".to_owned();
     let lost = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = lost.clone();
     let proxy = HttpProxy::start(
