@@ -702,6 +702,13 @@ fn postgres_requests_delayed_by_a_thirtieth_of_the_ttl_keep_the_lease() {
     delayed_requests_keep_the_lease(Duration::from_millis(100));
 }
 
+/// Requests held for a tenth of the TTL (300 ms): five round trips before the first renewal's
+/// answer (three of SCRAM, the acquire, the renewal), all counted in the first bound.
+#[test]
+fn postgres_requests_delayed_by_a_tenth_of_the_ttl_keep_the_lease() {
+    delayed_requests_keep_the_lease(Duration::from_millis(300));
+}
+
 per_backend!(
     a_paused_fence_cannot_stretch_kill_after_past_the_bound,
     a_paused_fence_leaves_no_write_past_the_stores_expiry,
@@ -729,21 +736,12 @@ mod findings {
         killing_the_reaper_ends_the_run_without_waiting_for_kill_after(&Store::postgres());
     }
 
-    /// Requests held for a tenth of the TTL (300 ms). The first bound counts from before the
-    /// connection is made (three round trips of SCRAM before the acquire), and each renewal
-    /// goes out TTL/3 after the previous answer: the first renewal's answer comes about five
-    /// round trips plus TTL/3 after the bound's start, later than its SIGTERM (TTL/3 before
-    /// the bound). The command is SIGTERMed although every renewal succeeds (exit 5
-    /// `unreachable`): with TTL 3 s, a round trip above about 170 ms.
-    #[test]
-    #[ignore = "finding: a round trip above ~TTL/18 gets the command stopped at its first renewal"]
-    fn postgres_requests_delayed_by_a_tenth_of_the_ttl_keep_the_lease() {
-        delayed_requests_keep_the_lease(Duration::from_millis(300));
-    }
-
-    /// Requests held for half the TTL (1.5 s): the bound (less the SIGTERM grace) has passed
-    /// before the reaper reads its start message, so the command never starts (exit 5
-    /// `expired`, though the lease was granted and is released).
+    /// Requests held for half the TTL (1.5 s). The first bound counts from before the
+    /// connection is made (three round trips of SCRAM, then the acquire: 6 s, twice the TTL),
+    /// so the reaper finds it passed and never starts the command (exit 5 `expired`, though the
+    /// lease was granted; it is released). Even with a connection made beforehand, renewals
+    /// go out a third of the TTL after the previous answer, so each answer comes two round
+    /// trips plus TTL/3 after the bound it extends started (4 s, past the 2.85 s bound).
     #[test]
     #[ignore = "finding: a round trip of TTL/2 never starts the command"]
     fn postgres_requests_delayed_by_half_the_ttl_keep_the_lease() {
