@@ -70,6 +70,8 @@ pub async fn acquire_sent(
         &mut sent,
     )
     .await?;
+    // The coordinator may know more closely when the request that made the grant was sent.
+    let sent = grant.sent.map_or(sent, |closer| closer.max(sent));
     Ok((grant, sent))
 }
 

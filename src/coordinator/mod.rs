@@ -48,6 +48,11 @@ pub struct Grant {
     pub lease: Lease,
     /// The same owner already held it live: same token, expiry extended.
     pub reacquired: bool,
+    /// When the request that made the grant was sent, where the coordinator knows it more
+    /// closely than its caller (an object store's conditional put, after the reads and the
+    /// attempts that lost): the store extended the lease at or after it. `fence run` counts
+    /// its bound from the later of this and its own instant.
+    pub sent: Option<tokio::time::Instant>,
 }
 
 /// The outcome of a release that succeeded.

@@ -684,17 +684,18 @@ impl Coordinator for ObjectCoordinator {
         self.check_resource(resource)?;
         // The nonce and kind of this call's last write that may have applied unseen (its
         // answer lost, its retry refused by its own version).
-        let mut tried: Option<(String, EventKind)> = None;
+        let mut tried: Option<(String, EventKind, tokio::time::Instant)> = None;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
             let current = self.read(resource).await?;
-            if let (Some(c), Some((nonce, kind))) = (&current, &tried) {
+            if let (Some(c), Some((nonce, kind, sent))) = (&current, &tried) {
                 if c.body.nonce == *nonce {
                     // Our own write is the current version: granted by it, as it said.
                     let now = c.meta.last_modified_ms;
                     return Ok(Grant {
                         lease: c.lease(now),
                         reacquired: *kind == EventKind::Reacquired,
+                        sent: Some(*sent),
                     });
                 }
             }
@@ -763,7 +764,8 @@ impl Coordinator for ObjectCoordinator {
                 ..body
             };
             self.archive(&mut body).await?;
-            tried = Some((body.nonce.clone(), kind.clone()));
+            let sent = tokio::time::Instant::now();
+            tried = Some((body.nonce.clone(), kind.clone(), sent));
             let Some(meta) = self.write(current.as_ref(), &body).await? else {
                 continue;
             };
@@ -776,6 +778,7 @@ impl Coordinator for ObjectCoordinator {
             return Ok(Grant {
                 lease: Current { body, meta }.lease(now),
                 reacquired: kind == EventKind::Reacquired,
+                sent: Some(sent),
             });
         }
         Err(self.contended(resource))

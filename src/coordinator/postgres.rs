@@ -659,6 +659,7 @@ impl Coordinator for PgCoordinator {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
                 reacquired: answer.status == "reacquired",
                 lease,
+                sent: None,
             }),
             "busy" => Err(Error::Busy {
                 resource: resource.to_owned(),

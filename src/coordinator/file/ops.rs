@@ -244,6 +244,7 @@ impl Coordinator for FileCoordinator {
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
                     reacquired: true,
+                    sent: None,
                 });
             }
             let kind = match &previous {
@@ -269,6 +270,7 @@ impl Coordinator for FileCoordinator {
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,
+                sent: None,
             })
         })
         .await
