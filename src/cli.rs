@@ -184,7 +184,7 @@ pub struct AcquireArgs {
 /// FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER and FENCE_TOKEN set, and renews the lease about
 /// every TTL/3. Nothing COMMAND starts runs once another owner can hold the lease: every
 /// process it forks (also after setsid or a double fork) stays a descendant of fence, and is
-/// stopped by the bound = when the last renewal was sent + TTL - min(TTL/20, 250ms), by this
+/// stopped by the bound = when the last renewal was sent + TTL - min(TTL/10, 1s), by this
 /// machine's clock (a suspend counts). A renewal not proven in time: SIGTERM min(--kill-after,
 /// TTL/5) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
 /// expired: SIGKILL at once, exit 5. fence and its supervisor (`fence __reaper`) each enforce

@@ -713,6 +713,7 @@ per_backend!(
     a_paused_fence_cannot_stretch_kill_after_past_the_bound,
     a_paused_fence_leaves_no_write_past_the_stores_expiry,
     killing_the_reaper_stops_the_daemons_and_ends_the_run,
+    killing_the_reaper_ends_the_run_without_waiting_for_kill_after,
     a_command_that_stops_its_reaper_still_ends_with_its_status,
     a_renewal_refused_as_lost_stops_the_command_at_once,
 );
@@ -722,26 +723,12 @@ per_backend!(
 mod findings {
     use super::*;
 
-    /// A killed reaper's leftovers get SIGTERM and then the whole `--kill-after` before
-    /// SIGKILL, as if the command had ended on its own: fence exits 30 s after the kill.
-    #[test]
-    #[ignore = "finding: a killed reaper's leftovers get the whole --kill-after before SIGKILL"]
-    fn file_store_killing_the_reaper_ends_the_run_without_waiting_for_kill_after() {
-        killing_the_reaper_ends_the_run_without_waiting_for_kill_after(&Store::file());
-    }
-
-    #[test]
-    #[ignore = "finding: a killed reaper's leftovers get the whole --kill-after before SIGKILL"]
-    fn postgres_killing_the_reaper_ends_the_run_without_waiting_for_kill_after() {
-        killing_the_reaper_ends_the_run_without_waiting_for_kill_after(&Store::postgres());
-    }
-
     /// Requests held for half the TTL (1.5 s). The first bound counts from before the
     /// connection is made (three round trips of SCRAM, then the acquire: 6 s, twice the TTL),
     /// so the reaper finds it passed and never starts the command (exit 5 `expired`, though the
-    /// lease was granted; it is released). Even with a connection made beforehand, renewals
-    /// go out a third of the TTL after the previous answer, so each answer comes two round
-    /// trips plus TTL/3 after the bound it extends started (4 s, past the 2.85 s bound).
+    /// lease was granted; it is released). (Renewals now go out a third of the TTL after the
+    /// previous one was *sent*, no longer after its answer; the connection's round trips still
+    /// count against the first bound.)
     #[test]
     #[ignore = "finding: a round trip of TTL/2 never starts the command"]
     fn postgres_requests_delayed_by_half_the_ttl_keep_the_lease() {

@@ -694,6 +694,8 @@ async fn hold(
     let mut stop: Option<Stop> = None;
     let mut leftovers = false;
     let mut interrupted: Option<i32> = None;
+    // What the reaper said as it ended (read once it has been waited for).
+    let mut told = ReaperReport::default();
     if !answered {
         lost = Some(LostReason::SupervisorLost);
         stop = Stop::until(0);
@@ -741,12 +743,22 @@ async fn hold(
                     "check the system's process limits",
                 ))?;
                 status = Some(waited);
+                // Its report is complete now (its end of the pipe closed with it): a reaper
+                // that did not say it ended on its own was killed, and what it left is stopped
+                // at once, not after --kill-after (nothing supervised it any more).
+                told = reaper_report(&mut report).await;
+                let killed_here = stop.as_ref().is_some_and(|s| s.killed.is_some());
+                if !told.ended && !killed_here {
+                    lost.get_or_insert(LostReason::SupervisorLost);
+                }
                 // The reaper has been waited for: any child of ours now is an orphan of the
                 // command (the reaper died before it could stop them all).
                 crate::sys::reap_children();
                 if crate::sys::has_children() {
                     leftovers = true;
-                    if stop.is_none() {
+                    if lost.is_some() {
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    } else if stop.is_none() {
                         crate::sys::signal_descendants(libc::SIGTERM, false);
                         crate::sys::signal_descendants(libc::SIGCONT, false);
                         stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
@@ -803,7 +815,12 @@ async fn hold(
                         if status.is_none() {
                             bounds.send(bound);
                         }
-                        next_renew = Instant::now() + every;
+                        // A third of the TTL after this renewal was sent, not after its
+                        // answer: a slow round trip must not push every bound later.
+                        let since = Duration::from_nanos(
+                            crate::sys::bound_clock_ns().saturating_sub(sent),
+                        );
+                        next_renew = Instant::now() + every.saturating_sub(since);
                     }
                     Some(Err(Error::Stale { highest_token, .. })) => {
                         lost.get_or_insert(LostReason::TakenOver { highest_token });
@@ -836,7 +853,7 @@ async fn hold(
         }
     }
     let status = status.expect("the loop ends once the reaper was waited for");
-    let told = reaper_report(&mut report).await;
+
     // The reaper stopped the command at the bound: this process did not prove one in time
     // (paused, or the machine was suspended, which the runtime's timers do not count).
     unproven |= told.bound;
@@ -892,11 +909,6 @@ async fn hold(
             crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
         }
     }
-    if lost.is_none() && !told.ended {
-        // The reaper was killed (the OOM killer, a `kill -9` of the wrong pid, the command):
-        // the command's own status is unknown, and what it started was stopped here.
-        lost = Some(LostReason::SupervisorLost);
-    }
     if lost == Some(LostReason::SupervisorLost) {
         // Nothing of the command is left and the lease is still ours: hand it back.
         let _ = coordinator.release(lease).await;
@@ -922,10 +934,11 @@ fn bound_of(sent: u64, ttl: Duration, expires_in_ms: i64) -> u64 {
 
 /// How much earlier than the store's expiry the command is killed: the time a SIGKILL takes
 /// to land (a scan of /proc, a wake-up on a loaded machine) comes out of it, so that the
-/// command is gone before another owner can be granted the lease. A twentieth of the TTL, at
-/// most 250 ms.
+/// command is gone before another owner can be granted the lease. A tenth of the TTL, at most
+/// a second: a twentieth (100 ms at a TTL of 2 s) was once seen overrun on a machine so
+/// starved that the command's own writes were 400 ms apart.
 fn margin(ttl: Duration) -> Duration {
-    (ttl / 20).min(Duration::from_millis(250))
+    (ttl / 10).min(Duration::from_secs(1))
 }
 
 fn nanos(d: Duration) -> u64 {
