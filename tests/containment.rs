@@ -726,9 +726,10 @@ mod findings {
     /// Requests held for half the TTL (1.5 s). The first bound counts from before the
     /// connection is made (three round trips of SCRAM, then the acquire: 6 s, twice the TTL),
     /// so the reaper finds it passed and never starts the command (exit 5 `expired`, though the
-    /// lease was granted; it is released). (Renewals now go out a third of the TTL after the
-    /// previous one was *sent*, no longer after its answer; the connection's round trips still
-    /// count against the first bound.)
+    /// lease was granted; it is released). Even with a connection made beforehand, renewals
+    /// go out a third of the TTL after the previous answer (GCS's one write per second to an
+    /// object keeps them from going out a third after the previous was sent), so each answer
+    /// comes two round trips plus TTL/3 after the bound it extends started.
     #[test]
     #[ignore = "finding: a round trip of TTL/2 never starts the command"]
     fn postgres_requests_delayed_by_half_the_ttl_keep_the_lease() {

@@ -815,12 +815,10 @@ async fn hold(
                         if status.is_none() {
                             bounds.send(bound);
                         }
-                        // A third of the TTL after this renewal was sent, not after its
-                        // answer: a slow round trip must not push every bound later.
-                        let since = Duration::from_nanos(
-                            crate::sys::bound_clock_ns().saturating_sub(sent),
-                        );
-                        next_renew = Instant::now() + every.saturating_sub(since);
+                        // A third of the TTL after the answer: GCS takes one write per
+                        // second to the lease record, and at the shortest TTL it allows (3 s)
+                        // renewals sent a third of the TTL apart could land closer than that.
+                        next_renew = Instant::now() + every;
                     }
                     Some(Err(Error::Stale { highest_token, .. })) => {
                         lost.get_or_insert(LostReason::TakenOver { highest_token });
