@@ -656,23 +656,8 @@ fn expired_s3_session_credentials_are_named() {
 /// `write` of what was written directly. Without the binding every race granted token 1 to
 /// all eight.
 fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
-    let store = verified_store(service);
+    let (store, lease, target, file) = held_and_written(service);
     let (server, prefix) = store.server();
-    let lease = store
-        .fence()
-        .acquire("held", &["--owner", "a", "--ttl", "60s"]);
-    let target = server.url(&format!("{prefix}/objects/obj"));
-    let file = store.home.path().join("body");
-    std::fs::write(&file, "bytes").unwrap();
-    let token = lease.token.to_string();
-    store
-        .fence()
-        .args([
-            "write", "held", "--token", &token, "--target", &target, "--from",
-        ])
-        .args([&file])
-        .run()
-        .expect(0);
     let proxy = ignoring(server);
     refused_everywhere(&store, &store.url, &proxy, service, &target, &file, &lease);
     let leases = server.list(&format!("{prefix}/leases"));
@@ -687,23 +672,8 @@ fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
 /// record, the lease record, the fenced object) used through a server that ignores
 /// preconditions: the copied proof names another endpoint, is proven again and refused.
 fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
-    let store = verified_store(service);
+    let (store, lease, _, file) = held_and_written(service);
     let (server, prefix) = store.server();
-    let lease = store
-        .fence()
-        .acquire("held", &["--owner", "a", "--ttl", "60s"]);
-    let target = server.url(&format!("{prefix}/objects/obj"));
-    let file = store.home.path().join("body");
-    std::fs::write(&file, "bytes").unwrap();
-    let token = lease.token.to_string();
-    store
-        .fence()
-        .args([
-            "write", "held", "--token", &token, "--target", &target, "--from",
-        ])
-        .args([&file])
-        .run()
-        .expect(0);
     let copy = format!("{prefix}-copy");
     for key in server.list(prefix) {
         if !key.starts_with(&format!("{prefix}/")) {
@@ -736,6 +706,29 @@ fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
         [format!("{copy}/leases/held")],
         "no grant: {leases:?}"
     );
+}
+
+/// A verified store where `a` holds `held` and wrote the object `objects/obj` (its bytes in
+/// the file `body`), all directly: (the store, the lease, the object's URL, the file).
+fn held_and_written(service: Service) -> (Store, Lease, String, std::path::PathBuf) {
+    let store = verified_store(service);
+    let (server, prefix) = store.server();
+    let lease = store
+        .fence()
+        .acquire("held", &["--owner", "a", "--ttl", "60s"]);
+    let target = server.url(&format!("{prefix}/objects/obj"));
+    let file = store.home.path().join("body");
+    std::fs::write(&file, "bytes").unwrap();
+    let token = lease.token.to_string();
+    store
+        .fence()
+        .args([
+            "write", "held", "--token", &token, "--target", &target, "--from",
+        ])
+        .args([&file])
+        .run()
+        .expect(0);
+    (store, lease, target, file)
 }
 
 /// Every command on the store at `url` through `proxy` is refused, naming the mismatch: 10
