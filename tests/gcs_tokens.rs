@@ -380,7 +380,10 @@ fn per_object_write_limits_are_respected() {
 /// waiter is granted in the end (each runs `true` in turn). Waiters used to write the holder's
 /// clock probe at every poll: one waiter made the holder exit 5 in 4 of 5 trials, and waiters
 /// exited 7 after seconds of 429. `FENCE_TEST_GCS_WAIT_JOB` (seconds) and
-/// `FENCE_TEST_GCS_WAIT_TRIALS` make it the full check (a 60 s job, 5 trials each).
+/// `FENCE_TEST_GCS_WAIT_TRIALS` make it the full check (a 60 s job, 5 trials each; about 20
+/// minutes, so with the profile that never kills a slow test):
+/// `FENCE_TEST_GCS_WAIT_JOB=60 FENCE_TEST_GCS_WAIT_TRIALS=5 tests/run --profile soak -E
+/// 'test(waiters_do_not_throttle_the_holder)'`.
 #[test]
 fn waiters_do_not_throttle_the_holder() {
     let job: u64 = std::env::var("FENCE_TEST_GCS_WAIT_JOB")

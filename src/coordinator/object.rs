@@ -769,6 +769,8 @@ impl Coordinator for ObjectCoordinator {
             let Some(meta) = self.write(current.as_ref(), &body).await? else {
                 continue;
             };
+            // The attempt that got through, if the client says (retries after 429 included).
+            let sent = self.api.last_sent().map_or(sent, |last| last.max(sent));
             if self.waiting.get() && self.last_probe.get().is_some() {
                 // Granted: a waiter's own clock probe is never read again (best effort).
                 let probe = self.probe_key(resource, Prober::Other);

@@ -35,6 +35,8 @@ pub struct GcsObjects {
     bucket: String,
     auth: std::sync::Arc<Auth>,
     display: String,
+    /// When the last request was sent (its last attempt: retries after 429 or 503 included).
+    last_sent: std::cell::Cell<Option<tokio::time::Instant>>,
 }
 
 /// Percent-encodes an object name for a URL path segment or query value.
@@ -79,6 +81,7 @@ impl GcsObjects {
             bucket: bucket.to_owned(),
             auth: Auth::from_env()?,
             display: format!("gs://{bucket}"),
+            last_sent: std::cell::Cell::new(None),
         })
     }
 
@@ -146,6 +149,7 @@ impl GcsObjects {
             }
             let pause = retry_pause(attempt);
             attempt += 1;
+            self.last_sent.set(Some(tokio::time::Instant::now()));
             match builder.send().await {
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,
@@ -389,6 +393,10 @@ impl ObjectApi for GcsObjects {
 
     fn clock_resolution_ms(&self) -> i64 {
         1
+    }
+
+    fn last_sent(&self) -> Option<tokio::time::Instant> {
+        self.last_sent.get()
     }
 
     fn version_kinds(&self) -> VersionKinds {

@@ -133,6 +133,13 @@ pub trait ObjectApi {
     /// How coarse `last_modified_ms` is: a lease counts as live for this much longer.
     fn clock_resolution_ms(&self) -> i64;
 
+    /// When this client last sent a request, counting its last retry (a put retried after 429
+    /// was applied by the attempt that got through): `None` where the client retries out of
+    /// sight (S3's, whose store has no per-object write limit).
+    fn last_sent(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+
     /// Whether the store compares a version the caller names as an ETag (`--if-match`) and
     /// as a generation (`--if-generation-match`).
     fn version_kinds(&self) -> VersionKinds;
