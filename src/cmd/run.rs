@@ -731,10 +731,18 @@ async fn hold(
                 }
             }
             _ = until(term_at) => {
-                // No renewal was proven in time: the command stops before the bound.
+                // No renewal was proven in time: the command stops before the bound. The
+                // reaper, on the same bound by its own clock, sends the SIGTERM (once: a
+                // second one would run a shell's trap twice); it is continued in case its
+                // command stopped it, and the SIGKILL at the bound is ours too. Without a
+                // reaper any more, what is left gets the SIGTERM from here.
                 unproven = true;
-                forward(pgid, libc::SIGTERM);
-                forward(pgid, libc::SIGCONT);
+                if status.is_none() {
+                    continue_process(child.id());
+                } else {
+                    crate::sys::signal_descendants(libc::SIGTERM, false);
+                    crate::sys::signal_descendants(libc::SIGCONT, false);
+                }
                 stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
             }
             waited = child.wait(), if status.is_none() => {
