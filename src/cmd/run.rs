@@ -474,7 +474,18 @@ async fn supervise(
     }
     if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
         let recorder = format!("{owner}{COMMAND_MARK}{digest}");
-        if let Err(err) = record_completed(coordinator.as_ref(), marker, &recorder, ttl).await {
+        let mut recorded = record_completed(coordinator.as_ref(), marker, &recorder, ttl).await;
+        if matches!(
+            recorded,
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+        ) {
+            // The connection may have died while the command ran (as for the release below):
+            // recording is safe to try again, once, on a fresh one (busy means recorded).
+            if let Ok(fresh) = ctx.coordinator().await {
+                recorded = record_completed(fresh.as_ref(), marker, &recorder, ttl).await;
+            }
+        }
+        if let Err(err) = recorded {
             crate::terminal::warn(&format!(
                 "warning: the command succeeded but run `{}` could not be recorded as completed (the next run with this id runs it again): {err}",
                 id.as_deref().unwrap_or_default()
