@@ -188,7 +188,9 @@ pub struct AcquireArgs {
 /// machine's clock (a suspend counts). A renewal not proven in time: SIGTERM min(--kill-after,
 /// TTL/5) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
 /// expired: SIGKILL at once, exit 5. fence and its supervisor (`fence __reaper`) each enforce
-/// the bound, so either may be paused or killed (exit 5, `supervisor_lost`). Not contained:
+/// the bound, so either may be paused or killed (exit 5, `supervisor_lost`). A process that
+/// will not die on SIGKILL (uninterruptible sleep) keeps the lease renewed until it ends; if
+/// the lease is lost meanwhile, exit 5 (`unkillable`) once it has ended. Not contained:
 /// what another service starts for COMMAND (systemd-run, at), and a COMMAND that stops both.
 /// SIGINT, SIGTERM and SIGHUP sent to fence are passed on to the group. When COMMAND ends,
 /// what it left running gets SIGTERM, then SIGKILL after --kill-after, while the lease is

@@ -35,6 +35,10 @@ pub enum LostReason {
     /// and everything it started were stopped (`run`; the lease itself may still have been
     /// valid, and was then released).
     SupervisorLost,
+    /// A process of the command did not die on SIGKILL (uninterruptible sleep: a hung NFS or
+    /// FUSE mount, a stuck device) and was still there once the lease could no longer be
+    /// proven: what it does when it wakes is not contained (`run`).
+    Unkillable,
 }
 
 /// Why a request was refused for a reason other than the token's age.
@@ -166,6 +170,9 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
         LostReason::SupervisorLost => format!(
             "the command under the lease on `{resource}` with token {token} lost its supervisor (`fence __reaper` was killed, or stopped and did not answer), so fence stopped the command and everything it started"
         ),
+        LostReason::Unkillable => format!(
+            "the lease on `{resource}` with token {token} ran out while a process of the command would not die on SIGKILL (uninterruptible sleep), so its pending I/O may have landed after the lease was gone"
+        ),
     }
 }
 
@@ -290,6 +297,10 @@ impl Error {
                 reason: LostReason::SupervisorLost,
                 ..
             } => "the command's own exit status is unknown and its work may be cut short: find what killed or stopped `fence __reaper` (the OOM killer: `journalctl -k | grep -i oom`; the command itself), then run it again".to_owned(),
+            Error::LeaseLost {
+                reason: LostReason::Unkillable,
+                ..
+            } => "check what the command's process was blocked on (a hung NFS or FUSE mount, a failing disk: `cat /proc/PID/stack` as root, `dmesg`), and whether a write of it landed after the next owner's; fence's fenced writes reject it, other writes are the command's to check".to_owned(),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)
@@ -373,6 +384,7 @@ impl Error {
                     }
                     LostReason::Unreachable => "unreachable",
                     LostReason::SupervisorLost => "supervisor_lost",
+                    LostReason::Unkillable => "unkillable",
                 };
                 map.insert("reason".into(), json!(reason));
             }

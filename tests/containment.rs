@@ -13,6 +13,8 @@
 //! `tests/mutants/run` checks that each is caught.
 
 mod common;
+#[path = "common/hung_fuse.rs"]
+mod hung_fuse;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -596,6 +598,262 @@ fn a_renewal_refused_as_lost_stops_the_command_at_once(store: &Store) {
     assert_eq!((holder.as_str(), held, live), ("contender", newer, true));
 }
 
+/// `fence run job ARGS --format json -- sh -c SCRIPT`, its stderr to the run's `stderr` file
+/// (read while it runs).
+fn spawn_run_logging(store: &Store, args: &[&str], script: &str, dir: &RunDir) -> Child {
+    let mut fence = store
+        .fence()
+        .args(["run", "job", "--format", "json"])
+        .args(args)
+        .args(["--", "sh", "-c", script]);
+    fence
+        .cmd
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.file("stderr")).unwrap());
+    fence.cmd.spawn().unwrap()
+}
+
+/// A FUSE mount that never answers, or `None` (said) when this host cannot mount one: only
+/// root can; as root (CI) a failure to mount fails the test.
+fn hung_mount() -> Option<hung_fuse::HungFuse> {
+    match hung_fuse::HungFuse::mount() {
+        Ok(mount) => Some(mount),
+        // SAFETY: getuid has no preconditions.
+        Err(why) if unsafe { libc::getuid() } != 0 => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(why) => panic!("{why}"),
+    }
+}
+
+/// The state letter of a process (`D`: uninterruptible sleep), from /proc.
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.chars().next()
+}
+
+/// The command ends (exit 0), leaving a process that reads a file of a FUSE mount that never
+/// answers: SIGTERM and SIGKILL leave it asleep in the kernel (state D). Returns the running
+/// fence, the process's pid and the mount, once fence has said it would not die.
+fn leave_an_unkillable_process(store: &Store, dir: &RunDir) -> (Child, u32, hung_fuse::HungFuse) {
+    let mount = hung_mount().expect("checked by the caller");
+    // The command ends only once the server has the read's request: a signal before that
+    // would interrupt the read instead.
+    let script = format!(
+        "cat '{file}' & echo $! > '{pid}'; while [ ! -e '{go}' ]; do sleep 0.01; done; exit 0",
+        file = mount.file().display(),
+        pid = dir.file("stuck.pid"),
+        go = dir.file("go"),
+    );
+    let fence = spawn_run_logging(store, &["--ttl", "3s", "--kill-after", "1s"], &script, dir);
+    let stuck = read_pid(&dir.path().join("stuck.pid"));
+    wait_for(
+        "the server to read the request",
+        Duration::from_secs(30),
+        || mount.requests_read() > 0,
+    );
+    std::fs::write(dir.file("go"), "").unwrap();
+    let said = becomes(Duration::from_secs(60), || {
+        std::fs::read_to_string(dir.file("stderr"))
+            .unwrap_or_default()
+            .contains("did not end on SIGKILL")
+    });
+    assert!(
+        said,
+        "fence did not say that a process of the command would not die: stuck pid {stuck} in state {:?}, processes of the run {:?}; fence's stderr: {}",
+        state_of(stuck),
+        dir.processes(),
+        std::fs::read_to_string(dir.file("stderr")).unwrap_or_default()
+    );
+    assert_eq!(
+        state_of(stuck),
+        Some('D'),
+        "the leftover is not in uninterruptible sleep: the test proves nothing"
+    );
+    let stderr = std::fs::read_to_string(dir.file("stderr")).unwrap();
+    assert!(stderr.contains(&format!("pid {stuck}")), "{stderr}");
+    (fence, stuck, mount)
+}
+
+/// A process of the command that will not die on SIGKILL (uninterruptible sleep on a hung
+/// mount): fence names it, keeps the lease renewed for as long as it is there (more than a
+/// TTL here; another owner is refused), and releases the lease only once it has ended. The
+/// run exits with the command's own status (0), saying how long the process outlived SIGKILL.
+fn a_process_that_will_not_die_keeps_the_lease_until_it_ends(store: &Store) {
+    if hung_mount().is_none() {
+        return;
+    }
+    let dir = RunDir::new();
+    let (fence, stuck, mut mount) = leave_an_unkillable_process(store, &dir);
+    let renewed = count_events(store, "renewed");
+    // Four more renewals (every TTL/3): more than a TTL past the SIGKILL.
+    wait_for("four more renewals", Duration::from_secs(60), || {
+        count_events(store, "renewed") >= renewed + 4
+    });
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "contender", "--ttl", "1m"])
+        .run()
+        .expect(3);
+    assert_eq!(state_of(stuck), Some('D'));
+    mount.release();
+    let out = wait_output("the fence run", fence, Duration::from_secs(30));
+    let (code, json) = outcome(&out);
+    let stderr = std::fs::read_to_string(dir.file("stderr")).unwrap();
+    assert_eq!(code, Some(0), "{json} {stderr}");
+    assert!(
+        stderr.contains("after SIGKILL; the lease was renewed until then"),
+        "{stderr}"
+    );
+    assert!(is_gone(stuck));
+    assert_eq!(dir.processes(), Vec::<u32>::new());
+    // Released by the run, after it had renewed: the contender never held it.
+    let events = store.events("job");
+    assert_eq!(
+        events.last().map(|(kind, _, _)| kind.as_str()),
+        Some("released"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|(_, owner, _)| owner.as_deref() != Some("contender")),
+        "{events:?}"
+    );
+}
+
+/// The same process, but fence is paused until the lease has expired and another owner holds
+/// it: continued, fence waits for the process to end (nothing else can be done to it) and
+/// exits 5 with `reason` `unkillable`, not a plain lost lease: what the process does when it
+/// wakes is not contained, and the report says so.
+fn a_process_that_will_not_die_past_the_lease_is_reported_unkillable(store: &Store) {
+    if hung_mount().is_none() {
+        return;
+    }
+    let dir = RunDir::new();
+    let (fence, stuck, mut mount) = leave_an_unkillable_process(store, &dir);
+    kill(fence.id(), libc::SIGSTOP);
+    wait_expired(store);
+    let (_, _, token) = take_over(store);
+    kill(fence.id(), libc::SIGCONT);
+    mount.release();
+    let out = wait_output("the fence run", fence, Duration::from_secs(30));
+    let (code, json) = outcome(&out);
+    assert_eq!(code, Some(5), "{json}");
+    assert_eq!(
+        (json["error"].as_str(), json["reason"].as_str()),
+        (Some("lease_lost"), Some("unkillable")),
+        "{json}"
+    );
+    assert!(is_gone(stuck));
+    assert_eq!(dir.processes(), Vec::<u32>::new());
+    let (owner, held, live) = store.lease("job").unwrap();
+    assert_eq!((owner.as_str(), held, live), ("contender", token, true));
+}
+
+/// Every process of the run frozen at once past the lease's TTL and continued at once, as a
+/// suspend of the machine does to them (the bound clock counts a suspend; the runtime's timers
+/// do not, and here as there the reaper may stop the command before fence looks): fence
+/// reports the lost lease (exit 5, `taken_over`), never the status of a command it killed.
+fn a_run_frozen_past_its_lease_reports_it_lost(store: &Store) {
+    let dir = RunDir::new();
+    let fence = spawn_run(store, &["--ttl", "2s"], &stamping_script(&dir), &dir);
+    read_pid(&dir.path().join("cmd.pid"));
+    wait_for("three renewals", Duration::from_secs(60), || {
+        count_events(store, "renewed") >= 3
+    });
+    // fence first, then the rest (the reaper, the command), as fast as the test can.
+    let mut frozen = vec![fence.id()];
+    kill(fence.id(), libc::SIGSTOP);
+    for pid in dir.processes() {
+        if pid != fence.id() {
+            kill(pid, libc::SIGSTOP);
+            frozen.push(pid);
+        }
+    }
+    wait_expired(store);
+    let (_, _, token) = take_over(store);
+    for pid in frozen.iter().rev() {
+        kill(*pid, libc::SIGCONT);
+    }
+    let out = wait_output("the continued fence run", fence, Duration::from_secs(30));
+    let (code, json) = outcome(&out);
+    assert_eq!(code, Some(5), "{json}");
+    assert_eq!(
+        (json["error"].as_str(), json["reason"].as_str()),
+        (Some("lease_lost"), Some("taken_over")),
+        "{json}"
+    );
+    assert_eq!(dir.processes(), Vec::<u32>::new());
+    let (owner, held, live) = store.lease("job").unwrap();
+    assert_eq!((owner.as_str(), held, live), ("contender", token, true));
+}
+
+/// PostgreSQL's answers held for half the TTL (1.5 s of 3 s) from the first renewal on: the
+/// store applies each renewal long before fence hears of it, and the next one goes out a third
+/// of the TTL after that answer, too late. The bound counts from when a renewal was sent, so
+/// the command (which ignores SIGTERM) writes nothing later than the first renewal's send +
+/// TTL (the bound it proved, plus the margin that absorbs a SIGKILL's landing), whatever the
+/// later answers say; fence exits 5 (`unreachable`: the lease was proven too late).
+#[test]
+fn postgres_renewal_answers_delayed_by_half_the_ttl_stop_the_command_by_the_bound() {
+    use common::proxy::{Mode, Proxy};
+    let store = Store::postgres();
+    store
+        .fence()
+        .acquire("other", &["--owner", "setup", "--ttl", "1s"]);
+    let proxy = Proxy::start(
+        common::pg_upstream(),
+        Mode::DelayAnswersOnceClientSends(b"-- fence: renew".to_vec(), Duration::from_millis(1500)),
+    );
+    let dir = RunDir::new();
+    let (zero_instant, zero_wall) = (Instant::now(), wall_ns());
+    let mut fence = store
+        .fence_at(&common::pg_url_via(proxy.addr()))
+        .args(["run", "job", "--format", "json", "--ttl", "3s"])
+        .args(["--", "sh", "-c", &stamping_script(&dir)]);
+    fence
+        .cmd
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let fence = fence.cmd.spawn().unwrap();
+    let out = wait_output("the fence run", fence, Duration::from_secs(30));
+    let (code, json) = outcome(&out);
+    assert_eq!(
+        code,
+        Some(5),
+        "{json} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json["reason"], "unreachable", "{json}");
+    let first_renewal = proxy
+        .client_sent_at(b"-- fence: renew")
+        .expect("fence sent a renewal");
+    let sent = zero_wall + (first_renewal - zero_instant).as_nanos() as i128;
+    let stamps = dir.stamps("stamps");
+    let last = *stamps.last().expect("the command wrote");
+    let limit = sent + Duration::from_secs(3).as_nanos() as i128;
+    eprintln!(
+        "last write {:.1} ms after the first renewal was sent",
+        (last - sent) as f64 / 1e6
+    );
+    assert!(
+        last < limit,
+        "a write {:.1} ms past the first renewal's send + TTL",
+        (last - limit) as f64 / 1e6
+    );
+    assert!(
+        count_events(&store, "renewed") >= 1,
+        "no renewal reached the store: the test proves nothing"
+    );
+    assert_eq!(dir.processes(), Vec::<u32>::new());
+}
+
 /// PostgreSQL behind a proxy that holds every request for `delay` (answers are not delayed):
 /// the run still keeps its lease through a command of eight seconds, more than two TTLs of
 /// 3 s (exit 0, released), and no other owner is granted it meanwhile (a contender keeps
@@ -716,23 +974,7 @@ per_backend!(
     killing_the_reaper_ends_the_run_without_waiting_for_kill_after,
     a_command_that_stops_its_reaper_still_ends_with_its_status,
     a_renewal_refused_as_lost_stops_the_command_at_once,
+    a_process_that_will_not_die_keeps_the_lease_until_it_ends,
+    a_process_that_will_not_die_past_the_lease_is_reported_unkillable,
+    a_run_frozen_past_its_lease_reports_it_lost,
 );
-
-/// What `fence run` does not do yet: each of these fails on the current implementation, for
-/// the reason it is ignored with (`tests/run -E 'binary(containment)' --run-ignored only`).
-mod findings {
-    use super::*;
-
-    /// Requests held for half the TTL (1.5 s). The first bound counts from before the
-    /// connection is made (three round trips of SCRAM, then the acquire: 6 s, twice the TTL),
-    /// so the reaper finds it passed and never starts the command (exit 5 `expired`, though the
-    /// lease was granted; it is released). Even with a connection made beforehand, renewals
-    /// go out a third of the TTL after the previous answer (GCS's one write per second to an
-    /// object keeps them from going out a third after the previous was sent), so each answer
-    /// comes two round trips plus TTL/3 after the bound it extends started.
-    #[test]
-    #[ignore = "finding: a round trip of TTL/2 never starts the command"]
-    fn postgres_requests_delayed_by_half_the_ttl_keep_the_lease() {
-        delayed_requests_keep_the_lease(Duration::from_millis(1500));
-    }
-}

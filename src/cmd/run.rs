@@ -705,6 +705,8 @@ async fn hold(
     let mut stop: Option<Stop> = None;
     let mut leftovers = false;
     let mut interrupted: Option<i32> = None;
+    // A process that did not die on SIGKILL was still there once the lease was not proven.
+    let mut outlived = false;
     // What the reaper said as it ended (read once it has been waited for).
     let mut told = ReaperReport::default();
     if !answered {
@@ -787,6 +789,11 @@ async fn hold(
             _ = tokio::time::sleep(POLL), if status.is_some() => {
                 if let Some(Stop { killed: Some(at), groups, warned, .. }) = stop.as_mut() {
                     crate::sys::kill_descendants_once(groups);
+                    // Still there past the bound (or a definite loss): the lease can be
+                    // another owner's while it may yet wake up and write.
+                    if *warned && (gone(lost) || crate::sys::bound_clock_ns() >= bound) {
+                        outlived = true;
+                    }
                     if !*warned && at.elapsed() >= UNKILLABLE_AFTER {
                         *warned = true;
                         crate::terminal::warn(&format!(
@@ -926,6 +933,22 @@ async fn hold(
             crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
         }
     }
+    if let Some(Stop {
+        killed: Some(at),
+        warned: true,
+        ..
+    }) = &stop
+    {
+        // It ended past the bound: so was it there past it (fence may have been paused).
+        if outlived || gone(lost) || crate::sys::bound_clock_ns() >= bound {
+            lost = Some(LostReason::Unkillable);
+        } else {
+            crate::terminal::warn(&format!(
+                "warning: the last process of the command ended {:.1}s after SIGKILL; the lease was renewed until then",
+                at.elapsed().as_secs_f64()
+            ));
+        }
+    }
     if lost == Some(LostReason::SupervisorLost) {
         // Nothing of the command is left and the lease is still ours: hand it back.
         let _ = coordinator.release(lease).await;
@@ -937,6 +960,12 @@ async fn hold(
         interrupted: interrupted.or(told.interrupted),
         coordinator,
     })
+}
+
+/// Whether `lost` says the lease may be another owner's now (`supervisor_lost` does not: the
+/// lease is still renewed then).
+fn gone(lost: Option<LostReason>) -> bool {
+    lost.is_some_and(|reason| reason != LostReason::SupervisorLost)
 }
 
 /// The lease's bound on the bound clock (see [`crate::sys::bound_clock_ns`]): when the request

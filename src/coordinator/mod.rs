@@ -50,7 +50,8 @@ pub struct Grant {
     pub reacquired: bool,
     /// When the request that made the grant was sent, where the coordinator knows it more
     /// closely than its caller (an object store's conditional put, after the reads and the
-    /// attempts that lost): the store extended the lease at or after it. `fence run` counts
+    /// attempts that lost; PostgreSQL's statement, after the connect's round trips): the
+    /// store extended the lease at or after it. `fence run` counts
     /// its bound from the later of this and its own instant.
     pub sent: Option<tokio::time::Instant>,
 }

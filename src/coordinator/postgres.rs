@@ -647,6 +647,12 @@ impl Coordinator for PgCoordinator {
             .await?
         };
         let lease = answer.lease(resource);
+        // The statement that answered was the last one sent on the session it used.
+        let sent = self
+            .session
+            .borrow()
+            .as_ref()
+            .and_then(|session| session.last_sent());
         if queued {
             if answer.status == "busy" {
                 self.queued(&answer);
@@ -659,7 +665,7 @@ impl Coordinator for PgCoordinator {
             "acquired" | "taken_over" | "reacquired" => Ok(Grant {
                 reacquired: answer.status == "reacquired",
                 lease,
-                sent: None,
+                sent,
             }),
             "busy" => Err(Error::Busy {
                 resource: resource.to_owned(),

@@ -51,6 +51,9 @@ pub struct Session {
     /// Where the connection goes, kept to send cancel requests there.
     server: ConnectParams,
     spec: &'static SchemaSpec,
+    /// When the last request was handed to the connection (after it was made): a grant's
+    /// bound counts from here, not from before a connect of several round trips.
+    last_sent: std::cell::Cell<Option<tokio::time::Instant>>,
 }
 
 impl Session {
@@ -87,6 +90,7 @@ impl Session {
             schema: schema.to_owned(),
             server,
             spec,
+            last_sent: std::cell::Cell::new(None),
         })
     }
 
@@ -191,7 +195,13 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        self.last_sent.set(Some(tokio::time::Instant::now()));
         self.client.query_typed(sql, params).await
+    }
+
+    /// When the last request was sent (see [`Session::last_sent`]'s field).
+    pub fn last_sent(&self) -> Option<tokio::time::Instant> {
+        self.last_sent.get()
     }
 
     /// Whether the schema exists (in any version).

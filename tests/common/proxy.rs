@@ -47,6 +47,11 @@ pub enum Mode {
     /// until [`Proxy::open`]: a statement that reaches the server only once the test lets it,
     /// however fast or slow the machine. [`Proxy::held`] counts the connections waiting.
     HoldWhenClientSends(Vec<u8>),
+    /// Relay normally until a client→server chunk contains this byte pattern (also when it
+    /// straddles two chunks); from then on hold every server→client chunk for the duration
+    /// before passing it on (a delay line, as [`Mode::Delay`], for answers: the server has
+    /// applied a request long before its client hears of it).
+    DelayAnswersOnceClientSends(Vec<u8>, Duration),
 }
 
 /// A client→server chunk as it was forwarded upstream.
@@ -232,6 +237,8 @@ struct Conn {
     /// Set (under the lock) when cut; the server→client thread holds the lock while it writes,
     /// so not one byte reaches the client after the cut.
     cut: Mutex<bool>,
+    /// Server→client chunks are held this long from now on ([`Mode::DelayAnswersOnceClientSends`]).
+    answers_delayed: Mutex<Option<Duration>>,
 }
 
 impl Conn {
@@ -278,9 +285,10 @@ fn relay(
         client,
         upstream: server,
         cut: Mutex::new(false),
+        answers_delayed: Mutex::new(None),
     });
 
-    // Server → client: never altered, only suppressed after a cut.
+    // Server → client: never altered, only suppressed after a cut, or delayed.
     {
         let (conn, shared2) = (Arc::clone(&conn), Arc::clone(shared));
         shared.spawn(format!("proxy-{id}-s2c"), move || {
@@ -304,6 +312,15 @@ fn relay(
         Mode::HoldWhenClientSends(pattern) => shared.spawn(format!("proxy-{id}-c2s"), move || {
             client_to_server(&conn2, &shared2, Some((&pattern, OnPattern::Hold)))
         }),
+        Mode::DelayAnswersOnceClientSends(pattern, delay) => {
+            shared.spawn(format!("proxy-{id}-c2s"), move || {
+                client_to_server(
+                    &conn2,
+                    &shared2,
+                    Some((&pattern, OnPattern::DelayAnswers(delay))),
+                )
+            })
+        }
         Mode::Delay(delay) => {
             let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
             let (conn3, shared3) = (Arc::clone(&conn), Arc::clone(shared));
@@ -343,11 +360,50 @@ fn read_loop(from: &TcpStream, shared: &Shared, mut chunk: impl FnMut(&[u8]) -> 
 }
 
 fn server_to_client(conn: &Conn, shared: &Shared) {
-    read_loop(&conn.upstream, shared, |chunk| {
+    let send = |bytes: &[u8]| {
         let cut = conn.cut.lock().unwrap();
         // After a cut, keep draining (and discarding) until the server closes.
-        *cut || (&conn.client).write_all(chunk).is_ok()
-    });
+        *cut || (&conn.client).write_all(bytes).is_ok()
+    };
+    // Chunks wait here until due (at once unless answers are delayed), in order.
+    let mut line: std::collections::VecDeque<(Instant, Vec<u8>)> = Default::default();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut open = true;
+    while open && !shared.stopped() {
+        while line.front().is_some_and(|(due, _)| *due <= Instant::now()) {
+            let (_, bytes) = line.pop_front().expect("a chunk");
+            if !send(&bytes) {
+                return;
+            }
+        }
+        let wait = line.front().map_or(TICK, |(due, _)| {
+            due.saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), TICK)
+        });
+        if conn.upstream.set_read_timeout(Some(wait)).is_err() {
+            return;
+        }
+        match (&conn.upstream).read(&mut buf) {
+            Ok(0) => open = false,
+            Ok(n) => {
+                let delay = conn.answers_delayed.lock().unwrap().unwrap_or_default();
+                line.push_back((Instant::now() + delay, buf[..n].to_vec()));
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => open = false,
+        }
+    }
+    // The server closed: what it sent still reaches the client, each chunk when due.
+    for (due, bytes) in line {
+        thread::sleep(due.saturating_duration_since(Instant::now()));
+        if shared.stopped() || !send(&bytes) {
+            return;
+        }
+    }
     let cut = conn.cut.lock().unwrap();
     if !*cut {
         let _ = conn.client.shutdown(Shutdown::Write);
@@ -359,6 +415,7 @@ fn server_to_client(conn: &Conn, shared: &Shared) {
 enum OnPattern {
     Cut,
     Hold,
+    DelayAnswers(Duration),
 }
 
 fn client_to_server(conn: &Conn, shared: &Shared, mut on: Option<(&[u8], OnPattern)>) {
@@ -373,6 +430,11 @@ fn client_to_server(conn: &Conn, shared: &Shared, mut on: Option<(&[u8], OnPatte
         if !contains(&window, pattern) {
             let keep = pattern.len().saturating_sub(1).min(window.len());
             tail = window[window.len() - keep..].to_vec();
+            return conn.to_upstream(shared, chunk).is_ok();
+        }
+        if let OnPattern::DelayAnswers(delay) = action {
+            *conn.answers_delayed.lock().unwrap() = Some(delay);
+            on = None;
             return conn.to_upstream(shared, chunk).is_ok();
         }
         if let OnPattern::Hold = action {
