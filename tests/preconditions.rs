@@ -14,10 +14,11 @@ use common::objects::{Server, Service};
 use common::proxy::{HttpProxy, Verdict};
 use common::{Backend, Fence, Lease, Out, Store};
 
-fn backend(service: Service) -> Backend {
-    match service {
-        Service::S3 => Backend::S3,
-        Service::Gcs => Backend::Gcs,
+/// The object service a store of `on` talks to (LocalStack speaks S3).
+fn service_of(on: Backend) -> Service {
+    match on {
+        Backend::Gcs => Service::Gcs,
+        _ => Service::S3,
     }
 }
 
@@ -88,11 +89,70 @@ per_service!(
     a_lost_answer_to_a_grant_or_release_is_reported_as_it_was,
 );
 
+/// The same on LocalStack's S3, a second S3 implementation.
+mod localstack {
+    #[test]
+    fn ignoring_server_is_refused() {
+        super::ignoring_server_is_refused(super::Backend::LocalStack)
+    }
+    #[test]
+    fn races_never_grant_twice() {
+        super::races_never_grant_twice(super::Backend::LocalStack)
+    }
+    #[test]
+    fn verification_is_recorded_once() {
+        super::verification_is_recorded_once(super::Backend::LocalStack)
+    }
+    #[test]
+    fn definite_answers_are_final() {
+        super::definite_answers_are_final(super::Backend::LocalStack)
+    }
+    #[test]
+    fn event_failures_never_hide_what_happened() {
+        super::event_failures_never_hide_what_happened(super::Backend::LocalStack)
+    }
+    #[test]
+    fn requests_per_operation() {
+        super::requests_per_operation(super::Backend::LocalStack)
+    }
+    #[test]
+    fn missing_bucket_is_named() {
+        super::missing_bucket_is_named(super::Backend::LocalStack)
+    }
+    #[test]
+    fn history_survives_archiving() {
+        super::history_survives_archiving(super::Backend::LocalStack)
+    }
+    #[test]
+    fn a_proof_reached_through_a_stripping_proxy_is_not_trusted() {
+        super::a_proof_reached_through_a_stripping_proxy_is_not_trusted(super::Backend::LocalStack)
+    }
+    #[test]
+    fn a_proof_copied_to_another_prefix_is_not_trusted() {
+        super::a_proof_copied_to_another_prefix_is_not_trusted(super::Backend::LocalStack)
+    }
+    #[test]
+    fn an_applied_write_whose_answer_was_lost_is_never_nothing_written() {
+        super::an_applied_write_whose_answer_was_lost_is_never_nothing_written(
+            super::Backend::LocalStack,
+        )
+    }
+    #[test]
+    fn read_only_credentials_can_inspect() {
+        super::read_only_credentials_can_inspect(super::Backend::LocalStack)
+    }
+    #[test]
+    fn a_lost_answer_to_a_grant_or_release_is_reported_as_it_was() {
+        super::a_lost_answer_to_a_grant_or_release_is_reported_as_it_was(super::Backend::LocalStack)
+    }
+}
+
 /// On a server that ignores preconditions `init`, `acquire` and `write --from` are refused
 /// (exit 2, naming the precondition), and nothing of fence's is stored: no lease record, no
 /// verification record, no object written, no scratch probe left behind.
-fn ignoring_server_is_refused(service: Service) {
-    let store = Store::new(backend(service));
+fn ignoring_server_is_refused(on: Backend) {
+    let service = service_of(on);
+    let store = Store::new(on);
     let (server, prefix) = store.server();
     let proxy = ignoring(server);
     let out = via(&store, &proxy).args(["init", "--format", "json"]).run();
@@ -127,8 +187,8 @@ fn ignoring_server_is_refused(service: Service) {
 
 /// Ten races of two owners for a fresh resource on the ignoring server: never two grants
 /// (without the check, every race gave two).
-fn races_never_grant_twice(service: Service) {
-    let store = Store::new(backend(service));
+fn races_never_grant_twice(on: Backend) {
+    let store = Store::new(on);
     let (server, prefix) = store.server();
     let proxy = ignoring(server);
     for race in 0..10 {
@@ -157,8 +217,8 @@ fn races_never_grant_twice(service: Service) {
 /// `<prefix>/.fence/verified` (with the endpoint); its scratch probe is gone; the lease record
 /// says it was written after the proof. A second process reads no verification record at all;
 /// `init` proves the prefix again.
-fn verification_is_recorded_once(service: Service) {
-    let store = Store::new(backend(service));
+fn verification_is_recorded_once(on: Backend) {
+    let store = Store::new(on);
     let (server, prefix) = store.server();
     store
         .fence()
@@ -304,17 +364,18 @@ fn conditional_write(service: Service, request: &common::proxy::HttpRequest) -> 
 }
 
 /// A store whose prefix is already verified (so the proxy's answers reach the lease path).
-fn verified_store(service: Service) -> Store {
-    let store = Store::new(backend(service));
+fn verified_store(on: Backend) -> Store {
+    let store = Store::new(on);
     store.fence().args(["init"]).run().expect(0);
     store
 }
 
 /// 501 to the conditional put: exit 2 at once, one request, the status named; 400: exit 7,
 /// equally at once. Nothing is stored and nothing is called unknown.
-fn definite_answers_are_final(service: Service) {
+fn definite_answers_are_final(on: Backend) {
+    let service = service_of(on);
     for (status, code) in [(501, 2), (400, 7)] {
-        let store = verified_store(service);
+        let store = verified_store(on);
         let (server, prefix) = store.server();
         let proxy = answering(server, status, move |r| conditional_write(service, r));
         let proven = proven_via(&store, &proxy);
@@ -348,8 +409,9 @@ fn definite_answers_are_final(service: Service) {
 /// shows the holder and the `acquired` event. A refusal's event (written beside the record)
 /// that keeps getting 429 does not turn the refusal into "unavailable": `renew` of a released
 /// lease is still exit 5, with a warning.
-fn event_failures_never_hide_what_happened(service: Service) {
-    let store = verified_store(service);
+fn event_failures_never_hide_what_happened(on: Backend) {
+    let service = service_of(on);
+    let store = verified_store(on);
     let (server, _) = store.server();
     let proxy = answering(server, 429, move |r| match service {
         Service::S3 => r.method == "PUT" && r.target.contains("/events/"),
@@ -407,8 +469,9 @@ fn event_failures_never_hide_what_happened(service: Service) {
 /// write id): 2 each (the read and the conditional write; a write on S3 3, with the
 /// coordinator's highest token); `renew`: 3 (its expiry is judged by the store's clock, read
 /// from a write of the resource's clock probe).
-fn requests_per_operation(service: Service) {
-    let store = verified_store(service);
+fn requests_per_operation(on: Backend) {
+    let service = service_of(on);
+    let store = verified_store(on);
     let (server, prefix) = store.server();
     let target = server.url(&format!("{prefix}/objects/obj"));
     let file = store.home.path().join("body");
@@ -485,8 +548,9 @@ fn requests_per_operation(service: Service) {
 
 /// A bucket that does not exist is a usage error naming it, for the coordinator and for
 /// `inspect --target` (never `(absent)` with exit 0).
-fn missing_bucket_is_named(service: Service) {
-    let store = Store::new(backend(service));
+fn missing_bucket_is_named(on: Backend) {
+    let service = service_of(on);
+    let store = Store::new(on);
     let scheme = match service {
         Service::S3 => "s3",
         Service::Gcs => "gs",
@@ -535,8 +599,8 @@ fn missing_bucket_is_named(service: Service) {
 /// The record keeps its latest changes and archives older ones: after 12 grants and releases
 /// the whole history (24 changes) is durable, in order, without duplicates, partly in an
 /// archive object; `inspect --history` shows all of it, newest first.
-fn history_survives_archiving(service: Service) {
-    let store = Store::new(backend(service));
+fn history_survives_archiving(on: Backend) {
+    let store = Store::new(on);
     let (server, prefix) = store.server();
     for n in 1..=12 {
         let owner = format!("o{n}");
@@ -622,7 +686,7 @@ fn bad_names_are_refused_before_sending() {
 /// 7 at once, not "unreachable" and not retried.
 #[test]
 fn expired_s3_session_credentials_are_named() {
-    let store = verified_store(Service::S3);
+    let store = verified_store(Backend::S3);
     let (server, _) = store.server();
     let proxy = HttpProxy::start(
         server.addr(),
@@ -655,8 +719,9 @@ fn expired_s3_session_credentials_are_named() {
 /// races of eight owners for a fresh resource (0 grants), and for `renew`, `release` and
 /// `write` of what was written directly. Without the binding every race granted token 1 to
 /// all eight.
-fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
-    let (store, lease, target, file) = held_and_written(service);
+fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(on: Backend) {
+    let service = service_of(on);
+    let (store, lease, target, file) = held_and_written(on);
     let (server, prefix) = store.server();
     let proxy = ignoring(server);
     refused_everywhere(&store, &store.url, &proxy, service, &target, &file, &lease);
@@ -671,8 +736,9 @@ fn a_proof_reached_through_a_stripping_proxy_is_not_trusted(service: Service) {
 /// The same for a copy of the prefix (`aws s3 sync` keeps keys and metadata: the proof
 /// record, the lease record, the fenced object) used through a server that ignores
 /// preconditions: the copied proof names another endpoint, is proven again and refused.
-fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
-    let (store, lease, _, file) = held_and_written(service);
+fn a_proof_copied_to_another_prefix_is_not_trusted(on: Backend) {
+    let service = service_of(on);
+    let (store, lease, _, file) = held_and_written(on);
     let (server, prefix) = store.server();
     let copy = format!("{prefix}-copy");
     for key in server.list(prefix) {
@@ -710,8 +776,8 @@ fn a_proof_copied_to_another_prefix_is_not_trusted(service: Service) {
 
 /// A verified store where `a` holds `held` and wrote the object `objects/obj` (its bytes in
 /// the file `body`), all directly: (the store, the lease, the object's URL, the file).
-fn held_and_written(service: Service) -> (Store, Lease, String, std::path::PathBuf) {
-    let store = verified_store(service);
+fn held_and_written(on: Backend) -> (Store, Lease, String, std::path::PathBuf) {
+    let store = verified_store(on);
     let (server, prefix) = store.server();
     let lease = store
         .fence()
@@ -799,8 +865,9 @@ fn refused_everywhere(
 /// though the object held exactly its bytes and its token (issue 32, 3). Now: exit 0 or 8
 /// (outcome unknown, naming the version), never "nothing was written"; for a create and for
 /// an update.
-fn an_applied_write_whose_answer_was_lost_is_never_nothing_written(service: Service) {
-    let store = verified_store(service);
+fn an_applied_write_whose_answer_was_lost_is_never_nothing_written(on: Backend) {
+    let service = service_of(on);
+    let store = verified_store(on);
     let (server, prefix) = store.server();
     let key = format!("{prefix}/objects/obj");
     let target = server.url(&key);
@@ -954,8 +1021,8 @@ fn localstack_a_paused_writer_meets_identical_newer_bytes() {
 /// `inspect` writes a clock probe to judge liveness by the store's clock; with credentials
 /// that may only read (every write answered 403), it used to fail with exit 7 (issue 32, 6).
 /// Now it shows the records, judging liveness by this machine's clock, and warns so.
-fn read_only_credentials_can_inspect(service: Service) {
-    let store = verified_store(service);
+fn read_only_credentials_can_inspect(on: Backend) {
+    let store = verified_store(on);
     let (server, _) = store.server();
     store
         .fence()
@@ -978,9 +1045,10 @@ fn read_only_credentials_can_inspect(service: Service) {
 /// its retry meets its own version. fence reported the grant as `reacquired` and the release
 /// as `already_released` (issue 32, 6). Now it recognises its own write (the nonce it stored)
 /// and reports what happened: acquired (not reacquired), released.
-fn a_lost_answer_to_a_grant_or_release_is_reported_as_it_was(service: Service) {
+fn a_lost_answer_to_a_grant_or_release_is_reported_as_it_was(on: Backend) {
+    let service = service_of(on);
     use std::sync::atomic::{AtomicBool, Ordering};
-    let store = verified_store(service);
+    let store = verified_store(on);
     let (server, _) = store.server();
     let armed = Arc::new(AtomicBool::new(false));
     let trigger = armed.clone();

@@ -598,15 +598,15 @@ macro_rules! per_coordinator {
     };
 }
 /// Generates one test per object service (S3 through moto, GCS through fake-gcs-server) for
-/// each named function taking a [`objects::Service`].
+/// each named function taking the [`Backend`] of its store.
 #[macro_export]
 macro_rules! per_service {
     ($($name:ident),* $(,)?) => {
         mod s3 {
-            $( #[test] fn $name() { super::$name($crate::common::objects::Service::S3) } )*
+            $( #[test] fn $name() { super::$name($crate::common::Backend::S3) } )*
         }
         mod gcs {
-            $( #[test] fn $name() { super::$name($crate::common::objects::Service::Gcs) } )*
+            $( #[test] fn $name() { super::$name($crate::common::Backend::Gcs) } )*
         }
     };
 }
