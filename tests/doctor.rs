@@ -103,7 +103,7 @@ fn a_target_schema_owned_by_the_connecting_role_is_flagged() {
         .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
         .collect();
     assert_eq!(owner.len(), 1, "{json}");
-    assert_eq!(owner[0]["severity"], "warn", "{json}");
+    assert_eq!(owner[0]["severity"], "fail", "{json}");
     assert!(
         owner[0]["message"].as_str().unwrap().contains("protect"),
         "{json}"
@@ -332,7 +332,7 @@ fn a_login_role_that_switches_to_another_is_judged_by_itself() {
         .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
         .collect();
     assert_eq!(owner_findings.len(), 1, "{json}");
-    assert_eq!(owner_findings[0]["severity"], "warn", "{json}");
+    assert_eq!(owner_findings[0]["severity"], "fail", "{json}");
     assert!(
         owner_findings[0]["message"]
             .as_str()

@@ -643,3 +643,164 @@ fn an_application_role_owning_the_schema_is_flagged_and_refused() {
     drop(db);
     pg_exec(&Db::server(), "DROP ROLE roles_owner");
 }
+
+/// Issue 33, 2 and 7: a writer that can write around `protect` is refused by `grant` (exit 2,
+/// naming the way around and the fix) and failed by `doctor --target` connecting as it
+/// (`postgres.protection`, exit 2): one that owns the database (in PostgreSQL 15 its `public`
+/// schema, where it can drop a protected table and create another), owns a protected table's
+/// schema or the table, or is a member of a superuser role. So is a target whose
+/// `fence_protect` trigger or event trigger was disabled, whoever connects. An ordinary writer
+/// is granted (exit 0), and doctor, connecting as it, finds nothing (exit 0).
+#[test]
+fn writers_that_can_write_around_protect_are_refused_and_failed() {
+    let db = Db::new("bypass");
+    let pid = std::process::id();
+    let role = |what: &str| format!("bp_{what}_{pid}");
+    let [writer, schema_owner, table_owner, db_owner, dba, sneaky] =
+        ["writer", "schema", "table", "db", "dba", "sneaky"].map(role);
+    let roles = [
+        &writer,
+        &schema_owner,
+        &table_owner,
+        &db_owner,
+        &sneaky,
+        &dba,
+    ];
+    for r in roles {
+        pg_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {r}"));
+    }
+    pg_exec(
+        &Db::server(),
+        &format!(
+            "CREATE ROLE {writer} LOGIN; CREATE ROLE {schema_owner} LOGIN; \
+             CREATE ROLE {table_owner} LOGIN; CREATE ROLE {db_owner} LOGIN; \
+             CREATE ROLE {dba} SUPERUSER NOLOGIN; CREATE ROLE {sneaky} LOGIN IN ROLE {dba}"
+        ),
+    );
+    db.fence()
+        .args(["init", "--target", &db.admin_url()])
+        .run()
+        .expect(0);
+    pg_exec(
+        &db.admin(),
+        &format!(
+            "ALTER DATABASE {name} OWNER TO {db_owner}; \
+             CREATE SCHEMA app AUTHORIZATION {schema_owner}; \
+             CREATE TABLE app.ledger (v text); CREATE TABLE app.owned (v text); \
+             ALTER TABLE app.owned OWNER TO {table_owner}",
+            name = db.name
+        ),
+    );
+    db.protect("app.ledger").expect(0);
+    db.protect("app.owned").expect(0);
+
+    let grant = |role: &str| {
+        db.fence()
+            .args(["grant", "--target", &db.admin_url(), "--role", role])
+            .args(["--format", "json"])
+            .run()
+    };
+    let doctor = |role: &str| {
+        let out = db
+            .fence()
+            .args(["doctor", "--target", &db.url(role), "--format", "json"])
+            .run();
+        let json = out.json();
+        let found: Vec<(String, String, String)> = json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "postgres.protection")
+            .map(|f| {
+                let text = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
+                (text("severity"), text("message"), text("fix"))
+            })
+            .collect();
+        (out.code, found, json)
+    };
+
+    grant(&writer).expect(0);
+    let (code, found, json) = doctor(&writer);
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(found.len(), 1, "{json}");
+    assert_eq!(found[0].0, "ok", "{json}");
+
+    for (bypasser, says, fix) in [
+        (
+            &schema_owner,
+            "owns the schema app".to_owned(),
+            "ALTER SCHEMA app OWNER TO",
+        ),
+        (
+            &table_owner,
+            "owns the protected table app.owned".to_owned(),
+            "ALTER TABLE app.owned OWNER TO",
+        ),
+        (
+            &db_owner,
+            format!("owns the database `{}`", db.name),
+            "ALTER DATABASE",
+        ),
+        (
+            &sneaky,
+            format!("member of the superuser role `{dba}`"),
+            "REVOKE",
+        ),
+    ] {
+        let out = grant(bypasser).expect(2);
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(&says), "{bypasser}: {message}");
+        // Nothing was granted.
+        let usage: bool = pg_query(
+            &db.admin(),
+            &format!("SELECT has_schema_privilege('{bypasser}', 'fence', 'USAGE')"),
+        )[0]
+        .get(0);
+        assert!(!usage, "{bypasser} was granted");
+        let (code, found, json) = doctor(bypasser);
+        assert_eq!(code, 2, "{bypasser}: {json}");
+        assert!(
+            found
+                .iter()
+                .any(|(severity, message, hint)| severity == "fail"
+                    && message.contains(&says)
+                    && hint.contains(fix)),
+            "{bypasser}: {json}"
+        );
+    }
+
+    // Protection switched off: failed whoever connects (here the granted writer).
+    let trigger = pg_query(
+        &db.admin(),
+        "SELECT quote_ident(evtname) FROM pg_event_trigger WHERE evtname LIKE 'fence%'",
+    );
+    let event_trigger: Option<String> = trigger.first().map(|r| r.get(0));
+    pg_exec(
+        &db.admin(),
+        "ALTER TABLE app.ledger DISABLE TRIGGER fence_protect",
+    );
+    if let Some(name) = &event_trigger {
+        pg_exec(&db.admin(), &format!("ALTER EVENT TRIGGER {name} DISABLE"));
+    }
+    let (code, found, json) = doctor(&writer);
+    assert_eq!(code, 2, "{json}");
+    assert!(
+        found.iter().any(|(severity, message, _)| severity == "fail"
+            && message.contains("fence_protect on app.ledger is disabled")),
+        "{json}"
+    );
+    if event_trigger.is_some() {
+        assert!(
+            found
+                .iter()
+                .any(|(severity, message, _)| severity == "fail"
+                    && message.contains("event trigger")),
+            "{json}"
+        );
+    }
+    drop(db);
+    let server = Db::server();
+    for r in roles {
+        let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {r}"));
+    }
+}

@@ -140,10 +140,11 @@ fn doctor_fails_a_server_without_fsync() {
             .collect();
         (out.code, found)
     };
-    let (code, found) = check(&safe.url());
+    // (The safe cluster's doctor fails on other grounds: it connects as the superuser, who
+    // can write around `protect`; `roles.rs` has a safe target's exit 0.)
+    let (_, found) = check(&safe.url());
     assert_eq!(found.len(), 2, "the store and the target: {found:?}");
     assert!(found.iter().all(|f| f.0 == "ok"), "{found:?}");
-    assert_eq!(code, 0, "{found:?}");
     let (code, found) = check(&unsafe_.url());
     assert_eq!(code, 2, "{found:?}");
     assert_eq!(found.len(), 2, "{found:?}");

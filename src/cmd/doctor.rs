@@ -234,6 +234,9 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
     }
     pooler(&client, port, f).await;
     ownership(&client, schema, role, f).await;
+    if role == Role::Target {
+        protection(&client, schema, f).await;
+    }
     public_grants(&client, schema, f).await;
     clock(&client, f).await;
 }
@@ -542,21 +545,21 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
             if role == Role::Target && !writable.is_empty() {
                 f.add(
                     "postgres.schema_owner",
-                    Severity::Warn,
+                    Severity::Fail,
                     format!("the connecting role `{user}` may write fence's own tables ({writable}), directly or through a role such as pg_write_all_data: it can forge `bindings`, so `protect` does not hold against it"),
                     "connect as a role granted with `fence grant`, and revoke the write privileges (or the pg_write_all_data membership) from this one",
                 );
             } else if role == Role::Target && *createrole == "true" {
                 f.add(
                     "postgres.schema_owner",
-                    Severity::Warn,
+                    Severity::Fail,
                     format!("the connecting role `{user}` has CREATEROLE, which before PostgreSQL 16 lets it join pg_write_all_data (or the schema's owner) at will and so bypass `protect`"),
                     "connect as a role without CREATEROLE (ALTER ROLE … NOCREATEROLE), granted with `fence grant`",
                 );
             } else if role == Role::Target && (*member == "true" || *superuser == "true") {
                 f.add(
                     "postgres.schema_owner",
-                    Severity::Warn,
+                    Severity::Fail,
                     format!("the connecting role `{user}` owns (or is a member of the owner `{owner}` of) fence's schema `{schema}`, or is a superuser: it can write `bindings` and disable triggers, so `protect` does not hold against it"),
                     "let applications connect as a role granted with `fence grant`, never as the schema's owner",
                 );
@@ -570,6 +573,41 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
             }
         }
         Err(err) => f.add("postgres.schema", Severity::Warn, err, ""),
+    }
+}
+
+/// Ways around `fence protect` for the connecting (login) role, and protection switched off
+/// on the target (see [`crate::fenced::grant::BYPASSES`]): each one fails.
+async fn protection(client: &Client, schema: &str, f: &mut Findings<'_>) {
+    let check = "postgres.protection";
+    let rows = match client
+        .query(
+            crate::fenced::grant::BYPASSES,
+            &[&None::<String>, &schema.to_owned()],
+        )
+        .await
+    {
+        Ok(rows) => rows,
+        Err(err) => {
+            let why = err
+                .as_db_error()
+                .map_or_else(|| err.to_string(), |db| db.message().to_owned());
+            f.add(check, Severity::Warn, format!("cannot look: {why}"), "");
+            return;
+        }
+    };
+    for row in &rows {
+        let (kind, what, role): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let (message, fix) = crate::fenced::grant::bypass(&kind, &what, &role);
+        f.add(check, Severity::Fail, message, &fix);
+    }
+    if rows.is_empty() {
+        f.add(
+            check,
+            Severity::Ok,
+            "the connecting role owns neither the database nor a protected table or its schema, cannot become a superuser, and every protected table's trigger is enabled".into(),
+            "",
+        );
     }
 }
 

@@ -40,6 +40,8 @@ impl Report for Granted {
             access: &'a str,
             applied: bool,
             statements: &'a [String],
+            /// Always empty since `grant` refuses what it once warned about (a writer that
+            /// owns a protected table); kept for scripts that read it.
             warnings: &'a [String],
             target: &'a str,
         }
@@ -48,7 +50,7 @@ impl Report for Granted {
             access: if self.plan.reader { "reader" } else { "writer" },
             applied: self.applied,
             statements: &self.plan.statements,
-            warnings: &self.plan.warnings,
+            warnings: &[],
             target: &self.target,
         })
     }
@@ -60,9 +62,8 @@ impl Report for Granted {
             .iter()
             .map(|s| format!("{s};\n"))
             .collect();
-        // Printed SQL stays runnable as is (`fence grant … --print | psql`); warnings are
-        // SQL comments there.
-        let mut text = if self.applied {
+        // Printed SQL stays runnable as is (`fence grant … --print | psql`).
+        if self.applied {
             let access = if self.plan.reader {
                 "a reader"
             } else {
@@ -74,10 +75,6 @@ impl Report for Granted {
             )
         } else {
             sql
-        };
-        for warning in &self.plan.warnings {
-            text.push_str(&format!("-- warning: {warning}\n"));
         }
-        text
     }
 }

@@ -26,13 +26,12 @@ const READER_FUNCTIONS: [&str; 3] = ["protect_tree", "protect_state", "protect_r
 /// fence's tables a reader may read.
 const READER_TABLES: [&str; 4] = ["target_meta", "guards", "write_events", "write_ledger"];
 
-/// The statements that give `role` its access, and what fence noticed about the role.
+/// The statements that give `role` its access.
 #[derive(Debug)]
 pub struct GrantPlan {
     pub role: String,
     pub reader: bool,
     pub statements: Vec<String>,
-    pub warnings: Vec<String>,
 }
 
 impl PgTarget {
@@ -79,7 +78,6 @@ impl PgTarget {
             role: role.to_owned(),
             reader,
             statements,
-            warnings: self.owned_protected_tables(role).await?,
         })
     }
 
@@ -177,32 +175,102 @@ impl PgTarget {
                 "grant a role without CREATEROLE (ALTER ROLE … NOCREATEROLE), or create roles with an admin role the application does not use",
             );
         }
-        Ok(row.get(0))
-    }
-
-    /// Warnings for tables protected by this schema that `role` owns: a table's owner can
-    /// disable its triggers.
-    async fn owned_protected_tables(&self, role: &str) -> Result<Vec<String>, Error> {
+        let quoted: String = row.get(0);
         let rows = self
             .session()
             .call(
-                "look for protected tables the role owns",
+                "look for ways around `fence protect`",
                 false,
-                "SELECT DISTINCT t.tgrelid::regclass::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
-                 JOIN pg_roles r ON r.rolname = $1 \
-                 WHERE t.tgname = 'fence_protect' \
-                   AND t.tgfoid = to_regprocedure(format('%I.protect_check()', $2::text)) \
-                   AND pg_has_role(r.oid, c.relowner, 'MEMBER') ORDER BY 1",
-                &[(&role, Type::TEXT), (&self.session().schema, Type::TEXT)],
+                BYPASSES,
+                &[(&role, Type::TEXT), (&session.schema, Type::TEXT)],
             )
             .await?;
-        Ok(rows
+        let found: Vec<(String, String)> = rows
             .iter()
-            .map(|r| {
-                let table: String = r.get(0);
-                format!("`{role}` owns the protected table {table}: a table's owner can disable its triggers, so let the application connect as a role that does not own it")
-            })
-            .collect())
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .filter(|(kind, _)| about_the_role(kind))
+            .map(|(kind, what)| bypass(&kind, &what, role))
+            .collect();
+        if let Some((why, fix)) = found.first() {
+            let more = match found.len() {
+                1 => String::new(),
+                n => format!(
+                    " (and {} more way(s): `fence doctor --target` as it lists them all)",
+                    n - 1
+                ),
+            };
+            return refuse(format!("{why}{more}"), fix);
+        }
+        Ok(quoted)
+    }
+}
+
+/// Ways around `fence protect` in the target: rows of (kind, what, role). `$1` is the role
+/// (NULL: the login role, `session_user`), `$2` fence's schema. Reads only the catalogs: a role
+/// without fence's grant can run it. The role's kinds: it is a
+/// member of a superuser role, owns the database (and so, through `pg_database_owner`, its
+/// `public` schema), owns the schema of a protected table (it can drop the table and create
+/// another without triggers), or owns a protected table (it can disable its triggers or drop
+/// it); membership counts as ownership. The set-up's kinds, whoever connects: `fence_protect`
+/// disabled on a protected table (`D`, or `R`: fires only under replication), and the event
+/// trigger that protects later partitions and children disabled.
+pub(crate) const BYPASSES: &str = "\
+WITH r AS (SELECT oid, rolname FROM pg_roles WHERE rolname = coalesce($1::text, session_user::text)), \
+protected AS ( \
+    SELECT c.oid, c.relowner, c.relnamespace, t.tgenabled FROM pg_trigger t \
+    JOIN pg_class c ON c.oid = t.tgrelid \
+    WHERE t.tgname = 'fence_protect' \
+      AND t.tgfoid IN (SELECT f.oid FROM pg_proc f JOIN pg_namespace fn ON fn.oid = f.pronamespace \
+                       WHERE fn.nspname = $2::text AND f.proname = 'protect_check')) \
+SELECT 'superuser_member', s.rolname::text, r.rolname::text FROM pg_roles s, r \
+    WHERE s.rolsuper AND s.oid <> r.oid AND pg_has_role(r.oid, s.oid, 'MEMBER') \
+UNION ALL SELECT 'database_owner', d.datname::text, r.rolname::text FROM pg_database d, r \
+    WHERE d.datname = current_database() AND pg_has_role(r.oid, d.datdba, 'MEMBER') \
+UNION ALL SELECT DISTINCT 'schema_owner', quote_ident(n.nspname), r.rolname::text \
+    FROM protected p JOIN pg_namespace n ON n.oid = p.relnamespace, r \
+    WHERE pg_has_role(r.oid, n.nspowner, 'MEMBER') \
+UNION ALL SELECT 'table_owner', p.oid::regclass::text, r.rolname::text FROM protected p, r \
+    WHERE pg_has_role(r.oid, p.relowner, 'MEMBER') \
+UNION ALL SELECT 'trigger_disabled', p.oid::regclass::text, '' FROM protected p \
+    WHERE p.tgenabled IN ('D', 'R') \
+UNION ALL SELECT 'event_trigger_disabled', quote_ident(e.evtname), '' FROM pg_event_trigger e \
+    WHERE e.evtfoid IN (SELECT f.oid FROM pg_proc f JOIN pg_namespace fn ON fn.oid = f.pronamespace \
+                        WHERE fn.nspname = $2::text AND f.proname = 'protect_new_tables') \
+      AND e.evtenabled IN ('D', 'R') \
+ORDER BY 1, 2";
+
+/// Whether a [`BYPASSES`] kind is about the role (else about the set-up).
+pub(crate) fn about_the_role(kind: &str) -> bool {
+    !kind.ends_with("_disabled")
+}
+
+/// What one row of [`BYPASSES`] means, and what to do: (message, fix).
+pub(crate) fn bypass(kind: &str, what: &str, role: &str) -> (String, String) {
+    match kind {
+        "superuser_member" => (
+            format!("`{role}` is a member of the superuser role `{what}`: after SET ROLE it can disable triggers, so `fence protect` does not hold against it"),
+            format!("REVOKE {what} FROM {role}; let applications connect as a role that cannot become a superuser"),
+        ),
+        "database_owner" => (
+            format!("`{role}` owns the database `{what}` (and so, in PostgreSQL 15, its `public` schema): it can drop a protected table there and create another without triggers"),
+            format!("as the admin: ALTER DATABASE {what} OWNER TO an admin role the application does not use"),
+        ),
+        "schema_owner" => (
+            format!("`{role}` owns the schema {what} (or is a member of its owner), where a protected table lives: it can drop the table and create another without triggers"),
+            format!("as the admin: ALTER SCHEMA {what} OWNER TO an admin role the application does not use"),
+        ),
+        "table_owner" => (
+            format!("`{role}` owns the protected table {what} (or is a member of its owner): it can disable its triggers or drop it"),
+            format!("as the admin: ALTER TABLE {what} OWNER TO an admin role the application does not use"),
+        ),
+        "trigger_disabled" => (
+            format!("the trigger fence_protect on {what} is disabled: every write to the table passes unfenced"),
+            format!("as the admin: ALTER TABLE {what} ENABLE ALWAYS TRIGGER fence_protect (or run `fence protect --table {what}` again)"),
+        ),
+        _ => (
+            format!("the event trigger {what}, which protects partitions and inheritance children added later, is disabled"),
+            format!("as a superuser: ALTER EVENT TRIGGER {what} ENABLE ALWAYS"),
+        ),
     }
 }
 
