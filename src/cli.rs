@@ -816,7 +816,9 @@ pub struct DoctorArgs {
 /// Deletes the events `inspect --history` shows that are older than DURATION by the
 /// server's clock, of each RESOURCE or of every resource, except the last N events of each
 /// resource (--keep). Lease rows are never touched, so each resource's highest token stays:
-/// the next grant of a pruned resource still gets a token greater than all before it. Also
+/// the next grant of a pruned resource still gets a token greater than all before it. The
+/// records of completed run ids (`R#done:ID`) keep their events: they tell a retry of the same
+/// command from another command reusing the id (`fence run --id`). Also
 /// deletes the rows of dead waiters: a `--wait` killed or paused past its promised next poll
 /// (a paused one that comes back joins the queue again at the back, as it would anyway).
 ///

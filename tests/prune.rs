@@ -408,3 +408,34 @@ fn a_connection_lost_midway_is_outcome_unknown() {
     assert!(store.events("a").is_empty(), "{json}");
     assert_eq!(store.lease("a").map(|l| l.1), Some(2));
 }
+
+/// Issue 33, 5: `prune` keeps what `fence run --id` rests on. A run id completed by one
+/// command, then everything pruned (`--older-than 0s`): the same id with other arguments is
+/// still refused (exit 6 `id_reused`, not started), and with the same command it is still
+/// skipped as completed (exit 0, nothing run).
+#[test]
+fn prune_keeps_what_run_ids_rest_on() {
+    let store = Store::postgres();
+    let home = tempfile::tempdir().unwrap();
+    let marker = home.path().join("ran");
+    let run = |args: &[&str]| {
+        store
+            .fence()
+            .args(["run", "day", "--id", "day1", "--format", "json", "--"])
+            .args(args)
+            .run()
+    };
+    run(&["true"]).expect(0);
+    store
+        .fence()
+        .args(["prune", "--older-than", "0s"])
+        .run()
+        .expect(0);
+    let touch = format!("touch '{}'", marker.display());
+    let out = run(&["sh", "-c", &touch]);
+    assert_eq!(out.code, 6, "{out:?}");
+    assert_eq!(out.json()["reason"], "id_reused", "{out:?}");
+    assert!(!marker.exists(), "the other command ran");
+    let out = run(&["true"]).expect(0);
+    assert_eq!(out.json()["skipped"], true, "{out:?}");
+}

@@ -395,7 +395,9 @@ impl PgCoordinator {
     /// One bound for the whole run, by the server's clock; then pages of [`PRUNE_PAGE`]
     /// resources (in name order, through `leases_resource_bytes`), each one statement: the
     /// id of each resource's last kept event through `events_resource_id`, the older
-    /// events below it deleted in the same range, and their number per kind added to
+    /// events below it deleted in the same range (never those of a run id's completion
+    /// record, `R#done:ID`: its events hold the digest of the command that completed it, which
+    /// tells a retry from another command reusing the id), and their number per kind added to
     /// `event_totals`, so that the counters of `fence metrics` do not go down. `leases` is only read (its guard trigger
     /// refuses deletes anyway), so no token counter can change.
     async fn prune_all(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
@@ -450,7 +452,8 @@ impl PgCoordinator {
                     "WITH cut AS ( \
                        SELECT p.resource, (SELECT k.id FROM __SCHEMA__.events k \
                          WHERE k.resource = p.resource ORDER BY k.id DESC OFFSET $2 LIMIT 1) AS last_id \
-                       FROM unnest($1::text[]) AS p(resource)), \
+                       FROM unnest($1::text[]) AS p(resource) \
+                       WHERE strpos(p.resource, $4) = 0), \
                      gone AS ( \
                        DELETE FROM __SCHEMA__.events e USING cut c \
                        WHERE e.resource = c.resource AND e.id <= c.last_id \
@@ -465,6 +468,7 @@ impl PgCoordinator {
                         (&page, Type::TEXT_ARRAY),
                         (&keep, Type::INT8),
                         (&before, Type::INT8),
+                        (&crate::config::DONE_MARK, Type::TEXT),
                     ],
                 )
                 .await?;
