@@ -763,8 +763,11 @@ pub struct InitArgs {
 /// (begin_write, note_rejected, write_row, …) and SELECT on the guard rows and write events
 /// (for `fence inspect --target`); a reader (--reader) gets USAGE and SELECT only. Nothing
 /// granted defeats `fence protect`: no write on fence's tables, no ownership, no TRIGGER. A
-/// superuser, a role owning fence's objects, or one that may write fence's tables is refused
-/// (exit 2). Grants on the application's own tables are yours to give.
+/// writer that can already write around `protect` through any role it can become is refused
+/// (exit 2, naming how): a superuser or member of one, the owner of fence's objects, of the
+/// database, of a protected table, its schema or what it depends on, one with TRIGGER on a
+/// protected table or any write on fence's tables. `fence doctor --target` checks the same as
+/// the application connects. Grants on the application's own tables are yours to give.
 ///
 /// Examples:
 ///   fence grant --target postgres://admin@db/app --role app_writer

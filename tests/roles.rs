@@ -302,7 +302,7 @@ fn no_write_without_the_grant(db: &Db) {
     drop_roles(&["app_late"]);
     pg_exec(
         &db.admin(),
-        "CREATE ROLE app_late LOGIN; GRANT ALL ON ledger TO app_late;",
+        "CREATE ROLE app_late LOGIN; GRANT SELECT, INSERT, UPDATE, DELETE ON ledger TO app_late;",
     );
     let before = db.contents("ledger");
     let token = acquire(db, "nightly-report");
@@ -644,37 +644,69 @@ fn an_application_role_owning_the_schema_is_flagged_and_refused() {
     pg_exec(&Db::server(), "DROP ROLE roles_owner");
 }
 
-/// Issue 33, 2 and 7: a writer that can write around `protect` is refused by `grant` (exit 2,
-/// naming the way around and the fix) and failed by `doctor --target` connecting as it
-/// (`postgres.protection`, exit 2): one that owns the database (in PostgreSQL 15 its `public`
-/// schema, where it can drop a protected table and create another), owns a protected table's
-/// schema or the table, or is a member of a superuser role. So is a target whose
-/// `fence_protect` trigger or event trigger was disabled, whoever connects. An ordinary writer
-/// is granted (exit 0), and doctor, connecting as it, finds nothing (exit 0).
+/// Issue 33, 2 and 7, and what a reviewer found next: a writer that can write around
+/// `protect` is refused by `grant` (exit 2, naming the way and the fix) and failed by `doctor
+/// --target` connecting as it (`postgres.protection`, exit 2). The rule counts every role the
+/// writer can become (inherited or not): owner of the database, of a protected table's schema,
+/// of the table, or of what the table depends on (a column's type, a parent table); a member
+/// of a superuser role or of a CREATEROLE role; TRIGGER on a protected table (it can replace
+/// fence_protect); any write or TRIGGER privilege on fence's tables, a column's or through
+/// pg_write_all_data. And whoever connects, the set-up fails when fence's triggers are not
+/// ENABLE ALWAYS (a DISABLE/ENABLE TRIGGER ALL leaves them off under replication), when one is
+/// disabled, replaced or missing, when a table below a protected one has none, or when a
+/// protected table sits below an unprotected parent. An ordinary writer is granted (exit 0)
+/// and doctor, connecting as it, finds nothing (exit 0).
 #[test]
 fn writers_that_can_write_around_protect_are_refused_and_failed() {
     let db = Db::new("bypass");
     let pid = std::process::id();
     let role = |what: &str| format!("bp_{what}_{pid}");
-    let [writer, schema_owner, table_owner, db_owner, dba, sneaky] =
-        ["writer", "schema", "table", "db", "dba", "sneaky"].map(role);
-    let roles = [
-        &writer,
-        &schema_owner,
-        &table_owner,
-        &db_owner,
-        &sneaky,
-        &dba,
+    let names = [
+        "writer",
+        "schema",
+        "table",
+        "db",
+        "dba",
+        "sneaky",
+        "trig",
+        "ftrig",
+        "colins",
+        "noinh",
+        "rolemgr",
+        "crmember",
+        "typeowner",
+        "parentowner",
     ];
-    for r in roles {
-        pg_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {r}"));
+    let roles: Vec<String> = names.iter().map(|n| role(n)).collect();
+    let r = |n: &str| role(n);
+    let server = Db::server();
+    for name in &roles {
+        pg_exec(&server, &format!("DROP ROLE IF EXISTS {name}"));
     }
     pg_exec(
-        &Db::server(),
+        &server,
         &format!(
-            "CREATE ROLE {writer} LOGIN; CREATE ROLE {schema_owner} LOGIN; \
-             CREATE ROLE {table_owner} LOGIN; CREATE ROLE {db_owner} LOGIN; \
-             CREATE ROLE {dba} SUPERUSER NOLOGIN; CREATE ROLE {sneaky} LOGIN IN ROLE {dba}"
+            "CREATE ROLE {writer} LOGIN; CREATE ROLE {schema} LOGIN; CREATE ROLE {table} LOGIN; \
+             CREATE ROLE {db_owner} LOGIN; CREATE ROLE {dba} SUPERUSER NOLOGIN; \
+             CREATE ROLE {sneaky} LOGIN NOINHERIT IN ROLE {dba}; CREATE ROLE {trig} LOGIN; \
+             CREATE ROLE {ftrig} LOGIN; CREATE ROLE {colins} LOGIN; \
+             CREATE ROLE {noinh} LOGIN NOINHERIT IN ROLE pg_write_all_data; \
+             CREATE ROLE {rolemgr} NOLOGIN CREATEROLE; CREATE ROLE {crmember} LOGIN IN ROLE {rolemgr}; \
+             CREATE ROLE {typeowner} LOGIN; CREATE ROLE {parentowner} LOGIN",
+            writer = r("writer"),
+            schema = r("schema"),
+            table = r("table"),
+            db_owner = r("db"),
+            dba = r("dba"),
+            sneaky = r("sneaky"),
+            trig = r("trig"),
+            ftrig = r("ftrig"),
+            colins = r("colins"),
+            noinh = r("noinh"),
+            rolemgr = r("rolemgr"),
+            crmember = r("crmember"),
+            typeowner = r("typeowner"),
+            parentowner = r("parentowner"),
         ),
     );
     db.fence()
@@ -683,16 +715,12 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
         .expect(0);
     pg_exec(
         &db.admin(),
-        &format!(
-            "ALTER DATABASE {name} OWNER TO {db_owner}; \
-             CREATE SCHEMA app AUTHORIZATION {schema_owner}; \
-             CREATE TABLE app.ledger (v text); CREATE TABLE app.owned (v text); \
-             ALTER TABLE app.owned OWNER TO {table_owner}",
-            name = db.name
-        ),
+        "CREATE SCHEMA app; CREATE TABLE app.ledger (v text); \
+         CREATE TABLE app.parts (y int, v text) PARTITION BY LIST (y); \
+         CREATE TABLE app.parts_1 PARTITION OF app.parts FOR VALUES IN (1)",
     );
     db.protect("app.ledger").expect(0);
-    db.protect("app.owned").expect(0);
+    db.protect("app.parts").expect(0);
 
     let grant = |role: &str| {
         db.fence()
@@ -718,38 +746,123 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
             .collect();
         (out.code, found, json)
     };
+    let writer = r("writer");
+    let fails = |role: &str, says: &str, fix: &str| {
+        let (code, found, json) = doctor(role);
+        assert_eq!(code, 2, "{role}: {json}");
+        assert!(
+            found
+                .iter()
+                .any(|(severity, message, hint)| severity == "fail"
+                    && message.contains(says)
+                    && hint.contains(fix)),
+            "{role}: wanted a failure saying {says:?} with a fix saying {fix:?}: {found:?}"
+        );
+    };
 
+    // Safe: the ordinary writer.
     grant(&writer).expect(0);
     let (code, found, json) = doctor(&writer);
     assert_eq!(code, 0, "{json}");
     assert_eq!(found.len(), 1, "{json}");
     assert_eq!(found[0].0, "ok", "{json}");
 
-    for (bypasser, says, fix) in [
+    // Roles with a way around.
+    pg_exec(
+        &db.admin(),
+        &format!(
+            "ALTER DATABASE {name} OWNER TO {db_owner}; \
+             ALTER SCHEMA app OWNER TO {schema}; \
+             CREATE SCHEMA app2; CREATE TABLE app2.owned (v text); \
+             ALTER TABLE app2.owned OWNER TO {table}; \
+             GRANT TRIGGER ON app2.owned, app.ledger TO {trig}; \
+             GRANT TRIGGER ON fence.write_events TO {ftrig}; \
+             GRANT INSERT (txid, resource, token) ON fence.bindings TO {colins}; \
+             CREATE SCHEMA wtypes AUTHORIZATION {typeowner}; \
+             SET ROLE {typeowner}; CREATE TYPE wtypes.status AS ENUM ('open', 'paid'); RESET ROLE; \
+             CREATE TABLE app2.typed (id int, s wtypes.status); \
+             CREATE TABLE app2.base (v text); ALTER TABLE app2.base OWNER TO {parentowner}; \
+             CREATE TABLE app2.child () INHERITS (app2.base)",
+            name = db.name,
+            db_owner = r("db"),
+            schema = r("schema"),
+            table = r("table"),
+            trig = r("trig"),
+            ftrig = r("ftrig"),
+            colins = r("colins"),
+            typeowner = r("typeowner"),
+            parentowner = r("parentowner"),
+        ),
+    );
+    db.protect("app2.owned").expect(0);
+    db.protect("app2.typed").expect(0);
+    db.protect("app2.child").expect(0);
+    for (who, says, fix) in [
         (
-            &schema_owner,
-            "owns the schema app".to_owned(),
+            "schema",
+            "owns the schema app,".to_owned(),
             "ALTER SCHEMA app OWNER TO",
         ),
         (
-            &table_owner,
-            "owns the protected table app.owned".to_owned(),
-            "ALTER TABLE app.owned OWNER TO",
+            "table",
+            "owns the protected table app2.owned".to_owned(),
+            "ALTER TABLE app2.owned OWNER TO",
         ),
         (
-            &db_owner,
+            "db",
             format!("owns the database `{}`", db.name),
             "ALTER DATABASE",
         ),
         (
-            &sneaky,
-            format!("member of the superuser role `{dba}`"),
+            "sneaky",
+            format!("member of the superuser role `{}`", r("dba")),
             "REVOKE",
         ),
+        (
+            "trig",
+            "may create triggers on the protected table app.ledger".to_owned(),
+            "REVOKE TRIGGER ON app.ledger",
+        ),
+        (
+            "ftrig",
+            "fence's table fence.write_events".to_owned(),
+            "REVOKE ALL ON fence.write_events",
+        ),
+        (
+            "colins",
+            "fence's table fence.bindings".to_owned(),
+            "REVOKE ALL ON fence.bindings",
+        ),
+        (
+            "noinh",
+            "through its membership in `pg_write_all_data`".to_owned(),
+            "REVOKE",
+        ),
+        (
+            "crmember",
+            format!("member of `{}`, which has CREATEROLE", r("rolemgr")),
+            "REVOKE",
+        ),
+        (
+            "typeowner",
+            "type wtypes.status (of app2.typed)".to_owned(),
+            "OWNER TO",
+        ),
+        (
+            "parentowner",
+            "table app2.base (of app2.child)".to_owned(),
+            "OWNER TO",
+        ),
     ] {
-        let out = grant(bypasser).expect(2);
-        let message = out.json()["message"].as_str().unwrap().to_owned();
-        assert!(message.contains(&says), "{bypasser}: {message}");
+        let bypasser = r(who);
+        let out = grant(&bypasser).expect(2);
+        let json = out.json();
+        let message = json["message"].as_str().unwrap().to_owned();
+        let hint = json["hint"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&says) && hint.contains(fix),
+            "{bypasser}: {message} / {hint}"
+        );
         // Nothing was granted.
         let usage: bool = pg_query(
             &db.admin(),
@@ -757,50 +870,89 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
         )[0]
         .get(0);
         assert!(!usage, "{bypasser} was granted");
-        let (code, found, json) = doctor(bypasser);
-        assert_eq!(code, 2, "{bypasser}: {json}");
-        assert!(
-            found
-                .iter()
-                .any(|(severity, message, hint)| severity == "fail"
-                    && message.contains(&says)
-                    && hint.contains(fix)),
-            "{bypasser}: {json}"
-        );
+        fails(&bypasser, &says, fix);
     }
+    // A reader gets nothing to write with: granted whatever it owns.
+    db.fence()
+        .args([
+            "grant",
+            "--target",
+            &db.admin_url(),
+            "--role",
+            &r("table"),
+            "--reader",
+        ])
+        .run()
+        .expect(0);
+    // A protected child below an unprotected parent fails for everyone.
+    fails(
+        &writer,
+        "the parent app2.base (above app2.child) is not protected",
+        "fence protect --table PARENT",
+    );
+    pg_exec(&db.admin(), "DROP TABLE app2.base CASCADE");
 
-    // Protection switched off: failed whoever connects (here the granted writer).
-    let trigger = pg_query(
+    // The set-up switched off, one way at a time; each fails for the ordinary writer, and
+    // `fence protect` again mends it.
+    let event_trigger: String = pg_query(
         &db.admin(),
         "SELECT quote_ident(evtname) FROM pg_event_trigger WHERE evtname LIKE 'fence%'",
-    );
-    let event_trigger: Option<String> = trigger.first().map(|r| r.get(0));
-    pg_exec(
-        &db.admin(),
-        "ALTER TABLE app.ledger DISABLE TRIGGER fence_protect",
-    );
-    if let Some(name) = &event_trigger {
-        pg_exec(&db.admin(), &format!("ALTER EVENT TRIGGER {name} DISABLE"));
-    }
-    let (code, found, json) = doctor(&writer);
-    assert_eq!(code, 2, "{json}");
-    assert!(
-        found.iter().any(|(severity, message, _)| severity == "fail"
-            && message.contains("fence_protect on app.ledger is disabled")),
-        "{json}"
-    );
-    if event_trigger.is_some() {
+    )[0]
+    .get(0);
+    for (breaks, says, table) in [
+        (
+            "ALTER TABLE app.ledger DISABLE TRIGGER ALL; ALTER TABLE app.ledger ENABLE TRIGGER ALL"
+                .to_owned(),
+            "fence_protect on app.ledger is not ENABLE ALWAYS".to_owned(),
+            "app.ledger",
+        ),
+        (
+            "ALTER TABLE app.ledger DISABLE TRIGGER fence_protect_truncate".to_owned(),
+            "fence_protect_truncate on app.ledger is not ENABLE ALWAYS".to_owned(),
+            "app.ledger",
+        ),
+        (
+            "CREATE OR REPLACE TRIGGER fence_protect BEFORE UPDATE ON app.ledger FOR EACH ROW \
+             EXECUTE FUNCTION suppress_redundant_updates_trigger()"
+                .to_owned(),
+            "fence_protect on app.ledger does not call fence's protect_check".to_owned(),
+            "app.ledger",
+        ),
+        (
+            format!(
+                "ALTER EVENT TRIGGER {event_trigger} DISABLE; \
+                 CREATE TABLE app.parts_2 PARTITION OF app.parts FOR VALUES IN (2); \
+                 ALTER EVENT TRIGGER {event_trigger} ENABLE ALWAYS"
+            ),
+            "app.parts_2 is below a protected table but has no fence triggers".to_owned(),
+            "app.parts",
+        ),
+        (
+            format!("ALTER EVENT TRIGGER {event_trigger} ENABLE"),
+            format!("the event trigger {event_trigger}"),
+            "app.parts",
+        ),
+    ] {
+        pg_exec(&db.admin(), &breaks);
+        fails(&writer, &says, "");
+        db.protect(table).expect(0);
+        if says.starts_with("the event trigger") {
+            pg_exec(
+                &db.admin(),
+                &format!("ALTER EVENT TRIGGER {event_trigger} ENABLE ALWAYS"),
+            );
+        }
+        let (code, found, json) = doctor(&writer);
         assert!(
             found
                 .iter()
-                .any(|(severity, message, _)| severity == "fail"
-                    && message.contains("event trigger")),
-            "{json}"
+                .all(|(severity, message, _)| severity != "fail" || !message.contains(&says)),
+            "`fence protect --table {table}` did not mend it: {json}"
         );
+        let _ = code;
     }
     drop(db);
-    let server = Db::server();
-    for r in roles {
-        let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {r}"));
+    for name in &roles {
+        let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {name}"));
     }
 }

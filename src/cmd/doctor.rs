@@ -596,16 +596,25 @@ async fn protection(client: &Client, schema: &str, f: &mut Findings<'_>) {
             return;
         }
     };
-    for row in &rows {
-        let (kind, what, role): (String, String, String) = (row.get(0), row.get(1), row.get(2));
-        let (message, fix) = crate::fenced::grant::bypass(&kind, &what, &role);
+    let user = one(client, "SELECT session_user")
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let mut found: Vec<(String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    found.sort_by_key(|(kind, _, _)| crate::fenced::grant::rank(kind));
+    for (kind, what, via) in &found {
+        let (message, fix) = crate::fenced::grant::bypass(kind, what, via, &user);
         f.add(check, Severity::Fail, message, &fix);
     }
     if rows.is_empty() {
         f.add(
             check,
             Severity::Ok,
-            "the connecting role owns neither the database nor a protected table or its schema, cannot become a superuser, and every protected table's trigger is enabled".into(),
+            "the connecting role (and every role it can become) owns neither the database nor a protected table, its schema or what it depends on, cannot become a superuser, may not create triggers on protected tables nor write fence's tables; every protected tree has fence's triggers, ENABLE ALWAYS".into(),
             "",
         );
     }

@@ -38,7 +38,7 @@ impl PgTarget {
     /// Works out the grants for `role`, refusing roles that could bypass the fence anyway.
     pub async fn grant_plan(&self, role: &str, reader: bool) -> Result<GrantPlan, Error> {
         self.require_schema().await?;
-        let quoted_role = self.check_role(role).await?;
+        let quoted_role = self.check_role(role, reader).await?;
         let schema = &self.session().schema;
         let mut names: Vec<&str> = READER_FUNCTIONS.to_vec();
         if !reader {
@@ -120,7 +120,7 @@ impl PgTarget {
     }
 
     /// The role's quoted name, or a usage error when it is missing or could bypass the fence.
-    async fn check_role(&self, role: &str) -> Result<String, Error> {
+    async fn check_role(&self, role: &str, reader: bool) -> Result<String, Error> {
         let session = self.session();
         let rows = self
             .session()
@@ -185,11 +185,16 @@ impl PgTarget {
                 &[(&role, Type::TEXT), (&session.schema, Type::TEXT)],
             )
             .await?;
+        // A reader is given nothing to write with: what it may do already is doctor's to say.
+        let mut rows: Vec<(String, String, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .filter(|(kind, _, _): &(String, String, String)| !reader && about_the_role(kind))
+            .collect();
+        rows.sort_by_key(|(kind, _, _)| rank(kind));
         let found: Vec<(String, String)> = rows
             .iter()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
-            .filter(|(kind, _)| about_the_role(kind))
-            .map(|(kind, what)| bypass(&kind, &what, role))
+            .map(|(kind, what, via)| bypass(kind, what, via, role))
             .collect();
         if let Some((why, fix)) = found.first() {
             let more = match found.len() {
@@ -205,70 +210,184 @@ impl PgTarget {
     }
 }
 
-/// Ways around `fence protect` in the target: rows of (kind, what, role). `$1` is the role
+/// Ways around `fence protect` in the target: rows of (kind, what, via). `$1` is the role
 /// (NULL: the login role, `session_user`), `$2` fence's schema. Reads only the catalogs: a role
-/// without fence's grant can run it. The role's kinds: it is a
-/// member of a superuser role, owns the database (and so, through `pg_database_owner`, its
-/// `public` schema), owns the schema of a protected table (it can drop the table and create
-/// another without triggers), or owns a protected table (it can disable its triggers or drop
-/// it); membership counts as ownership. The set-up's kinds, whoever connects: `fence_protect`
-/// disabled on a protected table (`D`, or `R`: fires only under replication), and the event
-/// trigger that protects later partitions and children disabled.
+/// without fence's grant can run it.
+///
+/// The role's kinds count every role it is a member of (`pg_has_role … MEMBER`: inherited or
+/// not, since it can `SET ROLE` to each), itself included; `via` names the role that holds
+/// the power. A role may not: be or become a superuser; hold CREATEROLE through another role
+/// (before PostgreSQL 16 it can then grant itself anything); own the database, a protected
+/// table's schema, a protected table, or an object a protected table depends on (a column's
+/// type or domain, a function of a default, generated column or check, a parent table:
+/// dropping or altering them changes the table's rows); hold TRIGGER on a protected table (it
+/// can replace `fence_protect`); hold any write or TRIGGER privilege on fence's own tables,
+/// a column's included (it can forge a binding, or run code as their owner).
+///
+/// The set-up's kinds, whoever connects: fence's two triggers not `ENABLE ALWAYS` on a
+/// protected table (disabled, or switched off under `session_replication_role`), one of them
+/// missing or calling another function, a table below a protected one without them, a
+/// protected table below an unprotected one (writes through the parent pass), and the event
+/// trigger that protects tables added later not `ENABLE ALWAYS`.
 pub(crate) const BYPASSES: &str = "\
-WITH r AS (SELECT oid, rolname FROM pg_roles WHERE rolname = coalesce($1::text, session_user::text)), \
-protected AS ( \
-    SELECT c.oid, c.relowner, c.relnamespace, t.tgenabled FROM pg_trigger t \
+WITH RECURSIVE r AS (SELECT oid, rolname FROM pg_roles WHERE rolname = coalesce($1::text, session_user::text)), \
+mine AS (SELECT m.oid, m.rolname, m.rolsuper, m.rolcreaterole FROM pg_roles m, r \
+    WHERE pg_has_role(r.oid, m.oid, 'MEMBER')), \
+check_fn AS (SELECT f.oid FROM pg_proc f JOIN pg_namespace fn ON fn.oid = f.pronamespace \
+    WHERE fn.nspname = $2::text AND f.proname = 'protect_check'), \
+protected AS (SELECT DISTINCT c.oid, c.relowner, c.relnamespace FROM pg_trigger t \
     JOIN pg_class c ON c.oid = t.tgrelid \
-    WHERE t.tgname = 'fence_protect' \
-      AND t.tgfoid IN (SELECT f.oid FROM pg_proc f JOIN pg_namespace fn ON fn.oid = f.pronamespace \
-                       WHERE fn.nspname = $2::text AND f.proname = 'protect_check')) \
-SELECT 'superuser_member', s.rolname::text, r.rolname::text FROM pg_roles s, r \
-    WHERE s.rolsuper AND s.oid <> r.oid AND pg_has_role(r.oid, s.oid, 'MEMBER') \
-UNION ALL SELECT 'database_owner', d.datname::text, r.rolname::text FROM pg_database d, r \
-    WHERE d.datname = current_database() AND pg_has_role(r.oid, d.datdba, 'MEMBER') \
-UNION ALL SELECT DISTINCT 'schema_owner', quote_ident(n.nspname), r.rolname::text \
-    FROM protected p JOIN pg_namespace n ON n.oid = p.relnamespace, r \
-    WHERE pg_has_role(r.oid, n.nspowner, 'MEMBER') \
-UNION ALL SELECT 'table_owner', p.oid::regclass::text, r.rolname::text FROM protected p, r \
-    WHERE pg_has_role(r.oid, p.relowner, 'MEMBER') \
-UNION ALL SELECT 'trigger_disabled', p.oid::regclass::text, '' FROM protected p \
-    WHERE p.tgenabled IN ('D', 'R') \
-UNION ALL SELECT 'event_trigger_disabled', quote_ident(e.evtname), '' FROM pg_event_trigger e \
+    WHERE t.tgname = 'fence_protect' AND t.tgfoid IN (SELECT oid FROM check_fn)), \
+below AS (SELECT i.inhrelid AS oid FROM pg_inherits i JOIN protected p ON i.inhparent = p.oid \
+    UNION SELECT i.inhrelid FROM pg_inherits i JOIN below b ON i.inhparent = b.oid), \
+above AS (SELECT p.oid AS rel, i.inhparent AS oid FROM protected p JOIN pg_inherits i ON i.inhrelid = p.oid \
+    UNION SELECT a.rel, i.inhparent FROM above a JOIN pg_inherits i ON i.inhrelid = a.oid), \
+deps AS (SELECT p.oid AS rel, d.refclassid, d.refobjid FROM protected p JOIN pg_depend d \
+    ON (d.classid = 'pg_class'::regclass AND d.objid = p.oid) \
+    OR (d.classid = 'pg_attrdef'::regclass AND d.objid IN (SELECT a.oid FROM pg_attrdef a WHERE a.adrelid = p.oid)) \
+    OR (d.classid = 'pg_constraint'::regclass AND d.objid IN (SELECT k.oid FROM pg_constraint k WHERE k.conrelid = p.oid)) \
+    WHERE d.deptype IN ('n', 'a', 'P', 'S')), \
+dep_owners AS ( \
+    SELECT d.rel, format('type %s', d.refobjid::regtype) AS what, t.typowner AS owner FROM deps d \
+        JOIN pg_type t ON t.oid = d.refobjid WHERE d.refclassid = 'pg_type'::regclass \
+    UNION ALL SELECT d.rel, format('function %s', d.refobjid::regprocedure), f.proowner FROM deps d \
+        JOIN pg_proc f ON f.oid = d.refobjid WHERE d.refclassid = 'pg_proc'::regclass \
+    UNION ALL SELECT d.rel, format('table %s', d.refobjid::regclass), c.relowner FROM deps d \
+        JOIN pg_class c ON c.oid = d.refobjid WHERE d.refclassid = 'pg_class'::regclass \
+          AND c.relkind IN ('r', 'p', 'f') AND c.oid <> d.rel) \
+SELECT 'superuser_member', m.rolname::text, m.rolname::text FROM mine m, r \
+    WHERE m.rolsuper AND m.oid <> r.oid \
+UNION ALL SELECT 'createrole_member', m.rolname::text, m.rolname::text FROM mine m, r \
+    WHERE m.rolcreaterole AND m.oid <> r.oid AND current_setting('server_version_num')::int < 160000 \
+UNION ALL SELECT 'database_owner', d.datname::text, m.rolname::text FROM pg_database d, mine m \
+    WHERE d.datname = current_database() AND d.datdba = m.oid \
+UNION ALL SELECT DISTINCT 'schema_owner', quote_ident(n.nspname), m.rolname::text \
+    FROM protected p JOIN pg_namespace n ON n.oid = p.relnamespace JOIN mine m ON m.oid = n.nspowner \
+UNION ALL SELECT DISTINCT 'table_owner', p.oid::regclass::text, m.rolname::text \
+    FROM protected p JOIN mine m ON m.oid = p.relowner \
+UNION ALL SELECT DISTINCT 'dependency_owner', format('%s (of %s)', o.what, o.rel::regclass), m.rolname::text \
+    FROM dep_owners o JOIN mine m ON m.oid = o.owner \
+UNION ALL SELECT DISTINCT 'trigger_privilege', p.oid::regclass::text, m.rolname::text \
+    FROM protected p, mine m WHERE p.relowner <> m.oid AND has_table_privilege(m.oid, p.oid, 'TRIGGER') \
+UNION ALL SELECT DISTINCT 'fence_table_write', c.oid::regclass::text, m.rolname::text \
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, mine m \
+    WHERE n.nspname = $2::text AND c.relkind = 'r' AND c.relowner <> m.oid \
+      AND (has_table_privilege(m.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER') \
+           OR has_any_column_privilege(m.oid, c.oid, 'INSERT, UPDATE')) \
+UNION ALL SELECT 'trigger_not_always', format('%s on %s', t.tgname, t.tgrelid::regclass), '' \
+    FROM pg_trigger t WHERE t.tgname IN ('fence_protect', 'fence_protect_truncate') \
+      AND t.tgfoid IN (SELECT oid FROM check_fn) AND t.tgenabled <> 'A' \
+UNION ALL SELECT 'trigger_replaced', format('%s on %s', t.tgname, t.tgrelid::regclass), '' \
+    FROM pg_trigger t WHERE t.tgname IN ('fence_protect', 'fence_protect_truncate') \
+      AND t.tgfoid NOT IN (SELECT oid FROM check_fn) \
+UNION ALL SELECT 'trigger_missing', p.oid::regclass::text, '' FROM protected p \
+    WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = p.oid \
+      AND t.tgname = 'fence_protect_truncate' AND t.tgfoid IN (SELECT oid FROM check_fn)) \
+UNION ALL SELECT DISTINCT 'unprotected_below', b.oid::regclass::text, '' FROM below b \
+    WHERE b.oid NOT IN (SELECT oid FROM protected) \
+UNION ALL SELECT DISTINCT 'unprotected_above', format('%s (above %s)', a.oid::regclass, a.rel::regclass), '' \
+    FROM above a WHERE a.oid NOT IN (SELECT oid FROM protected) \
+UNION ALL SELECT 'event_trigger_not_always', quote_ident(e.evtname), '' FROM pg_event_trigger e \
     WHERE e.evtfoid IN (SELECT f.oid FROM pg_proc f JOIN pg_namespace fn ON fn.oid = f.pronamespace \
                         WHERE fn.nspname = $2::text AND f.proname = 'protect_new_tables') \
-      AND e.evtenabled IN ('D', 'R') \
+      AND e.evtenabled <> 'A' \
 ORDER BY 1, 2";
+
+/// The order [`BYPASSES`] kinds are told in: the widest power first.
+pub(crate) fn rank(kind: &str) -> usize {
+    const ORDER: [&str; 8] = [
+        "superuser_member",
+        "createrole_member",
+        "database_owner",
+        "schema_owner",
+        "table_owner",
+        "dependency_owner",
+        "trigger_privilege",
+        "fence_table_write",
+    ];
+    ORDER.iter().position(|k| *k == kind).unwrap_or(ORDER.len())
+}
 
 /// Whether a [`BYPASSES`] kind is about the role (else about the set-up).
 pub(crate) fn about_the_role(kind: &str) -> bool {
-    !kind.ends_with("_disabled")
+    !matches!(
+        kind,
+        "trigger_not_always"
+            | "trigger_replaced"
+            | "trigger_missing"
+            | "unprotected_below"
+            | "unprotected_above"
+            | "event_trigger_not_always"
+    )
 }
 
-/// What one row of [`BYPASSES`] means, and what to do: (message, fix).
-pub(crate) fn bypass(kind: &str, what: &str, role: &str) -> (String, String) {
+/// What one row of [`BYPASSES`] means for `role`, and what to do: (message, fix).
+pub(crate) fn bypass(kind: &str, what: &str, via: &str, role: &str) -> (String, String) {
+    let through = if via == role || via.is_empty() {
+        String::new()
+    } else {
+        format!(" (through its membership in `{via}`)")
+    };
+    let revoke = if via == role || via.is_empty() {
+        String::new()
+    } else {
+        format!(", or REVOKE {via} FROM {role}")
+    };
     match kind {
         "superuser_member" => (
             format!("`{role}` is a member of the superuser role `{what}`: after SET ROLE it can disable triggers, so `fence protect` does not hold against it"),
             format!("REVOKE {what} FROM {role}; let applications connect as a role that cannot become a superuser"),
         ),
+        "createrole_member" => (
+            format!("`{role}` is a member of `{what}`, which has CREATEROLE: before PostgreSQL 16 it can then grant itself membership in a table's owner, or pg_write_all_data, and so bypass `fence protect`"),
+            format!("REVOKE {what} FROM {role} (or ALTER ROLE {what} NOCREATEROLE)"),
+        ),
         "database_owner" => (
-            format!("`{role}` owns the database `{what}` (and so, in PostgreSQL 15, its `public` schema): it can drop a protected table there and create another without triggers"),
-            format!("as the admin: ALTER DATABASE {what} OWNER TO an admin role the application does not use"),
+            format!("`{role}` owns the database `{what}`{through}: it can drop it with every protected table, and it owns each schema owned by pg_database_owner (in PostgreSQL 15 `public`), where it can drop a table and create another"),
+            format!("as the admin: ALTER DATABASE {what} OWNER TO an admin role the application does not use{revoke}"),
         ),
         "schema_owner" => (
-            format!("`{role}` owns the schema {what} (or is a member of its owner), where a protected table lives: it can drop the table and create another without triggers"),
-            format!("as the admin: ALTER SCHEMA {what} OWNER TO an admin role the application does not use"),
+            format!("`{role}` owns the schema {what}{through}, where a protected table lives: it can drop the table and create another without triggers"),
+            format!("as the admin: ALTER SCHEMA {what} OWNER TO an admin role the application does not use{revoke}"),
         ),
         "table_owner" => (
-            format!("`{role}` owns the protected table {what} (or is a member of its owner): it can disable its triggers or drop it"),
-            format!("as the admin: ALTER TABLE {what} OWNER TO an admin role the application does not use"),
+            format!("`{role}` owns the protected table {what}{through}: it can disable its triggers or drop it"),
+            format!("as the admin: ALTER TABLE {what} OWNER TO an admin role the application does not use{revoke}"),
         ),
-        "trigger_disabled" => (
-            format!("the trigger fence_protect on {what} is disabled: every write to the table passes unfenced"),
-            format!("as the admin: ALTER TABLE {what} ENABLE ALWAYS TRIGGER fence_protect (or run `fence protect --table {what}` again)"),
+        "dependency_owner" => (
+            format!("`{role}` owns the {what}{through}: dropping or altering it changes the protected table's rows (a renamed enum value, a dropped column, a parent that writes through to it)"),
+            format!("as the admin: ALTER … OWNER TO an admin role the application does not use, for that object{revoke}"),
+        ),
+        "trigger_privilege" => (
+            format!("`{role}` may create triggers on the protected table {what}{through} (TRIGGER privilege): it can replace fence_protect with a trigger that lets everything pass"),
+            format!("as the admin: REVOKE TRIGGER ON {what} FROM {via}"),
+        ),
+        "fence_table_write" => (
+            format!("`{role}` may write (or put triggers on) fence's table {what}{through}: it can forge the binding that proves a fenced write, or run code as the table's owner"),
+            format!("as the admin: REVOKE ALL ON {what} FROM {via} (then GRANT SELECT again if it reads it), or run `fence init --target` again"),
+        ),
+        "trigger_not_always" => (
+            format!("the trigger {what} is not ENABLE ALWAYS: it is disabled, or off in sessions with session_replication_role = replica (as after ALTER TABLE … DISABLE/ENABLE TRIGGER ALL)"),
+            "as the admin: run `fence protect --table TABLE` again (it sets ENABLE ALWAYS)".to_owned(),
+        ),
+        "trigger_replaced" => (
+            format!("the trigger {what} does not call fence's protect_check: it was replaced, and lets through what it likes"),
+            "as the admin: run `fence protect --table TABLE` again, and find who could create triggers on it".to_owned(),
+        ),
+        "trigger_missing" => (
+            format!("the protected table {what} lacks fence_protect_truncate: TRUNCATE passes unfenced"),
+            format!("as the admin: fence protect --table {what}"),
+        ),
+        "unprotected_below" => (
+            format!("{what} is below a protected table but has no fence triggers: its rows are written unfenced"),
+            "as the admin: run `fence protect --table TOP` again for the top of its tree".to_owned(),
+        ),
+        "unprotected_above" => (
+            format!("the parent {what} is not protected: writes through it reach the protected table unfenced"),
+            "as the admin: protect the top of the tree (fence protect --table PARENT), not only a partition or child".to_owned(),
         ),
         _ => (
-            format!("the event trigger {what}, which protects partitions and inheritance children added later, is disabled"),
+            format!("the event trigger {what}, which protects partitions and inheritance children added later, is not ENABLE ALWAYS"),
             format!("as a superuser: ALTER EVENT TRIGGER {what} ENABLE ALWAYS"),
         ),
     }
