@@ -174,6 +174,40 @@ fn timeline(zero: i128, points: &[(&str, i128)]) -> String {
         .join(", ")
 }
 
+/// Whether `pid` holds a lock (`flock`, as the directory store takes one per operation), from
+/// /proc/locks; a process waiting for one (`->`) does not hold it.
+fn holds_a_lock(pid: u32) -> bool {
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.contains("->"))
+        .any(|line| line.split_whitespace().nth(4) == Some(pid.to_string().as_str()))
+}
+
+/// Pauses fence (SIGSTOP) between two of its operations on the store: a directory store's
+/// operation holds the resource's lock file, and a fence paused inside one holds every other
+/// process off the resource for as long (the store's known limit, not what these tests are
+/// about): paused there, it is continued and paused again a moment later.
+fn pause_between_operations(pid: u32) {
+    loop {
+        kill(pid, libc::SIGSTOP);
+        wait_for("fence to stop", Duration::from_secs(10), || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(") ")
+                        .and_then(|(_, rest)| rest.chars().next())
+                })
+                .is_some_and(|state| state == 'T')
+        });
+        if !holds_a_lock(pid) {
+            return;
+        }
+        kill(pid, libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Writes a wall-clock timestamp every ~20 ms and ignores SIGTERM (so do `date` and `sleep`:
 /// an ignored signal stays ignored across exec). Its pid goes to `cmd.pid`.
 fn stamping_script(dir: &RunDir) -> String {
@@ -216,7 +250,7 @@ fn pause_fence_and_take_over(store: &Store, ttl: &str, kill_after: &str) -> Paus
     wait_for("six renewals", Duration::from_secs(60), || {
         count_events(store, "renewed") >= 6
     });
-    kill(fence.id(), libc::SIGSTOP);
+    pause_between_operations(fence.id());
     let paused_at = Instant::now();
     let paused = wall_ns();
     wait_expired(store);
@@ -390,7 +424,12 @@ fn kill_the_reaper_of_daemons(store: &Store, kill_after: &str, limit: Duration) 
         ("setsid daemon", d1),
         ("double-forked daemon", d2),
     ] {
-        assert!(is_gone(pid), "the {name} ({pid}) outlived fence run");
+        assert!(
+            is_gone(pid),
+            "the {name} ({pid}, parent {:?}) outlived fence run ({code:?} {json}; stderr {})",
+            common::process::parent_of(pid),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     assert_eq!(
         dir.processes(),
@@ -736,7 +775,7 @@ fn a_process_that_will_not_die_past_the_lease_is_reported_unkillable(store: &Sto
     }
     let dir = RunDir::new();
     let (fence, stuck, mut mount) = leave_an_unkillable_process(store, &dir);
-    kill(fence.id(), libc::SIGSTOP);
+    pause_between_operations(fence.id());
     wait_expired(store);
     let (_, _, token) = take_over(store);
     kill(fence.id(), libc::SIGCONT);
@@ -768,7 +807,7 @@ fn a_run_frozen_past_its_lease_reports_it_lost(store: &Store) {
     });
     // fence first, then the rest (the reaper, the command), as fast as the test can.
     let mut frozen = vec![fence.id()];
-    kill(fence.id(), libc::SIGSTOP);
+    pause_between_operations(fence.id());
     for pid in dir.processes() {
         if pid != fence.id() {
             kill(pid, libc::SIGSTOP);
