@@ -587,8 +587,24 @@ struct HttpShared {
     stop: AtomicBool,
     /// `METHOD target` of every request received, before any rule changed it.
     seen: Mutex<Vec<String>>,
-    sockets: Mutex<Vec<TcpStream>>,
+    /// The sockets of each exchange still going on (shut when the proxy is dropped), by its
+    /// number: an exchange's are removed when it ends, so a long test holds no closed ones.
+    sockets: Mutex<std::collections::HashMap<u64, Vec<TcpStream>>>,
+    exchanges: std::sync::atomic::AtomicU64,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl HttpShared {
+    fn keep(&self, exchange: u64, socket: &TcpStream) {
+        if let Ok(copy) = socket.try_clone() {
+            self.sockets
+                .lock()
+                .unwrap()
+                .entry(exchange)
+                .or_default()
+                .push(copy);
+        }
+    }
 }
 
 /// A running HTTP proxy (one request per client connection, `Connection: close` both ways);
@@ -616,19 +632,21 @@ impl HttpProxy {
                         match listener.accept() {
                             Ok((client, _)) => {
                                 let (shared2, rule) = (Arc::clone(&shared), Arc::clone(&rule));
-                                if let Ok(copy) = client.try_clone() {
-                                    shared.sockets.lock().unwrap().push(copy);
-                                }
+                                let exchange = shared.exchanges.fetch_add(1, Ordering::SeqCst);
+                                shared.keep(exchange, &client);
                                 let handle = thread::spawn(move || {
                                     if let Err(err) =
-                                        http_exchange(client, upstream, &rule, &shared2)
+                                        http_exchange(client, upstream, &rule, &shared2, exchange)
                                     {
                                         if !shared2.stop.load(Ordering::SeqCst) {
                                             eprintln!("http proxy: {err}");
                                         }
                                     }
+                                    shared2.sockets.lock().unwrap().remove(&exchange);
                                 });
-                                shared.threads.lock().unwrap().push(handle);
+                                let mut threads = shared.threads.lock().unwrap();
+                                threads.retain(|thread| !thread.is_finished());
+                                threads.push(handle);
                             }
                             Err(err) if err.kind() == ErrorKind::WouldBlock => {
                                 thread::sleep(Duration::from_millis(5))
@@ -663,7 +681,7 @@ impl Drop for HttpProxy {
         if let Some(accept) = self.accept.take() {
             let _ = accept.join();
         }
-        for socket in self.shared.sockets.lock().unwrap().iter() {
+        for socket in self.shared.sockets.lock().unwrap().values().flatten() {
             let _ = socket.shutdown(Shutdown::Both);
         }
         let threads: Vec<_> = self.shared.threads.lock().unwrap().drain(..).collect();
@@ -709,6 +727,7 @@ fn http_exchange(
     upstream: SocketAddr,
     rule: &Rule,
     shared: &HttpShared,
+    exchange: u64,
 ) -> std::io::Result<()> {
     client.set_nonblocking(false)?;
     client.set_read_timeout(Some(TICK))?;
@@ -764,9 +783,7 @@ fn http_exchange(
         | Verdict::ForwardSettingAnswerHeader { .. }) => {
             let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
             server.set_read_timeout(Some(TICK))?;
-            if let Ok(copy) = server.try_clone() {
-                shared.sockets.lock().unwrap().push(copy);
-            }
+            shared.keep(exchange, &server);
             request.remove_header("connection");
             let mut out = format!("{} {} HTTP/1.1\r\n", request.method, request.target);
             for (name, value) in &request.headers {
