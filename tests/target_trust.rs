@@ -154,3 +154,90 @@ fn doctor_fails_a_server_without_fsync() {
         assert!(fix.contains("fsync = on"), "{fix}");
     }
 }
+
+/// Issue 33, 4: a target's schema at another version than this fence writes for is never
+/// written as it stands. Older (version 3 here): the write migrates it first (the target is
+/// at version 4 after it, and the write applied); newer (a version from the future): the write
+/// is refused (exit 2, naming the version), nothing applied. `doctor --target` warns on the
+/// older (`postgres.schema_version`) and fails on the newer.
+#[test]
+fn a_target_at_another_schema_version_is_never_written_as_it_stands() {
+    let store = common::Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let table = format!("{schema}.ledger");
+    store
+        .fence()
+        .args(["init", "--target", &store.url])
+        .run()
+        .expect(0);
+    pg_exec(&store.url, &format!("CREATE TABLE {table} (v text)"));
+    let token = store.fence().acquire("r", &["--owner", "a"]).token;
+    let set_version = |v: &str| {
+        pg_exec(
+            &store.url,
+            &format!("UPDATE {schema}.target_meta SET value = '{v}' WHERE key = 'schema_version'"),
+        )
+    };
+    let version = || -> String {
+        pg_query(
+            &store.url,
+            &format!("SELECT value FROM {schema}.target_meta WHERE key = 'schema_version'"),
+        )[0]
+        .get(0)
+    };
+    let write = |value: &str| {
+        store
+            .fence()
+            .args(["write", "r", "--token", &token.to_string(), "--owner", "a"])
+            .args(["--target", &store.url, "--format", "json"])
+            .args(["--sql", &format!("INSERT INTO {table} VALUES ('{value}')")])
+            .run()
+    };
+    let doctor = || {
+        let out = store
+            .fence()
+            .args(["doctor", "--target", &store.url, "--format", "json"])
+            .run();
+        let json = out.json();
+        let found: Vec<String> = json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] == "postgres.schema_version" && f["subject"] != "store")
+            .map(|f| format!("{} {}", f["severity"], f["message"]))
+            .collect();
+        found
+    };
+    let rows = || -> Vec<String> {
+        pg_query(&store.url, &format!("SELECT v FROM {table} ORDER BY v"))
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+
+    set_version("3");
+    let found = doctor();
+    assert!(
+        found.len() == 1 && found[0].starts_with("\"warn\"") && found[0].contains("version 3"),
+        "{found:?}"
+    );
+    write("after-migration").expect(0);
+    assert_eq!(version(), "4", "the write did not migrate the target first");
+    assert_eq!(rows(), ["after-migration"]);
+
+    set_version("99");
+    let found = doctor();
+    assert!(
+        found.len() == 1 && found[0].starts_with("\"fail\"") && found[0].contains("version 99"),
+        "{found:?}"
+    );
+    let out = write("into-the-future");
+    assert_eq!(out.code, 2, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("newer fence") && message.contains("version 99"),
+        "{message}"
+    );
+    assert_eq!(rows(), ["after-migration"], "the refused write applied");
+    assert_eq!(version(), "99");
+}

@@ -234,6 +234,7 @@ async fn postgres(url: &str, display: &str, schema: &str, role: Role, f: &mut Fi
     }
     pooler(&client, port, f).await;
     ownership(&client, schema, role, f).await;
+    schema_version(&client, schema, role, f).await;
     if role == Role::Target {
         protection(&client, schema, f).await;
     }
@@ -573,6 +574,51 @@ async fn ownership(client: &Client, schema: &str, role: Role, f: &mut Findings<'
             }
         }
         Err(err) => f.add("postgres.schema", Severity::Warn, err, ""),
+    }
+}
+
+/// fence's schema at the version this fence knows: an older one is migrated by the next
+/// write (of a role that may) or by `fence init`; a newer one is refused by every command.
+async fn schema_version(client: &Client, schema: &str, role: Role, f: &mut Findings<'_>) {
+    let check = "postgres.schema_version";
+    let (spec, init) = match role {
+        Role::Coordinator => (
+            &crate::coordinator::COORDINATOR_SCHEMA,
+            "fence init".to_owned(),
+        ),
+        Role::Target => (
+            &crate::fenced::postgres::TARGET_SCHEMA,
+            "fence init --target URL (as the admin)".to_owned(),
+        ),
+    };
+    let sql = format!(
+        "SELECT value FROM {schema}.{} WHERE key = 'schema_version'",
+        spec.meta_table
+    );
+    // A missing schema is `postgres.schema`'s to report.
+    let Ok(Some(found)) = one(client, &sql).await else {
+        return;
+    };
+    let known = spec.version;
+    match found.parse::<i32>() {
+        Ok(v) if v == known => f.add(
+            check,
+            Severity::Ok,
+            format!("fence's schema `{schema}` is at version {v}, the one this fence knows"),
+            "",
+        ),
+        Ok(v) if v < known => f.add(
+            check,
+            Severity::Warn,
+            format!("fence's schema `{schema}` is at version {v}; this fence knows {known}: it migrates the schema before its next write there, or refuses to write if the role may not"),
+            &format!("migrate it now: {init}"),
+        ),
+        _ => f.add(
+            check,
+            Severity::Fail,
+            format!("fence's schema `{schema}` is at version {found}, made by a newer fence (this one knows up to {known}): this fence refuses to write there"),
+            "upgrade fence on every host that uses this schema",
+        ),
     }
 }
 

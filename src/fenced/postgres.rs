@@ -213,7 +213,7 @@ impl PgTarget {
                     ));
                 }
                 let mut results = statement_results(messages);
-                // BEGIN, three SETs and begin_write before; end_write and COMMIT after.
+                // BEGIN, the version check, three SETs and begin_write before; end_write and COMMIT after.
                 results.truncate(results.len().saturating_sub(2));
                 return Ok(TxOutcome::Applied(
                     results.split_off(PRELUDE_STATEMENTS.min(results.len())),
@@ -223,6 +223,19 @@ impl PgTarget {
         };
         // The transaction is aborted (or the connection gone): end it before anything else.
         let _ = self.session.client.batch_execute("ROLLBACK").await;
+        if let Some(db) = err
+            .as_db_error()
+            .filter(|db| db.code().code() == VERSION_MISMATCH)
+        {
+            // Nothing of the write ran. Older: migrated, then the write again; newer: refused.
+            let found: Option<i32> = db.message().rsplit(' ').next().and_then(|v| v.parse().ok());
+            return match found {
+                Some(v) if v > TARGET_SCHEMA.version => {
+                    Err(Retry::Fail(self.session.newer_schema(v)))
+                }
+                _ => Err(Retry::MissingSchema),
+            };
+        }
         if is_missing_schema(&err)
             && (completed < PRELUDE_STATEMENTS || self.lacks_end_write().await)
         {
@@ -617,8 +630,12 @@ enum Retry {
     Fail(Error),
 }
 
-/// Statements fence sends before the caller's SQL: BEGIN, three SETs, begin_write.
-const PRELUDE_STATEMENTS: usize = 5;
+/// Statements fence sends before the caller's SQL: BEGIN, the schema version's check, three
+/// SETs, begin_write.
+const PRELUDE_STATEMENTS: usize = 6;
+
+/// The SQLSTATE of the script's schema version check (`fence target schema version N`).
+const VERSION_MISMATCH: &str = "LF030";
 
 /// How much longer than a lock wait a statement may run: what the server cancels at `--timeout`
 /// is a lock wait, not the statement, when both would go together. end_write still refuses to
@@ -730,8 +747,16 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
     let ms = write.timeout.as_millis().max(1);
     // A lock wait times out before the statement does, so it is reported as a lock wait.
     let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
+    // The target's schema must be the version this fence writes for, checked inside the
+    // transaction before anything of the write: an older one is migrated first (see
+    // `settle`), a newer one refused, never written as it stands.
+    let version = TARGET_SCHEMA.version;
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
+         DO $fence_version$ DECLARE v text := (SELECT value FROM {schema}.target_meta WHERE key = 'schema_version'); \
+         BEGIN IF v IS DISTINCT FROM '{version}' THEN \
+         RAISE EXCEPTION USING ERRCODE = '{VERSION_MISMATCH}', MESSAGE = 'fence target schema version ' || coalesce(v, 'none'); \
+         END IF; END $fence_version$;\n\
          SET LOCAL statement_timeout = {statement_ms};\n\
          SET LOCAL lock_timeout = {ms};\n\
          SET LOCAL fence.write_digest = '{digest}';\n\

@@ -238,7 +238,7 @@ impl Session {
     }
 
     /// A schema a newer fence made (or migrated): this fence must not use or "migrate" it.
-    fn newer_schema(&self, version: i32) -> Error {
+    pub(crate) fn newer_schema(&self, version: i32) -> Error {
         Error::usage(
             format!(
                 "PostgreSQL at `{}`: schema `{}` was created by a newer fence (version {version}; this fence knows up to {})",
