@@ -568,7 +568,7 @@ fn doctor_flags_a_schema_owner_whose_name_holds_a_bar() {
         .filter(|f| f["check"] == "postgres.schema_owner" && f["subject"] != "store")
         .collect();
     assert_eq!(owner.len(), 1, "{json}");
-    assert_eq!(owner[0]["severity"], "warn", "{json}");
+    assert_eq!(owner[0]["severity"], "fail", "{json}");
     assert!(
         owner[0]["message"]
             .as_str()
@@ -818,8 +818,9 @@ fn acquiring_the_completion_record_directly_does_not_fake_a_run() {
     assert_eq!(runs(&store), 1, "the run was skipped");
 }
 
-/// Holds: the completion record survives `fence prune --older-than 0s` (which deletes its
-/// events): the record is a lease row, and prune never touches those.
+/// Holds: the completion record survives `fence prune --older-than 0s`: the record is a lease
+/// row, which prune never touches, and prune keeps its events too (they hold the digest of the
+/// command that completed it; `prune.rs` `prune_keeps_what_run_ids_rest_on`).
 #[test]
 fn a_completed_run_stays_completed_after_prune() {
     let store = Store::postgres();
@@ -829,7 +830,12 @@ fn a_completed_run_stays_completed_after_prune() {
         .args(["prune", "--older-than", "0s"])
         .run()
         .expect(0);
-    assert_eq!(store.events("r#done:day-1"), vec![]);
+    let kept: Vec<String> = store
+        .events("r#done:day-1")
+        .into_iter()
+        .map(|(kind, _, _)| kind)
+        .collect();
+    assert_eq!(kept, ["acquired", "released"]);
     let again = run_once(&store, "day-1", "exit 0").expect(0);
     assert!(again.stderr.contains("already completed"), "{again:?}");
     assert_eq!(runs(&store), 1);

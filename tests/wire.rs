@@ -228,11 +228,13 @@ fn answers_keep_their_shape() {
     ];
     json(&store, &protect).expect(0);
     pin("inspect --table protected", answer(json(&store, &table), 0));
+    // The test's role owns the table it protected, so doctor fails the target
+    // (`postgres.protection`): the answer's shape is the same as a passing one's.
     pin(
         "doctor",
         answer(
             json(&store, &["doctor", "--target", &url, "--target", &object]),
-            0,
+            2,
         ),
     );
 
