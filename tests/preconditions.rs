@@ -960,6 +960,9 @@ fn a_paused_writer_meets_identical_newer_bytes(backend: Backend) {
     // After the writer's read of the object (a HEAD of its key), its next request waits.
     let read = Arc::new(AtomicUsize::new(0));
     let go = Arc::new(AtomicBool::new(false));
+    // S3 reads the object with a HEAD of its key; GCS with a GET of its metadata, the key
+    // percent-encoded in the path.
+    let encoded = key.replace('/', "%2F");
     let (read2, go2, object) = (read.clone(), go.clone(), key.clone());
     let proxy = HttpProxy::start(
         server.addr(),
@@ -967,7 +970,10 @@ fn a_paused_writer_meets_identical_newer_bytes(backend: Backend) {
             if proof_request(request) {
                 return Verdict::Forward;
             }
-            if request.method == "HEAD" && request.target.contains(&object) {
+            let of_object = request.target.contains(&object) || request.target.contains(&encoded);
+            let reads = request.method == "HEAD"
+                || (request.method == "GET" && request.target.contains("/storage/v1/b/"));
+            if reads && of_object && read2.load(Ordering::SeqCst) == 0 {
                 read2.store(1, Ordering::SeqCst);
             } else if read2.load(Ordering::SeqCst) == 1 {
                 read2.store(2, Ordering::SeqCst);
@@ -1011,6 +1017,13 @@ fn a_paused_writer_meets_identical_newer_bytes(backend: Backend) {
 #[test]
 fn s3_a_paused_writer_meets_identical_newer_bytes() {
     a_paused_writer_meets_identical_newer_bytes(Backend::S3);
+}
+
+/// On GCS every write makes a new generation, identical bytes or not: the paused writer's put
+/// (conditioned on the generation it read) fails, and the re-read finds the newer token.
+#[test]
+fn gcs_a_paused_writer_meets_identical_newer_bytes() {
+    a_paused_writer_meets_identical_newer_bytes(Backend::Gcs);
 }
 
 #[test]
