@@ -90,6 +90,11 @@ fn wall_ns() -> i128 {
 
 /// `fence run job ARGS --format json -- sh -c SCRIPT` in the run's directory.
 fn spawn_run(store: &Store, args: &[&str], script: &str, dir: &RunDir) -> Child {
+    run_command(store, args, script, dir).spawn().unwrap()
+}
+
+/// The command of [`spawn_run`], to be spawned.
+fn run_command(store: &Store, args: &[&str], script: &str, dir: &RunDir) -> std::process::Command {
     let mut fence = store
         .fence()
         .args(["run", "job", "--format", "json"])
@@ -100,7 +105,7 @@ fn spawn_run(store: &Store, args: &[&str], script: &str, dir: &RunDir) -> Child 
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
-    fence.cmd.spawn().unwrap()
+    fence.cmd
 }
 
 /// fence's exit code and its one JSON object.
@@ -637,21 +642,12 @@ fn a_renewal_refused_as_lost_stops_the_command_at_once(store: &Store) {
     assert_eq!((holder.as_str(), held, live), ("contender", newer, true));
 }
 
-/// `fence run job ARGS --format json -- sh -c SCRIPT`, its stderr to the run's `stderr` file
-/// (read while it runs).
+/// [`spawn_run`], its stderr to the run's `stderr` file (read while it runs).
 fn spawn_run_logging(store: &Store, args: &[&str], script: &str, dir: &RunDir) -> Child {
-    let mut fence = store
-        .fence()
-        .args(["run", "job", "--format", "json"])
-        .args(args)
-        .args(["--", "sh", "-c", script]);
-    fence
-        .cmd
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.file("stderr")).unwrap());
-    fence.cmd.spawn().unwrap()
+    run_command(store, args, script, dir)
+        .stderr(std::fs::File::create(dir.file("stderr")).unwrap())
+        .spawn()
+        .unwrap()
 }
 
 /// A FUSE mount that never answers, or `None` (said) when this host cannot mount one: only

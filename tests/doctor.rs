@@ -209,13 +209,7 @@ fn an_object_store_that_ignores_preconditions_fails() {
     use common::proxy::{HttpProxy, Verdict};
 
     let store = Store::new(common::Backend::S3);
-    let upstream = store
-        .server()
-        .0
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = store.server().0.addr();
     let stripping = HttpProxy::start(
         upstream,
         Arc::new(|request| {
@@ -413,13 +407,7 @@ fn a_date_header_from_another_clock_is_found() {
     // moto and LocalStack: S3 answers a put with no time but its `Date`.
     for backend in [common::Backend::S3, common::Backend::LocalStack] {
         let store = Store::new(backend);
-        let upstream = store
-            .server()
-            .0
-            .endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .unwrap();
+        let upstream = store.server().0.addr();
         let ahead = HttpProxy::start(
             upstream,
             Arc::new(|_| Verdict::ForwardSettingAnswerHeader {

@@ -101,13 +101,7 @@ fn checking_lifetime(
     refusals: Arc<Mutex<usize>>,
     lifetime: Duration,
 ) -> HttpProxy {
-    let upstream = store
-        .server()
-        .0
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = store.server().0.addr();
     HttpProxy::start(
         upstream,
         Arc::new(move |request| {
@@ -271,13 +265,7 @@ fn throttling(
 ) {
     let last: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let throttled = Arc::new(Mutex::new(0usize));
-    let upstream = store
-        .server()
-        .0
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = store.server().0.addr();
     let proxy = {
         let (last, throttled) = (last.clone(), throttled.clone());
         HttpProxy::start(

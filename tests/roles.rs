@@ -734,16 +734,7 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
             .args(["doctor", "--target", &db.url(role), "--format", "json"])
             .run();
         let json = out.json();
-        let found: Vec<(String, String, String)> = json["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["check"] == "postgres.protection")
-            .map(|f| {
-                let text = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
-                (text("severity"), text("message"), text("fix"))
-            })
-            .collect();
+        let found = common::doctor_findings(&json, "postgres.protection");
         (out.code, found, json)
     };
     let writer = r("writer");

@@ -124,20 +124,7 @@ fn doctor_fails_a_server_without_fsync() {
         let out = fence(home, url)
             .args(["doctor", "--target", url, "--format", "json"])
             .run();
-        let json = out.json();
-        let found: Vec<(String, String, String)> = json["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f["check"] == "postgres.durability")
-            .map(|f| {
-                (
-                    f["severity"].as_str().unwrap().to_owned(),
-                    f["message"].as_str().unwrap().to_owned(),
-                    f["fix"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
+        let found = common::doctor_findings(&out.json(), "postgres.durability");
         (out.code, found)
     };
     // (The safe cluster's doctor fails on other grounds: it connects as the superuser, who

@@ -616,6 +616,20 @@ pub mod objects;
 pub mod process;
 pub mod proxy;
 
+/// The findings of `fence doctor --format json` for `check`, as (severity, message, fix).
+pub fn doctor_findings(json: &Value, check: &str) -> Vec<(String, String, String)> {
+    json["findings"]
+        .as_array()
+        .expect("doctor's findings")
+        .iter()
+        .filter(|f| f["check"] == check)
+        .map(|f| {
+            let text = |k: &str| f[k].as_str().unwrap_or_default().to_owned();
+            (text("severity"), text("message"), text("fix"))
+        })
+        .collect()
+}
+
 /// Waits until `done` holds, polling every 10 ms; fails the test, naming `what`, after
 /// `timeout` (a bound for a hang, never a timing the test relies on).
 pub fn wait_for(what: &str, timeout: std::time::Duration, mut done: impl FnMut() -> bool) {
