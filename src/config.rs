@@ -323,6 +323,12 @@ fn file_path(rest: &str, display: &str) -> Result<PathBuf, Error> {
 
 /// `file://$XDG_STATE_HOME/fence`, falling back to `$HOME/.local/state/fence`.
 pub fn default_store_url() -> Result<String, Error> {
+    Ok(format!("file://{}", default_store_dir()?.display()))
+}
+
+/// The embedded default store's directory: `$XDG_STATE_HOME/fence`, falling back to
+/// `$HOME/.local/state/fence`. The only store fence creates with missing parents.
+pub fn default_store_dir() -> Result<PathBuf, Error> {
     let base =
         match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
             Some(state) => PathBuf::from(state),
@@ -343,7 +349,7 @@ pub fn default_store_url() -> Result<String, Error> {
             "set XDG_STATE_HOME or HOME to an absolute path, or pass `--store file:///dir`",
         ));
     }
-    Ok(format!("file://{}", base.join("fence").display()))
+    Ok(base.join("fence"))
 }
 
 #[cfg(test)]

@@ -179,6 +179,9 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
 fn conflict_message(resource: &str, token: i64, kind: &ConflictKind) -> String {
     match kind {
         ConflictKind::NoLease => format!("no lease has ever been granted on `{resource}`"),
+        ConflictKind::NeverIssued { highest_token: 0 } => {
+            format!("token {token} was never issued for `{resource}` (no token has been)")
+        }
         ConflictKind::NeverIssued { highest_token } => format!(
             "token {token} was never issued for `{resource}` (the highest is {highest_token})"
         ),

@@ -1513,6 +1513,14 @@ fn seed_every_alternate_write_path(backend: Backend) {
     wait_expired(&sut, "r0");
     let tb = acquire(&rec, &sut, "r0", "B", 30_000);
     expect(&write(&rec, &sut, "r0", "B", tb), 0);
+    // A token of another resource: one the coordinator issued where the target's schema
+    // is the coordinator's (a token it never issued is refused before any table is
+    // touched), any token where the coordinator is elsewhere.
+    let t_other = if sut.target.is_none() {
+        acquire(&rec, &sut, "other", "admin", 30_000)
+    } else {
+        tb + 100
+    };
     let before = data_ops(&sut, "r0");
     let t = format!("{s}.log_r0");
     let url = pg_url();
@@ -1534,7 +1542,7 @@ fn seed_every_alternate_write_path(backend: Backend) {
         ("session SET fence.token", url.clone(), format!("SET fence.resource = 'r0'; SET fence.token = '{tb}'; INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
         ("set_config without begin_write", url.clone(), format!("BEGIN; SELECT set_config('fence.resource', 'r0', true), set_config('fence.token', '{tb}', true), set_config('fence.txid', txid_current()::text, true); INSERT INTO {t} (token, op) VALUES ({tb}, __OP__); COMMIT;")),
         ("begin_write with a stale token", url.clone(), format!("BEGIN; SELECT {s}.begin_write('r0', {ta}, 'admin'); INSERT INTO {t} (token, op) VALUES ({ta}, __OP__); COMMIT;")),
-        ("token of another resource", url.clone(), format!("BEGIN; SELECT {s}.begin_write('other', {}, 'admin'); INSERT INTO {t} (token, op) VALUES ({tb}, __OP__); COMMIT;", tb + 100)),
+        ("token of another resource", url.clone(), format!("BEGIN; SELECT {s}.begin_write('other', {t_other}, 'admin'); INSERT INTO {t} (token, op) VALUES ({tb}, __OP__); COMMIT;")),
         ("superuser, replica role", superuser.clone(), format!("SET session_replication_role = replica; INSERT INTO {t} (token, op) VALUES ({tb}, __OP__)")),
         ("superuser update", superuser.clone(), format!("UPDATE {t} SET op = __OP__")),
     ];

@@ -136,6 +136,70 @@ fn a_local_directory_store_is_fine_and_an_unwritable_one_fails() {
     }
 }
 
+/// Issue 33, 7: a directory store every local user may write (sticky bit or not, the store
+/// or a directory in it), or one on tmpfs (a reboot empties it, and tokens start again at 1),
+/// fails `doctor` (exit 2), naming the finding and the fix; the same store made private on a
+/// disk passes.
+#[test]
+fn a_directory_store_open_to_every_user_or_on_tmpfs_fails() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let store_at = |dir: &std::path::Path| {
+        Fence::bare(home.path()).args(["--store", &format!("file://{}", dir.display())])
+    };
+    let dir = home.path().join("store");
+    store_at(&dir).args(["acquire", "r"]).run().expect(0);
+    let sub = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("the store has a directory in it");
+    let chmod = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    for (path, mode) in [(&dir, 0o1777), (&sub, 0o777)] {
+        chmod(path, mode);
+        let (code, json) = doctor(store_at(&dir));
+        assert_eq!(code, 2, "{json}");
+        let found = finding(&json, "directory.permissions");
+        assert_eq!(found.len(), 1, "{json}");
+        assert_eq!(found[0].0, "fail", "{json}");
+        assert!(
+            found[0].1.contains("any local user may write")
+                && found[0].1.contains(&path.display().to_string()),
+            "{json}"
+        );
+        chmod(path, 0o755);
+    }
+    let (code, json) = doctor(store_at(&dir));
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(finding(&json, "directory.permissions")[0].0, "ok", "{json}");
+
+    // tmpfs: one of the test's own (root may mount; skipped otherwise).
+    let tmpfs = home.path().join("tmpfs");
+    std::fs::create_dir(&tmpfs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "fence-test"])
+        .arg(&tmpfs)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped the tmpfs half: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let (code, json) = doctor(store_at(&tmpfs.join("store")));
+    let _ = std::process::Command::new("umount").arg(&tmpfs).status();
+    assert_eq!(code, 2, "{json}");
+    let found = finding(&json, "directory.durability");
+    assert_eq!(found.len(), 1, "{json}");
+    assert_eq!(found[0].0, "fail", "{json}");
+    assert!(
+        found[0].1.contains("tmpfs") && found[0].1.contains("start again at 1"),
+        "{json}"
+    );
+}
+
 /// A `file://` object target is judged by its directory, never as an object store: a private
 /// directory is fine, one every user may write into is a warning with the sticky bit (others
 /// can plant files, not replace ours) and a failure without it, a missing one fails.

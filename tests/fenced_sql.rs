@@ -216,6 +216,80 @@ fn a_killed_writer_leaves_no_transaction_that_could_commit() {
     assert_nothing_left(&store, &name, &table);
 }
 
+/// Issue 33, 8: SQL that turns off the server's watch on the client's socket
+/// (`set_config('client_connection_check_interval', '0', true)`) still committed seconds after
+/// its `fence write` was killed. Now end_write refuses to commit such a transaction: the
+/// writer is SIGKILLed while its SQL sleeps (shorter than `--timeout`, which would refuse it
+/// anyway), the server finishes the script on its own, and nothing of it lands.
+#[test]
+fn a_killed_writer_whose_sql_turned_off_the_socket_check_commits_nothing() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let name = format!("fence-{}-unwatched", schema(&store));
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["write", "r", "--token", "5", "--timeout", "60s"])
+        .args(["--target", &tagged_url(&store, &name)])
+        .args([
+            "--sql",
+            &format!(
+                "SELECT set_config('client_connection_check_interval', '0', true); INSERT INTO {table} VALUES (1); SELECT pg_sleep(3)"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = fence.cmd.spawn().expect("start fence write");
+    wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
+        backends(&store, &name)
+            .iter()
+            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_nothing_left(&store, &name, &table);
+}
+
+/// Issue 33, 8: SQL that catches the cancel a SIGTERM sends, and commits within the grace,
+/// was reported as "had already committed", which it had not: it committed after the signal.
+/// Exit 0 stands (the write landed, under its token's guard row), and the warning says what
+/// happened.
+#[test]
+fn a_write_that_catches_the_cancel_says_it_committed_all_the_same() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    first_write(&store, "r", 5, &table);
+    let name = format!("fence-{}-caught", schema(&store));
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["write", "r", "--token", "5", "--timeout", "60s"])
+        .args(["--target", &tagged_url(&store, &name)])
+        .args([
+            "--sql",
+            &format!(
+                "DO $$ BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN NULL; END $$; INSERT INTO {table} VALUES (1)"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = fence.cmd.spawn().expect("start fence write");
+    wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
+        backends(&store, &name)
+            .iter()
+            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
+    });
+    common::process::kill(child.id(), libc::SIGTERM);
+    let (code, _, stderr) = finish(child, Duration::from_secs(30));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("committed all the same") && !stderr.contains("already committed"),
+        "{stderr}"
+    );
+    assert_eq!(values(&store, &table), "0,1");
+}
+
 #[test]
 fn lease_loss_under_run_cancels_the_write_it_supervises() {
     let store = Store::postgres();
@@ -299,6 +373,90 @@ fn a_token_the_coordinator_never_issued_is_refused_and_the_holder_keeps_writing(
     );
     first_write(&store, "r", token, &table);
     assert_eq!(values(&store, &table), "0,0");
+}
+
+/// Issue 33, 3: the coordinator lives in the target's schema, but has never leased `other`: a
+/// minted token for it was accepted (exit 0), and its guard row then locked every real holder
+/// out for good. Now both forms refuse it (exit 6 `never_issued`, no token issued), write
+/// nothing and leave no guard row; the token the coordinator then issues writes.
+#[test]
+fn a_token_for_a_resource_the_coordinator_never_leased_is_refused_in_both_forms() {
+    let store = Store::postgres();
+    let table = setup_table(&store);
+    let rows = format!("{}.accounts", schema(&store));
+    common::pg_exec(
+        &store.url,
+        &format!("CREATE TABLE {rows} (id int PRIMARY KEY, v int, tok bigint); INSERT INTO {rows} VALUES (1, 0, 0)"),
+    );
+    // The coordinator's `leases` table is in this schema now (it leased `r`, not `other`).
+    store.fence().args(["acquire", "r", "-q"]).run().expect(0);
+    let write = |token: &str, row_form: bool| {
+        let mut cmd = store
+            .fence()
+            .args(["write", "other", "--token", token])
+            .args(["--target", &store.url, "--format", "json"]);
+        cmd = if row_form {
+            cmd.args(["--table", &rows, "--key", "id=1", "--set", "v=7"])
+                .args(["--token-column", "tok"])
+        } else {
+            cmd.args(["--sql", &format!("INSERT INTO {table} VALUES (7)")])
+        };
+        cmd.run()
+    };
+    for row_form in [false, true] {
+        let out = write("9000000000000000000", row_form).expect(6);
+        let json = out.json();
+        assert_eq!(
+            (json["reason"].as_str(), json["highest_token"].as_i64()),
+            (Some("never_issued"), Some(0)),
+            "row form {row_form}: {json}"
+        );
+        assert!(
+            json["message"]
+                .as_str()
+                .unwrap()
+                .contains("no token has been"),
+            "{json}"
+        );
+    }
+    assert_eq!(values(&store, &table), "");
+    assert_eq!(
+        one(
+            &store.url,
+            &format!("SELECT v::text || ',' || tok::text FROM {rows}")
+        ),
+        "0,0"
+    );
+    assert_eq!(
+        one(
+            &store.url,
+            &format!(
+                "SELECT count(*)::text FROM {}.guards WHERE resource = 'other'",
+                schema(&store)
+            )
+        ),
+        "0",
+        "a refused token left a guard row"
+    );
+    let token = store
+        .fence()
+        .args(["acquire", "other", "--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    write(&token, false).expect(0);
+    write(&token, true).expect(0);
+    assert_eq!(values(&store, &table), "7");
+    assert_eq!(
+        one(
+            &store.url,
+            &format!("SELECT v::text || ',' || tok::text FROM {rows}")
+        ),
+        format!("7,{token}")
+    );
 }
 
 #[test]

@@ -233,6 +233,67 @@ fn kernel_directories_and_nul_bytes_are_usage_errors() {
     }
 }
 
+/// Issue 33, 8: a mistyped `file://` store was created silently, with all its parents, and
+/// the script then guarded a private set of leases. Now a store whose parent does not exist is
+/// refused (exit 2, naming the parent and `mkdir -p`), creating nothing; the embedded default
+/// store (no --store) is still created with its parents (`~/.local/state/fence`).
+#[test]
+fn a_store_whose_parent_does_not_exist_is_refused_but_the_default_is_created() {
+    let home = tempfile::tempdir().unwrap();
+    let typo = home.path().join("no-such-dir").join("store");
+    let out = common::Fence::bare(home.path())
+        .args(["--store", &format!("file://{}", typo.display())])
+        .args(["acquire", "r"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("does not exist")
+            && out.stderr.contains(&format!(
+                "mkdir -p {}",
+                home.path().join("no-such-dir").display()
+            )),
+        "{out:?}"
+    );
+    assert!(
+        !home.path().join("no-such-dir").exists(),
+        "it created the parent"
+    );
+    common::Fence::bare(home.path())
+        .args(["acquire", "r"])
+        .run()
+        .expect(0);
+    assert!(home.path().join(".local/state/fence/leases").is_dir());
+}
+
+/// Issue 33, 8: a damaged `attempts/<name>.json` was overwritten without a word. Now it is
+/// moved aside, byte for byte, with a warning naming both files, and the refusal that found
+/// it is recorded in a new one.
+#[test]
+fn a_damaged_attempts_record_is_moved_aside_with_a_warning() {
+    let store = Store::file();
+    acquire(&store, "r", "a");
+    let attempts = store.dir().join("attempts");
+    fs::create_dir_all(&attempts).unwrap();
+    let record = attempts.join("r.json");
+    fs::write(&record, b"{not json").unwrap();
+    let out = store.fence().args(["acquire", "r", "--owner", "b"]).run();
+    assert_eq!(out.code, 3, "{out:?}");
+    assert!(
+        out.stderr.contains("moved aside") && out.stderr.contains(&record.display().to_string()),
+        "{out:?}"
+    );
+    let aside: Vec<PathBuf> = fs::read_dir(&attempts)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains(".damaged-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read(&aside[0]).unwrap(), b"{not json");
+    let kept: Value = serde_json::from_slice(&fs::read(&record).unwrap()).unwrap();
+    assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
+}
+
 /// `fence …` under a file size limit of `bytes` (prlimit, as `ulimit -f` in a wrapper).
 fn limited(store: &Store, bytes: u64, args: &[&str]) -> Out {
     let output = Command::new("prlimit")

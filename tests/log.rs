@@ -619,6 +619,47 @@ fn file_store_follow_prints_events_as_they_happen() {
     follower.interrupt();
 }
 
+/// Issue 33, 8: `--follow` showed a lease's expiry when its time came, then again (with no
+/// owner or token) when the takeover that followed it was read. Once is right.
+#[test]
+fn follow_shows_an_expiry_once_when_a_takeover_follows() {
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
+        .run()
+        .expect(0);
+    let follower = Follower::start(store.fence().cmd);
+    let (_, expired) = follower.next("expired", Duration::from_secs(20));
+    assert_eq!(
+        (expired["owner"].as_str(), expired["token"].as_i64()),
+        (Some("A"), Some(1))
+    );
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"])
+        .run()
+        .expect(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut between = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let (_, line) = follower
+            .lines
+            .recv_timeout(left)
+            .expect("no taken_over event within 10s");
+        if line["kind"] == "taken_over" {
+            break;
+        }
+        between.push(line);
+    }
+    assert!(
+        between.iter().all(|l| l["kind"] != "expired"),
+        "the expiry was shown again: {between:?}"
+    );
+    follower.interrupt();
+}
+
 /// On PostgreSQL too, and through a restart of the server (a private cluster): the events
 /// after the restart are printed once it answers again, none twice.
 #[test]
@@ -1114,12 +1155,12 @@ fn postgres_object_refusals_leave_a_trace() {
     object_refusals_leave_a_trace(&Store::postgres());
 }
 
-/// A version-4 schema (no `attempts`, no `event_totals`) keeps working with this fence: a
-/// busy acquire is refused as before (exit 3, no warning, and no migration on that path), and
-/// `fence log` and `fence metrics` read it; `fence init` migrates it to version 5, after which
-/// attempts are recorded.
+/// A version-4 schema (no `attempts`, no `event_totals`) is never used as it stands (issue
+/// 33, 4): `fence log` and `fence metrics` read it as it is, and the first acquire migrates it
+/// to the current version before it answers (busy, exit 3, no warning), so its refused
+/// attempt is recorded.
 #[test]
-fn postgres_a_version_4_schema_records_attempts_once_migrated() {
+fn postgres_a_version_4_schema_is_migrated_by_the_first_acquire() {
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
     store
@@ -1134,9 +1175,6 @@ fn postgres_a_version_4_schema_records_attempts_once_migrated() {
              UPDATE {s}.meta SET value = '4' WHERE key = 'schema_version'"
         ),
     );
-    let busy = store.fence().args(["acquire", "job", "--owner", "B"]).run();
-    assert_eq!(busy.code, 3, "{busy:?}");
-    assert!(!busy.stderr.contains("warning"), "{busy:?}");
     let version = |store: &Store| -> String {
         store.pg_rows(
             &format!("SELECT value FROM {s}.meta WHERE key = 'schema_version' AND $1 = $1"),
@@ -1144,7 +1182,6 @@ fn postgres_a_version_4_schema_records_attempts_once_migrated() {
         )[0]
         .get(0)
     };
-    assert_eq!(version(&store), "4");
     let log = store
         .fence()
         .args(["log", "--format", "json"])
@@ -1153,21 +1190,14 @@ fn postgres_a_version_4_schema_records_attempts_once_migrated() {
         .json();
     assert_eq!(kinds(log["events"].as_array().unwrap()).len(), 1, "{log:#}");
     store.fence().args(["metrics"]).run().expect(0);
-    let init = store
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
+    assert_eq!(version(&store), "4", "a read migrated the schema");
+    let busy = store.fence().args(["acquire", "job", "--owner", "B"]).run();
+    assert_eq!(busy.code, 3, "{busy:?}");
+    assert!(!busy.stderr.contains("warning"), "{busy:?}");
     assert_eq!(
-        (init["action"].as_str(), init["schema_version"].as_i64()),
-        (Some("migrated"), Some(5))
+        version(&store),
+        fence::coordinator::COORDINATOR_SCHEMA.version.to_string()
     );
-    store
-        .fence()
-        .args(["acquire", "job", "--owner", "B", "-q"])
-        .run()
-        .expect(3);
     assert_eq!(
         stored_attempts(&store),
         [("B".to_owned(), "busy".to_owned(), 1)]

@@ -525,6 +525,7 @@ fn a_forged_setting_is_not_reported_as_an_unknown_outcome() {
         "SELECT set_config('fence.token', '6', true)",
         "SELECT set_config('fence.txid', '1', true)",
         "SELECT set_config('fence.resource', 'other', true)",
+        "SELECT set_config('client_connection_check_interval', '0', true)",
     ] {
         let out = write(
             &store,

@@ -676,6 +676,8 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
         "crmember",
         "typeowner",
         "parentowner",
+        "dblinker",
+        "fdwuser",
     ];
     let roles: Vec<String> = names.iter().map(|n| role(n)).collect();
     let r = |n: &str| role(n);
@@ -692,7 +694,8 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
              CREATE ROLE {ftrig} LOGIN; CREATE ROLE {colins} LOGIN; \
              CREATE ROLE {noinh} LOGIN NOINHERIT IN ROLE pg_write_all_data; \
              CREATE ROLE {rolemgr} NOLOGIN CREATEROLE; CREATE ROLE {crmember} LOGIN IN ROLE {rolemgr}; \
-             CREATE ROLE {typeowner} LOGIN; CREATE ROLE {parentowner} LOGIN",
+             CREATE ROLE {typeowner} LOGIN; CREATE ROLE {parentowner} LOGIN; \
+             CREATE ROLE {dblinker} LOGIN; CREATE ROLE {fdwuser} LOGIN",
             writer = r("writer"),
             schema = r("schema"),
             table = r("table"),
@@ -707,6 +710,8 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
             crmember = r("crmember"),
             typeowner = r("typeowner"),
             parentowner = r("parentowner"),
+            dblinker = r("dblinker"),
+            fdwuser = r("fdwuser"),
         ),
     );
     db.fence()
@@ -773,8 +778,13 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
              SET ROLE {typeowner}; CREATE TYPE wtypes.status AS ENUM ('open', 'paid'); RESET ROLE; \
              CREATE TABLE app2.typed (id int, s wtypes.status); \
              CREATE TABLE app2.base (v text); ALTER TABLE app2.base OWNER TO {parentowner}; \
-             CREATE TABLE app2.child () INHERITS (app2.base)",
+             CREATE TABLE app2.child () INHERITS (app2.base); \
+             CREATE SCHEMA dbl; CREATE EXTENSION dblink SCHEMA dbl; GRANT USAGE ON SCHEMA dbl TO {dblinker}; \
+             CREATE EXTENSION postgres_fdw; CREATE SERVER elsewhere FOREIGN DATA WRAPPER postgres_fdw; \
+             GRANT USAGE ON FOREIGN SERVER elsewhere TO {fdwuser}",
             name = db.name,
+            dblinker = r("dblinker"),
+            fdwuser = r("fdwuser"),
             db_owner = r("db"),
             schema = r("schema"),
             table = r("table"),
@@ -843,6 +853,18 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
             "parentowner",
             "table app2.base (of app2.child)".to_owned(),
             "OWNER TO",
+        ),
+        // dblink (its schema usable: the ordinary writer, without USAGE on it, stays fine)
+        // and a foreign server: connections of their own, whatever the SQL's spelling.
+        (
+            "dblinker",
+            "dbl.dblink_exec(text,text)".to_owned(),
+            "REVOKE EXECUTE ON FUNCTION dbl.dblink",
+        ),
+        (
+            "fdwuser",
+            "may use the foreign server elsewhere".to_owned(),
+            "REVOKE USAGE ON FOREIGN SERVER elsewhere",
         ),
     ] {
         let bypasser = r(who);

@@ -782,7 +782,7 @@ fn filesystem_finding(
             "directory.filesystem",
             Severity::Warn,
             format!("`{}` is on {kind}: whether flock and rename are atomic depends on the filesystem behind it", dir.display()),
-            "prefer a local filesystem (ext4, xfs, btrfs, tmpfs)",
+            "prefer a local filesystem (ext4, xfs, btrfs)",
         ),
         Some((kind, _)) => f.add(
             "directory.filesystem",
@@ -842,6 +842,20 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
         "put the store on a local filesystem, or use a PostgreSQL, S3 or GCS store for several machines",
         f,
     );
+    if let Some(kind) = filesystem(existing)
+        .map(|(kind, _)| kind)
+        .filter(|kind| matches!(*kind, "tmpfs" | "ramfs"))
+    {
+        f.add(
+            "directory.durability",
+            Severity::Fail,
+            format!(
+                "`{}` is on {kind}, which a reboot empties: fence's tokens would start again at 1, below every token a protected resource has accepted (each new holder refused as stale), and a token number would stand for two leases",
+                dir.display()
+            ),
+            "put the store on a disk-backed filesystem (for example file:///var/lib/fence)",
+        );
+    }
     if !dir.exists() {
         f.add(
             "directory.exists",
@@ -854,6 +868,7 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
         );
         return;
     }
+    store_permissions(dir, f);
     match free_bytes(dir) {
         Some(free) if free < 64 << 20 => f.add(
             "directory.space",
@@ -868,6 +883,47 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
             "",
         ),
         None => {}
+    }
+}
+
+/// A store directory, and each directory in it, must not be writable by every local user
+/// (sticky bit or not): one could plant or replace a lease record (a forged holder, a token
+/// that goes down) or the lock files.
+fn store_permissions(dir: &Path, f: &mut Findings<'_>) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        dirs.extend(
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.symlink_metadata().is_ok_and(|m| m.is_dir())),
+        );
+    }
+    let open: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| {
+            let mode = std::fs::metadata(d).ok()?.permissions().mode();
+            (mode & 0o002 != 0).then(|| format!("`{}` (mode {:o})", d.display(), mode & 0o7777))
+        })
+        .collect();
+    if open.is_empty() {
+        f.add(
+            "directory.permissions",
+            Severity::Ok,
+            format!("other users may not write `{}`", dir.display()),
+            "",
+        );
+    } else {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!(
+                "any local user may write {}: one can plant or replace a lease record (a forged holder, a token that goes back) or a lock file",
+                open.join(", ")
+            ),
+            "remove write access for others (`chmod -R o-w DIR`), or share the store through a group (`chmod 2770 DIR` and its subdirectories)",
+        );
     }
 }
 
@@ -985,6 +1041,7 @@ fn filesystem(path: &Path) -> Option<(&'static str, Severity)> {
         0x5846_5342 => ("xfs", Severity::Ok),
         0x9123_683e => ("btrfs", Severity::Ok),
         0x0102_1994 => ("tmpfs", Severity::Ok),
+        0x8584_58f6 => ("ramfs", Severity::Ok),
         0x794c_7630 => ("overlayfs", Severity::Ok),
         0x2fc1_2fc1 => ("zfs", Severity::Ok),
         _ => ("an unrecognised filesystem", Severity::Warn),

@@ -509,6 +509,9 @@ pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> 
 #[derive(Default)]
 pub struct Expiries {
     open: HashMap<String, Open>,
+    /// The last expiry shown per resource: a takeover read after `--follow` showed its
+    /// expiry (by the clock) must not show it again from the takeover's record of it.
+    shown: HashMap<String, i64>,
 }
 
 impl Expiries {
@@ -519,7 +522,10 @@ impl Expiries {
         let ev = &logged.event;
         let resource = logged.resource.clone();
         if ev.kind == EventKind::TakenOver && !self.open.contains_key(&resource) {
-            if let Some(previous) = ev.previous_expires_at_ms {
+            if let Some(previous) = ev
+                .previous_expires_at_ms
+                .filter(|previous| self.shown.get(&resource) != Some(previous))
+            {
                 self.open.insert(
                     resource.clone(),
                     Open {
@@ -538,6 +544,7 @@ impl Expiries {
                 .is_some_and(|o| o.expires_at_ms <= ev.at_ms)
         {
             if let Some(lease) = self.open.remove(&resource) {
+                self.shown.insert(resource.clone(), lease.expires_at_ms);
                 entries.push(expired(&resource, lease));
             }
         }
@@ -585,7 +592,11 @@ impl Expiries {
             .collect();
         due.sort();
         due.into_iter()
-            .filter_map(|r| self.open.remove(&r).map(|o| expired(&r, o)))
+            .filter_map(|r| {
+                let lease = self.open.remove(&r)?;
+                self.shown.insert(r.clone(), lease.expires_at_ms);
+                Some(expired(&r, lease))
+            })
             .collect()
     }
 }

@@ -1278,13 +1278,21 @@ struct Running {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        // Never told to go: it starts nothing, and ends now (its pipe closes with us too).
+        // Never told to go: it starts nothing, and ends now (its pipe closes with us too),
+        // before fence does: no process of the run outlives it. A SIGKILLed process that
+        // started nothing ends within milliseconds; the wait is bounded all the same.
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
-            let _ = child.try_wait();
+            let start = std::time::Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_ENDS_WITHIN {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 }
+
+/// How long dropping an unused reaper waits for it to end (see [`Reaper`]'s `Drop`).
+const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
 
 /// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {

@@ -38,9 +38,25 @@
 //! Each statement starts with a comment naming it (`-- fence: acquire`), which the server
 //! shows in `pg_stat_activity` and its logs, and the tests' fault proxy recognises.
 
+/// The last column of every one-shot statement: true when the schema is at the version this
+/// fence knows (`__VERSION__`, filled in by [`crate::pg::session::Session::call`]); any
+/// other version fails the whole statement, so nothing of it is applied, with an error that
+/// names the version found (`invalid input syntax for type integer: "fence schema version
+/// 6"`): the session migrates an older schema and sends the statement again, and refuses a
+/// newer one (`Session::call`). A plain statement cannot raise an error of its own; the
+/// failed cast is how it says so, and costs one lookup of the `meta` row.
+macro_rules! schema_is_current {
+    () => {
+        "(SELECT CASE WHEN m.value = '__VERSION__' THEN true
+             ELSE ('fence schema version ' || m.value)::int IS NULL END
+        FROM __SCHEMA__.meta m WHERE m.key = 'schema_version') AS schema_current"
+    };
+}
+
 /// `$1` resource, `$2` owner, `$3` TTL in ms. Answers `acquired`, `taken_over`,
 /// `reacquired` (the owner's live lease, same token), `busy` (with the holder), or `retry`.
-pub const ACQUIRE: &str = "\
+pub const ACQUIRE: &str = concat!(
+    "\
 -- fence: acquire
 WITH taken AS (
     UPDATE __SCHEMA__.leases AS l
@@ -86,15 +102,20 @@ answer AS (
     FROM seen s WHERE NOT EXISTS (SELECT FROM granted))
 SELECT coalesce(a.status, 'retry') AS status, a.token, a.owner, a.acquired_at, a.renewed_at,
        a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit
-FROM (SELECT) AS one LEFT JOIN answer a ON true";
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM (SELECT) AS one LEFT JOIN answer a ON true"
+);
 
 /// `$1` resource, `$2` owner, `$3` token, `$4` new TTL in ms or NULL (keep the lease's).
 /// Answers `renewed`, a refusal (`stale`, `expired`, `released` — each recorded as a
 /// `renew_rejected` event — or `never_issued`, `wrong_owner`, `no_lease`), or `retry`. A
 /// lease of this owner and token that was live at the snapshot but not renewed changed since:
 /// `retry`.
-pub const RENEW: &str = "\
+pub const RENEW: &str = concat!(
+    "\
 -- fence: renew
 WITH renewed AS (
     UPDATE __SCHEMA__.leases AS l
@@ -134,8 +155,12 @@ answer AS (
     FROM refused f)
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
        a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit
-FROM (SELECT) AS one LEFT JOIN answer a ON true";
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM (SELECT) AS one LEFT JOIN answer a ON true"
+);
 
 /// `$1` resource, `$2` owner, `$3` token. Answers `released`, `already_released` (success:
 /// releasing twice is not an event), a refusal (`stale`, recorded as a `release_rejected`
@@ -143,7 +168,8 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true";
 /// lost in a crash would be safe, but the resource would look held until the lease's TTL (up
 /// to hours) ran out. A release notifies the resource's channel (payload `r:<resource>`; see
 /// `wait_poll` in `schema.sql`), sent at commit, to wake the head of its queue.
-pub const RELEASE: &str = "\
+pub const RELEASE: &str = concat!(
+    "\
 -- fence: release
 WITH released AS (
     UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
@@ -175,5 +201,9 @@ answer AS (
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
        a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
        (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit
-FROM (SELECT) AS one LEFT JOIN answer a ON true";
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM (SELECT) AS one LEFT JOIN answer a ON true"
+);

@@ -92,6 +92,9 @@ pub const FAR_MAX: Duration = Duration::from_secs(10);
 pub const GRACE: Duration = Duration::from_secs(5);
 /// Resources per `fence prune` statement: each is one short transaction.
 const PRUNE_PAGE: usize = 1_000;
+/// How long recording a refused attempt waits for a lock on `attempts` before it gives up
+/// (with a warning): the refusal is answered at once all the same.
+const ATTEMPT_LOCK_WAIT: Duration = Duration::from_millis(250);
 /// The longest a queued waiter sleeps when its wait has no end.
 const FOREVER: Duration = Duration::from_secs(3600);
 
@@ -890,36 +893,52 @@ impl Coordinator for PgCoordinator {
     /// table) nothing is recorded, since the refused path never migrates the schema (that
     /// is `fence init`'s, or the next write's that needs it).
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        use crate::fenced::quote_literal;
         let what = format!("record the refused attempt on `{}`", attempt.resource);
-        let sql = "INSERT INTO __SCHEMA__.attempts AS a \
+        // A transaction of its own with a short lock wait: the record is history, and a lock
+        // on `attempts` (a long transaction, a hand-run LOCK) must not hold up the answer to
+        // the refused caller, nor a waiter's next poll. Literals, not parameters, since the
+        // SET LOCAL goes in the same message (one round trip, as before).
+        let sql = format!(
+            "BEGIN; SET LOCAL lock_timeout = {ms}; \
+             INSERT INTO {schema}.attempts AS a \
              (resource, minute, owner, kind, count, first_at, last_at, token, detail) \
-             SELECT $1, date_trunc('minute', c.now), \
-               $2, $3, 1, c.now, c.now, $4, $5 \
+             SELECT {resource}, date_trunc('minute', c.now), {owner}, {kind}, 1, c.now, c.now, {token}, {detail} \
              FROM (SELECT clock_timestamp() AS now) c \
              ON CONFLICT (resource, minute, owner, kind) DO UPDATE \
              SET count = a.count + 1, last_at = EXCLUDED.last_at, token = EXCLUDED.token, \
-               detail = EXCLUDED.detail"
-            .replace("__SCHEMA__", &self.schema);
-        let kind = attempt.kind.as_str();
+               detail = EXCLUDED.detail; COMMIT",
+            ms = ATTEMPT_LOCK_WAIT.as_millis(),
+            schema = self.schema,
+            resource = quote_literal(&attempt.resource),
+            owner = quote_literal(&attempt.owner),
+            kind = quote_literal(attempt.kind.as_str()),
+            token = attempt.token,
+            detail = quote_literal(&attempt.detail),
+        );
         let session = self.session().await?;
-        match session
-            .request(
+        let sent = tokio::time::timeout(
+            crate::pg::REQUEST_TIMEOUT,
+            session.client.batch_execute(&sql),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => {
+                // The failed statement left the transaction open and aborted.
+                let _ = session.client.batch_execute("ROLLBACK").await;
+                if crate::pg::session::is_missing_schema(&err) {
+                    Ok(())
+                } else {
+                    Err(session.request_error(&err, &what, true))
+                }
+            }
+            Err(_) => Err(crate::pg::lost(
+                &self.display,
                 &what,
+                &format!("no answer within {}s", crate::pg::REQUEST_TIMEOUT.as_secs()),
                 true,
-                &sql,
-                &[
-                    (&attempt.resource, Type::TEXT),
-                    (&attempt.owner, Type::TEXT),
-                    (&kind, Type::TEXT),
-                    (&attempt.token, Type::INT8),
-                    (&attempt.detail, Type::TEXT),
-                ],
-            )
-            .await?
-        {
-            Ok(_) => Ok(()),
-            Err(err) if crate::pg::session::is_missing_schema(&err) => Ok(()),
-            Err(err) => Err(session.request_error(&err, &what, true)),
+            )),
         }
     }
 

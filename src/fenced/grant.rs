@@ -12,9 +12,10 @@ use crate::fenced::postgres::PgTarget;
 
 /// Functions the write path calls (`fence write`, both forms). `end_write` is granted when
 /// the schema has it.
-const WRITER_FUNCTIONS: [&str; 5] = [
+const WRITER_FUNCTIONS: [&str; 6] = [
     "begin_write",
     "begin_write_once",
+    "check_write",
     "end_write",
     "note_rejected",
     "write_row",
@@ -222,7 +223,10 @@ impl PgTarget {
 /// type or domain, a function of a default, generated column or check, a parent table:
 /// dropping or altering them changes the table's rows); hold TRIGGER on a protected table (it
 /// can replace `fence_protect`); hold any write or TRIGGER privilege on fence's own tables,
-/// a column's included (it can forge a binding, or run code as their owner).
+/// a column's included (it can forge a binding, or run code as their owner); call one of
+/// dblink's functions that open a connection (with USAGE on its schema), or use a foreign
+/// server: either writes on a connection of its own, which commits outside the fenced
+/// transaction, however the SQL spells the call (a rule on privileges, not on spelling).
 ///
 /// The set-up's kinds, whoever connects: fence's two triggers not `ENABLE ALWAYS` on a
 /// protected table (disabled, or switched off under `session_replication_role`), one of them
@@ -274,6 +278,16 @@ UNION ALL SELECT DISTINCT 'fence_table_write', c.oid::regclass::text, m.rolname:
     WHERE n.nspname = $2::text AND c.relkind = 'r' AND c.relowner <> m.oid \
       AND (has_table_privilege(m.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER') \
            OR has_any_column_privilege(m.oid, c.oid, 'INSERT, UPDATE')) \
+UNION ALL SELECT 'second_connection', \
+    string_agg(f.oid::regprocedure::text, ', ' ORDER BY f.oid::regprocedure::text), m.rolname::text \
+    FROM pg_extension e JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid \
+      AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e' \
+    JOIN pg_proc f ON f.oid = d.objid, mine m \
+    WHERE e.extname = 'dblink' AND f.proname IN ('dblink', 'dblink_exec', 'dblink_connect', 'dblink_connect_u') \
+      AND has_function_privilege(m.oid, f.oid, 'EXECUTE') AND has_schema_privilege(m.oid, f.pronamespace, 'USAGE') \
+    GROUP BY m.rolname \
+UNION ALL SELECT DISTINCT 'foreign_server', quote_ident(s.srvname), m.rolname::text \
+    FROM pg_foreign_server s, mine m WHERE has_server_privilege(m.oid, s.oid, 'USAGE') \
 UNION ALL SELECT 'trigger_not_always', format('%s on %s', t.tgname, t.tgrelid::regclass), '' \
     FROM pg_trigger t WHERE t.tgname IN ('fence_protect', 'fence_protect_truncate') \
       AND t.tgfoid IN (SELECT oid FROM check_fn) AND t.tgenabled <> 'A' \
@@ -295,7 +309,7 @@ ORDER BY 1, 2";
 
 /// The order [`BYPASSES`] kinds are told in: the widest power first.
 pub(crate) fn rank(kind: &str) -> usize {
-    const ORDER: [&str; 8] = [
+    const ORDER: [&str; 10] = [
         "superuser_member",
         "createrole_member",
         "database_owner",
@@ -304,6 +318,8 @@ pub(crate) fn rank(kind: &str) -> usize {
         "dependency_owner",
         "trigger_privilege",
         "fence_table_write",
+        "second_connection",
+        "foreign_server",
     ];
     ORDER.iter().position(|k| *k == kind).unwrap_or(ORDER.len())
 }
@@ -365,6 +381,14 @@ pub(crate) fn bypass(kind: &str, what: &str, via: &str, role: &str) -> (String, 
         "fence_table_write" => (
             format!("`{role}` may write (or put triggers on) fence's table {what}{through}: it can forge the binding that proves a fenced write, or run code as the table's owner"),
             format!("as the admin: REVOKE ALL ON {what} FROM {via} (then GRANT SELECT again if it reads it), or run `fence init --target` again"),
+        ),
+        "second_connection" => (
+            format!("`{role}` may call dblink's {what}{through}: each opens a connection of its own, whose writes commit outside the fenced transaction whatever fence then reports, and whatever the SQL is spelled like"),
+            format!("as the admin: REVOKE EXECUTE ON FUNCTION {what} FROM PUBLIC, {via} (dblink's functions are PUBLIC's when the extension is created), or DROP EXTENSION dblink"),
+        ),
+        "foreign_server" => (
+            format!("`{role}` may use the foreign server {what}{through}: through a foreign table on it, a write runs on a connection of its own and commits outside the fenced transaction"),
+            format!("as the admin: REVOKE USAGE ON FOREIGN SERVER {what} FROM PUBLIC, {via}"),
         ),
         "trigger_not_always" => (
             format!("the trigger {what} is not ENABLE ALWAYS: it is disabled, or off in sessions with session_replication_role = replica (as after ALTER TABLE … DISABLE/ENABLE TRIGGER ALL)"),

@@ -85,13 +85,42 @@ CREATE OR REPLACE TRIGGER guards_keep BEFORE UPDATE OR DELETE ON __SCHEMA__.guar
 CREATE OR REPLACE TRIGGER guards_no_truncate BEFORE TRUNCATE ON __SCHEMA__.guards
     FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.guards_keep();
 
+-- The row form's checks (`fence write --table … --key`), in the statement that writes: the
+-- schema is the version that fence writes for (LF030 names the version found: an older one is
+-- migrated first, a newer one refused), and, when this schema holds fence's coordinator, the
+-- token was issued by it (LF008, as in begin_write). Returns the token, which the statement
+-- hands on to write_row, so that nothing is written before these checks pass.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_write(p_resource text, p_token bigint, p_version integer)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_found text := (SELECT value FROM __SCHEMA__.target_meta WHERE key = 'schema_version');
+    v_issued bigint;
+BEGIN
+    IF v_found IS DISTINCT FROM p_version::text THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF030', MESSAGE = 'fence target schema version ' || coalesce(v_found, 'none');
+    END IF;
+    IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
+        SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
+        IF v_issued IS NULL OR p_token > v_issued THEN
+            RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
+                p_token, p_resource, coalesce(v_issued, 0)
+                USING ERRCODE = 'LF008', DETAIL = coalesce(v_issued, 0)::text,
+                      HINT = 'write with the token `fence acquire` printed for this resource';
+        END IF;
+    END IF;
+    RETURN p_token;
+END
+$fn$;
+
 -- The fenced path. Call it first in a READ COMMITTED transaction: it advances the guard row
 -- to p_token iff p_token >= the highest accepted (holding the row lock to commit, so a
 -- concurrent lower token waits and then fails), binds the token to this transaction, and
 -- raises LF002 when the token is stale. When this database is also fence's coordinator (its
--- `leases` table lives in this schema and has a row for the resource), a token above the
--- highest it issued is refused (LF008): a forged or mistyped token could otherwise lock every
--- real holder out. Resources with no lease row here are coordinated elsewhere. Admins
+-- `leases` table lives in this schema), a token above the highest it issued for the resource
+-- is refused (LF008), and so is every token of a resource it never issued one for: a forged
+-- or mistyped token could otherwise lock every real holder out. A schema that holds a
+-- coordinator guards that coordinator's resources only. Admins
 -- writing by hand run, in one transaction:
 --   BEGIN; SELECT __SCHEMA__.begin_write('resource', <current token>, 'who'); <writes>; COMMIT;
 CREATE OR REPLACE FUNCTION __SCHEMA__.begin_write(p_resource text, p_token bigint, p_owner text)
@@ -107,10 +136,10 @@ BEGIN
     END IF;
     IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
         SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
-        IF p_token > v_issued THEN
+        IF v_issued IS NULL OR p_token > v_issued THEN
             RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
-                p_token, p_resource, v_issued
-                USING ERRCODE = 'LF008', DETAIL = v_issued::text,
+                p_token, p_resource, coalesce(v_issued, 0)
+                USING ERRCODE = 'LF008', DETAIL = coalesce(v_issued, 0)::text,
                       HINT = 'write with the token `fence acquire` printed for this resource';
         END IF;
     END IF;
@@ -170,13 +199,18 @@ BEGIN
             USING ERRCODE = 'LF013',
                   HINT = 'leave the fence.* settings alone: nothing was applied';
     END IF;
-    -- What the caller's SQL may have turned off, on again for the COMMIT: deferred constraint
-    -- triggers run now (inside the deadline below, not after it in COMMIT), and the server
-    -- watches the client's socket while they run.
-    SET CONSTRAINTS ALL IMMEDIATE;
-    IF current_setting('server_version_num')::int >= 140000 THEN
-        PERFORM set_config('client_connection_check_interval', '1000', true);
+    -- The server's watch on the client's socket, which begin_write set: SQL that turned it
+    -- off ran unwatched, and would have committed after its client was killed. Refused.
+    IF current_setting('server_version_num')::int >= 140000
+       AND current_setting('client_connection_check_interval') IS DISTINCT FROM '1s' THEN
+        RAISE EXCEPTION 'the SQL changed client_connection_check_interval (to %) in the fenced transaction of %',
+            current_setting('client_connection_check_interval'), p_resource
+            USING ERRCODE = 'LF013',
+                  HINT = 'leave client_connection_check_interval alone (fence sets it so that a killed writer cannot commit): nothing was applied';
     END IF;
+    -- What the caller's SQL may have turned off, on again for the COMMIT: deferred constraint
+    -- triggers run now (inside the deadline below, not after it in COMMIT).
+    SET CONSTRAINTS ALL IMMEDIATE;
     IF clock_timestamp() > now() + p_timeout_ms * interval '1 millisecond' THEN
         RAISE EXCEPTION 'the fenced transaction of % ran longer than its %ms timeout', p_resource, p_timeout_ms
             USING ERRCODE = 'LF010',
@@ -561,7 +595,7 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '4')
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '5')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- Least privilege (DESIGN §10): nothing of fence's is PUBLIC's. PostgreSQL grants EXECUTE on
@@ -584,7 +618,7 @@ BEGIN
               WHERE b.pronamespace = '__SCHEMA__'::regnamespace AND b.proname = 'begin_write'
                 AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, b.proowner)
                 AND p.pronamespace = '__SCHEMA__'::regnamespace
-                AND p.proname IN ('begin_write', 'begin_write_once', 'end_write', 'note_rejected', 'write_row') LOOP
+                AND p.proname IN ('begin_write', 'begin_write_once', 'check_write', 'end_write', 'note_rejected', 'write_row') LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', r.fn, r.grantee);
     END LOOP;
 END

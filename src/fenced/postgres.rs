@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::error::{ConflictKind, Error};
@@ -29,7 +29,7 @@ use crate::timeline::{Event, EventKind, LogQuery, Logged};
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "target_meta",
-    version: 4,
+    version: 5,
     sql: include_str!("guard.sql"),
     purpose: "target",
 };
@@ -208,7 +208,7 @@ impl PgTarget {
             Answer::Done(messages) => {
                 if let Some(gave_up) = gave_up {
                     crate::terminal::warn(&format!(
-                        "{}, but the transaction had already committed",
+                        "warning: {}, but the transaction committed all the same (the cancel came too late, or the SQL caught it): its changes stand",
                         gave_up.what()
                     ));
                 }
@@ -225,7 +225,7 @@ impl PgTarget {
         let _ = self.session.client.batch_execute("ROLLBACK").await;
         if let Some(db) = err
             .as_db_error()
-            .filter(|db| db.code().code() == VERSION_MISMATCH)
+            .filter(|db| Fence::of(db.code()) == Some(Fence::VersionMismatch))
         {
             // Nothing of the write ran. Older: migrated, then the write again; newer: refused.
             let found: Option<i32> = db.message().rsplit(' ').next().and_then(|v| v.parse().ok());
@@ -352,8 +352,11 @@ impl PgTarget {
                 }
             }
             Some(Fence::ForgedSettings) => Error::usage(
-                format!("the SQL changed fence's own settings: {}", db.message()),
-                "leave fence.txid, fence.resource and fence.token alone; the transaction was rolled back and nothing was applied",
+                db.message().to_owned(),
+                format!(
+                    "{}; the transaction was rolled back",
+                    db.hint().unwrap_or("leave the settings fence sets alone: nothing was applied")
+                ),
             ),
             Some(Fence::Stale) => Error::Stale {
                 resource: resource.to_owned(),
@@ -442,26 +445,68 @@ impl PgTarget {
         let key = serde_json::Value::Object(write.key.clone());
         let set = serde_json::Value::Object(write.set.clone());
         let what = format!("write a row of {table} for `{resource}`");
-        let rows = self
-            .session
-            .call(
-                &what,
-                true,
-                // Evaluated after write_row: whatever the database, role or a trigger set, the
-                // implicit transaction commits synchronously (a guard row acknowledged and then
-                // lost in a crash would let a stale token back in).
-                "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) FROM __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, $5, $6) AS w",
-                &[
-                    (&table, Type::TEXT),
-                    (&key.to_string(), Type::TEXT),
-                    (&set.to_string(), Type::TEXT),
-                    (&write.token_column, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&write.upsert, Type::BOOL),
-                ],
-            )
-            .await
-            .map_err(|err| row_error(err, &table))?;
+        // check_write first (the schema's version; a token the coordinator in this schema
+        // never issued), then write_row on the token it returns: nothing is written unless
+        // the checks pass. Then set_config, evaluated after write_row: whatever the database,
+        // role or a trigger set, the implicit transaction commits synchronously (a guard row
+        // acknowledged and then lost in a crash would let a stale token back in).
+        let sql = "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) \
+                   FROM __SCHEMA__.check_write($7, $5, $8) AS c(token) \
+                   CROSS JOIN LATERAL __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, c.token, $6) AS w"
+            .replace("__SCHEMA__", &self.session.schema);
+        let (key, set) = (key.to_string(), set.to_string());
+        let version = TARGET_SCHEMA.version;
+        let params: [(&(dyn ToSql + Sync), Type); 8] = [
+            (&table, Type::TEXT),
+            (&key, Type::TEXT),
+            (&set, Type::TEXT),
+            (&write.token_column, Type::TEXT),
+            (&token, Type::INT8),
+            (&write.upsert, Type::BOOL),
+            (&resource, Type::TEXT),
+            (&version, Type::INT4),
+        ];
+        let mut migrated = false;
+        let rows = loop {
+            let err = match self.session.request(&what, true, &sql, &params).await? {
+                Ok(rows) => break rows,
+                Err(err) => err,
+            };
+            let mismatch = err
+                .as_db_error()
+                .is_some_and(|db| Fence::of(db.code()) == Some(Fence::VersionMismatch));
+            // An older schema (no check_write yet, or one that names an older version) is
+            // migrated, then written; a newer one is refused, never written as it stands.
+            if let Some(found) = err
+                .as_db_error()
+                .filter(|db| Fence::of(db.code()) == Some(Fence::VersionMismatch))
+                .and_then(|db| db.message().rsplit(' ').next()?.parse::<i32>().ok())
+                .filter(|found| *found > TARGET_SCHEMA.version)
+            {
+                return Err(self.session.newer_schema(found));
+            }
+            if !migrated && (mismatch || is_missing_schema(&err)) {
+                self.session.migrate().await?;
+                migrated = true;
+                continue;
+            }
+            if let Some(db) = err
+                .as_db_error()
+                .filter(|db| Fence::of(db.code()) == Some(Fence::NeverIssued))
+            {
+                return Err(Error::Conflict {
+                    resource: resource.to_owned(),
+                    token,
+                    kind: ConflictKind::NeverIssued {
+                        highest_token: db.detail().and_then(|d| d.parse().ok()).unwrap_or(0),
+                    },
+                });
+            }
+            return Err(row_error(
+                self.session.request_error(&err, &what, true),
+                &table,
+            ));
+        };
         let row = rows
             .first()
             .ok_or_else(|| Error::internal("write_row returned nothing", "report this bug"))?;
@@ -634,7 +679,8 @@ enum Retry {
 /// SETs, begin_write.
 const PRELUDE_STATEMENTS: usize = 6;
 
-/// The SQLSTATE of the script's schema version check (`fence target schema version N`).
+/// The SQLSTATE of the script's schema version check (`fence target schema version N`):
+/// `Fence::VersionMismatch`, as `check_write` raises it.
 const VERSION_MISMATCH: &str = "LF030";
 
 /// How much longer than a lock wait a statement may run: what the server cancels at `--timeout`

@@ -120,9 +120,15 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        let sql = sql.replace("__SCHEMA__", &self.schema);
+        let sql = sql
+            .replace("__SCHEMA__", &self.schema)
+            .replace("__VERSION__", &self.spec.version.to_string());
         match self.request(what, mutating, &sql, params).await? {
             Ok(rows) => Ok(rows),
+            // A statement that checks the schema's version found a newer one: never used.
+            Err(err) if version_named(&err).is_some_and(|v| v > self.spec.version) => {
+                Err(self.newer_schema(version_named(&err).unwrap_or_default()))
+            }
             // A read of a schema that does not exist yet has nothing to report; only writes
             // create it. Nor has a read of a column an older version did not have yet (the
             // waiters' deadline before version 3): the next write migrates the schema.
@@ -135,6 +141,7 @@ impl Session {
             // on a target, where a missing column is the caller's (`write --row`).
             Err(err)
                 if is_missing_schema(&err)
+                    || version_named(&err).is_some()
                     || (err.code() == Some(&SqlState::UNDEFINED_COLUMN)
                         && self.spec.purpose != "target") =>
             {
@@ -316,6 +323,17 @@ impl Session {
             _ => pg::request_error(&err, &self.display, what, true),
         })
     }
+}
+
+/// The schema version a statement's check named when it found another version than this
+/// fence's (see `schema_is_current!` in `coordinator::pg_one_shot`): the failed cast of
+/// `fence schema version N`.
+fn version_named(err: &tokio_postgres::Error) -> Option<i32> {
+    let db = err
+        .as_db_error()
+        .filter(|db| *db.code() == SqlState::INVALID_TEXT_REPRESENTATION)?;
+    let rest = db.message().split("\"fence schema version ").nth(1)?;
+    rest.split('"').next()?.parse().ok()
 }
 
 pub fn is_missing_schema(err: &tokio_postgres::Error) -> bool {

@@ -40,10 +40,13 @@ pub enum Fence {
     PartitionUnprotected,
     /// A foreign table cannot be protected.
     ForeignTable,
+    /// The target's schema is at another version than this fence writes for (the message
+    /// ends with the version found).
+    VersionMismatch,
 }
 
 /// Every code, once. `tests` checks that each `ERRCODE = 'LF…'` in the SQL files is here.
-pub const TABLE: [(Fence, &str); 16] = [
+pub const TABLE: [(Fence, &str); 17] = [
     (Fence::NoToken, "LF001"),
     (Fence::Stale, "LF002"),
     (Fence::NoGuard, "LF003"),
@@ -60,6 +63,7 @@ pub const TABLE: [(Fence, &str); 16] = [
     (Fence::NewerSchema, "LF014"),
     (Fence::PartitionUnprotected, "LF020"),
     (Fence::ForeignTable, "LF021"),
+    (Fence::VersionMismatch, "LF030"),
 ];
 
 impl Fence {

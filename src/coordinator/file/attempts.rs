@@ -55,9 +55,23 @@ pub(super) fn read(path: &Path) -> io::Result<Vec<Window>> {
 }
 
 /// Adds `attempt` at `now_ms` to its window (a new one at the start of a minute). A damaged
-/// file is replaced: what it held is lost, the next attempts are not.
+/// file is moved aside (`<name>.json.damaged-<ms>`, with a warning) and a new one started:
+/// what it held is kept for a look, and the next attempts are recorded.
 pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()> {
-    let mut windows = read(path).unwrap_or_default();
+    let mut windows = match read(path) {
+        Ok(windows) => windows,
+        Err(err) if err.kind() == ErrorKind::InvalidData => {
+            let aside = path.with_extension(format!("json.damaged-{now_ms}"));
+            std::fs::rename(path, &aside)?;
+            crate::terminal::warn(&format!(
+                "warning: the record of refused attempts `{}` was {err}; it was moved aside to `{}` and a new one started",
+                path.display(),
+                aside.display()
+            ));
+            Vec::new()
+        }
+        Err(err) => return Err(err),
+    };
     let window_ms = now_ms - now_ms.rem_euclid(ATTEMPT_WINDOW_MS);
     match windows
         .iter_mut()

@@ -106,8 +106,30 @@ impl FileCoordinator {
         }
     }
 
-    /// Creates the store's directories (idempotent).
+    /// Creates the store's directories (idempotent). A store whose parent directory does
+    /// not exist is refused, unless it is the embedded default: `file:///var/lib/fnece/x`,
+    /// mistyped, would otherwise be created silently, with all its parents, and guard a
+    /// private set of leases no other process sees.
     fn ensure(&self) -> Result<(), Error> {
+        if let Some(parent) = self
+            .dir
+            .parent()
+            .filter(|p| !self.dir.exists() && !p.exists())
+        {
+            if crate::config::default_store_dir().ok().as_deref() != Some(self.dir.as_path()) {
+                return Err(Error::usage(
+                    format!(
+                        "the store directory `{}` cannot be created: its parent `{}` does not exist",
+                        self.dir.display(),
+                        parent.display()
+                    ),
+                    format!(
+                        "check the path in --store (FENCE_STORE) for a typo; if it is right, create the parent first: mkdir -p {}",
+                        crate::error::shell_word(&parent.to_string_lossy())
+                    ),
+                ));
+            }
+        }
         for sub in ["leases", "locks", "events", "tokens"] {
             let path = self.dir.join(sub);
             fs::create_dir_all(&path)
