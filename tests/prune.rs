@@ -439,3 +439,43 @@ fn prune_keeps_what_run_ids_rest_on() {
     let out = run(&["true"]).expect(0);
     assert_eq!(out.json()["skipped"], true, "{out:?}");
 }
+
+/// Issue 33, 5: `prune` deletes coordinator history only. A write id applied to a target in
+/// the store's own database (same schema), then everything pruned: the same write again is a
+/// replay (exit 0, `replayed`, its SQL not run again), and other SQL under that id is still
+/// refused (exit 6 `id_reused`).
+#[test]
+fn prune_leaves_write_ids_alone() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let table = format!("{schema}.ledger");
+    let token = store
+        .fence()
+        .acquire("r", &["--owner", "a"])
+        .token
+        .to_string();
+    pg_exec(&store.url, &format!("CREATE TABLE {table} (v int)"));
+    let write = |sql: &str| {
+        store
+            .fence()
+            .args([
+                "write", "r", "--token", &token, "--owner", "a", "--id", "w1",
+            ])
+            .args(["--target", &store.url, "--format", "json", "--sql", sql])
+            .run()
+    };
+    let insert = format!("INSERT INTO {table} VALUES (1)");
+    write(&insert).expect(0);
+    store
+        .fence()
+        .args(["prune", "--older-than", "0s"])
+        .run()
+        .expect(0);
+    let again = write(&insert).expect(0);
+    assert_eq!(again.json()["replayed"], true, "{again:?}");
+    let other = write(&format!("INSERT INTO {table} VALUES (2)"));
+    assert_eq!(other.code, 6, "{other:?}");
+    assert_eq!(other.json()["reason"], "id_reused", "{other:?}");
+    let rows: i64 = pg_query(&store.url, &format!("SELECT count(*) FROM {table}"))[0].get(0);
+    assert_eq!(rows, 1, "a write id's SQL ran twice");
+}

@@ -969,3 +969,49 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
         let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {name}"));
     }
 }
+
+/// Issue 33, 4: the write path's version check is a call of `check_write` (granted with the
+/// write path), not a `DO` block: in a database that revoked USAGE on plpgsql from PUBLIC, a
+/// granted writer still writes, in both forms (before, every write failed with exit 2 and a
+/// hint that wrongly named `fence grant`).
+#[test]
+fn a_writer_without_plpgsql_usage_still_writes() {
+    let db = Db::new("noplpgsql");
+    let role = format!("np_writer_{}", std::process::id());
+    let server = Db::server();
+    pg_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
+    pg_exec(&server, &format!("CREATE ROLE {role} LOGIN"));
+    db.fence()
+        .args(["init", "--target", &db.admin_url()])
+        .run()
+        .expect(0);
+    pg_exec(
+        &db.admin(),
+        &format!(
+            "REVOKE USAGE ON LANGUAGE plpgsql FROM PUBLIC; \
+             CREATE TABLE ledger (v text); \
+             CREATE TABLE accounts (id int PRIMARY KEY, v text, last_fencing_token bigint); \
+             INSERT INTO accounts VALUES (1, 'start', 0); \
+             GRANT SELECT, INSERT, UPDATE ON ledger, accounts TO {role}"
+        ),
+    );
+    db.protect("ledger").expect(0);
+    db.fence()
+        .args(["grant", "--target", &db.admin_url(), "--role", &role])
+        .run()
+        .expect(0);
+    // The premise: the writer cannot run a DO block here.
+    let err = pg_try_exec(&db.raw(&role), "DO $$ BEGIN END $$").unwrap_err();
+    assert!(err.starts_with("42501"), "{err}");
+    write(&db, &role, 1, "INSERT INTO ledger VALUES ('fenced')").expect(0);
+    db.fence()
+        .args(["write", "nightly-report", "--token", "1"])
+        .args(["--target", &db.url(&role), "--format", "json"])
+        .args(["--table", "accounts", "--key", "id=1", "--set", "v=row"])
+        .run()
+        .expect(0);
+    assert_eq!(db.contents("ledger"), ["(fenced)"]);
+    assert_eq!(db.contents("accounts"), ["(1,row,1)"]);
+    drop(db);
+    pg_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
+}

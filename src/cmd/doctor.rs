@@ -613,11 +613,17 @@ async fn schema_version(client: &Client, schema: &str, role: Role, f: &mut Findi
             format!("fence's schema `{schema}` is at version {v}; this fence knows {known}: it migrates the schema before its next write there, or refuses to write if the role may not"),
             &format!("migrate it now: {init}"),
         ),
-        _ => f.add(
+        Ok(_) => f.add(
             check,
             Severity::Fail,
             format!("fence's schema `{schema}` is at version {found}, made by a newer fence (this one knows up to {known}): this fence refuses to write there"),
             "upgrade fence on every host that uses this schema",
+        ),
+        Err(_) => f.add(
+            check,
+            Severity::Fail,
+            format!("fence's schema `{schema}` is at version `{found}`, which this fence cannot read (it knows up to {known}): it refuses to write there"),
+            &format!("upgrade fence, or, if the version was changed by hand, set it back in {schema}.{} (key schema_version)", spec.meta_table),
         ),
     }
 }
@@ -842,33 +848,59 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
         "put the store on a local filesystem, or use a PostgreSQL, S3 or GCS store for several machines",
         f,
     );
-    if let Some(kind) = filesystem(existing)
-        .map(|(kind, _)| kind)
-        .filter(|kind| matches!(*kind, "tmpfs" | "ramfs"))
-    {
+    // The store and every directory in it, symlinks followed (fence follows them too).
+    let mut dirs = vec![existing.to_path_buf()];
+    if dir.exists() {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+    }
+    let volatile: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| {
+            let (kind, _) = filesystem(d)?;
+            matches!(kind, "tmpfs" | "ramfs").then(|| format!("`{}` ({kind})", d.display()))
+        })
+        .collect();
+    if !volatile.is_empty() {
         f.add(
             "directory.durability",
             Severity::Fail,
             format!(
-                "`{}` is on {kind}, which a reboot empties: fence's tokens would start again at 1, below every token a protected resource has accepted (each new holder refused as stale), and a token number would stand for two leases",
-                dir.display()
+                "the store `{}` keeps its files on a filesystem a reboot empties: {}; fence's tokens would start again at 1, below every token a protected resource has accepted (each new holder refused as stale), and a token number would stand for two leases",
+                dir.display(),
+                volatile.join(", ")
             ),
-            "put the store on a disk-backed filesystem (for example file:///var/lib/fence)",
+            "put the store, every directory in it included, on a disk-backed filesystem (for example file:///var/lib/fence)",
         );
     }
+    store_permissions(dir, existing, &dirs, f);
     if !dir.exists() {
-        f.add(
-            "directory.exists",
-            Severity::Ok,
-            format!(
-                "`{}` does not exist yet; the first acquire creates it",
-                dir.display()
-            ),
-            "",
-        );
+        let parent_missing = dir.parent().is_some_and(|p| !p.exists());
+        let default = crate::config::default_store_dir().ok();
+        if parent_missing && default.as_deref() != Some(dir) {
+            f.add(
+                "directory.exists",
+                Severity::Fail,
+                format!(
+                    "`{}` does not exist, nor does its parent: fence refuses to create it (a typo in --store?)",
+                    dir.display()
+                ),
+                "check the path in --store (FENCE_STORE); if it is right, create its parent first (mkdir -p)",
+            );
+        } else {
+            f.add(
+                "directory.exists",
+                Severity::Ok,
+                format!(
+                    "`{}` does not exist yet; the first acquire creates it",
+                    dir.display()
+                ),
+                "",
+            );
+        }
         return;
     }
-    store_permissions(dir, f);
     match free_bytes(dir) {
         Some(free) if free < 64 << 20 => f.add(
             "directory.space",
@@ -886,43 +918,66 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
     }
 }
 
-/// A store directory, and each directory in it, must not be writable by every local user
-/// (sticky bit or not): one could plant or replace a lease record (a forged holder, a token
-/// that goes down) or the lock files.
-fn store_permissions(dir: &Path, f: &mut Findings<'_>) {
+/// A store directory, and each directory in it (`dirs`, symlinks followed), must not be
+/// writable by every local user, sticky bit or not: one could plant or replace a lease record
+/// (a forged holder, a token that goes down) or the lock files. Nor may a directory above it
+/// (from `existing` up) be writable by every user without the sticky bit: one could move the
+/// whole store aside and put an empty one in its place (tokens from 1 again).
+fn store_permissions(
+    dir: &Path,
+    existing: &Path,
+    dirs: &[std::path::PathBuf],
+    f: &mut Findings<'_>,
+) {
     use std::os::unix::fs::PermissionsExt;
-    let mut dirs = vec![dir.to_path_buf()];
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        dirs.extend(
-            entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.symlink_metadata().is_ok_and(|m| m.is_dir())),
-        );
-    }
-    let open: Vec<String> = dirs
+    let mode_of = |d: &Path| std::fs::metadata(d).ok().map(|m| m.permissions().mode());
+    let described = |d: &Path, mode: u32| format!("`{}` (mode {:o})", d.display(), mode & 0o7777);
+    let inside: Vec<String> = dirs
         .iter()
+        .filter(|d| d.starts_with(dir))
         .filter_map(|d| {
-            let mode = std::fs::metadata(d).ok()?.permissions().mode();
-            (mode & 0o002 != 0).then(|| format!("`{}` (mode {:o})", d.display(), mode & 0o7777))
+            let mode = mode_of(d)?;
+            (mode & 0o002 != 0).then(|| described(d, mode))
         })
         .collect();
-    if open.is_empty() {
+    let above: Vec<String> = existing
+        .ancestors()
+        .filter(|d| *d != dir)
+        .filter_map(|d| {
+            let mode = mode_of(d)?;
+            (mode & 0o002 != 0 && mode & 0o1000 == 0).then(|| described(d, mode))
+        })
+        .collect();
+    if inside.is_empty() && above.is_empty() {
         f.add(
             "directory.permissions",
             Severity::Ok,
-            format!("other users may not write `{}`", dir.display()),
+            format!("other users may not write `{}` or move it", dir.display()),
             "",
         );
-    } else {
+        return;
+    }
+    if !inside.is_empty() {
         f.add(
             "directory.permissions",
             Severity::Fail,
             format!(
                 "any local user may write {}: one can plant or replace a lease record (a forged holder, a token that goes back) or a lock file",
-                open.join(", ")
+                inside.join(", ")
             ),
             "remove write access for others (`chmod -R o-w DIR`), or share the store through a group (`chmod 2770 DIR` and its subdirectories)",
+        );
+    }
+    if !above.is_empty() {
+        f.add(
+            "directory.permissions",
+            Severity::Fail,
+            format!(
+                "any local user may write {}, above the store, without the sticky bit: one can move `{}` aside and put an empty store in its place (tokens from 1 again)",
+                above.join(", "),
+                dir.display()
+            ),
+            "remove write access for others there (`chmod o-w DIR`), set the sticky bit (`chmod +t DIR`), or move the store",
         );
     }
 }

@@ -43,13 +43,15 @@
 /// other version fails the whole statement, so nothing of it is applied, with an error that
 /// names the version found (`invalid input syntax for type integer: "fence schema version
 /// 6"`): the session migrates an older schema and sends the statement again, and refuses a
-/// newer one (`Session::call`). A plain statement cannot raise an error of its own; the
-/// failed cast is how it says so, and costs one lookup of the `meta` row.
+/// newer one (`Session::call`). No version row reads as version 0 (migrated). A plain
+/// statement cannot raise an error of its own; the failed cast is how it says so, and costs
+/// one lookup of the `meta` row.
 macro_rules! schema_is_current {
     () => {
-        "(SELECT CASE WHEN m.value = '__VERSION__' THEN true
-             ELSE ('fence schema version ' || m.value)::int IS NULL END
-        FROM __SCHEMA__.meta m WHERE m.key = 'schema_version') AS schema_current"
+        "(SELECT CASE WHEN v.value = '__VERSION__' THEN true
+             ELSE ('fence schema version ' || coalesce(v.value, '0'))::int IS NULL END
+        FROM (SELECT (SELECT m.value FROM __SCHEMA__.meta m WHERE m.key = 'schema_version')
+              AS value) v) AS schema_current"
     };
 }
 

@@ -217,7 +217,9 @@ impl PgTarget {
 ///
 /// The role's kinds count every role it is a member of (`pg_has_role … MEMBER`: inherited or
 /// not, since it can `SET ROLE` to each), itself included; `via` names the role that holds
-/// the power. A role may not: be or become a superuser; hold CREATEROLE through another role
+/// the power. A role may not: be or become a superuser; be a member of
+/// `pg_execute_server_program` or `pg_write_server_files` (programs and files as the server's
+/// OS user reach the database as a superuser); hold CREATEROLE through another role
 /// (before PostgreSQL 16 it can then grant itself anything); own the database, a protected
 /// table's schema, a protected table, or an object a protected table depends on (a column's
 /// type or domain, a function of a default, generated column or check, a parent table:
@@ -261,6 +263,8 @@ dep_owners AS ( \
           AND c.relkind IN ('r', 'p', 'f') AND c.oid <> d.rel) \
 SELECT 'superuser_member', m.rolname::text, m.rolname::text FROM mine m, r \
     WHERE m.rolsuper AND m.oid <> r.oid \
+UNION ALL SELECT 'server_access', m.rolname::text, m.rolname::text FROM mine m \
+    WHERE m.rolname IN ('pg_execute_server_program', 'pg_write_server_files') \
 UNION ALL SELECT 'createrole_member', m.rolname::text, m.rolname::text FROM mine m, r \
     WHERE m.rolcreaterole AND m.oid <> r.oid AND current_setting('server_version_num')::int < 160000 \
 UNION ALL SELECT 'database_owner', d.datname::text, m.rolname::text FROM pg_database d, mine m \
@@ -309,8 +313,9 @@ ORDER BY 1, 2";
 
 /// The order [`BYPASSES`] kinds are told in: the widest power first.
 pub(crate) fn rank(kind: &str) -> usize {
-    const ORDER: [&str; 10] = [
+    const ORDER: [&str; 11] = [
         "superuser_member",
+        "server_access",
         "createrole_member",
         "database_owner",
         "schema_owner",
@@ -353,6 +358,10 @@ pub(crate) fn bypass(kind: &str, what: &str, via: &str, role: &str) -> (String, 
         "superuser_member" => (
             format!("`{role}` is a member of the superuser role `{what}`: after SET ROLE it can disable triggers, so `fence protect` does not hold against it"),
             format!("REVOKE {what} FROM {role}; let applications connect as a role that cannot become a superuser"),
+        ),
+        "server_access" => (
+            format!("`{role}` is a member of `{what}`: it can run programs or write files as the server's operating-system user (COPY … TO PROGRAM / TO FILE), and so reach the database as a superuser and disable fence's triggers"),
+            format!("as the admin: REVOKE {what} FROM {role}"),
         ),
         "createrole_member" => (
             format!("`{role}` is a member of `{what}`, which has CREATEROLE: before PostgreSQL 16 it can then grant itself membership in a table's owner, or pg_write_all_data, and so bypass `fence protect`"),

@@ -213,8 +213,9 @@ impl PgTarget {
                     ));
                 }
                 let mut results = statement_results(messages);
-                // BEGIN, the version check, three SETs and begin_write before; end_write and COMMIT after.
-                results.truncate(results.len().saturating_sub(2));
+                // BEGIN, the version check, three SETs and begin_write before; CLOSE ALL,
+                // end_write and COMMIT after.
+                results.truncate(results.len().saturating_sub(3));
                 return Ok(TxOutcome::Applied(
                     results.split_off(PRELUDE_STATEMENTS.min(results.len())),
                 ));
@@ -679,10 +680,6 @@ enum Retry {
 /// SETs, begin_write.
 const PRELUDE_STATEMENTS: usize = 6;
 
-/// The SQLSTATE of the script's schema version check (`fence target schema version N`):
-/// `Fence::VersionMismatch`, as `check_write` raises it.
-const VERSION_MISMATCH: &str = "LF030";
-
 /// How much longer than a lock wait a statement may run: what the server cancels at `--timeout`
 /// is a lock wait, not the statement, when both would go together. end_write still refuses to
 /// commit after `--timeout`.
@@ -794,20 +791,22 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
     // A lock wait times out before the statement does, so it is reported as a lock wait.
     let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
     // The target's schema must be the version this fence writes for, checked inside the
-    // transaction before anything of the write: an older one is migrated first (see
-    // `settle`), a newer one refused, never written as it stands.
+    // transaction before anything of the write (`check_write`, as the row form calls it; a
+    // function call needs no USAGE on plpgsql, which a DO block would): an older one is
+    // migrated first (without `check_write` yet, or naming its version: see `settle`), a
+    // newer one refused, never written as it stands. `CLOSE ALL` after the caller's SQL: a
+    // cursor WITH HOLD would run its query at COMMIT, after end_write's checks (the
+    // deadline, the settings), so none is left open to do so.
     let version = TARGET_SCHEMA.version;
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED;\n\
-         DO $fence_version$ DECLARE v text := (SELECT value FROM {schema}.target_meta WHERE key = 'schema_version'); \
-         BEGIN IF v IS DISTINCT FROM '{version}' THEN \
-         RAISE EXCEPTION USING ERRCODE = '{VERSION_MISMATCH}', MESSAGE = 'fence target schema version ' || coalesce(v, 'none'); \
-         END IF; END $fence_version$;\n\
+         SELECT {schema}.check_write({resource}, {token}, {version});\n\
          SET LOCAL statement_timeout = {statement_ms};\n\
          SET LOCAL lock_timeout = {ms};\n\
          SET LOCAL fence.write_digest = '{digest}';\n\
          SELECT {begin};\n\
          {sql}\n;\n\
+         CLOSE ALL;\n\
          SELECT {schema}.end_write({resource}, {token}, {ms}), set_config('synchronous_commit', 'on', true);\n\
          COMMIT",
         sql = write.sql

@@ -141,7 +141,7 @@ impl Session {
             // on a target, where a missing column is the caller's (`write --row`).
             Err(err)
                 if is_missing_schema(&err)
-                    || version_named(&err).is_some()
+                    || names_a_version(&err)
                     || (err.code() == Some(&SqlState::UNDEFINED_COLUMN)
                         && self.spec.purpose != "target") =>
             {
@@ -239,9 +239,26 @@ impl Session {
             .request(what, false, &sql, &[])
             .await?
             .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
-        Ok(rows
-            .first()
-            .and_then(|row| row.get::<_, String>(0).parse().ok()))
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let found: Option<String> = row.get(0);
+        match found.as_deref().map(|v| (v, v.parse::<i32>())) {
+            None => Ok(None),
+            Some((_, Ok(version))) => Ok(Some(version)),
+            // Not a version this fence can compare ('6.1', '6 '): a newer fence's, or a hand's.
+            // Never migrated over, never used.
+            Some((found, Err(_))) => Err(Error::usage(
+                format!(
+                    "PostgreSQL at `{}`: schema `{}` is at version `{found}`, which this fence cannot read (it knows up to {})",
+                    self.display, self.schema, self.spec.version
+                ),
+                format!(
+                    "upgrade fence, or use another --schema; if the version was changed by hand, set it back in {}.{} (key schema_version)",
+                    self.schema, self.spec.meta_table
+                ),
+            )),
+        }
     }
 
     /// A schema a newer fence made (or migrated): this fence must not use or "migrate" it.
@@ -329,11 +346,21 @@ impl Session {
 /// fence's (see `schema_is_current!` in `coordinator::pg_one_shot`): the failed cast of
 /// `fence schema version N`.
 fn version_named(err: &tokio_postgres::Error) -> Option<i32> {
+    version_text(err)?.parse().ok()
+}
+
+/// Whether a statement's check found another version than this fence's, readable or not
+/// (then [`Session::migrate`] reads it: older is migrated, newer or unreadable refused).
+fn names_a_version(err: &tokio_postgres::Error) -> bool {
+    version_text(err).is_some()
+}
+
+fn version_text(err: &tokio_postgres::Error) -> Option<String> {
     let db = err
         .as_db_error()
         .filter(|db| *db.code() == SqlState::INVALID_TEXT_REPRESENTATION)?;
     let rest = db.message().split("\"fence schema version ").nth(1)?;
-    rest.split('"').next()?.parse().ok()
+    Some(rest.rsplit_once('"')?.0.to_owned())
 }
 
 pub fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
