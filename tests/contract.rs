@@ -1154,3 +1154,124 @@ fn postgres_admin_answers_keep_their_keys_in_order() {
     common::pg_exec(&store.url, &format!("DROP SCHEMA {schema} CASCADE"));
     common::pg_exec(&common::pg_superuser(), &format!("DROP ROLE {role}"));
 }
+
+/// Issue 34, 1: the token rule (I1) is written twice, as the PL/pgSQL `acquire()` the waiters
+/// call and as the one-shot `ACQUIRE` statement a plain `fence acquire` sends. From the same
+/// state, on every branch (a new resource, the owner's live lease, another owner's live lease,
+/// another owner's expired lease, the owner's expired lease, a released lease), both must give
+/// the same answer, leave the same lease row and write the same event (or none).
+#[test]
+fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    // The lease row before a case: owner, token, expires_at relative to now (None: released).
+    type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
+    // (case, the row before; None: no row)
+    let cases: [(&str, Before); 6] = [
+        ("new", None),
+        ("mine_live", Some(("me", 7, Some("1 hour")))),
+        ("other_live", Some(("other", 7, Some("1 hour")))),
+        ("other_expired", Some(("other", 7, Some("-1 second")))),
+        ("mine_expired", Some(("me", 7, Some("-1 second")))),
+        ("released", Some(("other", 7, None))),
+    ];
+    let statement = fence::coordinator::pg_one_shot::ACQUIRE
+        .replace("__SCHEMA__", &s)
+        .replace(
+            "__VERSION__",
+            &fence::coordinator::COORDINATOR_SCHEMA.version.to_string(),
+        );
+    let url = store.url.clone();
+    common::block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let ttl: i64 = 30_000;
+        for (case, before) in cases {
+            let mut seen = Vec::new();
+            for form in ["function", "statement"] {
+                let resource = format!("{case}-{form}");
+                if let Some((owner, token, expires)) = before {
+                    let expires = expires
+                        .map(|e| format!("now() + interval '{e}'"))
+                        .unwrap_or_else(|| "NULL".to_owned());
+                    client
+                        .batch_execute(&format!(
+                            "INSERT INTO {s}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event) \
+                             VALUES ('{resource}', '{owner}', {token}, now() - interval '1 minute', now() - interval '1 minute', {expires}, 60000, 'acquired')"
+                        ))
+                        .await
+                        .unwrap();
+                }
+                let answer = if form == "function" {
+                    client
+                        .query_one(
+                            &format!(
+                                "SELECT status, token, owner, ttl_ms FROM {s}.acquire($1, $2, $3)"
+                            ),
+                            &[&resource, &"me", &ttl],
+                        )
+                        .await
+                        .unwrap()
+                } else {
+                    // Typed as fence sends it (`query_typed`): $3 alone would be read as float8.
+                    use tokio_postgres::types::Type;
+                    client
+                        .query_typed(
+                            &statement,
+                            &[
+                                (&resource, Type::TEXT),
+                                (&"me", Type::TEXT),
+                                (&ttl, Type::INT8),
+                            ],
+                        )
+                        .await
+                        .unwrap()
+                        .remove(0)
+                };
+                let answer = format!(
+                    "{} token {:?} owner {:?} ttl {:?}",
+                    answer.get::<_, String>("status"),
+                    answer.get::<_, Option<i64>>("token"),
+                    answer.get::<_, Option<String>>("owner"),
+                    answer.get::<_, Option<i64>>("ttl_ms"),
+                );
+                let row = client
+                    .query_one(
+                        &format!(
+                            "SELECT format('%s %s %s %s acquired_kept=%s previous_expiry=%s live=%s', \
+                               owner, token, last_event, ttl_ms, acquired_at < now() - interval '30 seconds', \
+                               CASE WHEN previous_expires_at IS NULL THEN 'none' \
+                                    WHEN previous_expires_at > now() THEN 'future' ELSE 'past' END, \
+                               expires_at > now()) \
+                             FROM {s}.leases WHERE resource = $1"
+                        ),
+                        &[&resource],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, String>(0);
+                let events: Vec<String> = client
+                    .query(
+                        &format!(
+                            "SELECT format('%s %s %s %s previous=%s', kind, owner, token, ttl_ms, previous_expires_at IS NOT NULL) \
+                             FROM {s}.events WHERE resource = $1 ORDER BY id"
+                        ),
+                        &[&resource],
+                    )
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                seen.push((answer, row, events));
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "{case}: the PL/pgSQL acquire() (left) and the one-shot ACQUIRE (right) disagree"
+            );
+        }
+    });
+}

@@ -9,7 +9,7 @@
 pub(crate) mod file;
 pub mod history;
 mod object;
-mod pg_one_shot;
+pub mod pg_one_shot;
 mod postgres;
 mod refusal;
 pub mod scratch;

@@ -268,8 +268,9 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ms(t timestamptz) RETURNS bigint
 LANGUAGE sql STABLE AS $fn$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $fn$;
 
 -- Acquire in one call, for the waiters' functions (and fence of version 4): a one-shot
--- acquire sends `ACQUIRE` (src/coordinator/postgres.rs), the same steps as one statement; keep the
--- two alike. The refused (busy) path takes no row lock and writes nothing: the
+-- acquire sends `ACQUIRE` (src/coordinator/pg_one_shot.rs), the same steps as one statement;
+-- tests/contract.rs `postgres_the_two_forms_of_the_token_rule_agree_on_every_branch` runs both
+-- from the same states, on every branch, and fails when they differ. The refused (busy) path takes no row lock and writes nothing: the
 -- UPDATE only locks a row it can take, the INSERT only runs when no row exists, and the busy
 -- answer is a plain read. The new token is computed from the locked row (token + 1) and the
 -- clock is read after the lock (clock_timestamp in the per-row SET subquery).
