@@ -1148,8 +1148,9 @@ impl Reaper {
     /// `bound` (bound clock ns): the reaper enforces it from COMMAND's first instant, SIGTERM
     /// `grace` before it. Waits for its report that COMMAND runs (or why it could not start),
     /// never past `bound - grace`: a reaper stopped by its own command (`kill -STOP $PPID`) is
-    /// continued every [`NUDGE`], and one that still has not answered then is treated as lost
-    /// (`Started::answered` false: whatever it started is stopped by [`hold`]).
+    /// continued every [`NUDGE`], and one that still has not answered then, or that ended
+    /// without a word (killed between starting COMMAND and saying so), is treated as lost
+    /// (`Running::answered` false: whatever it started is stopped by [`hold`]).
     async fn go(
         mut self,
         lease: &LeaseRef,
@@ -1213,15 +1214,20 @@ impl Reaper {
                 bounds,
                 report,
             }),
-            (Ok(()), None) => Ok(Running {
+            // No answer in time, or the reaper ended (killed?) without saying whether it
+            // started COMMAND: it had the start message, so COMMAND may run, and what it
+            // started is ours now (its subreaper's orphans). `hold` stops all of it, then
+            // releases the lease: exit 5, `supervisor_lost`. Never "nothing was run".
+            (Ok(()), None) | (Ok(()), Some(Ok(0))) => Ok(Running {
                 child,
                 answered: false,
                 bounds,
                 report,
             }),
-            (_, Some(Ok(0))) | (Err(_), _) => Err(Error::internal(
+            // The start message never reached it: it started nothing.
+            (Err(_), _) => Err(Error::internal(
                 format!(
-                    "fence's supervisor of the command (`fence __reaper`, pid {}) ended before it could start `{program}` (killed?)",
+                    "fence's supervisor of the command (`fence __reaper`, pid {}) ended before it could be told to start `{program}` (killed?)",
                     child.id().map_or_else(|| "?".to_owned(), |pid| pid.to_string())
                 ),
                 "nothing was run and the lease was released; run the command again",
