@@ -455,7 +455,7 @@ pub struct LogArgs {
     pub token: Option<i64>,
 
     /// Only events of this kind (repeat for several).
-    #[arg(long = "kind", value_name = "KIND")]
+    #[arg(long = "kind", value_name = "KIND", value_parser = event_kind())]
     pub kinds: Vec<EventKind>,
 
     /// At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`.
@@ -899,5 +899,42 @@ impl Cli {
             }
         }
         Ok(cli)
+    }
+}
+
+/// `--kind`: the known event kinds, by name (an unknown one is a usage error listing them).
+/// Here, not in the domain type: the domain does not depend on clap.
+fn event_kind() -> impl clap::builder::TypedValueParser<Value = EventKind> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(
+        crate::timeline::KNOWN_KINDS
+            .iter()
+            .map(|kind| kind.as_str()),
+    )
+    .map(|name| EventKind::parse(&name))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `--kind` takes the known kinds by name, and refuses any other, listing them.
+    #[test]
+    fn kinds_are_the_known_ones() {
+        let cli = Cli::try_parse_from(["fence", "log", "--kind", "taken_over", "--kind", "busy"])
+            .unwrap();
+        let Command::Log(args) = cli.command else {
+            panic!("not a log command")
+        };
+        assert_eq!(args.kinds, [EventKind::TakenOver, EventKind::Busy]);
+        let err = Cli::try_parse_from(["fence", "log", "--kind", "teleported"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("teleported") && err.contains("taken_over") && err.contains("expired"),
+            "{err}"
+        );
     }
 }

@@ -126,20 +126,6 @@ impl<'de> serde::Deserialize<'de> for EventKind {
     }
 }
 
-/// `--kind`: the known kinds, by name (an unknown one is a usage error listing them).
-impl clap::ValueEnum for EventKind {
-    fn value_variants<'a>() -> &'a [Self] {
-        &KNOWN_KINDS
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        KNOWN_KINDS
-            .iter()
-            .find(|known| *known == self)
-            .map(|known| clap::builder::PossibleValue::new(known.as_str()))
-    }
-}
-
 /// One entry of a resource's append-only history.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
@@ -351,13 +337,6 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&counts).unwrap(),
             r#"{"acquired":1,"busy":3,"lease_teleported":2,"taken_over":4}"#
-        );
-        // `--kind` offers the known kinds only.
-        use clap::ValueEnum;
-        assert_eq!(kind.to_possible_value(), None);
-        assert_eq!(
-            EventKind::TakenOver.to_possible_value().unwrap().get_name(),
-            "taken_over"
         );
     }
 
