@@ -129,7 +129,7 @@ fn a_cursor_with_hold_runs_nothing_after_end_write() {
         .args(["write", "r", "--token", &token.to_string(), "--owner", "a"])
         .args([
             "--target",
-            &store.url,
+            &tagged_url(&store, "atk_hold"),
             "--timeout",
             "1s",
             "--format",
@@ -141,8 +141,13 @@ fn a_cursor_with_hold_runs_nothing_after_end_write() {
         ])
         .run();
     let fence_took = started.elapsed();
-    // Give the server time to finish the transaction fence gave up on.
-    std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
+    // Until the write's backend is gone: the transaction fence may have given up on has
+    // ended, committed or not (the cursor's query, if it ran, takes 4 s).
+    common::wait_for(
+        "the write's backend to end",
+        Duration::from_secs(30),
+        || backends(&store, "atk_hold").is_empty(),
+    );
     let late = one(
         &store.url,
         &format!("SELECT coalesce(string_agg(v::text, ','), '') FROM {s}.late"),
@@ -525,21 +530,29 @@ fn store_directories_symlinked_to_tmpfs_or_open_directories_fail_doctor() {
     std::os::unix::fs::symlink(&open, store.join("locks")).unwrap();
     let fence =
         || Fence::bare(home.path()).args(["--store", &format!("file://{}", store.display())]);
+    // A grant, released at once: the next owner gets the next token, without waiting.
     let token = |owner: &str| {
-        fence()
-            .args([
-                "acquire", "r", "--owner", owner, "--ttl", "1s", "--format", "json",
-            ])
+        let token = fence()
+            .args(["acquire", "r", "--owner", owner, "--format", "json"])
             .run()
             .json()["token"]
-            .as_i64()
+            .as_i64()?;
+        fence()
+            .args([
+                "release",
+                "r",
+                "--owner",
+                owner,
+                "--token",
+                &token.to_string(),
+            ])
+            .run();
+        Some(token)
     };
     let first = token("a");
-    std::thread::sleep(Duration::from_millis(1100));
     let second = token("b");
     let (code, json) = doctor_json(&store, home.path());
     // A reboot empties the tmpfs.
-    std::thread::sleep(Duration::from_millis(1100));
     for sub in ["tokens", "leases", "events"] {
         for e in std::fs::read_dir(volatile.join(sub)).unwrap().flatten() {
             std::fs::remove_file(e.path()).unwrap();
