@@ -258,6 +258,20 @@ fn a_store_whose_parent_does_not_exist_is_refused_but_the_default_is_created() {
         !home.path().join("no-such-dir").exists(),
         "it created the parent"
     );
+    // doctor says so too, rather than "the first acquire creates it".
+    let doctor = common::Fence::bare(home.path())
+        .args(["--store", &format!("file://{}", typo.display())])
+        .args(["doctor", "--format", "json"])
+        .run();
+    assert_eq!(doctor.code, 2, "{doctor:?}");
+    let found = common::doctor_findings(&doctor.json(), "directory.exists");
+    assert!(
+        found
+            .iter()
+            .any(|(severity, message, _)| severity == "fail"
+                && message.contains("nor does its parent")),
+        "{found:?}"
+    );
     common::Fence::bare(home.path())
         .args(["acquire", "r"])
         .run()
