@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 use crate::cli::{Format, InspectArgs, StateFilter};
 use crate::cmd::log::WarningKind;
 use crate::cmd::Context;
-use crate::coordinator::{Coordinator, EventKind, Finding, InspectQuery, ResourceView, State};
+use crate::coordinator::{
+    Coordinator, EventKind, InspectQuery, IntegrityFinding, ResourceView, State,
+};
 use crate::error::Error;
 use crate::exit::Exit;
 use crate::fenced::object::{self as object_target, ObjectView};
@@ -31,7 +33,7 @@ pub struct Inspected {
     /// `--state` or `--after` narrowed the answer.
     filtered: bool,
     /// What is wrong with the store's own files (damaged, restored, unreadable lines).
-    findings: Vec<Finding>,
+    findings: Vec<IntegrityFinding>,
     /// The store read, as shown to people.
     store: String,
     /// The target's guard rows, with `--target`.
@@ -222,7 +224,7 @@ struct WaiterJson<'a> {
 }
 
 impl<'a> ResourceJson<'a> {
-    fn of(v: &'a ResourceView, findings: &'a [Finding]) -> ResourceJson<'a> {
+    fn of(v: &'a ResourceView, findings: &'a [IntegrityFinding]) -> ResourceJson<'a> {
         ResourceJson {
             resource: &v.resource,
             state: v.state.as_str(),

@@ -104,25 +104,25 @@ impl Report for Protected {
     }
 }
 
-pub struct Inspected {
+pub struct ProtectionReport {
     tree: TreeProtection,
     target: String,
 }
 
 /// `fence inspect --target URL --table T`.
-pub async fn inspect(args: InspectArgs, ctx: &Context) -> Result<Inspected, Error> {
+pub async fn inspect(args: InspectArgs, ctx: &Context) -> Result<ProtectionReport, Error> {
     let url = args.target.as_deref().unwrap_or_default();
     let table = args.table.as_deref().unwrap_or_default();
     let spec = TargetSpec::resolve(url)?;
     crate::fenced::quote_table(table)?;
     let target = PgTarget::connect(spec.postgres("`fence inspect --table`")?, &ctx.schema).await?;
-    Ok(Inspected {
+    Ok(ProtectionReport {
         tree: target.protection(table).await?,
         target: spec.display,
     })
 }
 
-impl Report for Inspected {
+impl Report for ProtectionReport {
     fn json(&self) -> Map<String, Value> {
         #[derive(Serialize)]
         struct Json<'a> {

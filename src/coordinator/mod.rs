@@ -174,7 +174,7 @@ impl ResourceView {
 
 /// Something wrong with a store's own files, found by `inspect` (local directory store).
 #[derive(Clone, Debug)]
-pub struct Finding {
+pub struct IntegrityFinding {
     pub resource: String,
     /// `damaged`, `restored`, `record_missing` or `skipped_log_lines`.
     pub kind: &'static str,
@@ -185,7 +185,7 @@ pub struct Finding {
 #[derive(Clone, Debug, Default)]
 pub struct Inspection {
     pub views: Vec<ResourceView>,
-    pub findings: Vec<Finding>,
+    pub findings: Vec<IntegrityFinding>,
 }
 
 /// What `fence prune` deletes.

@@ -26,7 +26,7 @@ use std::fmt;
 
 /// Why the caller's SQL may not run inside fence's transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub struct SqlRefusal {
     /// 1-based index of the offending statement, counting only non-empty statements; 0 when the
     /// SQL has no statement at all.
     pub statement: usize,
@@ -39,10 +39,10 @@ pub struct Refusal {
     pub hint: &'static str,
 }
 
-/// The length of [`Refusal::excerpt`], in characters of the SQL.
+/// The length of [`SqlRefusal::excerpt`], in characters of the SQL.
 pub const EXCERPT_CHARS: usize = 60;
 
-impl fmt::Display for Refusal {
+impl fmt::Display for SqlRefusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.statement == 0 {
             write!(f, "refusing the SQL: {}", self.what)
@@ -57,9 +57,9 @@ impl fmt::Display for Refusal {
 }
 
 /// Decides whether `sql` may run between fence's `begin_write` and its `end_write`/`COMMIT`.
-pub fn check(sql: &str) -> Result<(), Refusal> {
+pub fn check(sql: &str) -> Result<(), SqlRefusal> {
     check_reading(sql, Backslashes::Literal)?;
-    check_reading(sql, Backslashes::Escape).map_err(|refusal| Refusal {
+    check_reading(sql, Backslashes::Escape).map_err(|refusal| SqlRefusal {
         what: format!(
             "{}, when the server reads backslashes in '...' as escapes (standard_conforming_strings off)",
             refusal.what
@@ -111,11 +111,11 @@ const HINT_BACKSLASH: &str =
      (E'C:\\\\')";
 
 /// Checks `sql` under one reading of `'...'`; the first refusal in statement order wins.
-fn check_reading(sql: &str, backslashes: Backslashes) -> Result<(), Refusal> {
+fn check_reading(sql: &str, backslashes: Backslashes) -> Result<(), SqlRefusal> {
     let (statements, unlexable) = split(sql, backslashes);
     for (index, statement) in statements.iter().enumerate() {
         if let Some((what, hint)) = classify(&statement.tokens) {
-            return Err(Refusal {
+            return Err(SqlRefusal {
                 statement: index + 1,
                 excerpt: excerpt(statement.text),
                 what,
@@ -127,7 +127,7 @@ fn check_reading(sql: &str, backslashes: Backslashes) -> Result<(), Refusal> {
         return Err(refusal);
     }
     if statements.is_empty() {
-        return Err(Refusal {
+        return Err(SqlRefusal {
             statement: 0,
             excerpt: String::new(),
             what: "it has no statement, only whitespace, comments or semicolons".into(),
@@ -344,7 +344,7 @@ struct Statement<'a> {
 
 /// Splits `sql` into its non-empty statements, and the refusal for what could not be lexed (an
 /// unterminated construct, a NUL byte, ...), which is always in the statement after them.
-fn split(sql: &str, backslashes: Backslashes) -> (Vec<Statement<'_>>, Option<Refusal>) {
+fn split(sql: &str, backslashes: Backslashes) -> (Vec<Statement<'_>>, Option<SqlRefusal>) {
     let mut lexer = Lexer::new(sql, backslashes);
     let mut statements = Vec::new();
     let mut tokens = Vec::new();
@@ -364,7 +364,7 @@ fn split(sql: &str, backslashes: Backslashes) -> (Vec<Statement<'_>>, Option<Ref
             Ok(Some(Token::Punct(b';'))) => start = lexer.pos,
             Ok(Some(token)) => tokens.push(token),
             Err((what, hint)) => {
-                let refusal = Refusal {
+                let refusal = SqlRefusal {
                     statement: statements.len() + 1,
                     excerpt: excerpt(&sql[start..]),
                     what,
@@ -684,7 +684,7 @@ mod tests {
     }
 
     #[track_caller]
-    fn refused(sql: &str, statement: usize, what: &str) -> Refusal {
+    fn refused(sql: &str, statement: usize, what: &str) -> SqlRefusal {
         let refusal = check(sql).expect_err(sql);
         assert_eq!(
             (refusal.statement, refusal.what.as_str()),

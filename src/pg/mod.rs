@@ -213,8 +213,8 @@ impl ConnectParams {
                     LAST_REFUSAL.with(|last| last.borrow_mut().take());
                     return Ok(connected);
                 }
-                Err(Attempt::Final(err)) => return Err(err),
-                Err(Attempt::Refused(refusal)) => refusal,
+                Err(ConnectAttempt::Final(err)) => return Err(err),
+                Err(ConnectAttempt::Refused(refusal)) => refusal,
             };
             LAST_REFUSAL.with(|last| *last.borrow_mut() = Some(refusal.clone()));
             // Between half and all of the pause, so that refused clients spread out.
@@ -237,7 +237,7 @@ impl ConnectParams {
     }
 
     /// One connection attempt, bounded as libpq's connect_timeout bounds it.
-    async fn connect_once(&self) -> Result<(Client, Notifications), Attempt> {
+    async fn connect_once(&self) -> Result<(Client, Notifications), ConnectAttempt> {
         // tokio-postgres bounds only the TCP connect; libpq's connect_timeout bounds the
         // whole connection (TLS, start-up, login), and so do we.
         let limit = self
@@ -248,7 +248,7 @@ impl ConnectParams {
         tokio::time::timeout(limit, self.connect_unbounded())
             .await
             .map_err(|_| {
-                Attempt::Final(Error::unavailable(
+                ConnectAttempt::Final(Error::unavailable(
                     format!(
                         "PostgreSQL at `{}` did not complete the connection within {}",
                         self.display,
@@ -259,9 +259,9 @@ impl ConnectParams {
             })?
     }
 
-    async fn connect_unbounded(&self) -> Result<(Client, Notifications), Attempt> {
+    async fn connect_unbounded(&self) -> Result<(Client, Notifications), ConnectAttempt> {
         let mut config = self.config.clone();
-        let Some(tls) = self.tls().map_err(Attempt::Final)? else {
+        let Some(tls) = self.tls().map_err(ConnectAttempt::Final)? else {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
@@ -350,14 +350,18 @@ impl ConnectParams {
         Ok(certs)
     }
 
-    fn connect_error(&self, err: &tokio_postgres::Error) -> Attempt {
+    fn connect_error(&self, err: &tokio_postgres::Error) -> ConnectAttempt {
         if let Some(db) = err.as_db_error() {
             let code = db.code();
             if *code == SqlState::TOO_MANY_CONNECTIONS || *code == SqlState::CANNOT_CONNECT_NOW {
-                return Attempt::Refused(format!("{} (SQLSTATE {})", db.message(), code.code()));
+                return ConnectAttempt::Refused(format!(
+                    "{} (SQLSTATE {})",
+                    db.message(),
+                    code.code()
+                ));
             }
         }
-        Attempt::Final(self.connect_failure(err))
+        ConnectAttempt::Final(self.connect_failure(err))
     }
 
     fn connect_failure(&self, err: &tokio_postgres::Error) -> Error {
@@ -423,7 +427,7 @@ impl ConnectParams {
 }
 
 /// Why one connection attempt failed.
-enum Attempt {
+enum ConnectAttempt {
     /// The server could not take the connection now (no free slot, starting, stopping): its
     /// message and SQLSTATE, to retry.
     Refused(String),

@@ -11,7 +11,9 @@ use super::counter::{self, Mark};
 use super::log;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths};
-use crate::coordinator::{EventKind, Finding, Inspection, LogQuery, Logged, ResourceView, State};
+use crate::coordinator::{
+    EventKind, Inspection, IntegrityFinding, LogQuery, Logged, ResourceView, State,
+};
 use crate::error::Error;
 use crate::sys::sweep_temporaries;
 use crate::timeline::newest;
@@ -169,10 +171,10 @@ impl FileCoordinator {
         paths: &Paths,
         now: &Now,
         history: usize,
-    ) -> Result<(ResourceView, Vec<Finding>), Error> {
+    ) -> Result<(ResourceView, Vec<IntegrityFinding>), Error> {
         let mut findings = Vec::new();
         let mut finding = |kind: &'static str, message: String| {
-            findings.push(Finding {
+            findings.push(IntegrityFinding {
                 resource: name.to_owned(),
                 kind,
                 message,
