@@ -128,21 +128,22 @@ fn transaction_control_in_the_sql_never_applies_anything_outside_the_guarded_tra
 /// Starts `fence write` with SQL that changes the table and then sleeps, and waits until the
 /// server is running its sleep.
 fn start_slow_write(store: &Store, name: &str, table: &str, extra: &[&str]) -> Child {
+    start_write(
+        store,
+        name,
+        &format!("INSERT INTO {table} VALUES (1); SELECT pg_sleep(60)"),
+        extra,
+    )
+}
+
+/// `fence write r --token 5 --sql SQL`, its session tagged `name`; returns once the server
+/// runs its `pg_sleep`.
+fn start_write(store: &Store, name: &str, sql: &str, extra: &[&str]) -> Child {
     let mut fence = store.fence();
     fence
         .cmd
-        .args([
-            "write",
-            "r",
-            "--token",
-            "5",
-            "--target",
-            &tagged_url(store, name),
-        ])
-        .args([
-            "--sql",
-            &format!("INSERT INTO {table} VALUES (1); SELECT pg_sleep(60)"),
-        ])
+        .args(["write", "r", "--token", "5"])
+        .args(["--target", &tagged_url(store, name), "--sql", sql])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -227,25 +228,14 @@ fn a_killed_writer_whose_sql_turned_off_the_socket_check_commits_nothing() {
     let table = setup_table(&store);
     first_write(&store, "r", 5, &table);
     let name = format!("fence-{}-unwatched", schema(&store));
-    let mut fence = store.fence();
-    fence
-        .cmd
-        .args(["write", "r", "--token", "5", "--timeout", "60s"])
-        .args(["--target", &tagged_url(&store, &name)])
-        .args([
-            "--sql",
-            &format!(
-                "SELECT set_config('client_connection_check_interval', '0', true); INSERT INTO {table} VALUES (1); SELECT pg_sleep(3)"
-            ),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = fence.cmd.spawn().expect("start fence write");
-    wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
-        backends(&store, &name)
-            .iter()
-            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
-    });
+    let mut child = start_write(
+        &store,
+        &name,
+        &format!(
+            "SELECT set_config('client_connection_check_interval', '0', true); INSERT INTO {table} VALUES (1); SELECT pg_sleep(3)"
+        ),
+        &["--timeout", "60s"],
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert_nothing_left(&store, &name, &table);
@@ -261,25 +251,14 @@ fn a_write_that_catches_the_cancel_says_it_committed_all_the_same() {
     let table = setup_table(&store);
     first_write(&store, "r", 5, &table);
     let name = format!("fence-{}-caught", schema(&store));
-    let mut fence = store.fence();
-    fence
-        .cmd
-        .args(["write", "r", "--token", "5", "--timeout", "60s"])
-        .args(["--target", &tagged_url(&store, &name)])
-        .args([
-            "--sql",
-            &format!(
-                "DO $$ BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN NULL; END $$; INSERT INTO {table} VALUES (1)"
-            ),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().expect("start fence write");
-    wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
-        backends(&store, &name)
-            .iter()
-            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
-    });
+    let child = start_write(
+        &store,
+        &name,
+        &format!(
+            "DO $$ BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN NULL; END $$; INSERT INTO {table} VALUES (1)"
+        ),
+        &["--timeout", "60s"],
+    );
     common::process::kill(child.id(), libc::SIGTERM);
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(code, 0, "{stderr}");

@@ -366,4 +366,13 @@ fn a_lock_on_the_attempts_table_does_not_hold_up_refusals() {
         waited < Duration::from_secs(2 + 5),
         "`--wait 2s` took {waited:?}"
     );
+    // The refusals changed nothing: `a` still holds `r`.
+    let holder: Vec<String> = pg_query(
+        &store.url,
+        &format!("SELECT owner FROM {schema}.leases WHERE resource = 'r'"),
+    )
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
+    assert_eq!(holder, ["a"]);
 }

@@ -876,9 +876,7 @@ fn directory(dir: &Path, f: &mut Findings<'_>) {
     }
     store_permissions(dir, existing, &dirs, f);
     if !dir.exists() {
-        let parent_missing = dir.parent().is_some_and(|p| !p.exists());
-        let default = crate::config::default_store_dir().ok();
-        if parent_missing && default.as_deref() != Some(dir) {
+        if crate::coordinator::file::refused_parent(dir).is_some() {
             f.add(
                 "directory.exists",
                 Severity::Fail,

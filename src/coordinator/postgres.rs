@@ -889,9 +889,9 @@ impl Coordinator for PgCoordinator {
         true
     }
 
-    /// One upsert into `attempts`, sent as it is: on a schema older than version 5 (no such
-    /// table) nothing is recorded, since the refused path never migrates the schema (that
-    /// is `fence init`'s, or the next write's that needs it).
+    /// One upsert into `attempts`. The refused statement before it has already checked the
+    /// schema's version (and migrated an older one); a schema without the table (dropped by
+    /// hand) records nothing.
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
         use crate::fenced::quote_literal;
         let what = format!("record the refused attempt on `{}`", attempt.resource);

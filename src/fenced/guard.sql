@@ -85,6 +85,28 @@ CREATE OR REPLACE TRIGGER guards_keep BEFORE UPDATE OR DELETE ON __SCHEMA__.guar
 CREATE OR REPLACE TRIGGER guards_no_truncate BEFORE TRUNCATE ON __SCHEMA__.guards
     FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.guards_keep();
 
+-- Where this schema holds fence's coordinator (its `leases` table), a token above the
+-- highest it issued for the resource, or any token of a resource it never leased, was never
+-- issued here: LF008 (DETAIL: the highest issued, 0 for none). Called by check_write and
+-- begin_write, which run as the schema's owner; nobody else needs it.
+CREATE OR REPLACE FUNCTION __SCHEMA__.check_issued(p_resource text, p_token bigint)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_issued bigint;
+BEGIN
+    IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
+        SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
+        IF v_issued IS NULL OR p_token > v_issued THEN
+            RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
+                p_token, p_resource, coalesce(v_issued, 0)
+                USING ERRCODE = 'LF008', DETAIL = coalesce(v_issued, 0)::text,
+                      HINT = 'write with the token `fence acquire` printed for this resource';
+        END IF;
+    END IF;
+END
+$fn$;
+
 -- The row form's checks (`fence write --table … --key`), in the statement that writes: the
 -- schema is the version that fence writes for (LF030 names the version found: an older one is
 -- migrated first, a newer one refused), and, when this schema holds fence's coordinator, the
@@ -95,20 +117,11 @@ RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_found text := (SELECT value FROM __SCHEMA__.target_meta WHERE key = 'schema_version');
-    v_issued bigint;
 BEGIN
     IF v_found IS DISTINCT FROM p_version::text THEN
         RAISE EXCEPTION USING ERRCODE = 'LF030', MESSAGE = 'fence target schema version ' || coalesce(v_found, 'none');
     END IF;
-    IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
-        SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
-        IF v_issued IS NULL OR p_token > v_issued THEN
-            RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
-                p_token, p_resource, coalesce(v_issued, 0)
-                USING ERRCODE = 'LF008', DETAIL = coalesce(v_issued, 0)::text,
-                      HINT = 'write with the token `fence acquire` printed for this resource';
-        END IF;
-    END IF;
+    PERFORM __SCHEMA__.check_issued(p_resource, p_token);
     RETURN p_token;
 END
 $fn$;
@@ -128,21 +141,12 @@ RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_highest bigint;
-    v_issued bigint;
     v_event bigint;
 BEGIN
     IF p_token IS NULL OR p_token < 1 THEN
         RAISE EXCEPTION 'a fencing token is a positive integer, not %', p_token USING ERRCODE = 'LF001';
     END IF;
-    IF to_regclass('__SCHEMA__.leases') IS NOT NULL THEN
-        SELECT l.token INTO v_issued FROM __SCHEMA__.leases l WHERE l.resource = p_resource;
-        IF v_issued IS NULL OR p_token > v_issued THEN
-            RAISE EXCEPTION 'fencing token % for % was never issued: the coordinator in this database has issued up to %',
-                p_token, p_resource, coalesce(v_issued, 0)
-                USING ERRCODE = 'LF008', DETAIL = coalesce(v_issued, 0)::text,
-                      HINT = 'write with the token `fence acquire` printed for this resource';
-        END IF;
-    END IF;
+    PERFORM __SCHEMA__.check_issued(p_resource, p_token);
     INSERT INTO __SCHEMA__.guards AS g (resource, highest_token, updated_at, updated_by, accepted_writes)
     VALUES (p_resource, p_token, clock_timestamp(), nullif(p_owner, ''), 1)
     ON CONFLICT (resource) DO UPDATE

@@ -123,12 +123,18 @@ impl Session {
         let sql = sql
             .replace("__SCHEMA__", &self.schema)
             .replace("__VERSION__", &self.spec.version.to_string());
-        match self.request(what, mutating, &sql, params).await? {
+        let answer = self.request(what, mutating, &sql, params).await?;
+        // A statement that checks the schema's version found a newer one: never used.
+        if let Some(newer) = answer
+            .as_ref()
+            .err()
+            .and_then(version_named)
+            .filter(|v| *v > self.spec.version)
+        {
+            return Err(self.newer_schema(newer));
+        }
+        match answer {
             Ok(rows) => Ok(rows),
-            // A statement that checks the schema's version found a newer one: never used.
-            Err(err) if version_named(&err).is_some_and(|v| v > self.spec.version) => {
-                Err(self.newer_schema(version_named(&err).unwrap_or_default()))
-            }
             // A read of a schema that does not exist yet has nothing to report; only writes
             // create it. Nor has a read of a column an older version did not have yet (the
             // waiters' deadline before version 3): the next write migrates the schema.

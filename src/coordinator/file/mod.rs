@@ -33,6 +33,15 @@ use record::Record;
 
 const FORMAT_VERSION: i32 = 1;
 
+/// The missing parent that keeps the store at `dir` from being created: a store that does not
+/// exist yet is created only below an existing directory, except the embedded default (whose
+/// parents, `~/.local/state`, a fresh machine may lack). `fence doctor` applies the same rule.
+pub fn refused_parent(dir: &Path) -> Option<&Path> {
+    let parent = dir.parent().filter(|p| !dir.exists() && !p.exists())?;
+    let default = crate::config::default_store_dir().ok();
+    (default.as_deref() != Some(dir)).then_some(parent)
+}
+
 /// Directories of the kernel's pseudo file systems: never a place for a store.
 const KERNEL_DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
 
@@ -111,24 +120,18 @@ impl FileCoordinator {
     /// mistyped, would otherwise be created silently, with all its parents, and guard a
     /// private set of leases no other process sees.
     fn ensure(&self) -> Result<(), Error> {
-        if let Some(parent) = self
-            .dir
-            .parent()
-            .filter(|p| !self.dir.exists() && !p.exists())
-        {
-            if crate::config::default_store_dir().ok().as_deref() != Some(self.dir.as_path()) {
-                return Err(Error::usage(
-                    format!(
-                        "the store directory `{}` cannot be created: its parent `{}` does not exist",
-                        self.dir.display(),
-                        parent.display()
-                    ),
-                    format!(
-                        "check the path in --store (FENCE_STORE) for a typo; if it is right, create the parent first: mkdir -p {}",
-                        crate::error::shell_word(&parent.to_string_lossy())
-                    ),
-                ));
-            }
+        if let Some(parent) = refused_parent(&self.dir) {
+            return Err(Error::usage(
+                format!(
+                    "the store directory `{}` cannot be created: its parent `{}` does not exist",
+                    self.dir.display(),
+                    parent.display()
+                ),
+                format!(
+                    "check the path in --store (FENCE_STORE) for a typo; if it is right, create the parent first: mkdir -p {}",
+                    crate::error::shell_word(&parent.to_string_lossy())
+                ),
+            ));
         }
         for sub in ["leases", "locks", "events", "tokens"] {
             let path = self.dir.join(sub);
