@@ -323,7 +323,14 @@ fn file_path(rest: &str, display: &str) -> Result<PathBuf, Error> {
 
 /// `file://$XDG_STATE_HOME/fence`, falling back to `$HOME/.local/state/fence`.
 pub fn default_store_url() -> Result<String, Error> {
-    Ok(format!("file://{}", default_store_dir()?.display()))
+    // `%` escaped, since the URL is decoded again: the directory is the one given.
+    Ok(format!(
+        "file://{}",
+        default_store_dir()?
+            .display()
+            .to_string()
+            .replace('%', "%25")
+    ))
 }
 
 /// The embedded default store's directory: `$XDG_STATE_HOME/fence`, falling back to

@@ -614,3 +614,108 @@ fn a_store_under_a_world_writable_parent_fails_doctor() {
         "doctor passed a store inside a mode-777 parent (swapped by nobody: {swapped}; then `r`, held by `a` with token {held} for 1h, was granted to `b` with token {next:?}): {json}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A second helper's findings on the same changes (directory store paths, doctor).
+// ---------------------------------------------------------------------------------------
+
+/// `fence` with HOME and XDG_STATE_HOME set, no --store: the embedded default store.
+fn default_store_fence(home: &std::path::Path, xdg: &std::path::Path) -> Fence {
+    Fence::bare(home).env("XDG_STATE_HOME", xdg)
+}
+
+/// The default store lives under XDG_STATE_HOME exactly as given: a `%` in it was decoded
+/// as an escape (the default went through a `file://` URL), so the store went to another
+/// directory, or (its parent missing) was refused as a typo.
+#[test]
+fn the_default_store_is_where_xdg_state_home_says_even_with_a_percent() {
+    let home = tempfile::tempdir().unwrap();
+    for xdg in [
+        home.path().join("a%41b").join("state"),
+        home.path().join("x%41y"),
+    ] {
+        default_store_fence(home.path(), &xdg)
+            .args(["acquire", "r", "--ttl", "5s"])
+            .run()
+            .expect(0);
+        assert!(
+            xdg.join("fence").join("leases").is_dir(),
+            "{}",
+            xdg.display()
+        );
+        let out = default_store_fence(home.path(), &xdg)
+            .args(["doctor", "--format", "json"])
+            .run();
+        let exists = common::doctor_findings(&out.json(), "directory.exists");
+        assert!(exists.iter().all(|(s, _, _)| s != "fail"), "{exists:?}");
+    }
+    assert!(!home.path().join("aAb").exists() && !home.path().join("xAy").exists());
+}
+
+/// `fence bench` on the embedded default store of a fresh HOME (no `~/.local/state` yet):
+/// its scratch directory inside the store was refused for a missing parent.
+#[test]
+fn bench_runs_on_the_default_store_of_a_fresh_home() {
+    let home = tempfile::tempdir().unwrap();
+    Fence::bare(home.path())
+        .args(["bench", "--duration", "1s", "--workers", "1"])
+        .run()
+        .expect(0);
+    assert!(home.path().join(".local/state/fence").is_dir());
+}
+
+/// doctor looked only at the directories above the store as its path is written: a store
+/// reached through a symlink into a directory every user may write without the sticky bit,
+/// or a `leases` directory that is a symlink into one, passed, though anyone can move the
+/// real directory aside. Now the resolved paths are checked too.
+#[test]
+fn doctor_checks_the_directories_above_symlink_targets() {
+    use std::os::unix::fs::PermissionsExt;
+    let fails = |home: &std::path::Path, url: &str| {
+        let out = Fence::bare(home)
+            .args(["--store", url, "doctor", "--format", "json"])
+            .run();
+        let perms = common::doctor_findings(&out.json(), "directory.permissions");
+        assert!(
+            perms.iter().any(|(s, _, _)| s == "fail"),
+            "{url}: {perms:?}"
+        );
+        assert_eq!(out.code, 2, "{url}");
+    };
+    // The store's parent is a symlink into ww/real.
+    let home = tempfile::tempdir().unwrap();
+    let ww = home.path().join("ww");
+    std::fs::create_dir_all(ww.join("real")).unwrap();
+    std::fs::create_dir_all(home.path().join("home")).unwrap();
+    std::fs::set_permissions(&ww, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::os::unix::fs::symlink(ww.join("real"), home.path().join("home/link")).unwrap();
+    let url = format!("file://{}/home/link/store", home.path().display());
+    Fence::bare(home.path())
+        .args(["--store", &url, "acquire", "r", "-q"])
+        .run()
+        .expect(0);
+    fails(home.path(), &url);
+    // `leases` is a symlink into ww2/leases.
+    let home = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/store", home.path().display());
+    Fence::bare(home.path())
+        .args(["--store", &url, "acquire", "r", "-q"])
+        .run()
+        .expect(0);
+    let ww = home.path().join("ww2");
+    std::fs::create_dir_all(ww.join("leases")).unwrap();
+    std::fs::set_permissions(&ww, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let leases = home.path().join("store/leases");
+    for e in std::fs::read_dir(&leases).unwrap().flatten() {
+        std::fs::rename(e.path(), ww.join("leases").join(e.file_name())).unwrap();
+    }
+    std::fs::remove_dir(&leases).unwrap();
+    std::os::unix::fs::symlink(ww.join("leases"), &leases).unwrap();
+    fails(home.path(), &url);
+    // Ordinary set-ups still pass: a store in a temporary directory, a fresh default store.
+    let store = Store::file();
+    store.fence().acquire("r", &[]);
+    store.fence().args(["doctor"]).run().expect(0);
+    let home = tempfile::tempdir().unwrap();
+    Fence::bare(home.path()).args(["doctor"]).run().expect(0);
+}

@@ -938,14 +938,21 @@ fn store_permissions(
             (mode & 0o002 != 0).then(|| described(d, mode))
         })
         .collect();
-    let above: Vec<String> = existing
-        .ancestors()
-        .filter(|d| *d != dir)
-        .filter_map(|d| {
-            let mode = mode_of(d)?;
-            (mode & 0o002 != 0 && mode & 0o1000 == 0).then(|| described(d, mode))
-        })
-        .collect();
+    // Above the store and above each directory in it, by their paths as written and as
+    // resolved (a symlink's target can sit in a directory anyone may rename it out of).
+    let mut tops: Vec<std::path::PathBuf> = vec![existing.to_path_buf()];
+    tops.extend(dirs.iter().filter_map(|d| d.canonicalize().ok()));
+    tops.extend(existing.canonicalize().ok());
+    let mut above: Vec<String> = Vec::new();
+    for top in &tops {
+        for d in top.ancestors().filter(|d| *d != dir && *d != top.as_path()) {
+            let Some(mode) = mode_of(d) else { continue };
+            let line = described(d, mode);
+            if mode & 0o002 != 0 && mode & 0o1000 == 0 && !above.contains(&line) {
+                above.push(line);
+            }
+        }
+    }
     if inside.is_empty() && above.is_empty() {
         f.add(
             "directory.permissions",

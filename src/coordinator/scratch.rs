@@ -20,11 +20,11 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
     let pid = pid.replace('_', "-");
     let spec = match &spec.kind {
         StoreKind::File(dir) => {
-            // The store itself, as an acquire would create it (its parent must exist: see
-            // `FileCoordinator::ensure`, which names it otherwise), so that the scratch
-            // directory inside it may be created.
-            if dir.parent().is_some_and(|parent| parent.is_dir()) {
-                let _ = std::fs::create_dir(dir);
+            // The store itself, as an acquire would create it (see `file::refused_parent`:
+            // below an existing directory, or the embedded default with its parents), so that
+            // the scratch directory inside it may be created.
+            if crate::coordinator::file::refused_parent(dir).is_none() {
+                let _ = std::fs::create_dir_all(dir);
             }
             let dir = dir.join(format!("bench-{pid}"));
             StoreSpec {
