@@ -301,6 +301,21 @@ impl Sut {
     /// an empty history. Call it once `h.ops` is complete.
     fn collect(&self, h: &mut History) {
         let s = self.schema();
+        // A write whose fence was killed (or cut off at COMMIT) may still be running on the
+        // server: until it ends, the tables below are read in separate snapshots and could
+        // see half of it (a guard row without its event). Wait for every backend still on
+        // this workload's schema to end (the server notices a dead client within a second).
+        let url = pg_url();
+        let busy = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+             AND state IN ('active', 'idle in transaction', 'idle in transaction (aborted)') \
+             AND position('{s}.' in query) > 0"
+        );
+        common::wait_for(
+            "the workload's last transactions to end",
+            std::time::Duration::from_secs(60),
+            || common::pg_query(&url, &busy)[0].get::<_, i64>(0) == 0,
+        );
         let record = self.coord_record();
         h.coord = record.events;
         h.missing = record.missing;
@@ -311,7 +326,6 @@ impl Sut {
             }
             clock => clock,
         };
-        let url = pg_url();
         let target_events = format!("{s}.write_events");
         if table_exists(&url, &target_events) {
             h.target = common::pg_query(
