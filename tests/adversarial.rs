@@ -1297,8 +1297,10 @@ fn seed_cancelled_acquisition(backend: Backend) {
     for i in 0..40 {
         let owner = format!("killed-{i}");
         // The first acquire on S3 finds no lease and skips the clock probe, so later ones
-        // take longer there: spread the kills wider.
-        let widest = if backend == Backend::S3 { 300 } else { 130 };
+        // take longer there: spread the kills wider. Elsewhere too, up to twice the measured
+        // time: under load one measurement can be far below the acquisitions that follow
+        // (a `.ci/run` saw 40 kills at up to 130% of 8 ms all land before the grant).
+        let widest = if backend == Backend::S3 { 300 } else { 200 };
         let after = base * rng.range(20, widest) as u32 / 100;
         rec.op(
             &sut,
