@@ -467,6 +467,65 @@ fn killing_the_reaper_ends_the_run_without_waiting_for_kill_after(store: &Store)
     kill_the_reaper_of_daemons(store, "30s", Duration::from_secs(2 + 5));
 }
 
+/// The reaper is killed while `fence run --wait` waits for a lease another owner holds: the
+/// run ends at once, unavailable (nothing was run, safe to retry), without taking the lease —
+/// the holder keeps it, and no token is issued for a command that could not be started.
+#[test]
+fn killing_the_reaper_while_waiting_ends_the_run_without_the_lease() {
+    let store = Store::file();
+    let holder = store
+        .fence()
+        .acquire("job", &["--owner", "holder", "--ttl", "60s"]);
+    let dir = RunDir::new();
+    let started = dir.file("started");
+    let fence = spawn_run(
+        &store,
+        &["--wait", "60s"],
+        &format!("echo yes > '{started}'"),
+        &dir,
+    );
+    let mut reaper = None;
+    wait_for("the reaper to start", Duration::from_secs(20), || {
+        reaper = dir
+            .processes()
+            .into_iter()
+            .find(|pid| common::process::parent_of(*pid) == fence.id());
+        reaper.is_some()
+    });
+    kill(reaper.unwrap(), libc::SIGKILL);
+    let out = wait_output(
+        "fence run after its reaper was killed while waiting",
+        fence,
+        Duration::from_secs(20),
+    );
+    let (code, json) = outcome(&out);
+    assert_eq!(
+        (code, json["error"].as_str()),
+        (Some(7), Some("unavailable")),
+        "{json}"
+    );
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("while the lease was asked for"),
+        "{json}"
+    );
+    assert!(!Path::new(&started).exists(), "the command ran");
+    let view = view(&store);
+    assert_eq!(
+        (
+            view["state"].as_str(),
+            view["owner"].as_str(),
+            view["token"].as_i64()
+        ),
+        (Some("held"), Some("holder"), Some(holder.token)),
+        "{view}"
+    );
+    assert_eq!(count_events(&store, "acquired"), 1, "a token was issued");
+    assert!(dir.processes().is_empty(), "processes of the run are left");
+}
+
 /// A command whose first act is `kill -STOP $PPID` (its reaper) writes for a while and exits
 /// 3: fence continues the reaper, passes the status on, and releases the lease. Five times
 /// (it hung about once in five before).

@@ -310,7 +310,7 @@ async fn supervise(
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
     // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
     let grace = args.kill_after.min(args.ttl / 5);
-    let reaper = Reaper::start(&args.command, grace, out)?;
+    let mut reaper = Reaper::start(&args.command, grace, out)?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(
             format!("interrupted by {name} {what}; the command was not started"),
@@ -339,6 +339,23 @@ async fn supervise(
     let (coordinator, grant, sent) = tokio::select! {
         biased;
         asked = &mut asked => asked?,
+        // The supervisor died while the lease was asked for (a `--wait` can be long): no
+        // lease is taken for a command that could not be started (one granted meanwhile is
+        // released).
+        pid = reaper.ended() => {
+            if let Ok(Ok((coordinator, grant, _))) =
+                tokio::time::timeout(Duration::from_secs(2), &mut asked).await
+            {
+                let _ = coordinator
+                    .release(&LeaseRef {
+                        resource: args.resource.clone(),
+                        owner: owner.clone(),
+                        token: grant.lease.token,
+                    })
+                    .await;
+            }
+            return Err(reaper_gone(pid, &reaper.program, "while the lease was asked for"));
+        }
         (_, name) = interrupts.next() => {
             if let Ok(Ok((coordinator, grant, _))) =
                 tokio::time::timeout(Duration::from_secs(2), &mut asked).await
@@ -1144,6 +1161,18 @@ impl Reaper {
         })
     }
 
+    /// Resolves once the reaper has ended (before [`Self::go`]: it was killed), with its pid.
+    async fn ended(&mut self) -> Option<u32> {
+        match self.child.as_mut() {
+            Some(child) => {
+                let pid = child.id();
+                let _ = child.wait().await;
+                pid
+            }
+            None => std::future::pending().await,
+        }
+    }
+
     /// Has the reaper start COMMAND with `env` (fence's variables) under the lease's first
     /// `bound` (bound clock ns): the reaper enforces it from COMMAND's first instant, SIGTERM
     /// `grace` before it. Waits for its report that COMMAND runs (or why it could not start),
@@ -1225,12 +1254,10 @@ impl Reaper {
                 report,
             }),
             // The start message never reached it: it started nothing.
-            (Err(_), _) => Err(Error::internal(
-                format!(
-                    "fence's supervisor of the command (`fence __reaper`, pid {}) ended before it could be told to start `{program}` (killed?)",
-                    child.id().map_or_else(|| "?".to_owned(), |pid| pid.to_string())
-                ),
-                "nothing was run and the lease was released; run the command again",
+            (Err(_), _) => Err(reaper_gone(
+                child.id(),
+                &program,
+                "before it could be told to start it",
             )),
             (Ok(()), Some(read)) => {
                 let mut why = Vec::new();
@@ -1259,6 +1286,18 @@ impl Reaper {
             }
         }
     }
+}
+
+/// The supervisor of the command ended before it was told to start it (`when`): nothing was
+/// run, and no lease is kept, so the run may simply be retried.
+fn reaper_gone(pid: Option<u32>, program: &str, when: &str) -> Error {
+    Error::unavailable(
+        format!(
+            "fence's supervisor of `{program}` (`fence __reaper`, pid {}) ended {when} (killed?)",
+            pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+        ),
+        "nothing was run and no lease was kept: find what killed it (the OOM killer: `journalctl -k | grep -i oom`), then run the command again",
+    )
 }
 
 /// How often `fence run` continues a reaper that has not answered yet (its own command may
