@@ -2,7 +2,7 @@
 //!
 //! - Many waiters in a role with a small `CONNECTION LIMIT` are all served, exactly in arrival
 //!   order, while the role keeps slots for other commands; the waiters' connections stay
-//!   within the bound `src/coordinator/postgres.rs` documents (sampled from `pg_stat_activity`).
+//!   within the bound `src/coordinator/postgres/queue.rs` documents (sampled from `pg_stat_activity`).
 //! - A paused head and a killed waiter hold the queue up for their heartbeat bound at most,
 //!   and leave no rows behind; the paused one, resumed, rejoins at the back and says so.
 //! - A server (role) with no free connection slot is retried for the whole `--wait`.
@@ -30,14 +30,14 @@ const WAITERS: usize = 200;
 /// The role's connection limit in the scale test.
 const ROLE_LIMIT: u32 = 20;
 /// Waiters' connections that live longer than a poll: at most `HELD_MAX` (8, in
-/// `src/coordinator/postgres.rs`) at the head of the queue, and the holder's `fence run`, which
+/// `src/coordinator/postgres/queue.rs`) at the head of the queue, and the holder's `fence run`, which
 /// was a waiter.
 const HELD_BOUND: i64 = 9;
 /// All of the waiters' connections at any instant, polls in flight included. Polls are one
 /// statement on a fresh connection; measured peaks were 6–9 on 2 loaded cores.
 const TOTAL_BOUND: i64 = 16;
 /// How long a dead or paused waiter can hold the queue up: its promised next poll (250 ms
-/// near the head) plus the grace (5 s) of `src/coordinator/postgres.rs`.
+/// near the head) plus the grace (5 s) of `src/coordinator/postgres/queue.rs`.
 const HEARTBEAT_BOUND: Duration = Duration::from_millis(5_250);
 
 fn kill(pid: u32, signal: i32) {

@@ -9,7 +9,7 @@
 //! On PostgreSQL waiters join a durable queue before their first attempt and are granted in
 //! arrival order; the coordinator decides how long each sleeps and whether it keeps its
 //! connection (only the two at the head do, and they listen for releases; see
-//! `coordinator/postgres.rs`). Elsewhere no order is promised: the first waiter to retry after a
+//! `coordinator/postgres/queue.rs`). Elsewhere no order is promised: the first waiter to retry after a
 //! release wins. Nowhere is a free resource reserved for the waiters: a plain `acquire`
 //! (without `--wait`) asking at that moment can be granted first.
 

@@ -242,9 +242,9 @@ pub struct InitReport {
     pub location: String,
 }
 
-/// A lease coordinator.
+/// A coordinator's leases: granting, renewing and releasing them (I1, I3, I4).
 #[async_trait(?Send)]
-pub trait Coordinator {
+pub trait Leases {
     /// Creates or migrates the store's own records; idempotent.
     async fn init(&self) -> Result<InitReport, Error>;
 
@@ -259,6 +259,56 @@ pub trait Coordinator {
     /// Frees a lease held with exactly this owner and token; keeps the token counter.
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error>;
 
+    /// Asks the store to stop the request this process gave up waiting for (a renewal that
+    /// did not answer within the lease's bound), so that it cannot apply later. Best effort,
+    /// bounded; nothing to do where a request cannot outlive its caller's wait.
+    async fn cancel_pending(&self) {}
+
+    /// Fails (a usage error, exit 2) when the store has never been created: a read that only
+    /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
+    /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose
+    /// prefix exists as soon as anything is under it) accept.
+    async fn require_existing(&self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// How a coordinator lets a process wait for a busy resource (`--wait`): a queue, wake-ups.
+#[async_trait(?Send)]
+pub trait Waiting {
+    /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
+    /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that
+    /// follow join and poll the queue (a newcomer cannot pass the waiters) and a server that
+    /// cannot take a connection is retried until `until` (`None`: for ever); returns true.
+    /// Elsewhere returns false, and the caller uses [`Self::wait_begin`] after a busy attempt.
+    fn queue_up(
+        &self,
+        _resource: &str,
+        _owner: &str,
+        _until: Option<tokio::time::Instant>,
+    ) -> bool {
+        false
+    }
+
+    /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
+
+    /// Removes this process from the resource's waiters.
+    async fn unwait(&self, resource: &str) -> Result<(), Error>;
+
+    /// Returns when the resource may have been released (a pushed wake-up, where the store
+    /// has them) or after `max`, whichever is first.
+    async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
+
+    /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
+    /// that waiters need only a slow fallback poll.
+    fn pushes_wakeups(&self) -> bool;
+}
+
+/// What a coordinator remembers: the state and events of its resources, for `inspect`,
+/// `log`, `metrics` and `prune`.
+#[async_trait(?Send)]
+pub trait History {
     /// Describes the named resources (every known one when empty) with up to `history`
     /// events each, most recent first.
     async fn inspect(
@@ -319,43 +369,6 @@ pub trait Coordinator {
         false
     }
 
-    /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
-    /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that
-    /// follow join and poll the queue (a newcomer cannot pass the waiters) and a server that
-    /// cannot take a connection is retried until `until` (`None`: for ever); returns true.
-    /// Elsewhere returns false, and the caller uses [`Self::wait_begin`] after a busy attempt.
-    fn queue_up(
-        &self,
-        _resource: &str,
-        _owner: &str,
-        _until: Option<tokio::time::Instant>,
-    ) -> bool {
-        false
-    }
-
-    /// Shows this process as waiting for `resource` in `inspect` until [`Self::unwait`].
-    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error>;
-
-    /// Removes this process from the resource's waiters.
-    async fn unwait(&self, resource: &str) -> Result<(), Error>;
-
-    /// Returns when the resource may have been released (a pushed wake-up, where the store
-    /// has them) or after `max`, whichever is first.
-    async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error>;
-
-    /// Asks the store to stop the request this process gave up waiting for (a renewal that
-    /// did not answer within the lease's bound), so that it cannot apply later. Best effort,
-    /// bounded; nothing to do where a request cannot outlive its caller's wait.
-    async fn cancel_pending(&self) {}
-
-    /// Fails (a usage error, exit 2) when the store has never been created: a read that only
-    /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
-    /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose
-    /// prefix exists as soon as anything is under it) accept.
-    async fn require_existing(&self) -> Result<(), Error> {
-        Ok(())
-    }
-
     /// Notes a refused attempt (busy, conflict) in the history, coalesced with the same
     /// owner's attempts of the same kind on the resource in the same minute. Best effort:
     /// the refusal is the answer whatever happens here, so a failure is for the caller to
@@ -387,11 +400,13 @@ pub trait Coordinator {
         }
         Ok(counts.into_iter().map(|((r, k), n)| (r, k, n)).collect())
     }
-
-    /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
-    /// that waiters need only a slow fallback poll.
-    fn pushes_wakeups(&self) -> bool;
 }
+
+/// A lease coordinator: its three capabilities, which commands reach through one
+/// `Box<dyn Coordinator>` ([`open`]). A new coordinator implements the three traits.
+pub trait Coordinator: Leases + Waiting + History {}
+
+impl<T: Leases + Waiting + History> Coordinator for T {}
 
 /// The refused attempts a process has recorded, by resource and kind: a waiter's retries
 /// are one attempt, recorded once.

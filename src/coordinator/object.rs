@@ -43,8 +43,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{
-    ttl_ms, Coordinator, Event, EventKind, Grant, InitAction, InitReport, Lease, LeaseRef,
-    Released, ResourceView, State, Waiter,
+    ttl_ms, Event, EventKind, Grant, History, InitAction, InitReport, Lease, LeaseRef, Leases,
+    Released, ResourceView, State, Waiter, Waiting,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
@@ -647,7 +647,7 @@ impl ObjectCoordinator {
 }
 
 #[async_trait(?Send)]
-impl Coordinator for ObjectCoordinator {
+impl Leases for ObjectCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
         let verified = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, true).await?;
         let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
@@ -883,7 +883,53 @@ impl Coordinator for ObjectCoordinator {
         }
         Err(self.contended(&lease.resource))
     }
+}
 
+#[async_trait(?Send)]
+impl Waiting for ObjectCoordinator {
+    /// No queue here; but from its first attempt on, a waiter probes the store's clock on an
+    /// object of its own (see `probe_key`).
+    fn queue_up(
+        &self,
+        _resource: &str,
+        _owner: &str,
+        _until: Option<tokio::time::Instant>,
+    ) -> bool {
+        self.waiting.set(true);
+        false
+    }
+
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
+        let body = serde_json::json!({ "owner": owner }).to_string();
+        let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
+        self.waiting.set(true);
+        self.api.put_blind(&key, body.into_bytes()).await
+    }
+
+    async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
+        if self.waiting.get() && self.last_probe.get().is_some() {
+            // This waiter's own clock probe goes with it (best effort: a probe left by a
+            // killed waiter is never read again).
+            let probe = self.probe_key(resource, Prober::Other);
+            let _ = self.api.delete(&probe).await;
+        }
+        self.waiting.set(false);
+        self.api.delete(&key).await
+    }
+
+    async fn wait_for_release(&self, _resource: &str, max: Duration) -> Result<(), Error> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+
+    fn pushes_wakeups(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait(?Send)]
+impl History for ObjectCoordinator {
     async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
         Ok(self.read(resource).await?.map(|c| c.body.token))
     }
@@ -969,46 +1015,6 @@ impl Coordinator for ObjectCoordinator {
             views.push(view);
         }
         Ok(views)
-    }
-
-    /// No queue here; but from its first attempt on, a waiter probes the store's clock on an
-    /// object of its own (see `probe_key`).
-    fn queue_up(
-        &self,
-        _resource: &str,
-        _owner: &str,
-        _until: Option<tokio::time::Instant>,
-    ) -> bool {
-        self.waiting.set(true);
-        false
-    }
-
-    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
-        let body = serde_json::json!({ "owner": owner }).to_string();
-        let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
-        self.waiting.set(true);
-        self.api.put_blind(&key, body.into_bytes()).await
-    }
-
-    async fn unwait(&self, resource: &str) -> Result<(), Error> {
-        let key = format!("{}/{}", self.waiters_prefix(resource), self.waiter_id);
-        if self.waiting.get() && self.last_probe.get().is_some() {
-            // This waiter's own clock probe goes with it (best effort: a probe left by a
-            // killed waiter is never read again).
-            let probe = self.probe_key(resource, Prober::Other);
-            let _ = self.api.delete(&probe).await;
-        }
-        self.waiting.set(false);
-        self.api.delete(&key).await
-    }
-
-    async fn wait_for_release(&self, _resource: &str, max: Duration) -> Result<(), Error> {
-        tokio::time::sleep(max).await;
-        Ok(())
-    }
-
-    fn pushes_wakeups(&self) -> bool {
-        false
     }
 }
 

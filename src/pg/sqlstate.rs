@@ -1,4 +1,4 @@
-//! fence's own SQLSTATEs (class `LF`), raised by its SQL (`src/coordinator/schema.sql`,
+//! fence's own SQLSTATEs (class `LF`), raised by its SQL (`src/coordinator/postgres/schema.sql`,
 //! `src/fenced/guard.sql`): one table, one meaning per code. Errors are classified by these
 //! codes (and PostgreSQL's own, through `tokio_postgres::error::SqlState`), never by the text
 //! of a message.
@@ -112,7 +112,7 @@ mod tests {
     #[test]
     fn the_table_covers_the_sql() {
         let sql = [
-            include_str!("../coordinator/schema.sql"),
+            include_str!("../coordinator/postgres/schema.sql"),
             include_str!("../fenced/guard.sql"),
         ]
         .concat();

@@ -8,8 +8,8 @@ use super::log::EventLine;
 use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
 use crate::coordinator::{
-    ttl_ms, Attempt, Coordinator, Grant, InitAction, InitReport, Inspection, Lease, LeaseRef,
-    LogQuery, Logged, Released, ResourceView,
+    ttl_ms, Attempt, Grant, History, InitAction, InitReport, Inspection, Lease, LeaseRef, Leases,
+    LogQuery, Logged, Released, ResourceView, Waiting,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
@@ -195,7 +195,7 @@ impl FileCoordinator {
 }
 
 #[async_trait(?Send)]
-impl Coordinator for FileCoordinator {
+impl Leases for FileCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
         let meta = self.dir.join("fence-store.json");
         let existed = meta.exists();
@@ -330,44 +330,13 @@ impl Coordinator for FileCoordinator {
         .await
     }
 
-    async fn inspect(
-        &self,
-        resources: &[String],
-        history: usize,
-    ) -> Result<Vec<ResourceView>, Error> {
-        Ok(self.inspect_store(resources, history)?.views)
-    }
-
-    async fn inspect_checked(
-        &self,
-        resources: &[String],
-        history: usize,
-    ) -> Result<Inspection, Error> {
-        self.inspect_store(resources, history)
-    }
-
     async fn require_existing(&self) -> Result<(), Error> {
         self.require_dir()
     }
+}
 
-    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        self.log_store(query)
-    }
-
-    /// Under the resource's lock, as its refusals are.
-    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
-        self.with_lock(&attempt.resource, |store, _, paths| {
-            let now_ms = Now::read()?.wall_ms;
-            super::attempts::note(&paths.attempts, attempt, now_ms)
-                .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
-        })
-        .await
-    }
-
-    async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
-        self.event_counts_store()
-    }
-
+#[async_trait(?Send)]
+impl Waiting for FileCoordinator {
     async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
         let dir = self.waiters_dir(resource);
         std::fs::create_dir_all(&dir).map_err(|err| self.io_error("create", &dir, &err))?;
@@ -401,5 +370,42 @@ impl Coordinator for FileCoordinator {
 
     fn pushes_wakeups(&self) -> bool {
         false
+    }
+}
+
+#[async_trait(?Send)]
+impl History for FileCoordinator {
+    async fn inspect(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Vec<ResourceView>, Error> {
+        Ok(self.inspect_store(resources, history)?.views)
+    }
+
+    async fn inspect_checked(
+        &self,
+        resources: &[String],
+        history: usize,
+    ) -> Result<Inspection, Error> {
+        self.inspect_store(resources, history)
+    }
+
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        self.log_store(query)
+    }
+
+    /// Under the resource's lock, as its refusals are.
+    async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
+        self.with_lock(&attempt.resource, |store, _, paths| {
+            let now_ms = Now::read()?.wall_ms;
+            super::attempts::note(&paths.attempts, attempt, now_ms)
+                .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
+        })
+        .await
+    }
+
+    async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
+        self.event_counts_store()
     }
 }

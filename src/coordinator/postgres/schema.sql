@@ -339,7 +339,7 @@ END
 $fn$;
 
 -- `classify`, `renew` and `release` are kept for fence binaries of version 4 during an
--- upgrade; this fence sends `RENEW` and `RELEASE` (src/coordinator/postgres.rs) instead.
+-- upgrade; this fence sends `RENEW` and `RELEASE` (src/coordinator/pg_one_shot.rs) instead.
 -- Shared classification of a renew/release that did not match its lease. Writes a
 -- `<op>_rejected` event for a stale, expired or released lease so `inspect` shows it.
 CREATE OR REPLACE FUNCTION __SCHEMA__.classify(p_op text, p_resource text, p_owner text, p_token bigint,
@@ -481,7 +481,7 @@ CREATE TABLE IF NOT EXISTS __SCHEMA__.attempts (
 -- Version 5, continued: no PL/pgSQL on the one-shot path.
 -- A new connection compiles each PL/pgSQL function on its first call and plans its
 -- statements (about 3 ms of a one-shot `fence acquire`). Acquire, renew and release are now
--- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/postgres.rs),
+-- plain statements sent by fence (`ACQUIRE`, `RENEW`, `RELEASE` in src/coordinator/pg_one_shot.rs),
 -- with the same semantics as the functions above; those stay, for the waiters (`wait_enter`
 -- and `wait_poll` call `acquire`: waiting is not one-shot) and for fence binaries of
 -- version 4 still running during an upgrade. The guard's UPDATE trigger calls its function

@@ -1,0 +1,432 @@
+//! Waiting on PostgreSQL (`--wait`): the durable queue of waiters, its pace, and the
+//! wake-ups (see the parent module's documentation and `schema.sql`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+
+use super::{Answer, PgCoordinator};
+use crate::coordinator::Waiting;
+use crate::error::Error;
+use crate::sys::random_u64;
+
+/// How many waiters at the head of a queue keep their connection and listen: the head, so
+/// that a release reaches it at once, and the next, so that the head's grant does too and a
+/// fresh head is ready for the following release.
+pub const WINDOW: i64 = 2;
+/// The most waiters of one resource that keep a connection: behind the window, a waiter
+/// whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its connection
+/// and listens too, so that a hot resource with short critical sections is not held down
+/// to the pace at which far waiters reconnect (a release or grant then wakes up to this
+/// many waiters, each for one short poll).
+pub const HELD_MAX: i64 = 8;
+const HOLD_SOONER: Duration = Duration::from_millis(500);
+/// How often the waiters of the window poll, whatever they hear: notifications are not
+/// durable, a lease can expire without one, and a transaction-mode pooler drops `LISTEN`.
+pub const NEAR_POLL: Duration = Duration::from_millis(250);
+/// Poll interval of the first waiter outside the window, and the growth per place behind it.
+const FAR_STEP: Duration = Duration::from_millis(200);
+/// The shortest and the longest poll interval outside the window.
+const FAR_MIN: Duration = Duration::from_millis(25);
+pub const FAR_MAX: Duration = Duration::from_secs(10);
+/// How long past its promised next poll a waiter's row lives: the waiter is late (a slow
+/// connection, a full server, a loaded machine) rather than dead. A dead or paused waiter at
+/// the head holds the queue up for its promise plus this, then is skipped.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// The longest a queued waiter sleeps when its wait has no end.
+pub(super) const FOREVER: Duration = Duration::from_secs(3600);
+
+/// The poll interval of a waiter at `place` (> [`WINDOW`]) whose queue has been granting
+/// about one lease per `per_grant`: it wakes halfway to when its turn could come at that
+/// pace (so it polls about log2 of its place times on the way to the head), and never later
+/// than [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next
+/// waiters awake soon enough. Halfway rather than just before: the pace is measured from
+/// the queue itself, and a waiter that came only just in time would hold the pace down to
+/// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue behind a
+/// long-held lease, the polls per second are about 5·H(50) + (N − 50)/10 ≈ 23 + N/10 for N
+/// waiters (H the harmonic number).
+pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
+    let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
+    let paced = per_grant.saturating_mul(ahead) / 2;
+    paced
+        .min(FAR_STEP.saturating_mul(ahead))
+        .clamp(FAR_MIN, FAR_MAX)
+}
+
+/// How many places at the head of a queue going at `per_grant` keep their connection and
+/// listen: the window, and behind it those whose turn should come within [`HOLD_SOONER`],
+/// up to [`HELD_MAX`].
+fn held_places(per_grant: Duration) -> i64 {
+    let mut places = WINDOW;
+    while places < HELD_MAX
+        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < HOLD_SOONER
+    {
+        places += 1;
+    }
+    places
+}
+
+/// The pace after a poll that saw `grants` grants in the `elapsed` since the waiter's last
+/// one. Fast attack, slow decay: a queue that speeds up is followed at once (its next
+/// waiters must be awake in time), one that slows down gradually, so that time the lease lay
+/// free because its next waiter slept does not teach the waiters to sleep longer (a slow
+/// holder is told by how long it has held the lease, `Queue::held_for`). No grant: no news.
+fn followed_pace(per_grant: Duration, elapsed: Duration, grants: u32) -> Duration {
+    if grants == 0 {
+        return per_grant;
+    }
+    let sample = (elapsed / grants).max(Duration::from_millis(1));
+    if sample < per_grant {
+        sample
+    } else {
+        (per_grant * 3 + sample) / 4
+    }
+}
+
+/// The longest a waiter at `place` sleeps before its next poll, whatever the pace: what its
+/// poll promises (its row lives that long plus [`GRACE`]). Never grows as the place shrinks.
+fn promise(place: i64) -> Duration {
+    if place <= WINDOW {
+        return NEAR_POLL;
+    }
+    let ahead = u32::try_from(place - WINDOW).unwrap_or(u32::MAX);
+    FAR_STEP.saturating_mul(ahead).min(FAR_MAX).max(NEAR_POLL)
+}
+
+/// A waiter's state between its polls.
+pub(super) struct Queue {
+    pub(super) resource: String,
+    /// When the wait ends (`None`: never); reconnecting is retried until then.
+    pub(super) until: Option<Instant>,
+    /// Its row, once it joined.
+    waiter: Option<i64>,
+    /// 1 = head; 0 before joining.
+    place: i64,
+    /// What its last poll promised: the row lives this much past it, less [`GRACE`].
+    promised: Duration,
+    /// Up to which place its last poll asked to listen (see [`held_places`]).
+    listen_within: i64,
+    /// Whether its connection listens.
+    listening: bool,
+    /// Whether its last poll made it listen: it polls once more at once, since a release
+    /// between its poll and its `LISTEN` was not sent to it.
+    started_listening: bool,
+    /// The pace of the queue, for [`far_poll`]: the lease's token and the time at the last
+    /// poll, and the estimated time per grant.
+    last_token: Option<i64>,
+    last_poll: Instant,
+    per_grant: Duration,
+    /// How long the holder had held the lease at the last poll (zero when it was free): a
+    /// grant takes at least that long, whatever the queue did before.
+    held_for: Duration,
+    /// The holder's remaining lease at the last poll.
+    expires_in_ms: Option<i64>,
+}
+
+impl Queue {
+    /// The time per grant to plan with: the queue's recent pace, or longer while the current
+    /// holder has held the lease longer than that.
+    fn pace(&self) -> Duration {
+        self.per_grant.max(self.held_for)
+    }
+}
+
+#[async_trait(?Send)]
+impl Waiting for PgCoordinator {
+    fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {
+        *self.queue.borrow_mut() = Some(Queue {
+            resource: resource.to_owned(),
+            until,
+            waiter: None,
+            place: 0,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            listening: false,
+            started_listening: false,
+            last_token: None,
+            last_poll: Instant::now(),
+            per_grant: FAR_STEP,
+            held_for: Duration::ZERO,
+            expires_in_ms: None,
+        });
+        true
+    }
+
+    async fn wait_begin(&self, resource: &str, owner: &str) -> Result<(), Error> {
+        // Waiters join the queue through `queue_up` and their next acquire; this is for a
+        // caller that does not know about queues.
+        self.queue_up(resource, owner, None);
+        Ok(())
+    }
+
+    async fn unwait(&self, resource: &str) -> Result<(), Error> {
+        let queue = self.queue.borrow_mut().take();
+        let Some(waiter) = queue.and_then(|queue| queue.waiter) else {
+            return Ok(()); // never joined, or a grant already left the queue
+        };
+        // One connection attempt: the wait is over, and a row left behind dies at its deadline.
+        self.session_until(Instant::now())
+            .await?
+            .call(
+                &format!("leave the queue of `{resource}`"),
+                true,
+                "SELECT __SCHEMA__.wait_leave($1, $2)",
+                &[(&resource, Type::TEXT), (&waiter, Type::INT8)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_for_release(&self, resource: &str, max: Duration) -> Result<(), Error> {
+        let (keep, nap) = match self.queue.borrow_mut().as_mut() {
+            Some(queue) => {
+                // The pace may have slowed since the poll: hold on only while it is worth it.
+                let keep = queue.place <= held_places(queue.pace());
+                queue.listening = queue.listening && keep;
+                let nap = if queue.started_listening && queue.listening {
+                    Duration::ZERO
+                } else if queue.place == 1 {
+                    // The head also wakes when the holder's lease runs out.
+                    let expiry = queue.expires_in_ms.map_or(NEAR_POLL, |ms| {
+                        Duration::from_millis(u64::try_from(ms).unwrap_or(0) + 1)
+                    });
+                    NEAR_POLL.min(expiry)
+                } else if queue.listening {
+                    // Notifications keep it up to date: polls only prove it alive.
+                    NEAR_POLL
+                } else {
+                    far_poll(queue.place, queue.pace())
+                };
+                (keep, nap)
+            }
+            None => (true, max),
+        };
+        // A tenth of jitter either way, so that waiters do not poll in lockstep.
+        let tenth = nap.as_micros() as u64 / 10;
+        let nap = (nap + Duration::from_micros(random_u64() % (2 * tenth + 1)))
+            .saturating_sub(Duration::from_micros(tenth))
+            .min(max);
+        if !keep {
+            // Far from the head: no connection while asleep.
+            self.session.borrow_mut().take();
+            tokio::time::sleep(nap).await;
+            return Ok(());
+        }
+        let Some(session) = self.session.borrow().clone() else {
+            tokio::time::sleep(nap).await;
+            return Ok(());
+        };
+        let mut notifications = session.notifications.lock().await;
+        let deadline = Instant::now() + nap;
+        loop {
+            let payload = match tokio::time::timeout_at(deadline, notifications.recv()).await {
+                Ok(Some(payload)) => payload,
+                // The connection is gone (the next poll reconnects), or the time is up.
+                Ok(None) | Err(_) => return Ok(()),
+            };
+            // `r:<resource>` a release; `g<id>:<resource>` waiter <id> was granted;
+            // `l<id>:<resource>` waiter <id> left.
+            let Some((event, moved)) = payload.split_once(':') else {
+                continue;
+            };
+            if moved != resource {
+                continue;
+            }
+            let mut queue = self.queue.borrow_mut();
+            let Some(queue) = queue.as_mut() else {
+                return Ok(());
+            };
+            let ahead = |id: &str| {
+                id.parse::<i64>()
+                    .is_ok_and(|id| queue.waiter.is_some_and(|mine| id < mine))
+            };
+            let poll = match event.split_at_checked(1) {
+                // Only the head can take a released lease.
+                Some(("r", _)) => queue.place <= 1,
+                // The queue moved up: follow it; a new head polls at once only if the lease
+                // may be free (a waiter left; a grant means the lease is held).
+                Some((kind @ ("g" | "l"), id)) if ahead(id) => {
+                    queue.place = (queue.place - 1).max(1);
+                    kind == "l" && queue.place == 1
+                }
+                _ => false,
+            };
+            if poll {
+                // Whatever else is pending is older than the poll that follows.
+                while notifications.try_recv().is_ok() {}
+                return Ok(());
+            }
+        }
+    }
+
+    fn pushes_wakeups(&self) -> bool {
+        true
+    }
+}
+
+impl PgCoordinator {
+    /// A queued waiter's attempt: joins the queue (first call) or polls it; rejoins at the
+    /// back, saying so, when its row was deleted while it was paused or cut off.
+    pub(super) async fn poll_queue(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: i64,
+    ) -> Result<Answer, Error> {
+        let (waiter, promise, listen_within) = self
+            .queue
+            .borrow()
+            .as_ref()
+            .map_or((None, FAR_MAX, WINDOW), |queue| {
+                (queue.waiter, queue.promised, held_places(queue.pace()))
+            });
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.listen_within = listen_within;
+        }
+        let live = i64::try_from((promise + GRACE).as_millis()).unwrap_or(i64::MAX);
+        let what = format!("wait for `{resource}`");
+        if let Some(waiter) = waiter {
+            let rows = self
+                .call(
+                    &what,
+                    true,
+                    "SELECT * FROM __SCHEMA__.wait_poll($1, $2, $3, $4, $5, $6)",
+                    &[
+                        (&resource, Type::TEXT),
+                        (&owner, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&waiter, Type::INT8),
+                        (&live, Type::INT8),
+                        (&listen_within, Type::INT8),
+                    ],
+                )
+                .await?;
+            let answer = Answer::from_rows(&rows)?;
+            if answer.status != "lapsed" {
+                return Ok(answer);
+            }
+            crate::terminal::warn(&format!(
+                "warning: this waiter for `{resource}` did not poll within {}s of its promise (paused, or the server unreachable), so its place was given up; it joins the queue again at the back",
+                GRACE.as_secs()
+            ));
+        }
+        // Joining: the row must outlive the slowest first poll. The newcomer does not know
+        // the queue's pace yet: it listens if it lands within reach of any pace, and lets go
+        // of its connection after the answer if the pace says so.
+        let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
+        let listen_within = HELD_MAX;
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.listen_within = listen_within;
+        }
+        let rows = self
+            .call(
+                &what,
+                true,
+                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5)",
+                &[
+                    (&resource, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&live, Type::INT8),
+                    (&listen_within, Type::INT8),
+                ],
+            )
+            .await?;
+        Answer::from_rows(&rows)
+    }
+
+    /// Notes a busy poll's answer: place, pace, and the next promise.
+    pub(super) fn queued(&self, answer: &Answer) {
+        let mut queue = self.queue.borrow_mut();
+        let Some(queue) = queue.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if let Some(pace) = answer.pace_ms {
+            queue.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
+                .clamp(Duration::from_millis(1), FAR_MAX);
+        } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
+            let elapsed = now.saturating_duration_since(queue.last_poll);
+            // A token lower than the last one seen (a restored store) is no grant, not billions.
+            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
+            queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
+        }
+        queue.held_for = answer.held_for();
+        let place = answer.place.unwrap_or(queue.place);
+        let listens = place <= queue.listen_within;
+        queue.started_listening = listens && !queue.listening;
+        queue.listening = listens || queue.listening;
+        queue.waiter = answer.waiter.or(queue.waiter);
+        queue.place = place;
+        queue.last_token = answer.token;
+        queue.last_poll = now;
+        queue.expires_in_ms = answer.expires_in_ms;
+        // Places only move forward and no interval outgrows its place's bound, so the row
+        // is kept alive until the latest the next poll can come.
+        queue.promised = promise(place);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_pace_follows_a_faster_queue_at_once_and_a_stall_only_a_quarter() {
+        // Faster: taken as it is.
+        assert_eq!(followed_pace(40 * MS, 30 * MS, 10), 3 * MS);
+        // A stall of 200 ms among ten 3 ms grants moves a 3 ms pace by a quarter of the gap.
+        let stalled = followed_pace(3 * MS, 230 * MS, 10);
+        assert_eq!(stalled, (3 * 3 * MS + 23 * MS) / 4);
+        // No grant seen: the pace stays (how long the holder has held is another figure).
+        assert_eq!(followed_pace(3 * MS, 10 * FAR_MAX, 0), 3 * MS);
+        // Never below a millisecond.
+        assert_eq!(followed_pace(3 * MS, MS, 10), MS);
+    }
+
+    #[test]
+    fn a_slow_holder_slows_the_pace_and_a_free_lease_does_not() {
+        let answer = |expires_in_ms: Option<i64>| Answer {
+            status: "busy".into(),
+            token: Some(7),
+            owner: Some("holder".into()),
+            acquired_ms: Some(1_000),
+            renewed_ms: Some(60_000),
+            expires_ms: Some(70_000),
+            expires_in_ms,
+            ttl_ms: Some(10_000),
+            waiter: Some(3),
+            place: Some(2),
+            pace_ms: None,
+        };
+        // Held since 1 s, the server's clock at 65 s: 64 s.
+        assert_eq!(answer(Some(5_000)).held_for(), 64_000 * MS);
+        assert_eq!(answer(Some(0)).held_for(), Duration::ZERO);
+        assert_eq!(answer(None).held_for(), Duration::ZERO);
+        let mut queue = Queue {
+            resource: "r".into(),
+            until: None,
+            waiter: Some(3),
+            place: 2,
+            promised: NEAR_POLL,
+            listen_within: WINDOW,
+            listening: false,
+            started_listening: false,
+            last_token: Some(7),
+            last_poll: Instant::now(),
+            per_grant: 3 * MS,
+            held_for: answer(Some(5_000)).held_for(),
+            expires_in_ms: Some(5_000),
+        };
+        assert_eq!(queue.pace(), 64_000 * MS);
+        assert_eq!(held_places(queue.pace()), WINDOW);
+        queue.held_for = Duration::ZERO;
+        assert_eq!(queue.pace(), 3 * MS);
+        assert_eq!(held_places(queue.pace()), HELD_MAX);
+    }
+}
