@@ -16,9 +16,8 @@ use crate::coordinator::{
 };
 use crate::error::Error;
 use crate::exit::Exit;
-use crate::fenced::object::{self as object_target, ObjectView};
-use crate::fenced::postgres::{GuardView, PgTarget};
-use crate::fenced::TargetSpec;
+use crate::fenced::target::TargetView;
+use crate::fenced::{self, TargetSpec};
 use crate::output::{self, Output, Report};
 use crate::terminal::terminal_safe;
 use crate::time;
@@ -37,15 +36,7 @@ pub struct Inspected {
     /// The store read, as shown to people.
     store: String,
     /// The target's guard rows, with `--target`.
-    targets: Option<(String, Targets)>,
-}
-
-/// What `--target` shows.
-enum Targets {
-    /// A database's guard rows, one per resource.
-    Guards(Vec<GuardView>),
-    /// An object's version and stored token.
-    Object(ObjectView),
+    targets: Option<(String, TargetView)>,
 }
 
 /// `fence inspect`, printed. An answer that may hold more than [`PAGE`] resources, from a
@@ -107,21 +98,14 @@ pub async fn run(
         .filter(|&limit| views.len() as u64 >= limit)
         .and_then(|_| views.last().map(|v| v.resource.clone()));
     let targets = match target {
-        Some(spec) => match &spec.object {
-            Some(url) => Some((
-                spec.display.clone(),
-                Targets::Object(object_target::view(url).await?),
-            )),
-            None => {
-                let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
-                let target = PgTarget::connect(&spec, &ctx.schema).await?;
-                // A schema that is not there is a wrong --schema, not a target that accepted
-                // nothing: "no write landed" would be a wrong answer after a takeover.
-                target.require_existing().await?;
-                let guards = target.guards(&names).await?;
-                Some((spec.display, Targets::Guards(guards)))
-            }
-        },
+        Some(spec) => {
+            let names: Vec<String> = views.iter().map(|v| v.resource.clone()).collect();
+            let target = fenced::target::open(&spec, &ctx.schema).await?;
+            // A schema that is not there is a wrong --schema, not a target that accepted
+            // nothing: "no write landed" would be a wrong answer after a takeover.
+            target.require_existing().await?;
+            Some((spec.display, target.view(&names).await?))
+        }
         None => None,
     };
     Ok(Inspected {
@@ -166,11 +150,11 @@ impl Inspected {
 
     fn target_warnings(&self) -> Vec<(String, String)> {
         let accepted: Vec<(&str, i64)> = match &self.targets {
-            Some((_, Targets::Guards(guards))) => guards
+            Some((_, TargetView::Guards(guards))) => guards
                 .iter()
                 .filter_map(|g| Some((g.resource.as_str(), g.highest_token?)))
                 .collect(),
-            Some((_, Targets::Object(o))) => {
+            Some((_, TargetView::Object(o))) => {
                 o.resource.as_deref().zip(o.token).into_iter().collect()
             }
             None => Vec::new(),
@@ -579,7 +563,7 @@ impl Report for Inspected {
             .targets
             .as_ref()
             .map(|(target, targets)| match targets {
-                Targets::Object(o) => vec![TargetJson::Object {
+                TargetView::Object(o) => vec![TargetJson::Object {
                     target,
                     resource: o.resource.as_deref(),
                     highest_token: o.token,
@@ -587,7 +571,7 @@ impl Report for Inspected {
                     updated_at: o.updated_at_ms.map(time::rfc3339),
                     updated_by: o.owner.as_deref(),
                 }],
-                Targets::Guards(guards) => guards
+                TargetView::Guards(guards) => guards
                     .iter()
                     .map(|g| TargetJson::Guard {
                         target,
@@ -635,7 +619,7 @@ impl Report for Inspected {
                 text.push_str(&format!("  {}: {}\n", f.kind, f.message));
             }
         }
-        if let Some((target, Targets::Object(o))) = &self.targets {
+        if let Some((target, TargetView::Object(o))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);
             t.set_header([
@@ -656,7 +640,7 @@ impl Report for Inspected {
             ]);
             text.push_str(&format!("\nfenced object:\n{t}\n"));
         }
-        if let Some((target, Targets::Guards(guards))) = &self.targets {
+        if let Some((target, TargetView::Guards(guards))) = &self.targets {
             let mut t = Table::new();
             t.load_preset(presets::UTF8_FULL_CONDENSED);
             t.set_header([

@@ -10,9 +10,8 @@ use crate::cli::InspectArgs;
 use crate::cmd::write::{applied_when, AppliedJson};
 use crate::cmd::Context;
 use crate::error::Error;
-use crate::fenced::object as object_target;
-use crate::fenced::postgres::PgTarget;
-use crate::fenced::TargetSpec;
+use crate::fenced::target::Applied as Entry;
+use crate::fenced::{self, TargetSpec};
 use crate::output::{self, Report};
 
 pub struct IdInspected {
@@ -20,16 +19,8 @@ pub struct IdInspected {
     id: String,
     target: String,
     entry: Option<Entry>,
-    /// What "not there" means at this target.
-    object: bool,
-}
-
-struct Entry {
-    at_ms: i64,
-    token: i64,
-    owner: Option<String>,
-    /// Objects: the version the write made.
-    version: Option<String>,
+    /// What "not there" means at this target: the number of ids it remembers, if bounded.
+    remembers: Option<usize>,
 }
 
 pub async fn run(args: InspectArgs, ctx: &Context) -> Result<IdInspected, Error> {
@@ -43,46 +34,15 @@ pub async fn run(args: InspectArgs, ctx: &Context) -> Result<IdInspected, Error>
         )
     })?;
     let spec = TargetSpec::resolve(&url)?;
-    let entry = match &spec.object {
-        Some(object) => {
-            let (stored_resource, entry) = object_target::lookup(object, &id).await?;
-            if let Some(stored) = stored_resource.filter(|stored| *stored != resource) {
-                return Err(Error::usage(
-                    format!(
-                        "`{}` is fenced by resource `{stored}`, not `{resource}`",
-                        spec.display
-                    ),
-                    format!(
-                        "look the id up with the resource that guards the object: `fence inspect {} --target … --id {id}`",
-                        crate::error::shell_word(&stored)
-                    ),
-                ));
-            }
-            entry.map(|e| Entry {
-                at_ms: e.applied_at_ms,
-                token: e.token,
-                owner: e.owner,
-                version: Some(e.version),
-            })
-        }
-        None => {
-            let target = PgTarget::connect(&spec, &ctx.schema).await?;
-            target.require_existing().await?;
-            target.ledger_entry(&resource, &id).await?
-        }
-        .map(|e| Entry {
-            at_ms: e.applied_at_ms,
-            token: e.token,
-            owner: e.owner,
-            version: None,
-        }),
-    };
+    let target = fenced::target::open(&spec, &ctx.schema).await?;
+    target.require_existing().await?;
+    let entry = target.applied(&resource, &id).await?;
     Ok(IdInspected {
         resource,
         id,
         target: spec.display,
         entry,
-        object: spec.object.is_some(),
+        remembers: target.remembers_ids(),
     })
 }
 
@@ -121,11 +81,11 @@ impl Report for IdInspected {
                     .map(|v| format!(" (version {v})"))
                     .unwrap_or_default()
             ),
-            None if self.object => format!(
+            None if self.remembers.is_some() => format!(
                 "write `{}` is not in the ledger of `{}`: it was never applied there, or it is older than the object's last {} ids\n",
                 self.id,
                 self.target,
-                object_target::LEDGER_IDS
+                self.remembers.unwrap_or_default()
             ),
             None => format!(
                 "write `{}` of `{}` is not in the ledger of `{}`: it was never applied there (or its ledger row was deleted)\n",

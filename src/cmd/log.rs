@@ -22,8 +22,8 @@ use crate::cmd::Context;
 use crate::coordinator::{Event, EventKind, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
-use crate::fenced::postgres::PgTarget;
-use crate::fenced::TargetSpec;
+use crate::fenced::target::FencedTarget;
+use crate::fenced::{self, TargetSpec};
 use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 use crate::time;
@@ -124,28 +124,9 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     // Per target: the highest token it accepted, per resource of the timeline.
     let mut guards: Vec<(String, Vec<(String, i64)>)> = Vec::new();
     for spec in &targets {
-        if let Some(url) = &spec.object {
-            // An object holds only what it accepted, a few versions' worth: read it whole.
-            let events: Vec<Logged> = crate::fenced::object::log(url)
-                .await?
-                .into_iter()
-                .filter(|l| query.matches(&l.resource) && query.in_window(l.event.at_ms))
-                .collect();
-            let highest = events
-                .iter()
-                .filter_map(|l| l.event.token.map(|t| (l.resource.clone(), t)))
-                .max_by_key(|(_, t)| *t);
-            guards.push((spec.display.clone(), highest.into_iter().collect()));
-            entries.extend(events.into_iter().map(|logged| Entry {
-                source: Source::Target(spec.display.clone()),
-                logged,
-                derived: false,
-            }));
-            continue;
-        }
-        let target = PgTarget::connect(spec, &ctx.schema).await?;
+        let target = fenced::target::open(spec, &ctx.schema).await?;
         target.require_existing().await?;
-        let reader = &target;
+        let reader = target.as_ref();
         let (events, more) = read_growing(
             &query,
             |events| {
@@ -159,15 +140,9 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
         .await?;
         truncated |= more;
         let names = resources_of(&entries, &events);
-        // No resource in the timeline: nothing to compare (an empty list asks for every row).
+        // No resource in the timeline: nothing to compare (an empty list asks for every one).
         if !names.is_empty() {
-            let highest = target
-                .guards(&names)
-                .await?
-                .into_iter()
-                .filter_map(|g| g.highest_token.map(|t| (g.resource, t)))
-                .collect();
-            guards.push((spec.display.clone(), highest));
+            guards.push((spec.display.clone(), target.highest_tokens(&names).await?));
         }
         entries.extend(events.into_iter().map(|logged| Entry {
             source: Source::Target(spec.display.clone()),
@@ -313,10 +288,11 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
         ));
     }
     let mut interrupts = Interrupts::install()?;
-    let mut targets: Vec<(TargetSpec, Option<PgTarget>)> = resolve_targets(&args.targets, true)?
-        .into_iter()
-        .map(|spec| (spec, None))
-        .collect();
+    let mut targets: Vec<(TargetSpec, Option<Box<dyn FencedTarget>>)> =
+        resolve_targets(&args.targets, true)?
+            .into_iter()
+            .map(|spec| (spec, None))
+            .collect();
     let patterns: Vec<Pattern> = args.resources.iter().map(|r| Pattern::new(r)).collect();
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let coordinator = ctx.coordinator().await?;
@@ -325,7 +301,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
     // not answer yet.
     coordinator.require_existing().await?;
     for (spec, target) in targets.iter_mut() {
-        if let Ok(connected) = PgTarget::connect(spec, &ctx.schema).await {
+        if let Ok(connected) = fenced::target::open(spec, &ctx.schema).await {
             connected.require_existing().await?;
             *target = Some(connected);
         }
@@ -364,7 +340,7 @@ async fn follow_events(args: &LogArgs, ctx: &Context, out: &Output) -> Result<()
         for (spec, target) in targets.iter_mut() {
             let read = match target {
                 Some(t) => t.log(&query).await,
-                None => match PgTarget::connect(spec, &ctx.schema).await {
+                None => match fenced::target::open(spec, &ctx.schema).await {
                     Ok(t) => target.insert(t).log(&query).await,
                     Err(err) => Err(err),
                 },

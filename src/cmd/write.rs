@@ -10,11 +10,10 @@ use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::coordinator::{Attempt, EventKind};
 use crate::error::Error;
-use crate::fenced::object::{self as object_target, Expect, IdEntry, ObjectOutcome, ObjectWrite};
-use crate::fenced::postgres::{
-    LedgerEntry, PgTarget, RowOutcome, RowWrite, StatementResult, TxOutcome, TxWrite,
-};
-use crate::fenced::{sql_check, TargetSpec};
+use crate::fenced::object::{Expect, IdEntry, ObjectOutcome};
+use crate::fenced::postgres::{LedgerEntry, RowOutcome, RowWrite, StatementResult, TxOutcome};
+use crate::fenced::target::{Body, FencedTarget, Form, Outcome as Done, WriteRequest};
+use crate::fenced::{self, sql_check, TargetSpec};
 use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 
@@ -59,114 +58,149 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
     }
     let spec = TargetSpec::resolve(&args.target)?;
     let owner = args.owner.clone().unwrap_or_default();
-    // Read and check everything before connecting: bad input never reaches the database.
-    let outcome = if let Some(url) = &spec.object {
-        let Some(from) = &args.from else {
-            return Err(Error::usage(
-                format!("an object target (`{}`) is written with --from FILE", spec.display),
-                "give the bytes with --from FILE, or --from - for standard input; --sql, --file and --table are for PostgreSQL",
-            ));
-        };
-        let expect = Expect {
-            if_match: args.if_match.clone(),
-            if_generation_match: args.if_generation_match,
-        };
-        object_target::check_flags(url, &expect)?;
-        let body = read_bytes(from)?;
-        // The coordinator, to confirm right before the put that the token is still the
-        // newest (S3: see `ObjectWrite::sequencer`); none here, or none reachable: unchecked.
-        let sequencer = match (&ctx.history, url.service) {
-            (Some(store), crate::object::Service::S3) => {
-                match crate::coordinator::open(store, &ctx.schema).await {
-                    Ok(store) if store.require_existing().await.is_ok() => Some(store),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let bar = out.upload_bar(body.len(), &spec.display);
-        let write = ObjectWrite {
-            sequencer: sequencer.as_deref(),
-            resource: &args.resource,
-            token: args.token,
-            owner: &owner,
-            write_id: args.id.as_deref(),
-            expect: &expect,
-            timeout: args.timeout,
-        };
-        let written = object_target::write(url, &write, body, &bar).await;
-        // Done: the bar stays, showing what was really sent; failed or replayed: the error
-        // or the replay says it all.
-        match &written {
-            Ok(ObjectOutcome::Written(_)) => bar.abandon(),
-            _ => bar.finish_and_clear(),
-        }
-        if let Err(Error::Stale { highest_token, .. }) = &written {
-            let detail = format!(
-                "`{}` refused token {}: it has accepted token {highest_token}",
-                spec.display, args.token
-            );
-            record_refusal(ctx, &args.resource, &owner, args.token, detail).await;
-        }
-        Outcome::Object {
-            write_id: args.id.clone(),
-            outcome: written?,
-        }
-    } else if args.from.is_some() {
-        return Err(Error::usage(
-            format!("--from writes objects, but `{}` is a database", spec.display),
-            "use --sql, --file or --table with a PostgreSQL target, or an s3://, gs:// or file:// target",
-        ));
-    } else if let Some(table) = &args.table {
-        let write = RowWrite {
-            table: table.clone(),
-            key: assignments("--key", &args.keys)?,
-            set: assignments("--set", &args.sets)?,
-            token_column: args.token_column.clone(),
-            upsert: args.upsert,
-        };
-        if write.key.is_empty() {
-            return Err(Error::usage(
-                "the row form needs at least one --key COL=VALUE",
-                "name the row to write, e.g. --key id=42",
-            ));
-        }
-        if args.id.is_some() {
-            return Err(Error::usage(
-                "--id works with the transaction form (--sql, --file) and objects, not the row form",
-                "write the row with --sql (an UPDATE … WHERE …) to give it an id",
-            ));
-        }
-        crate::fenced::quote_table(table)?;
-        let target = PgTarget::connect(&spec, &ctx.schema).await?;
-        let outcome = target.write_row(&args.resource, args.token, &write).await?;
-        Outcome::Row {
-            table: table.clone(),
-            outcome,
-        }
+    let expect = Expect {
+        if_match: args.if_match.clone(),
+        if_generation_match: args.if_generation_match,
+    };
+    let form = if args.from.is_some() {
+        Form::Bytes(&expect)
+    } else if args.table.is_some() {
+        Form::Row
     } else {
-        let sql = read_sql(&args)?;
-        // Caught from before the connection on: a stop signal cancels the transaction on the
-        // server instead of leaving it to run to its COMMIT.
-        let mut interrupts = Interrupts::install()?;
-        let target = tokio::select! {
-            target = PgTarget::connect(&spec, &ctx.schema) => target?,
-            (_, name) = interrupts.next() => return Err(Error::unavailable(
-                format!("interrupted by {name} while connecting to `{}`", spec.display),
-                "nothing was sent, so nothing was applied; it is safe to retry",
-            )),
-        };
-        let write = TxWrite {
-            resource: &args.resource,
-            token: args.token,
-            owner: &owner,
-            write_id: args.id.as_deref(),
-            sql: &sql,
-            timeout: args.timeout,
-        };
-        Outcome::Transaction {
-            write_id: args.id.clone(),
-            outcome: target.write_transaction(&write, &mut interrupts).await?,
+        Form::Transaction
+    };
+    // Read and check everything before connecting: bad input never reaches the target.
+    spec.check_form(form)?;
+    let request = |body| WriteRequest {
+        resource: &args.resource,
+        token: args.token,
+        owner: &owner,
+        write_id: args.id.as_deref(),
+        timeout: args.timeout,
+        body,
+    };
+    let outcome = match (&args.from, &args.table) {
+        (Some(from), _) => {
+            let bytes = read_bytes(from)?;
+            let target = fenced::target::open(&spec, &ctx.schema).await?;
+            // The coordinator, to confirm right before the put that the token is still the
+            // newest (see `FencedTarget::needs_sequencer`); none here, or none reachable:
+            // unchecked.
+            let sequencer = match &ctx.history {
+                Some(store) if target.needs_sequencer() => {
+                    match crate::coordinator::open(store, &ctx.schema).await {
+                        Ok(store) if store.require_existing().await.is_ok() => Some(store),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let bar = out.upload_bar(bytes.len(), &spec.display);
+            let written = target
+                .write(request(Body::Bytes {
+                    bytes,
+                    expect: &expect,
+                    sequencer: sequencer.as_deref(),
+                    bar: &bar,
+                }))
+                .await;
+            // Done: the bar stays, showing what was really sent; failed or replayed: the
+            // error or the replay says it all.
+            match &written {
+                Ok(Done::Object(ObjectOutcome::Written(_))) => bar.abandon(),
+                _ => bar.finish_and_clear(),
+            }
+            record_refusal(
+                ctx,
+                target.as_ref(),
+                &args.resource,
+                &owner,
+                args.token,
+                &written,
+            )
+            .await;
+            match written? {
+                Done::Object(outcome) => Outcome::Object {
+                    write_id: args.id.clone(),
+                    outcome,
+                },
+                _ => return Err(wrong_outcome(&spec)),
+            }
+        }
+        (None, Some(table)) => {
+            let write = RowWrite {
+                table: table.clone(),
+                key: assignments("--key", &args.keys)?,
+                set: assignments("--set", &args.sets)?,
+                token_column: args.token_column.clone(),
+                upsert: args.upsert,
+            };
+            if write.key.is_empty() {
+                return Err(Error::usage(
+                    "the row form needs at least one --key COL=VALUE",
+                    "name the row to write, e.g. --key id=42",
+                ));
+            }
+            if args.id.is_some() {
+                return Err(Error::usage(
+                    "--id works with the transaction form (--sql, --file) and objects, not the row form",
+                    "write the row with --sql (an UPDATE … WHERE …) to give it an id",
+                ));
+            }
+            crate::fenced::quote_table(table)?;
+            let target = fenced::target::open(&spec, &ctx.schema).await?;
+            let written = target.write(request(Body::Row(&write))).await;
+            record_refusal(
+                ctx,
+                target.as_ref(),
+                &args.resource,
+                &owner,
+                args.token,
+                &written,
+            )
+            .await;
+            match written? {
+                Done::Row(outcome) => Outcome::Row {
+                    table: table.clone(),
+                    outcome,
+                },
+                _ => return Err(wrong_outcome(&spec)),
+            }
+        }
+        (None, None) => {
+            let sql = read_sql(&args)?;
+            // Caught from before the connection on: a stop signal cancels the transaction on
+            // the server instead of leaving it to run to its COMMIT.
+            let mut interrupts = Interrupts::install()?;
+            let target = tokio::select! {
+                target = fenced::target::open(&spec, &ctx.schema) => target?,
+                (_, name) = interrupts.next() => return Err(Error::unavailable(
+                    format!("interrupted by {name} while connecting to `{}`", spec.display),
+                    "nothing was sent, so nothing was applied; it is safe to retry",
+                )),
+            };
+            let written = target
+                .write(request(Body::Transaction {
+                    sql: &sql,
+                    interrupts: &mut interrupts,
+                }))
+                .await;
+            record_refusal(
+                ctx,
+                target.as_ref(),
+                &args.resource,
+                &owner,
+                args.token,
+                &written,
+            )
+            .await;
+            match written? {
+                Done::Transaction(outcome) => Outcome::Transaction {
+                    write_id: args.id.clone(),
+                    outcome,
+                },
+                _ => return Err(wrong_outcome(&spec)),
+            }
         }
     };
     Ok(Written {
@@ -177,14 +211,35 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
     })
 }
 
-/// Records an object's refusal of a stale write in the coordinator's history, where `fence
-/// log` shows it (`write_rejected`, coalesced per owner and minute like other refused
-/// attempts): an object cannot keep refusals itself, since only an accepted write changes
-/// it. Best effort: only in a store that exists already (one this write never creates), on
-/// the directory store and PostgreSQL; a failure is a warning and the refusal (exit 4)
-/// stands either way.
-async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, detail: String) {
-    let Some(spec) = &ctx.history else {
+/// An answer of another form than the write's: a target that does not keep
+/// [`FencedTarget::write`]'s contract.
+fn wrong_outcome(spec: &TargetSpec) -> Error {
+    Error::internal(
+        format!(
+            "`{}` answered a write in another form than it was given",
+            spec.display
+        ),
+        "this is a bug in fence, please report it; check the target before retrying",
+    )
+}
+
+/// Records a stale write's refusal, by a target that keeps no refusals itself (an object:
+/// only an accepted write changes it), in the coordinator's history, where `fence log` shows
+/// it (`write_rejected`, coalesced per owner and minute like other refused attempts). Best
+/// effort: only in a store that exists already (one this write never creates), on the
+/// directory store and PostgreSQL; a failure is a warning and the refusal (exit 4) stands
+/// either way.
+async fn record_refusal(
+    ctx: &Context,
+    target: &dyn FencedTarget,
+    resource: &str,
+    owner: &str,
+    token: i64,
+    written: &Result<Done, Error>,
+) {
+    let (Err(Error::Stale { highest_token, .. }), Some(spec), false) =
+        (written, &ctx.history, target.records_refusals())
+    else {
         return;
     };
     let attempt = Attempt {
@@ -192,7 +247,10 @@ async fn record_refusal(ctx: &Context, resource: &str, owner: &str, token: i64, 
         owner: owner.to_owned(),
         kind: EventKind::WriteRejected,
         token,
-        detail,
+        detail: format!(
+            "`{}` refused token {token}: it has accepted token {highest_token}",
+            target.display()
+        ),
     };
     let recorded = async {
         let store = crate::coordinator::open(spec, &ctx.schema).await?;

@@ -7,6 +7,7 @@ pub mod object;
 pub mod postgres;
 pub mod protection;
 pub mod sql_check;
+pub mod target;
 
 use sha2::{Digest, Sha256};
 

@@ -33,10 +33,14 @@ use std::collections::BTreeMap;
 use indicatif::ProgressBar;
 
 use crate::error::{ConflictKind, Error};
+use crate::fenced::target::{
+    wrong_form, Applied, Body, FencedTarget, Outcome, TargetView, WriteRequest,
+};
 use crate::object::{
     self, verify, Cond, Meta, ObjectUrl, Put, META_ID, META_IDS, META_ID_DIGEST, META_OWNER,
     META_PROVEN, META_RESOURCE, META_TOKEN,
 };
+use crate::timeline::{LogQuery, Logged};
 
 /// How many write ids an object remembers: the current version's and those of the versions
 /// before it. Bounded by S3's 2 KB of user metadata per object: 7 older entries of at most
@@ -500,6 +504,109 @@ pub async fn log(url: &ObjectUrl) -> Result<Vec<crate::timeline::Logged>, Error>
         .collect();
     logged.reverse();
     Ok(logged)
+}
+
+/// An object target (`s3://`, `gs://`, `file://`): the object holds its own fencing state
+/// (token, resource, the ids of its last writes) in its metadata.
+pub struct ObjectTarget {
+    url: ObjectUrl,
+    display: String,
+}
+
+impl ObjectTarget {
+    pub fn new(url: ObjectUrl, display: &str) -> ObjectTarget {
+        ObjectTarget {
+            url,
+            display: display.to_owned(),
+        }
+    }
+}
+
+#[async_trait::async_trait(?Send)]
+impl FencedTarget for ObjectTarget {
+    fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// S3's ETags do not tell two versions with the same bytes apart (see
+    /// [`ObjectWrite::sequencer`]).
+    fn needs_sequencer(&self) -> bool {
+        self.url.service == object::Service::S3
+    }
+
+    /// Only an accepted write changes an object: it cannot keep its refusals.
+    fn records_refusals(&self) -> bool {
+        false
+    }
+
+    fn remembers_ids(&self) -> Option<usize> {
+        Some(LEDGER_IDS)
+    }
+
+    async fn write(&self, request: WriteRequest<'_>) -> Result<Outcome, Error> {
+        let Body::Bytes {
+            bytes,
+            expect,
+            sequencer,
+            bar,
+        } = request.body
+        else {
+            return Err(wrong_form(&self.display, true));
+        };
+        let object_write = ObjectWrite {
+            sequencer,
+            resource: request.resource,
+            token: request.token,
+            owner: request.owner,
+            write_id: request.write_id,
+            expect,
+            timeout: request.timeout,
+        };
+        Ok(Outcome::Object(
+            write(&self.url, &object_write, bytes, bar).await?,
+        ))
+    }
+
+    async fn view(&self, _resources: &[String]) -> Result<TargetView, Error> {
+        Ok(TargetView::Object(view(&self.url).await?))
+    }
+
+    /// Refuses a resource other than the one whose tokens fence the object: its ledger is
+    /// that resource's.
+    async fn applied(&self, resource: &str, id: &str) -> Result<Option<Applied>, Error> {
+        let (stored_resource, entry) = lookup(&self.url, id).await?;
+        if let Some(stored) = stored_resource.filter(|stored| *stored != resource) {
+            return Err(Error::usage(
+                format!(
+                    "`{}` is fenced by resource `{stored}`, not `{resource}`",
+                    self.display
+                ),
+                format!(
+                    "look the id up with the resource that guards the object: `fence inspect {} --target … --id {id}`",
+                    crate::error::shell_word(&stored)
+                ),
+            ));
+        }
+        Ok(entry.map(|e| Applied {
+            at_ms: e.applied_at_ms,
+            token: e.token,
+            owner: e.owner,
+            version: Some(e.version),
+        }))
+    }
+
+    /// An object holds only what it accepted, a few versions' worth: read whole, then
+    /// narrowed to the query.
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        let mut events: Vec<Logged> = log(&self.url)
+            .await?
+            .into_iter()
+            .filter(|l| query.matches(&l.resource) && query.in_window(l.event.at_ms))
+            .collect();
+        let older = events.len().saturating_sub(query.limit);
+        events.drain(..older);
+        Ok(events)
+    }
 }
 
 #[cfg(test)]

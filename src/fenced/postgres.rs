@@ -18,6 +18,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::SimpleQueryMessage;
 
 use crate::error::{ConflictKind, Error};
+use crate::fenced::target::{wrong_form, Applied, Body, Outcome, TargetView, WriteRequest};
 use crate::fenced::{quote_literal, quote_table, write_digest, TargetSpec};
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
@@ -880,4 +881,59 @@ fn statement_results(messages: Vec<SimpleQueryMessage>) -> Vec<StatementResult> 
         }
     }
     results
+}
+
+#[async_trait::async_trait(?Send)]
+impl crate::fenced::target::FencedTarget for PgTarget {
+    fn display(&self) -> &str {
+        &self.session.display
+    }
+
+    async fn require_existing(&self) -> Result<(), Error> {
+        PgTarget::require_existing(self).await
+    }
+
+    /// Its refusals are `write_rejected` rows of its own history, beside the guard row.
+    fn records_refusals(&self) -> bool {
+        true
+    }
+
+    async fn write(&self, write: WriteRequest<'_>) -> Result<Outcome, Error> {
+        match write.body {
+            Body::Transaction { sql, interrupts } => {
+                let tx = TxWrite {
+                    resource: write.resource,
+                    token: write.token,
+                    owner: write.owner,
+                    write_id: write.write_id,
+                    sql,
+                    timeout: write.timeout,
+                };
+                Ok(Outcome::Transaction(
+                    self.write_transaction(&tx, interrupts).await?,
+                ))
+            }
+            Body::Row(row) => Ok(Outcome::Row(
+                self.write_row(write.resource, write.token, row).await?,
+            )),
+            Body::Bytes { .. } => Err(wrong_form(self.display(), false)),
+        }
+    }
+
+    async fn view(&self, resources: &[String]) -> Result<TargetView, Error> {
+        Ok(TargetView::Guards(self.guards(resources).await?))
+    }
+
+    async fn applied(&self, resource: &str, id: &str) -> Result<Option<Applied>, Error> {
+        Ok(self.ledger_entry(resource, id).await?.map(|e| Applied {
+            at_ms: e.applied_at_ms,
+            token: e.token,
+            owner: e.owner,
+            version: None,
+        }))
+    }
+
+    async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        PgTarget::log(self, query).await
+    }
 }
