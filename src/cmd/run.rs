@@ -46,6 +46,7 @@ use crate::coordinator::{Coordinator, Lease, LeaseRef};
 use crate::error::{ConflictKind, Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
+use crate::reaper::wire::{self, Failure, Report};
 use crate::signals::Interrupts;
 
 /// The resource that records run id `id` of `resource` as completed; refused (exit 2) when the
@@ -725,7 +726,7 @@ async fn hold(
     // A process that did not die on SIGKILL was still there once the lease was not proven.
     let mut outlived = false;
     // What the reaper said as it ended (read once it has been waited for).
-    let mut told = ReaperReport::default();
+    let mut told = Report::default();
     if !answered {
         lost = Some(LostReason::SupervisorLost);
         stop = Stop::until(0);
@@ -1040,7 +1041,7 @@ struct Bounds(std::fs::File);
 impl Bounds {
     /// Sends `bound` (bound clock ns), 8 bytes: one write, never split.
     fn send(&self, bound: u64) {
-        let _ = (&self.0).write_all(&bound.to_le_bytes());
+        let _ = (&self.0).write_all(&wire::bound_message(bound));
     }
 }
 
@@ -1195,16 +1196,7 @@ impl Reaper {
                 "check the command's path and permissions; the lease was released",
             )
         };
-        let mut payload = Vec::new();
-        for (key, value) in env {
-            payload.extend_from_slice(key.as_bytes());
-            payload.push(b'=');
-            payload.extend_from_slice(value.as_bytes());
-            payload.push(0);
-        }
-        let mut message = bound.to_le_bytes().to_vec();
-        message.extend_from_slice(&u32::try_from(payload.len()).unwrap_or(0).to_le_bytes());
-        message.extend_from_slice(&payload);
+        let message = wire::start_message(bound, env);
         let (Some(child), Some(report), Some(start)) =
             (self.child.take(), self.report.take(), self.start.take())
         else {
@@ -1237,7 +1229,7 @@ impl Reaper {
             }
         };
         match (sent, read) {
-            (Ok(()), Some(Ok(1))) if first[0] == b'\n' => Ok(Running {
+            (Ok(()), Some(Ok(1))) if first[0] == wire::STARTED => Ok(Running {
                 child,
                 answered: true,
                 bounds,
@@ -1267,15 +1259,11 @@ impl Reaper {
                 // The reaper ends right after saying why: its end closes at once.
                 let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut why)).await;
                 let why = String::from_utf8_lossy(&why).into_owned();
-                if why == crate::reaper::EXPIRED {
-                    return Err(lost(lease, LostReason::Expired));
-                }
-                // `E<errno> <what>` (see the reaper): a limit that passes is worth a retry.
-                let (errno, what) = why
-                    .strip_prefix('E')
-                    .and_then(|rest| rest.split_once(' '))
-                    .and_then(|(n, what)| Some((n.parse::<i32>().ok()?, what.to_owned())))
-                    .unwrap_or((0, why));
+                let (errno, what) = match Failure::parse(&why) {
+                    Failure::Expired => return Err(lost(lease, LostReason::Expired)),
+                    Failure::Exec { errno, message } => (errno, message),
+                };
+                // A limit that passes is worth a retry.
                 if matches!(errno, libc::EAGAIN | libc::ENOMEM) {
                     return Err(Error::unavailable(
                         format!("cannot start `{program}`: {what}"),
@@ -1357,32 +1345,10 @@ fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {
 
 /// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
 /// end).
-#[derive(Default)]
-struct ReaperReport {
-    /// It had to stop processes the command left running.
-    leftovers: bool,
-    /// A stop signal reached the command's group.
-    interrupted: Option<i32>,
-    /// It stopped the command at the lease's bound.
-    bound: bool,
-    /// It ended on its own (it was not killed).
-    ended: bool,
-}
-
-async fn reaper_report(report: &mut tokio::net::unix::pipe::Receiver) -> ReaperReport {
+async fn reaper_report(report: &mut tokio::net::unix::pipe::Receiver) -> Report {
     use tokio::io::AsyncReadExt;
     let mut rest = Vec::new();
     // The reaper is gone, so its end is closed: the read ends at once.
     let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut rest)).await;
-    let mut told = ReaperReport::default();
-    for line in String::from_utf8_lossy(&rest).lines() {
-        match line.split_once(' ') {
-            None if line == crate::reaper::LEFTOVERS => told.leftovers = true,
-            None if line == crate::reaper::BOUND => told.bound = true,
-            None if line == crate::reaper::ENDED => told.ended = true,
-            Some((crate::reaper::INTERRUPTED, signal)) => told.interrupted = signal.parse().ok(),
-            _ => {}
-        }
-    }
-    told
+    Report::parse(&String::from_utf8_lossy(&rest))
 }

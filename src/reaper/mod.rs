@@ -33,27 +33,15 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 
 use crate::exit::Exit;
 
+pub mod wire;
+
+use wire::{Failure, Report};
+
 /// The argument that selects the reaper instead of the command line interface.
 pub const ARG: &str = "__reaper";
 
-/// What the reaper reports on its report pipe after COMMAND ended, a line each: that it had
-/// to stop descendants COMMAND left running ([`LEFTOVERS`]), and that a stop signal reached
-/// the group ([`INTERRUPTED`] and its number: from `fence run`, or straight from the terminal,
-/// whose Ctrl-C goes to the foreground group only, the command's). Before that, one newline
-/// says COMMAND started; any other text, with the pipe then closed, is why it could not start.
-pub const LEFTOVERS: &str = "leftovers";
-pub const INTERRUPTED: &str = "interrupted";
-/// The reaper stopped the command at the lease's bound (`fence run` proved none later).
-pub const BOUND: &str = "bound";
-/// The reaper's last line, as it ends on its own: without it, the reaper was killed.
-pub const ENDED: &str = "ended";
-
 /// The terminal's stop signals, ignored by the reaper (default again in COMMAND).
 const STOP_SIGNALS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
-/// Said instead of starting COMMAND when the lease's first bound had passed by the time the
-/// start message was read (`fence run` paused between its grant and its message).
-pub const EXPIRED: &str = "the lease's bound passed before the command could start";
-
 /// Runs the reaper: `args` are `PARENT REPORT_FD START_FD GRACE_MS -- COMMAND…` (what follows
 /// [`ARG`]). GRACE_MS is how long before the lease's bound the command gets SIGTERM, should
 /// `fence run` not have proven a later bound by then; at the bound itself, SIGKILL.
@@ -121,7 +109,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // `fence run` starts us before it asks for the lease: wait for its go, the lease's first
     // bound and COMMAND's environment. Its end closed without them (busy, an error, or
     // `fence run` gone): nothing is started.
-    let Some((first_bound, env)) = read_start(&mut bounds) else {
+    let Some((first_bound, env)) = wire::read_start(&mut bounds) else {
         return Exit::Success;
     };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
@@ -140,7 +128,7 @@ pub fn main(args: &[OsString]) -> Exit {
     if crate::sys::bound_clock_ns()
         >= first_bound.saturating_sub(grace_ms.saturating_mul(1_000_000))
     {
-        let _ = write!(report, "{EXPIRED}");
+        let _ = write!(report, "{}", Failure::Expired.encode());
         return Exit::Internal;
     }
     take_terminal(parent);
@@ -165,12 +153,16 @@ pub fn main(args: &[OsString]) -> Exit {
         Err(err) => {
             // The error number first (`E11 …`), for `fence run` to tell a passing limit from
             // a command that cannot start.
-            let _ = write!(report, "E{} {err}", err.raw_os_error().unwrap_or(0));
+            let failure = Failure::Exec {
+                errno: err.raw_os_error().unwrap_or(0),
+                message: err.to_string(),
+            };
+            let _ = write!(report, "{}", failure.encode());
             return Exit::Command(127);
         }
     };
     // Started: one newline, and the pipe stays open for the end of the story (below).
-    let _ = report.write_all(b"\n");
+    let _ = report.write_all(&[wire::STARTED]);
     let mut interrupted: Option<i32> = None;
     // The lease's bound as `fence run` last proved it (CLOCK_BOOTTIME ns): SIGTERM `grace`
     // before it, SIGKILL at it, to every descendant, again and again until the command ends.
@@ -238,16 +230,15 @@ pub fn main(args: &[OsString]) -> Exit {
         .unwrap_or(bound)
         .saturating_sub(crate::sys::bound_clock_ns());
     let term_grace = std::time::Duration::from_nanos(left).min(std::time::Duration::from_secs(1));
-    if crate::sys::kill_descendants(term_grace) {
-        let _ = writeln!(report, "{LEFTOVERS}");
-    }
-    if enforced {
-        let _ = writeln!(report, "{BOUND}");
-    }
-    if let Some(signal) = interrupted {
-        let _ = writeln!(report, "{INTERRUPTED} {signal}");
-    }
-    let _ = writeln!(report, "{ENDED}");
+    // One write (below a pipe's atomic size): the report is whole, or the reaper was killed
+    // before it and `fence run` reads no `ended`.
+    let told = Report {
+        leftovers: crate::sys::kill_descendants(term_grace),
+        bound: enforced,
+        interrupted,
+        ended: true,
+    };
+    let _ = report.write_all(told.encode().as_bytes());
     drop(report);
     if let Some(signal) = status.signal() {
         // Die of the same signal, so `fence run` reports 128+N as for any command.
@@ -305,43 +296,13 @@ fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
     }
 }
 
-/// `fence run`'s start message: the lease's first bound (8 bytes, CLOCK_BOOTTIME ns), the
-/// length of what follows (4 bytes), and COMMAND's added environment, `KEY=VALUE` entries each
-/// ended by a NUL. `None` when the pipe ends first: the command must not start.
-fn read_start(start: &mut std::fs::File) -> Option<(u64, Vec<(OsString, OsString)>)> {
-    use std::io::Read;
-    use std::os::unix::ffi::OsStrExt;
-    let mut head = [0u8; 12];
-    start.read_exact(&mut head).ok()?;
-    let (bound, len) = head.split_at(8);
-    let bound = u64::from_le_bytes(bound.try_into().ok()?);
-    let len = u32::from_le_bytes(len.try_into().ok()?);
-    let mut payload = vec![0u8; usize::try_from(len).ok()?];
-    start.read_exact(&mut payload).ok()?;
-    let env = payload
-        .split(|b| *b == 0)
-        .filter(|entry| !entry.is_empty())
-        .filter_map(|entry| {
-            let at = entry.iter().position(|b| *b == b'=')?;
-            let (key, value) = (&entry[..at], &entry[at + 1..]);
-            Some((
-                std::ffi::OsStr::from_bytes(key).to_owned(),
-                std::ffi::OsStr::from_bytes(value).to_owned(),
-            ))
-        })
-        .collect();
-    Some((bound, env))
-}
-
-/// The newest bound `fence run` sent (8 bytes each, CLOCK_BOOTTIME ns), if any came since the
-/// last look.
+/// The newest bound `fence run` sent since the last look, if any (see [`wire::latest_bound`]).
 fn latest_bound(bounds: &mut std::fs::File) -> Option<u64> {
     use std::io::Read;
     let mut latest = None;
     let mut buf = [0u8; 8 * 64];
     while let Ok(n @ 8..) = bounds.read(&mut buf) {
-        let last = &buf[(n / 8 - 1) * 8..n / 8 * 8];
-        latest = Some(u64::from_le_bytes(last.try_into().unwrap_or([0; 8])));
+        latest = wire::latest_bound(&buf[..n]).or(latest);
     }
     latest
 }
