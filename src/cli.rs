@@ -520,8 +520,8 @@ pub struct MetricsArgs {
 /// --if-match / --if-generation-match not met: exit 6. A concurrent writer that wins the race
 /// is read once more: newer token, exit 4; otherwise exit 6. No blind retries. On S3 the
 /// version is an ETag, a hash of the bytes: a newer writer storing identical bytes between
-/// fence's read and its put goes unnoticed (see the README); GCS and file:// generations
-/// never repeat.
+/// fence's read and its put goes unnoticed (see docs/object-stores.md, The S3 ETag ABA
+/// window); GCS and file:// generations never repeat.
 ///
 ///   fence write report --token 7 --target s3://bucket/reports/today.csv --from today.csv
 ///   some-command | fence write report --target gs://bucket/out.json --from -

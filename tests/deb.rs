@@ -41,6 +41,17 @@ fn the_debian_package_installs_works_and_removes() {
             "{path} missing from the package:\n{listing}"
         );
     }
+    // The guides and the design, beside the README as in the repository, so its links resolve.
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            let path = format!("./usr/share/doc/fence/docs/{name}");
+            assert!(
+                listing.contains(&path),
+                "{path} missing from the package:\n{listing}"
+            );
+        }
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("not root: the package was built and checked, not installed");

@@ -8,20 +8,13 @@
 //! release profile is compiled without optimisation into its own cached target directory, so
 //! that the test takes seconds once warm instead of a full optimised build on every run.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn install_block() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let after = readme
-        .split("<!-- install -->\n")
-        .nth(1)
-        .expect("README marks its install block");
-    after
-        .strip_prefix("```sh\n")
-        .and_then(|block| block.split("\n```").next())
-        .expect("the install marker is followed by a sh block")
+    common::doc_sh_block("<!-- install -->")
         .lines()
         .map(str::to_owned)
         .collect()

@@ -258,17 +258,9 @@ fn help_examples() -> Vec<String> {
         .collect()
 }
 
-/// The README's cron line (the block after `<!-- prune-cron -->`), exactly as shown.
+/// The documented cron line (the block after `<!-- prune-cron -->`), exactly as shown.
 fn readme_examples() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let block = readme
-        .split("<!-- prune-cron -->")
-        .nth(1)
-        .and_then(|rest| rest.split("```sh\n").nth(1))
-        .and_then(|rest| rest.split("```").next())
-        .expect("the README marks its prune cron line");
-    block
+    common::doc_sh_block("<!-- prune-cron -->")
         .lines()
         .map(str::trim)
         .filter(|line| !line.is_empty())

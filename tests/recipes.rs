@@ -1,16 +1,15 @@
 //! Every documented way of guarding a step fails closed (issue 16, item 1).
 //!
-//! The recipes are taken from where users copy them: the README's blocks marked
-//! `<!-- recipe -->`, and the examples in `fence <command> --help` (which the man pages are
-//! generated from) that guard a step. Each runs exactly as written, in bash and in dash, with
-//! and without `set -e`, against four stores: free, busy (held by another owner),
-//! unreachable, and misconfigured. The guarded steps (`step_one`, `step_two`,
+//! The recipes are taken from where users copy them: the blocks of the README and of
+//! `docs/*.md` marked `<!-- recipe -->`, and the examples in `fence <command> --help` (which
+//! the man pages are generated from) that guard a step. Each runs exactly as written, in bash
+//! and in dash, with and without `set -e`, against four stores: free, busy (held by another
+//! owner), unreachable, and misconfigured. The guarded steps (`step_one`, `step_two`,
 //! `./report.sh`, `./generate-report.sh`) are stand-ins that log that they ran. Only with the
 //! free store may they run, and then every lease is released afterwards.
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
 /// The stand-ins for the steps a recipe guards.
@@ -20,23 +19,14 @@ const STEPS: [&str; 4] = ["step_one", "step_two", "report.sh", "generate-report.
 const RESOURCES: [&str; 4] = ["db-migration", "nightly-report", "job", "report"];
 
 fn readme_recipes() -> Vec<String> {
-    readme_blocks("<!-- recipe -->\n")
+    doc_blocks("<!-- recipe -->")
 }
 
-/// The sh blocks that follow `marker` in the README.
-fn readme_blocks(marker: &str) -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    readme
-        .split(marker)
-        .skip(1)
-        .map(|after| {
-            after
-                .strip_prefix("```sh\n")
-                .and_then(|block| block.split("\n```").next())
-                .expect("a recipe marker is followed by a sh block")
-                .to_owned()
-        })
+/// The sh blocks marked `marker` in the README and `docs/*.md`.
+fn doc_blocks(marker: &str) -> Vec<String> {
+    common::doc_sh_blocks(marker)
+        .into_iter()
+        .map(|(_, block)| block)
         .collect()
 }
 
@@ -272,7 +262,7 @@ fn every_other_example_runs_and_fails_cleanly() {
     let examples: Vec<String> = help_examples()
         .into_iter()
         .filter(|e| !STEPS.iter().any(|step| e.contains(step)))
-        .chain(readme_blocks("<!-- example -->\n"))
+        .chain(doc_blocks("<!-- example -->"))
         .collect();
     assert!(examples.len() >= 8, "{examples:?}");
     let store = format!("file://{}/examples", bench.dir.path().display());

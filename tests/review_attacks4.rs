@@ -1130,7 +1130,7 @@ fn a_token_from_the_environment_is_not_used_for_another_resource() {
 /// already used: that day is skipped.) Run as written, in `sh`, at the same moment.
 #[test]
 fn the_publish_once_recipe_publishes_once_across_time_zones() {
-    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = common::doc_sh_block("<!-- recipe-once -->");
     let recipe = recipe.as_str();
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
@@ -1322,7 +1322,7 @@ fn as_cron_runs_it(line: &str) -> (String, String) {
 /// run --help`) should write `\%` for a crontab, or say so.
 #[test]
 fn the_publish_once_recipe_survives_a_crontab() {
-    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = common::doc_sh_block("<!-- recipe-once -->");
     let recipe = recipe.as_str();
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();

@@ -118,18 +118,7 @@ fn drop_roles(roles: &[&str]) {
 }
 
 fn readme_recipe() -> String {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
-    let after = readme
-        .split("<!-- readme-roles-recipe -->")
-        .nth(1)
-        .expect("the README marks the roles recipe");
-    after
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|block| block.split("\n```").next())
-        .expect("the roles recipe is a sh block")
-        .to_owned()
+    common::doc_sh_block("<!-- readme-roles-recipe -->")
 }
 
 /// Runs the recipe with bash (stopping at the first failure), `fence` on the PATH.

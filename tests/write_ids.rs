@@ -214,7 +214,7 @@ fn publish_once(store: &Store, bin: &std::path::Path, recipe: &str) -> std::proc
 
 #[test]
 fn the_readme_publish_once_recipe_publishes_once() {
-    let recipe = common::readme_sh_block("<!-- recipe-once -->");
+    let recipe = common::doc_sh_block("<!-- recipe-once -->");
     let recipe = recipe.as_str();
     let store = Store::postgres();
     common::pg_exec(
@@ -246,7 +246,7 @@ fn the_readme_publish_once_recipe_publishes_once() {
 /// One effect: the object was written once (one version, the run's write id), and the run is
 /// recorded as completed.
 fn the_readme_object_recipe_publishes_once(backend: common::Backend) {
-    let recipe = common::readme_sh_block("<!-- recipe-once-object -->");
+    let recipe = common::doc_sh_block("<!-- recipe-once-object -->");
     let recipe = recipe.as_str();
     let store = Store::new(backend);
     let work = tempfile::tempdir().unwrap();

@@ -428,16 +428,74 @@ pub fn write_digest(effect: &[u8]) -> String {
         .collect()
 }
 
-/// The `sh` block of the README that follows `marker` (`<!-- name -->`), exactly as written.
-pub fn readme_sh_block(marker: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    readme
-        .split(&format!("{marker}\n```sh\n"))
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .unwrap_or_else(|| panic!("README marks no sh block `{marker}`"))
-        .to_owned()
+/// The documents users read, as (path from the repository's root, text): `README.md`, then
+/// every `docs/*.md` by name.
+pub fn documents() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    paths.sort();
+    paths.insert(0, "README.md".to_owned());
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(root.join(&path)).unwrap();
+            (path, text)
+        })
+        .collect()
+}
+
+/// Every `sh` block marked `marker` (`<!-- name -->` on a line of its own, the block's fence
+/// the next line that is not blank) in the README and `docs/*.md`, as (document, block), in
+/// the documents' order. A block is exactly as written, less its fence's indentation (a block
+/// in a list item is indented).
+pub fn doc_sh_blocks(marker: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    for (path, text) in documents() {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if line.trim() != marker {
+                continue;
+            }
+            let (fence_at, fence) = lines[i + 1..]
+                .iter()
+                .enumerate()
+                .find(|(_, l)| !l.trim().is_empty())
+                .map(|(j, l)| (i + 1 + j, *l))
+                .unwrap_or_else(|| panic!("{path}: `{marker}` marks no block"));
+            assert_eq!(
+                fence.trim(),
+                "```sh",
+                "{path}, line {}: `{marker}` is not followed by a sh block",
+                i + 1
+            );
+            let indent = &fence[..fence.len() - fence.trim_start().len()];
+            let block: Vec<&str> = lines[fence_at + 1..]
+                .iter()
+                .take_while(|l| !l.trim_start().starts_with("```"))
+                .map(|l| l.strip_prefix(indent).unwrap_or(l.trim_start()))
+                .collect();
+            blocks.push((path.clone(), block.join("\n")));
+        }
+    }
+    blocks
+}
+
+/// The one `sh` block marked `marker` in the README or `docs/*.md`, exactly as written; a
+/// marker in no document, or marking two blocks, panics.
+pub fn doc_sh_block(marker: &str) -> String {
+    let mut blocks = doc_sh_blocks(marker);
+    let found: Vec<&str> = blocks.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "`{marker}` must mark exactly one sh block in README.md and docs/*.md; found in {found:?}"
+    );
+    blocks.pop().unwrap().1
 }
 
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
