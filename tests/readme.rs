@@ -24,16 +24,25 @@ fn readme_command_one_runs_on_the_embedded_store() {
     );
 
     let state = tempfile::tempdir().unwrap();
-    let out = Command::new("bash")
-        .args(["-c", command])
+    let mut bash = Command::new("bash");
+    bash.args(["-c", command])
         .current_dir(root)
         .env("XDG_STATE_HOME", state.path())
         .env_remove("FENCE_STORE")
         .env_remove("FENCE_OWNER")
         .env_remove("FENCE_RESOURCE")
-        .env_remove("FENCE_TOKEN")
-        .output()
-        .unwrap();
+        .env_remove("FENCE_TOKEN");
+    // As a user's shell runs it: without what the test harness sets for the test binary
+    // (CARGO_MANIFEST_DIR, CARGO_PKG_*…). Build scripts watch some of those (ring's watches
+    // CARGO_MANIFEST_DIR), so with them `cargo run` rebuilt a C library and relinked fence,
+    // a minute on a loaded machine, and replaced the binary the other tests were running.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name == "CARGO" || name.starts_with("NEXTEST") || harness_cargo_variable(&name) {
+            bash.env_remove(&*name);
+        }
+    }
+    let out = bash.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -325,4 +334,19 @@ fn prose(markdown: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A variable cargo or nextest sets for a test binary, not one of the user's (CARGO_HOME,
+/// CARGO_TARGET_DIR and the like stay).
+fn harness_cargo_variable(name: &str) -> bool {
+    [
+        "CARGO_PKG_",
+        "CARGO_BIN_EXE_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
 }
