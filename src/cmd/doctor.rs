@@ -378,7 +378,7 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
 
 /// What one busy resource can use at once: its holder, the waiters at the head of its
 /// queue that keep a connection, and one more for the short polls of the others and an
-/// `inspect` (README, Connection sizing).
+/// `inspect` (docs/run.md, Connection sizing).
 const PER_BUSY_RESOURCE: i64 = 1 + crate::coordinator::PG_WAITER_CONNECTIONS + 1;
 
 /// Connection sizing: the login role's (`session_user`'s) CONNECTION LIMIT against the slots the server
@@ -422,14 +422,14 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
     let role_sql = sql_identifier(role);
     let spare = (slots - (slots / 10).max(PER_BUSY_RESOURCE)).max(PER_BUSY_RESOURCE);
     let bounded = format!(
-        "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see the README, Connection sizing"
+        "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see docs/run.md, "Connection sizing and PgBouncer""
     );
     if *superuser == "t" {
         f.add(
             check,
             Severity::Warn,
             format!("fence connects as superuser `{role}`: no CONNECTION LIMIT applies to it and it may take the reserved slots too, so a crowd of waiters can fill {server} and the superuser's own"),
-            &format!("let fence connect as an ordinary role with a CONNECTION LIMIT below the server's slots (e.g. `CREATE ROLE fence_jobs LOGIN CONNECTION LIMIT {spare}`), or through a session-mode pool; see the README, Connection sizing"),
+            &format!("let fence connect as an ordinary role with a CONNECTION LIMIT below the server's slots (e.g. `CREATE ROLE fence_jobs LOGIN CONNECTION LIMIT {spare}`), or through a session-mode pool; see docs/run.md, "Connection sizing and PgBouncer""),
         );
     } else if limit < 0 || limit >= slots {
         let what = if limit < 0 {
@@ -1245,7 +1245,7 @@ fn object_store(display: &str, f: &mut Findings<'_>) {
             "object.etag_aba",
             Severity::Warn,
             "S3 ETags are hashes of the bytes: a fenced object write can miss a newer writer that stored identical bytes between fence's read and its put".into(),
-            "prefer GCS or file:// objects, or write bytes that differ per writer (see the README)",
+            "prefer GCS or file:// objects, or write bytes that differ per writer (see docs/object-stores.md)",
         );
     }
 }

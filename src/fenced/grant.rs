@@ -148,7 +148,7 @@ impl PgTarget {
         let Some(row) = rows.first() else {
             return Err(Error::usage(
                 format!("there is no role `{role}` in `{}`", session.display),
-                "create it first (CREATE ROLE … LOGIN), as the README's \"Setting up roles\" shows; the name is matched exactly, case included",
+                "create it first (CREATE ROLE … LOGIN), as docs/postgres-targets.md, \"Setting up roles\", shows; the name is matched exactly, case included",
             ));
         };
         let refuse = |why: String, fix: &str| Err(Error::usage(why, fix.to_owned()));
@@ -472,7 +472,7 @@ mod tests {
     }
 
     /// Every function the write path calls is one `fence grant` gives a writer: a new one
-    /// must be added to WRITER_FUNCTIONS, or writers granted by the README lose access.
+    /// must be added to WRITER_FUNCTIONS, or writers granted as docs/postgres-targets.md shows lose access.
     #[test]
     fn the_writer_grant_covers_every_function_the_write_path_calls() {
         let called = called_functions(include_str!("postgres.rs"));

@@ -52,7 +52,7 @@ REVOKE ALL ON __SCHEMA__.bindings FROM PUBLIC;
 -- Write ids (`fence write --id KEY`): one row per resource and id, written in the same
 -- transaction as the effect, so "was it applied?" has a durable answer after a lost COMMIT,
 -- and a second write with the same id — by anyone, with any token — does nothing. Rows are
--- kept until an admin deletes them (see the README: Write ids).
+-- kept until an admin deletes them (see docs/postgres-targets.md: Write ids).
 CREATE TABLE IF NOT EXISTS __SCHEMA__.write_ledger (
     resource text NOT NULL,
     write_id text NOT NULL,

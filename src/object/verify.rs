@@ -223,7 +223,7 @@ fn ignored(url: &ObjectUrl, what: &str, how: &str) -> Error {
             endpoint(url)
         ),
         format!(
-            "use a server that enforces conditional writes atomically (AWS S3, Google Cloud Storage; see the README's object store requirements); only if you accept double grants, set {UNVERIFIED_ENV}=1"
+            "use a server that enforces conditional writes atomically (AWS S3, Google Cloud Storage; see docs/object-stores.md, the object store requirements); only if you accept double grants, set {UNVERIFIED_ENV}=1"
         ),
     )
 }

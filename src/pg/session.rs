@@ -201,7 +201,7 @@ impl Session {
     /// (PgBouncer) consecutive transactions run on different server connections, where a
     /// named statement is missing ("does not exist"), already taken ("s0 already exists"), or
     /// worse, another client's statement of the same name. The server's parse and plan that
-    /// preparing saved cost about 0.06 ms per request (`fence bench`, README, Performance),
+    /// preparing saved cost about 0.06 ms per request (`fence bench`, docs/performance.md),
     /// and a one-shot command sends each statement once per connection anyway.
     async fn query(
         &self,

@@ -7,7 +7,7 @@
 //! next token is one above the maximum of all three, so no single lowered or lost file can
 //! make a token be issued twice; a record below the mark is reported as restored or rolled
 //! back. (Restoring the whole store directory from one older copy lowers all three at once:
-//! the README says not to.)
+//! docs/guarantees.md says not to.)
 //!
 //! The file is 21 bytes (the token right-aligned in 20 columns and a newline), rewritten in
 //! place: a write this small, inside one sector, lands whole or not at all.

@@ -31,7 +31,7 @@
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!
-//! The price of exact order, measured with `fence bench` (README, Performance): a released
+//! The price of exact order, measured with `fence bench` (docs/performance.md): a released
 //! lease always goes to another process (the head), never back to the releasing worker, so a
 //! hot resource with sub-millisecond critical sections hands over at the pace of a
 //! notification and a poll (~5 ms here) rather than at the pace of one worker's loop.
