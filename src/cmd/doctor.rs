@@ -422,14 +422,14 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
     let role_sql = sql_identifier(role);
     let spare = (slots - (slots / 10).max(PER_BUSY_RESOURCE)).max(PER_BUSY_RESOURCE);
     let bounded = format!(
-        "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see docs/run.md, "Connection sizing and PgBouncer""
+        "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see docs/run.md, Connection sizing and PgBouncer"
     );
     if *superuser == "t" {
         f.add(
             check,
             Severity::Warn,
             format!("fence connects as superuser `{role}`: no CONNECTION LIMIT applies to it and it may take the reserved slots too, so a crowd of waiters can fill {server} and the superuser's own"),
-            &format!("let fence connect as an ordinary role with a CONNECTION LIMIT below the server's slots (e.g. `CREATE ROLE fence_jobs LOGIN CONNECTION LIMIT {spare}`), or through a session-mode pool; see docs/run.md, "Connection sizing and PgBouncer""),
+            &format!("let fence connect as an ordinary role with a CONNECTION LIMIT below the server's slots (e.g. `CREATE ROLE fence_jobs LOGIN CONNECTION LIMIT {spare}`), or through a session-mode pool; see docs/run.md, Connection sizing and PgBouncer"),
         );
     } else if limit < 0 || limit >= slots {
         let what = if limit < 0 {
