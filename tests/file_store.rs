@@ -308,6 +308,47 @@ fn a_damaged_attempts_record_is_moved_aside_with_a_warning() {
     assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
 }
 
+/// A damaged attempts record does not stop `fence log` (it failed with exit 1 until a refusal
+/// moved the record aside): the timeline is shown without those attempts, with a warning
+/// naming the file, and the lease's own events are all there.
+#[test]
+fn log_reads_past_a_damaged_attempts_record() {
+    let store = Store::file();
+    acquire(&store, "r", "a");
+    store
+        .fence()
+        .args(["acquire", "r", "--owner", "b"])
+        .run()
+        .expect(3);
+    let record = store.dir().join("attempts/r.json");
+    fs::write(&record, b"garbage").unwrap();
+    let out = store
+        .fence()
+        .args(["log", "--format", "ndjson"])
+        .run()
+        .expect(0);
+    assert!(
+        out.stderr.contains("is damaged") && out.stderr.contains(&record.display().to_string()),
+        "{out:?}"
+    );
+    let kinds: Vec<String> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["acquired"], "{out:?}");
+    assert_eq!(
+        fs::read(&record).unwrap(),
+        b"garbage",
+        "log changed the record"
+    );
+}
+
 /// `fence …` under a file size limit of `bytes` (prlimit, as `ulimit -f` in a wrapper).
 fn limited(store: &Store, bytes: u64, args: &[&str]) -> Out {
     let output = Command::new("prlimit")

@@ -134,8 +134,21 @@ impl FileCoordinator {
                         }
                     }),
             );
-            let windows = attempts::read(&paths.attempts)
-                .map_err(|err| self.io_error("read the refused attempts", &paths.attempts, &err))?;
+            let windows = match attempts::read(&paths.attempts) {
+                Ok(windows) => windows,
+                // Refused attempts are a convenience, not what a guarantee rests on: a damaged
+                // record is left out of the timeline, said, and moved aside by the next refusal.
+                Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                    crate::terminal::warn(&format!(
+                        "warning: the record of refused attempts `{}` is {err}; its attempts are left out (the next refused attempt moves it aside)",
+                        paths.attempts.display()
+                    ));
+                    Vec::new()
+                }
+                Err(err) => {
+                    return Err(self.io_error("read the refused attempts", &paths.attempts, &err))
+                }
+            };
             logged.extend(
                 windows
                     .iter()
