@@ -165,6 +165,8 @@ pub struct PgCoordinator {
     queue: RefCell<Option<Queue>>,
     /// The refused attempts this process has recorded (a waiter's polls are one attempt).
     attempted: crate::coordinator::Attempted,
+    /// The server's last refusal of a new session (see [`Coordinator::connect_refusal`]).
+    refusals: crate::pg::Refusals,
 }
 
 /// A waiter's state between its polls.
@@ -216,6 +218,7 @@ impl PgCoordinator {
             session: RefCell::new(None),
             queue: RefCell::new(None),
             attempted: crate::coordinator::Attempted::default(),
+            refusals: crate::pg::Refusals::default(),
         })
     }
 
@@ -246,6 +249,7 @@ impl PgCoordinator {
                 &self.schema,
                 &COORDINATOR_SCHEMA,
                 until,
+                &self.refusals,
             )
             .await?,
         );
@@ -959,13 +963,15 @@ impl Coordinator for PgCoordinator {
     async fn prune(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         self.prune_all(query).await.map_err(|err| match err {
             // The only usage error here: a privilege the role lacks.
-            Error::Usage { message, .. } => Error::Usage {
+            Error::Usage { message, source, .. } => Error::Usage {
                 message,
+                source,
                 hint: "`fence prune` needs SELECT on fence's `leases`, DELETE on its `events`, `waiters` and `attempts`, and INSERT and UPDATE on its `event_totals`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
             },
             // Some batches may have been deleted, and repeating deletes only what is left.
-            Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+            Error::OutcomeUnknown { message, source, .. } => Error::OutcomeUnknown {
                 message,
+                source,
                 hint: "some of the old events may have been deleted already; run the same `fence prune` again (it is safe to repeat)".into(),
             },
             other => other,
@@ -1211,6 +1217,10 @@ impl Coordinator for PgCoordinator {
         if let Some(session) = session {
             let _ = tokio::time::timeout(Duration::from_secs(2), session.cancel()).await;
         }
+    }
+
+    fn connect_refusal(&self) -> Option<String> {
+        self.refusals.last()
     }
 
     fn pushes_wakeups(&self) -> bool {
