@@ -1010,8 +1010,63 @@ mod tests {
         assert_eq!(driver_kind(&err), DriverKind::Other, "{err:?}");
     }
 
-    /// The error fence makes of a driver error keeps it as its source, and the refusals a
-    /// connection met are the caller's to read, not a side channel's.
+    /// A server that answers every start-up with PostgreSQL's "too many connections" (FATAL,
+    /// SQLSTATE 53300), as a full server does.
+    async fn full_server() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut length = [0u8; 4];
+                if socket.read_exact(&mut length).await.is_err() {
+                    continue;
+                }
+                let mut startup = vec![0u8; u32::from_be_bytes(length) as usize - 4];
+                if socket.read_exact(&mut startup).await.is_err() {
+                    continue;
+                }
+                let fields = b"SFATAL\0VFATAL\0C53300\0Msorry, too many clients already\0\0";
+                let mut answer = vec![b'E'];
+                answer.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                answer.extend_from_slice(fields);
+                let _ = socket.write_all(&answer).await;
+            }
+        });
+        port
+    }
+
+    /// The refusals a retrying connection meets are kept where its caller can read them when
+    /// its own deadline cuts the connecting short (no error reaches it then), and named in
+    /// the error when the connecting gives up itself.
+    #[tokio::test(flavor = "current_thread")]
+    async fn refusals_are_the_callers_to_read() {
+        let port = full_server().await;
+        let url = format!("postgres://fence@127.0.0.1:{port}/db?sslmode=disable");
+        let params = ConnectParams::resolve(&url, "db").unwrap();
+        let refusal = "sorry, too many clients already (SQLSTATE 53300)";
+        let refusals = Refusals::default();
+        let cut = tokio::time::timeout(
+            Duration::from_millis(300),
+            params.connect_until(Instant::now() + Duration::from_secs(60), &refusals),
+        )
+        .await;
+        assert!(
+            cut.is_err(),
+            "the connecting ended before its caller's deadline"
+        );
+        assert_eq!(refusals.last().as_deref(), Some(refusal));
+        let Err(err) = params
+            .connect_until(Instant::now() + Duration::from_millis(100), &refusals)
+            .await
+        else {
+            panic!("a full server took the connection");
+        };
+        assert_eq!(err.exit(), crate::exit::Exit::Unavailable, "{err}");
+        assert!(err.to_string().contains(refusal), "{err}");
+    }
+
+    /// The error fence makes of a driver error keeps it as its source (and a failure that is
+    /// no refusal leaves none behind).
     #[tokio::test(flavor = "current_thread")]
     async fn connection_failures_keep_the_driver_error() {
         let params =
