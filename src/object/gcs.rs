@@ -119,7 +119,7 @@ impl GcsObjects {
         };
         let updated = value["updated"].as_str().ok_or_else(|| bad("updated"))?;
         let at = humantime::parse_rfc3339_weak(updated.trim_end_matches('Z'))
-            .map_err(|_| bad("updated"))?;
+            .map_err(|err| bad("updated").with_source(err))?;
         let last_modified_ms = at
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
