@@ -602,7 +602,7 @@ pub async fn close_all() {
 /// is, when there is one (a `DbError` can be copied, the driver's error cannot).
 pub trait Failure {
     fn error(&self) -> &tokio_postgres::Error;
-    fn cause(self) -> Option<Cause>;
+    fn into_cause(self) -> Option<Cause>;
 }
 
 impl Failure for tokio_postgres::Error {
@@ -610,7 +610,7 @@ impl Failure for tokio_postgres::Error {
         self
     }
 
-    fn cause(self) -> Option<Cause> {
+    fn into_cause(self) -> Option<Cause> {
         Some(Box::new(self))
     }
 }
@@ -620,7 +620,7 @@ impl Failure for &tokio_postgres::Error {
         self
     }
 
-    fn cause(self) -> Option<Cause> {
+    fn into_cause(self) -> Option<Cause> {
         let db = self.as_db_error()?.clone();
         Some(Box::new(db))
     }
@@ -637,7 +637,7 @@ pub(crate) fn caused(err: Error, cause: Option<Cause>) -> Error {
 /// What a failed request means, given whether it may have changed state.
 pub fn request_error(err: impl Failure, display: &str, what: &str, mutating: bool) -> Error {
     let failure = classify_request(err.error(), display, what, mutating);
-    caused(failure, err.cause())
+    caused(failure, err.into_cause())
 }
 
 fn classify_request(

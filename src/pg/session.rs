@@ -334,7 +334,7 @@ impl Session {
                         self.schema
                     ),
                 );
-                pg::caused(refused, err.cause())
+                pg::caused(refused, err.into_cause())
             }
             _ => pg::request_error(err, &self.display, what, mutating),
         }
@@ -346,7 +346,7 @@ impl Session {
             .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
         result.map_err(|err| {
             let failure = self.batch_error(&err, what);
-            pg::caused(failure, pg::Failure::cause(err))
+            pg::caused(failure, pg::Failure::into_cause(err))
         })
     }
 
