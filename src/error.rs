@@ -74,10 +74,21 @@ pub enum ConflictKind {
     RunIdReused { run_id: String },
 }
 
+/// The error of a dependency (the PostgreSQL driver, the object store client, I/O, TLS) that
+/// a fence error was made from, kept as its `source()`: for logs and debugging, never shown
+/// in place of the message and never classified by its text.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{message}")]
-    Usage { message: String, hint: String },
+    Usage {
+        message: String,
+        hint: String,
+        /// The dependency's error this one was made from, if any (see [`Error::with_source`]).
+        #[source]
+        source: Option<Cause>,
+    },
 
     #[error(
         "`{resource}` is held by `{}` with token {} ({})",
@@ -124,13 +135,28 @@ pub enum Error {
     },
 
     #[error("{message}")]
-    Unavailable { message: String, hint: String },
+    Unavailable {
+        message: String,
+        hint: String,
+        #[source]
+        source: Option<Cause>,
+    },
 
     #[error("{message}")]
-    OutcomeUnknown { message: String, hint: String },
+    OutcomeUnknown {
+        message: String,
+        hint: String,
+        #[source]
+        source: Option<Cause>,
+    },
 
     #[error("{message}")]
-    Internal { message: String, hint: String },
+    Internal {
+        message: String,
+        hint: String,
+        #[source]
+        source: Option<Cause>,
+    },
 
     /// The database refused a request for a reason the caller has no better name for. The
     /// server's error is kept: its SQLSTATE classifies it ([`Error::sqlstate`]), never its
@@ -222,6 +248,7 @@ impl Error {
         Error::Usage {
             message: message.into(),
             hint: hint.into(),
+            source: None,
         }
     }
 
@@ -229,6 +256,7 @@ impl Error {
         Error::Unavailable {
             message: message.into(),
             hint: hint.into(),
+            source: None,
         }
     }
 
@@ -236,7 +264,32 @@ impl Error {
         Error::Internal {
             message: message.into(),
             hint: hint.into(),
+            source: None,
         }
+    }
+
+    /// An error whose outcome is unknown (exit 8): the request may or may not have applied.
+    pub fn outcome_unknown(message: impl Into<String>, hint: impl Into<String>) -> Error {
+        Error::OutcomeUnknown {
+            message: message.into(),
+            hint: hint.into(),
+            source: None,
+        }
+    }
+
+    /// Keeps `cause`, the dependency's error this one was made from, as its
+    /// [`std::error::Error::source`]; the message, hint, exit code and JSON fields stay as they
+    /// are. Only usage, unavailable, outcome-unknown and internal errors take one: the others
+    /// are fence's own findings (or, for [`Error::Database`], keep the server's error already).
+    pub fn with_source(mut self, cause: impl Into<Cause>) -> Error {
+        match &mut self {
+            Error::Usage { source, .. }
+            | Error::Unavailable { source, .. }
+            | Error::OutcomeUnknown { source, .. }
+            | Error::Internal { source, .. } => *source = Some(cause.into()),
+            _ => {}
+        }
+        self
     }
 
     /// The SQLSTATE of a database error fence did not classify further.
@@ -476,4 +529,34 @@ pub fn shell_word(word: &str) -> String {
 /// Single-quotes a value for POSIX shells: `it's` → `'it'\''s'`.
 pub fn shell_quote(value: &str) -> String {
     format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kept cause is the error's `source()` and changes nothing of the public contract: the
+    /// message, the hint, the exit code and the JSON fields are those of the error without it.
+    #[test]
+    fn a_source_changes_nothing_the_user_sees() {
+        let errors = || {
+            [
+                Error::usage("bad URL", "fix it"),
+                Error::unavailable("server down", "retry"),
+                Error::outcome_unknown("lost the answer", "inspect"),
+                Error::internal("bug", "report it"),
+            ]
+        };
+        for (plain, sourced) in errors().into_iter().zip(errors()) {
+            let sourced = sourced.with_source(std::io::Error::other("connection reset"));
+            assert!(std::error::Error::source(&plain).is_none(), "{plain:?}");
+            let source = std::error::Error::source(&sourced).expect("kept");
+            assert!(source.is::<std::io::Error>(), "{source:?}");
+            assert_eq!(sourced.to_string(), plain.to_string());
+            assert_eq!(sourced.hint(), plain.hint());
+            assert_eq!(sourced.exit(), plain.exit());
+            assert_eq!(sourced.name(), plain.name());
+            assert_eq!(sourced.json_fields(), plain.json_fields());
+        }
+    }
 }

@@ -45,6 +45,7 @@ pub fn main() -> Exit {
             let err = error::Error::Internal {
                 message: format!("cannot start the async runtime: {cause}"),
                 hint: "this is a resource limit (open files: `ulimit -n`; threads) or a bug; nothing was done".into(),
+                source: None,
             };
             return out.error(cli.command.op(), None, &err);
         }

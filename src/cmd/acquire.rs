@@ -70,6 +70,7 @@ pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Ex
         Error::OutcomeUnknown {
             message: format!("cannot write the answer to standard output: {write_err}; the lease on `{resource}` was reacquired and is still held with token {token}"),
             hint: "make standard output writable; the lease stays held until it expires or is released".into(),
+            source: None,
         }
     } else {
         let lease_ref = LeaseRef {
@@ -89,6 +90,7 @@ pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Ex
             Err(err) => Error::OutcomeUnknown {
                 message: format!("cannot write the answer to standard output: {write_err}, and releasing the lease it got failed: {err}"),
                 hint: format!("the lease on `{resource}` (token {token}, owner `{}`) may stay held until it expires; `fence inspect {resource}` shows it", lease.owner),
+                source: None,
             },
         }
     };

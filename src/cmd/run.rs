@@ -880,7 +880,7 @@ async fn hold(
                         cancel_first = other.is_none();
                         last_error = Some(match other {
                             Some(Err(err)) => err.to_string(),
-                            _ => match crate::pg::last_refusal() {
+                            _ => match coordinator.connect_refusal() {
                                 Some(refusal) => format!(
                                     "no answer in time: PostgreSQL was refusing connections ({refusal})"
                                 ),
@@ -902,10 +902,14 @@ async fn hold(
     if lost.is_none() && unproven {
         // Ask once why, for the report (the renewal in flight, or a new one).
         let asked = match in_flight.take() {
-            Some(flight) => tokio::time::timeout(CLASSIFY_WITHIN, flight)
-                .await
-                .ok()
-                .and_then(|(_, _, answer)| answer),
+            // Its coordinator (a fresh one, after a reconnect) kept what refused it.
+            Some(flight) => match tokio::time::timeout(CLASSIFY_WITHIN, flight).await {
+                Ok((used, _, answer)) => {
+                    coordinator = used;
+                    answer
+                }
+                Err(_) => None,
+            },
             None => tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(lease, None))
                 .await
                 .ok(),
@@ -923,7 +927,8 @@ async fn hold(
             _ => None,
         }
         .or(last_error);
-        let refused = crate::pg::last_refusal()
+        let refused = coordinator
+            .connect_refusal()
             .filter(|refusal| {
                 !failed
                     .as_ref()

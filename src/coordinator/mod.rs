@@ -264,6 +264,13 @@ pub trait Leases {
     /// bounded; nothing to do where a request cannot outlive its caller's wait.
     async fn cancel_pending(&self) {}
 
+    /// What the store answered when it last refused a new connection (PostgreSQL: no free
+    /// slot, starting, stopping), unless one succeeded since: for a caller whose own deadline
+    /// cut the connecting short, so that no error reached it.
+    fn connect_refusal(&self) -> Option<String> {
+        None
+    }
+
     /// Fails (a usage error, exit 2) when the store has never been created: a read that only
     /// reports history (`fence log`, `fence metrics`) must not answer a typo in `--store` or
     /// `--schema` with "nothing happened". Stores that cannot tell (object stores, whose

@@ -383,6 +383,7 @@ pub async fn write(
                             "compare the object with what was to be written (`fence inspect --target {}`) before writing again; a write with --id KEY is replayed instead",
                             crate::error::shell_word(&url.display)
                         ),
+                        source: None,
                     })
                 }
                 other => Err(conflict(ConflictKind::ConcurrentWrite {

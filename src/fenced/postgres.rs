@@ -188,6 +188,7 @@ impl PgTarget {
                     crate::time::duration(write.timeout),
                     crate::error::shell_word(write.resource)
                 ),
+                source: None,
             })),
         }
     }
@@ -333,8 +334,9 @@ impl PgTarget {
         let what = format!("write to `{resource}`");
         let Some(db) = err.as_db_error() else {
             return match pg::lost(self.display(), &what, &err.to_string(), true) {
-                Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+                Error::OutcomeUnknown { message, source, .. } => Error::OutcomeUnknown {
                     message,
+                    source,
                     hint: format!(
                         "the transaction may or may not have committed: check `fence inspect {} --target …` (accepted writes, highest token) and the data before retrying",
                         crate::error::shell_word(resource)
@@ -386,6 +388,7 @@ impl PgTarget {
                     "statements before the COMMIT or ROLLBACK may have committed: check the data and `fence inspect {} --target …`, remove transaction control from the SQL, and report how it got past fence's checks",
                     crate::error::shell_word(resource)
                 ),
+                source: None,
             },
             Some(Fence::NoToken | Fence::NoGuard) => Error::usage(
                 format!(

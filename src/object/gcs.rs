@@ -52,10 +52,19 @@ fn enc(text: &str) -> String {
     out
 }
 
+/// Why an answer's body could not be read as JSON.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("{0}")]
+    Read(#[source] reqwest::Error),
+    #[error("the answer is not JSON: {0}")]
+    Json(#[source] serde_json::Error),
+}
+
 /// A response body as JSON.
-async fn json_body(response: reqwest::Response) -> Result<Value, String> {
-    let bytes = response.bytes().await.map_err(|err| err.to_string())?;
-    serde_json::from_slice(&bytes).map_err(|err| format!("the answer is not JSON: {err}"))
+async fn json_body(response: reqwest::Response) -> Result<Value, BodyError> {
+    let bytes = response.bytes().await.map_err(BodyError::Read)?;
+    serde_json::from_slice(&bytes).map_err(BodyError::Json)
 }
 
 impl GcsObjects {
@@ -73,6 +82,7 @@ impl GcsObjects {
             .build()
             .map_err(|err| {
                 Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
+                    .with_source(err)
             })?;
         Ok(GcsObjects {
             client,
@@ -109,7 +119,7 @@ impl GcsObjects {
         };
         let updated = value["updated"].as_str().ok_or_else(|| bad("updated"))?;
         let at = humantime::parse_rfc3339_weak(updated.trim_end_matches('Z'))
-            .map_err(|_| bad("updated"))?;
+            .map_err(|err| bad("updated").with_source(err))?;
         let last_modified_ms = at
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -153,8 +163,12 @@ impl GcsObjects {
             match builder.send().await {
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,
-                    (None, None) => return Err(unavailable(&self.display, what, err)),
-                    (Some(key), _) => return Err(put_unknown(&self.display, key, err)),
+                    (None, None) => {
+                        return Err(unavailable(&self.display, what, &err).with_source(err))
+                    }
+                    (Some(key), _) => {
+                        return Err(put_unknown(&self.display, key, &err).with_source(err))
+                    }
                 },
                 Ok(response)
                     if response.status() == StatusCode::UNAUTHORIZED
@@ -229,10 +243,9 @@ impl ObjectApi for GcsObjects {
                 .await?;
             match response.status() {
                 StatusCode::OK => {
-                    let body = response
-                        .bytes()
-                        .await
-                        .map_err(|err| unavailable(&self.display, "read an object", err))?;
+                    let body = response.bytes().await.map_err(|err| {
+                        unavailable(&self.display, "read an object", &err).with_source(err)
+                    })?;
                     return Ok(Some(Fetched {
                         meta,
                         body: body.to_vec(),
@@ -257,9 +270,9 @@ impl ObjectApi for GcsObjects {
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
             StatusCode::OK => {
-                let value = json_body(response)
-                    .await
-                    .map_err(|err| unavailable(&self.display, "read object metadata", err))?;
+                let value = json_body(response).await.map_err(|err| {
+                    unavailable(&self.display, "read object metadata", &err).with_source(err)
+                })?;
                 Ok(Some(self.meta(&value)?))
             }
             _ => Err(self.failed("read object metadata", response).await),
@@ -318,7 +331,7 @@ impl ObjectApi for GcsObjects {
             status if status.is_success() => {
                 let value = json_body(response)
                     .await
-                    .map_err(|err| put_unknown(&self.display, key, err))?;
+                    .map_err(|err| put_unknown(&self.display, key, &err).with_source(err))?;
                 Ok(Put::Done(self.meta(&value)?))
             }
             status if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED => {
@@ -350,7 +363,7 @@ impl ObjectApi for GcsObjects {
             }
             let value = json_body(response)
                 .await
-                .map_err(|err| unavailable(&self.display, "list objects", err))?;
+                .map_err(|err| unavailable(&self.display, "list objects", &err).with_source(err))?;
             for item in value["items"].as_array().into_iter().flatten() {
                 if let Some(name) = item["name"].as_str().and_then(|n| n.strip_prefix(&prefix)) {
                     if !name.is_empty() && !name.contains('/') {
@@ -404,5 +417,28 @@ impl ObjectApi for GcsObjects {
             etag: false,
             generation: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer that is not JSON says so as before, and keeps the parser's error as its source.
+    #[test]
+    fn a_body_that_is_not_json_keeps_its_cause() {
+        let err = BodyError::Json(serde_json::from_slice::<Value>(b"<html>").unwrap_err());
+        let failed = unavailable("gs://b", "list objects", &err).with_source(err);
+        assert!(
+            failed
+                .to_string()
+                .starts_with("cannot list objects at `gs://b`: the answer is not JSON: "),
+            "{failed}"
+        );
+        let source = std::error::Error::source(&failed).expect("kept");
+        let body = source
+            .downcast_ref::<BodyError>()
+            .expect("the body's error");
+        assert!(std::error::Error::source(body).is_some_and(|s| s.is::<serde_json::Error>()));
     }
 }

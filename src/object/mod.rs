@@ -304,10 +304,10 @@ pub(crate) fn refused(
 /// An error during a put whose outcome cannot be known.
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display) -> Error {
-    Error::OutcomeUnknown {
-        message: format!("the write of `{key}` at `{display}` may or may not have applied: {err}"),
-        hint: "inspect the object (its version and fence-token metadata) before retrying".into(),
-    }
+    Error::outcome_unknown(
+        format!("the write of `{key}` at `{display}` may or may not have applied: {err}"),
+        "inspect the object (its version and fence-token metadata) before retrying",
+    )
 }
 
 #[cfg(test)]

@@ -33,11 +33,20 @@ use crate::object::{
 /// Where S3 credentials come from, as messages name them.
 const CREDENTIALS: &str = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN";
 
+/// Where object_store's message names the HTTP status of the server's answer.
+const STATUS_MARK: &str = "status code: ";
+
 /// The HTTP status of the server's answer in an object_store error, with the text after it
-/// (object_store keeps the status only in its message once it wrapped the error).
+/// (the reason phrase and the answer's body). object_store 0.14 keeps the status in a
+/// `RetryError` whose module is private: no `source()` of the error can be downcast to
+/// anything that has it (apache/arrow-rs-object-store#737), so it is read from the message
+/// that error writes, `… Server returned non-2xx status code: 503 Service Unavailable: BODY`.
+/// That text is pinned for object_store 0.14.2 (Cargo.lock) by `statuses_of_real_answers`
+/// below, which has object_store make its errors from answers of each kind: a version that
+/// words them otherwise fails it.
 fn status_of(err: &object_store::Error) -> Option<(u16, String)> {
     let text = err.to_string();
-    let at = text.find("status code: ")? + "status code: ".len();
+    let at = text.find(STATUS_MARK)? + STATUS_MARK.len();
     let status = text.get(at..at + 3)?.parse().ok()?;
     Some((status, text[at + 3..].to_owned()))
 }
@@ -136,6 +145,7 @@ impl S3Objects {
                 format!("cannot configure S3 for bucket `{bucket}`: {err}"),
                 "check AWS_REGION, AWS_ENDPOINT_URL and the AWS_* credential variables",
             )
+            .with_source(err)
         })?;
         Ok(S3Objects {
             store: Arc::new(store),
@@ -166,11 +176,11 @@ impl S3Objects {
     fn failure(
         &self,
         what: &str,
-        err: &object_store::Error,
+        err: object_store::Error,
         attempt: usize,
         unknown: Option<&str>,
     ) -> Failure {
-        let status = status_of(err);
+        let status = status_of(&err);
         let retry = match &status {
             Some((code, _)) => transient(*code),
             // No answer: for a read, try again; for a write, it may have applied.
@@ -181,14 +191,15 @@ impl S3Objects {
                 return Failure::Retry(pause);
             }
         }
-        Failure::Fail(match (status, unknown) {
+        let failed = match (status, unknown) {
             (Some((code, body)), _) if !transient(code) => {
                 refused(&self.display, what, code, &body, CREDENTIALS)
             }
             (Some((429, body)), _) => refused(&self.display, what, 429, &body, CREDENTIALS),
-            (_, Some(key)) => put_unknown(&self.display, key, err),
-            (_, None) => unavailable(&self.display, what, err),
-        })
+            (_, Some(key)) => put_unknown(&self.display, key, &err),
+            (_, None) => unavailable(&self.display, what, &err),
+        };
+        Failure::Fail(failed.with_source(err))
     }
 
     async fn fetch(&self, key: &str, head: bool) -> Result<Option<Fetched>, Error> {
@@ -225,7 +236,9 @@ impl S3Objects {
                     if super::error_code(answer.as_deref().unwrap_or("")).as_deref()
                         == Some("NoSuchBucket")
                     {
-                        return Err(refused(&self.display, &what, 404, "", CREDENTIALS));
+                        return Err(
+                            refused(&self.display, &what, 404, "", CREDENTIALS).with_source(err)
+                        );
                     }
                     return Ok(None);
                 }
@@ -238,9 +251,9 @@ impl S3Objects {
                         self.display
                     ),
                     "another client probably stored metadata fence's S3 client cannot read (a value that is not ASCII): rewrite the object without it (e.g. `aws s3 cp` onto itself with `--metadata-directive REPLACE`), and write fenced objects only through fence",
-                ));
+                ).with_source(err));
             }
-            match self.failure(&what, &err, attempt, None) {
+            match self.failure(&what, err, attempt, None) {
                 Failure::Retry(pause) => tokio::time::sleep(pause).await,
                 Failure::Fail(err) => return Err(err),
             }
@@ -301,7 +314,7 @@ impl ObjectApi for S3Objects {
                     object_store::Error::AlreadyExists { .. }
                     | object_store::Error::Precondition { .. },
                 ) => return Ok(Put::Lost),
-                Err(err) => match self.failure(&what, &err, attempt, Some(key)) {
+                Err(err) => match self.failure(&what, err, attempt, Some(key)) {
                     // A retried conditional put that had applied after all answers 412: the
                     // caller reads again and sees its own write (lease bodies carry a nonce).
                     Failure::Retry(pause) => tokio::time::sleep(pause).await,
@@ -343,7 +356,7 @@ impl ObjectApi for S3Objects {
         loop {
             match self.store.put(&path, payload.clone()).await {
                 Ok(_) => return Ok(()),
-                Err(err) => match self.failure(&what, &err, attempt, Some(key)) {
+                Err(err) => match self.failure(&what, err, attempt, Some(key)) {
                     Failure::Retry(pause) => tokio::time::sleep(pause).await,
                     Failure::Fail(err) => return Err(err),
                 },
@@ -358,7 +371,7 @@ impl ObjectApi for S3Objects {
         let listed = loop {
             match self.store.list_with_delimiter(Some(&path)).await {
                 Ok(listed) => break listed,
-                Err(err) => match self.failure("list objects", &err, attempt, None) {
+                Err(err) => match self.failure("list objects", err, attempt, None) {
                     Failure::Retry(pause) => tokio::time::sleep(pause).await,
                     Failure::Fail(err) => return Err(err),
                 },
@@ -377,7 +390,7 @@ impl ObjectApi for S3Objects {
         loop {
             match self.store.delete(&Path::from(key)).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => return Ok(()),
-                Err(err) => match self.failure("delete an object", &err, attempt, None) {
+                Err(err) => match self.failure("delete an object", err, attempt, None) {
                     Failure::Retry(pause) => tokio::time::sleep(pause).await,
                     Failure::Fail(err) => return Err(err),
                 },
@@ -495,5 +508,166 @@ impl HttpService for ReportingService {
         }
         let body = HttpResponseBody::new(body.map_err(|err| HttpError::new(kind(&err), err)));
         Ok(HttpResponse::from_parts(parts, body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::Exit;
+    use crate::object::{error_code, RETRY_PAUSES_MS};
+
+    /// object_store's HTTP client, answering every request with one canned answer: the errors
+    /// below are object_store's own, made by its own code from real answers.
+    #[derive(Debug, Clone)]
+    struct Canned {
+        status: u16,
+        body: String,
+    }
+
+    impl HttpConnector for Canned {
+        fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+            Ok(HttpClient::new(self.clone()))
+        }
+    }
+
+    #[async_trait]
+    impl HttpService for Canned {
+        async fn call(&self, _req: HttpRequest) -> Result<HttpResponse, HttpError> {
+            let mut response = HttpResponse::new(HttpResponseBody::from(self.body.clone()));
+            *response.status_mut() = http::StatusCode::from_u16(self.status).expect("a status");
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/xml"),
+            );
+            Ok(response)
+        }
+    }
+
+    fn objects(status: u16, body: String) -> S3Objects {
+        let store = AmazonS3Builder::new()
+            .with_bucket_name("bucket")
+            .with_region("us-east-1")
+            .with_access_key_id("key")
+            .with_secret_access_key("secret")
+            .with_endpoint("http://127.0.0.1:1")
+            .with_allow_http(true)
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            })
+            .with_http_connector(Canned { status, body })
+            .build()
+            .expect("a store");
+        S3Objects {
+            store: Arc::new(store),
+            display: "s3://bucket".into(),
+            bucket: "bucket".into(),
+            dates: Dates::default(),
+        }
+    }
+
+    /// What object_store returns for a conditional create answered with `status` and `body`.
+    async fn put_error(status: u16, body: String) -> object_store::Error {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        let put = objects(status, body)
+            .store
+            .put_opts(&Path::from("k"), PutPayload::from_static(b"x"), options)
+            .await;
+        match put {
+            Ok(_) => panic!("HTTP {status} was taken for success"),
+            Err(err) => err,
+        }
+    }
+
+    /// An S3 error answer with this code.
+    fn s3_error(code: &str) -> String {
+        format!("<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>m</Message></Error>")
+    }
+
+    /// Pins [`status_of`] to object_store 0.14.2 (Cargo.lock): the status and the server's
+    /// answer are read from the errors it makes of each kind of answer fence classifies.
+    #[tokio::test(flavor = "current_thread")]
+    async fn statuses_of_real_answers() {
+        for (status, code) in [
+            (400, "ExpiredToken"),
+            (403, "AccessDenied"),
+            (429, "SlowDown"),
+            (500, "InternalError"),
+            (501, "NotImplemented"),
+            (503, "ServiceUnavailable"),
+        ] {
+            let err = put_error(status, s3_error(code)).await;
+            let (found, body) = status_of(&err).unwrap_or_else(|| panic!("no status in {err}"));
+            assert_eq!(found, status, "{err}");
+            assert_eq!(error_code(&body).as_deref(), Some(code), "{err}");
+            assert!(!answered_unreadably(&err), "{err}");
+        }
+        // The answers object_store gives a variant of their own keep their status too (a
+        // create's 412 is `AlreadyExists`, which `put` takes for a lost race).
+        let err = put_error(412, s3_error("PreconditionFailed")).await;
+        assert!(
+            matches!(err, object_store::Error::AlreadyExists { .. }),
+            "{err:?}"
+        );
+        assert_eq!(status_of(&err).map(|s| s.0), Some(412), "{err}");
+        // A missing bucket is told from a missing key by the code in the answer, which a
+        // NotFound error carries in its source.
+        let get = objects(404, s3_error("NoSuchBucket"))
+            .store
+            .get_opts(&Path::from("k"), GetOptions::default())
+            .await;
+        let Err(err @ object_store::Error::NotFound { .. }) = get else {
+            panic!("not NotFound: {get:?}");
+        };
+        let answer = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(
+            error_code(answer.as_deref().unwrap_or("")).as_deref(),
+            Some("NoSuchBucket")
+        );
+    }
+
+    /// The errors fence makes of S3's answers keep object_store's error as their source.
+    #[tokio::test(flavor = "current_thread")]
+    async fn failures_keep_the_object_store_error() {
+        let cases = [
+            (
+                403,
+                "AccessDenied",
+                Exit::Unavailable,
+                "credentials were refused",
+            ),
+            (501, "NotImplemented", Exit::Usage, "does not implement"),
+        ];
+        for (status, code, exit, says) in cases {
+            let err = objects(status, s3_error(code))
+                .put("k", b"x".to_vec(), &Cond::Create, &BTreeMap::new())
+                .await
+                .expect_err("refused");
+            assert_eq!(err.exit(), exit, "{err}");
+            assert!(err.to_string().contains(says), "{err}");
+            let source = std::error::Error::source(&err).expect("a source");
+            assert!(source.is::<object_store::Error>(), "{source:?}");
+        }
+        // A write that kept getting 503 (its retries used up) may have applied.
+        let busy = objects(503, s3_error("ServiceUnavailable"));
+        let err = put_error(503, s3_error("ServiceUnavailable")).await;
+        let Failure::Fail(err) = busy.failure("write", err, RETRY_PAUSES_MS.len(), Some("k"))
+        else {
+            panic!("retried after its last attempt");
+        };
+        assert_eq!(err.exit(), Exit::OutcomeUnknown, "{err}");
+        assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<object_store::Error>()));
+        // A missing bucket, told by its code.
+        let err = objects(404, s3_error("NoSuchBucket"))
+            .get("k")
+            .await
+            .expect_err("no bucket");
+        assert_eq!(err.exit(), Exit::Usage, "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert!(std::error::Error::source(&err).is_some_and(|s| s.is::<object_store::Error>()));
     }
 }

@@ -170,7 +170,8 @@ pub async fn ensure(
     if let Err(err) = prove(api, url, dir).await {
         let others: Vec<&String> = proven.iter().filter(|p| **p != me).collect();
         return Err(match (others.is_empty(), err) {
-            (false, Error::Usage { message, hint }) => Error::Usage {
+            (false, Error::Usage { message, hint, source }) => Error::Usage {
+                source,
                 message: format!(
                     "the proof in `{}` was made through {}, not through {me}; proven again through {me}: {message}",
                     record_key(dir),

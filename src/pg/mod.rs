@@ -28,7 +28,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::TlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, Socket};
 
-use crate::error::Error;
+use crate::error::{Cause, Error};
 use crate::sys::random_u64;
 
 mod libpq_files;
@@ -74,6 +74,7 @@ impl ConnectParams {
                 format!("`{display}` is not a valid PostgreSQL URL: {err}"),
                 "write it as postgres://user[:password]@host[:port]/database[?sslmode=require]",
             )
+            .with_source(err)
         })?;
         // A service's settings come after the URL's and before the PG* variables (libpq).
         let service = match params.service.or_else(|| env("PGSERVICE")) {
@@ -102,11 +103,12 @@ impl ConnectParams {
         }
         if config.get_ports().is_empty() {
             if let Some(port) = env("PGPORT") {
-                let port = port.parse::<u16>().map_err(|_| {
+                let port = port.parse::<u16>().map_err(|err| {
                     Error::usage(
                         format!("PGPORT=`{port}` is not a port number"),
                         "set PGPORT to a number such as 5432, or put the port in the URL",
                     )
+                    .with_source(err)
                 })?;
                 config.port(port);
             }
@@ -194,15 +196,22 @@ impl ConnectParams {
     /// payload of every `NOTIFY` on a channel this connection `LISTEN`s to. A server that
     /// cannot take the connection now is retried for [`CONNECT_PATIENCE`].
     pub async fn connect(&self) -> Result<(Client, Notifications), Error> {
-        self.connect_until(Instant::now() + CONNECT_PATIENCE).await
+        self.connect_until(Instant::now() + CONNECT_PATIENCE, &Refusals::default())
+            .await
     }
 
     /// [`Self::connect`], retrying with jittered exponential back-off (25 ms doubling to 1 s)
     /// while the server answers that it has no slot for this connection ("too many
     /// connections", SQLSTATE 53300, per server or per role) or is starting or stopping
     /// ("cannot connect now", 57P03), until `until`. Nothing has been sent then, so retrying
-    /// is always safe; any other failure is final at once.
-    pub async fn connect_until(&self, until: Instant) -> Result<(Client, Notifications), Error> {
+    /// is always safe; any other failure is final at once. Each refusal is kept in
+    /// `refusals` until a connection succeeds, for a caller whose own deadline ends the wait
+    /// before this gives up (the error it gives up with names the refusal too).
+    pub async fn connect_until(
+        &self,
+        until: Instant,
+        refusals: &Refusals,
+    ) -> Result<(Client, Notifications), Error> {
         let started = Instant::now();
         let mut pause = Duration::from_millis(25);
         let mut attempts = 0u32;
@@ -210,13 +219,13 @@ impl ConnectParams {
             attempts += 1;
             let refusal = match self.connect_once().await {
                 Ok(connected) => {
-                    LAST_REFUSAL.with(|last| last.borrow_mut().take());
+                    refusals.set(None);
                     return Ok(connected);
                 }
                 Err(ConnectAttempt::Final(err)) => return Err(err),
                 Err(ConnectAttempt::Refused(refusal)) => refusal,
             };
-            LAST_REFUSAL.with(|last| *last.borrow_mut() = Some(refusal.clone()));
+            refusals.set(Some(refusal.clone()));
             // Between half and all of the pause, so that refused clients spread out.
             let nap = pause / 2
                 + Duration::from_micros(random_u64() % (pause.as_micros() as u64 / 2 + 1));
@@ -265,7 +274,7 @@ impl ConnectParams {
             let (client, connection) = config
                 .connect(tokio_postgres::NoTls)
                 .await
-                .map_err(|err| self.connect_error(&err))?;
+                .map_err(|err| self.connect_error(err))?;
             return Ok((client, drive(connection)));
         };
         config.ssl_mode(if self.ssl == Ssl::Prefer {
@@ -276,7 +285,7 @@ impl ConnectParams {
         let (client, connection) = config
             .connect(tls)
             .await
-            .map_err(|err| self.connect_error(&err))?;
+            .map_err(|err| self.connect_error(err))?;
         Ok((client, drive(connection)))
     }
 
@@ -302,6 +311,7 @@ impl ConnectParams {
                 ),
                 "point sslrootcert (or PGSSLROOTCERT) at the CA certificate that signed the server's",
             )
+            .with_source(err)
         })?;
         Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(tls)))
     }
@@ -323,6 +333,7 @@ impl ConnectParams {
                 ),
                 "check that the server is reachable",
             )
+            .with_source(err)
         })
     }
 
@@ -334,8 +345,9 @@ impl ConnectParams {
                 format!("cannot read the CA certificate `{}`: {err}", path.display()),
                 "point sslrootcert (or PGSSLROOTCERT) at a readable PEM file",
             )
+            .with_source(err)
         })?;
-        let not_pem = |detail: String| {
+        let not_pem = |detail: &dyn std::fmt::Display| {
             Error::usage(
                 format!("`{}` is not a PEM certificate: {detail}", path.display()),
                 "point sslrootcert at the CA certificate that signed the server's",
@@ -343,14 +355,14 @@ impl ConnectParams {
         };
         let certs = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| not_pem(err.to_string()))?;
+            .map_err(|err| not_pem(&err).with_source(err))?;
         if certs.is_empty() {
-            return Err(not_pem("it holds no certificate".into()));
+            return Err(not_pem(&"it holds no certificate"));
         }
         Ok(certs)
     }
 
-    fn connect_error(&self, err: &tokio_postgres::Error) -> ConnectAttempt {
+    fn connect_error(&self, err: tokio_postgres::Error) -> ConnectAttempt {
         if let Some(db) = err.as_db_error() {
             let code = db.code();
             if *code == SqlState::TOO_MANY_CONNECTIONS || *code == SqlState::CANNOT_CONNECT_NOW {
@@ -361,9 +373,12 @@ impl ConnectParams {
                 ));
             }
         }
-        ConnectAttempt::Final(self.connect_failure(err))
+        let failure = self.connect_failure(&err);
+        ConnectAttempt::Final(failure.with_source(err))
     }
 
+    /// What a failed connection attempt means (the caller keeps the driver's error as its
+    /// source).
     fn connect_failure(&self, err: &tokio_postgres::Error) -> Error {
         let display = &self.display;
         if let Some(db) = err.as_db_error() {
@@ -554,16 +569,23 @@ thread_local! {
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-thread_local! {
-    /// The server's answer to the last connection attempt it refused (no slot, starting,
-    /// stopping), until a connection succeeds: what a caller that gave up waiting reports.
-    static LAST_REFUSAL: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-}
+/// The server's answer to the last connection attempt it refused (no free slot, starting,
+/// stopping: its message and SQLSTATE), until a connection succeeds. Whoever connects owns
+/// one and hands it to [`ConnectParams::connect_until`], which fills it as it retries: what
+/// the owner reports when its own deadline cut the retrying short, so that no error value
+/// reached it.
+#[derive(Debug, Default)]
+pub struct Refusals(std::sync::Mutex<Option<String>>);
 
-/// Why the server was refusing connections, if the last attempt was refused (and none has
-/// succeeded since): for a caller whose own deadline cut a retrying connection short.
-pub fn last_refusal() -> Option<String> {
-    LAST_REFUSAL.with(|last| last.borrow().clone())
+impl Refusals {
+    /// The last refusal since the last connection that succeeded, if any.
+    pub fn last(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, refusal: Option<String>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = refusal;
+    }
 }
 
 /// Lets every connection whose client has been dropped say goodbye (`Terminate`) before the
@@ -575,8 +597,50 @@ pub async fn close_all() {
     }
 }
 
+/// A failed request's error as its caller has it. Owned, it is kept whole as the `source()` of
+/// the error fence makes of it; borrowed (the caller still needs it), only the server's error
+/// is, when there is one (a `DbError` can be copied, the driver's error cannot).
+pub trait Failure {
+    fn error(&self) -> &tokio_postgres::Error;
+    fn into_cause(self) -> Option<Cause>;
+}
+
+impl Failure for tokio_postgres::Error {
+    fn error(&self) -> &tokio_postgres::Error {
+        self
+    }
+
+    fn into_cause(self) -> Option<Cause> {
+        Some(Box::new(self))
+    }
+}
+
+impl Failure for &tokio_postgres::Error {
+    fn error(&self) -> &tokio_postgres::Error {
+        self
+    }
+
+    fn into_cause(self) -> Option<Cause> {
+        let db = self.as_db_error()?.clone();
+        Some(Box::new(db))
+    }
+}
+
+/// `err` with `cause` as its source, if there is one.
+pub(crate) fn caused(err: Error, cause: Option<Cause>) -> Error {
+    match cause {
+        Some(cause) => err.with_source(cause),
+        None => err,
+    }
+}
+
 /// What a failed request means, given whether it may have changed state.
-pub fn request_error(
+pub fn request_error(err: impl Failure, display: &str, what: &str, mutating: bool) -> Error {
+    let failure = classify_request(err.error(), display, what, mutating);
+    caused(failure, err.into_cause())
+}
+
+fn classify_request(
     err: &tokio_postgres::Error,
     display: &str,
     what: &str,
@@ -656,12 +720,10 @@ pub fn request_error(
 /// A request that got no answer: outcome unknown if it could have changed state.
 pub fn lost(display: &str, what: &str, cause: &str, mutating: bool) -> Error {
     if mutating {
-        Error::OutcomeUnknown {
-            message: format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
-            hint:
-                "the request may or may not have been applied: run `fence inspect` before retrying"
-                    .into(),
-        }
+        Error::outcome_unknown(
+            format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
+            "the request may or may not have been applied: run `fence inspect` before retrying",
+        )
     } else {
         Error::unavailable(
             format!("lost PostgreSQL at `{display}` while trying to {what}: {cause}"),
@@ -673,9 +735,13 @@ pub fn lost(display: &str, what: &str, cause: &str, mutating: bool) -> Error {
 /// What kind of failure a tokio-postgres error is, as far as a connection attempt needs to
 /// know. Never read from message text (a host name such as `ssl-db` or `tls.internal` is in
 /// it): a TLS failure is a `rustls::Error` in the source chain (an `io::Error` may carry it),
-/// and otherwise the driver's own error kind, which it exposes only as the `kind` field of its
-/// `Debug` form — one of a closed set of variant names, no user data. The TLS and password
-/// tests (tests/pgpass.rs, tests/cli.rs) fail if a new driver version changes that form.
+/// and otherwise the driver's own error kind. tokio-postgres has no accessor for it, and the
+/// rest of its TLS and configuration failures carry only a boxed string as their source (the
+/// server that declines TLS, the password it asks for and was not given), so the kind is read
+/// from the `kind` field of the error's `Debug` form — one of a closed set of variant names,
+/// no user data. That form is pinned for tokio-postgres 0.7.18 (Cargo.lock) by this module's
+/// tests, which classify real driver errors (`driver_kinds_of_real_driver_errors`), and by the
+/// TLS and password tests (tests/pgpass.rs, tests/cli.rs): a driver that changes it fails them.
 #[derive(Debug, PartialEq)]
 enum DriverKind {
     Tls,
@@ -684,16 +750,8 @@ enum DriverKind {
 }
 
 fn driver_kind(err: &tokio_postgres::Error) -> DriverKind {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(inner) = source {
-        let carried = inner
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .is_some_and(|inner| inner.is::<rustls::Error>());
-        if inner.is::<rustls::Error>() || carried {
-            return DriverKind::Tls;
-        }
-        source = inner.source();
+    if rustls_failed(err) {
+        return DriverKind::Tls;
     }
     let debug = format!("{err:?}");
     let kind = debug
@@ -704,6 +762,22 @@ fn driver_kind(err: &tokio_postgres::Error) -> DriverKind {
         Some("Config") => DriverKind::Config,
         _ => DriverKind::Other,
     }
+}
+
+/// Whether a `rustls::Error` is in the error's source chain (an `io::Error` may carry it).
+fn rustls_failed(err: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(inner) = source {
+        let carried = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<rustls::Error>());
+        if inner.is::<rustls::Error>() || carried {
+            return true;
+        }
+        source = inner.source();
+    }
+    false
 }
 
 /// The whole `source()` chain in one line: tokio-postgres hides the useful part inside.
@@ -798,11 +872,12 @@ fn apply_service(
     }
     if config.get_ports().is_empty() {
         if let Some(port) = service.get("port") {
-            let port = port.parse::<u16>().map_err(|_| {
+            let port = port.parse::<u16>().map_err(|err| {
                 Error::usage(
                     format!("the service for `{display}` sets port `{port}`, which is not a port number"),
                     "fix the port in the service file",
                 )
+                .with_source(err)
             })?;
             config.port(port);
         }
@@ -858,6 +933,162 @@ fn decode(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-connection server on loopback that reads the client's first message (the 8-byte
+    /// SSLRequest or the start-up packet's length and version) and answers `reply` (nothing:
+    /// hangs up); after a reply of `S` it reads the TLS ClientHello first.
+    async fn one_shot_server(reply: &'static [u8]) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 8];
+            socket.read_exact(&mut request).await.unwrap();
+            if reply.is_empty() {
+                return;
+            }
+            socket.write_all(&reply[..1]).await.unwrap();
+            if reply[0] == b'S' {
+                let mut hello = [0u8; 5];
+                socket.read_exact(&mut hello).await.unwrap();
+            }
+            socket.write_all(&reply[1..]).await.unwrap();
+            // Keep the connection until the client is done with it.
+            let _ = socket.read(&mut [0u8; 1024]).await;
+        });
+        port
+    }
+
+    fn connect_error(
+        result: Result<(Client, Connection<Socket, impl TlsStream>), tokio_postgres::Error>,
+    ) -> tokio_postgres::Error {
+        match result {
+            Ok(_) => panic!("the connection succeeded"),
+            Err(err) => err,
+        }
+    }
+
+    /// [`driver_kind`] reads the kind of the installed tokio-postgres' own errors, made the way
+    /// fence meets them: an upgrade that changes their `Debug` form (or stops putting rustls'
+    /// error in the chain) fails here first.
+    #[tokio::test(flavor = "current_thread")]
+    async fn driver_kinds_of_real_driver_errors() {
+        let mut config = Config::new();
+        config.user("fence").connect_timeout(Duration::from_secs(5));
+        // No host at all: refused by the driver before it connects (kind `Config`, as the
+        // password a server asks for and the driver was not given).
+        let err = connect_error(config.connect(tokio_postgres::NoTls).await);
+        assert_eq!(driver_kind(&err), DriverKind::Config, "{err:?}");
+
+        let tls = || {
+            tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(Vec::new(), false).unwrap())
+        };
+        config.host("127.0.0.1").ssl_mode(SslMode::Require);
+        // A server that declines TLS (`N`), with sslmode=require: kind `Tls`, known by the
+        // `Debug` form alone (no rustls error: the handshake never began).
+        let port = one_shot_server(b"N").await;
+        let err = connect_error(config.clone().port(port).connect(tls()).await);
+        assert!(!rustls_failed(&err), "{err:?}");
+        assert_eq!(driver_kind(&err), DriverKind::Tls, "{err:?}");
+        // A server that accepts TLS, then answers the handshake with something else: rustls'
+        // own error, carried in an io::Error in the chain.
+        let port = one_shot_server(b"SHTTP/1.1 400 Bad Request\r\n\r\n").await;
+        let err = connect_error(config.clone().port(port).connect(tls()).await);
+        assert!(rustls_failed(&err), "{err:?}");
+        assert_eq!(driver_kind(&err), DriverKind::Tls, "{err:?}");
+        // A server that hangs up at once, without TLS: neither.
+        config.ssl_mode(SslMode::Disable);
+        let port = one_shot_server(b"").await;
+        let err = connect_error(
+            config
+                .clone()
+                .port(port)
+                .connect(tokio_postgres::NoTls)
+                .await,
+        );
+        assert_eq!(driver_kind(&err), DriverKind::Other, "{err:?}");
+    }
+
+    /// A server that answers every start-up with PostgreSQL's "too many connections" (FATAL,
+    /// SQLSTATE 53300), as a full server does.
+    async fn full_server() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut length = [0u8; 4];
+                if socket.read_exact(&mut length).await.is_err() {
+                    continue;
+                }
+                let mut startup = vec![0u8; u32::from_be_bytes(length) as usize - 4];
+                if socket.read_exact(&mut startup).await.is_err() {
+                    continue;
+                }
+                let fields = b"SFATAL\0VFATAL\0C53300\0Msorry, too many clients already\0\0";
+                let mut answer = vec![b'E'];
+                answer.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                answer.extend_from_slice(fields);
+                let _ = socket.write_all(&answer).await;
+            }
+        });
+        port
+    }
+
+    /// The refusals a retrying connection meets are kept where its caller can read them when
+    /// its own deadline cuts the connecting short (no error reaches it then), and named in
+    /// the error when the connecting gives up itself.
+    #[tokio::test(flavor = "current_thread")]
+    async fn refusals_are_the_callers_to_read() {
+        let port = full_server().await;
+        let url = format!("postgres://fence@127.0.0.1:{port}/db?sslmode=disable");
+        let params = ConnectParams::resolve(&url, "db").unwrap();
+        let refusal = "sorry, too many clients already (SQLSTATE 53300)";
+        let refusals = Refusals::default();
+        let cut = tokio::time::timeout(
+            Duration::from_millis(300),
+            params.connect_until(Instant::now() + Duration::from_secs(60), &refusals),
+        )
+        .await;
+        assert!(
+            cut.is_err(),
+            "the connecting ended before its caller's deadline"
+        );
+        assert_eq!(refusals.last().as_deref(), Some(refusal));
+        let Err(err) = params
+            .connect_until(Instant::now() + Duration::from_millis(100), &refusals)
+            .await
+        else {
+            panic!("a full server took the connection");
+        };
+        assert_eq!(err.exit(), crate::exit::Exit::Unavailable, "{err}");
+        assert!(err.to_string().contains(refusal), "{err}");
+    }
+
+    /// The error fence makes of a driver error keeps it as its source (and a failure that is
+    /// no refusal leaves none behind).
+    #[tokio::test(flavor = "current_thread")]
+    async fn connection_failures_keep_the_driver_error() {
+        let params =
+            ConnectParams::resolve("postgres://fence@127.0.0.1:1/db?sslmode=disable", "db")
+                .unwrap();
+        let refusals = Refusals::default();
+        let Err(err) = params.connect_until(Instant::now(), &refusals).await else {
+            panic!("nothing listens on port 1");
+        };
+        assert_eq!(err.exit(), crate::exit::Exit::Unavailable, "{err}");
+        let source = std::error::Error::source(&err).expect("a source");
+        assert!(source.is::<tokio_postgres::Error>(), "{source:?}");
+        assert_eq!(refusals.last(), None);
+        let err = match ConnectParams::resolve("postgres://h/db?connect_timeout=x", "db") {
+            Err(err) => err,
+            Ok(_) => panic!("a bad connect_timeout was accepted"),
+        };
+        assert!(
+            std::error::Error::source(&err).is_some_and(|s| s.is::<tokio_postgres::Error>()),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn ssl_params_are_split_out() {

@@ -69,20 +69,23 @@ impl Session {
             schema,
             spec,
             Instant::now() + CONNECT_PATIENCE,
+            &pg::Refusals::default(),
         )
         .await
     }
 
-    /// [`Session::open`], retrying a server that cannot take the connection now until `until`.
+    /// [`Session::open`], retrying a server that cannot take the connection now until `until`;
+    /// its refusals are kept in `refusals` (see [`ConnectParams::connect_until`]).
     pub async fn open_until(
         url: &str,
         display: &str,
         schema: &str,
         spec: &'static SchemaSpec,
         until: Instant,
+        refusals: &pg::Refusals,
     ) -> Result<Session, Error> {
         let server = ConnectParams::resolve(url, display)?;
-        let (client, notifications) = server.connect_until(until).await?;
+        let (client, notifications) = server.connect_until(until, refusals).await?;
         Ok(Session {
             client,
             notifications: tokio::sync::Mutex::new(notifications),
@@ -124,17 +127,28 @@ impl Session {
             .replace("__SCHEMA__", &self.schema)
             .replace("__VERSION__", &self.spec.version.to_string());
         let answer = self.request(what, mutating, &sql, params).await?;
-        // A statement that checks the schema's version found a newer one: never used.
-        if let Some(newer) = answer
-            .as_ref()
-            .err()
-            .and_then(version_named)
-            .filter(|v| *v > self.spec.version)
-        {
-            return Err(self.newer_schema(newer));
-        }
         match answer {
             Ok(rows) => Ok(rows),
+            // A statement that checks the schema's version failed its cast: the schema may be
+            // at another version. Which one is read from the schema itself, never from the
+            // server's message (translated under another lc_messages). Newer (or unreadable):
+            // never used. Older or without a version: migrated. Either way, or when it is
+            // current (another fence migrated it since, or the cast was not the check's), the
+            // statement, of which nothing was applied, is sent once more and its answer stands.
+            Err(err)
+                if err.code() == Some(&SqlState::INVALID_TEXT_REPRESENTATION)
+                    && checks_version(&sql) =>
+            {
+                match self.schema_version().await? {
+                    Some(v) if v > self.spec.version => return Err(self.newer_schema(v)),
+                    Some(v) if v == self.spec.version => {}
+                    _ => self.migrate().await?,
+                }
+                match self.request(what, mutating, &sql, params).await? {
+                    Ok(rows) => Ok(rows),
+                    Err(err) => Err(self.request_error(err, what, mutating)),
+                }
+            }
             // A read of a schema that does not exist yet has nothing to report; only writes
             // create it. Nor has a read of a column an older version did not have yet (the
             // waiters' deadline before version 3): the next write migrates the schema.
@@ -147,14 +161,13 @@ impl Session {
             // on a target, where a missing column is the caller's (`write --row`).
             Err(err)
                 if is_missing_schema(&err)
-                    || names_a_version(&err)
                     || (err.code() == Some(&SqlState::UNDEFINED_COLUMN)
                         && self.spec.purpose != "target") =>
             {
                 self.migrate().await?;
                 match self.request(what, mutating, &sql, params).await? {
                     Ok(rows) => Ok(rows),
-                    Err(err) => Err(self.request_error(&err, what, mutating)),
+                    Err(err) => Err(self.request_error(err, what, mutating)),
                 }
             }
             // Rolled back by the server for a reason of the moment ([`ROLLED_BACK`]): a
@@ -166,12 +179,12 @@ impl Session {
                     match self.request(what, mutating, &sql, params).await? {
                         Ok(rows) => return Ok(rows),
                         Err(err) if rolled_back(&err) => last = err,
-                        Err(err) => return Err(self.request_error(&err, what, mutating)),
+                        Err(err) => return Err(self.request_error(err, what, mutating)),
                     }
                 }
-                Err(self.request_error(&last, what, mutating))
+                Err(self.request_error(last, what, mutating))
             }
-            Err(err) => Err(self.request_error(&err, what, mutating)),
+            Err(err) => Err(self.request_error(err, what, mutating)),
         }
     }
 
@@ -233,7 +246,7 @@ impl Session {
         let rows = self
             .request(what, false, &exists, &[])
             .await?
-            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+            .map_err(|err| pg::request_error(err, &self.display, what, false))?;
         if !rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
             return Ok(None);
         }
@@ -244,7 +257,7 @@ impl Session {
         let rows = self
             .request(what, false, &sql, &[])
             .await?
-            .map_err(|err| pg::request_error(&err, &self.display, what, false))?;
+            .map_err(|err| pg::request_error(err, &self.display, what, false))?;
         let Some(row) = rows.first() else {
             return Ok(None);
         };
@@ -308,16 +321,20 @@ impl Session {
     /// [`pg::request_error`], except that a target database's missing privileges point to
     /// `fence grant`: the generic hint (write access to fence's tables, a schema the user
     /// owns) would let that user bypass `fence protect`.
-    pub fn request_error(&self, err: &tokio_postgres::Error, what: &str, mutating: bool) -> Error {
-        match err.as_db_error() {
-            Some(db) if self.spec.purpose == "target" && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE => {
-                Error::usage(
+    pub fn request_error(&self, err: impl pg::Failure, what: &str, mutating: bool) -> Error {
+        match err.error().as_db_error() {
+            Some(db)
+                if self.spec.purpose == "target"
+                    && *db.code() == SqlState::INSUFFICIENT_PRIVILEGE =>
+            {
+                let refused = Error::usage(
                     format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
                     format!(
                         "if this is fence's schema `{}`, have the admin run `fence grant --target URL --role ROLE` for this user (never grant it writes on fence's tables or ownership of the schema: either bypasses `fence protect`); privileges on your own tables are granted as usual",
                         self.schema
                     ),
-                )
+                );
+                pg::caused(refused, err.into_cause())
             }
             _ => pg::request_error(err, &self.display, what, mutating),
         }
@@ -327,7 +344,16 @@ impl Session {
         let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
             .await
             .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
-        result.map_err(|err| match err.as_db_error() {
+        result.map_err(|err| {
+            let failure = self.batch_error(&err, what);
+            pg::caused(failure, pg::Failure::into_cause(err))
+        })
+    }
+
+    /// What a failed script of [`Session::batch`] means (the caller keeps the driver's error
+    /// as its source).
+    fn batch_error(&self, err: &tokio_postgres::Error, what: &str) -> Error {
+        match err.as_db_error() {
             Some(db) if Fence::of(db.code()) == Some(Fence::NewerSchema) => Error::usage(
                 format!("PostgreSQL at `{}`: {}", self.display, db.message()),
                 "upgrade fence, or use another --schema",
@@ -343,30 +369,19 @@ impl Session {
                 format!("PostgreSQL at `{}` refused to {what}: {}", self.display, db.message()),
                 "have a user who may create schemas run `fence init` once and grant this user access to that schema, or pass --schema naming a schema this user may create",
             ),
-            _ => pg::request_error(&err, &self.display, what, true),
-        })
+            _ => pg::request_error(err, &self.display, what, true),
+        }
     }
 }
 
-/// The schema version a statement's check named when it found another version than this
-/// fence's (see `schema_is_current!` in `coordinator::pg_one_shot`): the failed cast of
-/// `fence schema version N`.
-fn version_named(err: &tokio_postgres::Error) -> Option<i32> {
-    version_text(err)?.parse().ok()
-}
+/// What a statement that checks the schema's version casts to an integer when the version is
+/// not this fence's (see `schema_is_current!` in `coordinator::pg_one_shot`): that cast fails
+/// with SQLSTATE 22P02. fence's own SQL, never the server's message, tells such a statement.
+const VERSION_CHECK: &str = "'fence schema version '";
 
-/// Whether a statement's check found another version than this fence's, readable or not
-/// (then [`Session::migrate`] reads it: older is migrated, newer or unreadable refused).
-fn names_a_version(err: &tokio_postgres::Error) -> bool {
-    version_text(err).is_some()
-}
-
-fn version_text(err: &tokio_postgres::Error) -> Option<String> {
-    let db = err
-        .as_db_error()
-        .filter(|db| *db.code() == SqlState::INVALID_TEXT_REPRESENTATION)?;
-    let rest = db.message().split("\"fence schema version ").nth(1)?;
-    Some(rest.rsplit_once('"')?.0.to_owned())
+/// Whether `sql` (fence's own statement) carries the schema version check.
+fn checks_version(sql: &str) -> bool {
+    sql.contains(VERSION_CHECK)
 }
 
 pub fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
@@ -375,4 +390,22 @@ pub fn is_missing_schema(err: &tokio_postgres::Error) -> bool {
             || *code == SqlState::UNDEFINED_TABLE
             || *code == SqlState::UNDEFINED_FUNCTION
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statements whose failed cast [`Session::call`] answers by reading the schema's
+    /// version are exactly the coordinator's one-shot statements, which carry the check.
+    #[test]
+    fn the_one_shot_statements_carry_the_version_check() {
+        use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
+        for sql in [ACQUIRE, RENEW, RELEASE] {
+            assert!(checks_version(sql), "{sql}");
+        }
+        assert!(!checks_version(
+            "SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version'"
+        ));
+    }
 }

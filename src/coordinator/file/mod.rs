@@ -261,6 +261,7 @@ impl FileCoordinator {
                     record.token
                 ),
                 hint: format!("fix the disk, then run `fence inspect {resource}` to see whether the lease is held, and release it with its owner and token if so"),
+                source: None,
             }),
         }
     }

@@ -230,13 +230,15 @@ impl History for PgCoordinator {
     async fn prune(&self, query: &PruneQuery<'_>) -> Result<Pruned, Error> {
         self.prune_all(query).await.map_err(|err| match err {
             // The only usage error here: a privilege the role lacks.
-            Error::Usage { message, .. } => Error::Usage {
+            Error::Usage { message, source, .. } => Error::Usage {
                 message,
+                source,
                 hint: "`fence prune` needs SELECT on fence's `leases`, DELETE on its `events`, `waiters` and `attempts`, and INSERT and UPDATE on its `event_totals`: run it as the role that owns the schema (the one that ran `fence init`), or grant those".into(),
             },
             // Some batches may have been deleted, and repeating deletes only what is left.
-            Error::OutcomeUnknown { message, .. } => Error::OutcomeUnknown {
+            Error::OutcomeUnknown { message, source, .. } => Error::OutcomeUnknown {
                 message,
+                source,
                 hint: "some of the old events may have been deleted already; run the same `fence prune` again (it is safe to repeat)".into(),
             },
             other => other,

@@ -78,6 +78,8 @@ pub struct PgCoordinator {
     queue: RefCell<Option<Queue>>,
     /// The refused attempts this process has recorded (a waiter's polls are one attempt).
     attempted: crate::coordinator::Attempted,
+    /// The server's last refusal of a new session (see [`Leases::connect_refusal`]).
+    refusals: crate::pg::Refusals,
 }
 
 impl PgCoordinator {
@@ -91,6 +93,7 @@ impl PgCoordinator {
             session: RefCell::new(None),
             queue: RefCell::new(None),
             attempted: crate::coordinator::Attempted::default(),
+            refusals: crate::pg::Refusals::default(),
         })
     }
 
@@ -121,6 +124,7 @@ impl PgCoordinator {
                 &self.schema,
                 &COORDINATOR_SCHEMA,
                 until,
+                &self.refusals,
             )
             .await?,
         );
@@ -417,6 +421,10 @@ impl Leases for PgCoordinator {
         if let Some(session) = session {
             let _ = tokio::time::timeout(Duration::from_secs(2), session.cancel()).await;
         }
+    }
+
+    fn connect_refusal(&self) -> Option<String> {
+        self.refusals.last()
     }
 }
 
