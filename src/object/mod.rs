@@ -276,7 +276,7 @@ pub(crate) fn refused(
         ),
         501 => Error::usage(
             format!("cannot {what} at `{display}`: the server does not implement this request (HTTP 501 Not Implemented; nothing was written): {body}"),
-            "use a server that implements conditional writes (see the README's object store requirements)",
+            "use a server that implements conditional writes (see docs/object-stores.md, the object store requirements)",
         ),
         401 | 403 | 400 if expired => Error::unavailable(
             format!("cannot {what} at `{display}`: the credentials have expired ({credentials}; HTTP {status}, nothing was written)"),

@@ -237,7 +237,7 @@ impl ConnectParams {
                         if attempts == 1 { "once".to_owned() } else { format!("{attempts} times") },
                         started.elapsed().as_secs_f64()
                     ),
-                    "nothing was done, so it is safe to retry; if the server (or this role) is often out of connection slots, size max_connections and the roles' CONNECTION LIMIT for fence's processes (README, Connection sizing)",
+                    "nothing was done, so it is safe to retry; if the server (or this role) is often out of connection slots, size max_connections and the roles' CONNECTION LIMIT for fence's processes (docs/run.md, Connection sizing and PgBouncer)",
                 ));
             }
             tokio::time::sleep(nap).await;
