@@ -260,7 +260,7 @@ impl LogQuery<'_> {
         self.patterns.is_empty() || self.patterns.iter().any(|p| p.matches(resource))
     }
 
-    pub fn in_window(&self, at_ms: i64) -> bool {
+    pub fn in_range(&self, at_ms: i64) -> bool {
         self.since_ms.is_none_or(|since| at_ms >= since)
             && self.until_ms.is_none_or(|until| at_ms < until)
     }

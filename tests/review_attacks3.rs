@@ -239,7 +239,7 @@ fn like_metacharacters_file() {
 
 #[test]
 // Fixed FINDING: glob matching backtracked exponentially (10 s of CPU for this pattern); it is
-// now the linear greedy match (src/coordinator/history.rs `Pattern::matches`).
+// now the linear greedy match (src/timeline.rs `Pattern::matches`).
 fn backtracking_glob_answers_quickly() {
     let store = Store::file();
     let long = "a".repeat(150);

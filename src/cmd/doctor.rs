@@ -629,12 +629,12 @@ async fn schema_version(client: &Client, schema: &str, role: Role, f: &mut Findi
 }
 
 /// Ways around `fence protect` for the connecting (login) role, and protection switched off
-/// on the target (see [`crate::fenced::grant::BYPASSES`]): each one fails.
+/// on the target (see [`crate::fenced::privileges::BYPASSES`]): each one fails.
 async fn protection(client: &Client, schema: &str, f: &mut Findings<'_>) {
     let check = "postgres.protection";
     let rows = match client
         .query(
-            crate::fenced::grant::BYPASSES,
+            crate::fenced::privileges::BYPASSES,
             &[&None::<String>, &schema.to_owned()],
         )
         .await
@@ -657,9 +657,9 @@ async fn protection(client: &Client, schema: &str, f: &mut Findings<'_>) {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    found.sort_by_key(|(kind, _, _)| crate::fenced::grant::rank(kind));
+    found.sort_by_key(|(kind, _, _)| crate::fenced::privileges::rank(kind));
     for (kind, what, via) in &found {
-        let (message, fix) = crate::fenced::grant::bypass(kind, what, via, &user);
+        let (message, fix) = crate::fenced::privileges::bypass(kind, what, via, &user);
         f.add(check, Severity::Fail, message, &fix);
     }
     if rows.is_empty() {

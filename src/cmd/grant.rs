@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use crate::cli::GrantArgs;
 use crate::cmd::Context;
 use crate::error::Error;
-use crate::fenced::grant::GrantPlan;
 use crate::fenced::postgres::PgTarget;
+use crate::fenced::privileges::GrantPlan;
 use crate::fenced::TargetSpec;
 use crate::output::{self, Report};
 

@@ -477,7 +477,7 @@ pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> 
         entries.extend(expiries.feed(logged));
     }
     entries.extend(expiries.due(now_ms));
-    entries.retain(|e| !e.derived || query.in_window(e.logged.event.at_ms));
+    entries.retain(|e| !e.derived || query.in_range(e.logged.event.at_ms));
     entries
 }
 

@@ -6,8 +6,8 @@
 //! owner's lease (I4). Lease records are never deleted, so counters survive release; only
 //! history (events) and dead waiters' rows may be (`fence prune`).
 
+pub mod attempts;
 pub(crate) mod file;
-pub mod history;
 mod object;
 pub mod pg_one_shot;
 mod postgres;
@@ -24,8 +24,9 @@ use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
+use crate::timeline::newest;
 pub use crate::timeline::{Event, EventKind, LogQuery, Logged, Pattern};
-pub use history::Attempt;
+pub use attempts::Attempt;
 pub use refusal::{Found, Refusal};
 
 /// A lease as the coordinator recorded it. Instants are milliseconds since the Unix epoch by
@@ -390,7 +391,7 @@ pub trait History {
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
         let names = query.exact_names().unwrap_or_default();
         let views = self.inspect(&names, query.limit).await?;
-        Ok(history::from_views(views, query))
+        Ok(from_views(views, query))
     }
 
     /// How many events of each kind each resource's history has had, as (resource, kind,
@@ -467,4 +468,24 @@ pub fn next_token(resource: &str, highest: i64, source: &str) -> Result<i64, Err
             ),
         )
     })
+}
+
+/// The oldest-first, most recent `query.limit` events of `views` within the query.
+fn from_views(views: Vec<ResourceView>, query: &LogQuery<'_>) -> Vec<Logged> {
+    let mut logged: Vec<Logged> = views
+        .into_iter()
+        .filter(|v| query.matches(&v.resource))
+        .flat_map(|v| {
+            let resource = v.resource;
+            // Most recent first in a view: reversed, each resource's events are in order.
+            v.events.into_iter().rev().map(move |event| Logged {
+                resource: resource.clone(),
+                at_us: event.at_ms.saturating_mul(1000),
+                event,
+            })
+        })
+        .filter(|l| query.in_range(l.event.at_ms))
+        .collect();
+    newest(&mut logged, query.limit);
+    logged
 }

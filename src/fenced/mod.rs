@@ -2,9 +2,9 @@
 //! I6). The target keeps the highest token it has accepted per resource and refuses a write
 //! carrying a lower one, atomically with the write itself.
 
-pub mod grant;
 pub mod object;
 pub mod postgres;
+pub mod privileges;
 pub mod protection;
 pub mod sql_check;
 pub mod target;

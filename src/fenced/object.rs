@@ -602,7 +602,7 @@ impl FencedTarget for ObjectTarget {
         let mut events: Vec<Logged> = log(&self.url)
             .await?
             .into_iter()
-            .filter(|l| query.matches(&l.resource) && query.in_window(l.event.at_ms))
+            .filter(|l| query.matches(&l.resource) && query.in_range(l.event.at_ms))
             .collect();
         let older = events.len().saturating_sub(query.limit);
         events.drain(..older);

@@ -20,9 +20,9 @@ use tokio_postgres::SimpleQueryMessage;
 use crate::error::{ConflictKind, Error};
 use crate::fenced::target::{wrong_form, Applied, Body, Outcome, TargetView, WriteRequest};
 use crate::fenced::{quote_literal, quote_table, write_digest, TargetSpec};
+use crate::pg::range::LogRange;
 use crate::pg::session::{is_missing_schema, SchemaSpec, Session};
 use crate::pg::sqlstate::{self, Fence};
-use crate::pg::window::LogWindow;
 use crate::pg::{self};
 use crate::signals::Interrupts;
 use crate::timeline::{Event, EventKind, LogQuery, Logged};
@@ -630,7 +630,7 @@ impl PgTarget {
     /// has a guard row; a rejected write needs one). `rows_affected` (version 3) is read
     /// through `to_jsonb`, so that a schema not yet migrated answers without it.
     pub async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        let window = LogWindow::new(query, "g.resource");
+        let window = LogRange::new(query, "g.resource");
         let sql = format!(
             "SELECT g.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
              e.kind, e.owner, e.token, e.detail, (e.j->>'rows_affected')::int8 AS rows_affected \
@@ -638,9 +638,9 @@ impl PgTarget {
                SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
                FROM __SCHEMA__.write_events ev WHERE ev.resource = g.resource {range}) e \
              WHERE {filter} {last}",
-            range = LogWindow::RANGE,
+            range = LogRange::RANGE,
             filter = window.filter,
-            last = LogWindow::LAST,
+            last = LogRange::LAST,
         );
         let rows = self
             .session
@@ -671,7 +671,7 @@ impl PgTarget {
                 )
             })
             .collect();
-        Ok(LogWindow::oldest_first(logged))
+        Ok(LogRange::oldest_first(logged))
     }
 }
 

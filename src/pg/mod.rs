@@ -32,9 +32,9 @@ use crate::error::{Cause, Error};
 use crate::sys::random_u64;
 
 mod libpq_files;
+pub mod range;
 pub mod session;
 pub mod sqlstate;
-pub mod window;
 
 /// How long to wait for a server to accept a connection, unless the URL or
 /// `PGCONNECT_TIMEOUT` says otherwise.

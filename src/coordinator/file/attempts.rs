@@ -2,27 +2,29 @@
 //! conflicting renewals and releases, coalesced per owner, kind and minute (a count, the first
 //! and last time), so that "who else tried" has an answer and a busy loop cannot grow the
 //! store. Rewritten under the resource's lock (not fsynced: it is history, not the counter);
-//! the newest [`KEEP`] windows stay.
+//! the newest [`KEEP`] minutes stay.
 
 use std::io::{self, ErrorKind};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coordinator::history::ATTEMPT_WINDOW_MS;
+use crate::coordinator::attempts::ATTEMPT_MINUTE_MS;
 use crate::coordinator::{Attempt, Event, EventKind};
 use crate::sys::replace;
 
-/// Windows kept per resource: a day of one owner retrying every minute, or many owners.
+/// Minutes kept per resource: a day of one owner retrying every minute, or many owners.
 const KEEP: usize = 1_440;
 
 /// The attempts of one owner and kind within one minute.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(super) struct Window {
+pub(super) struct Minute {
     pub owner: String,
     pub kind: EventKind,
-    /// The start of the minute (ms since the epoch).
-    pub window_ms: i64,
+    /// The start of the minute (ms since the epoch); `window_ms` on disk, as stores written
+    /// before the rename have it.
+    #[serde(rename = "window_ms")]
+    pub minute_ms: i64,
     pub count: i64,
     pub first_ms: i64,
     pub last_ms: i64,
@@ -31,7 +33,7 @@ pub(super) struct Window {
     pub detail: String,
 }
 
-impl Window {
+impl Minute {
     pub fn event(&self) -> Event {
         Event {
             owner: Some(self.owner.clone()),
@@ -44,8 +46,8 @@ impl Window {
     }
 }
 
-/// The windows of a resource, oldest first (none when the file does not exist).
-pub(super) fn read(path: &Path) -> io::Result<Vec<Window>> {
+/// The minutes of a resource, oldest first (none when the file does not exist).
+pub(super) fn read(path: &Path) -> io::Result<Vec<Minute>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map_err(|err| io::Error::new(ErrorKind::InvalidData, format!("damaged: {err}"))),
@@ -54,12 +56,12 @@ pub(super) fn read(path: &Path) -> io::Result<Vec<Window>> {
     }
 }
 
-/// Adds `attempt` at `now_ms` to its window (a new one at the start of a minute). A damaged
+/// Adds `attempt` at `now_ms` to its minute (a new one at the start of a minute). A damaged
 /// file is moved aside (`<name>.json.damaged-<ms>`, with a warning) and a new one started:
 /// what it held is kept for a look, and the next attempts are recorded.
 pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()> {
-    let mut windows = match read(path) {
-        Ok(windows) => windows,
+    let mut minutes = match read(path) {
+        Ok(minutes) => minutes,
         Err(err) if err.kind() == ErrorKind::InvalidData => {
             let aside = path.with_extension(format!("json.damaged-{now_ms}"));
             std::fs::rename(path, &aside)?;
@@ -72,10 +74,10 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
         }
         Err(err) => return Err(err),
     };
-    let window_ms = now_ms - now_ms.rem_euclid(ATTEMPT_WINDOW_MS);
-    match windows
+    let minute_ms = now_ms - now_ms.rem_euclid(ATTEMPT_MINUTE_MS);
+    match minutes
         .iter_mut()
-        .find(|w| w.window_ms == window_ms && w.owner == attempt.owner && w.kind == attempt.kind)
+        .find(|w| w.minute_ms == minute_ms && w.owner == attempt.owner && w.kind == attempt.kind)
     {
         Some(w) => {
             w.count += 1;
@@ -83,10 +85,10 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
             w.token = attempt.token;
             w.detail.clone_from(&attempt.detail);
         }
-        None => windows.push(Window {
+        None => minutes.push(Minute {
             owner: attempt.owner.clone(),
             kind: attempt.kind.clone(),
-            window_ms,
+            minute_ms,
             count: 1,
             first_ms: now_ms,
             last_ms: now_ms,
@@ -94,12 +96,12 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
             detail: attempt.detail.clone(),
         }),
     }
-    if windows.len() > KEEP {
-        windows.drain(..windows.len() - KEEP);
+    if minutes.len() > KEEP {
+        minutes.drain(..minutes.len() - KEEP);
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let body = serde_json::to_vec(&windows).map_err(io::Error::other)?;
+    let body = serde_json::to_vec(&minutes).map_err(io::Error::other)?;
     replace(path, &body, false)
 }

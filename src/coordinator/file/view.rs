@@ -124,7 +124,7 @@ impl FileCoordinator {
                 tail.events
                     .into_iter()
                     .rev()
-                    .filter(|e| query.in_window(e.at_ms))
+                    .filter(|e| query.in_range(e.at_ms))
                     .map(|e| {
                         key = key.max(e.at_ms.saturating_mul(1000));
                         Logged {
@@ -134,8 +134,8 @@ impl FileCoordinator {
                         }
                     }),
             );
-            let windows = match attempts::read(&paths.attempts) {
-                Ok(windows) => windows,
+            let minutes = match attempts::read(&paths.attempts) {
+                Ok(minutes) => minutes,
                 // Refused attempts are a convenience, not what a guarantee rests on: a damaged
                 // record is left out of the timeline, said, and moved aside by the next refusal.
                 Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
@@ -150,9 +150,9 @@ impl FileCoordinator {
                 }
             };
             logged.extend(
-                windows
+                minutes
                     .iter()
-                    .filter(|w| query.in_window(w.first_ms))
+                    .filter(|w| query.in_range(w.first_ms))
                     .map(|w| Logged {
                         resource: name.clone(),
                         at_us: w.first_ms.saturating_mul(1000),

@@ -12,7 +12,7 @@ use crate::coordinator::{
     Pruned, ResourceView, State, Waiter,
 };
 use crate::error::Error;
-use crate::pg::window::LogWindow;
+use crate::pg::range::LogRange;
 use crate::timeline::newest;
 
 /// Resources per `fence prune` statement: each is one short transaction.
@@ -250,7 +250,7 @@ impl History for PgCoordinator {
     /// newest `limit` of them all. The version-4 columns are read through `to_jsonb`, so that a
     /// schema not yet migrated answers with its events, without TTLs.
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
-        let window = LogWindow::new(query, "l.resource");
+        let window = LogRange::new(query, "l.resource");
         let sql = format!(
             "SELECT l.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
              __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail, \
@@ -261,9 +261,9 @@ impl History for PgCoordinator {
                SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
                FROM __SCHEMA__.events ev WHERE ev.resource = l.resource {range}) e \
              WHERE {filter} {last}",
-            range = LogWindow::RANGE,
+            range = LogRange::RANGE,
             filter = window.filter,
-            last = LogWindow::LAST,
+            last = LogRange::LAST,
         );
         let rows = self
             .call("read the events", false, &sql, &window.params())
@@ -289,7 +289,7 @@ impl History for PgCoordinator {
                 )
             })
             .collect();
-        let mut logged = LogWindow::oldest_first(logged);
+        let mut logged = LogRange::oldest_first(logged);
         // The refused attempts in the window (none on a schema older than version 5), by the
         // first attempt of each minute; the primary key `(resource, minute, …)` serves a
         // resource's range.
@@ -303,7 +303,7 @@ impl History for PgCoordinator {
              AND ($3::int8 IS NULL OR a.minute < to_timestamp($3::int8 / 1000.0)) \
              AND ($3::int8 IS NULL OR a.first_at < to_timestamp($3::int8 / 1000.0)) \
              ORDER BY a.first_at DESC LIMIT $4",
-            filter = LogWindow::new(query, "a.resource").filter,
+            filter = LogRange::new(query, "a.resource").filter,
         );
         let rows = self
             .call("read the refused attempts", false, &sql, &window.params())

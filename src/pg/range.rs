@@ -8,7 +8,7 @@ use crate::timeline::{LogQuery, Logged};
 /// What the two PostgreSQL histories `fence log` reads share (the coordinator's `events`, a
 /// target's `write_events`): the resources matched by name or by glob, the time window and
 /// the limit, as one LATERAL range per resource over an `(resource, at)` index.
-pub struct LogWindow {
+pub struct LogRange {
     /// The condition on the resource column (`$1`).
     pub filter: String,
     names: Option<Vec<String>>,
@@ -17,7 +17,7 @@ pub struct LogWindow {
     limit: i64,
 }
 
-impl LogWindow {
+impl LogRange {
     /// Inside the per-resource range: the window (`$2`, `$3`), newest first, at most `$4`.
     pub const RANGE: &'static str =
         "AND ($2::int8 IS NULL OR ev.at >= to_timestamp($2::int8 / 1000.0)) \
@@ -26,7 +26,7 @@ impl LogWindow {
     /// After the ranges: the newest `$4` of them all.
     pub const LAST: &'static str = "ORDER BY e.at DESC, e.id DESC LIMIT $4";
 
-    pub fn new(query: &LogQuery<'_>, column: &str) -> LogWindow {
+    pub fn new(query: &LogQuery<'_>, column: &str) -> LogRange {
         let (filter, names) = match query.exact_names() {
             Some(names) => (format!("{column} = ANY($1)"), Some(names)),
             None if query.patterns.is_empty() => ("$1::text[] IS NULL".to_owned(), None),
@@ -35,7 +35,7 @@ impl LogWindow {
                 Some(query.patterns.iter().map(|p| p.like()).collect()),
             ),
         };
-        LogWindow {
+        LogRange {
             filter,
             names,
             since_ms: query.since_ms,

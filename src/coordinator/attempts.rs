@@ -1,13 +1,13 @@
-//! What `fence log` asks a coordinator for: the events of some resources (names or globs)
-//! within a time window, and the shape they come back in.
+//! Refused attempts (busy acquisitions, conflicting renewals and releases, an object's
+//! refused writes), as a coordinator's history records them: coalesced per resource, owner,
+//! kind and minute.
 
-use crate::coordinator::ResourceView;
 use crate::error::{ConflictKind, Error};
-use crate::timeline::{newest, EventKind, LogQuery, Logged};
+use crate::timeline::EventKind;
 
 /// Refused attempts are coalesced per resource, owner, kind and this long a window (a
 /// count, and the first and last time), so that a busy loop cannot grow the history.
-pub const ATTEMPT_WINDOW_MS: i64 = 60_000;
+pub const ATTEMPT_MINUTE_MS: i64 = 60_000;
 
 /// A refused attempt, as the history records it: `busy` (an acquire of a lease another
 /// owner holds) or `conflict` (a renew or release of a lease the caller does not hold).
@@ -68,24 +68,4 @@ impl Attempt {
             detail,
         })
     }
-}
-
-/// The oldest-first, most recent `query.limit` events of `views` within the query.
-pub fn from_views(views: Vec<ResourceView>, query: &LogQuery<'_>) -> Vec<Logged> {
-    let mut logged: Vec<Logged> = views
-        .into_iter()
-        .filter(|v| query.matches(&v.resource))
-        .flat_map(|v| {
-            let resource = v.resource;
-            // Most recent first in a view: reversed, each resource's events are in order.
-            v.events.into_iter().rev().map(move |event| Logged {
-                resource: resource.clone(),
-                at_us: event.at_ms.saturating_mul(1000),
-                event,
-            })
-        })
-        .filter(|l| query.in_window(l.event.at_ms))
-        .collect();
-    newest(&mut logged, query.limit);
-    logged
 }
