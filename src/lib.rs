@@ -49,9 +49,12 @@ pub fn main() -> Exit {
             return out.error(cli.command.op(), None, &err);
         }
     };
-    runtime.block_on(async {
+    let exit = runtime.block_on(async {
         let exit = cmd::dispatch(cli, &out).await;
         pg::close_all().await;
         exit
-    })
+    });
+    // Warnings that no JSON answer carried (none was printed) are not lost: stderr.
+    terminal::flush_warnings();
+    exit
 }
