@@ -61,9 +61,9 @@ pub struct GlobalArgs {
     pub schema: String,
 
     /// Output format: `human` tables and sentences, one `json` object, `env` lines for `eval`
-    /// (acquire only), or `ndjson`, one JSON object per event (log only). Warnings go to
-    /// stderr (`fence: warning: …`), except with `json`: the object carries them in a
-    /// `notices` array of strings, absent when there is none.
+    /// (acquire only), or `ndjson`, one JSON object per event (log only). With `json`,
+    /// warnings are not printed on stderr but carried in the object's `notices` array of
+    /// strings (absent when there is none).
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 
