@@ -107,7 +107,7 @@ fn a_warning_on_success_goes_to_stderr_nowhere_with_quiet_or_into_the_json_answe
             .as_object()
             .unwrap()
             .keys()
-            .last()
+            .next_back()
             .map(String::as_str),
         Some("notices"),
         "the notices close the answer: {answer}"
