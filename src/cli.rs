@@ -63,7 +63,7 @@ pub struct GlobalArgs {
     /// Output format: `human` tables and sentences, one `json` object, `env` lines for `eval`
     /// (acquire only), or `ndjson`, one JSON object per event (log only). With `json`,
     /// warnings are not printed on stderr but carried in the object's `notices` array of
-    /// strings (absent when there is none).
+    /// strings (absent when there is none); `run` prints them on stderr too, as they come.
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 

@@ -39,6 +39,7 @@ pub fn main() -> Exit {
         Err(err) => return output::clap_error(&err, &args),
     };
     let out = output::Output::new(&cli.global);
+    terminal::route_warnings(output::warnings_route(&cli.global, &cli.command));
     let runtime = match sys::build_runtime() {
         Ok(runtime) => runtime,
         Err(cause) => {

@@ -90,16 +90,7 @@ impl Output {
         !self.quiet && self.format == Format::Human && std::io::stderr().is_terminal()
     }
 
-    /// The output settings; from now on warnings go where they say: nowhere with
-    /// `--quiet`, into the answer with `--format json`, else to stderr.
     pub fn new(global: &GlobalArgs) -> Output {
-        crate::terminal::route_warnings(if global.quiet {
-            Warnings::Silenced
-        } else if global.format == Format::Json {
-            Warnings::Kept
-        } else {
-            Warnings::Stderr
-        });
         let color = use_color(global.color);
         Output {
             format: global.format,
@@ -220,6 +211,18 @@ impl Output {
         if !hint.is_empty() {
             let _ = writeln!(stderr, "{yellow}hint:{reset} {hint}");
         }
+    }
+}
+
+/// Where warnings go for the command line `global` and `command`: nowhere with `--quiet`;
+/// into the answer with `--format json` (for `run`, whose stderr carries its command's output
+/// while it runs, to stderr as they come as well); else to stderr.
+pub fn warnings_route(global: &GlobalArgs, command: &crate::cli::Command) -> Warnings {
+    match (global.quiet, global.format, command) {
+        (true, _, _) => Warnings::Silenced,
+        (false, Format::Json, crate::cli::Command::Run(_)) => Warnings::StderrAndKept,
+        (false, Format::Json, _) => Warnings::Kept,
+        (false, _, _) => Warnings::Stderr,
     }
 }
 

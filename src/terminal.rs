@@ -18,6 +18,10 @@ pub enum Warnings {
     /// Kept for the one JSON answer (`--format json`), which carries them in its `notices`
     /// array; once it is printed, later ones go to stderr.
     Kept,
+    /// On stderr at once and kept for the answer: `fence run --format json`, whose stderr
+    /// carries its command's output and which may run for hours (a warning about a command
+    /// that is still running cannot wait for the end).
+    StderrAndKept,
 }
 
 /// At most this many warnings wait for an answer; the rest are counted.
@@ -41,20 +45,22 @@ impl Sink {
     }
 
     fn warn(&mut self, text: &str) {
-        match self.route {
-            Warnings::Silenced => {}
-            Warnings::Kept if self.kept.len() < KEPT_MAX => self.kept.push(text.to_owned()),
-            Warnings::Kept => self.left_out += 1,
-            Warnings::Stderr => {
-                let mut stderr = std::io::stderr().lock();
-                let _ = writeln!(stderr, "fence: {}", terminal_safe(text, false));
+        if matches!(self.route, Warnings::Stderr | Warnings::StderrAndKept) {
+            let mut stderr = std::io::stderr().lock();
+            let _ = writeln!(stderr, "fence: {}", terminal_safe(text, false));
+        }
+        if matches!(self.route, Warnings::Kept | Warnings::StderrAndKept) {
+            if self.kept.len() < KEPT_MAX {
+                self.kept.push(text.to_owned());
+            } else {
+                self.left_out += 1;
             }
         }
     }
 
     /// The kept warnings, for the answer being printed; later ones go to stderr.
     fn take(&mut self) -> Vec<String> {
-        if self.route != Warnings::Kept {
+        if !matches!(self.route, Warnings::Kept | Warnings::StderrAndKept) {
             return Vec::new();
         }
         self.route = Warnings::Stderr;
@@ -93,9 +99,13 @@ pub fn warnings_for_answer() -> Vec<String> {
 
 /// Writes to stderr the warnings no answer took (none was printed), so that none is lost.
 pub fn flush_warnings() {
-    let kept = sink().take();
-    for text in kept {
-        warn(&text);
+    let mut sink = sink();
+    let echoed = sink.route == Warnings::StderrAndKept;
+    let kept = sink.take();
+    if !echoed {
+        for text in kept {
+            sink.warn(&text);
+        }
     }
 }
 
@@ -161,6 +171,9 @@ mod tests {
         assert_eq!(kept[KEPT_MAX], "warning: 2 more warnings were left out");
         assert_eq!(sink.route, Warnings::Stderr, "after the answer: stderr");
         assert!(sink.take().is_empty());
+        sink.route = Warnings::StderrAndKept;
+        sink.warn("warning: echoed");
+        assert_eq!(sink.take(), ["warning: echoed"]);
     }
 
     #[test]

@@ -261,3 +261,55 @@ fn quiet_drops_a_connection_warning_but_not_the_error() {
     assert_eq!(line["ok"], false, "{line}");
     assert!(line.get("notices").is_none(), "{line}");
 }
+
+/// `fence run --format json`: its stderr carries its command's output and it may run for
+/// hours, so a warning goes to stderr as it comes, and into the answer too. One that comes
+/// after the answer was printed (the metrics file, written last) is not lost: stderr.
+#[test]
+fn run_warns_on_stderr_as_it_goes_and_after_its_answer() {
+    let store = Store::file();
+    let lease = store.fence().acquire("r", &["--owner", "a"]);
+    store.fence().release(&lease);
+    let old = fs::read(store.dir().join("leases/r.json")).unwrap();
+    let lease = store.fence().acquire("r", &["--owner", "b"]);
+    store.fence().release(&lease);
+    let metrics = store.home.path().join("no-such-dir/run.prom");
+    const METRICS: &str = "warning: cannot write the run's metrics to";
+    let run = |extra: &[&str]| {
+        fs::write(store.dir().join("leases/r.json"), &old).unwrap();
+        store
+            .fence()
+            .args(["run", "r", "--metrics-file"])
+            .args([&metrics])
+            .args(extra)
+            .args(["--", "echo", "from-the-command"])
+            .run()
+            .expect(0)
+    };
+
+    let json = run(&["--format", "json"]);
+    let answer = json.json();
+    let said = notices(&answer);
+    assert_eq!(said.len(), 1, "{answer}");
+    assert!(said[0].contains(RESTORED), "{answer}");
+    let lines: Vec<&str> = json.stderr.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [&*format!("fence: {}", said[0]), "from-the-command"],
+        "{json:?}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("fence: {METRICS}")),
+        "{json:?}"
+    );
+    assert_eq!(lines.len(), 3, "{json:?}");
+
+    let human = run(&[]);
+    assert_eq!(human.stdout, "from-the-command\n", "{human:?}");
+    assert_eq!(warning_lines(&human, RESTORED).len(), 1, "{human:?}");
+    assert_eq!(warning_lines(&human, METRICS).len(), 1, "{human:?}");
+
+    let quiet = run(&["-q"]);
+    assert_eq!(quiet.stdout, "from-the-command\n", "{quiet:?}");
+    assert_eq!(quiet.stderr, "", "{quiet:?}");
+}
