@@ -226,7 +226,7 @@ pub fn warnings_route(global: &GlobalArgs, command: &crate::cli::Command) -> War
     }
 }
 
-/// One JSON answer, compact: `ok`, `op`, the command's fields, then the store.
+/// One JSON answer, compact: `ok`, `op`, the command's fields, the store, then the notices.
 fn answer(ok: bool, op: &str, fields: Map<String, Value>, store: Option<&str>) -> String {
     let mut object = Map::new();
     object.insert("ok".into(), json!(ok));

@@ -7,7 +7,8 @@
 use std::io::Write;
 use std::sync::{Mutex, PoisonError};
 
-/// Where [`warn`] sends a warning, set once by `fence::main` from the global options.
+/// Where [`warn`] sends a warning, set once by `fence::main` from the global options and
+/// the command (`output::warnings_route`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Warnings {
     /// `fence: <text>` on stderr at once: people's and streaming output (human, env,
@@ -91,13 +92,14 @@ pub fn route_warnings(route: Warnings) {
     sink().route = route;
 }
 
-/// The warnings kept for the JSON answer about to be printed (empty unless
-/// [`Warnings::Kept`]); warnings after it go to stderr, since nothing carries them any more.
+/// The warnings kept for the JSON answer about to be printed (none unless they are kept);
+/// warnings after it go to stderr, since nothing carries them any more.
 pub fn warnings_for_answer() -> Vec<String> {
     sink().take()
 }
 
-/// Writes to stderr the warnings no answer took (none was printed), so that none is lost.
+/// Writes to stderr the warnings no answer took (none was printed) and that are not there
+/// yet, so that none is lost; later ones go there too.
 pub fn flush_warnings() {
     let mut sink = sink();
     let echoed = sink.route == Warnings::StderrAndKept;
