@@ -26,14 +26,14 @@ end
 
 complete -c fence -n "__fish_fence_needs_command" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_needs_command" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_needs_command" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_needs_command" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_needs_command" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_needs_command" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_needs_command" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_needs_command" -s V -l version -d 'Print version'
 complete -c fence -n "__fish_fence_needs_command" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
@@ -56,14 +56,14 @@ complete -c fence -n "__fish_fence_using_subcommand acquire" -l ttl -d 'How long
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l wait -d 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand acquire" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand acquire" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand acquire" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand acquire" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand acquire" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand run" -l owner -d 'Names who runs it: the lease\'s owner is `ID/<pid>/<8 hex>`, unique to this run, so a second `fence run` with the same ID (a fixed FENCE_OWNER in a crontab) is busy and never shares the lease. Default: `<hostname>/<pid>/<8 hex>`' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l busy-exit-code -d 'Exit with CODE instead of 3 when the lease is busy (as flock\'s -E): `0` for a cron job whose overlap with its previous run is not an error. COMMAND still never starts' -r
@@ -75,41 +75,41 @@ complete -c fence -n "__fish_fence_using_subcommand run" -l kill-after -d 'After
 complete -c fence -n "__fish_fence_using_subcommand run" -l metrics-file -d 'When the run ends, write its outcome to PATH in the Prometheus text format, atomically (a temporary file renamed over it), for node_exporter\'s textfile collector: start, end, duration, time waited for the lease, token, exit status and reason (`ok`, `command_failed`, `already_done` when the run id was completed before, `busy`, `lease_lost`, …). Name it `*.prom` in the collector\'s directory' -r -F
 complete -c fence -n "__fish_fence_using_subcommand run" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand run" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand run" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand run" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand run" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand run" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand renew" -l owner -d 'The owner that acquired the lease' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l token -d 'The fencing token the lease was granted with' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l ttl -d 'The new lease length from now (100ms to 24h). Default: the TTL it was acquired with' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand renew" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand renew" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand renew" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand renew" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand renew" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand renew" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand renew" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand release" -l owner -d 'The owner that acquired the lease' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l token -d 'The fencing token the lease was granted with' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand release" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand release" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand release" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand release" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand release" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l state -d 'Only resources in this state' -r -f -a "held\t''
 expired\t''
@@ -122,14 +122,14 @@ complete -c fence -n "__fish_fence_using_subcommand inspect" -l table -d 'With -
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l id -d 'With --target and one RESOURCE: write id KEY\'s entry in the target\'s ledger — when, with which token and by whom it was applied (objects: the version it made) — or that it is not there (never applied; on an object, maybe older than its last 8 ids). Exit 0 either way; JSON\'s `applied` says which' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand inspect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand log" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l target -d 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object\'s refusals are in the store\'s history (`write_rejected`)' -r
@@ -153,28 +153,28 @@ pruned\t''"
 complete -c fence -n "__fish_fence_using_subcommand log" -l limit -d 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand log" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand log" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand log" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand log" -s f -l follow -d 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
-complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand log" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l target -d 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand metrics" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand metrics" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand metrics" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand metrics" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand write" -l token -d 'Your fencing token for RESOURCE' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l owner -d 'Recorded with the write as who made it' -r
@@ -192,37 +192,37 @@ complete -c fence -n "__fish_fence_using_subcommand write" -l set -d 'Row form: 
 complete -c fence -n "__fish_fence_using_subcommand write" -l token-column -d 'Row form: the column holding each row\'s token' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand write" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand write" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand write" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand write" -l upsert -d 'Row form: insert the row (keys, values and token) when no row has the key'
-complete -c fence -n "__fish_fence_using_subcommand write" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand write" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand write" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand protect" -l target -d 'The database holding the table' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l table -d 'The table to protect (`TABLE` or `SCHEMA.TABLE`)' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l resource -d 'The resource whose tokens guard the table' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand protect" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand protect" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand protect" -l remove -d 'Remove the triggers instead, from TABLE and everything below it (refused for a partition or child of a protected table: it would open a hole in that protection)'
-complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand protect" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand protect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand grant" -l target -d 'The database whose fence schema to grant access to (connect as its admin)' -r
 complete -c fence -n "__fish_fence_using_subcommand grant" -l role -d 'The role to grant to, as named in the database' -r
 complete -c fence -n "__fish_fence_using_subcommand grant" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand grant" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand grant" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand grant" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand grant" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
@@ -230,31 +230,31 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand grant" -l reader -d 'Grant read access only (inspect), not the write path'
 complete -c fence -n "__fish_fence_using_subcommand grant" -l print -d 'Print the SQL instead of running it'
-complete -c fence -n "__fish_fence_using_subcommand grant" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand grant" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand grant" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand init" -l target -d 'Prepare fence\'s schema in this PostgreSQL database rather than the store' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand init" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand init" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand init" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l target -d 'Also check this target database or object (repeat for several)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand doctor" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand doctor" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand bench" -l workers -d 'Concurrent workers, each with its own connection' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l resources -d 'Resources to spread over (`spread` mode)' -r
@@ -267,8 +267,8 @@ complete -c fence -n "__fish_fence_using_subcommand bench" -l hold -d 'How long 
 complete -c fence -n "__fish_fence_using_subcommand bench" -l write-target -d 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench\'s scratch schema' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand bench" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand bench" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand bench" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand bench" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
@@ -276,20 +276,20 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand bench" -l renew -d 'Renew once in every critical section'
 complete -c fence -n "__fish_fence_using_subcommand bench" -l prefill -d 'Before timing, create all K resources as free leases (`spread` mode, PostgreSQL), so that every acquire finds its row in a table of K: how acquire scales with the number of resources (compare `--resources 100` with `--resources 1000000`)'
-complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand bench" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand prune" -l older-than -d 'Delete events older than this (e.g. 12h, 30d, 8w), by the server\'s clock' -r
 complete -c fence -n "__fish_fence_using_subcommand prune" -l keep -d 'Keep at least the last N events of each resource, however old' -r
 complete -c fence -n "__fish_fence_using_subcommand prune" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand prune" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
-complete -c fence -n "__fish_fence_using_subcommand prune" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only)' -r -f -a "human\t'Sentences and tables for people'
-json\t'Exactly one JSON object on stdout, on success and on failure'
+complete -c fence -n "__fish_fence_using_subcommand prune" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
+json\t'Exactly one JSON object on stdout, on success and on failure; warnings in its `notices` array'
 env\t'Shell-quoted `export FENCE_…=…` lines (acquire only)'
 ndjson\t'One JSON object per line, one line per event (log only), for `jq` and log shippers'"
 complete -c fence -n "__fish_fence_using_subcommand prune" -l color -d 'When to colour diagnostics (`NO_COLOR` is honoured with `auto`)' -r -f -a "auto\t'Colour when stderr is a terminal and `NO_COLOR` is unset'
 always\t'Always colour'
 never\t'Never colour'"
-complete -c fence -n "__fish_fence_using_subcommand prune" -s q -l quiet -d 'Print nothing on success; errors are still reported on stderr'
+complete -c fence -n "__fish_fence_using_subcommand prune" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand prune" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "acquire" -d 'Take a lease on RESOURCE and print its fencing token'
 complete -c fence -n "__fish_fence_using_subcommand help; and not __fish_seen_subcommand_from acquire run renew release inspect log metrics write protect grant init doctor bench prune help" -f -a "run" -d 'Run a command while holding a lease, and stop it if the lease is lost.'

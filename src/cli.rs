@@ -61,11 +61,13 @@ pub struct GlobalArgs {
     pub schema: String,
 
     /// Output format: `human` tables and sentences, one `json` object, `env` lines for `eval`
-    /// (acquire only), or `ndjson`, one JSON object per event (log only).
+    /// (acquire only), or `ndjson`, one JSON object per event (log only). With `json`,
+    /// warnings are not printed on stderr but carried in the object's `notices` array of
+    /// strings (absent when there is none); `run` prints them on stderr too, as they come.
     #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
     pub format: Format,
 
-    /// Print nothing on success; errors are still reported on stderr.
+    /// Print nothing on success, and no warnings; errors are still reported on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
 
@@ -78,7 +80,8 @@ pub struct GlobalArgs {
 pub enum Format {
     /// Sentences and tables for people.
     Human,
-    /// Exactly one JSON object on stdout, on success and on failure.
+    /// Exactly one JSON object on stdout, on success and on failure; warnings in its
+    /// `notices` array.
     Json,
     /// Shell-quoted `export FENCE_…=…` lines (acquire only).
     Env,

@@ -39,6 +39,7 @@ pub fn main() -> Exit {
         Err(err) => return output::clap_error(&err, &args),
     };
     let out = output::Output::new(&cli.global);
+    terminal::route_warnings(output::warnings_route(&cli.global, &cli.command));
     let runtime = match sys::build_runtime() {
         Ok(runtime) => runtime,
         Err(cause) => {
@@ -50,9 +51,12 @@ pub fn main() -> Exit {
             return out.error(cli.command.op(), None, &err);
         }
     };
-    runtime.block_on(async {
+    let exit = runtime.block_on(async {
         let exit = cmd::dispatch(cli, &out).await;
         pg::close_all().await;
         exit
-    })
+    });
+    // Warnings that no JSON answer carried (none was printed) are not lost: stderr.
+    terminal::flush_warnings();
+    exit
 }

@@ -5,6 +5,8 @@
 //! - success: `{"ok": true, "op": <subcommand>, …command fields…, "store": <redacted URL>}`
 //! - failure: `{"ok": false, "op", "error": <snake_case exit name>, "exit_code", "message",
 //!   "hint", …fields of the error (resource, token, holder…)…, "store"}`
+//! - both end with `"notices": ["warning: …", …]` when fence warned (what `--format human`
+//!   prints on stderr after `fence: `), and have no such field otherwise.
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -15,7 +17,7 @@ use serde_json::{json, Map, Value};
 use crate::cli::{ColorChoice, Format, GlobalArgs};
 use crate::error::Error;
 use crate::exit::Exit;
-use crate::terminal::terminal_safe;
+use crate::terminal::{terminal_safe, Warnings};
 
 /// What a successful command reports, in each output format.
 pub trait Report {
@@ -212,7 +214,19 @@ impl Output {
     }
 }
 
-/// One JSON answer, compact: `ok`, `op`, the command's fields, then the store.
+/// Where warnings go for the command line `global` and `command`: nowhere with `--quiet`;
+/// into the answer with `--format json` (for `run`, whose stderr carries its command's output
+/// while it runs, to stderr as they come as well); else to stderr.
+pub fn warnings_route(global: &GlobalArgs, command: &crate::cli::Command) -> Warnings {
+    match (global.quiet, global.format, command) {
+        (true, _, _) => Warnings::Silenced,
+        (false, Format::Json, crate::cli::Command::Run(_)) => Warnings::StderrAndKept,
+        (false, Format::Json, _) => Warnings::Kept,
+        (false, _, _) => Warnings::Stderr,
+    }
+}
+
+/// One JSON answer, compact: `ok`, `op`, the command's fields, the store, then the notices.
 fn answer(ok: bool, op: &str, fields: Map<String, Value>, store: Option<&str>) -> String {
     let mut object = Map::new();
     object.insert("ok".into(), json!(ok));
@@ -221,11 +235,21 @@ fn answer(ok: bool, op: &str, fields: Map<String, Value>, store: Option<&str>) -
     if let Some(store) = store {
         object.insert("store".into(), json!(store));
     }
+    add_notices(&mut object);
     Value::Object(object).to_string()
 }
 
+/// Adds the warnings kept for the JSON answer being printed as its `notices` field (none:
+/// no field, so that an answer without warnings keeps its shape).
+pub fn add_notices(object: &mut Map<String, Value>) {
+    let notices = crate::terminal::warnings_for_answer();
+    if !notices.is_empty() {
+        object.insert("notices".into(), json!(notices));
+    }
+}
+
 /// The fields of a failure's JSON object after `ok` and `op`: the error, its exit status,
-/// message and hint, the error's own fields, and the store.
+/// message and hint, the error's own fields, the store, and the warnings ([`add_notices`]).
 pub fn error_fields(err: &Error, store: Option<&str>, exit: Exit) -> Map<String, Value> {
     let mut object = Map::new();
     object.insert("error".into(), json!(err.name()));
@@ -236,6 +260,7 @@ pub fn error_fields(err: &Error, store: Option<&str>, exit: Exit) -> Map<String,
     if let Some(store) = store {
         object.insert("store".into(), json!(store));
     }
+    add_notices(&mut object);
     object
 }
 

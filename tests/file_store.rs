@@ -119,7 +119,9 @@ fn a_restored_older_record_never_reissues_and_inspect_warns() {
         .expect(0);
     assert_eq!(out.json()["token"], 6, "{out:?}");
     assert!(
-        out.stderr.contains("restored from an older copy"),
+        out.json()["notices"]
+            .to_string()
+            .contains("restored from an older copy"),
         "{out:?}"
     );
     assert_eq!(store.lease("r").unwrap().1, 6);

@@ -1046,7 +1046,12 @@ fn an_unrecorded_attempt_keeps_its_exit_code() {
             .run();
         assert_eq!(busy.code, 3, "{busy:?}");
         assert_eq!(busy.json()["error"], "busy");
-        assert!(busy.stderr.contains("was not recorded"), "{busy:?}");
+        assert!(
+            busy.json()["notices"]
+                .to_string()
+                .contains("was not recorded"),
+            "{busy:?}"
+        );
         let conflict = store
             .fence()
             .args(["release", "job", "--owner", "B", "--token", "1"])

@@ -458,8 +458,9 @@ fn event_failures_never_hide_what_happened(on: Backend) {
         .args(["--format", "json"])
         .run();
     assert_eq!(out.code, 5, "{out:?}");
+    let notices = out.json()["notices"].to_string();
     assert!(
-        out.stderr.contains("missing from the history") && out.stderr.contains("429"),
+        notices.contains("missing from the history") && notices.contains("429"),
         "{out:?}"
     );
 }
@@ -1048,8 +1049,9 @@ fn read_only_credentials_can_inspect(on: Backend) {
     let view = out.json();
     assert_eq!(view["resources"][0]["state"], "held", "{view}");
     assert_eq!(view["resources"][0]["owner"], "a", "{view}");
+    let notices = view["notices"].to_string();
     assert!(
-        out.stderr.contains("clock probe") && out.stderr.contains("this machine's clock"),
+        notices.contains("clock probe") && notices.contains("this machine's clock"),
         "{out:?}"
     );
 }

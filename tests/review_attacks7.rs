@@ -863,9 +863,10 @@ fn no_single_lost_or_older_file_makes_a_token_repeat() {
         .args(["acquire", "z", "--owner", "c", "--format", "json"])
         .run()
         .expect(0);
+    let notices = out.json()["notices"].to_string();
     assert!(
-        out.stderr.contains("restored from an older copy")
-            && out.stderr.contains("a power loss took its last grant"),
+        notices.contains("restored from an older copy")
+            && notices.contains("a power loss took its last grant"),
         "{out:?}"
     );
     let token = out.json()["token"].as_i64().unwrap();

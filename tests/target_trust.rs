@@ -350,8 +350,9 @@ fn a_lock_on_the_attempts_table_does_not_hold_up_refusals() {
         .run();
     let busy = started.elapsed();
     assert_eq!(out.code, 3, "{out:?}");
+    let notices = out.json()["notices"].to_string();
     assert!(
-        out.stderr.contains("was not recorded") && out.stderr.contains("lock timeout"),
+        notices.contains("was not recorded") && notices.contains("lock timeout"),
         "{out:?}"
     );
     assert!(busy < Duration::from_secs(5), "a busy answer took {busy:?}");

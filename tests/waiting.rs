@@ -295,10 +295,13 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     store.fence_at(&url).release(&next);
     let out = paused.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let answer: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(
-        stderr.contains("joins the queue again at the back"),
-        "{stderr}"
+        answer["notices"]
+            .to_string()
+            .contains("joins the queue again at the back"),
+        "{out:?}"
     );
     assert_eq!(
         store.lease("job"),

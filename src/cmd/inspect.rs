@@ -495,11 +495,12 @@ impl<'a> Printer<'a> {
     /// The end of a complete answer; `next_after` when `--limit` was reached.
     fn finish(&mut self, next_after: Option<&str>, ctx: &Context) -> std::io::Result<()> {
         let tail = if self.json {
-            let end = output::fields(&StreamEnd {
+            let mut end = output::fields(&StreamEnd {
                 next_after,
                 store: ctx.store_display(),
                 ok: true,
             });
+            output::add_notices(&mut end);
             format!("]{}\n", json_fields(end))
         } else {
             next_after.map_or_else(String::new, |next| {
