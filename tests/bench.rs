@@ -189,6 +189,32 @@ fn bad_bench_arguments_are_usage_errors() {
     }
 }
 
+/// A directory store whose parent is missing is refused as `acquire` refuses it, naming the
+/// store given (and its missing parent), not the bench's scratch directory inside it; nothing
+/// is created.
+#[test]
+fn a_store_below_a_missing_directory_is_refused_by_its_own_name() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("missing/store");
+    let url = format!("file://{}", dir.display());
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args(["bench", "--store", &url, "--duration", "1s"])
+        .run()
+        .expect(2);
+    assert!(
+        out.stderr
+            .contains(&format!("`{}` cannot be created", dir.display()))
+            && !out.stderr.contains("bench-"),
+        "{out:?}"
+    );
+    assert!(
+        !home.path().join("missing").exists(),
+        "bench created the parent"
+    );
+}
+
 /// `--prefill` creates every resource before timing starts: while the bench runs, its scratch
 /// schema holds all K lease rows (far more than one worker touches in the run).
 #[test]

@@ -107,7 +107,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     // moment from here on ends the bench with the namespace removed (during set-up, once
     // set-up is done).
     let mut interrupts = Interrupts::install();
-    let (spec, schema) = coordinator::scratch::scratch(&base);
+    let (spec, schema) = coordinator::scratch::scratch(&base)?;
     // Create the scratch schema once, so that workers do not all race to create it.
     let created = match coordinator::open(&spec, &schema).await {
         Ok(store) => store.init().await.map(drop),

@@ -9,8 +9,9 @@ use crate::url::Service;
 /// A scratch namespace on the same store, for `fence bench`: schema `fence_bench_<pid>_<hex>`
 /// on PostgreSQL, directory or prefix `bench-<pid>-<hex>` elsewhere. The random part keeps two
 /// benches with one pid (pid 1 in two containers) out of each other's namespace, and a
-/// namespace a killed bench left behind from being reused. Returns the spec and schema.
-pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
+/// namespace a killed bench left behind from being reused. Returns the spec and schema; fails
+/// when a directory store may not be created (its parent is missing).
+pub fn scratch(spec: &StoreSpec) -> Result<(StoreSpec, String), Error> {
     let pid = format!(
         "{}_{:08x}",
         std::process::id(),
@@ -22,10 +23,10 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
         StoreKind::File(dir) => {
             // The store itself, as an acquire would create it (see `file::refused_parent`:
             // below an existing directory, or the embedded default with its parents), so that
-            // the scratch directory inside it may be created.
-            if crate::coordinator::file::refused_parent(dir).is_none() {
-                let _ = std::fs::create_dir_all(dir);
-            }
+            // the scratch directory inside it may be created; refused as an acquire would be,
+            // naming the store given rather than the scratch directory.
+            crate::coordinator::file::check_parent(dir)?;
+            let _ = std::fs::create_dir_all(dir);
             let dir = dir.join(format!("bench-{pid}"));
             StoreSpec {
                 url: format!("file://{}", dir.display()),
@@ -51,7 +52,7 @@ pub fn scratch(spec: &StoreSpec) -> (StoreSpec, String) {
             }
         }
     };
-    (spec, schema)
+    Ok((spec, schema))
 }
 
 /// Creates resources `bench-0` … `bench-<count - 1>` as free leases (token 1) in a

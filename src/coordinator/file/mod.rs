@@ -42,6 +42,25 @@ pub fn refused_parent(dir: &Path) -> Option<&Path> {
     (default.as_deref() != Some(dir)).then_some(parent)
 }
 
+/// Fails (a usage error naming the missing parent) when the store at `dir` may not be created
+/// (see [`refused_parent`]).
+pub fn check_parent(dir: &Path) -> Result<(), Error> {
+    let Some(parent) = refused_parent(dir) else {
+        return Ok(());
+    };
+    Err(Error::usage(
+        format!(
+            "the store directory `{}` cannot be created: its parent `{}` does not exist",
+            dir.display(),
+            parent.display()
+        ),
+        format!(
+            "check the path in --store (FENCE_STORE) for a typo; if it is right, create the parent first: mkdir -p {}",
+            crate::error::shell_word(&parent.to_string_lossy())
+        ),
+    ))
+}
+
 /// Directories of the kernel's pseudo file systems: never a place for a store.
 const KERNEL_DIRS: [&str; 3] = ["/proc", "/sys", "/dev"];
 
@@ -120,19 +139,7 @@ impl FileCoordinator {
     /// mistyped, would otherwise be created silently, with all its parents, and guard a
     /// private set of leases no other process sees.
     fn ensure(&self) -> Result<(), Error> {
-        if let Some(parent) = refused_parent(&self.dir) {
-            return Err(Error::usage(
-                format!(
-                    "the store directory `{}` cannot be created: its parent `{}` does not exist",
-                    self.dir.display(),
-                    parent.display()
-                ),
-                format!(
-                    "check the path in --store (FENCE_STORE) for a typo; if it is right, create the parent first: mkdir -p {}",
-                    crate::error::shell_word(&parent.to_string_lossy())
-                ),
-            ));
-        }
+        check_parent(&self.dir)?;
         for sub in ["leases", "locks", "events", "tokens"] {
             let path = self.dir.join(sub);
             fs::create_dir_all(&path)
