@@ -364,7 +364,8 @@ fn per_object_write_limits_are_respected() {
 
 /// Waiters never make a healthy holder lose its lease (issue 32, 2). Behind a proxy that
 /// allows one write per second to each object (GCS's limit), a holder renewing a 3 s lease
-/// through a job of 4 TTLs keeps it with 1, 4 and 16 waiters polling meanwhile, and every
+/// through a job of 4 TTLs keeps it with 1 and 16 waiters polling meanwhile (4 too in the full
+/// check), and every
 /// waiter is granted in the end (each runs `true` in turn). Waiters used to write the holder's
 /// clock probe at every poll: one waiter made the holder exit 5 in 4 of 5 trials, and waiters
 /// exited 7 after seconds of 429. `FENCE_TEST_GCS_WAIT_JOB` (seconds) and
@@ -387,7 +388,10 @@ fn waiters_do_not_throttle_the_holder() {
     let through = || store.fence().env("FENCE_GCS_ENDPOINT", proxy.endpoint());
     through().args(["init"]).run().expect(0);
     for trial in 0..trials {
-        for waiters in [1usize, 4, 16] {
+        // The full check adds 4 waiters; the suite's run keeps the two ends (each round is a
+        // job of 4 TTLs and a drain at one grant every two seconds).
+        let rounds: &[usize] = if trials > 1 { &[1, 4, 16] } else { &[1, 16] };
+        for &waiters in rounds {
             let resource = format!("job-{trial}-{waiters}");
             let marker = store.home.path().join(format!("{resource}.holding"));
             let holder = {
