@@ -1,0 +1,135 @@
+//! `fence doctor`'s checks of S3 and GCS object stores: the endpoint and credentials, whether
+//! the server enforces conditional writes, whether a write's answer carries the store's own
+//! clock, and the ABA note on S3 ETags.
+
+use super::{Findings, Severity};
+
+/// Whether the server enforces the conditional writes fence relies on: the verification
+/// record under `dir` when there is one, else the proof itself (which writes scratch objects
+/// under `<dir>/.fence/` and, when the server passes, the record).
+pub(super) async fn preconditions(url: &crate::object::ObjectUrl, dir: &str, f: &mut Findings<'_>) {
+    let api = match crate::object::open(url) {
+        Ok(api) => api,
+        Err(err) => {
+            f.add(
+                "object.preconditions",
+                Severity::Fail,
+                err.to_string(),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    match crate::object::verify::ensure(api.as_ref(), url, dir, false).await {
+        Ok(true) => f.add(
+            "object.preconditions",
+            Severity::Ok,
+            "the server enforces create-only and version-conditioned writes (verified)".into(),
+            "",
+        ),
+        Ok(false) => f.add(
+            "object.preconditions",
+            Severity::Fail,
+            "not verified: the check was skipped on purpose, so one lease may be granted to several owners".into(),
+            "use a server that enforces conditional writes, and unset the variable that skips the check",
+        ),
+        Err(err) => f.add(
+            "object.preconditions",
+            Severity::Fail,
+            err.to_string(),
+            &err.hint(),
+        ),
+    }
+    object_clock(api.as_ref(), dir, f).await;
+}
+
+/// Whether the time a write's answer carries is the store's own (issue 32, 4). Expiry is
+/// judged by the time of fence's own writes as their answers give it: on S3 the HTTP `Date`
+/// header (its answer to a put has no other), which a proxy in front of the store may write
+/// itself (nginx does by default), from its own clock; on GCS the object's `updated`, the
+/// store's own. So a scratch object is written, and the time its answer gave is compared
+/// with the object's own timestamp (S3 `Last-Modified`, GCS `updated`) read back.
+async fn object_clock(api: &dyn crate::object::ObjectApi, dir: &str, f: &mut Findings<'_>) {
+    use crate::object::{Cond, Put};
+    let check = "object.clock";
+    let probe = if dir.is_empty() {
+        format!(".fence/clock-{:016x}", crate::sys::random_u64())
+    } else {
+        format!("{dir}/.fence/clock-{:016x}", crate::sys::random_u64())
+    };
+    let none = std::collections::BTreeMap::new();
+    let answered = match api.put(&probe, b"clock".to_vec(), &Cond::None, &none).await {
+        Ok(Put::Done(meta)) => meta.last_modified_ms,
+        Ok(Put::Lost) | Err(_) => return,
+    };
+    let stored = api.head(&probe).await;
+    let _ = api.delete(&probe).await;
+    let Ok(Some(stored)) = stored else {
+        return;
+    };
+    // Both are floored to the store's resolution (S3: whole seconds), and the answer comes a
+    // moment after the write: a second of resolution and two of latency are honest.
+    let off = answered - stored.last_modified_ms;
+    let slack = api.clock_resolution_ms() + 2_000;
+    if off.abs() <= slack {
+        f.add(
+            check,
+            Severity::Ok,
+            format!("the time of a write's answer is the store's own ({off:+} ms from the object's timestamp)"),
+            "",
+        );
+    } else {
+        f.add(
+            check,
+            Severity::Fail,
+            format!(
+                "the time of a write's answer (the HTTP Date header) is {:.1} s {} the object's own timestamp: something in between (a proxy, a gateway) writes its own Date from another clock, and fence judges expiry by it, so a lease could be taken over while its holder still runs",
+                off.abs() as f64 / 1000.0,
+                if off > 0 { "ahead of" } else { "behind" }
+            ),
+            "let the proxy pass the store's Date header through (nginx: `proxy_pass_header Date;`), or reach the store directly",
+        );
+    }
+}
+
+/// What doctor can say about an S3 or GCS object store without writing to it.
+pub(super) fn object_store(display: &str, f: &mut Findings<'_>) {
+    let s3 = display.starts_with("s3://");
+    let (endpoint, credentials) = if s3 {
+        (
+            std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into()),
+            if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() {
+                "AWS_ACCESS_KEY_ID"
+            } else {
+                "none found (AWS_ACCESS_KEY_ID is unset)"
+            },
+        )
+    } else {
+        (
+            std::env::var("FENCE_GCS_ENDPOINT")
+                .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
+                .unwrap_or_else(|_| "Google Cloud Storage".into()),
+            if std::env::var_os("GOOGLE_OAUTH_ACCESS_TOKEN").is_some() {
+                "GOOGLE_OAUTH_ACCESS_TOKEN"
+            } else if std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS").is_some() {
+                "GOOGLE_APPLICATION_CREDENTIALS"
+            } else {
+                "none found"
+            },
+        )
+    };
+    f.add(
+        "object.endpoint",
+        Severity::Ok,
+        format!("endpoint: {endpoint}; credentials: {credentials}"),
+        "",
+    );
+    if s3 {
+        f.add(
+            "object.etag_aba",
+            Severity::Warn,
+            "S3 ETags are hashes of the bytes: a fenced object write can miss a newer writer that stored identical bytes between fence's read and its put".into(),
+            "prefer GCS or file:// objects, or write bytes that differ per writer (see docs/object-stores.md)",
+        );
+    }
+}
