@@ -1,0 +1,490 @@
+//! The supervision loop: the lease held while the command runs, renewed, and bounded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::ExitStatus;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::time::{sleep_until, Instant};
+
+use super::supervisor::{continue_process, reaper_report, Running};
+use crate::cmd::Context;
+use crate::coordinator::{Coordinator, Lease, LeaseRef};
+use crate::error::{Error, LostReason};
+use crate::reaper::wire::Report;
+use crate::signals::Interrupts;
+
+/// How `fence run` holds its lease: the TTL asked for, how long before the bound the command
+/// gets SIGTERM should no renewal be proven ([`Plan::grace`]), and `--kill-after`.
+#[derive(Clone, Copy)]
+pub(super) struct Plan {
+    pub(super) ttl: Duration,
+    /// `--kill-after`, but at most a fifth of the TTL (renewals go out every third of it, and
+    /// what is left is for their retries): SIGTERM comes that long before the bound, SIGKILL
+    /// at the bound, so nothing of the command outlives the bound.
+    pub(super) grace: Duration,
+    pub(super) kill_after: Duration,
+}
+
+/// What [`hold`] saw by the time nothing of the command was left.
+pub(super) struct Held {
+    /// The reaper's status: the command's, passed on.
+    pub(super) status: ExitStatus,
+    /// Why the command was stopped before it ended on its own (the run then ends with this
+    /// lost lease; the lease was released when it was still provably ours).
+    pub(super) lost: Option<LostReason>,
+    /// Processes of the command were left when it ended, and were stopped.
+    pub(super) leftovers: bool,
+    /// The first stop signal that reached the command.
+    pub(super) interrupted: Option<i32>,
+    /// The coordinator's connection, as the last renewal left it.
+    pub(super) coordinator: Rc<dyn Coordinator>,
+}
+
+/// The command is being stopped: SIGTERM went out, SIGKILL is due at `graceful_until` (or at
+/// the bound, whichever is first; at once once the lease is lost).
+struct Stop {
+    graceful_until: u64,
+    /// When SIGKILL went out; it goes out again at every [`POLL`] until nothing is left.
+    killed: Option<Instant>,
+    /// Process groups made only of the command's processes (see
+    /// [`crate::sys::kill_descendants_once`]).
+    groups: Vec<i32>,
+    /// The processes that would not die were named.
+    warned: bool,
+}
+
+impl Stop {
+    fn until(graceful_until: u64) -> Option<Stop> {
+        Some(Stop {
+            graceful_until,
+            killed: None,
+            groups: Vec::new(),
+            warned: false,
+        })
+    }
+}
+
+/// A renewal in flight: the connection it went on, when it was sent (bound clock ns), and its
+/// answer (`None`: none in time).
+type Renewal<'a> =
+    Pin<Box<dyn Future<Output = (Rc<dyn Coordinator>, u64, Option<Result<Lease, Error>>)> + 'a>>;
+
+/// One renewal of `lease`, as a future the loop of [`hold`] polls beside its timers (so that
+/// no wait for the store delays the command's SIGTERM or SIGKILL): first, when `cancel_first`,
+/// the cancel of the one that was left unanswered (queued behind a lock, it would otherwise
+/// commit later, for a run that may have been reported lost by then), then, when `reconnect`,
+/// a fresh connection. Waits for an answer until `bound`, and at least [`CLASSIFY_WITHIN`].
+fn renewal<'a>(
+    ctx: &'a Context,
+    mut coordinator: Rc<dyn Coordinator>,
+    lease: &LeaseRef,
+    ttl: Duration,
+    bound: u64,
+    (reconnect, cancel_first): (bool, bool),
+) -> Renewal<'a> {
+    let lease = lease.clone();
+    let wait = move || {
+        Duration::from_nanos(bound.saturating_sub(crate::sys::bound_clock_ns()))
+            .max(CLASSIFY_WITHIN)
+    };
+    Box::pin(async move {
+        if cancel_first {
+            coordinator.cancel_pending().await;
+        }
+        if reconnect {
+            match tokio::time::timeout(wait(), ctx.coordinator()).await {
+                Ok(Ok(fresh)) => coordinator = Rc::from(fresh),
+                Ok(Err(err)) => return (coordinator, 0, Some(Err(err))),
+                Err(_) => return (coordinator, 0, None),
+            }
+        }
+        let sent = crate::sys::bound_clock_ns();
+        let answer = tokio::time::timeout(wait(), coordinator.renew(&lease, Some(ttl)))
+            .await
+            .ok();
+        (coordinator, sent, answer)
+    })
+}
+
+/// Sleeps until `deadline` on the bound clock (forever for `u64::MAX`). The runtime's timers
+/// do not count a suspend, so the clock is read again at least every [`TICK`].
+async fn until(deadline: u64) {
+    if deadline == u64::MAX {
+        return std::future::pending().await;
+    }
+    loop {
+        let now = crate::sys::bound_clock_ns();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_nanos(deadline - now).min(TICK)).await;
+    }
+}
+
+/// How often a wait for a bound reads the bound clock again (see [`until`]).
+const TICK: Duration = Duration::from_millis(200);
+/// How often the command's leftovers are looked at (and SIGKILLed again, once due).
+const POLL: Duration = Duration::from_millis(10);
+/// How long after SIGKILL processes that are still there are named (uninterruptible sleep).
+const UNKILLABLE_AFTER: Duration = Duration::from_secs(2);
+
+/// Holds the lease while the command runs, and until nothing of it is left.
+///
+/// Renewals go out every TTL/3 until then, also while the command is being stopped; each one
+/// proven moves the bound (sent + granted) and is passed on to the reaper. Should none be
+/// proven, the command gets SIGTERM `grace` before the bound and SIGKILL at the bound, from
+/// this process and, on its own clock, from the reaper (whichever of the two is still able:
+/// either may be paused or killed). A definite answer that the lease is gone (taken over,
+/// expired) stops everything with SIGKILL at once. When the command ends on its own, what it
+/// left running (in its group or not: every process it started descends from this one, the
+/// subreaper of the reaper's orphans) gets SIGTERM and, after `--kill-after` (never past the
+/// bound), SIGKILL — while the lease is renewed. The reaper is continued at every renewal (the
+/// command may stop it); one that never said the command started, or that was killed, is
+/// lost: everything is stopped at once, and the run ends with `supervisor_lost`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn hold(
+    ctx: &Context,
+    lease: &LeaseRef,
+    mut coordinator: Rc<dyn Coordinator>,
+    running: Running,
+    interrupts: &mut Interrupts,
+    mut bound: u64,
+    plan: Plan,
+) -> Result<Held, Error> {
+    let Running {
+        mut child,
+        answered,
+        bounds,
+        mut report,
+    } = running;
+    let pgid = child.id().map(|pid| pid as i32);
+    let every = plan.ttl / 3;
+    // The first renewal a third of the TTL after the command started, as every later one
+    // after the one before (GCS allows one write per second to the lease record, and a TTL of
+    // 3 s renews every second); but after a slow grant (more than half of that third gone
+    // since it was asked for), a third of the TTL after it was asked for.
+    let since_sent = (plan.ttl - margin(plan.ttl)).saturating_sub(Duration::from_nanos(
+        bound.saturating_sub(crate::sys::bound_clock_ns()),
+    ));
+    let first = if since_sent > every / 2 {
+        every.saturating_sub(since_sent)
+    } else {
+        every
+    };
+    let mut next_renew = Instant::now() + first;
+    let mut in_flight: Option<Renewal> = None;
+    let mut renewing = true;
+    let (mut reconnect, mut cancel_first) = (false, false);
+    let mut last_error: Option<String> = None;
+    let mut status: Option<ExitStatus> = None;
+    let mut lost: Option<LostReason> = None;
+    let mut unproven = false;
+    let mut stop: Option<Stop> = None;
+    let mut leftovers = false;
+    let mut interrupted: Option<i32> = None;
+    // A process that did not die on SIGKILL was still there once the lease was not proven.
+    let mut outlived = false;
+    // What the reaper said as it ended (read once it has been waited for).
+    let mut told = Report::default();
+    if !answered {
+        lost = Some(LostReason::SupervisorLost);
+        stop = Stop::until(0);
+    }
+    loop {
+        if status.is_some() {
+            crate::sys::reap_children();
+            if !crate::sys::has_children() {
+                break;
+            }
+        }
+        let now = crate::sys::bound_clock_ns();
+        let term_at = match stop {
+            None => bound.saturating_sub(nanos(plan.grace)),
+            Some(_) => u64::MAX,
+        };
+        let kill_at = match &stop {
+            Some(Stop { killed: None, .. }) if lost.is_some() => 0,
+            Some(Stop {
+                killed: None,
+                graceful_until,
+                ..
+            }) => (*graceful_until).min(bound),
+            _ => u64::MAX,
+        };
+        tokio::select! {
+            biased;
+            _ = until(kill_at) => {
+                if let Some(stop) = stop.as_mut() {
+                    forward(pgid, libc::SIGKILL);
+                    crate::sys::kill_descendants_once(&mut stop.groups);
+                    stop.killed = Some(Instant::now());
+                }
+            }
+            _ = until(term_at) => {
+                // No renewal was proven in time: the command stops before the bound. The
+                // reaper, on the same bound by its own clock, sends the SIGTERM (once: a
+                // second one would run a shell's trap twice); it is continued in case its
+                // command stopped it, and the SIGKILL at the bound is ours too. Without a
+                // reaper any more, what is left gets the SIGTERM from here.
+                unproven = true;
+                if status.is_none() {
+                    continue_process(child.id());
+                } else {
+                    crate::sys::signal_descendants(libc::SIGTERM, false);
+                    crate::sys::signal_descendants(libc::SIGCONT, false);
+                }
+                stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
+            }
+            waited = child.wait(), if status.is_none() => {
+                let waited = waited.map_err(|err| Error::internal(
+                    format!("cannot wait for the command: {err}"),
+                    "check the system's process limits",
+                ))?;
+                status = Some(waited);
+                // Its report is complete now (its end of the pipe closed with it): a reaper
+                // that did not say it ended on its own was killed, and what it left is stopped
+                // at once, not after --kill-after (nothing supervised it any more).
+                told = reaper_report(&mut report).await;
+                let killed_here = stop.as_ref().is_some_and(|s| s.killed.is_some());
+                if !told.ended && !killed_here {
+                    lost.get_or_insert(LostReason::SupervisorLost);
+                }
+                // The reaper has been waited for: any child of ours now is an orphan of the
+                // command (the reaper died before it could stop them all).
+                crate::sys::reap_children();
+                if crate::sys::has_children() {
+                    leftovers = true;
+                    if lost.is_some() {
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    } else if stop.is_none() {
+                        crate::sys::signal_descendants(libc::SIGTERM, false);
+                        crate::sys::signal_descendants(libc::SIGCONT, false);
+                        stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
+                    }
+                }
+            }
+            _ = tokio::time::sleep(POLL), if status.is_some() => {
+                if let Some(Stop { killed: Some(at), groups, warned, .. }) = stop.as_mut() {
+                    crate::sys::kill_descendants_once(groups);
+                    // Still there past the bound (or a definite loss): the lease can be
+                    // another owner's while it may yet wake up and write.
+                    if *warned && (gone(lost) || crate::sys::bound_clock_ns() >= bound) {
+                        outlived = true;
+                    }
+                    if !*warned && at.elapsed() >= UNKILLABLE_AFTER {
+                        *warned = true;
+                        crate::terminal::warn(&format!(
+                            "warning: processes of the command did not end on SIGKILL (in uninterruptible sleep?): pid {}; fence renews the lease until they end",
+                            crate::sys::live_descendants()
+                                .iter()
+                                .map(|p| p.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                    }
+                }
+            }
+            (signal, _) = interrupts.next() => {
+                if status.is_none() {
+                    interrupted.get_or_insert(signal);
+                    forward(pgid, signal);
+                    forward(pgid, libc::SIGCONT);
+                } else if let Some(stop) = stop.as_mut() {
+                    // Asked again while the leftovers are stopped: no more grace.
+                    stop.graceful_until = 0;
+                }
+            }
+            _ = sleep_until(next_renew), if renewing && in_flight.is_none() => {
+                if status.is_none() {
+                    continue_process(child.id());
+                }
+                in_flight = Some(renewal(
+                    ctx,
+                    coordinator.clone(),
+                    lease,
+                    plan.ttl,
+                    bound,
+                    (reconnect, cancel_first),
+                ));
+            }
+            (used, sent, answer) = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
+                in_flight = None;
+                coordinator = used;
+                match answer {
+                    Some(Ok(renewed)) => {
+                        (reconnect, cancel_first) = (false, false);
+                        last_error = None;
+                        bound = bound_of(sent, plan.ttl, renewed.expires_in_ms);
+                        if status.is_none() {
+                            bounds.send(bound);
+                        }
+                        // A third of the TTL after the answer: GCS takes one write per
+                        // second to the lease record, and at the shortest TTL it allows (3 s)
+                        // renewals sent a third of the TTL apart could land closer than that.
+                        next_renew = Instant::now() + every;
+                    }
+                    Some(Err(Error::Stale { highest_token, .. })) => {
+                        lost.get_or_insert(LostReason::TakenOver { highest_token });
+                        renewing = false;
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    }
+                    Some(Err(Error::LeaseLost { reason, .. })) => {
+                        lost.get_or_insert(reason);
+                        renewing = false;
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    }
+                    other => {
+                        // Anything else may pass (a lost connection, a timeout, local I/O):
+                        // try again soon on a fresh connection, cancelling the unanswered one.
+                        cancel_first = other.is_none();
+                        last_error = Some(match other {
+                            Some(Err(err)) => err.to_string(),
+                            _ => match coordinator.connect_refusal() {
+                                Some(refusal) => format!(
+                                    "no answer in time: PostgreSQL was refusing connections ({refusal})"
+                                ),
+                                None => "no answer in time".to_owned(),
+                            },
+                        });
+                        reconnect = true;
+                        next_renew = Instant::now() + retry_after(plan.ttl);
+                    }
+                }
+            }
+        }
+    }
+    let status = status.expect("the loop ends once the reaper was waited for");
+
+    // The reaper stopped the command at the bound: this process did not prove one in time
+    // (paused, or the machine was suspended, which the runtime's timers do not count).
+    unproven |= told.bound;
+    if lost.is_none() && unproven {
+        // Ask once why, for the report (the renewal in flight, or a new one).
+        let asked = match in_flight.take() {
+            // Its coordinator (a fresh one, after a reconnect) kept what refused it.
+            Some(flight) => match tokio::time::timeout(CLASSIFY_WITHIN, flight).await {
+                Ok((used, _, answer)) => {
+                    coordinator = used;
+                    answer
+                }
+                Err(_) => None,
+            },
+            None => tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(lease, None))
+                .await
+                .ok(),
+        };
+        if asked.is_none() {
+            // Unanswered, it must not renew the lease later (see `cancel_pending`).
+            coordinator.cancel_pending().await;
+        }
+        // Why the renewals failed: this last answer, else the last failed attempt, and what
+        // the server said when it refused a new connection.
+        let failed = match &asked {
+            Some(Err(err)) if !matches!(err, Error::Stale { .. } | Error::LeaseLost { .. }) => {
+                Some(err.to_string())
+            }
+            _ => None,
+        }
+        .or(last_error);
+        let refused = coordinator
+            .connect_refusal()
+            .filter(|refusal| {
+                !failed
+                    .as_ref()
+                    .is_some_and(|f| f.contains(refusal.as_str()))
+            })
+            .map(|refusal| format!("PostgreSQL was refusing connections ({refusal})"));
+        let cause = match (failed, refused) {
+            (Some(failed), Some(refused)) => Some(format!("{failed}; {refused}")),
+            (failed, refused) => failed.or(refused),
+        };
+        lost = Some(match asked {
+            Some(Err(Error::Stale { highest_token, .. })) => {
+                LostReason::TakenOver { highest_token }
+            }
+            Some(Err(Error::LeaseLost { reason, .. })) => reason,
+            Some(Ok(_)) => {
+                // Still ours by the store's clock, but too late to prove in time: hand it
+                // back, nothing of the command is left.
+                let _ = coordinator.release(lease).await;
+                LostReason::Unreachable
+            }
+            _ => LostReason::Unreachable,
+        });
+        if let Some(cause) = cause {
+            crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
+        }
+    }
+    if let Some(Stop {
+        killed: Some(at),
+        warned: true,
+        ..
+    }) = &stop
+    {
+        // It ended past the bound: so was it there past it (fence may have been paused).
+        if outlived || gone(lost) || crate::sys::bound_clock_ns() >= bound {
+            lost = Some(LostReason::Unkillable);
+        } else {
+            crate::terminal::warn(&format!(
+                "warning: the last process of the command ended {:.1}s after SIGKILL; the lease was renewed until then",
+                at.elapsed().as_secs_f64()
+            ));
+        }
+    }
+    if lost == Some(LostReason::SupervisorLost) {
+        // Nothing of the command is left and the lease is still ours: hand it back.
+        let _ = coordinator.release(lease).await;
+    }
+    Ok(Held {
+        status,
+        lost,
+        leftovers: leftovers || told.leftovers,
+        interrupted: interrupted.or(told.interrupted),
+        coordinator,
+    })
+}
+
+/// Whether `lost` says the lease may be another owner's now (`supervisor_lost` does not: the
+/// lease is still renewed then).
+fn gone(lost: Option<LostReason>) -> bool {
+    lost.is_some_and(|reason| reason != LostReason::SupervisorLost)
+}
+
+/// The lease's bound on the bound clock (see [`crate::sys::bound_clock_ns`]): when the request
+/// that obtained it was sent, plus what the coordinator granted (never more than the TTL asked
+/// for), less [`margin`]. The coordinator extended the lease at or after `sent`, so the bound
+/// is before the coordinator's own expiry, by the margin at least, and no wall clock is
+/// compared (I7). Nothing of the command runs past it: SIGKILL goes out there.
+pub(super) fn bound_of(sent: u64, ttl: Duration, expires_in_ms: i64) -> u64 {
+    let granted = Duration::from_millis(expires_in_ms.max(0) as u64);
+    sent.saturating_add(nanos(ttl.min(granted).saturating_sub(margin(ttl))))
+}
+
+/// How much earlier than the store's expiry the command is killed: the time a SIGKILL takes
+/// to land (a scan of /proc, a wake-up on a loaded machine) comes out of it, so that the
+/// command is gone before another owner can be granted the lease. A tenth of the TTL, at most
+/// a second: a twentieth (100 ms at a TTL of 2 s) was once seen overrun on a machine so
+/// starved that the command's own writes were 400 ms apart.
+fn margin(ttl: Duration) -> Duration {
+    (ttl / 10).min(Duration::from_secs(1))
+}
+
+pub(super) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How long to wait, once the lease could not be proven, for the store to say why.
+const CLASSIFY_WITHIN: Duration = Duration::from_secs(1);
+
+fn retry_after(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+fn forward(pgid: Option<i32>, signal: i32) {
+    if let Some(pgid) = pgid {
+        // SAFETY: kill(2) on the command's own process group; no memory is involved.
+        unsafe { libc::kill(-pgid, signal) };
+    }
+}

@@ -1,0 +1,339 @@
+//! The parent side of the supervisor (the reaper): its start, its pipes, the terminal.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::time::Duration;
+
+use super::hold::nanos;
+use super::lost;
+use crate::cli::Format;
+use crate::coordinator::LeaseRef;
+use crate::error::{Error, LostReason};
+use crate::output::Output;
+use crate::reaper::wire::{self, Failure, Report};
+
+/// The lease's bound, sent to the reaper: should `fence run` be paused (SIGSTOP, a frozen
+/// cgroup) or hang past it, the reaper, which does not renew anything, stops the command
+/// there itself (SIGTERM, SIGKILL after `--kill-after`), so that it never runs on past the
+/// last renewal this process could prove.
+pub(super) struct Bounds(std::fs::File);
+
+impl Bounds {
+    /// Sends `bound` (bound clock ns), 8 bytes: one write, never split.
+    pub(super) fn send(&self, bound: u64) {
+        let _ = (&self.0).write_all(&wire::bound_message(bound));
+    }
+}
+
+/// The terminal, when `fence run` held its foreground: the reaper hands it to the command's
+/// process group before the command starts (which would otherwise stop as soon as it read the
+/// terminal, while fence kept renewing), and fence takes it back when the command is done.
+pub(super) struct Terminal {
+    given: bool,
+}
+
+impl Terminal {
+    /// Whether the reaper took the terminal for the command's group (see
+    /// [`crate::reaper`]), so that fence must take it back.
+    pub(super) fn give(pgid: Option<i32>) -> Terminal {
+        // SAFETY: isatty/tcgetpgrp on standard input.
+        let given =
+            pgid.is_some_and(|pgid| unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == pgid });
+        Terminal { given }
+    }
+
+    pub(super) fn take_back(&self) {
+        if !self.given {
+            return;
+        }
+        // SAFETY: a background process group taking the terminal back must not be stopped by
+        // SIGTTOU for it; the old action is restored at once.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+}
+
+/// The reaper (see [`crate::reaper`]), started in a new process group before the lease is
+/// asked for, so that its start overlaps the coordinator's round trips; it waits, starting
+/// nothing, until [`Reaper::go`] sends what COMMAND needs. Dropped without `go` (busy, an
+/// error, a completed run id), it is killed: COMMAND was never started.
+pub(super) struct Reaper {
+    child: Option<tokio::process::Child>,
+    report: Option<std::fs::File>,
+    /// The start message, then the lease's bounds (see [`Bounds`]).
+    start: Option<std::fs::File>,
+    pub(super) program: String,
+}
+
+impl Reaper {
+    pub(super) fn start(
+        command: &[OsString],
+        grace: Duration,
+        out: &Output,
+    ) -> Result<Reaper, Error> {
+        let program = command.first().ok_or_else(|| {
+            Error::usage(
+                "no command to run",
+                "put the command after `--`: fence run R -- ./job.sh",
+            )
+        })?;
+        let cannot = |err: &dyn std::fmt::Display| {
+            Error::usage(
+                format!("cannot start fence's supervisor of the command: {err}"),
+                "check the system's process and file limits; nothing was started and no lease was taken",
+            )
+        };
+        // Each (read end, write end): fence reads the report and writes the start message.
+        let (report, report_end) = pipe().map_err(|err| cannot(&err))?;
+        let (start_end, start) = pipe().map_err(|err| cannot(&err))?;
+        let start = std::fs::File::from(start);
+        // Should the reaper die (the OOM killer, a `kill -9` of the wrong pid), what it was
+        // the subreaper of (daemons that left the command's group) is handed to us rather than
+        // to init, so that nothing of the command outlives the run (`sys::kill_descendants`
+        // once the reaper has been waited for).
+        // SAFETY: prctl on this process only.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+        let parent = std::process::id().to_string();
+        let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        let raw_report = report_end.as_raw_fd();
+        let raw_start = start_end.as_raw_fd();
+        cmd.arg(crate::reaper::ARG)
+            .arg(&parent)
+            .arg(raw_report.to_string())
+            .arg(raw_start.to_string())
+            .arg(grace.as_millis().min(i64::MAX as u128).to_string())
+            .arg("--")
+            .args(command)
+            .process_group(0);
+        if out.format == Format::Json {
+            // stdout carries fence's one JSON object; the command's output goes to stderr.
+            cmd.stdout(std::io::stderr());
+        }
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the two
+        // pipes through the exec, at their own numbers (the caller's descriptors stay as they
+        // were), prctl sets the signal the reaper gets when this process dies.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(raw_report, libc::F_SETFD, 0) < 0
+                    || libc::fcntl(raw_start, libc::F_SETFD, 0) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|err| {
+            if std::path::Path::new("/proc/self/exe").exists() {
+                cannot(&err)
+            } else {
+                Error::usage(
+                    format!(
+                        "cannot start fence's supervisor of the command (/proc/self/exe): {err}"
+                    ),
+                    "fence run needs /proc mounted; nothing was started and no lease was taken",
+                )
+            }
+        })?;
+        Ok(Reaper {
+            child: Some(child),
+            report: Some(report),
+            start: Some(start),
+            program: program.to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Resolves once the reaper has ended (before [`Self::go`]: it was killed), with its pid.
+    pub(super) async fn ended(&mut self) -> Option<u32> {
+        match self.child.as_mut() {
+            Some(child) => {
+                let pid = child.id();
+                let _ = child.wait().await;
+                pid
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Has the reaper start COMMAND with `env` (fence's variables) under the lease's first
+    /// `bound` (bound clock ns): the reaper enforces it from COMMAND's first instant, SIGTERM
+    /// `grace` before it. Waits for its report that COMMAND runs (or why it could not start),
+    /// never past `bound - grace`: a reaper stopped by its own command (`kill -STOP $PPID`) is
+    /// continued every [`NUDGE`], and one that still has not answered then, or that ended
+    /// without a word (killed between starting COMMAND and saying so), is treated as lost
+    /// (`Running::answered` false: whatever it started is stopped by [`hold`]).
+    pub(super) async fn go(
+        mut self,
+        lease: &LeaseRef,
+        env: &[(&str, String)],
+        bound: u64,
+        grace: Duration,
+    ) -> Result<Running, Error> {
+        use tokio::io::AsyncReadExt;
+        let program = std::mem::take(&mut self.program);
+        let cannot = |err: &dyn std::fmt::Display| {
+            Error::usage(
+                format!("cannot start `{program}`: {err}"),
+                "check the command's path and permissions; the lease was released",
+            )
+        };
+        let message = wire::start_message(bound, env);
+        let (Some(child), Some(report), Some(start)) =
+            (self.child.take(), self.report.take(), self.start.take())
+        else {
+            return Err(cannot(
+                &"fence's supervisor of the command was already used",
+            ));
+        };
+        // One write into the empty pipe (a pipe holds 64 KiB, and the message is below the
+        // argument limits), still blocking; from here on our end never blocks: a bound the
+        // reaper has not read yet is replaced by the next one anyway.
+        let sent = (&start).write_all(&message);
+        // SAFETY: O_NONBLOCK on our own end of the pipe.
+        unsafe { libc::fcntl(start.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let bounds = Bounds(start);
+        let mut report = tokio::net::unix::pipe::Receiver::from_file(report).map_err(|err| {
+            Error::internal(
+                format!("cannot watch fence's supervisor of the command: {err}"),
+                "check the system's file limits; nothing was run and the lease was released",
+            )
+        })?;
+        // The reaper writes one newline once COMMAND runs, or why it could not start and
+        // closes its end. A reaper that dies before either closes it with nothing said.
+        let give_up = bound.saturating_sub(nanos(grace));
+        let mut first = [0u8; 1];
+        let read = loop {
+            match tokio::time::timeout(NUDGE, report.read(&mut first)).await {
+                Ok(read) => break Some(read),
+                Err(_) if crate::sys::bound_clock_ns() >= give_up => break None,
+                Err(_) => continue_process(child.id()),
+            }
+        };
+        match (sent, read) {
+            (Ok(()), Some(Ok(1))) if first[0] == wire::STARTED => Ok(Running {
+                child,
+                answered: true,
+                bounds,
+                report,
+            }),
+            // No answer in time, or the reaper ended (killed?) without saying whether it
+            // started COMMAND: it had the start message, so COMMAND may run, and what it
+            // started is ours now (its subreaper's orphans). `hold` stops all of it, then
+            // releases the lease: exit 5, `supervisor_lost`. Never "nothing was run".
+            (Ok(()), None) | (Ok(()), Some(Ok(0))) => Ok(Running {
+                child,
+                answered: false,
+                bounds,
+                report,
+            }),
+            // The start message never reached it: it started nothing.
+            (Err(_), _) => Err(reaper_gone(
+                child.id(),
+                &program,
+                "before it could be told to start it",
+            )),
+            (Ok(()), Some(read)) => {
+                let mut why = Vec::new();
+                if matches!(read, Ok(1)) {
+                    why.push(first[0]);
+                }
+                // The reaper ends right after saying why: its end closes at once.
+                let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut why)).await;
+                let why = String::from_utf8_lossy(&why).into_owned();
+                let (errno, what) = match Failure::parse(&why) {
+                    Failure::Expired => return Err(lost(lease, LostReason::Expired)),
+                    Failure::Exec { errno, message } => (errno, message),
+                };
+                // A limit that passes is worth a retry.
+                if matches!(errno, libc::EAGAIN | libc::ENOMEM) {
+                    return Err(Error::unavailable(
+                        format!("cannot start `{program}`: {what}"),
+                        "a process or memory limit of this user was reached (`ulimit -u`); nothing was run and the lease was released: try again later",
+                    ));
+                }
+                Err(cannot(&what))
+            }
+        }
+    }
+}
+
+/// The supervisor of the command ended before it was told to start it (`when`): nothing was
+/// run, and no lease is kept, so the run may simply be retried.
+pub(super) fn reaper_gone(pid: Option<u32>, program: &str, when: &str) -> Error {
+    Error::unavailable(
+        format!(
+            "fence's supervisor of `{program}` (`fence __reaper`, pid {}) ended {when} (killed?)",
+            pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string())
+        ),
+        "nothing was run and no lease was kept: find what killed it (the OOM killer: `journalctl -k | grep -i oom`), then run the command again",
+    )
+}
+
+/// How often `fence run` continues a reaper that has not answered yet (its own command may
+/// have stopped it).
+const NUDGE: Duration = Duration::from_millis(100);
+
+/// SIGCONT to `pid` (the reaper): stopped, it could enforce no bound.
+pub(super) fn continue_process(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // SAFETY: kill(2) on our own child, the reaper.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+}
+
+/// A reaper told to go: the process, whether it said the command started, its pipes.
+pub(super) struct Running {
+    pub(super) child: tokio::process::Child,
+    /// The reaper said COMMAND started in time; false when it never answered.
+    pub(super) answered: bool,
+    pub(super) bounds: Bounds,
+    pub(super) report: tokio::net::unix::pipe::Receiver,
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // Never told to go: it starts nothing, and ends now (its pipe closes with us too),
+        // before fence does: no process of the run outlives it. A SIGKILLed process that
+        // started nothing ends within milliseconds; the wait is bounded all the same.
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+            let start = std::time::Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_ENDS_WITHIN {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// How long dropping an unused reaper waits for it to end (see [`Reaper`]'s `Drop`).
+const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors, which we own from here.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
+/// end).
+pub(super) async fn reaper_report(report: &mut tokio::net::unix::pipe::Receiver) -> Report {
+    use tokio::io::AsyncReadExt;
+    let mut rest = Vec::new();
+    // The reaper is gone, so its end is closed: the read ends at once.
+    let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut rest)).await;
+    Report::parse(&String::from_utf8_lossy(&rest))
+}
