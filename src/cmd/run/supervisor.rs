@@ -165,7 +165,7 @@ impl Reaper {
     /// never past `bound - grace`: a reaper stopped by its own command (`kill -STOP $PPID`) is
     /// continued every [`NUDGE`], and one that still has not answered then, or that ended
     /// without a word (killed between starting COMMAND and saying so), is treated as lost
-    /// (`Running::answered` false: whatever it started is stopped by [`hold`]).
+    /// (`Running::answered` false: whatever it started is stopped by [`hold`](super::hold::hold)).
     pub(super) async fn go(
         mut self,
         lease: &LeaseRef,
