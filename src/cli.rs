@@ -1,6 +1,7 @@
 //! The command line, as clap types only. Each doc comment here is the `--help` text, the man
 //! page and the completion hint at once; validation of values lives in [`crate::config`].
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -9,6 +10,7 @@ use crate::config::{
     parse_instant, parse_name, parse_resource, parse_run_owner, parse_schema, parse_token,
     parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
+use crate::error::Error;
 use crate::exit::Exit;
 use crate::timeline::EventKind;
 
@@ -917,8 +919,146 @@ fn event_kind() -> impl clap::builder::TypedValueParser<Value = EventKind> {
     .map(|name| EventKind::parse(&name))
 }
 
+/// What became of a command line clap refused.
+pub enum Refused {
+    /// Help or version was asked for, and printed.
+    Shown,
+    /// A usage error, for the subcommand `op` (or `fence`), in the format the command line
+    /// asked for.
+    Error {
+        op: String,
+        error: Error,
+        format: Format,
+    },
+}
+
+/// A command-line parse error as fence reports it: one line of cause and one of hint, for the
+/// subcommand named. `--format json` anywhere on the command line turns even a parse error into
+/// one JSON object (DESIGN §9), since the parser never got far enough to read the flag itself.
+pub fn refused(err: &clap::Error, args: &[OsString]) -> Refused {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let _ = err.print();
+        return Refused::Shown;
+    }
+    let command = <Cli as clap::CommandFactory>::command();
+    let names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
+    let op = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| names.contains(a));
+    let rendered = err.render().to_string();
+    let (mut message, hint) = split_clap_message(&rendered, op);
+    if let Some(exact) = invalid_value_message(err) {
+        message = exact;
+    }
+    let wants = |format: &str| {
+        args.windows(2)
+            .any(|w| w[0] == "--format" && w[1] == format)
+            || args.iter().any(|a| *a == *format!("--format={format}"))
+    };
+    Refused::Error {
+        op: op.unwrap_or("fence").to_owned(),
+        error: Error::usage(message, hint),
+        format: if wants("json") || wants("ndjson") {
+            Format::Json
+        } else if wants("env") {
+            Format::Env
+        } else {
+            Format::Human
+        },
+    }
+}
+
+/// For a value our parsers rejected: the message with the value quoted as typed, its control
+/// characters escaped (a newline or an escape sequence must not reach the terminal raw).
+fn invalid_value_message(err: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let ContextValue::String(value) = err.get(ContextKind::InvalidValue)? else {
+        return None;
+    };
+    let ContextValue::String(arg) = err.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let cause = std::error::Error::source(err)?.to_string();
+    let shown: String = value.chars().flat_map(char::escape_debug).collect();
+    Some(format!("invalid value '{shown}' for '{arg}': {cause}"))
+}
+
+/// Turns clap's multi-line error into one line of cause and one line of hint.
+fn split_clap_message(rendered: &str, op: Option<&str>) -> (String, String) {
+    let mut cause = Vec::new();
+    let mut usage = None;
+    let mut tip = None;
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with("For more information") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("Usage:") {
+            usage = Some(rest.trim().to_owned());
+        } else if let Some(rest) = line.strip_prefix("tip:") {
+            tip = Some(rest.trim().to_owned());
+        } else {
+            cause.push(
+                line.strip_prefix("error:")
+                    .unwrap_or(line)
+                    .trim()
+                    .to_owned(),
+            );
+        }
+    }
+    let message = cause.join(" ");
+    let help = match op {
+        Some(op) => format!("`fence {op} --help`"),
+        None => "`fence --help`".to_owned(),
+    };
+    let hint = match (tip, usage) {
+        (Some(tip), _) => format!("{tip}; see {help}"),
+        (None, Some(usage)) => format!("usage: {usage}; see {help}"),
+        (None, None) => format!("see {help}"),
+    };
+    (message, hint)
+}
+
 #[cfg(test)]
 mod tests {
+    /// The parser stays at the edge (issue 34): no module but this one (and the docs
+    /// generator, an example) names clap, so the domain never depends on it.
+    #[test]
+    fn only_the_command_line_module_knows_clap() {
+        fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    rust_files(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    found.push(path);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let knowing: Vec<_> = files
+            .iter()
+            .filter(|f| !f.ends_with("src/cli.rs"))
+            .filter(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap()
+                    .lines()
+                    .any(|l| !l.trim_start().starts_with("//") && l.contains("clap::"))
+            })
+            .collect();
+        assert!(knowing.is_empty(), "clap outside src/cli.rs: {knowing:?}");
+    }
+
     use clap::Parser;
 
     use super::*;

@@ -36,7 +36,14 @@ pub fn main() -> Exit {
     }
     let cli = match cli::Cli::parse_with_sources(&args) {
         Ok(cli) => cli,
-        Err(err) => return output::clap_error(&err, &args),
+        Err(err) => {
+            return match cli::refused(&err, &args) {
+                cli::Refused::Shown => Exit::Success,
+                cli::Refused::Error { op, error, format } => {
+                    output::parse_error(&op, &error, format)
+                }
+            }
+        }
     };
     let out = output::Output::new(&cli.global);
     terminal::route_warnings(output::warnings_route(&cli.global, &cli.command));

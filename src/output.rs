@@ -8,7 +8,6 @@
 //! - both end with `"notices": ["warning: …", …]` when fence warned (what `--format human`
 //!   prints on stderr after `fence: `), and have no such field otherwise.
 
-use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -326,100 +325,13 @@ fn print_stdout(text: &str) -> std::io::Result<()> {
     stdout.flush()
 }
 
-/// Reports a command-line parse error (or prints help/version) and returns the exit status.
-///
-/// `--format json` anywhere on the command line turns even a parse error into one JSON object
-/// (DESIGN §9), since the parser never got far enough to read the flag itself.
-pub fn clap_error(err: &clap::Error, args: &[OsString]) -> Exit {
-    use clap::error::ErrorKind;
-    if matches!(
-        err.kind(),
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-    ) {
-        let _ = err.print();
-        return Exit::Success;
-    }
-    let command = <crate::cli::Cli as clap::CommandFactory>::command();
-    let names: Vec<&str> = command.get_subcommands().map(|c| c.get_name()).collect();
-    let op = args
-        .iter()
-        .skip(1)
-        .filter_map(|a| a.to_str())
-        .find(|a| names.contains(a));
-    let rendered = err.render().to_string();
-    let (mut message, hint) = split_clap_message(&rendered, op);
-    if let Some(exact) = invalid_value_message(err) {
-        message = exact;
-    }
-    let wants = |format: &str| {
-        args.windows(2)
-            .any(|w| w[0] == "--format" && w[1] == format)
-            || args.iter().any(|a| *a == *format!("--format={format}"))
-    };
-    let err = Error::usage(message, hint);
+/// Reports a command line the parser refused (see [`crate::cli::refused`]) in the format asked
+/// for, and returns its exit status (2).
+pub fn parse_error(op: &str, err: &Error, format: Format) -> Exit {
     let out = Output {
-        format: if wants("json") || wants("ndjson") {
-            Format::Json
-        } else if wants("env") {
-            Format::Env
-        } else {
-            Format::Human
-        },
+        format,
         quiet: false,
         color: use_color(ColorChoice::Auto),
     };
-    out.error(op.unwrap_or("fence"), None, &err)
-}
-
-/// For a value our parsers rejected: the message with the value quoted as typed, its control
-/// characters escaped (a newline or an escape sequence must not reach the terminal raw).
-fn invalid_value_message(err: &clap::Error) -> Option<String> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if err.kind() != ErrorKind::ValueValidation {
-        return None;
-    }
-    let ContextValue::String(value) = err.get(ContextKind::InvalidValue)? else {
-        return None;
-    };
-    let ContextValue::String(arg) = err.get(ContextKind::InvalidArg)? else {
-        return None;
-    };
-    let cause = std::error::Error::source(err)?.to_string();
-    let shown: String = value.chars().flat_map(char::escape_debug).collect();
-    Some(format!("invalid value '{shown}' for '{arg}': {cause}"))
-}
-
-/// Turns clap's multi-line error into one line of cause and one line of hint.
-fn split_clap_message(rendered: &str, op: Option<&str>) -> (String, String) {
-    let mut cause = Vec::new();
-    let mut usage = None;
-    let mut tip = None;
-    for line in rendered.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with("For more information") {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("Usage:") {
-            usage = Some(rest.trim().to_owned());
-        } else if let Some(rest) = line.strip_prefix("tip:") {
-            tip = Some(rest.trim().to_owned());
-        } else {
-            cause.push(
-                line.strip_prefix("error:")
-                    .unwrap_or(line)
-                    .trim()
-                    .to_owned(),
-            );
-        }
-    }
-    let message = cause.join(" ");
-    let help = match op {
-        Some(op) => format!("`fence {op} --help`"),
-        None => "`fence --help`".to_owned(),
-    };
-    let hint = match (tip, usage) {
-        (Some(tip), _) => format!("{tip}; see {help}"),
-        (None, Some(usage)) => format!("usage: {usage}; see {help}"),
-        (None, None) => format!("see {help}"),
-    };
-    (message, hint)
+    out.error(op, None, err)
 }
