@@ -148,10 +148,13 @@ fn start_write(store: &Store, name: &str, sql: &str, extra: &[&str]) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = fence.cmd.spawn().expect("start fence write");
+    // Inside pg_sleep itself (wait event type `Timeout`), not merely running the script that
+    // holds it: a signal sent while `begin_write` still ran met no handler of the SQL's, and
+    // the test of a caught cancel then saw a plain rollback (exit 7) under load.
     wait_for("the write to reach pg_sleep", SERVER_SETTLES, || {
-        backends(store, name)
-            .iter()
-            .any(|(state, _, query)| state == "active" && query.contains("pg_sleep"))
+        backends(store, name).iter().any(|(state, wait, query)| {
+            state == "active" && wait == "Timeout" && query.contains("pg_sleep")
+        })
     });
     child
 }
