@@ -79,7 +79,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         timeout: args.timeout,
         body,
     };
-    let outcome = match (&args.from, &args.table) {
+    let (target, written) = match (&args.from, &args.table) {
         (Some(from), _) => {
             let bytes = read_bytes(from)?;
             let target = fenced::target::open(&spec, &ctx.schema).await?;
@@ -110,22 +110,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
                 Ok(Done::Object(ObjectOutcome::Written(_))) => bar.abandon(),
                 _ => bar.finish_and_clear(),
             }
-            record_refusal(
-                ctx,
-                target.as_ref(),
-                &args.resource,
-                &owner,
-                args.token,
-                &written,
-            )
-            .await;
-            match written? {
-                Done::Object(outcome) => Outcome::Object {
-                    write_id: args.id.clone(),
-                    outcome,
-                },
-                _ => return Err(wrong_outcome(&spec)),
-            }
+            (target, written)
         }
         (None, Some(table)) => {
             let write = RowWrite {
@@ -150,22 +135,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             crate::fenced::quote_table(table)?;
             let target = fenced::target::open(&spec, &ctx.schema).await?;
             let written = target.write(request(Body::Row(&write))).await;
-            record_refusal(
-                ctx,
-                target.as_ref(),
-                &args.resource,
-                &owner,
-                args.token,
-                &written,
-            )
-            .await;
-            match written? {
-                Done::Row(outcome) => Outcome::Row {
-                    table: table.clone(),
-                    outcome,
-                },
-                _ => return Err(wrong_outcome(&spec)),
-            }
+            (target, written)
         }
         (None, None) => {
             let sql = read_sql(&args)?;
@@ -185,23 +155,26 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
                     interrupts: &mut interrupts,
                 }))
                 .await;
-            record_refusal(
-                ctx,
-                target.as_ref(),
-                &args.resource,
-                &owner,
-                args.token,
-                &written,
-            )
-            .await;
-            match written? {
-                Done::Transaction(outcome) => Outcome::Transaction {
-                    write_id: args.id.clone(),
-                    outcome,
-                },
-                _ => return Err(wrong_outcome(&spec)),
-            }
+            (target, written)
         }
+    };
+    record_refusal(
+        ctx,
+        target.as_ref(),
+        &args.resource,
+        &owner,
+        args.token,
+        &written,
+    )
+    .await;
+    let write_id = args.id.clone();
+    let outcome = match written? {
+        Done::Transaction(outcome) => Outcome::Transaction { write_id, outcome },
+        Done::Row(outcome) => Outcome::Row {
+            table: args.table.clone().unwrap_or_default(),
+            outcome,
+        },
+        Done::Object(outcome) => Outcome::Object { write_id, outcome },
     };
     Ok(Written {
         resource: args.resource,
@@ -209,18 +182,6 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         target: spec.display,
         outcome,
     })
-}
-
-/// An answer of another form than the write's: a target that does not keep
-/// [`FencedTarget::write`]'s contract.
-fn wrong_outcome(spec: &TargetSpec) -> Error {
-    Error::internal(
-        format!(
-            "`{}` answered a write in another form than it was given",
-            spec.display
-        ),
-        "this is a bug in fence, please report it; check the target before retrying",
-    )
 }
 
 /// Records a stale write's refusal, by a target that keeps no refusals itself (an object:

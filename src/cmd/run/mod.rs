@@ -177,27 +177,22 @@ async fn supervise(
     // signal itself and leaves its queue: it is given a moment for that (and a lease granted
     // meanwhile is released).
     tokio::pin!(asked);
-    let (coordinator, grant, sent) = tokio::select! {
+    let asked_for = tokio::select! {
         biased;
-        asked = &mut asked => asked?,
+        asked = &mut asked => Ok(asked?),
         // The supervisor died while the lease was asked for (a `--wait` can be long): no
-        // lease is taken for a command that could not be started (one granted meanwhile is
-        // released).
+        // lease is taken for a command that could not be started.
         pid = reaper.ended() => {
-            if let Ok(Ok((coordinator, grant, _))) =
-                tokio::time::timeout(Duration::from_secs(2), &mut asked).await
-            {
-                let _ = coordinator
-                    .release(&LeaseRef {
-                        resource: args.resource.clone(),
-                        owner: owner.clone(),
-                        token: grant.lease.token,
-                    })
-                    .await;
-            }
-            return Err(reaper_gone(pid, &reaper.program, "while the lease was asked for"));
+            Err(reaper_gone(pid, &reaper.program, "while the lease was asked for"))
         }
         (_, name) = interrupts.next() => {
+            Err(interrupted(name, &format!("while asking for `{}`", args.resource)))
+        }
+    };
+    let (coordinator, grant, sent) = match asked_for {
+        Ok(granted) => granted,
+        Err(err) => {
+            // Given up while asking: a grant already in flight is released.
             if let Ok(Ok((coordinator, grant, _))) =
                 tokio::time::timeout(Duration::from_secs(2), &mut asked).await
             {
@@ -209,7 +204,7 @@ async fn supervise(
                     })
                     .await;
             }
-            return Err(interrupted(name, &format!("while asking for `{}`", args.resource)));
+            return Err(err);
         }
     };
     *granted = Granted {
