@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, Store};
+use common::{env_or_panic, pg_exec, pg_try_exec, Store};
 
 /// A database of its own (dropped at the end), owned by the suite's login role, whose casts
 /// of text to integer fail with the message a server under `lc_messages = 'de_DE.UTF-8'`
@@ -98,49 +98,5 @@ fn a_coordinator_at_another_version_is_told_by_its_version_not_the_servers_words
 
     let mut store = Store::postgres();
     store.url = german.url.clone();
-    let schema = store.schema.clone().unwrap();
-    let held = store.fence().acquire("r", &["--owner", "a", "--ttl", "1h"]);
-    let set_version = |v: &str| {
-        pg_exec(
-            &store.url,
-            &format!("UPDATE {schema}.meta SET value = '{v}' WHERE key = 'schema_version'"),
-        )
-    };
-    let leases = || -> String {
-        pg_query(
-            &store.url,
-            &format!("SELECT string_agg(resource || ':' || token || ':' || coalesce(owner, '-'), ' ' ORDER BY resource) FROM {schema}.leases"),
-        )[0]
-        .get(0)
-    };
-    let before = leases();
-
-    set_version("99");
-    let token = held.token.to_string();
-    for args in [
-        vec!["acquire", "other", "--owner", "b"],
-        vec!["renew", "r", "--token", &token, "--owner", "a"],
-        vec!["release", "r", "--token", &token, "--owner", "a"],
-    ] {
-        let out = store.fence().args(&args).args(["--format", "json"]).run();
-        assert_eq!(out.code, 2, "{args:?}: {out:?}");
-        let message = out.json()["message"].as_str().unwrap().to_owned();
-        assert!(
-            message.contains("newer fence") && message.contains("version 99"),
-            "{args:?}: {message}"
-        );
-    }
-    assert_eq!(leases(), before, "a command wrote to a newer schema");
-
-    set_version("4");
-    store.fence().acquire("other", &["--owner", "b"]);
-    let version: String = pg_query(
-        &store.url,
-        &format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"),
-    )[0]
-    .get(0);
-    assert_eq!(
-        version,
-        fence::coordinator::COORDINATOR_SCHEMA.version.to_string()
-    );
+    common::fenced::coordinator_schema_versions_are_checked(&store);
 }

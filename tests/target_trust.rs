@@ -281,50 +281,7 @@ fn a_target_at_another_schema_version_is_never_written_as_it_stands() {
 /// an older one is migrated, then used.
 #[test]
 fn a_coordinator_at_another_schema_version_is_never_used_as_it_stands() {
-    let store = common::Store::postgres();
-    let schema = store.schema.clone().unwrap();
-    let held = store.fence().acquire("r", &["--owner", "a", "--ttl", "1h"]);
-    let set_version = |v: &str| {
-        pg_exec(
-            &store.url,
-            &format!("UPDATE {schema}.meta SET value = '{v}' WHERE key = 'schema_version'"),
-        )
-    };
-    let leases = || -> String {
-        pg_query(
-            &store.url,
-            &format!("SELECT string_agg(resource || ':' || token || ':' || coalesce(owner, '-') || ':' || (expires_at > now())::text, ' ' ORDER BY resource) FROM {schema}.leases"),
-        )[0]
-        .get(0)
-    };
-    let before = leases();
-    set_version("99");
-    let token = held.token.to_string();
-    for args in [
-        vec!["acquire", "other", "--owner", "b"],
-        vec!["renew", "r", "--token", &token, "--owner", "a"],
-        vec!["release", "r", "--token", &token, "--owner", "a"],
-    ] {
-        let out = store.fence().args(&args).args(["--format", "json"]).run();
-        assert_eq!(out.code, 2, "{args:?}: {out:?}");
-        let message = out.json()["message"].as_str().unwrap().to_owned();
-        assert!(
-            message.contains("newer fence") && message.contains("version 99"),
-            "{args:?}: {message}"
-        );
-    }
-    assert_eq!(leases(), before, "a command wrote to a newer schema");
-    set_version("4");
-    store.fence().acquire("other", &["--owner", "b"]);
-    let version: String = pg_query(
-        &store.url,
-        &format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"),
-    )[0]
-    .get(0);
-    assert_eq!(
-        version,
-        fence::coordinator::COORDINATOR_SCHEMA.version.to_string()
-    );
+    common::fenced::coordinator_schema_versions_are_checked(&common::Store::postgres());
 }
 
 /// Issue 33, 8: a lock on the coordinator's `attempts` table (a long transaction, a hand-run
