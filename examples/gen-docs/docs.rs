@@ -1,4 +1,4 @@
-//! What `cargo run --example gen-docs` writes and `tests/generated.rs` compares: the shell
+//! What `cargo run --example gen-docs` writes and `tests/suite/cli/generated.rs` compares: the shell
 //! completions in `completions/`, the man pages in `man/` and the README's exit-code table, all
 //! generated from the clap definition in `src/cli.rs` and the exit table in `src/exit.rs`.
 //! The generator lives here, once; the example writes, the test only compares.
@@ -32,7 +32,7 @@ const SHELLS: [(Shell, &str); 5] = [
 ];
 
 /// The ENVIRONMENT section of fence(1). Variables clap reads for an option are listed here too;
-/// `tests/generated.rs` keeps the two in step.
+/// `tests/suite/cli/generated.rs` keeps the two in step.
 pub const ENVIRONMENT: [(&str, &str); 31] = [
     (
         "FENCE_STORE",

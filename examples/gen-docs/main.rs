@@ -1,6 +1,6 @@
 //! `cargo run --example gen-docs`: rewrites the generated files (completions, man pages, the
 //! README's exit-code table) after a change to `src/cli.rs` or `src/exit.rs`, and removes
-//! generated files that no longer belong. `tests/generated.rs` fails until this has been run.
+//! generated files that no longer belong. `tests/suite/cli/generated.rs` fails until this has been run.
 
 mod docs;
 

@@ -1,0 +1,5 @@
+//! The documents users read: every shell line in the README and docs/ runs as written.
+
+mod inventory;
+mod readme;
+mod recipes;

@@ -1,0 +1,6 @@
+//! The on-call view: `fence log`, `fence inspect` pages, `fence metrics`, `fence prune`.
+
+mod inspect_pages;
+mod log;
+mod metrics;
+mod prune;

@@ -1,0 +1,3 @@
+//! Randomised workloads of real fence processes under injected faults, judged by a history checker.
+
+mod adversarial;

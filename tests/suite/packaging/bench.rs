@@ -1,0 +1,337 @@
+//! `fence bench`: argument handling, the JSON shape, and that it cleans up after itself.
+//! Timings are printed by the bench, never asserted.
+
+use crate::common;
+
+use common::Store;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BenchOut {
+    ok: bool,
+    op: String,
+    mode: String,
+    workers: u32,
+    resources: u32,
+    prefilled: bool,
+    duration_ms: u64,
+    critical_sections: u64,
+    critical_sections_per_s: f64,
+    refused: u64,
+    refused_per_s: f64,
+    acquire_p50_ms: Option<f64>,
+    acquire_p99_ms: Option<f64>,
+    handoff_p50_ms: Option<f64>,
+    handoff_p99_ms: Option<f64>,
+    renewals: u64,
+    stale_rejections: u64,
+    store: String,
+}
+
+fn bench(store: &Store, args: &[&str]) -> BenchOut {
+    let out = store
+        .fence()
+        .args(["bench", "--duration", "500ms", "--format", "json"])
+        .args(args)
+        .run()
+        .expect(0);
+    serde_json::from_value(out.json()).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+fn modes_report_their_figures(store: &Store) {
+    let contend = bench(store, &["--workers", "3", "--mode", "contend"]);
+    assert!(
+        contend.ok
+            && contend.op == "bench"
+            && contend.mode == "contend"
+            && !contend.store.is_empty()
+    );
+    assert_eq!((contend.workers, contend.resources), (3, 1));
+    assert!(
+        contend.duration_ms >= 500
+            && contend.critical_sections > 0
+            && contend.critical_sections_per_s > 0.0
+    );
+    assert!(contend.acquire_p50_ms.is_some() && contend.acquire_p99_ms >= contend.acquire_p50_ms);
+    assert!(contend.handoff_p50_ms.is_some() && contend.handoff_p99_ms >= contend.handoff_p50_ms);
+    assert!(contend.refused_per_s >= 0.0 && contend.stale_rejections == 0);
+
+    let spread = bench(
+        store,
+        &[
+            "--workers",
+            "2",
+            "--mode",
+            "spread",
+            "--resources",
+            "50",
+            "--renew",
+        ],
+    );
+    assert_eq!((spread.mode.as_str(), spread.resources), ("spread", 50));
+    assert_eq!(
+        spread.renewals, spread.critical_sections,
+        "one renewal per critical section"
+    );
+    assert_eq!(
+        (spread.handoff_p50_ms, spread.handoff_p99_ms),
+        (None, None),
+        "no hand-offs when spread"
+    );
+    let rate = spread.refused as f64 / (spread.duration_ms as f64 / 1000.0);
+    assert!(
+        (rate - spread.refused_per_s).abs() < 1.0,
+        "the rate matches the count"
+    );
+
+    let handoff = bench(
+        store,
+        &["--workers", "2", "--mode", "handoff", "--hold", "2ms"],
+    );
+    assert!(handoff.handoff_p50_ms.is_some());
+}
+
+fn the_scratch_namespace_is_removed(store: &Store) {
+    bench(store, &["--workers", "2"]);
+    let view = store
+        .fence()
+        .args(["inspect", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(
+        view["resources"],
+        serde_json::json!([]),
+        "the bench left nothing in the store's namespace"
+    );
+    if store.backend == common::Backend::File {
+        let left: Vec<_> = std::fs::read_dir(store.dir())
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            left.iter()
+                .all(|name| !name.to_string_lossy().starts_with("bench-")),
+            "{left:?}"
+        );
+    }
+    if let Some((server, prefix)) = &store.objects {
+        let left = server.list(prefix);
+        assert!(left.iter().all(|key| !key.contains("/bench-")), "{left:?}");
+    }
+}
+
+per_coordinator!(modes_report_their_figures, the_scratch_namespace_is_removed);
+
+#[test]
+fn postgres_bench_with_a_write_target_leaves_no_schema_behind() {
+    let store = Store::postgres();
+    // The scratch schema is named after the bench's pid (other tests bench in parallel).
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args([
+            "bench",
+            "--duration",
+            "500ms",
+            "--format",
+            "json",
+            "--workers",
+            "2",
+        ])
+        .args(["--write-target", &store.url])
+        .stdout(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let out: BenchOut = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(out.critical_sections > 0);
+    let left = scratch_schemas(&store, pid);
+    assert!(
+        left.is_empty(),
+        "the scratch schema {left:?} was left behind"
+    );
+}
+
+/// The scratch schemas of the bench with process id `pid` (`fence_bench_<pid>_<hex>`).
+fn scratch_schemas(store: &Store, pid: u32) -> Vec<String> {
+    store
+        .pg_rows(
+            "SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, $1)",
+            &format!("fence_bench_{pid}_"),
+        )
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[test]
+fn bad_bench_arguments_are_usage_errors() {
+    let store = Store::file();
+    for args in [
+        &["--workers", "0"][..],
+        &["--workers", "many"],
+        &["--mode", "bogus"],
+        &["--duration", "abc"],
+        &["--resources", "0"],
+        &["--write-target", "redis://x"],
+        &["--prefill"],
+        &["--prefill", "--mode", "spread"],
+    ] {
+        let out = store
+            .fence()
+            .args(["bench", "--format", "json"])
+            .args(args)
+            .run()
+            .expect(2);
+        assert_eq!(out.json()["error"], "usage", "{args:?}");
+    }
+}
+
+/// A directory store whose parent is missing is refused as `acquire` refuses it, naming the
+/// store given (and its missing parent), not the bench's scratch directory inside it; nothing
+/// is created.
+#[test]
+fn a_store_below_a_missing_directory_is_refused_by_its_own_name() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("missing/store");
+    let url = format!("file://{}", dir.display());
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args(["bench", "--store", &url, "--duration", "1s"])
+        .run()
+        .expect(2);
+    assert!(
+        out.stderr
+            .contains(&format!("`{}` cannot be created", dir.display()))
+            && !out.stderr.contains("bench-"),
+        "{out:?}"
+    );
+    assert!(
+        !home.path().join("missing").exists(),
+        "bench created the parent"
+    );
+}
+
+/// `--prefill` creates every resource before timing starts: while the bench runs, its scratch
+/// schema holds all K lease rows (far more than one worker touches in the run).
+#[test]
+fn postgres_prefill_creates_every_resource_before_timing() {
+    let store = Store::postgres();
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["bench", "--format", "json", "--mode", "spread", "--prefill"])
+        .args(["--resources", "50000", "--workers", "1", "--duration", "3s"])
+        .stdout(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    let exists = "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = $1 AND c.relname = 'leases'";
+    let started = std::time::Instant::now();
+    let mut seen = 0;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        let scratch = scratch_schemas(&store, pid).pop().unwrap_or_default();
+        let count = format!("SELECT count(*) FROM {scratch}.leases WHERE resource <> $1");
+        if !scratch.is_empty() && !store.pg_rows(exists, &scratch).is_empty() {
+            seen = store.pg_rows(&count, "")[0].get::<_, i64>(0);
+            if seen >= 50_000 {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let out: BenchOut = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(seen, 50_000, "the scratch schema never held every resource");
+    assert!(out.prefilled && out.resources == 50_000, "{out:?}");
+    assert!(out.critical_sections > 0, "{out:?}");
+}
+
+/// Whether the bench's scratch namespace of process `pid` is still there.
+fn scratch_left(store: &Store, pid: u32) -> bool {
+    match store.backend {
+        common::Backend::File => std::fs::read_dir(store.dir())
+            .map(|d| {
+                d.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("bench-{pid}-"))
+                })
+            })
+            .unwrap_or(false),
+        _ => !scratch_schemas(store, pid).is_empty(),
+    }
+}
+
+/// Out of file descriptors (`ulimit -n 64`, 32 workers), the bench fails at once with the
+/// cause (no hang, no panic) and leaves no scratch namespace.
+fn a_low_open_file_limit_fails_promptly_and_cleans_up(store: &Store) {
+    let fence = env!("CARGO_BIN_EXE_fence");
+    let schema = store.schema.clone().unwrap_or_else(|| "fence".into());
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec '{fence}' --store '{}' --schema {schema} bench --workers 32 --duration 30s",
+            store.url
+        ))
+        .env("HOME", store.home.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "the bench hung instead of failing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("open"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!scratch_left(store, pid), "scratch namespace left behind");
+}
+
+/// SIGINT while the bench runs: it stops early, says so, and removes its scratch namespace.
+fn an_interrupted_bench_removes_its_scratch(store: &Store) {
+    let mut fence = store.fence();
+    fence
+        .cmd
+        .args(["bench", "--workers", "2", "--duration", "60s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    common::wait_for(
+        "the bench to create its scratch namespace",
+        std::time::Duration::from_secs(20),
+        || scratch_left(store, pid),
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted by SIGINT"));
+    assert!(!scratch_left(store, pid), "scratch namespace left behind");
+}
+
+/// File and PostgreSQL (apart from the per-coordinator tests above, whose modules share names).
+mod exhaustion {
+    use super::*;
+
+    per_backend!(
+        a_low_open_file_limit_fails_promptly_and_cleans_up,
+        an_interrupted_bench_removes_its_scratch
+    );
+}

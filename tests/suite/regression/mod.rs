@@ -1,0 +1,10 @@
+//! Former review findings. Each test is named after what it proves; the file says which review found it.
+
+mod digests_and_bounds;
+mod ids_prune_inspect;
+mod ids_records_and_roles;
+mod log_and_metrics;
+mod pg_write_and_run;
+mod reaper;
+mod reaper_start_and_run_ids;
+mod trust;
