@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::{HttpProxy, Verdict};
-use common::{Backend, Store};
+use common::{wait_for, Backend, Store};
 
 const LIFETIME: Duration = Duration::from_secs(5);
 
@@ -389,54 +389,56 @@ fn waiters_do_not_throttle_the_holder() {
     through().args(["init"]).run().expect(0);
     for trial in 0..trials {
         // The full check adds 4 waiters; the suite's run keeps the two ends (each round is a
-        // job of 4 TTLs and a drain at one grant every two seconds).
+        // job of 4 TTLs and a drain at one grant every two seconds). The proxy limits each
+        // object on its own, so the rounds of a trial run side by side, each on its resource.
         let rounds: &[usize] = if trials > 1 { &[1, 4, 16] } else { &[1, 16] };
-        for &waiters in rounds {
-            let resource = format!("job-{trial}-{waiters}");
-            let marker = store.home.path().join(format!("{resource}.holding"));
-            let holder = {
-                let script = format!("touch '{}'; sleep {job}", marker.display());
-                let fence = through()
-                    .args(["run", &resource, "--ttl", "3s", "--", "sh", "-c"])
-                    .args([script]);
-                thread::spawn(move || fence.run())
-            };
-            let started = Instant::now();
-            while !marker.exists() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "the holder never started"
-                );
-                thread::sleep(Duration::from_millis(10));
+        thread::scope(|scope| {
+            for &waiters in rounds {
+                let through = &through;
+                let store = &store;
+                scope.spawn(move || {
+                    let resource = format!("job-{trial}-{waiters}");
+                    let marker = store.home.path().join(format!("{resource}.holding"));
+                    let holder = {
+                        let script = format!("touch '{}'; sleep {job}", marker.display());
+                        let fence = through()
+                            .args(["run", &resource, "--ttl", "3s", "--", "sh", "-c"])
+                            .args([script]);
+                        thread::spawn(move || fence.run())
+                    };
+                    wait_for("the holder to start", Duration::from_secs(30), || {
+                        marker.exists()
+                    });
+                    let waiting: Vec<_> = (0..waiters)
+                        .map(|_| {
+                            let fence = through().args([
+                                "run", &resource, "--ttl", "3s", "--wait", "10m", "--", "true",
+                            ]);
+                            thread::spawn(move || fence.run())
+                        })
+                        .collect();
+                    let out = holder.join().unwrap();
+                    assert_eq!(
+                        out.code, 0,
+                        "trial {trial}, {waiters} waiters: the holder: {out:?}"
+                    );
+                    for (n, waiter) in waiting.into_iter().enumerate() {
+                        let out = waiter.join().unwrap();
+                        assert_eq!(
+                            out.code, 0,
+                            "trial {trial}, waiter {n} of {waiters}: {out:?}"
+                        );
+                    }
+                    let lease = lease_record(store, &resource).expect("the lease record");
+                    assert_eq!(lease["state"], "released", "{lease}");
+                    assert_eq!(
+                        lease["token"].as_u64().unwrap(),
+                        1 + waiters as u64,
+                        "each waiter was granted once: {lease}"
+                    );
+                });
             }
-            let waiting: Vec<_> = (0..waiters)
-                .map(|_| {
-                    let fence = through().args([
-                        "run", &resource, "--ttl", "3s", "--wait", "10m", "--", "true",
-                    ]);
-                    thread::spawn(move || fence.run())
-                })
-                .collect();
-            let out = holder.join().unwrap();
-            assert_eq!(
-                out.code, 0,
-                "trial {trial}, {waiters} waiters: the holder: {out:?}"
-            );
-            for (n, waiter) in waiting.into_iter().enumerate() {
-                let out = waiter.join().unwrap();
-                assert_eq!(
-                    out.code, 0,
-                    "trial {trial}, waiter {n} of {waiters}: {out:?}"
-                );
-            }
-            let lease = lease_record(&store, &resource).expect("the lease record");
-            assert_eq!(lease["state"], "released", "{lease}");
-            assert_eq!(
-                lease["token"].as_u64().unwrap(),
-                1 + waiters as u64,
-                "each waiter was granted once: {lease}"
-            );
-        }
+        });
     }
     eprintln!("the proxy refused {} writes", *throttled.lock().unwrap());
 }
