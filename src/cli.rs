@@ -923,6 +923,8 @@ fn event_kind() -> impl clap::builder::TypedValueParser<Value = EventKind> {
 pub enum Refused {
     /// Help or version was asked for, and printed.
     Shown,
+    /// No command was given: the help went to stderr, as a usage error (exit 2).
+    HelpForMissing,
     /// A usage error, for the subcommand `op` (or `fence`), in the format the command line
     /// asked for.
     Error {
@@ -951,26 +953,32 @@ pub fn refused(err: &clap::Error, args: &[OsString]) -> Refused {
         .skip(1)
         .filter_map(|a| a.to_str())
         .find(|a| names.contains(a));
-    let rendered = err.render().to_string();
-    let (mut message, hint) = split_clap_message(&rendered, op);
-    if let Some(exact) = invalid_value_message(err) {
-        message = exact;
-    }
     let wants = |format: &str| {
         args.windows(2)
             .any(|w| w[0] == "--format" && w[1] == format)
             || args.iter().any(|a| *a == *format!("--format={format}"))
     };
+    let format = if wants("json") || wants("ndjson") {
+        Format::Json
+    } else if wants("env") {
+        Format::Env
+    } else {
+        Format::Human
+    };
+    if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // `fence` alone: the help as clap lays it out, on stderr, not flattened into one line
+        // of error. (With any argument, `--format json` say, clap reports a missing command.)
+        let _ = err.print();
+        return Refused::HelpForMissing;
+    }
+    let (mut message, hint) = split_clap_message(&err.render().to_string(), op);
+    if let Some(exact) = invalid_value_message(err) {
+        message = exact;
+    }
     Refused::Error {
         op: op.unwrap_or("fence").to_owned(),
         error: Error::usage(message, hint),
-        format: if wants("json") || wants("ndjson") {
-            Format::Json
-        } else if wants("env") {
-            Format::Env
-        } else {
-            Format::Human
-        },
+        format,
     }
 }
 

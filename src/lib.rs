@@ -39,6 +39,7 @@ pub fn main() -> Exit {
         Err(err) => {
             return match cli::refused(&err, &args) {
                 cli::Refused::Shown => Exit::Success,
+                cli::Refused::HelpForMissing => Exit::Usage,
                 cli::Refused::Error { op, error, format } => {
                     output::parse_error(&op, &error, format)
                 }

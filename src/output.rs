@@ -40,6 +40,99 @@ pub trait Report {
     }
 }
 
+/// A table for people: on a terminal, as wide as the terminal at most (cells wrap, JSON keeps
+/// the full values); piped, each row on one line, so that columns stay stable for `grep`,
+/// `cut` and `column` whatever the width of the screen it was run from.
+pub fn table() -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    if let Some((terminal_size::Width(width), _)) = terminal_size::terminal_size() {
+        table
+            .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+            .set_width(width);
+    }
+    table
+}
+
+/// On a terminal, `text` with its sentences wrapped at spaces to the terminal's width (a
+/// word longer than the width is cut); tables, already fitted by [`table`], pass unchanged.
+/// Piped, `text` as it is: one line per sentence for scripts.
+pub fn fit(text: &str) -> String {
+    let Some((terminal_size::Width(width), _)) = terminal_size::terminal_size() else {
+        return text.to_owned();
+    };
+    wrap(text, usize::from(width.max(20)))
+}
+
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split('\n') {
+        let is_table = line.chars().any(|c| ('\u{2500}'..='\u{257f}').contains(&c));
+        if is_table || line.chars().count() <= width {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let indent: String = line.chars().take_while(|c| *c == ' ').collect();
+        let mut current = String::new();
+        for word in line.split(' ').filter(|w| !w.is_empty()) {
+            let mut word = word.to_owned();
+            loop {
+                let taken = current.chars().count();
+                let start = if taken == 0 {
+                    indent.chars().count()
+                } else {
+                    taken + 1
+                };
+                if start + word.chars().count() <= width {
+                    if taken == 0 {
+                        current.push_str(&indent);
+                    } else {
+                        current.push(' ');
+                    }
+                    current.push_str(&word);
+                    break;
+                }
+                if taken > 0 {
+                    out.push_str(&current);
+                    out.push('\n');
+                    current.clear();
+                    continue;
+                }
+                // One word wider than the line: cut it.
+                let room = width.saturating_sub(indent.chars().count()).max(1);
+                let head: String = word.chars().take(room).collect();
+                out.push_str(&indent);
+                out.push_str(&head);
+                out.push('\n');
+                word = word.chars().skip(room).collect();
+                if word.is_empty() {
+                    break;
+                }
+            }
+        }
+        out.push_str(&current);
+        out.push('\n');
+    }
+    out.pop();
+    out
+}
+
+/// Keeps these columns of `table` (with its header set) at their content's width when the
+/// table has to fit a terminal: a timestamp or a token split over two lines is hard to read.
+pub fn keep_whole(table: &mut comfy_table::Table, columns: &[usize]) {
+    for &index in columns {
+        if let Some(column) = table.column_mut(index) {
+            column.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
+        }
+    }
+}
+
+/// `n` and the noun in the number it calls for: "1 resource", "2 resources", "0 resources".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// The JSON fields of a report whose wire format is a `Serialize` struct: the struct's
 /// fields, in their declared order (serde_json keeps insertion order).
 pub fn fields(report: &impl serde::Serialize) -> Map<String, Value> {
@@ -146,7 +239,7 @@ impl Output {
                     if report.machine_text() && !std::io::stdout().is_terminal() {
                         print_stdout(text.trim_end())?;
                     } else {
-                        print_stdout(&terminal_safe(text.trim_end(), true))?;
+                        print_stdout(&fit(&terminal_safe(text.trim_end(), true)))?;
                     }
                 }
             }
@@ -334,4 +427,22 @@ pub fn parse_error(op: &str, err: &Error, format: Format) -> Exit {
         color: use_color(ColorChoice::Auto),
     };
     out.error(op, None, err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentences_wrap_at_spaces_and_tables_pass() {
+        let text = "last events of `a-long-name`, most recent first:\n┌──┐ a table line longer than ten\nshort";
+        assert_eq!(
+            wrap(text, 20),
+            "last events of\n`a-long-name`, most\nrecent first:\n┌──┐ a table line longer than ten\nshort"
+        );
+        assert_eq!(wrap("  abcdefghij klm", 6), "  abcd\n  efgh\n  ij\n  klm");
+        assert!(wrap(&"x".repeat(50), 20)
+            .lines()
+            .all(|l| l.chars().count() <= 20));
+    }
 }

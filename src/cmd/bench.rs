@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use comfy_table::{presets, Table};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -477,8 +476,7 @@ impl Report for Benched {
     }
 
     fn human(&self) -> String {
-        let mut table = Table::new();
-        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        let mut table = output::table();
         table.set_header(["MEASURE", "VALUE"]);
         for (name, value) in output::fields(&self.figures()) {
             let shown = match value {

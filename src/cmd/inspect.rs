@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::io::Write;
 
-use comfy_table::{presets, Table};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -607,9 +606,9 @@ impl Report for Inspected {
             };
         }
         let dash = || "-".to_owned();
-        let mut table = Table::new();
-        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        let mut table = output::table();
         table.set_header(COLUMNS);
+        output::keep_whole(&mut table, &[1, 3]);
         for v in &self.views {
             table.add_row(row_cells(v));
         }
@@ -621,8 +620,7 @@ impl Report for Inspected {
             }
         }
         if let Some((target, TargetView::Object(o))) = &self.targets {
-            let mut t = Table::new();
-            t.load_preset(presets::UTF8_FULL_CONDENSED);
+            let mut t = output::table();
             t.set_header([
                 "OBJECT",
                 "VERSION",
@@ -642,8 +640,7 @@ impl Report for Inspected {
             text.push_str(&format!("\nfenced object:\n{t}\n"));
         }
         if let Some((target, TargetView::Guards(guards))) = &self.targets {
-            let mut t = Table::new();
-            t.load_preset(presets::UTF8_FULL_CONDENSED);
+            let mut t = output::table();
             t.set_header([
                 "RESOURCE",
                 "HIGHEST ACCEPTED TOKEN",
@@ -681,9 +678,9 @@ impl Report for Inspected {
             }
         }
         for v in self.views.iter().filter(|v| !v.events.is_empty()) {
-            let mut events = Table::new();
-            events.load_preset(presets::UTF8_FULL_CONDENSED);
+            let mut events = output::table();
             events.set_header(["AT", "EVENT", "OWNER", "TOKEN", "DETAIL"]);
+            output::keep_whole(&mut events, &[0, 1, 3]);
             for e in &v.events {
                 events.add_row([
                     time::rfc3339(e.at_ms),

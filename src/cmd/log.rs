@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use comfy_table::{presets, Table};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -876,11 +875,11 @@ impl Report for Timeline {
         if self.entries.is_empty() {
             text.push_str(&format!("no events in store `{}` match\n", self.store));
         } else {
-            let mut table = Table::new();
-            table.load_preset(presets::UTF8_FULL_CONDENSED);
+            let mut table = output::table();
             table.set_header([
                 "AT", "RESOURCE", "WHERE", "EVENT", "OWNER", "TOKEN", "LEASE", "DETAIL",
             ]);
+            output::keep_whole(&mut table, &[0, 2, 3, 5]);
             let dash = || "-".to_owned();
             for e in &self.entries {
                 let ev = &e.logged.event;

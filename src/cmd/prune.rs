@@ -79,12 +79,12 @@ impl Report for PruneReport {
             n => format!(", keeping the last {n} of each"),
         };
         format!(
-            "deleted {} events older than {} (before {}) of {} resources{kept}, and {} rows of dead waiters, in store `{}`; token counters untouched\n",
-            self.pruned.events,
+            "deleted {} older than {} (before {}) of {}{kept}, and {} of dead waiters, in store `{}`; token counters untouched\n",
+            output::count(self.pruned.events, "event", "events"),
             time::duration(self.older_than),
             time::rfc3339(before),
-            self.pruned.resources,
-            self.pruned.waiters,
+            output::count(self.pruned.resources, "resource", "resources"),
+            output::count(self.pruned.waiters, "row", "rows"),
             self.store
         )
     }

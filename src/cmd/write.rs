@@ -2,7 +2,6 @@
 
 use std::io::Read;
 
-use comfy_table::{presets, Table};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -496,8 +495,7 @@ impl Report for Written {
                     if s.columns.is_empty() {
                         continue;
                     }
-                    let mut table = Table::new();
-                    table.load_preset(presets::UTF8_FULL_CONDENSED);
+                    let mut table = output::table();
                     table.set_header(s.columns.clone());
                     for row in &s.rows {
                         table.add_row(

@@ -78,19 +78,30 @@ fn parse_service(text: &str, name: &str) -> Option<Service> {
     found
 }
 
+/// A warning about the password file, once per process: one command may look a password up
+/// for several connections (the store, a target, a reconnect).
+fn warn_once(warning: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if !said.iter().any(|s| s == warning) {
+        said.push(warning.to_owned());
+        crate::terminal::warn(warning);
+    }
+}
+
 /// The password for (host, port, database, user) from the password file, if any matches.
 pub fn password(host: &str, port: u16, database: &str, user: &str) -> Option<String> {
     let path = env_path("PGPASSFILE").or_else(|| home_file(".pgpass"))?;
     let meta = std::fs::metadata(&path).ok()?;
     if !meta.is_file() {
-        crate::terminal::warn(&format!(
+        warn_once(&format!(
             "warning: password file `{}` is not a plain file; it is ignored",
             path.display()
         ));
         return None;
     }
     if meta.mode() & 0o077 != 0 {
-        crate::terminal::warn(&format!(
+        warn_once(&format!(
             "warning: password file `{}` has group or world access; permissions should be u=rw (0600) or less, so it is ignored (as libpq does)",
             path.display()
         ));

@@ -19,7 +19,6 @@ mod schema;
 
 use std::path::Path;
 
-use comfy_table::{presets, Table};
 use serde::Serialize;
 
 use crate::cli::{DoctorArgs, Format};
@@ -188,8 +187,7 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
         };
         out.json_answer(!failed, "doctor", ctx.store_display(), &answer);
     } else if !out.quiet || failed {
-        let mut table = Table::new();
-        table.load_preset(presets::UTF8_FULL_CONDENSED);
+        let mut table = crate::output::table();
         table.set_header(["", "WHERE", "CHECK", "FINDING", "FIX"]);
         for f in all {
             table.add_row([
@@ -200,7 +198,7 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
                 f.fix.as_str(),
             ]);
         }
-        crate::output::print_line(&crate::terminal::terminal_safe(
+        crate::output::print_line(&crate::output::fit(&crate::terminal::terminal_safe(
             &format!(
                 "{table}\n{} ok, {} warn, {} fail",
                 count(Severity::Ok),
@@ -208,7 +206,7 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
                 count(Severity::Fail)
             ),
             true,
-        ));
+        )));
     }
     if failed {
         Exit::Usage

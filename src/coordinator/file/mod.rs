@@ -138,8 +138,31 @@ impl FileCoordinator {
     /// not exist is refused, unless it is the embedded default: `file:///var/lib/fnece/x`,
     /// mistyped, would otherwise be created silently, with all its parents, and guard a
     /// private set of leases no other process sees.
+    ///
+    /// A store created here, other than the default, is announced on stderr, naming its path:
+    /// a typo in `--store` then shows in the first cron mail instead of a lease nobody else
+    /// sees. `fence init` ([`Self::create`]) creates a store on purpose, parents included.
     fn ensure(&self) -> Result<(), Error> {
         check_parent(&self.dir)?;
+        let new = !self.dir.exists();
+        self.create_directories()?;
+        let default = crate::config::default_store_dir().ok();
+        if new && default.as_deref() != Some(self.dir.as_path()) {
+            crate::terminal::warn(&format!(
+                "note: created the store directory `{}`: a new, empty store (leases in any other store do not count here); if you meant another, check --store (FENCE_STORE)",
+                self.dir.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Creates the store's directories, and any missing parent of the store's own (`fence
+    /// init`: asked for, so neither refused nor announced).
+    fn create(&self) -> Result<(), Error> {
+        self.create_directories()
+    }
+
+    fn create_directories(&self) -> Result<(), Error> {
         for sub in ["leases", "locks", "events", "tokens"] {
             let path = self.dir.join(sub);
             fs::create_dir_all(&path)

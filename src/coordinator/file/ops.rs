@@ -199,7 +199,7 @@ impl Leases for FileCoordinator {
     async fn init(&self) -> Result<InitReport, Error> {
         let meta = self.dir.join("fence-store.json");
         let existed = meta.exists();
-        self.ensure()?;
+        self.create()?;
         if !existed {
             let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
             std::fs::write(&meta, body).map_err(|err| self.io_error("write", &meta, &err))?;

@@ -3,5 +3,6 @@
 mod edges;
 mod error_causes;
 mod generated;
+mod help;
 mod warnings;
 mod wire;

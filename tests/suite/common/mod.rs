@@ -60,7 +60,12 @@ impl Store {
             _ => None,
         };
         let (url, schema) = match backend {
-            Backend::File => (format!("file://{}/store", home.path().display()), None),
+            Backend::File => {
+                // The store's directory exists, as it does once a store is in use: fence
+                // announces a store it has to create (a typo in --store would make a new one).
+                std::fs::create_dir(home.path().join("store")).expect("the store directory");
+                (format!("file://{}/store", home.path().display()), None)
+            }
             Backend::Postgres => (env_or_panic("FENCE_TEST_PG_URL"), Some(unique)),
             Backend::PostgresAsync => (env_or_panic("FENCE_TEST_PG_ASYNC_URL"), Some(unique)),
             Backend::S3 | Backend::LocalStack | Backend::Gcs => {

@@ -4,3 +4,4 @@ mod inspect_pages;
 mod log;
 mod metrics;
 mod prune;
+mod screen;

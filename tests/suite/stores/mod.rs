@@ -3,5 +3,6 @@
 mod churn;
 mod contract;
 mod file_store;
+mod new_store;
 mod pgpass;
 mod restart;
