@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::objects::{read_local, Server, Service, Stored};
 use common::proxy::{Mode, Proxy};
-use common::{Backend, Out, Store};
+use common::{wait_for, Backend, Out, Store};
 
 /// One coordinator and a place for objects of the same kind.
 struct Bed {
@@ -112,14 +112,6 @@ impl Bed {
     }
 }
 
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn error_of(out: &Out) -> (String, serde_json::Value) {
     let json = out.json();
     (json["error"].as_str().unwrap_or_default().to_owned(), json)
@@ -157,7 +149,13 @@ echo $? > rc.tmp && mv rc.tmp rc
         .trim()
         .parse()
         .unwrap();
-    thread::sleep(Duration::from_millis(1_300) + bed.store.expiry_slack());
+    // A stays stopped; its 1 s lease expires by the store's clock (the TTL and the store's
+    // slack, with a wide margin for the bound).
+    wait_for(
+        "A's lease to expire",
+        Duration::from_secs(1 + 30) + bed.store.expiry_slack(),
+        || bed.store.lease("res").is_some_and(|(_, _, live)| !live),
+    );
     let b_token = bed.acquire("B", "30s");
     assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
     bed.write("report", b_token, b"written by B", &[]).expect(0);
