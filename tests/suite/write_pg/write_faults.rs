@@ -420,6 +420,7 @@ fn write_through_a_slow_network_still_succeeds_with_a_current_token() {
     )
     .run()
     .expect(0);
+    // The premise, a lower bound (load only lengthens it): the delays were injected.
     assert!(
         started.elapsed() >= Duration::from_millis(4 * 300),
         "the proxy did not slow the write down ({:?})",
@@ -483,6 +484,7 @@ fn proxy_passes_delays_in_order_holds_and_cuts() {
     let mut c = connect(&slow);
     let sent_one = Instant::now();
     c.write_all(b"one").unwrap();
+    // The scenario: two sends apart in time, so that each is held from its own send.
     thread::sleep(Duration::from_millis(100));
     let sent_two = Instant::now();
     c.write_all(b"two").unwrap();
