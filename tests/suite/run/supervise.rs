@@ -130,13 +130,23 @@ fn renewal_keeps_a_short_lease_alive_through_a_long_command(store: &Store) {
     )
     .spawn()
     .unwrap();
+    // (Through `inspect`, which also answers before the runner created a store's schema.)
     wait_for(
         "the runner to hold the lease",
         Duration::from_secs(30),
         || {
-            store
-                .lease("job")
-                .is_some_and(|(owner, _, live)| owner.starts_with("runner/") && live)
+            let out = store
+                .fence()
+                .args(["inspect", "job", "--format", "json"])
+                .run();
+            if out.code != 0 {
+                return false;
+            }
+            let lease = &out.json()["resources"][0];
+            lease["state"] == "held"
+                && lease["owner"]
+                    .as_str()
+                    .is_some_and(|owner| owner.starts_with("runner/"))
         },
     );
     // The scenario: wall-clock time well past the 2 s TTL (twice it, and more) must pass
