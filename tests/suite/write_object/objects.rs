@@ -509,10 +509,10 @@ per_object_store!(
 // A newer writer wins the race between fence's read and its conditional put.
 // ---------------------------------------------------------------------------------------------
 
-/// A's requests go through a proxy that holds each of them 1.5 s. Once A's read has reached
-/// the server, B writes with a newer token; A's put, still on its way, carries the version A
-/// read: the store refuses it, fence reads once more and reports the newer token (4). B's
-/// bytes stay.
+/// A's requests go through a proxy that holds A's put at a gate, after A's read has reached
+/// the server; B then writes with a newer token, and the gate opens: A's put carries the
+/// version A read, the store refuses it, fence reads once more and reports the newer token
+/// (4). B's bytes stay. (A gate, not a delay: no timing for B to outrun on a loaded machine.)
 fn lost_race_to_a_newer_writer_is_stale(service: Service) {
     let backend = match service {
         Service::S3 => Backend::S3,
@@ -539,8 +539,12 @@ fn lost_race_to_a_newer_writer_is_stale(service: Service) {
         .trim_start_matches("http://")
         .parse()
         .unwrap();
-    let slow = Proxy::start(upstream, Mode::Delay(Duration::from_millis(1_500)));
-    let endpoint = format!("http://{}", slow.addr());
+    let put = match service {
+        Service::S3 => &b"PUT "[..],
+        Service::Gcs => &b"POST "[..],
+    };
+    let gate = Proxy::start(upstream, Mode::HoldWhenClientSends(put.to_vec()));
+    let endpoint = format!("http://{}", gate.addr());
     let env_name = match service {
         Service::S3 => "AWS_ENDPOINT_URL",
         Service::Gcs => "FENCE_GCS_ENDPOINT",
@@ -570,20 +574,19 @@ fn lost_race_to_a_newer_writer_is_stale(service: Service) {
         Service::S3 => &b"HEAD "[..],
         Service::Gcs => &b"GET "[..],
     };
-    wait_for(
-        "A's read to reach the server",
-        Duration::from_secs(20),
-        || slow.client_sent_at(read).is_some(),
+    wait_for("A's put at the gate", Duration::from_secs(30), || {
+        gate.held() == 1
+    });
+    assert!(
+        gate.client_sent_at(read).is_some(),
+        "the premise: A's read reached the server before its put"
     );
     let b_token = bed.acquire("B", "30s");
     bed.write("raced", b_token, b"from B", &[]).expect(0);
     let b_done = Instant::now();
+    gate.open();
     let out = a.join().unwrap();
-    let put = match service {
-        Service::S3 => &b"PUT "[..],
-        Service::Gcs => &b"POST "[..],
-    };
-    let a_put = slow.client_sent_at(put).expect("A sent its put");
+    let a_put = gate.client_sent_at(put).expect("A sent its put");
     assert!(
         a_put > b_done,
         "the premise: A's put reached the server after B's write"

@@ -224,7 +224,8 @@ fn write_delayed_in_flight_until_a_newer_owner_wrote_is_stale() {
     );
 
     // Meanwhile A's lease expires by the coordinator's clock, B takes over and writes.
-    wait_for("A's lease to expire", Duration::from_secs(5), || {
+    // (The 300 ms TTL with a wide margin: a bound for a hang.)
+    wait_for("A's lease to expire", Duration::from_secs(30), || {
         store.lease(RESOURCE).is_some_and(|(_, _, live)| !live)
     });
     let t2 = acquire(&store, "B", "30s");
