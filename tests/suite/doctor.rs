@@ -57,22 +57,16 @@ fn an_asynchronous_standby_is_named() {
     let primary = Cluster::start();
     let _standby = primary.standby("standby_b");
     // Wait until the primary sees the standby streaming.
-    let start = std::time::Instant::now();
-    loop {
+    let mut json = Value::Null;
+    let warned = common::process::becomes(std::time::Duration::from_secs(60), || {
         let home = tempfile::tempdir().unwrap();
-        let (_, json) = doctor(Fence::bare(home.path()).args(["--store", &primary.url()]));
-        let replication = finding(&json, "postgres.replication");
-        if replication[0].0 == "warn" {
-            assert!(replication[0].1.contains("standby_b"), "{json}");
-            assert!(replication[0].1.contains("asynchronously"), "{json}");
-            break;
-        }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(60),
-            "the standby never showed: {json}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        json = doctor(Fence::bare(home.path()).args(["--store", &primary.url()])).1;
+        finding(&json, "postgres.replication")[0].0 == "warn"
+    });
+    assert!(warned, "the standby never showed: {json}");
+    let replication = finding(&json, "postgres.replication");
+    assert!(replication[0].1.contains("standby_b"), "{json}");
+    assert!(replication[0].1.contains("asynchronously"), "{json}");
 }
 
 #[test]

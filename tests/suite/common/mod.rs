@@ -675,6 +675,7 @@ macro_rules! per_service {
 pub mod checker;
 pub mod cluster;
 pub mod fenced;
+pub mod follow;
 pub mod hung_fuse;
 pub mod objects;
 pub mod process;

@@ -50,6 +50,19 @@ pub fn parent_of(pid: u32) -> u32 {
     rest.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// Whether `signal` is pending for process `pid`: sent, and not yet taken by a handler (nor
+/// by the default action) in any of its threads, from /proc.
+pub fn signal_pending(pid: u32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let bit = 1u64 << (signal - 1);
+    status.lines().any(|line| {
+        line.strip_prefix("ShdPnd:")
+            .or_else(|| line.strip_prefix("SigPnd:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & bit != 0)
+    })
+}
+
 /// Whether `check` holds at some point within `limit` (polled every 20 ms).
 pub fn becomes(limit: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();

@@ -46,18 +46,12 @@ fn pages_and_states(store: &Store) {
                 .expect(0);
         }
     }
-    let start = std::time::Instant::now();
-    while inspect(store, &["--state", "expired"])["resources"]
-        .as_array()
-        .unwrap()
-        .is_empty()
-    {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(20),
-            "r15 never expired"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    common::wait_for("r15 to expire", std::time::Duration::from_secs(20), || {
+        !inspect(store, &["--state", "expired"])["resources"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    });
     let held = names(&inspect(store, &["--state", "held"]));
     assert_eq!(
         held,

@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::follow::Follower;
 use common::{env_or_panic, pg_exec, wait_for, Store};
 use serde_json::Value;
 
@@ -520,66 +521,21 @@ fn postgres_integrity_token_regressed() {
     });
 }
 
-/// A `fence log --follow --format ndjson` child and its lines, each with when it arrived.
-struct Follower {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<(std::time::Instant, Value)>,
+/// `fence log --follow --format ndjson --resource job`, from `cmd` (a fence command).
+fn follow(mut cmd: std::process::Command) -> Follower {
+    cmd.args(["log", "--follow", "--format", "ndjson", "--resource", "job"]);
+    Follower::start(cmd)
 }
 
-impl Follower {
-    fn start(mut cmd: std::process::Command) -> Follower {
-        let mut child = cmd
-            .args(["log", "--follow", "--format", "ndjson", "--resource", "job"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stdout).lines() {
-                let line = line.unwrap();
-                let value: Value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                if send.send((std::time::Instant::now(), value)).is_err() {
-                    return;
-                }
-            }
-        });
-        Follower { child, lines }
-    }
-
-    /// The next line of `kind`, and when it arrived (other lines are skipped).
-    fn next(&self, kind: &str, within: Duration) -> (std::time::Instant, Value) {
-        let deadline = std::time::Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok((at, line)) if line["kind"] == kind => return (at, line),
-                Ok(_) => {}
-                Err(_) => panic!("no `{kind}` event within {within:?}"),
-            }
-        }
-    }
-
-    /// SIGINT ends it at once, with status 0.
-    fn interrupt(self) {
-        common::process::kill(self.child.id(), libc::SIGINT);
-        let out = common::wait_output("fence log --follow", self.child, Duration::from_secs(10));
-        assert_eq!(out.status.code(), Some(0), "{out:?}");
-    }
-}
-
-/// Runs `fence` (from `cmd`) and returns when it has ended.
-fn ended(mut cmd: std::process::Command) -> std::time::Instant {
+/// Runs `fence` (from `cmd`) to its end.
+fn ended(mut cmd: std::process::Command) {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{out:?}");
-    std::time::Instant::now()
 }
 
-/// `--follow` prints what another process does within a second of it, in order, and ends
-/// cleanly on SIGINT.
+/// `--follow` prints what another process does as it happens (while it runs, each change
+/// before the next is made), in order, and ends cleanly on SIGINT. How soon is its poll's
+/// matter and the machine's, not asserted: the bounds are for a hang.
 #[test]
 fn file_store_follow_prints_events_as_they_happen() {
     let store = Store::file();
@@ -588,33 +544,27 @@ fn file_store_follow_prints_events_as_they_happen() {
         .args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"])
         .run()
         .expect(0);
-    let follower = Follower::start(store.fence().cmd);
-    let (_, first) = follower.next("acquired", Duration::from_secs(10));
+    let follower = follow(store.fence().cmd);
+    let first = follower.next("acquired", Duration::from_secs(10));
     assert_eq!(first["owner"], "A");
-    let done = ended(
+    ended(
         store
             .fence()
             .args(["release", "job", "--owner", "A", "--token", "1"])
             .cmd,
     );
-    let (at, released) = follower.next("released", Duration::from_secs(10));
-    assert!(
-        at.duration_since(done) < Duration::from_secs(1),
-        "{:?}",
-        at.duration_since(done)
-    );
+    let released = follower.next("released", Duration::from_secs(10));
     assert_eq!(
         (released["owner"].as_str(), released["token"].as_i64()),
         (Some("A"), Some(1))
     );
-    let done = ended(
+    ended(
         store
             .fence()
             .args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"])
             .cmd,
     );
-    let (at, acquired) = follower.next("acquired", Duration::from_secs(10));
-    assert!(at.duration_since(done) < Duration::from_secs(1));
+    let acquired = follower.next("acquired", Duration::from_secs(10));
     assert_eq!(acquired["token"], 2);
     follower.interrupt();
 }
@@ -629,8 +579,8 @@ fn follow_shows_an_expiry_once_when_a_takeover_follows() {
         .args(["acquire", "job", "--owner", "A", "--ttl", "1s", "-q"])
         .run()
         .expect(0);
-    let follower = Follower::start(store.fence().cmd);
-    let (_, expired) = follower.next("expired", Duration::from_secs(20));
+    let follower = follow(store.fence().cmd);
+    let expired = follower.next("expired", Duration::from_secs(20));
     assert_eq!(
         (expired["owner"].as_str(), expired["token"].as_i64()),
         (Some("A"), Some(1))
@@ -640,19 +590,10 @@ fn follow_shows_an_expiry_once_when_a_takeover_follows() {
         .args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"])
         .run()
         .expect(0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut between = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let (_, line) = follower
-            .lines
-            .recv_timeout(left)
-            .expect("no taken_over event within 10s");
-        if line["kind"] == "taken_over" {
-            break;
-        }
-        between.push(line);
-    }
+    let mut between = follower.until("a taken_over event", Duration::from_secs(10), |line| {
+        line["kind"] == "taken_over"
+    });
+    between.pop();
     assert!(
         between.iter().all(|l| l["kind"] != "expired"),
         "the expiry was shown again: {between:?}"
@@ -674,43 +615,31 @@ fn postgres_follow_survives_a_restart() {
     let mut acquire = fence();
     acquire.args(["acquire", "job", "--owner", "A", "--ttl", "1m", "-q"]);
     ended(acquire);
-    let follower = Follower::start(fence());
+    let follower = follow(fence());
     follower.next("acquired", Duration::from_secs(10));
     let mut release = fence();
     release.args(["release", "job", "--owner", "A", "--token", "1"]);
-    let done = ended(release);
-    let (at, _) = follower.next("released", Duration::from_secs(10));
-    assert!(
-        at.duration_since(done) < Duration::from_secs(1),
-        "{:?}",
-        at.duration_since(done)
-    );
+    ended(release);
+    follower.next("released", Duration::from_secs(10));
 
     cluster.pg_ctl("restart");
     let mut acquire = fence();
     acquire.args(["acquire", "job", "--owner", "B", "--ttl", "1m", "-q"]);
-    let done = ended(acquire);
-    let (at, acquired) = follower.next("acquired", Duration::from_secs(10));
+    ended(acquire);
+    // Printed once the server answers again: the restart did not end the follow.
+    let acquired = follower.next("acquired", Duration::from_secs(30));
     assert_eq!(
         (acquired["owner"].as_str(), acquired["token"].as_i64()),
         (Some("B"), Some(2))
-    );
-    assert!(
-        at.duration_since(done) < Duration::from_secs(5),
-        "{:?}",
-        at.duration_since(done)
     );
     // Nothing is printed twice.
     let mut release = fence();
     release.args(["release", "job", "--owner", "B", "--token", "2"]);
     ended(release);
-    let (_, released) = follower.next("released", Duration::from_secs(10));
+    let released = follower.next("released", Duration::from_secs(10));
     assert_eq!(released["owner"], "B");
     assert!(
-        follower
-            .lines
-            .try_iter()
-            .all(|(_, l)| l["kind"] != "acquired"),
+        follower.lines.try_iter().all(|l| l["kind"] != "acquired"),
         "an event was printed twice"
     );
     follower.interrupt();

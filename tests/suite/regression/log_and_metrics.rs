@@ -7,8 +7,9 @@ use crate::common;
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::follow::Follower;
 use common::{env_or_panic, Store};
 use serde_json::Value;
 
@@ -257,20 +258,8 @@ fn backtracking_glob_answers_quickly() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
         assert_eq!(
-            status.and_then(|s| s.code()),
+            common::wait_exit(&mut child, Duration::from_secs(10)),
             Some(0),
             "fence {cmd:?} did not answer within 10 s"
         );
@@ -362,32 +351,23 @@ fn log_on_a_missing_postgres_schema_fails_closed() {
 fn sigterm_ends_follow_promptly() {
     let store = Store::file();
     acquire(&store, "r", "o");
-    let child = store
-        .fence()
-        .args(["log", "--follow", "--format", "ndjson"])
-        .cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let start = Instant::now();
-    let out = child.wait_with_output().unwrap();
-    assert!(start.elapsed() < Duration::from_secs(5));
+    let follower = Follower::start(
+        store
+            .fence()
+            .args(["log", "--follow", "--format", "ndjson"])
+            .cmd,
+    );
+    // Following: it printed the event so far (its signal handlers come before that).
+    let first = follower.next("acquired", Duration::from_secs(30));
+    // "Promptly": SIGTERM ends it (exit 0, not killed by the signal and not ignored); the
+    // bound is for a hang, how soon is not asserted.
+    let (out, rest) = follower.stop(libc::SIGTERM, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 1, "{text}");
-    assert_eq!(lines[0]["kind"], "acquired");
+    assert_eq!(
+        (first["token"].as_i64(), rest.len()),
+        (Some(1), 0),
+        "{rest:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -410,6 +390,8 @@ fn counters_survive_prune() {
         sample(&before, "fence_lease_acquisitions_total", "pruned"),
         Some(3.0)
     );
+    // The scenario: the events must be older than `--older-than 1s` by the clock, so the
+    // time must pass.
     std::thread::sleep(Duration::from_millis(1500));
     store
         .fence()
@@ -791,18 +773,17 @@ fn planted_temporary_symlink_is_not_followed() {
 
 fn follow_shows_each_event_once(store: &Store) {
     acquire(store, "r", "o");
-    let child = store
-        .fence()
-        .args([
-            "log", "--follow", "--format", "ndjson", "--kind", "acquired",
-        ])
-        .args(["--kind", "released"])
-        .cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
+    let follower = Follower::start(
+        store
+            .fence()
+            .args([
+                "log", "--follow", "--format", "ndjson", "--kind", "acquired",
+            ])
+            .args(["--kind", "released"])
+            .cmd,
+    );
+    // Following: it printed the event so far.
+    let mut seen = vec![follower.next("acquired", Duration::from_secs(30))];
     let mut tokens = vec![1];
     let first = store
         .fence()
@@ -814,18 +795,24 @@ fn follow_shows_each_event_once(store: &Store) {
         tokens.push(t);
         release(store, "r", "o", t);
     }
-    std::thread::sleep(Duration::from_millis(3000));
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let out = child.wait_with_output().unwrap();
+    // The scenario: each poll reads again the last 2 s (FOLLOW_LAG_MS in src/cmd/log.rs), and
+    // a second shown twice would come from there, so the events must age past that window
+    // while follow polls; then an event of another resource, once shown, proves a poll came
+    // after it.
+    std::thread::sleep(Duration::from_millis(2500));
+    acquire(store, "marker", "o");
+    seen.extend(
+        follower.until("the marker", Duration::from_secs(30), |line| {
+            line["resource"] == "marker"
+        }),
+    );
+    let (out, rest) = follower.stop(libc::SIGTERM, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
-    let seen: Vec<(String, i64)> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    seen.extend(rest);
+    let text = format!("{seen:?}");
+    let seen: Vec<(String, i64)> = seen
+        .iter()
+        .filter(|v| v["resource"] != "marker")
         .map(|v| {
             (
                 v["kind"].as_str().unwrap().to_owned(),
@@ -863,13 +850,20 @@ fn sigterm_run_metrics_file_is_not_ok() {
         .fence()
         .args(["run", "job", "--metrics-file"])
         .arg(&path)
-        .args(["--", "sleep", "30"])
+        .args(["--", "sh", "-c"])
+        .arg(format!(
+            "touch '{}'; exec sleep 30",
+            dir.path().join("started").display()
+        ))
         .cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Mid-command: the command runs (it would for 30 s).
+    common::wait_for("the command to start", Duration::from_secs(30), || {
+        dir.path().join("started").exists()
+    });
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

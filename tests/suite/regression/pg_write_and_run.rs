@@ -459,8 +459,17 @@ fn a_stop_signal_while_waiting_makes_eval_fail() {
         });
         found.unwrap()
     };
-    // Let it reach the wait (it has printed nothing either way).
-    std::thread::sleep(Duration::from_millis(300));
+    // Let it reach the wait (it has printed nothing either way): it shows as a waiter.
+    wait_for("fence to show as a waiter", Duration::from_secs(20), || {
+        store
+            .fence()
+            .args(["inspect", "job", "--format", "json"])
+            .run()
+            .expect(0)
+            .json()["resources"][0]["waiters"]
+            .as_array()
+            .is_some_and(|waiters| !waiters.is_empty())
+    });
     kill(fence_pid, libc::SIGTERM);
     let (code, _, stderr) = finish(sh, Duration::from_secs(30));
     assert_ne!(code, 0, "{stderr}");
@@ -613,8 +622,10 @@ fn a_stop_signal_before_anything_is_sent_sends_nothing() {
         },
     );
     kill(child.id(), libc::SIGTERM);
-    // Let the signal land before the lock is released.
-    std::thread::sleep(Duration::from_millis(200));
+    // Let the signal land before the lock is released: fence's handler has taken it.
+    wait_for("fence to take the SIGTERM", Duration::from_secs(20), || {
+        !common::process::signal_pending(child.id(), libc::SIGTERM)
+    });
     holder.release();
     let (code, _, stderr) = finish(child, Duration::from_secs(30));
     assert_eq!(
@@ -752,12 +763,13 @@ fn a_killed_writer_during_a_slow_commit_never_commits() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = fence.cmd.spawn().unwrap();
+    // Inside the commit's work: the deferred trigger's pg_sleep (wait event type `Timeout`,
+    // the only sleep of this write).
     wait_for("the COMMIT to run", Duration::from_secs(20), || {
         backends(&store, &name)
             .iter()
-            .any(|(state, _, _)| state == "active")
+            .any(|(state, wait, _)| state == "active" && wait == "Timeout")
     });
-    std::thread::sleep(Duration::from_millis(300));
     child.kill().unwrap();
     child.wait().unwrap();
     wait_for("the backend to end", Duration::from_secs(30), || {
@@ -1306,14 +1318,7 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
     release_as_operator(&store, "r");
     // fence run notices at its next renewal (ttl/3), signals the write (still waiting for the
     // schema lock, nothing sent) and ends; only then may the schema's creator go on.
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = run.try_wait().unwrap() {
-            break status;
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "fence run hangs");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let code = common::wait_exit(&mut run, Duration::from_secs(60));
     holder.release();
     // The orphaned session (its client gone) finishes the schema and ends; the write itself
     // was never sent.
@@ -1322,7 +1327,7 @@ fn lease_loss_under_run_before_the_write_is_sent_sends_nothing() {
         Duration::from_secs(30),
         || backends(&store, &name).is_empty(),
     );
-    assert_eq!(status.code(), Some(5));
+    assert_eq!(code, Some(5), "fence run hangs, or ended otherwise");
     assert_eq!(
         values(&store, &table),
         "",

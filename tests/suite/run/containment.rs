@@ -342,7 +342,8 @@ fn a_paused_fence_cannot_stretch_kill_after_past_the_bound(store: &Store) {
 
 /// Paused fence, `--kill-after 1s`: the last write is before the lease's expiry as the store
 /// recorded it (the slack is printed), hence before the contender's grant; fence, continued,
-/// exits 5 within TTL + kill-after + 5 s of the pause.
+/// exits 5, taken over (how long after the pause is printed: that span holds the test's own
+/// waits for the expiry and the takeover, so it is no property of fence's).
 fn a_paused_fence_leaves_no_write_past_the_stores_expiry(store: &Store) {
     let m = pause_fence_and_take_over(store, "2s", "1s");
     let last = last_write(&m);
@@ -360,11 +361,7 @@ fn a_paused_fence_leaves_no_write_past_the_stores_expiry(store: &Store) {
     assert!(last < m.granted.0, "a write after the contender's grant");
     assert_eq!(m.code, Some(5), "{}", m.json);
     assert_eq!(m.json["reason"], "taken_over", "{}", m.json);
-    assert!(
-        m.exited_after_pause < Duration::from_secs(2 + 1 + 5),
-        "fence exited {:?} after the pause",
-        m.exited_after_pause
-    );
+    eprintln!("fence exited {:?} after the pause", m.exited_after_pause);
 }
 
 /// The process group of a running process, from /proc.

@@ -4,7 +4,6 @@
 
 use crate::common;
 
-use std::thread::sleep;
 use std::time::Duration;
 
 use common::{Backend, Store};
@@ -281,9 +280,20 @@ fn renew_extends_and_keeps_or_changes_the_ttl(store: &Store) {
     assert_eq!(parse::<RenewOk>(&out).ttl_ms, 120_000);
 }
 
+/// Waits until `resource`'s lease, granted for `ttl`, has expired by the store's own clock
+/// (the durable record, as fence judges it). The deadline is the TTL and the store's slack
+/// with a wide margin: a bound for a hang, not a timing.
+fn wait_expired(store: &Store, resource: &str, ttl: Duration) {
+    common::wait_for(
+        &format!("the lease of `{resource}` to expire"),
+        ttl + store.expiry_slack() + Duration::from_secs(30),
+        || store.lease(resource).is_some_and(|(_, _, live)| !live),
+    );
+}
+
 fn renew_after_expiry_is_lease_lost(store: &Store) {
     let held = acquire(store, "job", "alice", "200ms");
-    sleep(Duration::from_millis(400) + store.expiry_slack());
+    wait_expired(store, "job", Duration::from_millis(200));
     let out = lease_cmd(store, "renew", "job", "alice", held.token).expect(5);
     let err: ErrorOut = parse(&out);
     assert_eq!((err.error.as_str(), err.exit_code), ("lease_lost", 5));
@@ -306,7 +316,7 @@ fn renew_after_expiry_is_lease_lost(store: &Store) {
 
 fn late_renew_and_release_are_stale_and_leave_the_newer_lease(store: &Store) {
     let old = acquire(store, "job", "alice", "200ms");
-    sleep(Duration::from_millis(400) + store.expiry_slack());
+    wait_expired(store, "job", Duration::from_millis(200));
     let new = acquire(store, "job", "bob", "30s");
     assert!(new.token > old.token);
     for op in ["renew", "release"] {
@@ -399,7 +409,7 @@ fn inspect_shows_state_owner_token_expiry_and_events(store: &Store) {
     let b = acquire(store, "beta", "bob", "30s");
     lease_cmd(store, "release", "beta", "bob", b.token).expect(0);
     acquire(store, "gamma", "carol", "100ms");
-    sleep(Duration::from_millis(250) + store.expiry_slack());
+    wait_expired(store, "gamma", Duration::from_millis(100));
 
     let out = store
         .fence()
@@ -568,27 +578,27 @@ fn start_waiter(store: &Store, owner: &str) -> (std::process::Child, InspectOut)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        let view: InspectOut = parse(
+    let mut view = None;
+    let shown = common::process::becomes(Duration::from_secs(10), || {
+        let seen: InspectOut = parse(
             &store
                 .fence()
                 .args(["inspect", "job", "--format", "json"])
                 .run()
                 .expect(0),
         );
-        if !view.resources[0].waiters.is_empty() {
-            return (waiter, view);
-        }
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = waiter.kill();
-            panic!(
-                "the waiter never showed up: {:?}",
-                waiter.wait_with_output()
-            );
-        }
-        sleep(Duration::from_millis(20));
+        let waiting = !seen.resources[0].waiters.is_empty();
+        view = Some(seen);
+        waiting
+    });
+    if !shown {
+        let _ = waiter.kill();
+        panic!(
+            "the waiter never showed up: {:?}",
+            waiter.wait_with_output()
+        );
     }
+    (waiter, view.unwrap())
 }
 
 /// Releases `held` (alice's lease on `job`) and checks that `waiter` got the next token.
@@ -630,6 +640,7 @@ fn wait_gives_up_with_busy_after_its_duration(store: &Store) {
         ])
         .run()
         .expect(3);
+    // A lower bound (load only lengthens the wait): the waiter did not give up early.
     assert!(start.elapsed() >= Duration::from_millis(300));
     let err: ErrorOut = parse(&out);
     assert_eq!(err.holder.unwrap().owner, "alice");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::objects::{read_local, Server, Service, Stored};
 use common::proxy::{Mode, Proxy};
-use common::{Backend, Out, Store};
+use common::{wait_for, Backend, Out, Store};
 
 /// One coordinator and a place for objects of the same kind.
 struct Bed {
@@ -112,14 +112,6 @@ impl Bed {
     }
 }
 
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn error_of(out: &Out) -> (String, serde_json::Value) {
     let json = out.json();
     (json["error"].as_str().unwrap_or_default().to_owned(), json)
@@ -157,7 +149,13 @@ echo $? > rc.tmp && mv rc.tmp rc
         .trim()
         .parse()
         .unwrap();
-    thread::sleep(Duration::from_millis(1_300) + bed.store.expiry_slack());
+    // A stays stopped; its 1 s lease expires by the store's clock (the TTL and the store's
+    // slack, with a wide margin for the bound).
+    wait_for(
+        "A's lease to expire",
+        Duration::from_secs(1 + 30) + bed.store.expiry_slack(),
+        || bed.store.lease("res").is_some_and(|(_, _, live)| !live),
+    );
     let b_token = bed.acquire("B", "30s");
     assert!(b_token > a_token, "B's token {b_token} after A's {a_token}");
     bed.write("report", b_token, b"written by B", &[]).expect(0);
@@ -511,10 +509,10 @@ per_object_store!(
 // A newer writer wins the race between fence's read and its conditional put.
 // ---------------------------------------------------------------------------------------------
 
-/// A's requests go through a proxy that holds each of them 1.5 s. Once A's read has reached
-/// the server, B writes with a newer token; A's put, still on its way, carries the version A
-/// read: the store refuses it, fence reads once more and reports the newer token (4). B's
-/// bytes stay.
+/// A's requests go through a proxy that holds A's put at a gate, after A's read has reached
+/// the server; B then writes with a newer token, and the gate opens: A's put carries the
+/// version A read, the store refuses it, fence reads once more and reports the newer token
+/// (4). B's bytes stay. (A gate, not a delay: no timing for B to outrun on a loaded machine.)
 fn lost_race_to_a_newer_writer_is_stale(service: Service) {
     let backend = match service {
         Service::S3 => Backend::S3,
@@ -541,8 +539,12 @@ fn lost_race_to_a_newer_writer_is_stale(service: Service) {
         .trim_start_matches("http://")
         .parse()
         .unwrap();
-    let slow = Proxy::start(upstream, Mode::Delay(Duration::from_millis(1_500)));
-    let endpoint = format!("http://{}", slow.addr());
+    let put = match service {
+        Service::S3 => &b"PUT "[..],
+        Service::Gcs => &b"POST "[..],
+    };
+    let gate = Proxy::start(upstream, Mode::HoldWhenClientSends(put.to_vec()));
+    let endpoint = format!("http://{}", gate.addr());
     let env_name = match service {
         Service::S3 => "AWS_ENDPOINT_URL",
         Service::Gcs => "FENCE_GCS_ENDPOINT",
@@ -572,20 +574,19 @@ fn lost_race_to_a_newer_writer_is_stale(service: Service) {
         Service::S3 => &b"HEAD "[..],
         Service::Gcs => &b"GET "[..],
     };
-    wait_for(
-        "A's read to reach the server",
-        Duration::from_secs(20),
-        || slow.client_sent_at(read).is_some(),
+    wait_for("A's put at the gate", Duration::from_secs(30), || {
+        gate.held() == 1
+    });
+    assert!(
+        gate.client_sent_at(read).is_some(),
+        "the premise: A's read reached the server before its put"
     );
     let b_token = bed.acquire("B", "30s");
     bed.write("raced", b_token, b"from B", &[]).expect(0);
     let b_done = Instant::now();
+    gate.open();
     let out = a.join().unwrap();
-    let put = match service {
-        Service::S3 => &b"PUT "[..],
-        Service::Gcs => &b"POST "[..],
-    };
-    let a_put = slow.client_sent_at(put).expect("A sent its put");
+    let a_put = gate.client_sent_at(put).expect("A sent its put");
     assert!(
         a_put > b_done,
         "the premise: A's put reached the server after B's write"

@@ -83,8 +83,19 @@ fn a_fenced_write_survives_a_crash_on_an_asynchronous_target() {
     };
     let a = acquire(home, &url, "a");
     write_sql(a, "INSERT INTO ledger VALUES ('a1')").expect(0);
-    // A's lease runs out; B takes over with a newer token.
-    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // A's 1 s lease runs out by the coordinator's clock; B takes over with a newer token.
+    common::wait_for(
+        "A's lease to expire",
+        std::time::Duration::from_secs(1 + 30),
+        || {
+            fence(home, &url)
+                .args(["inspect", "r", "--format", "json"])
+                .run()
+                .expect(0)
+                .json()["resources"][0]["state"]
+                == "expired"
+        },
+    );
     let b = acquire(home, &url, "b");
     assert!(b > a);
     for (round, sql) in [

@@ -224,7 +224,8 @@ fn write_delayed_in_flight_until_a_newer_owner_wrote_is_stale() {
     );
 
     // Meanwhile A's lease expires by the coordinator's clock, B takes over and writes.
-    wait_for("A's lease to expire", Duration::from_secs(5), || {
+    // (The 300 ms TTL with a wide margin: a bound for a hang.)
+    wait_for("A's lease to expire", Duration::from_secs(30), || {
         store.lease(RESOURCE).is_some_and(|(_, _, live)| !live)
     });
     let t2 = acquire(&store, "B", "30s");
@@ -420,6 +421,7 @@ fn write_through_a_slow_network_still_succeeds_with_a_current_token() {
     )
     .run()
     .expect(0);
+    // The premise, a lower bound (load only lengthens it): the delays were injected.
     assert!(
         started.elapsed() >= Duration::from_millis(4 * 300),
         "the proxy did not slow the write down ({:?})",
@@ -483,6 +485,7 @@ fn proxy_passes_delays_in_order_holds_and_cuts() {
     let mut c = connect(&slow);
     let sent_one = Instant::now();
     c.write_all(b"one").unwrap();
+    // The scenario: two sends apart in time, so that each is held from its own send.
     thread::sleep(Duration::from_millis(100));
     let sent_two = Instant::now();
     c.write_all(b"two").unwrap();
