@@ -512,10 +512,11 @@ pub struct MetricsArgs {
 /// if their token column is at most TOKEN (NULL counts as 0), writing TOKEN into it. A newer
 /// token is stored: exit 4. No such row: exit 6 (or insert it with --upsert).
 ///
-/// Examples:
-///   fence write report --token 7 --target postgres://app@db/app --sql "UPDATE totals SET n = n + 1"
-///   fence write report --token 7 --target postgres://app@db/app --file migrate.sql
-///   fence write report --token 7 --target postgres://app@db/app \
+/// Examples (the token is the one `fence acquire` granted, from FENCE_TOKEN; never type one):
+///   eval "$(fence acquire report --format env)" || exit $?
+///   fence write report --target postgres://app@db/app --sql "UPDATE totals SET n = n + 1"
+///   fence write report --target postgres://app@db/app --file migrate.sql
+///   fence write report --target postgres://app@db/app \
 ///       --table jobs --key id=42 --set state=done --upsert
 ///
 /// Object form (--from; --target s3://bucket/key, gs://bucket/key or file:///dir/name):
@@ -528,7 +529,8 @@ pub struct MetricsArgs {
 /// fence's read and its put goes unnoticed (see docs/object-stores.md, The S3 ETag ABA
 /// window); GCS and file:// generations never repeat.
 ///
-///   fence write report --token 7 --target s3://bucket/reports/today.csv --from today.csv
+///   eval "$(fence acquire report --format env)" || exit $?
+///   fence write report --target s3://bucket/reports/today.csv --from today.csv
 ///   some-command | fence write report --target gs://bucket/out.json --from -
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]

@@ -117,6 +117,9 @@ pub enum Error {
         resource: String,
         token: i64,
         highest_token: i64,
+        /// The fenced target that refused the write (`fence write`), or none: the store
+        /// refused a renewal or release, so it issued the newer token itself.
+        target: Option<String>,
     },
 
     #[error("{}", lost_message(resource, *token, *reason))]
@@ -344,10 +347,21 @@ impl Error {
             Error::Stale {
                 resource,
                 highest_token,
+                target: None,
                 ..
             } => format!(
                 "`{resource}` was granted again since (token {highest_token}; `fence inspect {}` shows by whom): stop working under this token, and acquire again if the work must go on",
                 shell_word(resource)
+            ),
+            Error::Stale {
+                resource,
+                highest_token,
+                target: Some(target),
+                ..
+            } => format!(
+                "the target has accepted token {highest_token} for `{resource}`: a newer owner has written there, or someone wrote with a token the store never issued. Stop working under this token; `fence inspect {} --target {}` shows which (it warns on a token above any the store issued; recovery: docs/postgres-targets.md, \"A token the store never issued\")",
+                shell_word(resource),
+                shell_word(target)
             ),
             Error::LeaseLost {
                 reason: LostReason::SupervisorLost,
@@ -417,10 +431,14 @@ impl Error {
                 resource,
                 token,
                 highest_token,
+                target,
             } => {
                 map.insert("resource".into(), json!(resource));
                 map.insert("token".into(), json!(token));
                 map.insert("highest_token".into(), json!(highest_token));
+                if let Some(target) = target {
+                    map.insert("target".into(), json!(target));
+                }
             }
             Error::LeaseLost {
                 resource,

@@ -166,6 +166,21 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
         &written,
     )
     .await;
+    // A target's refusal says which target: its hint must not claim a grant the store made.
+    let written = written.map_err(|err| match err {
+        Error::Stale {
+            resource,
+            token,
+            highest_token,
+            target: None,
+        } => Error::Stale {
+            resource,
+            token,
+            highest_token,
+            target: Some(spec.display.clone()),
+        },
+        other => other,
+    });
     let write_id = args.id.clone();
     let outcome = match written? {
         Done::Transaction(outcome) => Outcome::Transaction { write_id, outcome },

@@ -103,6 +103,7 @@ impl Refusal {
                 resource,
                 token,
                 highest_token,
+                target: None,
             },
             Refusal::Lost(reason) => Error::LeaseLost {
                 resource,

@@ -271,6 +271,7 @@ pub async fn write(
         resource: resource.to_owned(),
         token,
         highest_token,
+        target: None,
     };
     let conflict = |kind| Error::Conflict {
         resource: resource.to_owned(),

@@ -369,6 +369,7 @@ impl PgTarget {
                     .detail()
                     .and_then(|d| d.parse().ok())
                     .unwrap_or(token + 1),
+                target: None,
             },
             Some(Fence::NeverIssued) => Error::Conflict {
                 resource: resource.to_owned(),
@@ -524,6 +525,7 @@ impl PgTarget {
                 resource: resource.to_owned(),
                 token,
                 highest_token: stored.unwrap_or_default(),
+                target: None,
             }),
             "missing" => Err(Error::Conflict {
                 resource: resource.to_owned(),

@@ -1,6 +1,7 @@
 //! Fenced writes to PostgreSQL targets: the transaction and row forms, write ids, faults on the wire, `protect` and `grant`, and what the target database is trusted with.
 
 mod fenced_sql;
+mod minted;
 mod pgbouncer;
 mod roles;
 mod target_trust;
