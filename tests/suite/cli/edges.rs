@@ -613,6 +613,7 @@ fn env_format_is_only_for_acquire() {
         vec!["inspect"],
     ] {
         let (store, fence) = file_fence();
+        std::fs::remove_dir(store.dir()).unwrap();
         let mut out = fence.args(&op).args(["--format", "env"]).run();
         // stdout is for `eval`: a comment saying why, then a command that fails with 2.
         let stdout = std::mem::take(&mut out.stdout);

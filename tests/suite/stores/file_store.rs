@@ -212,6 +212,7 @@ fn skipped_log_lines_are_counted() {
 #[test]
 fn inspect_of_a_missing_store_is_a_usage_error_naming_it() {
     let store = Store::file();
+    std::fs::remove_dir(store.dir()).unwrap();
     let out = store.fence().args(["inspect"]).run();
     assert_eq!(out.code, 2, "{out:?}");
     assert!(out.stderr.contains("no store at"), "{out:?}");
