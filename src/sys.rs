@@ -45,18 +45,11 @@ pub fn stdout_was_closed() -> bool {
     STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
-/// for owner ids and temporary file names; not for secrets).
+/// 64 random bits from the kernel (getrandom(2), else /dev/urandom): for owner ids, temporary
+/// file names and jitter. Where neither answers, the standard library cannot key a HashMap
+/// either, and panics as it does.
 pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
+    getrandom::u64().expect("no random bytes from the kernel (getrandom(2), /dev/urandom)")
 }
 
 /// Applies the sharing rule to `file`, just opened or created at `path`. Best effort: a
