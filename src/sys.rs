@@ -262,8 +262,8 @@ pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
     }
 }
 
-/// A process, as its /proc/PID/stat shows it (a parent or group of 0: none, for the kernel's
-/// own).
+/// A process, as its /proc/PID/stat shows it. A parent or group of 0 (the kernel's own
+/// threads), or of -1 (the group of a process that is exiting right now), is none.
 struct Process {
     pid: Pid,
     ppid: Option<Pid>,
@@ -280,18 +280,24 @@ fn processes() -> Vec<Process> {
         .filter_map(|e| Pid::from_raw(e.ok()?.file_name().to_str()?.parse().ok()?))
         .filter_map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())).ok()?;
-            let mut fields = stat.rsplit_once(") ")?.1.split(' ');
-            let zombie = fields.next()? == "Z";
-            let ppid = Pid::from_raw(fields.next()?.parse().ok()?);
-            let group = Pid::from_raw(fields.next()?.parse().ok()?);
-            Some(Process {
-                pid,
-                ppid,
-                group,
-                zombie,
-            })
+            process(pid, &stat)
         })
         .collect()
+}
+
+/// The process `pid` of a /proc/PID/stat line.
+fn process(pid: Pid, stat: &str) -> Option<Process> {
+    let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+    let zombie = fields.next()? == "Z";
+    let mut number = || fields.next()?.parse::<i32>().ok();
+    let ppid = Pid::from_raw(number()?.max(0));
+    let group = Pid::from_raw(number()?.max(0));
+    Some(Process {
+        pid,
+        ppid,
+        group,
+        zombie,
+    })
 }
 
 /// The processes descended from this one (zombies included), by the parent links.
@@ -429,4 +435,31 @@ pub(crate) fn bound_clock_ns() -> u64 {
 fn clock_ns(clock: DynamicClockId<'_>) -> Option<u64> {
     let ts = rustix::time::clock_gettime_dynamic(clock).ok()?;
     Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_stat_lines() {
+        let pid = Pid::from_raw(42).unwrap();
+        let p = process(pid, "42 (sh) S 7 42 7 34816 42 4194304 0\n").unwrap();
+        assert_eq!(
+            (p.ppid, p.group, p.zombie),
+            (Pid::from_raw(7), Some(pid), false)
+        );
+        // A name with `) ` in it; a zombie.
+        let p = process(pid, "42 (a) b) Z 7 9 7 0 -1 4194304 0\n").unwrap();
+        assert_eq!(
+            (p.ppid, p.group, p.zombie),
+            (Pid::from_raw(7), Pid::from_raw(9), true)
+        );
+        // A kernel thread (no parent, no group), and a process exiting right now (group -1).
+        let p = process(pid, "42 (kthreadd) S 0 0 0 0 -1 2129984 0\n").unwrap();
+        assert_eq!((p.ppid, p.group), (None, None));
+        let p = process(pid, "42 (cat) D 7 -1 -1 0 -1 4194560 0\n").unwrap();
+        assert_eq!((p.ppid, p.group), (Pid::from_raw(7), None));
+        assert!(process(pid, "42 (cat) D x 1").is_none());
+    }
 }
