@@ -43,12 +43,13 @@ impl Interrupts {
         }
     }
 
-    /// The next stop signal: its number and name.
-    pub async fn next(&mut self) -> (i32, &'static str) {
+    /// The next stop signal and its name.
+    pub async fn next(&mut self) -> (rustix::process::Signal, &'static str) {
+        use rustix::process::Signal;
         tokio::select! {
-            _ = self.interrupt.recv() => (libc::SIGINT, "SIGINT"),
-            _ = self.terminate.recv() => (libc::SIGTERM, "SIGTERM"),
-            _ = self.hangup.recv() => (libc::SIGHUP, "SIGHUP"),
+            _ = self.interrupt.recv() => (Signal::INT, "SIGINT"),
+            _ = self.terminate.recv() => (Signal::TERM, "SIGTERM"),
+            _ = self.hangup.recv() => (Signal::HUP, "SIGHUP"),
         }
     }
 }

@@ -14,11 +14,15 @@
 //! is closed, so a killed process never leaves anything locked.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, ErrorKind, Write};
-use std::os::fd::AsRawFd;
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+use rustix::fs::FlockOperation;
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal};
+use rustix::time::DynamicClockId;
 
 /// Whether standard output was closed when the process started (`fence acquire R >&-`).
 /// Rust's runtime reopens a closed standard descriptor on /dev/null before `main`, after
@@ -27,8 +31,7 @@ use std::time::{Duration, Instant};
 static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 extern "C" fn note_closed_stdout() {
-    // SAFETY: F_GETFD only asks whether descriptor 1 is open.
-    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+    if rustix::io::fcntl_getfd(rustix::stdio::stdout()).is_err() {
         STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -42,18 +45,11 @@ pub fn stdout_was_closed() -> bool {
     STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// 64 random bits, from the standard library's per-process randomly keyed hasher (enough
-/// for owner ids and temporary file names; not for secrets).
+/// 64 random bits from the kernel (getrandom(2), else /dev/urandom): for owner ids, temporary
+/// file names and jitter. Where neither answers, the standard library cannot key a HashMap
+/// either, and panics as it does.
 pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
+    getrandom::u64().expect("no random bytes from the kernel (getrandom(2), /dev/urandom)")
 }
 
 /// Applies the sharing rule to `file`, just opened or created at `path`. Best effort: a
@@ -70,8 +66,7 @@ pub fn share(file: &File, path: &Path) {
     let Ok(meta) = file.metadata() else {
         return;
     };
-    // SAFETY: geteuid has no preconditions.
-    let mine = meta.uid() == unsafe { libc::geteuid() };
+    let mine = meta.uid() == rustix::process::geteuid().as_raw();
     if mine && meta.mode() & 0o777 != wanted {
         let _ = file.set_permissions(fs::Permissions::from_mode(wanted));
     }
@@ -124,13 +119,12 @@ pub fn sweep_temporaries(dir: &Path) -> usize {
             .to_str()
             .and_then(|n| n.strip_prefix(TMP_PREFIX))
             .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
+            .and_then(|pid| Pid::from_raw(pid.parse().ok()?))
         else {
             continue;
         };
-        // SAFETY: kill with signal 0 only checks that the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        // Signal 0 only checks that the process exists.
+        let gone = rustix::process::test_kill_process(pid) == Err(Errno::SRCH);
         if gone && fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
@@ -156,7 +150,7 @@ pub fn lock_exclusive_until(
     deadline: Instant,
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
     let file = open_lock_file(path)?;
-    flock_until(file, libc::LOCK_EX, deadline)
+    flock_until(file, FlockOperation::NonBlockingLockExclusive, deadline)
 }
 
 /// A shared `flock` on an existing lock file opened read-only, waiting no later than
@@ -171,7 +165,7 @@ pub fn lock_shared_until(
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|err| ("open the lock file", err))?;
-    flock_until(file, libc::LOCK_SH, deadline)
+    flock_until(file, FlockOperation::NonBlockingLockShared, deadline)
 }
 
 fn open_lock_file(path: &Path) -> Result<File, (&'static str, io::Error)> {
@@ -189,11 +183,11 @@ fn open_lock_file(path: &Path) -> Result<File, (&'static str, io::Error)> {
     Ok(file)
 }
 
-/// Polls a non-blocking `flock` (`op`: LOCK_EX or LOCK_SH) until it is granted or `deadline`
+/// Polls a non-blocking `flock` (`op`: exclusive or shared) until it is granted or `deadline`
 /// passes, with pauses growing from 1 ms to 50 ms (a write holds the lock for milliseconds).
 fn flock_until(
     file: File,
-    op: libc::c_int,
+    op: FlockOperation,
     deadline: Instant,
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
     let mut pause = Duration::from_millis(1);
@@ -220,7 +214,7 @@ pub async fn lock_exclusive_by(
     let file = open_lock_file(path)?;
     let mut pause = Duration::from_millis(1);
     loop {
-        if try_flock(&file, libc::LOCK_EX)? {
+        if try_flock(&file, FlockOperation::NonBlockingLockExclusive)? {
             return Ok(Some(Locked { _file: file }));
         }
         let now = Instant::now();
@@ -232,18 +226,15 @@ pub async fn lock_exclusive_by(
     }
 }
 
-/// One non-blocking `flock` (`op`): whether it was granted.
-fn try_flock(file: &File, op: libc::c_int) -> Result<bool, (&'static str, io::Error)> {
+/// One non-blocking `flock` (`op`): whether it was granted. The lock ends when `file` is
+/// closed.
+fn try_flock(file: &File, op: FlockOperation) -> Result<bool, (&'static str, io::Error)> {
     loop {
-        // SAFETY: flock on a descriptor we own; the lock ends when `file` is closed.
-        if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-            return Ok(true);
-        }
-        let err = io::Error::last_os_error();
-        match err.kind() {
-            ErrorKind::Interrupted => continue,
-            ErrorKind::WouldBlock => return Ok(false),
-            _ => return Err(("lock", err)),
+        match rustix::fs::flock(file, op) {
+            Ok(()) => return Ok(true),
+            Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(err) => return Err(("lock", err.into())),
         }
     }
 }
@@ -271,11 +262,12 @@ pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
     }
 }
 
-/// A process, as its /proc/PID/stat shows it.
+/// A process, as its /proc/PID/stat shows it. A parent or group of 0 (the kernel's own
+/// threads), or of -1 (the group of a process that is exiting right now), is none.
 struct Process {
-    pid: i32,
-    ppid: i32,
-    group: i32,
+    pid: Pid,
+    ppid: Option<Pid>,
+    group: Option<Pid>,
     zombie: bool,
 }
 
@@ -285,30 +277,36 @@ fn processes() -> Vec<Process> {
         return Vec::new();
     };
     entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|e| Pid::from_raw(e.ok()?.file_name().to_str()?.parse().ok()?))
         .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let mut fields = stat.rsplit_once(") ")?.1.split(' ');
-            let zombie = fields.next()? == "Z";
-            let ppid = fields.next()?.parse().ok()?;
-            let group = fields.next()?.parse().ok()?;
-            Some(Process {
-                pid,
-                ppid,
-                group,
-                zombie,
-            })
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_pid())).ok()?;
+            process(pid, &stat)
         })
         .collect()
 }
 
+/// The process `pid` of a /proc/PID/stat line.
+fn process(pid: Pid, stat: &str) -> Option<Process> {
+    let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+    let zombie = fields.next()? == "Z";
+    let mut number = || fields.next()?.parse::<i32>().ok();
+    let ppid = Pid::from_raw(number()?.max(0));
+    let group = Pid::from_raw(number()?.max(0));
+    Some(Process {
+        pid,
+        ppid,
+        group,
+        zombie,
+    })
+}
+
 /// The processes descended from this one (zombies included), by the parent links.
 fn family(all: &[Process]) -> Vec<&Process> {
-    let mut family: Vec<i32> = vec![std::process::id() as i32];
+    let mut family: Vec<Pid> = vec![rustix::process::getpid()];
     let mut found: Vec<&Process> = Vec::new();
     let mut i = 0;
     while i < family.len() {
-        let parent = family[i];
+        let parent = Some(family[i]);
         for p in all.iter().filter(|p| p.ppid == parent) {
             family.push(p.pid);
             found.push(p);
@@ -320,14 +318,12 @@ fn family(all: &[Process]) -> Vec<&Process> {
 
 /// `signal` to every live descendant (only to those outside our process group when
 /// `outside`: the group itself got it already).
-pub(crate) fn signal_descendants(signal: i32, outside: bool) {
-    // SAFETY: getpgrp has no preconditions.
-    let ours = unsafe { libc::getpgrp() };
+pub(crate) fn signal_descendants(signal: Signal, outside: bool) {
+    let ours = Some(rustix::process::getpgrp());
     for p in family(&processes()) {
         let skipped = p.zombie || (outside && p.group == ours);
         if !skipped {
-            // SAFETY: kill(2) on our own descendants.
-            unsafe { libc::kill(p.pid, signal) };
+            let _ = rustix::process::kill_process(p.pid, signal);
         }
     }
 }
@@ -336,27 +332,24 @@ pub(crate) fn signal_descendants(signal: i32, outside: bool) {
 /// members are all descendants (remembered in `groups`, and killed again at every call): a
 /// group is killed as one, so a process that forks its successor and exits (a respawning
 /// loop in a session of its own) cannot slip between a scan of /proc and the kill.
-pub(crate) fn kill_descendants_once(groups: &mut Vec<i32>) {
+pub(crate) fn kill_descendants_once(groups: &mut Vec<Pid>) {
     let all = processes();
     let family = family(&all);
-    // SAFETY: getpgrp has no preconditions.
-    let ours = unsafe { libc::getpgrp() };
-    for group in family.iter().map(|p| p.group) {
+    let ours = rustix::process::getpgrp();
+    for group in family.iter().filter_map(|p| p.group) {
         let only_family = all
             .iter()
-            .filter(|p| p.group == group)
+            .filter(|p| p.group == Some(group))
             .all(|p| family.iter().any(|f| f.pid == p.pid));
-        if group != ours && group > 1 && only_family && !groups.contains(&group) {
+        if group != ours && !group.is_init() && only_family && !groups.contains(&group) {
             groups.push(group);
         }
     }
     for &group in groups.iter() {
-        // SAFETY: kill(2) on a process group made of our descendants only.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let _ = rustix::process::kill_process_group(group, Signal::KILL);
     }
     for p in family.iter().filter(|p| !p.zombie) {
-        // SAFETY: kill(2) on our own descendants.
-        unsafe { libc::kill(p.pid, libc::SIGKILL) };
+        let _ = rustix::process::kill_process(p.pid, Signal::KILL);
     }
 }
 
@@ -366,7 +359,7 @@ pub(crate) fn live_descendants() -> Vec<i32> {
     family(&processes())
         .iter()
         .filter(|p| !p.zombie)
-        .map(|p| p.pid)
+        .map(|p| p.pid.as_raw_pid())
         .collect()
 }
 
@@ -375,24 +368,16 @@ pub(crate) fn live_descendants() -> Vec<i32> {
 /// descendant at all: an exact answer, where a scan of /proc can miss a process born or
 /// reparented while it reads.
 pub(crate) fn has_children() -> bool {
-    // SAFETY: siginfo_t is plain data (zeroed is valid); waitid with WNOWAIT only looks, and
-    // fails with ECHILD exactly when there is no child.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        libc::waitid(
-            libc::P_ALL,
-            0,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        ) == 0
-    }
+    // With WNOWAIT it only looks; it fails (ECHILD) exactly when there is no child.
+    use rustix::process::{WaitId, WaitIdOptions};
+    let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    rustix::process::waitid(WaitId::All, options).is_ok()
 }
 
 /// Reaps every child that has ended, without blocking. Reaps any child, so a caller must
 /// have waited for the children it waits for itself.
 pub(crate) fn reap_children() {
-    // SAFETY: waitpid on our own children, without blocking.
-    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
 }
 
 /// How long the killing goes on at most (a process that cannot die: stuck in the kernel).
@@ -409,8 +394,8 @@ pub(crate) fn kill_descendants(term_grace: std::time::Duration) -> bool {
     if !has_children() {
         return false;
     }
-    signal_descendants(libc::SIGTERM, false);
-    signal_descendants(libc::SIGCONT, false);
+    signal_descendants(Signal::TERM, false);
+    signal_descendants(Signal::CONT, false);
     let start = std::time::Instant::now();
     while start.elapsed() < term_grace {
         reap_children();
@@ -435,7 +420,7 @@ pub(crate) fn kill_descendants(term_grace: std::time::Duration) -> bool {
 /// CLOCK_BOOTTIME in nanoseconds: monotonic, and counting time the machine was suspended
 /// (a lease runs out during a suspend too). `None` where it cannot be read.
 pub(crate) fn boottime_ns() -> Option<u64> {
-    clock_ns(libc::CLOCK_BOOTTIME)
+    clock_ns(DynamicClockId::Boottime)
 }
 
 /// The clock of `fence run`'s bounds, in nanoseconds, read by fence and by the reaper alike:
@@ -443,16 +428,38 @@ pub(crate) fn boottime_ns() -> Option<u64> {
 /// a kernel without it (before Linux 2.6.39).
 pub(crate) fn bound_clock_ns() -> u64 {
     boottime_ns()
-        .or_else(|| clock_ns(libc::CLOCK_MONOTONIC))
+        .or_else(|| clock_ns(DynamicClockId::Known(rustix::time::ClockId::Monotonic)))
         .unwrap_or(0)
 }
 
-fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+fn clock_ns(clock: DynamicClockId<'_>) -> Option<u64> {
+    let ts = rustix::time::clock_gettime_dynamic(clock).ok()?;
+    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_stat_lines() {
+        let pid = Pid::from_raw(42).unwrap();
+        let p = process(pid, "42 (sh) S 7 42 7 34816 42 4194304 0\n").unwrap();
+        assert_eq!(
+            (p.ppid, p.group, p.zombie),
+            (Pid::from_raw(7), Some(pid), false)
+        );
+        // A name with `) ` in it; a zombie.
+        let p = process(pid, "42 (a) b) Z 7 9 7 0 -1 4194304 0\n").unwrap();
+        assert_eq!(
+            (p.ppid, p.group, p.zombie),
+            (Pid::from_raw(7), Pid::from_raw(9), true)
+        );
+        // A kernel thread (no parent, no group), and a process exiting right now (group -1).
+        let p = process(pid, "42 (kthreadd) S 0 0 0 0 -1 2129984 0\n").unwrap();
+        assert_eq!((p.ppid, p.group), (None, None));
+        let p = process(pid, "42 (cat) D 7 -1 -1 0 -1 4194560 0\n").unwrap();
+        assert_eq!((p.ppid, p.group), (Pid::from_raw(7), None));
+        assert!(process(pid, "42 (cat) D x 1").is_none());
+    }
 }

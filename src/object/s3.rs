@@ -96,19 +96,14 @@ pub struct S3Objects {
 /// by the Last-Modified they read. Kept per path, so concurrent writes cannot mix them up.
 type Dates = Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>;
 
-/// An HTTP date (`Fri, 04 Dec 2026 12:53:57 GMT`) in milliseconds since the epoch.
+/// An HTTP date (`Fri, 04 Dec 2026 12:53:57 GMT`, RFC 2822's form) in milliseconds since the
+/// epoch.
 fn http_date_ms(text: &str) -> Option<i64> {
-    let parts: Vec<&str> = text.split_whitespace().collect();
-    let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    let months = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let month = months.iter().position(|m| m == month)? + 1;
-    let at = humantime::parse_rfc3339(&format!("{year}-{month:02}-{day:0>2}T{time}Z")).ok()?;
-    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
-    i64::try_from(ms).ok()
+    Some(
+        chrono::DateTime::parse_from_rfc2822(text)
+            .ok()?
+            .timestamp_millis(),
+    )
 }
 
 impl S3Objects {
@@ -581,6 +576,20 @@ mod tests {
             Ok(_) => panic!("HTTP {status} was taken for success"),
             Err(err) => err,
         }
+    }
+
+    #[test]
+    fn http_dates() {
+        assert_eq!(
+            http_date_ms("Fri, 04 Dec 2026 12:53:57 GMT"),
+            Some(1_796_388_837_000)
+        );
+        assert_eq!(
+            http_date_ms("Fri, 4 Dec 2026 12:53:57 GMT"),
+            Some(1_796_388_837_000)
+        );
+        assert_eq!(http_date_ms("2026-12-04T12:53:57Z"), None);
+        assert_eq!(http_date_ms(""), None);
     }
 
     /// An S3 error answer with this code.

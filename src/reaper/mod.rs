@@ -31,6 +31,8 @@ use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 
+use rustix::process::{getpgrp, getpid, Pid, Signal};
+
 use crate::exit::Exit;
 
 pub mod wire;
@@ -60,7 +62,10 @@ pub fn main(args: &[OsString]) -> Exit {
         Some(sep),
         Some((program, rest)),
     ) = (
-        number(0).and_then(|pid| i32::try_from(pid).ok()),
+        number(0)
+            .and_then(|pid| i32::try_from(pid).ok())
+            .filter(|pid| *pid > 0)
+            .and_then(Pid::from_raw),
         fd(1),
         fd(2),
         number(3).and_then(|ms| u64::try_from(ms).ok()),
@@ -75,8 +80,7 @@ pub fn main(args: &[OsString]) -> Exit {
     };
     // `fence run` makes the reaper the leader of a new process group; anything else (typed
     // by hand) must not get to signal the group it is in, its shell's.
-    // SAFETY: getpgrp and getpid have no preconditions.
-    if sep != "--" || unsafe { libc::getpgrp() != libc::getpid() } {
+    if sep != "--" || getpgrp() != getpid() {
         crate::terminal::warn(&format!(
             "error: `fence {ARG}` is started by `fence run`, not by hand"
         ));
@@ -85,27 +89,31 @@ pub fn main(args: &[OsString]) -> Exit {
     // The signals the reaper acts on are blocked and taken one at a time with sigtimedwait:
     // no handler, no race between looking at the command and a signal arriving. COMMAND gets
     // the original mask back before exec.
-    let (watched, original) = block_watched_signals();
+    let (watched, original) = block(&[
+        libc::SIGCHLD,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+    ]);
     // A terminal's stop signals (Ctrl-Z reaches the command's group, the reaper's) must not
     // stop the reaper: stopped, it could enforce no bound. COMMAND gets the defaults back. Nor
     // may the command trace it (same user): PR_SET_DUMPABLE 0 refuses ptrace to non-root.
-    // SAFETY: signal dispositions and prctl of this process only.
+    // SAFETY: signal dispositions of this process only.
     unsafe {
         for signal in STOP_SIGNALS {
             libc::signal(signal, libc::SIG_IGN);
         }
-        libc::prctl(libc::PR_SET_DUMPABLE, 0);
     }
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
     // them (see `crate::sys::kill_descendants`).
-    // SAFETY: prctl on this process only.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    let _ = rustix::process::set_child_subreaper(Some(getpid()));
     // SAFETY: as for `report_fd` below: left open by `fence run` for its start message and
-    // then the lease's bounds alone; ours from here, close-on-exec.
-    let mut bounds = unsafe {
-        libc::fcntl(bound_fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        std::fs::File::from_raw_fd(bound_fd)
-    };
+    // then the lease's bounds alone; ours from here.
+    let mut bounds = unsafe { std::fs::File::from_raw_fd(bound_fd) };
+    let _ = rustix::io::fcntl_setfd(&bounds, rustix::io::FdFlags::CLOEXEC);
     // `fence run` starts us before it asks for the lease: wait for its go, the lease's first
     // bound and COMMAND's environment. Its end closed without them (busy, an error, or
     // `fence run` gone): nothing is started.
@@ -113,16 +121,15 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Success;
     };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != parent {
+    if rustix::process::getppid() != Some(parent) {
         crate::terminal::warn("error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
     // SAFETY: `report_fd` was left open by `fence run` for this report alone (it checked we
     // are in the group and have the parent it started); we own it from here.
     let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
-    // SAFETY: marks our own descriptor close-on-exec, so COMMAND does not inherit it.
-    unsafe { libc::fcntl(report_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // Close-on-exec, so COMMAND does not inherit it.
+    let _ = rustix::io::fcntl_setfd(&report, rustix::io::FdFlags::CLOEXEC);
     // A bound already past (`fence run` was paused after its grant): COMMAND must not run at
     // all, not even until the first look at the bound below.
     if crate::sys::bound_clock_ns()
@@ -132,19 +139,20 @@ pub fn main(args: &[OsString]) -> Exit {
         return Exit::Internal;
     }
     take_terminal(parent);
-    // SAFETY: our own descriptor: from here on the bounds are read without blocking.
-    unsafe { libc::fcntl(bound_fd, libc::F_SETFL, libc::O_NONBLOCK) };
+    // From here on the bounds are read without blocking.
+    let _ = rustix::fs::fcntl_setfl(&bounds, rustix::fs::OFlags::NONBLOCK);
     let grace = grace_ms.saturating_mul(1_000_000);
     let mut command = std::process::Command::new(program);
     command.args(rest).envs(env);
-    // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+    // SAFETY: sigprocmask, signal and prctl are async-signal-safe; they run in the child
+    // between fork and exec.
     unsafe {
         command.pre_exec(move || {
             libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
             for signal in STOP_SIGNALS {
                 libc::signal(signal, libc::SIG_DFL);
             }
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
             Ok(())
         });
     }
@@ -189,8 +197,8 @@ pub fn main(args: &[OsString]) -> Exit {
         } else if now >= term_at {
             if !enforced {
                 enforced = true;
-                crate::sys::signal_descendants(libc::SIGTERM, false);
-                crate::sys::signal_descendants(libc::SIGCONT, false);
+                crate::sys::signal_descendants(Signal::TERM, false);
+                crate::sys::signal_descendants(Signal::CONT, false);
             }
             bound - now
         } else {
@@ -202,20 +210,20 @@ pub fn main(args: &[OsString]) -> Exit {
         };
         // SAFETY: waits for one of the blocked signals of `watched`, at most a second.
         let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
-        match signal {
-            libc::SIGUSR1 => {
-                // `fence run` died: nothing may outlive it, in the group or not.
-                crate::sys::signal_descendants(libc::SIGKILL, false);
-                // SAFETY: the group is the one `fence run` made for us; we go with it.
-                unsafe { libc::kill(-libc::getpgrp(), libc::SIGKILL) };
+        match Signal::from_named_raw(signal) {
+            Some(Signal::USR1) => {
+                // `fence run` died: nothing may outlive it, in the group or not. The group is
+                // the one `fence run` made for us; we go with it.
+                crate::sys::signal_descendants(Signal::KILL, false);
+                let _ = rustix::process::kill_current_process_group(Signal::KILL);
             }
-            libc::SIGUSR2 => crate::sys::kill_descendants_once(&mut groups),
-            libc::SIGINT | libc::SIGTERM | libc::SIGHUP => {
-                interrupted.get_or_insert(signal);
+            Some(Signal::USR2) => crate::sys::kill_descendants_once(&mut groups),
+            Some(signal @ (Signal::INT | Signal::TERM | Signal::HUP)) => {
+                interrupted.get_or_insert(signal.as_raw());
                 // The group got it (from `fence run`, or the terminal); descendants that left
                 // it did not.
                 crate::sys::signal_descendants(signal, true);
-                crate::sys::signal_descendants(libc::SIGCONT, true);
+                crate::sys::signal_descendants(Signal::CONT, true);
             }
             // SIGCHLD, a timeout: look at the command again.
             _ => {}
@@ -257,42 +265,33 @@ pub fn main(args: &[OsString]) -> Exit {
 /// the command starts (a background group that reads the terminal is stopped), so that a
 /// command that reads its terminal works as it would without fence. `fence run` takes it
 /// back when the command is done.
-fn take_terminal(parent: i32) {
-    // SAFETY: terminal calls on standard input; SIGTTOU is blocked around tcsetpgrp, as a
-    // background process group taking the foreground must.
-    unsafe {
-        if libc::isatty(0) != 1 || libc::tcgetpgrp(0) != libc::getpgid(parent) {
-            return;
-        }
-        let mut ttou: libc::sigset_t = std::mem::zeroed();
-        let mut before: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut ttou);
-        libc::sigaddset(&mut ttou, libc::SIGTTOU);
-        libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut before);
-        libc::tcsetpgrp(0, libc::getpgrp());
-        libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+fn take_terminal(parent: Pid) {
+    let stdin = rustix::stdio::stdin();
+    let foreground = rustix::termios::tcgetpgrp(stdin);
+    let parents = rustix::process::getpgid(Some(parent));
+    if !(rustix::termios::isatty(stdin) && foreground.is_ok() && foreground == parents) {
+        return;
     }
+    // SIGTTOU is blocked around tcsetpgrp, as a background process group taking the
+    // foreground must.
+    let (_, before) = block(&[libc::SIGTTOU]);
+    let _ = rustix::termios::tcsetpgrp(stdin, getpgrp());
+    // SAFETY: restores the mask of this single-threaded process.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
 }
 
-/// Blocks the signals the reaper acts on; returns them and the mask before.
-fn block_watched_signals() -> (libc::sigset_t, libc::sigset_t) {
+/// Blocks `signals`; returns them as a set and the mask before.
+fn block(signals: &[i32]) -> (libc::sigset_t, libc::sigset_t) {
     // SAFETY: sigset operations on sets we own; sigprocmask on this single-threaded process.
     unsafe {
-        let mut watched: libc::sigset_t = std::mem::zeroed();
-        let mut original: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut watched);
-        for signal in [
-            libc::SIGCHLD,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-        ] {
-            libc::sigaddset(&mut watched, signal);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &signal in signals {
+            libc::sigaddset(&mut set, signal);
         }
-        libc::sigprocmask(libc::SIG_BLOCK, &watched, &mut original);
-        (watched, original)
+        libc::sigprocmask(libc::SIG_BLOCK, &set, &mut before);
+        (set, before)
     }
 }
 

@@ -310,26 +310,14 @@ pub(super) fn object_directory(dir: &Path, f: &mut Findings<'_>) {
 }
 
 fn access_denied(dir: &Path) -> bool {
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return true;
-    };
-    // SAFETY: access(2) reads a NUL-terminated path we own.
-    unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) != 0 }
+    use rustix::fs::Access;
+    rustix::fs::access(dir, Access::WRITE_OK | Access::EXEC_OK).is_err()
 }
 
 /// The filesystem's kind and how much to trust it, from statfs(2)'s magic number.
 fn filesystem(path: &Path) -> Option<(&'static str, Severity)> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statfs fills the zeroed struct we pass for a NUL-terminated path we own.
-    let fs = unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        if libc::statfs(c.as_ptr(), &mut fs) != 0 {
-            return None;
-        }
-        fs
-    };
     #[allow(clippy::unnecessary_cast)]
-    let magic = fs.f_type as i64;
+    let magic = rustix::fs::statfs(path).ok()?.f_type as i64;
     Some(match magic {
         0x6969 => ("NFS", Severity::Fail),
         0x517b => ("SMB", Severity::Fail),
@@ -348,13 +336,6 @@ fn filesystem(path: &Path) -> Option<(&'static str, Severity)> {
 }
 
 fn free_bytes(path: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statvfs fills the zeroed struct we pass for a NUL-terminated path we own.
-    unsafe {
-        let mut vfs: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut vfs) != 0 {
-            return None;
-        }
-        Some(vfs.f_bavail as u64 * vfs.f_frsize as u64)
-    }
+    let vfs = rustix::fs::statvfs(path).ok()?;
+    Some(vfs.f_bavail * vfs.f_frsize)
 }

@@ -9,14 +9,11 @@ use super::{Findings, Severity};
 /// session it moves to; the bounds are kept on CLOCK_BOOTTIME, which counts a suspend.
 pub(super) fn containment(f: &mut Findings<'_>) {
     let check = "host.run_containment";
-    // SAFETY: prctl on this process only; set, read back, and cleared again.
-    let subreaper = unsafe {
-        let set = libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) == 0;
-        let mut on: libc::c_int = 0;
-        let read = libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut on as *mut libc::c_int) == 0;
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0);
-        set && read && on == 1
-    };
+    // Set, read back, and cleared again.
+    use rustix::process::{child_subreaper, getpid, set_child_subreaper};
+    let set = set_child_subreaper(Some(getpid())).is_ok();
+    let subreaper = set && matches!(child_subreaper(), Ok(Some(_)));
+    let _ = set_child_subreaper(None);
     let proc_ok = std::fs::read_to_string("/proc/self/stat").is_ok();
     let boottime = crate::sys::boottime_ns().is_some();
     let limits = "not contained: processes started through another service (systemd-run, at, ssh, a container runtime), and a command that stops both `fence run` and its supervisor (`kill -STOP -1`)";

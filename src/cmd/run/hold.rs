@@ -6,6 +6,7 @@ use std::process::ExitStatus;
 use std::rc::Rc;
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal};
 use tokio::time::{sleep_until, Instant};
 
 use super::supervisor::{continue_process, reaper_report, Running};
@@ -50,7 +51,7 @@ struct Stop {
     killed: Option<Instant>,
     /// Process groups made only of the command's processes (see
     /// [`crate::sys::kill_descendants_once`]).
-    groups: Vec<i32>,
+    groups: Vec<Pid>,
     /// The processes that would not die were named.
     warned: bool,
 }
@@ -159,7 +160,7 @@ pub(super) async fn hold(
         bounds,
         mut report,
     } = running;
-    let pgid = child.id().map(|pid| pid as i32);
+    let pgid = child.id().and_then(|pid| Pid::from_raw(pid as i32));
     let every = plan.ttl / 3;
     // The first renewal a third of the TTL after the command started, as every later one
     // after the one before (GCS allows one write per second to the lease record, and a TTL of
@@ -217,7 +218,7 @@ pub(super) async fn hold(
             biased;
             _ = until(kill_at) => {
                 if let Some(stop) = stop.as_mut() {
-                    forward(pgid, libc::SIGKILL);
+                    forward(pgid, Signal::KILL);
                     crate::sys::kill_descendants_once(&mut stop.groups);
                     stop.killed = Some(Instant::now());
                 }
@@ -232,8 +233,8 @@ pub(super) async fn hold(
                 if status.is_none() {
                     continue_process(child.id());
                 } else {
-                    crate::sys::signal_descendants(libc::SIGTERM, false);
-                    crate::sys::signal_descendants(libc::SIGCONT, false);
+                    crate::sys::signal_descendants(Signal::TERM, false);
+                    crate::sys::signal_descendants(Signal::CONT, false);
                 }
                 stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
             }
@@ -259,8 +260,8 @@ pub(super) async fn hold(
                     if lost.is_some() {
                         stop.get_or_insert_with(|| Stop::until(0).expect("some"));
                     } else if stop.is_none() {
-                        crate::sys::signal_descendants(libc::SIGTERM, false);
-                        crate::sys::signal_descendants(libc::SIGCONT, false);
+                        crate::sys::signal_descendants(Signal::TERM, false);
+                        crate::sys::signal_descendants(Signal::CONT, false);
                         stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
                     }
                 }
@@ -288,9 +289,9 @@ pub(super) async fn hold(
             }
             (signal, _) = interrupts.next() => {
                 if status.is_none() {
-                    interrupted.get_or_insert(signal);
+                    interrupted.get_or_insert(signal.as_raw());
                     forward(pgid, signal);
-                    forward(pgid, libc::SIGCONT);
+                    forward(pgid, Signal::CONT);
                 } else if let Some(stop) = stop.as_mut() {
                     // Asked again while the leftovers are stopped: no more grace.
                     stop.graceful_until = 0;
@@ -482,9 +483,8 @@ fn retry_after(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
 }
 
-fn forward(pgid: Option<i32>, signal: i32) {
+fn forward(pgid: Option<Pid>, signal: Signal) {
     if let Some(pgid) = pgid {
-        // SAFETY: kill(2) on the command's own process group; no memory is involved.
-        unsafe { libc::kill(-pgid, signal) };
+        let _ = rustix::process::kill_process_group(pgid, signal);
     }
 }

@@ -280,7 +280,7 @@ async fn supervise(
             return Err(err);
         }
     };
-    let terminal = Terminal::give(running.child.id().map(|pid| pid as i32));
+    let terminal = Terminal::give(running.child.id());
     let plan = Plan {
         ttl,
         grace,

@@ -2,8 +2,10 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
 
 use super::hold::nanos;
 use super::lost;
@@ -34,12 +36,14 @@ pub(super) struct Terminal {
 }
 
 impl Terminal {
-    /// Whether the reaper took the terminal for the command's group (see
-    /// [`crate::reaper`]), so that fence must take it back.
-    pub(super) fn give(pgid: Option<i32>) -> Terminal {
-        // SAFETY: isatty/tcgetpgrp on standard input.
-        let given =
-            pgid.is_some_and(|pgid| unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == pgid });
+    /// Whether the reaper (`pid`, the leader of the command's group) took the terminal for
+    /// that group (see [`crate::reaper`]), so that fence must take it back.
+    pub(super) fn give(pid: Option<u32>) -> Terminal {
+        let stdin = rustix::stdio::stdin();
+        let given = pid.is_some_and(|pid| {
+            rustix::termios::isatty(stdin)
+                && rustix::termios::tcgetpgrp(stdin).is_ok_and(|fg| fg.as_raw_pid() == pid as i32)
+        });
         Terminal { given }
     }
 
@@ -95,8 +99,7 @@ impl Reaper {
         // the subreaper of (daemons that left the command's group) is handed to us rather than
         // to init, so that nothing of the command outlives the run (`sys::kill_descendants`
         // once the reaper has been waited for).
-        // SAFETY: prctl on this process only.
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+        let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
         let parent = std::process::id().to_string();
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
         let raw_report = report_end.as_raw_fd();
@@ -123,7 +126,7 @@ impl Reaper {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1);
+                let _ = rustix::process::set_parent_process_death_signal(Some(Signal::USR1));
                 Ok(())
             });
         }
@@ -193,8 +196,7 @@ impl Reaper {
         // argument limits), still blocking; from here on our end never blocks: a bound the
         // reaper has not read yet is replaced by the next one anyway.
         let sent = (&start).write_all(&message);
-        // SAFETY: O_NONBLOCK on our own end of the pipe.
-        unsafe { libc::fcntl(start.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+        let _ = rustix::fs::fcntl_setfl(&start, rustix::fs::OFlags::NONBLOCK);
         let bounds = Bounds(start);
         let mut report = tokio::net::unix::pipe::Receiver::from_file(report).map_err(|err| {
             Error::internal(
@@ -279,9 +281,8 @@ const NUDGE: Duration = Duration::from_millis(100);
 
 /// SIGCONT to `pid` (the reaper): stopped, it could enforce no bound.
 pub(super) fn continue_process(pid: Option<u32>) {
-    if let Some(pid) = pid {
-        // SAFETY: kill(2) on our own child, the reaper.
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    if let Some(pid) = pid.and_then(|pid| Pid::from_raw(pid as i32)) {
+        let _ = rustix::process::kill_process(pid, Signal::CONT);
     }
 }
 
@@ -314,18 +315,8 @@ const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
 
 /// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the two descriptors, which we own from here.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    Ok(unsafe {
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        )
-    })
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    Ok((read.into(), write))
 }
 
 /// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its

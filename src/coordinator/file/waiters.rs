@@ -3,8 +3,10 @@
 //! the next waiter.
 
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+use rustix::process::Pid;
 
 use super::{encode_name, FileCoordinator};
 use crate::coordinator::Waiter;
@@ -24,9 +26,13 @@ impl FileCoordinator {
             .filter_map(|entry| {
                 let path = entry.path();
                 let pid: i32 = path.file_stem()?.to_str()?.parse().ok()?;
-                // SAFETY: kill with signal 0 only checks that the process exists.
-                let alive = unsafe { libc::kill(pid, 0) } == 0
-                    || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+                // Signal 0 only checks that the process exists (a pid of 0 or less: none).
+                let alive = Pid::from_raw(pid.max(0)).is_some_and(|pid| {
+                    matches!(
+                        rustix::process::test_kill_process(pid),
+                        Ok(()) | Err(Errno::PERM)
+                    )
+                });
                 let waiter = fs::read(&path)
                     .ok()
                     .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
