@@ -891,7 +891,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__run)
-            opts="-q -h --owner --busy-exit-code --id --done-exit-code --ttl --wait --kill-after --metrics-file --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --busy-exit-code --id --done-exit-code --ttl --wait --kill-after --max-time --metrics-file --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -922,6 +922,10 @@ _fence() {
                     return 0
                     ;;
                 --kill-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-time)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

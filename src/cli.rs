@@ -198,12 +198,15 @@ pub struct AcquireArgs {
 /// the lease is lost meanwhile, exit 5 (`unkillable`) once it has ended. Not contained:
 /// what another service starts for COMMAND (systemd-run, at), and a COMMAND that stops both.
 /// SIGINT, SIGTERM and SIGHUP sent to fence are passed on to the group. When COMMAND ends,
-/// what it left running gets SIGTERM, then SIGKILL after --kill-after, while the lease is
-/// still renewed; then the lease is released and fence exits with COMMAND's status (128+N if
-/// killed by signal N). Busy without --wait: exit 3, COMMAND never started.
+/// what it left running gets SIGTERM, then SIGKILL after --kill-after (never past the bound),
+/// while the lease is still renewed, and a note says so; then the lease is released and fence
+/// exits with COMMAND's status (128+N if killed by signal N). Busy without --wait: exit 3,
+/// COMMAND never started.
 ///
-/// Example (a cron job's command; an overlap with the previous run exits 0, silently):
-///   fence run nightly-report --ttl 30s --busy-exit-code 0 -q -- ./report.sh
+/// Example (a cron job's command; an overlap with the previous run exits 0, silently; a run
+/// still going after two hours is stopped, exit 124, so that a hung job does not hold the
+/// lease forever):
+///   fence run nightly-report --ttl 30s --max-time 2h --busy-exit-code 0 -q -- ./report.sh
 ///
 /// Once a day at most (a run that completed today is skipped, exit 0; COMMAND gets
 /// FENCE_RUN_ID for the ids of its writes, e.g. --id "$FENCE_RUN_ID-publish"):
@@ -263,6 +266,13 @@ pub struct RunArgs {
     /// (at most TTL/5) and SIGKILL at the bound: never later.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::config::parse_kill_after)]
     pub kill_after: Duration,
+
+    /// Stop COMMAND once it has run this long, as a hung job must not hold the lease forever:
+    /// SIGTERM to everything it started, SIGKILL after --kill-after, then the lease is released
+    /// (the next run need not wait for it to expire) and fence exits 124, as timeout(1) does
+    /// (`"stopped": "max_time"` in the JSON answer, reason `max_time` in --metrics-file).
+    #[arg(long, value_name = "DURATION", value_parser = parse_max_time)]
+    pub max_time: Option<Duration>,
 
     /// When the run ends, write its outcome to PATH in the Prometheus text format, atomically
     /// (a temporary file renamed over it), for node_exporter's textfile collector: start, end,
@@ -857,6 +867,19 @@ pub struct PruneArgs {
     /// Keep at least the last N events of each resource, however old.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub keep: u32,
+}
+
+/// Parses `run --max-time`: a duration above zero.
+fn parse_max_time(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(limit) if limit.is_zero() => {
+            Err("a command cannot be given no time to run; write e.g. 30m, 2h".to_owned())
+        }
+        Ok(limit) => Ok(limit),
+        Err(err) => Err(format!(
+            "`{value}` is not a duration ({err}); write e.g. 30m, 2h"
+        )),
+    }
 }
 
 /// Parses `prune --older-than`: any duration, 0s (everything) included.

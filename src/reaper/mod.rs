@@ -44,9 +44,11 @@ pub const ARG: &str = "__reaper";
 
 /// The terminal's stop signals, ignored by the reaper (default again in COMMAND).
 const STOP_SIGNALS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
-/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD GRACE_MS -- COMMAND…` (what follows
-/// [`ARG`]). GRACE_MS is how long before the lease's bound the command gets SIGTERM, should
-/// `fence run` not have proven a later bound by then; at the bound itself, SIGKILL.
+/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD GRACE_MS KILL_AFTER_MS -- COMMAND…`
+/// (what follows [`ARG`]). GRACE_MS is how long before the lease's bound the command gets
+/// SIGTERM, should `fence run` not have proven a later bound by then; at the bound itself,
+/// SIGKILL. KILL_AFTER_MS (`--kill-after`) is what the command's leftovers get between
+/// SIGTERM and SIGKILL once it ended, never past the bound.
 pub fn main(args: &[OsString]) -> Exit {
     let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
     let fd = |i: usize| {
@@ -59,6 +61,7 @@ pub fn main(args: &[OsString]) -> Exit {
         Some(report_fd),
         Some(bound_fd),
         Some(grace_ms),
+        Some(kill_after_ms),
         Some(sep),
         Some((program, rest)),
     ) = (
@@ -69,8 +72,9 @@ pub fn main(args: &[OsString]) -> Exit {
         fd(1),
         fd(2),
         number(3).and_then(|ms| u64::try_from(ms).ok()),
-        args.get(4),
-        args.get(5..).and_then(|c| c.split_first()),
+        number(4).and_then(|ms| u64::try_from(ms).ok()),
+        args.get(5),
+        args.get(6..).and_then(|c| c.split_first()),
     )
     else {
         crate::terminal::warn(&format!(
@@ -231,13 +235,14 @@ pub fn main(args: &[OsString]) -> Exit {
     };
     // Descendants that left the process group (setsid: daemons) were handed to us as their
     // subreaper when their parents ended; none may outlive COMMAND, nor the bound: they get
-    // SIGTERM and, at most a second later and never past the bound, SIGKILL. `fence run` is
-    // told that some had to be stopped: their work was cut short, so the run did not complete.
+    // SIGTERM and, --kill-after later but never past the bound, SIGKILL. `fence run` is told
+    // that some had to be stopped: their work was cut short, so the run did not complete.
     let left = latest_bound(&mut bounds)
         .filter(|_| !enforced)
         .unwrap_or(bound)
         .saturating_sub(crate::sys::bound_clock_ns());
-    let term_grace = std::time::Duration::from_nanos(left).min(std::time::Duration::from_secs(1));
+    let term_grace =
+        std::time::Duration::from_nanos(left).min(std::time::Duration::from_millis(kill_after_ms));
     // One write (below a pipe's atomic size): the report is whole, or the reaper was killed
     // before it and `fence run` reads no `ended`.
     let told = Report {

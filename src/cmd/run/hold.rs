@@ -26,6 +26,8 @@ pub(super) struct Plan {
     /// at the bound, so nothing of the command outlives the bound.
     pub(super) grace: Duration,
     pub(super) kill_after: Duration,
+    /// `--max-time`: how long the command may run before it is stopped.
+    pub(super) max_time: Option<Duration>,
 }
 
 /// What [`hold`] saw by the time nothing of the command was left.
@@ -39,6 +41,8 @@ pub(super) struct Held {
     pub(super) leftovers: bool,
     /// The first stop signal that reached the command.
     pub(super) interrupted: Option<i32>,
+    /// The command was stopped because it ran past `--max-time`.
+    pub(super) timed_out: bool,
     /// The coordinator's connection, as the last renewal left it.
     pub(super) coordinator: Rc<dyn Coordinator>,
 }
@@ -189,6 +193,9 @@ pub(super) async fn hold(
     let mut outlived = false;
     // What the reaper said as it ended (read once it has been waited for).
     let mut told = Report::default();
+    // `--max-time`: when the command is stopped, however its lease fares.
+    let max_at = plan.max_time.map(|limit| Instant::now() + limit);
+    let mut timed_out = false;
     if !answered {
         lost = Some(LostReason::SupervisorLost);
         stop = Stop::until(0);
@@ -200,7 +207,8 @@ pub(super) async fn hold(
                 break;
             }
         }
-        let now = crate::sys::bound_clock_ns();
+        // A branch that starts a grace period reads the clock when it runs, not when this turn
+        // of the loop began (a turn may wait a third of the TTL): --kill-after is given whole.
         let term_at = match stop {
             None => bound.saturating_sub(nanos(plan.grace)),
             Some(_) => u64::MAX,
@@ -236,7 +244,17 @@ pub(super) async fn hold(
                     crate::sys::signal_descendants(Signal::TERM, false);
                     crate::sys::signal_descendants(Signal::CONT, false);
                 }
-                stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
+                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
+            }
+            _ = sleep_until(max_at.unwrap_or_else(Instant::now)),
+                if max_at.is_some() && !timed_out && stop.is_none() && status.is_none() => {
+                // Ran past --max-time: stopped as an interrupt would stop it (the reaper
+                // passes the SIGTERM on to what left the group), SIGKILL after --kill-after,
+                // never past the bound; the lease is renewed meanwhile and released after.
+                timed_out = true;
+                forward(pgid, Signal::TERM);
+                forward(pgid, Signal::CONT);
+                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
             }
             waited = child.wait(), if status.is_none() => {
                 let waited = waited.map_err(|err| Error::internal(
@@ -262,7 +280,7 @@ pub(super) async fn hold(
                     } else if stop.is_none() {
                         crate::sys::signal_descendants(Signal::TERM, false);
                         crate::sys::signal_descendants(Signal::CONT, false);
-                        stop = Stop::until(now.saturating_add(nanos(plan.kill_after)));
+                        stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
                     }
                 }
             }
@@ -443,6 +461,7 @@ pub(super) async fn hold(
         lost,
         leftovers: leftovers || told.leftovers,
         interrupted: interrupted.or(told.interrupted),
+        timed_out,
         coordinator,
     })
 }

@@ -63,6 +63,7 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
         // A skipped run's status is its --done-exit-code: no command ran, none failed.
         Ok(exit) if granted.skipped => (exit, "already_done"),
+        Ok(exit) if granted.stopped.is_some() => (exit, granted.stopped.unwrap_or_default()),
         Ok(exit) => (
             exit,
             if exit.code() == 0 {
@@ -109,7 +110,14 @@ struct Granted {
     at: Option<Instant>,
     /// The run id was completed before: no command ran (reason `already_done`).
     skipped: bool,
+    /// Why fence stopped the command itself (reason `max_time`).
+    stopped: Option<&'static str>,
 }
+
+/// The reason, in the JSON answer and the metrics file, of a run stopped by `--max-time`.
+const MAX_TIME: &str = "max_time";
+/// Its exit status: timeout(1)'s.
+const MAX_TIME_EXIT: u8 = 124;
 
 /// The owner of this run's lease: unique to the run, so that two runs never share a lease,
 /// whatever `--owner` they were given (only `acquire` reacquires a live lease of its own).
@@ -151,7 +159,7 @@ async fn supervise(
     // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
     // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
     let grace = args.kill_after.min(args.ttl / 5);
-    let mut reaper = Reaper::start(&args.command, grace, out)?;
+    let mut reaper = Reaper::start(&args.command, grace, args.kill_after, out)?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(
             format!("interrupted by {name} {what}; the command was not started"),
@@ -211,6 +219,7 @@ async fn supervise(
         token: Some(grant.lease.token),
         at: Some(Instant::now()),
         skipped: false,
+        stopped: None,
     };
     let lease = LeaseRef {
         resource: args.resource.clone(),
@@ -285,6 +294,7 @@ async fn supervise(
         ttl,
         grace,
         kill_after: args.kill_after,
+        max_time: args.max_time,
     };
     let held = hold(
         ctx,
@@ -302,10 +312,24 @@ async fn supervise(
         lost: lost_reason,
         leftovers,
         interrupted,
+        timed_out,
         coordinator,
     } = held?;
     if let Some(reason) = lost_reason {
         return Err(lost(&lease, reason));
+    }
+    if timed_out {
+        granted.stopped = Some(MAX_TIME);
+        crate::terminal::warn(&format!(
+            "stopped the command: it ran past --max-time {} (SIGTERM, then SIGKILL after --kill-after); the lease is released, exit {}",
+            crate::time::duration(args.max_time.unwrap_or_default()),
+            MAX_TIME_EXIT
+        ));
+    }
+    if leftovers {
+        crate::terminal::warn(
+            "note: the command left processes running when it ended (a background job?); they were stopped: SIGTERM, then SIGKILL after --kill-after",
+        );
     }
     // A run id is recorded as completed only for a run that ended on its own, whole:
     // exit 0, not asked to stop, nothing of it still running that had to be stopped.
@@ -362,11 +386,15 @@ async fn supervise(
             "warning: the command ended but its lease could not be released: {err}"
         ));
     }
-    let code = status
-        .code()
-        .map(|c| c as u8)
-        .or_else(|| status.signal().map(|s| 128 + s as u8))
-        .unwrap_or(1);
+    let code = if timed_out {
+        MAX_TIME_EXIT
+    } else {
+        status
+            .code()
+            .map(|c| c as u8)
+            .or_else(|| status.signal().map(|s| 128 + s as u8))
+            .unwrap_or(1)
+    };
     if out.format == Format::Json {
         /// A run that ended: its lease, its command's status, its run id.
         #[derive(Serialize)]
@@ -376,6 +404,10 @@ async fn supervise(
             token: i64,
             exit_status: u8,
             run_id: &'a str,
+            /// Why fence stopped the command itself (`max_time`); absent when it ended on
+            /// its own.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            stopped: Option<&'a str>,
         }
         let answer = Json {
             resource: &lease.resource,
@@ -383,6 +415,7 @@ async fn supervise(
             token: lease.token,
             exit_status: code,
             run_id: &given_id,
+            stopped: timed_out.then_some(MAX_TIME),
         };
         out.json_answer(true, "run", ctx.store_display(), &answer);
     }

@@ -77,6 +77,7 @@ impl Reaper {
     pub(super) fn start(
         command: &[OsString],
         grace: Duration,
+        kill_after: Duration,
         out: &Output,
     ) -> Result<Reaper, Error> {
         let program = command.first().ok_or_else(|| {
@@ -109,6 +110,7 @@ impl Reaper {
             .arg(raw_report.to_string())
             .arg(raw_start.to_string())
             .arg(grace.as_millis().min(i64::MAX as u128).to_string())
+            .arg(kill_after.as_millis().min(i64::MAX as u128).to_string())
             .arg("--")
             .args(command)
             .process_group(0);

@@ -776,7 +776,7 @@ fn a_reaper_started_by_hand_without_a_start_message_starts_nothing() {
         let start = dir.path().join(name);
         std::fs::write(&start, &body).unwrap();
         let script = format!(
-            "setsid '{}' __reaper $$ 3 4 1000 -- touch '{}' 3>/dev/null 4<'{}'",
+            "setsid '{}' __reaper $$ 3 4 1000 1000 -- touch '{}' 3>/dev/null 4<'{}'",
             env!("CARGO_BIN_EXE_fence"),
             ran.display(),
             start.display()

@@ -1,6 +1,7 @@
 //! `fence run`: containment of the command and its descendants, supervision, run ids, and waiting for a lease.
 
 mod containment;
+mod max_time;
 mod run_ids;
 mod run_safety;
 mod supervise;

@@ -1,0 +1,162 @@
+//! A hung job is boundable (issue 35, item 4): `fence run --max-time D` stops a command that
+//! has run for D (SIGTERM to everything it started, SIGKILL after `--kill-after`), releases
+//! the lease so that the next run need not wait for the TTL, and exits 124 as timeout(1) does,
+//! with the reason `max_time` in the JSON answer and the metrics file. On every coordinator.
+//! A command that ends in time keeps its own status.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::{wait_for, Store};
+
+/// The command: writes its pid, then sleeps far past the bound (ignoring SIGTERM if asked).
+fn hanging(dir: &Path, ignore_term: bool) -> String {
+    format!(
+        "{}echo $$ > '{}'; sleep 300 & wait",
+        if ignore_term { "trap '' TERM; " } else { "" },
+        dir.join("pid").display()
+    )
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|stat| !stat.contains(") Z "))
+            .unwrap_or(false)
+}
+
+fn a_command_past_max_time_is_stopped_and_the_lease_released(store: &Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("run.prom");
+    let out = store
+        .fence()
+        .args([
+            "run",
+            "job",
+            "--ttl",
+            "20s",
+            "--max-time",
+            "2s",
+            "--kill-after",
+            "1s",
+        ])
+        .args(["--format", "json", "--metrics-file"])
+        .args([&metrics])
+        .args(["--", "sh", "-c", &hanging(dir.path(), true)])
+        .run();
+    assert_eq!(out.code, 124, "exit 124, as timeout(1): {out:?}");
+    let json = out.json();
+    assert_eq!(json["stopped"], "max_time", "{json}");
+    assert!(
+        out.stderr.contains("--max-time"),
+        "says why it stopped the command: {out:?}"
+    );
+    let pid: u32 = std::fs::read_to_string(dir.path().join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_for(
+        "the command (which ignored SIGTERM) to be gone",
+        std::time::Duration::from_secs(10),
+        || !alive(pid),
+    );
+    let prom = std::fs::read_to_string(&metrics).unwrap();
+    assert!(prom.contains("reason=\"max_time\""), "{prom}");
+    // Released, not left to expire: another owner gets it at once.
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "next", "--ttl", "1m"])
+        .run()
+        .expect(0);
+    let events = store.events("job");
+    assert!(
+        events.iter().any(|(kind, _, _)| kind == "released"),
+        "{events:?}"
+    );
+}
+
+fn a_command_that_ends_in_time_keeps_its_status(store: &Store) {
+    store
+        .fence()
+        .args([
+            "run",
+            "job",
+            "--ttl",
+            "20s",
+            "--max-time",
+            "1m",
+            "--",
+            "sh",
+            "-c",
+            "exit 3",
+        ])
+        .run()
+        .expect(3);
+}
+
+per_coordinator!(
+    a_command_past_max_time_is_stopped_and_the_lease_released,
+    a_command_that_ends_in_time_keeps_its_status
+);
+
+#[test]
+fn max_time_is_refused_when_it_is_not_a_duration() {
+    let store = Store::new(common::Backend::File);
+    let out = store
+        .fence()
+        .args(["run", "job", "--max-time", "soon", "--", "true"])
+        .run()
+        .expect(2);
+    assert!(out.stderr.contains("--max-time"), "{out:?}");
+    assert!(store.events("job").is_empty(), "nothing ran");
+}
+
+/// What the command left running when it ended gets SIGTERM and then the whole `--kill-after`
+/// before SIGKILL, however long ago fence's supervision loop last woke up (a renewal every
+/// third of a 30 s TTL). It got less once: the grace was counted from the loop's last turn,
+/// so a leftover that ignored SIGTERM was killed at once. The leftover stamps the time
+/// every 100 ms; its last stamp comes `--kill-after` after the command ended, or later.
+#[test]
+fn leftovers_get_the_whole_kill_after() {
+    let store = Store::new(common::Backend::File);
+    let dir = tempfile::tempdir().unwrap();
+    let stamps = dir.path().join("stamps");
+    let ended = dir.path().join("ended");
+    let script = format!(
+        "sleep 4; (trap '' TERM; while :; do date +%s%N >> '{stamps}'; sleep 0.1; done) & \
+         date +%s%N > '{ended}'; exit 0",
+        stamps = stamps.display(),
+        ended = ended.display()
+    );
+    let out = store
+        .fence()
+        .args(["run", "job", "--ttl", "30s", "--kill-after", "3s", "--"])
+        .args(["sh", "-c", &script])
+        .run()
+        .expect(0);
+    assert!(
+        out.stderr
+            .contains("note: the command left processes running when it ended"),
+        "the stop is not silent: {out:?}"
+    );
+    let ended: i128 = std::fs::read_to_string(&ended)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let last: i128 = std::fs::read_to_string(&stamps)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // A lower bound: a loaded machine only makes the leftover live longer.
+    assert!(
+        last - ended >= 2_700_000_000,
+        "the leftover was killed {:.2}s after the command ended, before --kill-after 3s",
+        (last - ended) as f64 / 1e9
+    );
+}
