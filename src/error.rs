@@ -182,6 +182,20 @@ pub enum Error {
     },
 }
 
+/// What became of a lease, in a few words, for a report that names the lease itself.
+pub(crate) fn lost_reason_words(reason: LostReason) -> String {
+    match reason {
+        LostReason::Expired => "it expired before it was renewed".to_owned(),
+        LostReason::Released => "it was released".to_owned(),
+        LostReason::TakenOver { highest_token } => {
+            format!("it was taken over: token {highest_token} is newer")
+        }
+        LostReason::Unreachable => "it could not be renewed before it ran out".to_owned(),
+        LostReason::SupervisorLost => "its supervisor was lost".to_owned(),
+        LostReason::Unkillable => "it ran out while a process would not die on SIGKILL".to_owned(),
+    }
+}
+
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
     match reason {
         LostReason::Expired => {

@@ -181,9 +181,23 @@ pub fn main(args: &[OsString]) -> Exit {
     let mut bound = first_bound;
     let mut enforced = false;
     let mut groups = Vec::new();
+    // When the command was seen to have ended, if that was before the bound (see below).
+    let mut inside = None;
     let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => {
+                // Seen now, so it ended no later: inside the lease if that is before the
+                // latest bound, and this reaper never had to enforce one.
+                let seen = crate::sys::bound_clock_ns();
+                let latest = latest_bound(&mut bounds)
+                    .filter(|_| !enforced)
+                    .unwrap_or(bound);
+                if !enforced && seen < latest {
+                    inside = Some(seen);
+                }
+                bound = latest;
+                break status;
+            }
             Ok(None) => {}
             Err(_) => return Exit::Internal,
         }
@@ -245,10 +259,12 @@ pub fn main(args: &[OsString]) -> Exit {
         std::time::Duration::from_nanos(left).min(std::time::Duration::from_millis(kill_after_ms));
     // One write (below a pipe's atomic size): the report is whole, or the reaper was killed
     // before it and `fence run` reads no `ended`.
+    let leftovers = crate::sys::kill_descendants(term_grace);
     let told = Report {
-        leftovers: crate::sys::kill_descendants(term_grace),
+        leftovers,
         bound: enforced,
         interrupted,
+        inside: inside.filter(|_| !leftovers),
         ended: true,
     };
     let _ = report.write_all(told.encode().as_bytes());

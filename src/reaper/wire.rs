@@ -20,6 +20,7 @@ const LEFTOVERS: &str = "leftovers";
 const INTERRUPTED: &str = "interrupted";
 const BOUND: &str = "bound";
 const ENDED: &str = "ended";
+const INSIDE: &str = "inside";
 
 /// The start message: the lease's first bound (8 bytes, CLOCK_BOOTTIME ns, little-endian), the
 /// length of what follows (4 bytes), and the command's added environment, `KEY=VALUE` entries
@@ -121,6 +122,11 @@ pub struct Report {
     /// A stop signal reached the command's group (from `fence run`, or straight from the
     /// terminal, whose Ctrl-C goes to the foreground group only, the command's).
     pub interrupted: Option<i32>,
+    /// The command ended before the lease's bound as the reaper last knew it, before the
+    /// reaper had to stop it, with nothing left running: when it saw it end (bound clock ns).
+    /// So the command finished inside its lease, whatever `fence run` (paused, say) learns of
+    /// the lease afterwards.
+    pub inside: Option<u64>,
     /// It ended on its own: its last line. Without it, the reaper was killed.
     pub ended: bool,
 }
@@ -139,6 +145,9 @@ impl Report {
         if let Some(signal) = self.interrupted {
             text.push_str(&format!("{INTERRUPTED} {signal}\n"));
         }
+        if let Some(at) = self.inside {
+            text.push_str(&format!("{INSIDE} {at}\n"));
+        }
         if self.ended {
             text.push_str(ENDED);
             text.push('\n');
@@ -155,6 +164,7 @@ impl Report {
                 None if line == BOUND => report.bound = true,
                 None if line == ENDED => report.ended = true,
                 Some((INTERRUPTED, signal)) => report.interrupted = signal.parse().ok(),
+                Some((INSIDE, at)) => report.inside = at.parse().ok(),
                 _ => {}
             }
         }
@@ -225,6 +235,7 @@ mod tests {
             leftovers: true,
             bound: true,
             interrupted: Some(libc::SIGTERM),
+            inside: Some(1_234_567_890_123),
             ended: true,
         };
         for report in [Report::default(), full.clone()] {

@@ -43,6 +43,10 @@ pub(super) struct Held {
     pub(super) interrupted: Option<i32>,
     /// The command was stopped because it ran past `--max-time`.
     pub(super) timed_out: bool,
+    /// The lease was lost only after the command had finished inside it, on its own (the
+    /// reaper saw it end before the bound, before fence signalled it): fence itself was
+    /// paused or could not reach the store. The command's status stands.
+    pub(super) lost_after: Option<LostReason>,
     /// The coordinator's connection, as the last renewal left it.
     pub(super) coordinator: Rc<dyn Coordinator>,
 }
@@ -452,6 +456,15 @@ pub(super) async fn hold(
             ));
         }
     }
+    // The reaper saw the command end before the bound, with nothing left running, and then
+    // reported: so the command ended inside its lease, and not by this process's hand (a
+    // lost lease is stopped with SIGKILL to the whole group, the reaper included, which then
+    // reports nothing). Whatever became of the lease since (this process was paused past it,
+    // or the store could not be reached), the command's status stands.
+    let mut lost_after = None;
+    if told.inside.is_some() && gone(lost) && lost != Some(LostReason::Unkillable) {
+        lost_after = lost.take();
+    }
     if lost == Some(LostReason::SupervisorLost) {
         // Nothing of the command is left and the lease is still ours: hand it back.
         let _ = coordinator.release(lease).await;
@@ -462,6 +475,7 @@ pub(super) async fn hold(
         leftovers: leftovers || told.leftovers,
         interrupted: interrupted.or(told.interrupted),
         timed_out,
+        lost_after,
         coordinator,
     })
 }

@@ -313,6 +313,7 @@ async fn supervise(
         leftovers,
         interrupted,
         timed_out,
+        lost_after,
         coordinator,
     } = held?;
     if let Some(reason) = lost_reason {
@@ -324,6 +325,14 @@ async fn supervise(
             "stopped the command: it ran past --max-time {} (SIGTERM, then SIGKILL after --kill-after); the lease is released, exit {}",
             crate::time::duration(args.max_time.unwrap_or_default()),
             MAX_TIME_EXIT
+        ));
+    }
+    if let Some(reason) = lost_after {
+        crate::terminal::warn(&format!(
+            "warning: the command finished inside its lease; only afterwards was the lease on `{}` (token {}) lost ({}): fence itself was paused, or the store could not be reached. The command's exit status stands; nothing of it ran past the lease",
+            lease.resource,
+            lease.token,
+            crate::error::lost_reason_words(reason)
         ));
     }
     if leftovers {
@@ -369,22 +378,25 @@ async fn supervise(
             ));
         }
     }
-    let mut released = coordinator.release(&lease).await;
-    if matches!(
-        released,
-        Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
-    ) {
-        // The connection may have been closed while the command ran (a server's
-        // idle_session_timeout, a restart): a release is safe to send again, once, on a
-        // fresh one (a second release of the token is "already released").
-        if let Ok(fresh) = ctx.coordinator().await {
-            released = fresh.release(&lease).await;
+    // A lease lost after the command finished is not ours to release.
+    if lost_after.is_none() {
+        let mut released = coordinator.release(&lease).await;
+        if matches!(
+            released,
+            Err(Error::Unavailable { .. } | Error::OutcomeUnknown { .. })
+        ) {
+            // The connection may have been closed while the command ran (a server's
+            // idle_session_timeout, a restart): a release is safe to send again, once, on a
+            // fresh one (a second release of the token is "already released").
+            if let Ok(fresh) = ctx.coordinator().await {
+                released = fresh.release(&lease).await;
+            }
         }
-    }
-    if let Err(err) = released {
-        crate::terminal::warn(&format!(
-            "warning: the command ended but its lease could not be released: {err}"
-        ));
+        if let Err(err) = released {
+            crate::terminal::warn(&format!(
+                "warning: the command ended but its lease could not be released: {err}"
+            ));
+        }
     }
     let code = if timed_out {
         MAX_TIME_EXIT

@@ -2,6 +2,7 @@
 
 mod containment;
 mod max_time;
+mod paused_fence;
 mod run_ids;
 mod run_safety;
 mod supervise;
