@@ -339,7 +339,7 @@ pub fn readme_with_exit_table(readme: &str) -> Result<String, &'static str> {
     }
     let _ = writeln!(
         table,
-        "| other | — | `fence run` passes on its command's status (128+N if it died of signal N) |"
+        "| other | — | `fence run` passes on its command's status (128+N if it died of signal N), also when the lease was lost only after the command had finished (a warning says so); 124 when `--max-time` stopped it |"
     );
     Ok(format!("{head}{README_START}{table}{README_END}{tail}"))
 }
