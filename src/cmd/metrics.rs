@@ -120,6 +120,10 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
         "fence_lease_token",
         "The highest fencing token the store has issued for the resource.",
     );
+    let mut acquired = Family::gauge(
+        "fence_lease_acquired_timestamp_seconds",
+        "When the live lease's holder was granted it (Unix time, the store's clock): `time() - this` is how long it has held the resource.",
+    );
     let mut expires = Family::gauge(
         "fence_lease_expiry_timestamp_seconds",
         "When the live lease expires unless renewed (Unix time, the store's clock).",
@@ -141,6 +145,9 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
         }
         if let Some(t) = v.token {
             token.add(&r, t as f64);
+        }
+        if let (true, Some(at)) = (live, v.acquired_at_ms) {
+            acquired.add(&r, seconds(at));
         }
         if let (true, Some(at)) = (live, v.expires_at_ms) {
             expires.add(&r, seconds(at));
@@ -178,6 +185,7 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
             held,
             holder,
             token,
+            acquired,
             expires,
             waiters,
             oldest,

@@ -221,6 +221,28 @@ fn metrics_match_the_history(store: Store) {
             &[("resource", "other")]
         ) > 1.7e9
     );
+    // How long the holder has held it: when it was granted, by the store's clock, at or
+    // before its expiry; and only for a live lease.
+    let granted = value(
+        "fence_lease_acquired_timestamp_seconds",
+        &[("resource", "other")],
+    );
+    assert!(
+        granted > 1.7e9
+            && granted
+                <= value(
+                    "fence_lease_expiry_timestamp_seconds",
+                    &[("resource", "other")]
+                ),
+        "{granted}"
+    );
+    assert!(
+        !samples.keys().any(
+            |(name, labels)| name == "fence_lease_acquired_timestamp_seconds"
+                && labels.contains(&("resource".into(), "job".into()))
+        ),
+        "no holder of `job`, no grant time"
+    );
 
     // --resource narrows it.
     let narrowed = parse(
@@ -338,4 +360,42 @@ fn file_store_run_metrics_file() {
 #[test]
 fn postgres_run_metrics_file() {
     run_metrics_file(Store::postgres());
+}
+
+/// The alerting rules of docs/incidents.md (the block marked `<!-- alerts -->`) name only
+/// metrics `fence metrics` prints: a renamed family must not leave an alert that never fires.
+#[test]
+fn the_documented_alerts_name_metrics_fence_prints() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/incidents.md")).unwrap();
+    let rules = doc
+        .split("<!-- alerts -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```yaml").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/incidents.md has a yaml block marked <!-- alerts -->");
+    let named: std::collections::BTreeSet<&str> = rules
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("fence_"))
+        .collect();
+    assert!(named.len() >= 3, "{named:?}");
+
+    // A store's families are printed once a lease exists; a target's
+    // (`fence_stale_writes_rejected_total`, with `--target`) are in the printer's source.
+    let store = Store::file();
+    store
+        .fence()
+        .args(["acquire", "job", "--owner", "A", "--ttl", "1m"])
+        .run()
+        .expect(0);
+    let printed = parse(&store.fence().args(["metrics"]).run().expect(0).stdout);
+    let source = std::fs::read_to_string(root.join("src/cmd/metrics.rs")).unwrap();
+    for name in named {
+        assert!(
+            printed.keys().any(|(family, _)| family == name)
+                || (name.starts_with("fence_stale_writes")
+                    && source.contains(&format!("\"{name}\""))),
+            "the alert names `{name}`, which fence metrics does not print"
+        );
+    }
 }
