@@ -598,42 +598,6 @@ fn retention_prunes_a_long_log_and_keeps_the_high_water_mark() {
     assert_eq!(acquire(&store, "r", "c"), 80_002);
 }
 
-/// The history benchmark of the README: 2,000,000 events in one log, `inspect --history 5`
-/// timed by `/usr/bin/time -v`. Run it with
-/// `tests/run -E 'test(history_benchmark)' --run-ignored ignored-only --no-capture`.
-#[test]
-#[ignore = "a benchmark, not a check: prints figures, asserts nothing about time"]
-fn history_benchmark_2m_events() {
-    let store = Store::file();
-    grant_and_release(&store, "r", "a");
-    synthetic_log(&log_path(&store, "r"), 2_000_000);
-    let size = fs::metadata(log_path(&store, "r")).unwrap().len();
-    let out = Command::new("/usr/bin/time")
-        .arg("-v")
-        .arg(env!("CARGO_BIN_EXE_fence"))
-        .args([
-            "--store",
-            &store.url,
-            "inspect",
-            "r",
-            "--history",
-            "5",
-            "--format",
-            "json",
-        ])
-        .env("HOME", store.home.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let report = String::from_utf8_lossy(&out.stderr);
-    for line in report
-        .lines()
-        .filter(|l| l.contains("Elapsed (wall clock)") || l.contains("Maximum resident set size"))
-    {
-        println!("{} MB log: {}", size >> 20, line.trim());
-    }
-}
-
 /// A resource's lock file held by something that is not a running fence operation (a paused
 /// fence process, or any local user who can read the file and `flock` it) does not block
 /// acquires forever: after the bounded wait it is exit 7, naming the lock, and nothing changed.
