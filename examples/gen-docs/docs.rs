@@ -225,11 +225,34 @@ fn add_man_pages(
     if cmd.get_version().is_some() {
         io(man.render_version_section(out));
     }
-    files.insert(PathBuf::from(format!("man/{name}.1")), once_preamble(page));
+    files.insert(
+        PathBuf::from(format!("man/{name}.1")),
+        ascii_roff(once_preamble(page)),
+    );
 
     for sub in cmd.get_subcommands().filter(|sub| !sub.is_hide_set()) {
         add_man_pages(sub, false, source, files);
     }
+}
+
+/// The page in ASCII: `man` under the C locale (cron's, a container's) cannot show "…" and
+/// warns about every one; groff's named characters have ASCII renderings on every device.
+fn ascii_roff(page: Vec<u8>) -> Vec<u8> {
+    let page = String::from_utf8(page).expect("roff output is UTF-8");
+    let mut out = String::with_capacity(page.len());
+    for c in page.chars() {
+        match c {
+            '…' => out.push_str("..."),
+            '—' => out.push_str("\\(em"),
+            '–' => out.push_str("\\(en"),
+            '→' => out.push_str("\\(->"),
+            '≥' => out.push_str("\\(>="),
+            '≤' => out.push_str("\\(<="),
+            c if c.is_ascii() => out.push(c),
+            c => panic!("no ASCII form for {c:?} in a man page: add one to ascii_roff"),
+        }
+    }
+    out.into_bytes()
 }
 
 /// Each `render_*` call and `Roff::to_writer` starts with the same two-line preamble (which

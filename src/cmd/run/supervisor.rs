@@ -103,6 +103,8 @@ impl Reaper {
         let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
         let parent = std::process::id().to_string();
         let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        // Shown by `ps` as `fence __reaper …`, not `/proc/self/exe __reaper …`.
+        cmd.arg0("fence");
         let raw_report = report_end.as_raw_fd();
         let raw_start = start_end.as_raw_fd();
         cmd.arg(crate::reaper::ARG)

@@ -70,3 +70,28 @@ fn prune_counts_agree_with_their_nouns() {
         "{out:?}"
     );
 }
+
+/// The man pages are ASCII: `man` under the C locale (cron's, a minimal container's) drops
+/// "…" and warns `can't find special character` for each one (issue 35, item 7); groff's named
+/// characters (`\(em`) render everywhere.
+#[test]
+fn the_man_pages_read_the_same_in_the_c_locale() {
+    let man = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("man");
+    let mut pages = 0;
+    for entry in std::fs::read_dir(&man).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let odd: Vec<(usize, char)> = text
+            .lines()
+            .enumerate()
+            .flat_map(|(n, line)| {
+                line.chars()
+                    .filter(|c| !c.is_ascii())
+                    .map(move |c| (n + 1, c))
+            })
+            .collect();
+        assert!(odd.is_empty(), "{}: not ASCII at {odd:?}", path.display());
+        pages += 1;
+    }
+    assert!(pages >= 15, "{pages} man pages");
+}

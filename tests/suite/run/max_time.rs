@@ -160,3 +160,23 @@ fn leftovers_get_the_whole_kill_after() {
         (last - ended) as f64 / 1e9
     );
 }
+
+/// `ps` names the supervisor `fence __reaper …` (its argv[0] is `fence`), not
+/// `/proc/self/exe __reaper …` (issue 35, item 7): the command's parent is the supervisor.
+#[test]
+fn ps_shows_the_supervisor_as_fence() {
+    let store = Store::new(common::Backend::File);
+    let out = store
+        .fence()
+        .args([
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "tr '\\0' ' ' < /proc/$PPID/cmdline",
+        ])
+        .run()
+        .expect(0);
+    assert!(out.stdout.starts_with("fence __reaper "), "{out:?}");
+}
