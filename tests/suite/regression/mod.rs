@@ -7,4 +7,5 @@ mod log_and_metrics;
 mod pg_write_and_run;
 mod reaper;
 mod reaper_start_and_run_ids;
+mod review_on_call;
 mod trust;
