@@ -869,12 +869,19 @@ pub struct PruneArgs {
     pub keep: u32,
 }
 
-/// Parses `run --max-time`: a duration above zero.
+/// The longest `run --max-time`: a year (a longer one would overflow the clock it is kept
+/// on, and no job that needs a bound needs that one).
+const MAX_MAX_TIME: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses `run --max-time`: a duration above zero, at most [`MAX_MAX_TIME`].
 fn parse_max_time(value: &str) -> Result<Duration, String> {
     match humantime::parse_duration(value) {
         Ok(limit) if limit.is_zero() => {
             Err("a command cannot be given no time to run; write e.g. 30m, 2h".to_owned())
         }
+        Ok(limit) if limit > MAX_MAX_TIME => Err(format!(
+            "`{value}` is longer than --max-time allows (366 days); leave --max-time out for no bound"
+        )),
         Ok(limit) => Ok(limit),
         Err(err) => Err(format!(
             "`{value}` is not a duration ({err}); write e.g. 30m, 2h"

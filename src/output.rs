@@ -65,10 +65,11 @@ pub fn fit(text: &str) -> String {
 }
 
 fn wrap(text: &str, width: usize) -> String {
+    use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
     let mut out = String::with_capacity(text.len());
     for line in text.split('\n') {
         let is_table = line.chars().any(|c| ('\u{2500}'..='\u{257f}').contains(&c));
-        if is_table || line.chars().count() <= width {
+        if is_table || line.width() <= width {
             out.push_str(line);
             out.push('\n');
             continue;
@@ -78,13 +79,9 @@ fn wrap(text: &str, width: usize) -> String {
         for word in line.split(' ').filter(|w| !w.is_empty()) {
             let mut word = word.to_owned();
             loop {
-                let taken = current.chars().count();
-                let start = if taken == 0 {
-                    indent.chars().count()
-                } else {
-                    taken + 1
-                };
-                if start + word.chars().count() <= width {
+                let taken = current.width();
+                let start = if taken == 0 { indent.len() } else { taken + 1 };
+                if start + word.width() <= width {
                     if taken == 0 {
                         current.push_str(&indent);
                     } else {
@@ -99,13 +96,25 @@ fn wrap(text: &str, width: usize) -> String {
                     current.clear();
                     continue;
                 }
-                // One word wider than the line: cut it.
-                let room = width.saturating_sub(indent.chars().count()).max(1);
-                let head: String = word.chars().take(room).collect();
+                // One word wider than the line: cut it, at a character boundary that fits.
+                let room = width.saturating_sub(indent.len()).max(2);
+                let mut used = 0;
+                let head: String = word
+                    .chars()
+                    .take_while(|c| {
+                        used += c.width().unwrap_or(0);
+                        used <= room
+                    })
+                    .collect();
+                let head = if head.is_empty() {
+                    word.chars().take(1).collect()
+                } else {
+                    head
+                };
                 out.push_str(&indent);
                 out.push_str(&head);
                 out.push('\n');
-                word = word.chars().skip(room).collect();
+                word = word[head.len()..].to_owned();
                 if word.is_empty() {
                     break;
                 }
@@ -121,6 +130,10 @@ fn wrap(text: &str, width: usize) -> String {
 /// Keeps these columns of `table` (with its header set) at their content's width when the
 /// table has to fit a terminal: a timestamp or a token split over two lines is hard to read.
 pub fn keep_whole(table: &mut comfy_table::Table, columns: &[usize]) {
+    // On a narrow terminal everything wraps: a whole timestamp alone takes 28 columns.
+    if table.width().is_some_and(|width| width < 100) {
+        return;
+    }
     for &index in columns {
         if let Some(column) = table.column_mut(index) {
             column.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
@@ -444,5 +457,12 @@ mod tests {
         assert!(wrap(&"x".repeat(50), 20)
             .lines()
             .all(|l| l.chars().count() <= 20));
+        // Wide characters take two columns each.
+        let wide = wrap("资源资源资源资源资源资源 ok", 10);
+        assert!(
+            wide.lines()
+                .all(|l| unicode_width::UnicodeWidthStr::width(l) <= 10),
+            "{wide}"
+        );
     }
 }

@@ -383,21 +383,21 @@ pub(crate) fn reap_children() {
 /// How long the killing goes on at most (a process that cannot die: stuck in the kernel).
 const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Stops every descendant of this process: SIGTERM, then after `term_grace` SIGKILL again
+/// Stops every descendant of this process: SIGTERM, then once the bound clock reaches
+/// `kill_at()` (asked again at every look, so the deadline may move) SIGKILL again
 /// and again to every one still there or born since (and to the process groups only they
 /// are in), until this process has no child left; reaps them all (a subreaper's orphans), so
 /// none is left a zombie. Returns whether any was left. Reaps any child, so a caller must
 /// have waited for the children it waits for itself. Blocking: for the reaper, which has no
 /// runtime (`fence run` does the same in its own loop, between renewals).
-pub(crate) fn kill_descendants(term_grace: std::time::Duration) -> bool {
+pub(crate) fn kill_descendants(mut kill_at: impl FnMut() -> u64) -> bool {
     reap_children();
     if !has_children() {
         return false;
     }
     signal_descendants(Signal::TERM, false);
     signal_descendants(Signal::CONT, false);
-    let start = std::time::Instant::now();
-    while start.elapsed() < term_grace {
+    while bound_clock_ns() < kill_at() {
         reap_children();
         if !has_children() {
             return true;
@@ -405,7 +405,8 @@ pub(crate) fn kill_descendants(term_grace: std::time::Duration) -> bool {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let mut groups = Vec::new();
-    while start.elapsed() < term_grace + KILL_FOR {
+    let start = std::time::Instant::now();
+    while start.elapsed() < KILL_FOR {
         reap_children();
         if !has_children() {
             break;

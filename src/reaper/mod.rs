@@ -249,17 +249,20 @@ pub fn main(args: &[OsString]) -> Exit {
     };
     // Descendants that left the process group (setsid: daemons) were handed to us as their
     // subreaper when their parents ended; none may outlive COMMAND, nor the bound: they get
-    // SIGTERM and, --kill-after later but never past the bound, SIGKILL. `fence run` is told
-    // that some had to be stopped: their work was cut short, so the run did not complete.
-    let left = latest_bound(&mut bounds)
-        .filter(|_| !enforced)
-        .unwrap_or(bound)
-        .saturating_sub(crate::sys::bound_clock_ns());
-    let term_grace =
-        std::time::Duration::from_nanos(left).min(std::time::Duration::from_millis(kill_after_ms));
+    // SIGTERM and, --kill-after later but never past the bound, SIGKILL. The bound is the
+    // latest `fence run` proved, read again at every look: it keeps renewing meanwhile.
+    // `fence run` is told that some had to be stopped: their work was cut short, so the run
+    // did not complete.
+    let ended_at = crate::sys::bound_clock_ns();
+    let kill_after = kill_after_ms.saturating_mul(1_000_000);
+    let leftovers = crate::sys::kill_descendants(|| {
+        if !enforced {
+            bound = latest_bound(&mut bounds).unwrap_or(bound);
+        }
+        ended_at.saturating_add(kill_after).min(bound)
+    });
     // One write (below a pipe's atomic size): the report is whole, or the reaper was killed
     // before it and `fence run` reads no `ended`.
-    let leftovers = crate::sys::kill_descendants(term_grace);
     let told = Report {
         leftovers,
         bound: enforced,

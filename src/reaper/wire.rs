@@ -156,17 +156,35 @@ impl Report {
     }
 
     /// Lines it does not know are skipped (a newer reaper's), as is a line cut short.
+    ///
+    /// Only the reaper's own report counts: the last one, up to its `ended` line and after
+    /// any earlier `ended` (the reaper writes its report in one write, once the command and
+    /// everything it started are gone). A command running as root can write into the pipe
+    /// (through /proc), but what it writes comes before the reaper's report, so it is not
+    /// read. `inside` counts only in a whole report that says nothing against it (no bound
+    /// enforced, nothing left running); without `ended` (a killed reaper), it never counts.
     pub fn parse(text: &str) -> Report {
+        let lines: Vec<&str> = text.lines().collect();
+        let end = lines.iter().rposition(|line| *line == ENDED);
+        let start = end.map_or(0, |end| {
+            lines[..end]
+                .iter()
+                .rposition(|line| *line == ENDED)
+                .map_or(0, |before| before + 1)
+        });
         let mut report = Report::default();
-        for line in text.lines() {
+        for &line in &lines[start..end.unwrap_or(lines.len())] {
             match line.split_once(' ') {
                 None if line == LEFTOVERS => report.leftovers = true,
                 None if line == BOUND => report.bound = true,
-                None if line == ENDED => report.ended = true,
                 Some((INTERRUPTED, signal)) => report.interrupted = signal.parse().ok(),
                 Some((INSIDE, at)) => report.inside = at.parse().ok(),
                 _ => {}
             }
+        }
+        report.ended = end.is_some();
+        if !report.ended || report.bound || report.leftovers {
+            report.inside = None;
         }
         report
     }
@@ -235,7 +253,8 @@ mod tests {
             leftovers: true,
             bound: true,
             interrupted: Some(libc::SIGTERM),
-            inside: Some(1_234_567_890_123),
+            // Never with `bound` or `leftovers`: see `only_the_reapers_own_report_counts`.
+            inside: None,
             ended: true,
         };
         for report in [Report::default(), full.clone()] {
@@ -245,5 +264,33 @@ mod tests {
         let cut = &text[..text.len() - "ended\n".len()];
         assert!(!Report::parse(cut).ended);
         assert!(Report::parse("newer-line\nended\n").ended);
+    }
+
+    #[test]
+    fn only_the_reapers_own_report_counts() {
+        // The reaper's report (nothing left, ended inside) round-trips.
+        let inside = Report {
+            inside: Some(42),
+            ended: true,
+            ..Report::default()
+        };
+        assert_eq!(Report::parse(&inside.encode()), inside);
+        // Lines a command wrote into the pipe before the reaper's report are not read.
+        let forged = "\ninside 1\nended\nbound\nended\n";
+        let report = Report::parse(forged);
+        assert!(report.bound && report.inside.is_none(), "{report:?}");
+        let forged = "\ninside 1\nleftovers\ninterrupted 15\nended\nended\n";
+        assert_eq!(
+            Report::parse(forged),
+            Report {
+                ended: true,
+                ..Report::default()
+            }
+        );
+        // A report without `ended` (a killed reaper) never says inside.
+        assert_eq!(Report::parse("\ninside 5\n").inside, None);
+        // Nor one that contradicts it.
+        assert_eq!(Report::parse("bound\ninside 5\nended\n").inside, None);
+        assert_eq!(Report::parse("leftovers\ninside 5\nended\n").inside, None);
     }
 }

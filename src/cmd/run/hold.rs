@@ -198,7 +198,9 @@ pub(super) async fn hold(
     // What the reaper said as it ended (read once it has been waited for).
     let mut told = Report::default();
     // `--max-time`: when the command is stopped, however its lease fares.
-    let max_at = plan.max_time.map(|limit| Instant::now() + limit);
+    let max_at = plan
+        .max_time
+        .and_then(|limit| Instant::now().checked_add(limit));
     let mut timed_out = false;
     if !answered {
         lost = Some(LostReason::SupervisorLost);

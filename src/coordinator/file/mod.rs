@@ -144,10 +144,19 @@ impl FileCoordinator {
     /// sees. `fence init` ([`Self::create`]) creates a store on purpose, parents included.
     fn ensure(&self) -> Result<(), Error> {
         check_parent(&self.dir)?;
-        let new = !self.dir.exists();
-        self.create_directories()?;
         let default = crate::config::default_store_dir().ok();
-        if new && default.as_deref() != Some(self.dir.as_path()) {
+        // Of the commands that find the store missing at once, exactly one makes its
+        // directory (`mkdir` is atomic), and that one says so.
+        let made = default.as_deref() != Some(self.dir.as_path())
+            && match fs::create_dir(&self.dir) {
+                Ok(()) => true,
+                Err(err) if err.kind() == ErrorKind::AlreadyExists => false,
+                Err(err) => {
+                    return Err(self.io_error("create the store directory", &self.dir, &err))
+                }
+            };
+        self.create_directories()?;
+        if made {
             crate::terminal::warn(&format!(
                 "note: created the store directory `{}`: a new, empty store (leases in any other store do not count here); if you meant another, check --store (FENCE_STORE)",
                 self.dir.display()

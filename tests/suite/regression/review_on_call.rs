@@ -70,7 +70,6 @@ const FORGE: &str = "fd=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n 4p); \
 /// which the trap turns into exit 0). The reaper's own report says `bound`, and not `inside`;
 /// the forged line is read as if the reaper had said it.
 #[test]
-#[ignore = "FINDING: a root command forges `inside` through /proc/$PPID/fd: the reaper stopped it at the bound (fence paused), yet fence exits 0 with 'the command finished inside its lease'"]
 fn a_forged_inside_line_does_not_turn_a_command_stopped_at_the_bound_into_success() {
     if !is_root() {
         return; // only root can open the non-dumpable reaper's descriptors
@@ -116,7 +115,6 @@ fn a_forged_inside_line_does_not_turn_a_command_stopped_at_the_bound_into_succes
 /// nothing (no `ended`). A report without `ended` is a killed reaper's: none of its lines may
 /// count, yet `inside` does.
 #[test]
-#[ignore = "FINDING: a report without `ended` (reaper SIGKILLed by fence on a lost lease) still counts its `inside` line: fence exits 137 with 'finished inside its lease' instead of 5"]
 fn an_inside_line_from_a_killed_reaper_does_not_hide_a_lost_lease() {
     if !is_root() {
         return;
@@ -227,7 +225,6 @@ fn a_command_that_ran_past_the_bound_while_fence_and_reaper_were_paused_is_exit_
 /// command was started (`Instant + Duration` overflows): exit 101, the command ran (then the
 /// reaper killed it, its parent gone), and the lease stays held until its TTL runs out.
 #[test]
-#[ignore = "FINDING: --max-time 300000000000y panics (exit 101) after the command started; the lease is left held for its TTL by a dead run"]
 fn a_max_time_too_long_for_the_clock_is_refused_before_the_command_runs() {
     let store = Store::new(Backend::File);
     let dir = tempfile::tempdir().unwrap();
@@ -301,7 +298,6 @@ fn max_time_stops_a_setsid_daemon_that_ignores_sigterm(store: &Store) {
 /// must get them. The reaper caps the grace at the bound it knew when the command ended (at
 /// most 2.7 s ahead) and never reads the renewals fence sends meanwhile.
 #[test]
-#[ignore = "FINDING: with --ttl 3s --kill-after 6s a leftover is SIGKILLed ~2.7s after SIGTERM (the reaper's stale bound), though fence renews the lease the whole time"]
 fn a_leftover_gets_the_whole_kill_after_while_the_lease_is_renewed() {
     let store = Store::new(Backend::File);
     let dir = tempfile::tempdir().unwrap();
@@ -499,7 +495,6 @@ const WIDE: &str = "资源资源资源资源资源资源资源资源资源资源
 /// A sentence that names a resource of wide characters (two columns each) is wrapped to the
 /// terminal by columns, not by characters.
 #[test]
-#[ignore = "FINDING: output::wrap counts chars, not columns: on a 40-column terminal `fence acquire <CJK name>` prints a line 54 columns wide"]
 fn a_sentence_with_wide_characters_fits_a_40_column_terminal() {
     let store = Store::new(Backend::File);
     let shown = on_a_terminal(&store, 40, &format!("acquire 'x {WIDE}' --ttl 1m"));
@@ -545,10 +540,9 @@ fn tables_with_wide_characters_fit_a_40_column_terminal() {
     );
 }
 
-/// `fence log` and `fence inspect --history` on a 40-column terminal (a split pane): their
-/// event tables keep the 24-character timestamp whole, and then need 73 and 56 columns.
+/// `fence log` and `fence inspect --history` on a 40-column terminal (a split pane) fit it:
+/// they kept the 24-character timestamp whole once, and then needed 73 and 56 columns.
 #[test]
-#[ignore = "FINDING: on a 40-column terminal `fence log` prints a 73-column table and `inspect --history 5` a 56-column one (the AT column kept whole), though tables are to fit the terminal"]
 fn event_tables_fit_a_40_column_terminal() {
     let store = Store::new(Backend::File);
     store
@@ -556,7 +550,8 @@ fn event_tables_fit_a_40_column_terminal() {
         .acquire("job", &["--owner", "someone", "--ttl", "10m"]);
     for args in ["log", "inspect --history 5"] {
         let shown = on_a_terminal(&store, 40, args);
-        assert!(shown.contains("job"), "{shown}");
+        // Eight columns in 40: even `job` wraps; what counts is the width.
+        assert!(shown.contains('┆'), "a table: {shown}");
         assert!(
             widest(&shown) <= 40,
             "`fence {args}`: a line of {} columns:\n{shown}",
