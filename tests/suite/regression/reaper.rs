@@ -631,10 +631,14 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
         .first()
         .map(|row| (row.get(0), row.get(1)))
     };
+    // What was seen waiting is what is cancelled: asked again, the answer may be none (the
+    // statement between two attempts, on a loaded machine).
+    let mut seen = None;
     wait_for("the release to wait", Duration::from_secs(30), || {
-        waiting().is_some()
+        seen = waiting();
+        seen.is_some()
     });
-    let (pid, started) = waiting().unwrap();
+    let (pid, started) = seen.unwrap();
     pg_exec(
         &common::pg_superuser(),
         &format!("SELECT pg_cancel_backend({pid})"),
