@@ -182,40 +182,36 @@ pub enum Error {
     },
 }
 
-/// What became of a lease, in a few words, for a report that names the lease itself.
+/// What became of a lease: the end of a sentence that begins with the lease.
 pub(crate) fn lost_reason_words(reason: LostReason) -> String {
     match reason {
-        LostReason::Expired => "it expired before it was renewed".to_owned(),
-        LostReason::Released => "it was released".to_owned(),
+        LostReason::Expired => "expired before it was renewed".to_owned(),
+        LostReason::Released => "was released".to_owned(),
         LostReason::TakenOver { highest_token } => {
-            format!("it was taken over: token {highest_token} is newer")
+            format!("was taken over: token {highest_token} is newer")
         }
-        LostReason::Unreachable => "it could not be renewed before it ran out".to_owned(),
-        LostReason::SupervisorLost => "its supervisor was lost".to_owned(),
-        LostReason::Unkillable => "it ran out while a process would not die on SIGKILL".to_owned(),
+        LostReason::Unreachable => "could not be renewed before it ran out".to_owned(),
+        LostReason::SupervisorLost => "lost the command's supervisor".to_owned(),
+        LostReason::Unkillable => {
+            "ran out while a process of the command would not die on SIGKILL".to_owned()
+        }
     }
 }
 
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
+    let lease = format!("the lease on `{resource}` with token {token}");
+    let words = lost_reason_words(reason);
     match reason {
-        LostReason::Expired => {
-            format!("the lease on `{resource}` with token {token} expired before it was renewed")
-        }
-        LostReason::Released => {
-            format!("the lease on `{resource}` with token {token} was released")
-        }
-        LostReason::TakenOver { highest_token } => format!(
-            "the lease on `{resource}` with token {token} was taken over: token {highest_token} is newer"
-        ),
         LostReason::Unreachable => format!(
-            "the lease on `{resource}` with token {token} could not be renewed before it ran out (the store was unreachable, or this process was paused)"
+            "{lease} {words} (the store was unreachable, or this process was paused)"
         ),
         LostReason::SupervisorLost => format!(
-            "the command under the lease on `{resource}` with token {token} lost its supervisor (`fence __reaper` was killed, or stopped and did not answer), so fence stopped the command and everything it started"
+            "the command under {lease} lost its supervisor (`fence __reaper` was killed, or stopped and did not answer), so fence stopped the command and everything it started"
         ),
         LostReason::Unkillable => format!(
-            "the lease on `{resource}` with token {token} ran out while a process of the command would not die on SIGKILL (uninterruptible sleep), so its pending I/O may have landed after the lease was gone"
+            "{lease} {words} (uninterruptible sleep), so its pending I/O may have landed after the lease was gone"
         ),
+        _ => format!("{lease} {words}"),
     }
 }
 

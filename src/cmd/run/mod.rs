@@ -63,13 +63,12 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
     let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
         // A skipped run's status is its --done-exit-code: no command ran, none failed.
         Ok(exit) if granted.skipped => (exit, "already_done"),
-        Ok(exit) if granted.stopped.is_some() => (exit, granted.stopped.unwrap_or_default()),
         Ok(exit) => (
             exit,
-            if exit.code() == 0 {
-                "ok"
-            } else {
-                "command_failed"
+            match granted.stopped {
+                Some(reason) => reason,
+                None if exit.code() == 0 => "ok",
+                None => "command_failed",
             },
         ),
         Err(err) => {
@@ -329,7 +328,7 @@ async fn supervise(
     }
     if let Some(reason) = lost_after {
         crate::terminal::warn(&format!(
-            "warning: the command finished inside its lease; only afterwards was the lease on `{}` (token {}) lost ({}): fence itself was paused, or the store could not be reached. The command's exit status stands; nothing of it ran past the lease",
+            "warning: the command finished inside its lease; only afterwards was the lease on `{}` (token {}) lost (it {}): fence itself was paused, or the store could not be reached. The command's exit status stands; nothing of it ran past the lease",
             lease.resource,
             lease.token,
             crate::error::lost_reason_words(reason)

@@ -679,7 +679,31 @@ pub mod follow;
 pub mod hung_fuse;
 pub mod objects;
 pub mod process;
+pub mod prometheus;
 pub mod proxy;
+
+/// Acquires `resource` for `owner` (a 1 min TTL; exit 0 expected) and returns its token.
+pub fn acquire(store: &Store, resource: &str, owner: &str) -> i64 {
+    store
+        .fence()
+        .args(["acquire", resource, "--owner", owner, "--ttl", "1m"])
+        .args(["--format", "json"])
+        .run()
+        .expect(0)
+        .json()["token"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Releases `owner`'s lease on `resource` with `token` (exit 0 expected).
+pub fn release(store: &Store, resource: &str, owner: &str, token: i64) {
+    store
+        .fence()
+        .args(["release", resource, "--owner", owner])
+        .args(["--token", &token.to_string()])
+        .run()
+        .expect(0);
+}
 
 /// The findings of `fence doctor --format json` for `check`, as (severity, message, fix).
 pub fn doctor_findings(json: &Value, check: &str) -> Vec<(String, String, String)> {

@@ -7,6 +7,7 @@
 //! and ignored is open.
 
 use crate::common;
+use common::{acquire, release};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -19,27 +20,6 @@ use serde_json::Value;
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
-
-fn acquire(store: &Store, resource: &str, owner: &str) -> i64 {
-    store
-        .fence()
-        .args(["acquire", resource, "--owner", owner, "--ttl", "1m"])
-        .args(["--format", "json"])
-        .run()
-        .expect(0)
-        .json()["token"]
-        .as_i64()
-        .unwrap()
-}
-
-fn release(store: &Store, resource: &str, owner: &str, token: i64) {
-    store
-        .fence()
-        .args(["release", resource, "--owner", owner])
-        .args(["--token", &token.to_string()])
-        .run()
-        .expect(0);
-}
 
 /// `fence write RESOURCE --token T --target TARGET --from <body> [--id ID]`, JSON.
 fn write_object(

@@ -4,35 +4,15 @@
 //! really stored or written; a test marked `FINDING` and ignored is open.
 
 use crate::common;
+use common::{acquire, release};
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::follow::Follower;
-use common::{env_or_panic, Store};
+use common::Store;
 use serde_json::Value;
-
-fn acquire(store: &Store, resource: &str, owner: &str) -> i64 {
-    store
-        .fence()
-        .args(["acquire", resource, "--owner", owner, "--ttl", "1m"])
-        .args(["--format", "json"])
-        .run()
-        .expect(0)
-        .json()["token"]
-        .as_i64()
-        .unwrap()
-}
-
-fn release(store: &Store, resource: &str, owner: &str, token: i64) {
-    store
-        .fence()
-        .args(["release", resource, "--owner", owner])
-        .args(["--token", &token.to_string()])
-        .run()
-        .expect(0);
-}
 
 /// `fence log ARGS --format ndjson`, one JSON value a line.
 fn log_lines(store: &Store, args: &[&str]) -> Vec<Value> {
@@ -58,61 +38,7 @@ impl ArgList for common::Fence {
     }
 }
 
-/// One sample: name, labels (sorted pairs), value.
-type Sample = (String, Vec<(String, String)>, f64);
-
-/// (name, labels as a sorted list of pairs, value) of each sample, as prometheus_client reads
-/// `text` (panics when it refuses the text).
-fn parse_prometheus(text: &str) -> Vec<Sample> {
-    let script = "import json, sys\n\
-        from prometheus_client.parser import text_string_to_metric_families\n\
-        out = []\n\
-        for family in text_string_to_metric_families(sys.stdin.read()):\n\
-        \x20   for s in family.samples:\n\
-        \x20       out.append([s.name, sorted(s.labels.items()), s.value])\n\
-        print(json.dumps(out))\n";
-    let mut child = Command::new(env_or_panic("FENCE_TEST_PROM_PYTHON"))
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "the parser refused:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let samples: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    samples
-        .into_iter()
-        .map(|s| {
-            let labels = s[1]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| {
-                    (
-                        p[0].as_str().unwrap().to_owned(),
-                        p[1].as_str().unwrap().to_owned(),
-                    )
-                })
-                .collect();
-            (
-                s[0].as_str().unwrap().to_owned(),
-                labels,
-                s[2].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
+use common::prometheus::{samples as parse_prometheus, Sample};
 
 fn sample(samples: &[Sample], name: &str, resource: &str) -> Option<f64> {
     samples
