@@ -367,15 +367,30 @@ async fn pg_connect(url: &str) -> tokio_postgres::Client {
 }
 
 /// Runs a script as a raw client would; Err(SQLSTATE and message) when the server refused.
+///
+/// A script that changes a shared catalog row (GRANT or REVOKE on the test database, a role)
+/// can fail with "tuple concurrently updated" when another test changes the same row at the
+/// same moment (seen with six tests at a time); the script ran as one implicit transaction and
+/// was rolled back, so it is run again, a few times.
 pub fn pg_try_exec(url: &str, script: &str) -> Result<(), String> {
     let (url, script) = (url.to_owned(), script.to_owned());
     block_on(async move {
         let client = pg_connect(&url).await;
-        client.batch_execute(&script).await.map_err(|e| {
-            e.as_db_error()
-                .map(|d| format!("{} {}", d.code().code(), d.message()))
-                .unwrap_or_else(|| e.to_string())
-        })
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let result = client.batch_execute(&script).await.map_err(|e| {
+                e.as_db_error()
+                    .map(|d| format!("{} {}", d.code().code(), d.message()))
+                    .unwrap_or_else(|| e.to_string())
+            });
+            match result {
+                Err(err) if err.ends_with("tuple concurrently updated") && attempts < 20 => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20 * attempts)).await;
+                }
+                other => return other,
+            }
+        }
     })
 }
 
