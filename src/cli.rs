@@ -434,13 +434,17 @@ pub struct InspectArgs {
 /// and the target's clocks. --follow keeps printing events as they happen (until SIGINT).
 ///
 /// Examples:
-///   fence log --resource nightly-report --since 2h
+///   fence log nightly-report --since 2h
 ///   fence log --resource 'nightly-*' --kind taken_over --kind write_rejected --format json
 ///   fence log --since 2026-12-04T02:50:00Z --until 2026-12-04T03:10:00Z --format ndjson
 ///   timeout --preserve-status -s INT 2 fence log --follow --format ndjson
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct LogArgs {
+    /// Resources, or globs of them (`*`, `?`), as --resource: `fence log nightly-report`.
+    #[arg(value_name = "RESOURCE")]
+    pub names: Vec<String>,
+
     /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
     #[arg(long = "resource", value_name = "GLOB")]
     pub resources: Vec<String>,

@@ -41,6 +41,20 @@ pub enum LostReason {
     Unkillable,
 }
 
+impl LostReason {
+    /// The reason's name on the wire (the JSON error's `reason`, a `run_stopped` event's).
+    pub fn name(self) -> &'static str {
+        match self {
+            LostReason::Expired => "expired",
+            LostReason::Released => "released",
+            LostReason::TakenOver { .. } => "taken_over",
+            LostReason::Unreachable => "unreachable",
+            LostReason::SupervisorLost => "supervisor_lost",
+            LostReason::Unkillable => "unkillable",
+        }
+    }
+}
+
 /// Why a request was refused for a reason other than the token's age.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConflictKind {
@@ -338,6 +352,28 @@ impl Error {
         }
     }
 
+    /// What to do next after `fence OP` failed: [`Self::hint`], except for a `fence run`
+    /// whose lease was lost, where the command was stopped, not left running: nothing is to be
+    /// acquired by hand (a cron job runs again at its next turn), and the store's history says
+    /// what happened.
+    pub fn hint_in(&self, op: &str) -> String {
+        match self {
+            Error::LeaseLost {
+                resource,
+                reason:
+                    LostReason::Expired
+                    | LostReason::Released
+                    | LostReason::TakenOver { .. }
+                    | LostReason::Unreachable,
+                ..
+            } if op == "run" => format!(
+                "the command was stopped before it finished, and nothing of it runs on: nothing is to be done by hand (a scheduled job runs again at its next turn); `fence log {}` shows the stop (signal, reason) and who holds the lease now",
+                shell_word(resource)
+            ),
+            _ => self.hint(),
+        }
+    }
+
     /// What to do next, printed on its own line.
     pub fn hint(&self) -> String {
         match self {
@@ -459,18 +495,10 @@ impl Error {
                 map.insert("resource".into(), json!(resource));
                 map.insert("owner".into(), json!(owner));
                 map.insert("token".into(), json!(token));
-                let reason = match reason {
-                    LostReason::Expired => "expired",
-                    LostReason::Released => "released",
-                    LostReason::TakenOver { highest_token } => {
-                        map.insert("highest_token".into(), json!(highest_token));
-                        "taken_over"
-                    }
-                    LostReason::Unreachable => "unreachable",
-                    LostReason::SupervisorLost => "supervisor_lost",
-                    LostReason::Unkillable => "unkillable",
-                };
-                map.insert("reason".into(), json!(reason));
+                if let LostReason::TakenOver { highest_token } = reason {
+                    map.insert("highest_token".into(), json!(highest_token));
+                }
+                map.insert("reason".into(), json!(reason.name()));
             }
             Error::Conflict {
                 resource,

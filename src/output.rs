@@ -288,13 +288,13 @@ impl Output {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
             object.insert("op".into(), json!(op));
-            object.extend(error_fields(err, store, exit));
+            object.extend(error_fields(op, err, store, exit));
             let _ = print_stdout(&Value::Object(object).to_string());
         } else {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
             // so that cron mails only real failures.
             if !(self.quiet && matches!(err, Error::Busy { .. } | Error::WaitedOut { .. })) {
-                self.diagnostic(&err.to_string(), &hint_with_store(err, store));
+                self.diagnostic(&err.to_string(), &hint_with_store(op, err, store));
             }
             if self.format == Format::Env {
                 let _ = print_stdout(&env_failure(op, err, exit));
@@ -355,12 +355,12 @@ pub fn add_notices(object: &mut Map<String, Value>) {
 
 /// The fields of a failure's JSON object after `ok` and `op`: the error, its exit status,
 /// message and hint, the error's own fields, the store, and the warnings ([`add_notices`]).
-pub fn error_fields(err: &Error, store: Option<&str>, exit: Exit) -> Map<String, Value> {
+pub fn error_fields(op: &str, err: &Error, store: Option<&str>, exit: Exit) -> Map<String, Value> {
     let mut object = Map::new();
     object.insert("error".into(), json!(err.name()));
     object.insert("exit_code".into(), json!(exit.code()));
     object.insert("message".into(), json!(err.to_string()));
-    object.insert("hint".into(), json!(hint_with_store(err, store)));
+    object.insert("hint".into(), json!(hint_with_store(op, err, store)));
     object.extend(err.json_fields());
     if let Some(store) = store {
         object.insert("store".into(), json!(store));
@@ -369,19 +369,20 @@ pub fn error_fields(err: &Error, store: Option<&str>, exit: Exit) -> Map<String,
     object
 }
 
-/// The error's hint, naming the store in the commands it suggests (unless it is the default
-/// one), so that they act on the same store as the command that failed.
-fn hint_with_store(err: &Error, store: Option<&str>) -> String {
-    let hint = err.hint();
+/// The error's hint for `fence OP`, naming the store in the commands it suggests (unless it
+/// is the default one), so that they act on the same store as the command that failed.
+fn hint_with_store(op: &str, err: &Error, store: Option<&str>) -> String {
+    let hint = err.hint_in(op);
     let default = crate::config::default_store_url().ok();
     match store.filter(|store| Some(*store) != default.as_deref()) {
-        Some(store) => hint.replace(
-            "`fence inspect ",
-            &format!(
-                "`fence --store {} inspect ",
-                crate::error::shell_word(store)
-            ),
-        ),
+        Some(store) => {
+            let store = crate::error::shell_word(store);
+            hint.replace(
+                "`fence inspect ",
+                &format!("`fence --store {store} inspect "),
+            )
+            .replace("`fence log ", &format!("`fence --store {store} log "))
+        }
         None => hint,
     }
 }

@@ -30,13 +30,20 @@ pub enum EventKind {
     WriteRejected,
     /// The directory store's retention cut its log here (carrying the highest token).
     Pruned,
+    /// `fence run` started its command under the lease (a [`RunNote`] in `detail`).
+    RunStarted,
+    /// The command ended on its own, inside the lease (its status, how long it ran).
+    RunFinished,
+    /// fence stopped the command, or it ended stopped: a lost lease, `--max-time`, a signal
+    /// passed on (which signal, why, how long after the lease's bound).
+    RunStopped,
     /// A kind this fence does not know (written by another version of fence): read and shown
     /// as stored, never an error, matched by no `--kind` and counted by no metric.
     Other(String),
 }
 
 /// Every kind this fence writes or derives, in the order `--kind` lists them.
-pub static KNOWN_KINDS: [EventKind; 13] = [
+pub static KNOWN_KINDS: [EventKind; 16] = [
     EventKind::Acquired,
     EventKind::Reacquired,
     EventKind::TakenOver,
@@ -50,6 +57,9 @@ pub static KNOWN_KINDS: [EventKind; 13] = [
     EventKind::WriteAccepted,
     EventKind::WriteRejected,
     EventKind::Pruned,
+    EventKind::RunStarted,
+    EventKind::RunFinished,
+    EventKind::RunStopped,
 ];
 
 impl EventKind {
@@ -69,6 +79,9 @@ impl EventKind {
             EventKind::WriteAccepted => "write_accepted",
             EventKind::WriteRejected => "write_rejected",
             EventKind::Pruned => "pruned",
+            EventKind::RunStarted => "run_started",
+            EventKind::RunFinished => "run_finished",
+            EventKind::RunStopped => "run_stopped",
             EventKind::Other(name) => name,
         }
     }
@@ -91,6 +104,15 @@ impl EventKind {
     /// A grant: a new token (`acquired`, `taken_over`).
     pub fn is_grant(&self) -> bool {
         matches!(self, EventKind::Acquired | EventKind::TakenOver)
+    }
+
+    /// What `fence run` recorded about its command (`run_started`, `run_finished`,
+    /// `run_stopped`): no change to the lease.
+    pub fn is_run(&self) -> bool {
+        matches!(
+            self,
+            EventKind::RunStarted | EventKind::RunFinished | EventKind::RunStopped
+        )
     }
 }
 
@@ -164,6 +186,152 @@ impl Event {
             count: None,
             last_at_ms: None,
         }
+    }
+}
+
+/// What `fence run` records about its command in a run event (`run_started`,
+/// `run_finished`, `run_stopped`): stored as JSON in the event's `detail`, so that every store
+/// keeps it without a new column, and shown by `fence log` and `inspect` as a sentence (and
+/// as the object `run` in JSON). Fields a run event does not have are absent; a note written by
+/// another version of fence keeps what this one knows of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunNote {
+    /// `FENCE_RUN_ID`: `--id`, or `run-<token>-<8 hex>`.
+    pub run_id: String,
+    /// The machine `fence run` ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The `fence run` process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The process group the command runs in (its supervisor leads it): `kill -- -GROUP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+    /// The command's program (its first word, as given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// The digest of the command's arguments (16 hex digits): the same for the same command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// The run's exit status, as `fence run` exits (128 + N for a command killed by signal N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<u8>,
+    /// `run_stopped`: the signal that ended the command, else the first stop signal it got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// `run_stopped`: why (`max_time`, `interrupted`, or the lost lease's reason: `expired`,
+    /// `taken_over`, `released`, `unreachable`, `supervisor_lost`, `unkillable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// How long the command ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<i64>,
+    /// `run_stopped` for a lost lease: when the command ended, counted from the lease's bound
+    /// (`fence run`'s own, at or before the store's expiry); negative: that long before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_lease_end_ms: Option<i64>,
+    /// `run_finished`: the lease was lost only after the command had ended inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_after: Option<String>,
+}
+
+impl RunNote {
+    /// The note a run event carries, when its detail is one.
+    pub fn of(event: &Event) -> Option<RunNote> {
+        if !event.kind.is_run() {
+            return None;
+        }
+        serde_json::from_str(event.detail.as_deref()?).ok()
+    }
+
+    /// The note as an event's detail.
+    pub fn detail(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The note as a sentence, for the DETAIL column.
+    pub fn describe(&self, kind: &EventKind) -> String {
+        let ran = self
+            .duration_ms
+            .map(|ms| format!(" after {}", crate::time::span(ms)));
+        let status = self
+            .exit_status
+            .map(|code| format!("exit {code}"))
+            .unwrap_or_else(|| "exit status unknown".to_owned());
+        let mut text = format!("run {}", self.run_id);
+        match kind {
+            EventKind::RunStarted => {
+                if let Some(program) = &self.program {
+                    text.push_str(&format!(": {program}"));
+                }
+                if let Some(digest) = &self.command {
+                    text.push_str(&format!(" (command {digest})"));
+                }
+                match (&self.host, self.pid) {
+                    (Some(host), Some(pid)) => {
+                        text.push_str(&format!(", fence pid {pid} on {host}"))
+                    }
+                    (Some(host), None) => text.push_str(&format!(", on {host}")),
+                    (None, Some(pid)) => text.push_str(&format!(", fence pid {pid}")),
+                    (None, None) => {}
+                }
+                if let Some(group) = self.group {
+                    text.push_str(&format!(", process group {group}"));
+                }
+            }
+            EventKind::RunFinished => {
+                text.push_str(&format!(": {status}{}", ran.unwrap_or_default()));
+                if let Some(lost) = &self.lost_after {
+                    text.push_str(&format!("; the lease was lost only afterwards ({lost})"));
+                }
+            }
+            _ => {
+                text.push_str(" stopped");
+                if let Some(reason) = &self.reason {
+                    text.push_str(&format!(" ({})", reason_words(reason)));
+                }
+                if let Some(signal) = &self.signal {
+                    text.push_str(&format!(" by {signal}"));
+                }
+                text.push_str(&format!(": {status}{}", ran.unwrap_or_default()));
+                if let Some(ms) = self.after_lease_end_ms {
+                    text.push_str(&match ms {
+                        ms if ms < 0 => format!(
+                            "; it ended {} before the lease's bound",
+                            crate::time::span(-ms)
+                        ),
+                        ms => format!(
+                            "; it ended {} after the lease's bound",
+                            crate::time::span(ms)
+                        ),
+                    });
+                }
+            }
+        }
+        text
+    }
+}
+
+/// A `run_stopped` reason in words.
+fn reason_words(reason: &str) -> &str {
+    match reason {
+        "max_time" => "it ran past --max-time",
+        "interrupted" => "fence run was asked to stop",
+        "expired" => "the lease expired before it was renewed",
+        "taken_over" => "the lease was taken over",
+        "released" => "the lease was released under it",
+        "unreachable" => "the lease could not be renewed in time",
+        "supervisor_lost" => "its supervisor was lost",
+        "unkillable" => "a process would not die on SIGKILL",
+        other => other,
+    }
+}
+
+/// An event's detail as shown: a run event's note as a sentence, any other detail as stored.
+pub fn shown_detail(event: &Event) -> Option<String> {
+    match RunNote::of(event) {
+        Some(note) => Some(note.describe(&event.kind)),
+        None => event.detail.clone(),
     }
 }
 
@@ -306,7 +474,10 @@ mod tests {
                 "conflict",
                 "write_accepted",
                 "write_rejected",
-                "pruned"
+                "pruned",
+                "run_started",
+                "run_finished",
+                "run_stopped"
             ]
         );
         for kind in &KNOWN_KINDS {

@@ -124,12 +124,21 @@ impl LeaseJson<'_> {
 
 /// `<hostname>/<pid>/<8 hex>`: unique per process, and readable in `inspect`.
 pub fn default_owner() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    format!(
+        "{}/{}/{:08x}",
+        hostname(),
+        std::process::id(),
+        random_u64() as u32
+    )
+}
+
+/// This machine's name (`localhost` when it has none fit to print).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty() && !h.chars().any(char::is_control) && h.len() <= 150)
-        .unwrap_or_else(|| "localhost".into());
-    format!("{host}/{}/{:08x}", std::process::id(), random_u64() as u32)
+        .unwrap_or_else(|| "localhost".into())
 }
 
 impl Report for Acquired {

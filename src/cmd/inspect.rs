@@ -20,6 +20,7 @@ use crate::fenced::{self, TargetSpec};
 use crate::output::{self, Output, Report};
 use crate::terminal::terminal_safe;
 use crate::time;
+use crate::timeline::{shown_detail, RunNote};
 
 /// Events shown per named resource when `--history` is not given.
 const DEFAULT_HISTORY: usize = 5;
@@ -197,7 +198,10 @@ struct EventJson<'a> {
     kind: &'a EventKind,
     owner: Option<&'a str>,
     token: Option<i64>,
-    detail: Option<&'a str>,
+    detail: Option<String>,
+    /// A run event's record (`run_started`, `run_finished`, `run_stopped`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<RunNote>,
 }
 
 #[derive(Serialize)]
@@ -225,7 +229,8 @@ impl<'a> ResourceJson<'a> {
                     kind: &e.kind,
                     owner: e.owner.as_deref(),
                     token: e.token,
-                    detail: e.detail.as_deref(),
+                    detail: shown_detail(e),
+                    run: RunNote::of(e),
                 })
                 .collect(),
             waiters: v
@@ -481,7 +486,7 @@ impl<'a> Printer<'a> {
                     cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    cell(e.detail.as_deref().unwrap_or_default())
+                    cell(&shown_detail(e).unwrap_or_default())
                 );
                 text.push_str(event.trim_end());
             }
@@ -521,7 +526,7 @@ impl<'a> Printer<'a> {
             let _ = self.out.flush();
             return self.settings.error("inspect", ctx.store_display(), err);
         }
-        let mut tail = output::error_fields(err, ctx.store_display(), exit);
+        let mut tail = output::error_fields("inspect", err, ctx.store_display(), exit);
         tail.insert("ok".into(), Value::Bool(false));
         let _ = self.write(&format!("]{}\n", json_fields(tail)));
         let _ = self.out.flush();
@@ -687,7 +692,7 @@ impl Report for Inspected {
                     cell(e.kind.as_str()),
                     e.owner.as_deref().map_or_else(dash, cell),
                     e.token.map_or_else(dash, |t| t.to_string()),
-                    cell(e.detail.as_deref().unwrap_or_default()),
+                    cell(&shown_detail(e).unwrap_or_default()),
                 ]);
             }
             text.push_str(&format!(

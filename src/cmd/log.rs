@@ -26,6 +26,7 @@ use crate::fenced::{self, TargetSpec};
 use crate::output::{self, Output, Report};
 use crate::signals::Interrupts;
 use crate::time;
+use crate::timeline::{shown_detail, RunNote};
 
 /// Where an event comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -722,7 +723,10 @@ struct EntryJson<'a> {
     last_at: Option<Option<String>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     derived: bool,
-    detail: Option<&'a str>,
+    detail: Option<String>,
+    /// A run event's record (`run_started`, `run_finished`, `run_stopped`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<RunNote>,
 }
 
 /// A warning as an ndjson line: `kind` is `warning`, `warning` says which.
@@ -774,7 +778,8 @@ impl Entry {
             count: ev.count,
             last_at: ev.count.map(|_| ev.last_at_ms.map(time::rfc3339)),
             derived: self.derived,
-            detail: ev.detail.as_deref(),
+            detail: shown_detail(ev),
+            run: RunNote::of(ev),
         }
     }
 
@@ -798,7 +803,7 @@ impl Entry {
                 .map_or_else(|| "-".into(), |t| format!("token {t}")),
         ];
         fields.extend(
-            [self.lease_text(), ev.detail.clone().unwrap_or_default()]
+            [self.lease_text(), shown_detail(ev).unwrap_or_default()]
                 .into_iter()
                 .filter(|f| !f.is_empty()),
         );
@@ -894,7 +899,7 @@ impl Report for Timeline {
                     ev.owner.clone().unwrap_or_else(dash),
                     ev.token.map_or_else(dash, |t| t.to_string()),
                     e.lease_text(),
-                    ev.detail.clone().unwrap_or_default(),
+                    shown_detail(ev).unwrap_or_default(),
                 ]);
             }
             text.push_str(&format!("store `{}`, oldest first:\n{table}\n", self.store));

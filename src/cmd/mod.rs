@@ -104,8 +104,14 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         }
         Command::Inspect(args) if args.id.is_some() => inspect_id::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) => return inspect::run_and_print(args, &ctx, out).await,
-        Command::Log(args) if args.follow => return log::follow(args, &ctx, out).await,
-        Command::Log(args) => log::run(args, &ctx).await.map(boxed),
+        Command::Log(mut args) => {
+            // `fence log R` is `fence log --resource R`.
+            args.resources.append(&mut args.names);
+            if args.follow {
+                return log::follow(args, &ctx, out).await;
+            }
+            log::run(args, &ctx).await.map(boxed)
+        }
         Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),
         Command::Protect(args) => protect::run(args, &ctx).await.map(boxed),

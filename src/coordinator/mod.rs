@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use crate::config::{StoreKind, StoreSpec};
 use crate::error::Error;
 use crate::timeline::newest;
-pub use crate::timeline::{Event, EventKind, LogQuery, Logged, Pattern};
+pub use crate::timeline::{Event, EventKind, LogQuery, Logged, Pattern, RunNote};
 pub use attempts::Attempt;
 pub use refusal::{Found, Refusal};
 
@@ -187,6 +187,17 @@ pub struct IntegrityFinding {
 pub struct Inspection {
     pub views: Vec<ResourceView>,
     pub findings: Vec<IntegrityFinding>,
+}
+
+/// A run event to record ([`History::record_run`]): the run's lease and what happened.
+#[derive(Clone, Copy, Debug)]
+pub struct RunEvent<'a> {
+    pub resource: &'a str,
+    pub owner: &'a str,
+    pub token: i64,
+    /// `run_started`, `run_finished` or `run_stopped`.
+    pub kind: &'a EventKind,
+    pub note: &'a RunNote,
 }
 
 /// What `fence prune` deletes.
@@ -384,6 +395,12 @@ pub trait History {
     async fn record_attempt(&self, _attempt: &Attempt) -> Result<(), Error> {
         Ok(())
     }
+
+    /// Appends what `fence run` did with its command (`run_started`, `run_finished`,
+    /// `run_stopped`) to the resource's history: an event that changes no lease, recorded
+    /// whoever holds the lease now. Best effort: the caller warns when it fails, and nothing
+    /// else (the exit status, the lease) depends on it.
+    async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error>;
 
     /// The events of the resources `query` names, within its time window, in order (oldest
     /// first), at most `query.limit` of the most recent. Stores that cannot read a window at

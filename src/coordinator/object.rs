@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{
     ttl_ms, Event, EventKind, Grant, History, InitAction, InitReport, Lease, LeaseRef, Leases,
-    Released, ResourceView, State, Waiter, Waiting,
+    Released, ResourceView, RunEvent, State, Waiter, Waiting,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
@@ -930,6 +930,24 @@ impl Waiting for ObjectCoordinator {
 
 #[async_trait(?Send)]
 impl History for ObjectCoordinator {
+    /// An event object after the record's current write (`<seq>-1-…`, as a refusal): one
+    /// read of the record for its write number, one put.
+    async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error> {
+        let seq = self.read(run.resource).await?.map_or(0, |c| c.body.seq);
+        self.event(
+            run.resource,
+            seq,
+            1,
+            &EventBody {
+                kind: run.kind.clone(),
+                owner: Some(run.owner.to_owned()),
+                token: Some(run.token),
+                detail: Some(run.note.detail()),
+            },
+        )
+        .await
+    }
+
     async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
         Ok(self.read(resource).await?.map(|c| c.body.token))
     }

@@ -268,6 +268,7 @@ pub fn main(args: &[OsString]) -> Exit {
         bound: enforced,
         interrupted,
         inside: inside.filter(|_| !leftovers),
+        at: Some(ended_at),
         ended: true,
     };
     let _ = report.write_all(told.encode().as_bytes());

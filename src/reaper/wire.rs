@@ -21,6 +21,7 @@ const INTERRUPTED: &str = "interrupted";
 const BOUND: &str = "bound";
 const ENDED: &str = "ended";
 const INSIDE: &str = "inside";
+const AT: &str = "at";
 
 /// The start message: the lease's first bound (8 bytes, CLOCK_BOOTTIME ns, little-endian), the
 /// length of what follows (4 bytes), and the command's added environment, `KEY=VALUE` entries
@@ -127,6 +128,9 @@ pub struct Report {
     /// So the command finished inside its lease, whatever `fence run` (paused, say) learns of
     /// the lease afterwards.
     pub inside: Option<u64>,
+    /// When the reaper saw the command end (bound clock ns), however it ended: for the run's
+    /// record (`fence run` itself may have been paused then).
+    pub at: Option<u64>,
     /// It ended on its own: its last line. Without it, the reaper was killed.
     pub ended: bool,
 }
@@ -147,6 +151,9 @@ impl Report {
         }
         if let Some(at) = self.inside {
             text.push_str(&format!("{INSIDE} {at}\n"));
+        }
+        if let Some(at) = self.at {
+            text.push_str(&format!("{AT} {at}\n"));
         }
         if self.ended {
             text.push_str(ENDED);
@@ -179,6 +186,7 @@ impl Report {
                 None if line == BOUND => report.bound = true,
                 Some((INTERRUPTED, signal)) => report.interrupted = signal.parse().ok(),
                 Some((INSIDE, at)) => report.inside = at.parse().ok(),
+                Some((AT, at)) => report.at = at.parse().ok(),
                 _ => {}
             }
         }
@@ -255,6 +263,7 @@ mod tests {
             interrupted: Some(libc::SIGTERM),
             // Never with `bound` or `leftovers`: see `only_the_reapers_own_report_counts`.
             inside: None,
+            at: Some(7),
             ended: true,
         };
         for report in [Report::default(), full.clone()] {

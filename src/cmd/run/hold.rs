@@ -47,6 +47,13 @@ pub(super) struct Held {
     /// reaper saw it end before the bound, before fence signalled it): fence itself was
     /// paused or could not reach the store. The command's status stands.
     pub(super) lost_after: Option<LostReason>,
+    /// The first stop signal sent to the command (by this process, or by the reaper at the
+    /// bound), for the run's record.
+    pub(super) sent: Option<Signal>,
+    /// When the command's supervisor was seen to end, and the lease's bound then (bound
+    /// clock ns): how long after the lease's bound the command ended.
+    pub(super) ended_ns: u64,
+    pub(super) bound: u64,
     /// The coordinator's connection, as the last renewal left it.
     pub(super) coordinator: Rc<dyn Coordinator>,
 }
@@ -151,7 +158,8 @@ const UNKILLABLE_AFTER: Duration = Duration::from_secs(2);
 /// subreaper of the reaper's orphans) gets SIGTERM and, after `--kill-after` (never past the
 /// bound), SIGKILL — while the lease is renewed. The reaper is continued at every renewal (the
 /// command may stop it); one that never said the command started, or that was killed, is
-/// lost: everything is stopped at once, and the run ends with `supervisor_lost`.
+/// lost: everything is stopped at once, and the run ends with `supervisor_lost`. `noted`, the
+/// recording of the run's start, is polled beside all that, and finished before the end.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn hold(
     ctx: &Context,
@@ -161,6 +169,7 @@ pub(super) async fn hold(
     interrupts: &mut Interrupts,
     mut bound: u64,
     plan: Plan,
+    mut noted: Option<Pin<Box<dyn Future<Output = ()>>>>,
 ) -> Result<Held, Error> {
     let Running {
         mut child,
@@ -202,6 +211,8 @@ pub(super) async fn hold(
         .max_time
         .and_then(|limit| Instant::now().checked_add(limit));
     let mut timed_out = false;
+    let mut sent: Option<Signal> = None;
+    let mut ended_ns = 0;
     if !answered {
         lost = Some(LostReason::SupervisorLost);
         stop = Stop::until(0);
@@ -232,6 +243,9 @@ pub(super) async fn hold(
             biased;
             _ = until(kill_at) => {
                 if let Some(stop) = stop.as_mut() {
+                    if status.is_none() {
+                        sent.get_or_insert(Signal::KILL);
+                    }
                     forward(pgid, Signal::KILL);
                     crate::sys::kill_descendants_once(&mut stop.groups);
                     stop.killed = Some(Instant::now());
@@ -245,6 +259,7 @@ pub(super) async fn hold(
                 // reaper any more, what is left gets the SIGTERM from here.
                 unproven = true;
                 if status.is_none() {
+                    sent.get_or_insert(Signal::TERM);
                     continue_process(child.id());
                 } else {
                     crate::sys::signal_descendants(Signal::TERM, false);
@@ -258,6 +273,7 @@ pub(super) async fn hold(
                 // passes the SIGTERM on to what left the group), SIGKILL after --kill-after,
                 // never past the bound; the lease is renewed meanwhile and released after.
                 timed_out = true;
+                sent.get_or_insert(Signal::TERM);
                 forward(pgid, Signal::TERM);
                 forward(pgid, Signal::CONT);
                 stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
@@ -268,6 +284,7 @@ pub(super) async fn hold(
                     "check the system's process limits",
                 ))?;
                 status = Some(waited);
+                ended_ns = crate::sys::bound_clock_ns();
                 // Its report is complete now (its end of the pipe closed with it): a reaper
                 // that did not say it ended on its own was killed, and what it left is stopped
                 // at once, not after --kill-after (nothing supervised it any more).
@@ -314,6 +331,7 @@ pub(super) async fn hold(
             (signal, _) = interrupts.next() => {
                 if status.is_none() {
                     interrupted.get_or_insert(signal.as_raw());
+                    sent.get_or_insert(signal);
                     forward(pgid, signal);
                     forward(pgid, Signal::CONT);
                 } else if let Some(stop) = stop.as_mut() {
@@ -333,6 +351,10 @@ pub(super) async fn hold(
                     bound,
                     (reconnect, cancel_first),
                 ));
+            }
+            // The run's `run_started` event, recorded while the command runs.
+            () = async { noted.as_mut().expect("guarded").await }, if noted.is_some() => {
+                noted = None;
             }
             (used, sent, answer) = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
                 in_flight = None;
@@ -381,10 +403,20 @@ pub(super) async fn hold(
         }
     }
     let status = status.expect("the loop ends once the reaper was waited for");
+    // A command that ended at once: its start is recorded before its end.
+    if let Some(noted) = noted {
+        noted.await;
+    }
 
     // The reaper stopped the command at the bound: this process did not prove one in time
     // (paused, or the machine was suspended, which the runtime's timers do not count).
     unproven |= told.bound;
+    if told.bound {
+        // The reaper's SIGTERM at the bound, on its own clock.
+        sent.get_or_insert(Signal::TERM);
+    }
+    // When the reaper saw the command end: this process may have been paused then.
+    let ended_ns = told.at.unwrap_or(ended_ns);
     if lost.is_none() && unproven {
         // Ask once why, for the report (the renewal in flight, or a new one).
         let asked = match in_flight.take() {
@@ -478,6 +510,9 @@ pub(super) async fn hold(
         interrupted: interrupted.or(told.interrupted),
         timed_out,
         lost_after,
+        sent,
+        ended_ns,
+        bound,
         coordinator,
     })
 }

@@ -28,9 +28,9 @@
 
 mod hold;
 mod ids;
+mod record;
 mod supervisor;
 
-use std::os::unix::process::ExitStatusExt;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::cli::{Format, RunArgs};
 use crate::cmd::acquire::default_owner;
 use crate::cmd::{wait, Context};
-use crate::coordinator::LeaseRef;
+use crate::coordinator::{Coordinator, LeaseRef};
 use crate::error::{ConflictKind, Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
@@ -50,6 +50,7 @@ use hold::{bound_of, hold, nanos, Held, Plan};
 use ids::{
     command_digest, completed, done_marker, record_completed, report_done, run_id, COMMAND_MARK,
 };
+use record::{command_status, Ending, Recorder};
 use supervisor::{reaper_gone, Reaper, Terminal};
 
 pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
@@ -295,14 +296,24 @@ async fn supervise(
         kill_after: args.kill_after,
         max_time: args.max_time,
     };
+    let recorder = Recorder::new(
+        &lease,
+        &given_id,
+        &args.command[0],
+        &digest,
+        running.child.id(),
+    );
+    let coordinator: Rc<dyn Coordinator> = Rc::from(coordinator);
+    let started = recorder.started(coordinator.clone());
     let held = hold(
         ctx,
         &lease,
-        Rc::from(coordinator),
+        coordinator,
         running,
         &mut interrupts,
         bound,
         plan,
+        Some(started),
     )
     .await;
     terminal.take_back();
@@ -313,8 +324,22 @@ async fn supervise(
         interrupted,
         timed_out,
         lost_after,
+        sent,
+        ended_ns,
+        bound,
         coordinator,
     } = held?;
+    let ending = Ending {
+        status,
+        lost: lost_reason,
+        lost_after,
+        timed_out,
+        interrupted,
+        sent,
+        ended_ns,
+        bound,
+    };
+    recorder.ended(coordinator.as_ref(), &ending).await;
     if let Some(reason) = lost_reason {
         return Err(lost(&lease, reason));
     }
@@ -400,11 +425,7 @@ async fn supervise(
     let code = if timed_out {
         MAX_TIME_EXIT
     } else {
-        status
-            .code()
-            .map(|c| c as u8)
-            .or_else(|| status.signal().map(|s| 128 + s as u8))
-            .unwrap_or(1)
+        command_status(status)
     };
     if out.format == Format::Json {
         /// A run that ended: its lease, its command's status, its run id.

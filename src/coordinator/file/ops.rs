@@ -9,7 +9,7 @@ use super::record::{Now, Record};
 use super::{FileCoordinator, Paths, FORMAT_VERSION};
 use crate::coordinator::{
     ttl_ms, Attempt, Grant, History, InitAction, InitReport, Inspection, Lease, LeaseRef, Leases,
-    LogQuery, Logged, Released, ResourceView, Waiting,
+    LogQuery, Logged, Released, ResourceView, RunEvent, Waiting,
 };
 use crate::coordinator::{Found, Refusal};
 use crate::error::{Error, Holder};
@@ -401,6 +401,21 @@ impl History for FileCoordinator {
             let now_ms = Now::read()?.wall_ms;
             super::attempts::note(&paths.attempts, attempt, now_ms)
                 .map_err(|err| store.io_error("record the refused attempt", &paths.attempts, &err))
+        })
+        .await
+    }
+
+    /// Appended to the resource's log under its lock, as every event is (not fsynced: it is
+    /// history, not the counter).
+    async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error> {
+        self.with_lock(run.resource, |store, _, paths| {
+            let now = Now::read()?;
+            let event = EventLine {
+                detail: Some(run.note.detail()),
+                ..Self::event(&now, run.kind.clone(), run.owner, run.token)
+            };
+            super::log::append(&paths.events, &event)
+                .map_err(|err| store.io_error("record the run's event", &paths.events, &err))
         })
         .await
     }

@@ -9,7 +9,7 @@ use tokio_postgres::types::Type;
 use super::PgCoordinator;
 use crate::coordinator::{
     Attempt, Event, EventKind, History, InspectQuery, Inspection, LogQuery, Logged, PruneQuery,
-    Pruned, ResourceView, State, Waiter,
+    Pruned, ResourceView, RunEvent, State, Waiter,
 };
 use crate::error::Error;
 use crate::pg::range::LogRange;
@@ -216,6 +216,47 @@ impl History for PgCoordinator {
                 } else {
                     Err(session.request_error(&err, &what, true))
                 }
+            }
+            Err(_) => Err(crate::pg::lost(
+                &self.display,
+                &what,
+                &format!("no answer within {}s", crate::pg::REQUEST_TIMEOUT.as_secs()),
+                true,
+            )),
+        }
+    }
+
+    /// One INSERT in a transaction of its own with a short lock wait, as a refused attempt:
+    /// history, which must not hold up the run.
+    async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error> {
+        use crate::fenced::quote_literal;
+        let what = format!(
+            "record the run's `{}` event for `{}`",
+            run.kind, run.resource
+        );
+        let sql = format!(
+            "BEGIN; SET LOCAL lock_timeout = {ms}; \
+             INSERT INTO {schema}.events (resource, kind, owner, token, detail) \
+             VALUES ({resource}, {kind}, {owner}, {token}, {detail}); COMMIT",
+            ms = ATTEMPT_LOCK_WAIT.as_millis(),
+            schema = self.schema,
+            resource = quote_literal(run.resource),
+            kind = quote_literal(run.kind.as_str()),
+            owner = quote_literal(run.owner),
+            token = run.token,
+            detail = quote_literal(&run.note.detail()),
+        );
+        let session = self.session().await?;
+        let sent = tokio::time::timeout(
+            crate::pg::REQUEST_TIMEOUT,
+            session.client.batch_execute(&sql),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => {
+                let _ = session.client.batch_execute("ROLLBACK").await;
+                Err(session.request_error(&err, &what, true))
             }
             Err(_) => Err(crate::pg::lost(
                 &self.display,

@@ -4,4 +4,5 @@ mod inspect_pages;
 mod log;
 mod metrics;
 mod prune;
+mod run_events;
 mod screen;
