@@ -823,16 +823,39 @@ pub struct GrantArgs {
 /// connections one busy resource can use), the server's clock offset (informational). Directory store: network filesystems (flock is
 /// not enough there), permissions, free space. `file://` object targets: their directory
 /// (exists, writable, not writable by every user, local filesystem, free space). S3 and GCS:
-/// endpoint, credentials, the S3 ETag window. Exit 0 when nothing fails, 2 otherwise; --format json for monitoring.
+/// endpoint, credentials, the S3 ETag window. With --held-over, every lease held longer than
+/// that (a hung job?) is a warning. Exit 0 when nothing fails, 2 otherwise; --format json for
+/// monitoring.
 ///
-/// Example:
+/// Examples:
 ///   fence doctor --store postgres://app@db/app --target postgres://app@db/app
+///   fence doctor --held-over 2h --format json
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct DoctorArgs {
     /// Also check this target database or object (repeat for several).
     #[arg(long = "target", value_name = "URL")]
     pub targets: Vec<String>,
+
+    /// Warn about each lease held longer than DURATION since it was granted (by the store's
+    /// clock; renewals do not restart it): a job that hangs while holding its lease keeps
+    /// every later run out (`--busy-exit-code 0 -q` cron jobs exit 0 silently).
+    #[arg(long, value_name = "DURATION", value_parser = parse_held_over)]
+    pub held_over: Option<Duration>,
+}
+
+/// Parses `doctor --held-over`: a duration above zero.
+fn parse_held_over(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(limit) if limit.is_zero() => Err(
+            "every lease is held longer than 0s; write the longest a job should hold it, e.g. 2h"
+                .to_owned(),
+        ),
+        Ok(limit) => Ok(limit),
+        Err(err) => Err(format!(
+            "`{value}` is not a duration ({err}); write e.g. 30m, 2h"
+        )),
+    }
 }
 
 /// Delete old lease history (PostgreSQL); never the token counters

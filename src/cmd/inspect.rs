@@ -181,6 +181,9 @@ struct ResourceJson<'a> {
     owner: Option<&'a str>,
     token: Option<i64>,
     acquired_at: Option<String>,
+    /// How long the live lease's holder has held it (held leases only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_for_ms: Option<i64>,
     renewed_at: Option<String>,
     expires_at: Option<String>,
     expires_in_ms: Option<i64>,
@@ -218,6 +221,7 @@ impl<'a> ResourceJson<'a> {
             owner: v.owner.as_deref(),
             token: v.token,
             acquired_at: v.acquired_at_ms.map(time::rfc3339),
+            held_for_ms: held_for_ms(v),
             renewed_at: v.renewed_at_ms.map(time::rfc3339),
             expires_at: v.expires_at_ms.map(time::rfc3339),
             expires_in_ms: v.expires_in_ms,
@@ -329,10 +333,23 @@ fn row_cells(v: &ResourceView) -> [String; 7] {
         v.state.as_str().to_owned(),
         v.owner.as_deref().map_or_else(dash, cell),
         v.token.map_or_else(dash, |t| t.to_string()),
-        v.acquired_at_ms.map_or_else(dash, time::rfc3339),
+        match (v.acquired_at_ms, held_for_ms(v)) {
+            (Some(at), Some(held)) => format!("{} (held {})", time::rfc3339(at), time::span(held)),
+            (at, _) => at.map_or_else(dash, time::rfc3339),
+        },
         v.renewed_at_ms.map_or_else(dash, time::rfc3339),
         expires,
     ]
+}
+
+/// How long the live lease's holder has held it since it was granted, by the store's clock
+/// (its now is the expiry less what was left of it when it answered).
+fn held_for_ms(v: &ResourceView) -> Option<i64> {
+    if v.state != State::Held {
+        return None;
+    }
+    let now = v.expires_at_ms?.checked_sub(v.expires_in_ms?)?;
+    Some(now.saturating_sub(v.acquired_at_ms?).max(0))
 }
 
 /// Resources per page of a streamed answer.

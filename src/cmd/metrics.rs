@@ -108,6 +108,23 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
             rejections.add(&[("resource", &v.resource), ("op", op)], n as f64);
         }
     }
+    // Busy refusals: every refused acquisition, where the store records them.
+    let mut busy = Family::counter(
+        "fence_lease_busy_refusals_total",
+        "Acquisitions refused because another owner held the lease (each attempt; a waiter's polls are one), from the store's record of refused attempts (directory store, PostgreSQL; absent for object stores, which do not record them).",
+    );
+    if let Some(attempts) = coordinator.attempt_counts().await? {
+        let mut refused: BTreeMap<&str, i64> = BTreeMap::new();
+        for (resource, kind, n) in &attempts {
+            if *kind == EventKind::Busy {
+                *refused.entry(resource.as_str()).or_default() += n;
+            }
+        }
+        for v in &views {
+            let n = refused.get(v.resource.as_str()).copied().unwrap_or(0);
+            busy.add(&[("resource", &v.resource)], n as f64);
+        }
+    }
     let mut held = Family::gauge(
         "fence_lease_held",
         "1 while a live lease is held on the resource, by the store's clock.",
@@ -182,6 +199,7 @@ pub async fn run(args: MetricsArgs, ctx: &Context) -> Result<Metrics, Error> {
             renewals,
             releases,
             rejections,
+            busy,
             held,
             holder,
             token,

@@ -402,6 +402,14 @@ pub trait History {
     /// else (the exit status, the lease) depends on it.
     async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error>;
 
+    /// How many refused attempts (`busy`, `conflict`, `write_rejected`) each resource has
+    /// had, as (resource, kind, count): every attempt, not the coalesced lines of the history,
+    /// including those `fence prune` or a store's retention removed since, so that they never
+    /// go down. `None` where the store does not record refused attempts (object stores).
+    async fn attempt_counts(&self) -> Result<Option<Vec<(String, EventKind, i64)>>, Error> {
+        Ok(None)
+    }
+
     /// The events of the resources `query` names, within its time window, in order (oldest
     /// first), at most `query.limit` of the most recent. Stores that cannot read a window at
     /// the source read each resource's recent history and filter it.

@@ -127,6 +127,17 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
             }
         }
     }
+    if let Some(limit) = args.held_over {
+        held_over(
+            ctx,
+            limit,
+            &mut Findings {
+                subject: "store",
+                all,
+            },
+        )
+        .await;
+    }
     for target in &args.targets {
         let spec = TargetSpec::resolve(target)?;
         let mut findings = Findings {
@@ -159,6 +170,75 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
         }
     }
     Ok(())
+}
+
+/// `--held-over`: each live lease granted longer than `limit` ago, by the store's clock.
+async fn held_over(ctx: &Context, limit: std::time::Duration, findings: &mut Findings<'_>) {
+    const CHECK: &str = "leases.held_over";
+    let over = crate::time::duration(limit);
+    let held = async {
+        let coordinator = ctx.coordinator().await?;
+        coordinator.require_existing().await?;
+        let query = crate::coordinator::InspectQuery {
+            state: Some(crate::coordinator::State::Held),
+            ..Default::default()
+        };
+        Ok::<_, Error>(coordinator.inspect_query(&query).await?.views)
+    };
+    let views = match held.await {
+        Ok(views) => views,
+        Err(err) => {
+            findings.add(
+                CHECK,
+                Severity::Fail,
+                format!("cannot read the store's leases: {err}"),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    let limit_ms = i64::try_from(limit.as_millis()).unwrap_or(i64::MAX);
+    let mut long = 0;
+    for v in &views {
+        let (Some(acquired), Some(expires), Some(left)) =
+            (v.acquired_at_ms, v.expires_at_ms, v.expires_in_ms)
+        else {
+            continue;
+        };
+        // The store's now, from its own answer: the expiry less what was left of it.
+        let held_ms = expires.saturating_sub(left).saturating_sub(acquired);
+        if held_ms <= limit_ms {
+            continue;
+        }
+        long += 1;
+        let resource = crate::error::shell_word(&v.resource);
+        findings.add(
+            CHECK,
+            Severity::Warn,
+            format!(
+                "`{}` has been held by `{}` (token {}) for {}, since {}: longer than --held-over {over}",
+                v.resource,
+                v.owner.as_deref().unwrap_or("?"),
+                v.token.unwrap_or_default(),
+                crate::time::span(held_ms),
+                crate::time::rfc3339(acquired)
+            ),
+            &format!(
+                "see what the holder is doing: `fence log {resource}` shows its run (host, pid, process group); bound such jobs with `fence run --max-time`"
+            ),
+        );
+    }
+    if long == 0 {
+        findings.add(
+            CHECK,
+            Severity::Ok,
+            format!(
+                "no lease held longer than {over} ({} held now)",
+                views.len()
+            ),
+            "",
+        );
+    }
 }
 
 fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {

@@ -2,8 +2,10 @@
 //! conflicting renewals and releases, coalesced per owner, kind and minute (a count, the first
 //! and last time), so that "who else tried" has an answer and a busy loop cannot grow the
 //! store. Rewritten under the resource's lock (not fsynced: it is history, not the counter);
-//! the newest [`KEEP`] minutes stay.
+//! the newest [`KEEP`] minutes stay, and the attempts of those dropped are added to
+//! `attempts/<name>.totals.json` (per kind), so that `fence metrics`' counters never go down.
 
+use std::collections::BTreeMap;
 use std::io::{self, ErrorKind};
 use std::path::Path;
 
@@ -56,6 +58,38 @@ pub(super) fn read(path: &Path) -> io::Result<Vec<Minute>> {
     }
 }
 
+/// The attempts of minutes no longer kept, per kind (none when the file does not exist).
+pub(super) fn dropped(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
+    match std::fs::read(totals_path(path)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|err| io::Error::new(ErrorKind::InvalidData, format!("damaged: {err}"))),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Every refused attempt of a resource the file has ever counted, per kind: the minutes kept
+/// and those dropped.
+pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
+    // A damaged file (moved aside at the next attempt) counts as what was dropped before it.
+    let kept = match read(path) {
+        Err(err) if err.kind() == ErrorKind::InvalidData => Vec::new(),
+        kept => kept?,
+    };
+    let mut totals = match dropped(path) {
+        Err(err) if err.kind() == ErrorKind::InvalidData => BTreeMap::new(),
+        dropped => dropped?,
+    };
+    for minute in kept {
+        *totals.entry(minute.kind).or_default() += minute.count;
+    }
+    Ok(totals)
+}
+
+fn totals_path(path: &Path) -> std::path::PathBuf {
+    path.with_extension("totals.json")
+}
+
 /// Adds `attempt` at `now_ms` to its minute (a new one at the start of a minute). A damaged
 /// file is moved aside (`<name>.json.damaged-<ms>`, with a warning) and a new one started:
 /// what it held is kept for a look, and the next attempts are recorded.
@@ -97,7 +131,12 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
         }),
     }
     if minutes.len() > KEEP {
-        minutes.drain(..minutes.len() - KEEP);
+        let mut totals = dropped(path).unwrap_or_default();
+        for minute in minutes.drain(..minutes.len() - KEEP) {
+            *totals.entry(minute.kind).or_default() += minute.count;
+        }
+        let body = serde_json::to_vec(&totals).map_err(io::Error::other)?;
+        replace(&totals_path(path), &body, false)?;
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;

@@ -420,6 +420,18 @@ impl History for FileCoordinator {
         .await
     }
 
+    async fn attempt_counts(&self) -> Result<Option<Vec<(String, EventKind, i64)>>, Error> {
+        self.require_dir()?;
+        let mut counts = Vec::new();
+        for name in self.known_names()? {
+            let paths = self.paths(&name);
+            let totals = super::attempts::totals(&paths.attempts)
+                .map_err(|err| self.io_error("read the refused attempts", &paths.attempts, &err))?;
+            counts.extend(totals.into_iter().map(|(kind, n)| (name.clone(), kind, n)));
+        }
+        Ok(Some(counts))
+    }
+
     async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
         self.event_counts_store()
     }

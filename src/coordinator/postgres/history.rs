@@ -365,6 +365,30 @@ impl History for PgCoordinator {
         Ok(logged)
     }
 
+    /// The attempts kept, plus those `fence prune` deleted (in `event_totals` under the kind
+    /// `attempts:KIND`, which no event has).
+    async fn attempt_counts(&self) -> Result<Option<Vec<(String, EventKind, i64)>>, Error> {
+        let rows = self
+            .call(
+                "count the refused attempts",
+                false,
+                "SELECT a.resource, a.kind, sum(a.count)::bigint FROM __SCHEMA__.attempts a GROUP BY 1, 2 \
+                 UNION ALL \
+                 SELECT t.resource, substr(t.kind, 10), t.n FROM __SCHEMA__.event_totals t \
+                 WHERE t.kind LIKE 'attempts:%'",
+                &[],
+            )
+            .await?;
+        let mut counts: std::collections::BTreeMap<(String, EventKind), i64> = Default::default();
+        for row in &rows {
+            let kind = EventKind::parse(row.get(1));
+            *counts.entry((row.get(0), kind)).or_default() += row.get::<_, i64>(2);
+        }
+        Ok(Some(
+            counts.into_iter().map(|((r, k), n)| (r, k, n)).collect(),
+        ))
+    }
+
     /// One pass over the events table (no index serves a count of everything), plus what
     /// `fence prune` deleted (`event_totals`; none on a schema older than version 5, which
     /// reads as no rows).
@@ -503,12 +527,18 @@ impl PgCoordinator {
         pruned.waiters = rows
             .first()
             .map_or(0, |row| row.get::<_, i64>(0).unsigned_abs());
-        // Refused attempts whose last one is older than the bound.
+        // Refused attempts whose last one is older than the bound, their counts kept in
+        // `event_totals` (see `attempt_counts`).
         self.call(
             what,
             true,
-            "DELETE FROM __SCHEMA__.attempts a WHERE a.last_at < to_timestamp($2::bigint / 1000.0) \
-             AND ($1::text[] IS NULL OR a.resource = ANY($1))",
+            "WITH gone AS (DELETE FROM __SCHEMA__.attempts a \
+               WHERE a.last_at < to_timestamp($2::bigint / 1000.0) \
+               AND ($1::text[] IS NULL OR a.resource = ANY($1)) \
+               RETURNING a.resource, a.kind, a.count) \
+             INSERT INTO __SCHEMA__.event_totals AS t (resource, kind, n) \
+             SELECT g.resource, 'attempts:' || g.kind, sum(g.count) FROM gone g GROUP BY 1, 2 \
+             ON CONFLICT (resource, kind) DO UPDATE SET n = t.n + EXCLUDED.n",
             &[(&names, Type::TEXT_ARRAY), (&before, Type::INT8)],
         )
         .await?;
