@@ -380,6 +380,32 @@ pub(crate) fn reap_children() {
     while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
 }
 
+/// Reaps every child that has ended, without blocking, as [`reap_children`] does, but keeps
+/// the status of `kept` should it be one of them: for a subreaper that waits for one child
+/// (the reaper, for its command) while the orphans handed to it end, so that they are waited
+/// for as they end instead of staying zombies (each holds its pid) until that child ends.
+/// `Ok(None)`: `kept` has not ended. An error when no child is left and `kept` was not among
+/// those reaped (it was waited for elsewhere: its status is lost).
+///
+/// A scan of /proc finds a child by its pid, which its zombie holds until it is reaped: the
+/// caller reaps between its scans, never during one, so that a pid it found is still its
+/// child's when it signals it.
+pub(crate) fn reap_children_keeping(kept: Pid) -> io::Result<Option<std::process::ExitStatus>> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = None;
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
+            Ok(Some((pid, ended))) if pid == kept => {
+                status = Some(std::process::ExitStatus::from_raw(ended.as_raw()));
+            }
+            Ok(Some(_)) | Err(Errno::INTR) => {}
+            Ok(None) => return Ok(status),
+            Err(Errno::CHILD) if status.is_some() => return Ok(status),
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
 /// How long the killing goes on at most (a process that cannot die: stuck in the kernel).
 const KILL_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 

@@ -19,7 +19,9 @@
 //!
 //! The reaper is also the command's subreaper: a descendant that leaves the group (`setsid`,
 //! as daemons do) is handed to it when its parent ends, so the reaper finds it in /proc by its
-//! parent links; when COMMAND ends, the reaper stops every descendant left.
+//! parent links; when COMMAND ends, the reaper stops every descendant left. Such orphans are
+//! waited for as they end, while COMMAND runs: none stays a zombie (holding its pid) until
+//! COMMAND ends, however many a command leaves behind.
 //!
 //! A command that cannot be started is reported to `fence run` on a pipe whose descriptor
 //! number `fence run` passes as an argument (whatever number the pipe got in `fence run`, so
@@ -160,8 +162,10 @@ pub fn main(args: &[OsString]) -> Exit {
             Ok(())
         });
     }
-    let mut child = match command.spawn() {
-        Ok(child) => child,
+    // The command is known by its pid from here on, and waited for with every other child
+    // (see the loop below); its `Child` is not kept.
+    let command = match command.spawn() {
+        Ok(child) => Pid::from_child(&child),
         Err(err) => {
             // The error number first (`E11 …`), for `fence run` to tell a passing limit from
             // a command that cannot start.
@@ -184,7 +188,12 @@ pub fn main(args: &[OsString]) -> Exit {
     // When the command was seen to have ended, if that was before the bound (see below).
     let mut inside = None;
     let status = loop {
-        match child.try_wait() {
+        // Every child that ended is waited for at every turn (a SIGCHLD wakes the loop), the
+        // orphans handed to us as their subreaper too: a command that keeps starting
+        // short-lived processes it does not wait for (`( job & )`, a daemon's double-forked
+        // workers) would otherwise pile up a zombie each, holding its pid, until it ends. The
+        // command's own status is kept.
+        match crate::sys::reap_children_keeping(command) {
             Ok(Some(status)) => {
                 // Seen now, so it ended no later: inside the lease if that is before the
                 // latest bound, and this reaper never had to enforce one.

@@ -7,3 +7,4 @@ mod run_ids;
 mod run_safety;
 mod supervise;
 mod waiting;
+mod zombies;
