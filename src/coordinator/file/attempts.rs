@@ -144,3 +144,47 @@ pub(super) fn note(path: &Path, attempt: &Attempt, now_ms: i64) -> io::Result<()
     let body = serde_json::to_vec(&minutes).map_err(io::Error::other)?;
     replace(path, &body, false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Minutes dropped past [`KEEP`] are counted in the totals file: the per-kind totals
+    /// `fence metrics` reads never go down.
+    #[test]
+    fn dropped_minutes_stay_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.json");
+        let full: Vec<Minute> = (0..KEEP as i64)
+            .map(|i| Minute {
+                owner: format!("o{i}"),
+                kind: EventKind::Busy,
+                minute_ms: i * ATTEMPT_MINUTE_MS,
+                count: 2,
+                first_ms: i * ATTEMPT_MINUTE_MS,
+                last_ms: i * ATTEMPT_MINUTE_MS,
+                token: 1,
+                detail: String::new(),
+            })
+            .collect();
+        std::fs::write(&path, serde_json::to_vec(&full).unwrap()).unwrap();
+        let before = totals(&path).unwrap()[&EventKind::Busy];
+        assert_eq!(before, 2 * KEEP as i64);
+        let attempt = Attempt {
+            resource: "job".into(),
+            owner: "late".into(),
+            kind: EventKind::Conflict,
+            token: 1,
+            detail: String::new(),
+        };
+        for minute in 0..3 {
+            let at = (KEEP as i64 + minute) * ATTEMPT_MINUTE_MS;
+            note(&path, &attempt, at).unwrap();
+        }
+        assert_eq!(read(&path).unwrap().len(), KEEP, "the newest minutes stay");
+        let after = totals(&path).unwrap();
+        assert_eq!(after[&EventKind::Busy], before, "{after:?}");
+        assert_eq!(after[&EventKind::Conflict], 3, "{after:?}");
+        assert_eq!(dropped(&path).unwrap()[&EventKind::Busy], 6);
+    }
+}
