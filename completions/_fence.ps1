@@ -231,6 +231,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
         }
         'fence;doctor' {
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also check this target database or object (repeat for several)')
+            [CompletionResult]::new('--held-over', '--held-over', [CompletionResultType]::ParameterName, 'Warn about each lease held longer than DURATION since it was granted (by the store''s clock; renewals do not restart it): a job that hangs while holding its lease keeps every later run out (`--busy-exit-code 0 -q` cron jobs exit 0 silently)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')
             [CompletionResult]::new('--format', '--format', [CompletionResultType]::ParameterName, 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object''s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come')

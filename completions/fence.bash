@@ -243,13 +243,17 @@ _fence() {
             return 0
             ;;
         fence__subcmd__doctor)
-            opts="-q -h --target --store --schema --format --quiet --color --help"
+            opts="-q -h --target --held-over --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --held-over)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -662,7 +666,7 @@ _fence() {
                     return 0
                     ;;
                 --kind)
-                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected busy conflict write_accepted write_rejected pruned" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "acquired reacquired taken_over renewed released expired renew_rejected release_rejected busy conflict write_accepted write_rejected pruned run_started run_finished run_stopped" -- "${cur}"))
                     return 0
                     ;;
                 --limit)

@@ -216,6 +216,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;doctor'= {
             cand --target 'Also check this target database or object (repeat for several)'
+            cand --held-over 'Warn about each lease held longer than DURATION since it was granted (by the store''s clock; renewals do not restart it): a job that hangs while holding its lease keeps every later run out (`--busy-exit-code 0 -q` cron jobs exit 0 silently)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object''s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come'

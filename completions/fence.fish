@@ -150,7 +150,10 @@ busy\t''
 conflict\t''
 write_accepted\t''
 write_rejected\t''
-pruned\t''"
+pruned\t''
+run_started\t''
+run_finished\t''
+run_stopped\t''"
 complete -c fence -n "__fish_fence_using_subcommand log" -l limit -d 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
@@ -246,6 +249,7 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand init" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand init" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l target -d 'Also check this target database or object (repeat for several)' -r
+complete -c fence -n "__fish_fence_using_subcommand doctor" -l held-over -d 'Warn about each lease held longer than DURATION since it was granted (by the store\'s clock; renewals do not restart it): a job that hangs while holding its lease keeps every later run out (`--busy-exit-code 0 -q` cron jobs exit 0 silently)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r
 complete -c fence -n "__fish_fence_using_subcommand doctor" -l format -d 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object\'s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come' -r -f -a "human\t'Sentences and tables for people'
