@@ -143,7 +143,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__acquire)
-            opts="-q -h --owner --ttl --wait --store --schema --format --quiet --color --help"
+            opts="-q -h --owner --ttl --wait --above --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -158,6 +158,10 @@ _fence() {
                     return 0
                     ;;
                 --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --above)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -48,6 +48,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --owner 'Who holds the lease. Default: `<hostname>/<pid>/<8 hex>`, reported in the output'
             cand --ttl 'How long the lease lasts unless renewed (100ms to 24h), by the coordinator''s clock'
             cand --wait 'When busy, wait until granted, at most DURATION (forever without one); then exit 3. On PostgreSQL waiters queue in arrival order and a release wakes the first'
+            cand --above 'Recovery, not for routine use: grant a token above N as well as above every token this store issued for RESOURCE'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object''s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come'

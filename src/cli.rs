@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{
-    parse_instant, parse_name, parse_resource, parse_run_owner, parse_schema, parse_token,
-    parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
+    parse_above, parse_instant, parse_name, parse_resource, parse_run_owner, parse_schema,
+    parse_token, parse_ttl, parse_wait, parse_write_id, parse_write_timeout, DEFAULT_TTL,
 };
 use crate::error::Error;
 use crate::exit::Exit;
@@ -181,6 +181,19 @@ pub struct AcquireArgs {
         value_parser = parse_wait
     )]
     pub wait: Option<Duration>,
+
+    /// Recovery, not for routine use: grant a token above N as well as above every token
+    /// this store issued for RESOURCE.
+    ///
+    /// For when a target fenced by another store (or by none) accepted a token this store never
+    /// issued (a made-up `--token 99`) and now refuses the real holder as stale: `fence inspect
+    /// RESOURCE --target URL` names the highest token the target accepted; acquire above it,
+    /// then release, and later grants continue above it (docs/postgres-targets.md, "A token
+    /// the store never issued"). Tokens never go down, so the jump is for good. Another
+    /// owner's live lease: busy (exit 3), as always. The same owner's live lease with a token
+    /// not above N: exit 2 (release it first). Never waits (not with --wait).
+    #[arg(long, value_name = "N", conflicts_with = "wait", value_parser = parse_above)]
+    pub above: Option<i64>,
 }
 
 /// Run a command while holding a lease, and stop it if the lease is lost.

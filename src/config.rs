@@ -244,6 +244,22 @@ pub fn parse_token(value: &str) -> Result<i64, String> {
     }
 }
 
+/// Parses `fence acquire --above N`: a token the grant must exceed, so a positive integer
+/// below the highest token there can be (the grant needs room for N + 1).
+pub fn parse_above(value: &str) -> Result<i64, String> {
+    match value.trim().parse::<i64>() {
+        Ok(n) if (1..i64::MAX).contains(&n) => Ok(n),
+        Ok(i64::MAX) => Err(format!(
+            "no token can be above {}, the highest a token can be: give a positive integer below it",
+            i64::MAX
+        )),
+        _ => Err(format!(
+            "`{value}` is not a token to go above: --above takes the highest token the target accepted (`fence inspect RESOURCE --target URL` shows it), a positive integer below {}",
+            i64::MAX
+        )),
+    }
+}
+
 /// Checks `--schema`: a plain lowercase SQL identifier, so it never needs quoting tricks.
 pub fn parse_schema(value: &str) -> Result<String, String> {
     let mut chars = value.chars();
@@ -383,6 +399,25 @@ mod tests {
             .as_millis() as i64;
         assert!((now - back - 7_200_000).abs() < 60_000);
         assert!(parse_instant("yesterday").is_err());
+    }
+
+    #[test]
+    fn above_takes_a_positive_integer_with_room_above_it() {
+        assert_eq!(parse_above("99"), Ok(99));
+        assert_eq!(parse_above("1"), Ok(1));
+        assert_eq!(parse_above(&(i64::MAX - 1).to_string()), Ok(i64::MAX - 1));
+        for bad in [
+            "0",
+            "-1",
+            "abc",
+            "1.5",
+            "",
+            "9223372036854775807",
+            "9223372036854775808",
+        ] {
+            let err = parse_above(bad).unwrap_err();
+            assert!(err.contains("positive integer below"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -35,15 +35,25 @@ pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acqui
     }
     let owner = args.owner.unwrap_or_else(default_owner);
     let coordinator = ctx.coordinator().await?;
-    let grant = wait::acquire(
-        coordinator.as_ref(),
-        &args.resource,
-        &owner,
-        args.ttl,
-        args.wait,
-        out,
-    )
-    .await?;
+    let grant = match args.above {
+        // A recovery is asked once, never queued for (clap keeps --above from --wait).
+        Some(above) => {
+            coordinator
+                .acquire_above(&args.resource, &owner, args.ttl, above)
+                .await?
+        }
+        None => {
+            wait::acquire(
+                coordinator.as_ref(),
+                &args.resource,
+                &owner,
+                args.ttl,
+                args.wait,
+                out,
+            )
+            .await?
+        }
+    };
     Ok(Acquired {
         grant,
         store: ctx.store.clone(),

@@ -679,7 +679,8 @@ pub fn token_regressed(resource: &str, before: i64, token: i64, at_ms: i64) -> S
 
 /// A target that accepted a token above the highest the store issued for the resource: a
 /// token it never issued was written there (a typo, a forgery, or a target fenced by another
-/// coordinator), and the real holder's writes are now refused.
+/// coordinator), and the real holder's writes are now refused. The message names the
+/// recovery, `fence acquire R --above HIGHEST` (its guide: docs/postgres-targets.md).
 pub fn target_ahead(
     target: &str,
     resource: &str,
@@ -688,8 +689,9 @@ pub fn target_ahead(
 ) -> Option<String> {
     issued.is_none_or(|issued| highest > issued).then(|| {
         format!(
-            "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}): check that the target is fenced by this store, and how that token was written",
-            issued.map_or("none".to_owned(), |t| format!("up to {t}"))
+            "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}), so it refuses this store's holders as stale: check that the target is fenced by this store and how that token was written; then raise this store's tokens above it with `fence acquire {} --above {highest}` and release that lease (docs/postgres-targets.md, \"A token the store never issued\")",
+            issued.map_or("none".to_owned(), |t| format!("up to {t}")),
+            crate::error::shell_word(resource)
         )
     })
 }

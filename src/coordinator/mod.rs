@@ -264,6 +264,20 @@ pub trait Leases {
     /// [`Error::Busy`] naming the live holder. The token is reported only once durable.
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error>;
 
+    /// [`Self::acquire`] whose new token is also above `above` (`fence acquire --above`: the
+    /// recovery after a target fenced elsewhere accepted a token this store never issued).
+    /// Another owner's live lease is busy as always; the owner's own live lease is
+    /// reacquired only when its token is above `above` already, and refused otherwise
+    /// ([`held_not_above`]), since a reacquire keeps its token. A grant whose token `above`
+    /// raised past the store's own next one says so in its event ([`raised_detail`]).
+    async fn acquire_above(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: i64,
+    ) -> Result<Grant, Error>;
+
     /// Extends a live lease held with exactly this owner and token; `ttl` `None` keeps the
     /// lease's own TTL.
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error>;
@@ -495,6 +509,43 @@ pub fn next_token(resource: &str, highest: i64, source: &str) -> Result<i64, Err
     })
 }
 
+/// The token of a new grant of `resource` after `highest`, and above `above` when asked
+/// (`acquire --above`); see [`next_token`].
+pub fn next_token_above(
+    resource: &str,
+    highest: i64,
+    above: Option<i64>,
+    source: &str,
+) -> Result<i64, Error> {
+    next_token(resource, highest.max(above.unwrap_or(0)), source)
+}
+
+/// The detail of a grant's event when `--above` raised its token past the store's own next
+/// one (`above` over `highest`, the highest the store issued): `fence log` shows the jump
+/// as deliberate. The PostgreSQL statement writes the same words (`pg_one_shot::ACQUIRE`).
+pub fn raised_detail(highest: i64, above: Option<i64>) -> Option<String> {
+    above
+        .filter(|&above| above > highest)
+        .map(|above| format!("token raised above {above} (--above)"))
+}
+
+/// The refusal of `acquire --above N` when `owner` already holds the lease live with a
+/// token not above N: a reacquire keeps its token, so it cannot be raised without a release.
+pub fn held_not_above(resource: &str, owner: &str, token: i64, above: i64) -> Error {
+    use crate::error::shell_word;
+    Error::usage(
+        format!(
+            "`{resource}` is held by this owner (`{owner}`) with token {token}, which is not above {above}: acquiring it again would keep that token, so nothing was changed"
+        ),
+        format!(
+            "release the lease first (`fence release {} --owner {} --token {token}`), then run `fence acquire {} --above {above}` again",
+            shell_word(resource),
+            shell_word(owner),
+            shell_word(resource)
+        ),
+    )
+}
+
 /// The oldest-first, most recent `query.limit` events of `views` within the query.
 fn from_views(views: Vec<ResourceView>, query: &LogQuery<'_>) -> Vec<Logged> {
     let mut logged: Vec<Logged> = views
@@ -513,4 +564,48 @@ fn from_views(views: Vec<ResourceView>, query: &LogQuery<'_>) -> Vec<Logged> {
         .collect();
     newest(&mut logged, query.limit);
     logged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn above_raises_a_new_token_only_past_the_stores_own_next_one() {
+        // Above N and above every token issued, whichever is higher.
+        assert_eq!(next_token_above("r", 2, Some(99), "s").unwrap(), 100);
+        assert_eq!(next_token_above("r", 150, Some(99), "s").unwrap(), 151);
+        assert_eq!(next_token_above("r", 0, Some(99), "s").unwrap(), 100);
+        assert_eq!(next_token_above("r", 7, None, "s").unwrap(), 8);
+        assert_eq!(
+            next_token_above("r", 1, Some(i64::MAX - 1), "s").unwrap(),
+            i64::MAX
+        );
+        assert!(next_token_above("r", i64::MAX, Some(99), "s").is_err());
+        // The event says so only when N raised it.
+        assert_eq!(
+            raised_detail(2, Some(99)).as_deref(),
+            Some("token raised above 99 (--above)")
+        );
+        assert_eq!(raised_detail(99, Some(99)), None);
+        assert_eq!(raised_detail(150, Some(99)), None);
+        assert_eq!(raised_detail(2, None), None);
+    }
+
+    #[test]
+    fn a_held_lease_not_above_n_is_a_usage_error_naming_the_release() {
+        let err = held_not_above("nightly report", "me", 2, 99);
+        assert_eq!(err.exit(), crate::exit::Exit::Usage);
+        let text = format!("{err}");
+        assert!(
+            text.contains("token 2") && text.contains("not above 99"),
+            "{text}"
+        );
+        let hint = err.hint();
+        assert!(
+            hint.contains("fence release 'nightly report' --owner me --token 2")
+                && hint.contains("fence acquire 'nightly report' --above 99"),
+            "{hint}"
+        );
+    }
 }

@@ -159,6 +159,9 @@ struct Change {
     /// A grant's or renewal's TTL: the lease it set runs out `ttl_ms` after `at_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ttl_ms: Option<i64>,
+    /// A grant whose token `--above` raised says so (`coordinator::raised_detail`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
 }
 
 impl Change {
@@ -170,6 +173,7 @@ impl Change {
             token: Some(self.token),
             ttl_ms: self.ttl_ms,
             expires_at_ms: self.ttl_ms.map(|ttl| at_ms.saturating_add(ttl)),
+            detail: self.detail.clone(),
             ..Event::new(self.kind.clone(), at_ms)
         }
     }
@@ -249,6 +253,7 @@ fn history(
         token,
         at_ms: None,
         ttl_ms,
+        detail: None,
     });
     history
 }
@@ -644,6 +649,139 @@ impl ObjectCoordinator {
         waiters.sort_by_key(|w| w.since_ms);
         Ok(waiters)
     }
+
+    /// A grant, a reacquire or a refusal, decided on the record as read and put conditioned
+    /// on its version; a new token is above `above` too, when asked.
+    async fn grant(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: Option<i64>,
+    ) -> Result<Grant, Error> {
+        let ttl = ttl_ms(ttl);
+        self.check_ttl(ttl)?;
+        self.check_resource(resource)?;
+        // The nonce and kind of this call's last write that may have applied unseen (its
+        // answer lost, its retry refused by its own version).
+        let mut tried: Option<(String, EventKind, tokio::time::Instant)> = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            backoff(attempt).await;
+            let current = self.read(resource).await?;
+            if let (Some(c), Some((nonce, kind, sent))) = (&current, &tried) {
+                if c.body.nonce == *nonce {
+                    // Our own write is the current version: granted by it, as it said.
+                    let now = c.meta.last_modified_ms;
+                    return Ok(Grant {
+                        lease: c.lease(now),
+                        reacquired: *kind == EventKind::Reacquired,
+                        sent: Some(*sent),
+                    });
+                }
+            }
+            let verified = self.verified(current.as_ref()).await?;
+            let now = match &current {
+                Some(c) if c.held() => Some(self.now_for(resource, c).await?),
+                _ => None,
+            };
+            let (body, kind, raised) = match (&current, now) {
+                (Some(c), Some(now)) if self.live(c, now) => {
+                    if c.body.owner != owner {
+                        return Err(Error::Busy {
+                            resource: resource.to_owned(),
+                            holder: Holder {
+                                owner: c.body.owner.clone(),
+                                token: c.body.token,
+                                expires_at_ms: self.taken_over_at_ms(c),
+                                expires_in_ms: self.taken_over_at_ms(c) - now,
+                            },
+                        });
+                    }
+                    if let Some(above) = above.filter(|&above| c.body.token <= above) {
+                        return Err(crate::coordinator::held_not_above(
+                            resource,
+                            owner,
+                            c.body.token,
+                            above,
+                        ));
+                    }
+                    let mut body = c.body.clone();
+                    body.acquired_at_ms = Some(c.lease(now).acquired_at_ms);
+                    body.ttl_ms = ttl;
+                    (body, EventKind::Reacquired, None)
+                }
+                (previous, _) => {
+                    let kind = match previous {
+                        Some(c) if c.held() && c.body.owner != owner => EventKind::TakenOver,
+                        _ => EventKind::Acquired,
+                    };
+                    let highest = previous.as_ref().map_or(0, |c| c.body.token);
+                    let body = Body {
+                        resource: resource.to_owned(),
+                        owner: owner.to_owned(),
+                        token: crate::coordinator::next_token_above(
+                            resource,
+                            highest,
+                            above,
+                            "the lease record object",
+                        )?,
+                        ttl_ms: ttl,
+                        state: "held".into(),
+                        nonce: String::new(),
+                        seq: 0,
+                        acquired_at_ms: None,
+                        verified,
+                        verified_for: None,
+                        history: Vec::new(),
+                    };
+                    (
+                        body,
+                        kind,
+                        crate::coordinator::raised_detail(highest, above),
+                    )
+                }
+            };
+            let seq = current.as_ref().map_or(0, |c| c.body.seq) + 1;
+            let mut body = Body {
+                nonce: nonce(),
+                seq,
+                verified,
+                verified_for: verified.then(|| verify::identity(&self.url)),
+                history: history(
+                    current.as_ref(),
+                    seq,
+                    kind.clone(),
+                    owner,
+                    body.token,
+                    Some(body.ttl_ms),
+                ),
+                ..body
+            };
+            if let Some(change) = body.history.last_mut() {
+                change.detail = raised;
+            }
+            self.archive(&mut body).await?;
+            let sent = tokio::time::Instant::now();
+            tried = Some((body.nonce.clone(), kind.clone(), sent));
+            let Some(meta) = self.write(current.as_ref(), &body).await? else {
+                continue;
+            };
+            // The attempt that got through, if the client says (retries after 429 included).
+            let sent = self.api.last_sent().map_or(sent, |last| last.max(sent));
+            if self.waiting.get() && self.last_probe.get().is_some() {
+                // Granted: a waiter's own clock probe is never read again (best effort).
+                let probe = self.probe_key(resource, Prober::Other);
+                let _ = self.api.delete(&probe).await;
+            }
+            let now = meta.last_modified_ms;
+            return Ok(Grant {
+                lease: Current { body, meta }.lease(now),
+                reacquired: kind == EventKind::Reacquired,
+                sent: Some(sent),
+            });
+        }
+        Err(self.contended(resource))
+    }
 }
 
 #[async_trait(?Send)]
@@ -679,111 +817,17 @@ impl Leases for ObjectCoordinator {
     }
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        let ttl = ttl_ms(ttl);
-        self.check_ttl(ttl)?;
-        self.check_resource(resource)?;
-        // The nonce and kind of this call's last write that may have applied unseen (its
-        // answer lost, its retry refused by its own version).
-        let mut tried: Option<(String, EventKind, tokio::time::Instant)> = None;
-        for attempt in 0..MAX_ATTEMPTS {
-            backoff(attempt).await;
-            let current = self.read(resource).await?;
-            if let (Some(c), Some((nonce, kind, sent))) = (&current, &tried) {
-                if c.body.nonce == *nonce {
-                    // Our own write is the current version: granted by it, as it said.
-                    let now = c.meta.last_modified_ms;
-                    return Ok(Grant {
-                        lease: c.lease(now),
-                        reacquired: *kind == EventKind::Reacquired,
-                        sent: Some(*sent),
-                    });
-                }
-            }
-            let verified = self.verified(current.as_ref()).await?;
-            let now = match &current {
-                Some(c) if c.held() => Some(self.now_for(resource, c).await?),
-                _ => None,
-            };
-            let (body, kind) = match (&current, now) {
-                (Some(c), Some(now)) if self.live(c, now) => {
-                    if c.body.owner != owner {
-                        return Err(Error::Busy {
-                            resource: resource.to_owned(),
-                            holder: Holder {
-                                owner: c.body.owner.clone(),
-                                token: c.body.token,
-                                expires_at_ms: self.taken_over_at_ms(c),
-                                expires_in_ms: self.taken_over_at_ms(c) - now,
-                            },
-                        });
-                    }
-                    let mut body = c.body.clone();
-                    body.acquired_at_ms = Some(c.lease(now).acquired_at_ms);
-                    body.ttl_ms = ttl;
-                    (body, EventKind::Reacquired)
-                }
-                (previous, _) => {
-                    let kind = match previous {
-                        Some(c) if c.held() && c.body.owner != owner => EventKind::TakenOver,
-                        _ => EventKind::Acquired,
-                    };
-                    let body = Body {
-                        resource: resource.to_owned(),
-                        owner: owner.to_owned(),
-                        token: crate::coordinator::next_token(
-                            resource,
-                            previous.as_ref().map_or(0, |c| c.body.token),
-                            "the lease record object",
-                        )?,
-                        ttl_ms: ttl,
-                        state: "held".into(),
-                        nonce: String::new(),
-                        seq: 0,
-                        acquired_at_ms: None,
-                        verified,
-                        verified_for: None,
-                        history: Vec::new(),
-                    };
-                    (body, kind)
-                }
-            };
-            let seq = current.as_ref().map_or(0, |c| c.body.seq) + 1;
-            let mut body = Body {
-                nonce: nonce(),
-                seq,
-                verified,
-                verified_for: verified.then(|| verify::identity(&self.url)),
-                history: history(
-                    current.as_ref(),
-                    seq,
-                    kind.clone(),
-                    owner,
-                    body.token,
-                    Some(body.ttl_ms),
-                ),
-                ..body
-            };
-            self.archive(&mut body).await?;
-            let sent = tokio::time::Instant::now();
-            tried = Some((body.nonce.clone(), kind.clone(), sent));
-            let Some(meta) = self.write(current.as_ref(), &body).await? else {
-                continue;
-            };
-            // The attempt that got through, if the client says (retries after 429 included).
-            let sent = self.api.last_sent().map_or(sent, |last| last.max(sent));
-            if self.waiting.get() && self.last_probe.get().is_some() {
-                // Granted: a waiter's own clock probe is never read again (best effort).
-                let probe = self.probe_key(resource, Prober::Other);
-                let _ = self.api.delete(&probe).await;
-            }
-            let now = meta.last_modified_ms;
-            return Ok(Grant {
-                lease: Current { body, meta }.lease(now),
-                reacquired: kind == EventKind::Reacquired,
-                sent: Some(sent),
-            });
-        }
-        Err(self.contended(resource))
+        self.grant(resource, owner, ttl, None).await
+    }
+
+    async fn acquire_above(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: i64,
+    ) -> Result<Grant, Error> {
+        self.grant(resource, owner, ttl, Some(above)).await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {

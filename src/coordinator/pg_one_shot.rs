@@ -14,9 +14,10 @@
 //!
 //! Each statement keeps what the functions kept (DESIGN §7–§8):
 //! - the new token is computed from the locked row (`token + 1` in the UPDATE's SET, which
-//!   PostgreSQL evaluates again on the newest row version if the row changed under the lock),
-//!   never from a sequence, and a new resource starts at 1 through `INSERT … ON CONFLICT DO
-//!   NOTHING`; rows are never deleted, so the counter survives release and expiry;
+//!   PostgreSQL evaluates again on the newest row version if the row changed under the lock;
+//!   `greatest(token, N) + 1` for `acquire --above N`), never from a sequence, and a new
+//!   resource starts at 1 (N + 1) through `INSERT … ON CONFLICT DO NOTHING`; rows are never
+//!   deleted, so the counter survives release and expiry;
 //! - the clock is `clock_timestamp()`, read per row after the lock;
 //! - the event row is written in the same statement, so in the same transaction;
 //! - `synchronous_commit` is set `on` for the statement's transaction (`set_config(…, true)`
@@ -55,8 +56,15 @@ macro_rules! schema_is_current {
     };
 }
 
-/// `$1` resource, `$2` owner, `$3` TTL in ms. Answers `acquired`, `taken_over`,
-/// `reacquired` (the owner's live lease, same token), `busy` (with the holder), or `retry`.
+/// `$1` resource, `$2` owner, `$3` TTL in ms, `$4` the token a new grant must also be above
+/// (`acquire --above`; NULL: none). Answers `acquired`, `taken_over`, `reacquired` (the
+/// owner's live lease, same token), `busy` (with the holder), `held_not_above` (the owner's
+/// live lease, whose token is not above `$4`: nothing changed), or `retry`.
+///
+/// `$4` lives in the statement, not in the schema, so no migration was needed for it and
+/// the PL/pgSQL `acquire()` (waiters; `--above` never waits) does not take it. A grant whose
+/// token `$4` raised above the snapshot's token records `token raised above N (--above)` as
+/// its event's detail, the words of `coordinator::raised_detail`.
 pub const ACQUIRE: &str = concat!(
     "\
 -- fence: acquire
@@ -64,7 +72,7 @@ WITH taken AS (
     UPDATE __SCHEMA__.leases AS l
     SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms,
          previous_expires_at) = (
-        SELECT CASE WHEN x.live_mine THEN l.token ELSE l.token + 1 END,
+        SELECT CASE WHEN x.live_mine THEN l.token ELSE greatest(l.token, $4) + 1 END,
                CASE WHEN x.live_mine THEN 'reacquired'
                     WHEN l.expires_at IS NULL OR l.owner = $2 THEN 'acquired'
                     ELSE 'taken_over' END,
@@ -74,13 +82,16 @@ WITH taken AS (
               FROM (SELECT clock_timestamp() AS now) c) x)
     WHERE l.resource = $1
       AND (l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = $2)
+      AND NOT coalesce(l.owner = $2 AND l.expires_at > clock_timestamp() AND l.token <= $4,
+                       false)
     RETURNING l.*),
 seen AS (
     SELECT * FROM __SCHEMA__.leases AS l WHERE l.resource = $1),
 created AS (
     INSERT INTO __SCHEMA__.leases AS l
         (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event)
-    SELECT $1, $2, 1, c.now, c.now, c.now + $3 * interval '1 millisecond', $3, 'acquired'
+    SELECT $1, $2, coalesce($4, 0) + 1, c.now, c.now, c.now + $3 * interval '1 millisecond',
+           $3, 'acquired'
     FROM (SELECT clock_timestamp() AS now) c
     WHERE NOT EXISTS (SELECT FROM seen)
     ON CONFLICT (resource) DO NOTHING
@@ -89,9 +100,12 @@ granted AS (
     SELECT * FROM taken UNION ALL SELECT * FROM created),
 logged AS (
     INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at,
-                                   previous_expires_at)
+                                   previous_expires_at, detail)
     SELECT g.resource, g.renewed_at, g.last_event, g.owner, g.token, g.ttl_ms, g.expires_at,
-           CASE WHEN g.last_event = 'taken_over' THEN g.previous_expires_at END
+           CASE WHEN g.last_event = 'taken_over' THEN g.previous_expires_at END,
+           CASE WHEN g.last_event <> 'reacquired' AND g.token = $4 + 1
+                     AND coalesce((SELECT s.token FROM seen s), 0) < $4
+                THEN 'token raised above ' || $4 || ' (--above)' END
     FROM granted g),
 answer AS (
     SELECT g.last_event AS status, g.token, g.owner, g.acquired_at, g.renewed_at,
@@ -99,7 +113,9 @@ answer AS (
     FROM granted g
     UNION ALL
     SELECT CASE WHEN s.expires_at > clock_timestamp() AND s.owner IS DISTINCT FROM $2
-                THEN 'busy' ELSE 'retry' END,
+                THEN 'busy'
+                WHEN s.expires_at > clock_timestamp() AND s.token <= $4
+                THEN 'held_not_above' ELSE 'retry' END,
            s.token, s.owner, s.acquired_at, s.renewed_at, s.expires_at, s.ttl_ms
     FROM seen s WHERE NOT EXISTS (SELECT FROM granted))
 SELECT coalesce(a.status, 'retry') AS status, a.token, a.owner, a.acquired_at, a.renewed_at,

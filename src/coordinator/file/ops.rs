@@ -57,13 +57,16 @@ impl FileCoordinator {
     }
 
     /// The next token for a new grant: above the record's, the high-water mark's and the
-    /// log's. Warns when the record is below the others (restored or rolled back).
+    /// log's, and above `above` when asked (`acquire --above`), with the detail its event
+    /// gets when `above` raised it. Warns when the record is below the others (restored or
+    /// rolled back).
     fn next_token(
         &self,
         resource: &str,
         paths: &Paths,
         previous: Option<&Record>,
-    ) -> Result<i64, Error> {
+        above: Option<i64>,
+    ) -> Result<(i64, Option<String>), Error> {
         let issued = self.issued(paths)?;
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
@@ -78,7 +81,9 @@ impl FileCoordinator {
             paths.high.display(),
             paths.events.display()
         );
-        crate::coordinator::next_token(resource, recorded.max(issued), &source)
+        let highest = recorded.max(issued);
+        let token = crate::coordinator::next_token_above(resource, highest, above, &source)?;
+        Ok((token, crate::coordinator::raised_detail(highest, above)))
     }
 
     fn event(now: &Now, kind: EventKind, owner: &str, token: i64) -> EventLine {
@@ -192,6 +197,83 @@ impl FileCoordinator {
         }
         refusal.into_error(lease)
     }
+
+    /// A grant, a reacquire or a refusal, decided under the resource's lock; a new token is
+    /// above `above` too, when asked.
+    async fn grant(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: Option<i64>,
+    ) -> Result<Grant, Error> {
+        let ttl = ttl_ms(ttl);
+        self.with_lock(resource, |store, previous, paths| {
+            let now = Now::read()?;
+            if let Some(record) = previous
+                .as_ref()
+                .filter(|r| r.is_live(&now, &store.boot_id))
+            {
+                if record.owner != owner {
+                    let busy = Error::Busy {
+                        resource: resource.to_owned(),
+                        holder: Holder {
+                            owner: record.owner.clone(),
+                            token: record.token,
+                            expires_at_ms: record.expires_at_ms,
+                            expires_in_ms: record.expires_in_ms(&now, &store.boot_id),
+                        },
+                    };
+                    store.note_refusal(paths, "acquire", owner, &busy);
+                    return Err(busy);
+                }
+                if let Some(above) = above.filter(|&above| record.token <= above) {
+                    return Err(crate::coordinator::held_not_above(
+                        resource,
+                        owner,
+                        record.token,
+                        above,
+                    ));
+                }
+                let mut extended = record.clone();
+                extended.extend(&now, &store.boot_id, ttl);
+                let event = Self::lease_event(&now, EventKind::Reacquired, &extended);
+                store.commit(paths, &extended, record, false, &event, "reacquired")?;
+                return Ok(Grant {
+                    lease: extended.lease(&Now::read()?, &store.boot_id),
+                    reacquired: true,
+                    sent: None,
+                });
+            }
+            let kind = match &previous {
+                Some(r) if !r.released && r.owner != owner => EventKind::TakenOver,
+                _ => EventKind::Acquired,
+            };
+            let (token, raised) = store.next_token(resource, paths, previous.as_ref(), above)?;
+            // The mark is durable before the token exists anywhere else: whatever happens
+            // next, this token is never issued again.
+            super::counter::write(&paths.high, token)
+                .map_err(|err| store.io_error("record the high-water mark", &paths.high, &err))?;
+            let record = Record::grant(resource, owner, token, ttl, &now, &store.boot_id);
+            let mut undo = record.clone();
+            undo.released = true;
+            let event = EventLine {
+                previous_expires_at_ms: previous
+                    .as_ref()
+                    .filter(|_| kind == EventKind::TakenOver)
+                    .map(|r| r.expires_at_ms),
+                detail: raised,
+                ..Self::lease_event(&now, kind, &record)
+            };
+            store.commit(paths, &record, &undo, true, &event, "acquired")?;
+            Ok(Grant {
+                lease: record.lease(&Now::read()?, &store.boot_id),
+                reacquired: false,
+                sent: None,
+            })
+        })
+        .await
+    }
 }
 
 #[async_trait(?Send)]
@@ -217,63 +299,17 @@ impl Leases for FileCoordinator {
     }
 
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        let ttl = ttl_ms(ttl);
-        self.with_lock(resource, |store, previous, paths| {
-            let now = Now::read()?;
-            if let Some(record) = previous
-                .as_ref()
-                .filter(|r| r.is_live(&now, &store.boot_id))
-            {
-                if record.owner != owner {
-                    let busy = Error::Busy {
-                        resource: resource.to_owned(),
-                        holder: Holder {
-                            owner: record.owner.clone(),
-                            token: record.token,
-                            expires_at_ms: record.expires_at_ms,
-                            expires_in_ms: record.expires_in_ms(&now, &store.boot_id),
-                        },
-                    };
-                    store.note_refusal(paths, "acquire", owner, &busy);
-                    return Err(busy);
-                }
-                let mut extended = record.clone();
-                extended.extend(&now, &store.boot_id, ttl);
-                let event = Self::lease_event(&now, EventKind::Reacquired, &extended);
-                store.commit(paths, &extended, record, false, &event, "reacquired")?;
-                return Ok(Grant {
-                    lease: extended.lease(&Now::read()?, &store.boot_id),
-                    reacquired: true,
-                    sent: None,
-                });
-            }
-            let kind = match &previous {
-                Some(r) if !r.released && r.owner != owner => EventKind::TakenOver,
-                _ => EventKind::Acquired,
-            };
-            let token = store.next_token(resource, paths, previous.as_ref())?;
-            // The mark is durable before the token exists anywhere else: whatever happens
-            // next, this token is never issued again.
-            super::counter::write(&paths.high, token)
-                .map_err(|err| store.io_error("record the high-water mark", &paths.high, &err))?;
-            let record = Record::grant(resource, owner, token, ttl, &now, &store.boot_id);
-            let mut undo = record.clone();
-            undo.released = true;
-            let event = EventLine {
-                previous_expires_at_ms: previous
-                    .as_ref()
-                    .filter(|_| kind == EventKind::TakenOver)
-                    .map(|r| r.expires_at_ms),
-                ..Self::lease_event(&now, kind, &record)
-            };
-            store.commit(paths, &record, &undo, true, &event, "acquired")?;
-            Ok(Grant {
-                lease: record.lease(&Now::read()?, &store.boot_id),
-                reacquired: false,
-                sent: None,
-            })
-        })
-        .await
+        self.grant(resource, owner, ttl, None).await
+    }
+
+    async fn acquire_above(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: i64,
+    ) -> Result<Grant, Error> {
+        self.grant(resource, owner, ttl, Some(above)).await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {

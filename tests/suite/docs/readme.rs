@@ -71,7 +71,7 @@ fn readme_command_one_runs_on_the_embedded_store() {
 #[test]
 fn every_shell_block_of_the_documents_is_run_by_a_test() {
     // (marker, the file that reads the block after it, whether it may mark several blocks)
-    const MARKERS: [(&str, &str, bool); 9] = [
+    const MARKERS: [(&str, &str, bool); 10] = [
         (
             "<!-- readme-command-1 -->",
             "tests/suite/docs/readme.rs",
@@ -101,6 +101,11 @@ fn every_shell_block_of_the_documents_is_run_by_a_test() {
             false,
         ),
         ("<!-- prune-cron -->", "tests/suite/history/prune.rs", false),
+        (
+            "<!-- recipe-above -->",
+            "tests/suite/write_pg/minted.rs",
+            false,
+        ),
     ];
     let root = env!("CARGO_MANIFEST_DIR");
     let mut unmarked = Vec::new();

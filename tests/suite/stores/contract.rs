@@ -1228,6 +1228,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                         .unwrap()
                 } else {
                     // Typed as fence sends it (`query_typed`): $3 alone would be read as float8.
+                    // $4 is `--above`, which a plain acquire leaves NULL.
                     use tokio_postgres::types::Type;
                     client
                         .query_typed(
@@ -1236,6 +1237,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                                 (&resource, Type::TEXT),
                                 (&"me", Type::TEXT),
                                 (&ttl, Type::INT8),
+                                (&None::<i64>, Type::INT8),
                             ],
                         )
                         .await
@@ -1267,7 +1269,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                 let events: Vec<String> = client
                     .query(
                         &format!(
-                            "SELECT format('%s %s %s %s previous=%s', kind, owner, token, ttl_ms, previous_expires_at IS NOT NULL) \
+                            "SELECT format('%s %s %s %s previous=%s detail=%s', kind, owner, token, ttl_ms, previous_expires_at IS NOT NULL, detail) \
                              FROM {s}.events WHERE resource = $1 ORDER BY id"
                         ),
                         &[&resource],
