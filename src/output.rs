@@ -54,6 +54,21 @@ pub fn table() -> comfy_table::Table {
     table
 }
 
+/// Whether `table` fits its terminal with every cell on one line (always, piped): a table
+/// whose cells would wrap into narrow columns can be shown another way.
+pub fn fits(table: &comfy_table::Table) -> bool {
+    use unicode_width::UnicodeWidthStr;
+    let Some(width) = table.width() else {
+        return true;
+    };
+    let mut natural = table.clone();
+    natural.set_content_arrangement(comfy_table::ContentArrangement::Disabled);
+    natural
+        .to_string()
+        .lines()
+        .all(|line| line.width() <= usize::from(width))
+}
+
 /// On a terminal, `text` with its sentences wrapped at spaces to the terminal's width (a
 /// word longer than the width is cut); tables, already fitted by [`table`], pass unchanged.
 /// Piped, `text` as it is: one line per sentence for scripts.

@@ -812,6 +812,31 @@ impl Entry {
         fields.join("  ")
     }
 
+    /// The event for a terminal too narrow for the table: time, resource (and where, for a
+    /// target's), event, owner and token on one line; the lease and the detail, indented, on
+    /// the next.
+    fn narrow(&self) -> String {
+        let ev = &self.logged.event;
+        let mut head = vec![time::rfc3339(ev.at_ms), self.logged.resource.clone()];
+        if let Source::Target(target) = &self.source {
+            head.push(target.clone());
+        }
+        head.push(ev.kind.to_string());
+        head.push(ev.owner.clone().unwrap_or_else(|| "-".into()));
+        head.push(
+            ev.token
+                .map_or_else(|| "-".into(), |t| format!("token {t}")),
+        );
+        let mut text = head.join("  ");
+        text.push('\n');
+        for more in [self.lease_text(), shown_detail(ev).unwrap_or_default()] {
+            if !more.is_empty() {
+                text.push_str(&format!("    {more}\n"));
+            }
+        }
+        text
+    }
+
     /// The LEASE column: the TTL and expiry a grant or renewal set, a takeover's previous
     /// expiry, a write's rows, how many refused attempts a `busy` or `conflict` line stands
     /// for.
@@ -904,7 +929,16 @@ impl Report for Timeline {
                     shown_detail(ev).unwrap_or_default(),
                 ]);
             }
-            text.push_str(&format!("store `{}`, oldest first:\n{table}\n", self.store));
+            if output::fits(&table) {
+                text.push_str(&format!("store `{}`, oldest first:\n{table}\n", self.store));
+            } else {
+                // Too narrow a terminal for the table: an event per line, its lease and
+                // detail indented below it (wrapped by the caller).
+                text.push_str(&format!("store `{}`, oldest first:\n", self.store));
+                for e in &self.entries {
+                    text.push_str(&e.narrow());
+                }
+            }
         }
         if self.truncated {
             text.push_str(

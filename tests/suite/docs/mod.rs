@@ -3,3 +3,4 @@
 mod inventory;
 mod readme;
 mod recipes;
+mod walkthrough;
