@@ -434,7 +434,9 @@ pub struct InspectArgs {
 /// One ordered timeline of leases and fenced writes: who held what when, and what was refused
 ///
 /// The store's events (acquired with TTL and expiry, renewed, released, taken over — with when
-/// the lease it took over had expired — renew/release rejected; `busy` and `conflict` for
+/// the lease it took over had expired — renew/release rejected; each `fence run`'s
+/// `run_started`, `run_finished` and `run_stopped`: its command, status, and why and with which
+/// signal it was stopped; `busy` and `conflict` for
 /// acquisitions refused while another owner held the lease and renewals or releases of a lease
 /// the caller did not hold, one line per owner and minute with a count, on the directory store
 /// and PostgreSQL) of every resource, or of those --resource names, oldest first; each lease's
