@@ -1,7 +1,8 @@
 //! The README's install steps work from a fresh clone (issue 16, item 7): the block marked
 //! `<!-- install -->` runs line by line, exactly as written, in a `git clone` of this
 //! repository with a throwaway HOME; then `fence` runs from `~/.cargo/bin`, `man fence` finds
-//! the installed page through PATH, and the bash completion completes subcommands.
+//! the installed page through PATH, `man -k` (apropos) finds it in the index the block's
+//! `mandb` line made, and the bash completion completes subcommands.
 //!
 //! Two things differ from a user's machine, through the environment only: cargo builds
 //! offline from the already-fetched registry (the suite runs without a network), and the
@@ -109,6 +110,20 @@ fn readme_install_steps_work_from_a_fresh_clone() {
     assert!(out.status.success(), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("busy-exit-code"),
+        "{out:?}"
+    );
+
+    // `man -k` (apropos) finds the pages in the index the README's `mandb` line made: in that
+    // directory alone (`-M`), so that no system-wide index of an earlier install can answer.
+    let mut cmd = Command::new("apropos");
+    cmd.args(["-M"])
+        .arg(home.join(".cargo/share/man"))
+        .arg("fence-run");
+    env(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("fence-run (1)"),
         "{out:?}"
     );
 
