@@ -54,6 +54,39 @@ pub fn table() -> comfy_table::Table {
     table
 }
 
+/// `table` as text: the table itself when it fits the terminal unwrapped, or on a terminal
+/// of 100 columns or more with its cells wrapped; on a narrower one (a split pane), where
+/// wrapped cells would be a few characters wide (and seven bordered columns cannot shrink
+/// below about 40), each row as lines of `column: value`, a blank line between rows, which
+/// [`fit`] wraps to any width.
+pub fn render(table: &comfy_table::Table) -> String {
+    let text = table.to_string();
+    if fits(table) || table.width().is_none_or(|width| width >= 100) {
+        return text;
+    }
+    let names: Vec<String> = table
+        .header()
+        .map(|header| {
+            header
+                .cell_iter()
+                .map(|c| c.content().to_lowercase())
+                .collect()
+        })
+        .unwrap_or_default();
+    let rows: Vec<String> = table
+        .row_iter()
+        .map(|row| {
+            names
+                .iter()
+                .zip(row.cell_iter())
+                .map(|(name, cell)| format!("{name}: {}", cell.content()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect();
+    rows.join("\n\n")
+}
+
 /// Whether `table` fits its terminal with every cell on one line (always, piped): a table
 /// whose cells would wrap into narrow columns can be shown another way.
 pub fn fits(table: &comfy_table::Table) -> bool {

@@ -634,7 +634,7 @@ impl Report for Inspected {
         for v in &self.views {
             table.add_row(row_cells(v));
         }
-        let mut text = format!("store `{}`:\n{table}\n", self.store);
+        let mut text = format!("store `{}`:\n{}\n", self.store, output::render(&table));
         if !self.findings.is_empty() {
             text.push_str("\nintegrity warnings (the store's own files):\n");
             for f in &self.findings {
@@ -659,7 +659,7 @@ impl Report for Inspected {
                 o.updated_at_ms.map_or_else(dash, time::rfc3339),
                 o.owner.clone().unwrap_or_else(dash),
             ]);
-            text.push_str(&format!("\nfenced object:\n{t}\n"));
+            text.push_str(&format!("\nfenced object:\n{}\n", output::render(&t)));
         }
         if let Some((target, TargetView::Guards(guards))) = &self.targets {
             let mut t = output::table();
@@ -684,7 +684,10 @@ impl Report for Inspected {
                     g.rejected_writes.to_string(),
                 ]);
             }
-            text.push_str(&format!("\nfenced writes at `{target}`:\n{t}\n"));
+            text.push_str(&format!(
+                "\nfenced writes at `{target}`:\n{}\n",
+                output::render(&t)
+            ));
         }
         for v in self.views.iter().filter(|v| !v.waiters.is_empty()) {
             text.push_str(&format!(
@@ -713,8 +716,9 @@ impl Report for Inspected {
                 ]);
             }
             text.push_str(&format!(
-                "\nlast events of `{}`, most recent first:\n{events}\n",
-                cell(&v.resource)
+                "\nlast events of `{}`, most recent first:\n{}\n",
+                cell(&v.resource),
+                output::render(&events)
             ));
         }
         if let Some(next) = &self.next_after {

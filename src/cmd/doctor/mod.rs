@@ -280,7 +280,8 @@ fn report(all: &[Finding], ctx: &Context, out: &Output) -> Exit {
         }
         crate::output::print_line(&crate::output::fit(&crate::terminal::terminal_safe(
             &format!(
-                "{table}\n{} ok, {} warn, {} fail",
+                "{}\n{} ok, {} warn, {} fail",
+                crate::output::render(&table),
                 count(Severity::Ok),
                 count(Severity::Warn),
                 count(Severity::Fail)

@@ -27,9 +27,12 @@ impl FileCoordinator {
         }
     }
 
-    /// Every resource with a record or a high-water file, by the names of its files.
+    /// Every resource with a record or a high-water file, by the names of its files. A
+    /// shortened file name (`…~hash`) cannot be decoded: the record holds the name, and the
+    /// high-water file of a resource with a record is the same resource.
     pub(super) fn known_names(&self) -> Result<Vec<String>, Error> {
         let mut names = BTreeSet::new();
+        let mut recorded = BTreeSet::new();
         for (sub, suffix) in [("leases", ".json"), ("tokens", ".high")] {
             let dir = self.dir.join(sub);
             let entries = match fs::read_dir(&dir) {
@@ -47,7 +50,12 @@ impl FileCoordinator {
                 else {
                     continue;
                 };
-                // A shortened name (`…~hash`) cannot be decoded: the record holds the name.
+                if sub == "tokens" && recorded.contains(stem) {
+                    continue;
+                }
+                if sub == "leases" {
+                    recorded.insert(stem.to_owned());
+                }
                 let name = match fs::read(entry.path())
                     .ok()
                     .and_then(|b| serde_json::from_slice::<Record>(&b).ok())

@@ -95,6 +95,9 @@ struct ResourceOut {
     owner: Option<String>,
     token: Option<i64>,
     acquired_at: Option<String>,
+    /// Held leases only.
+    #[serde(default)]
+    held_for_ms: Option<i64>,
     renewed_at: Option<String>,
     expires_at: Option<String>,
     expires_in_ms: Option<i64>,
@@ -434,6 +437,9 @@ fn inspect_shows_state_owner_token_expiry_and_events(store: &Store) {
     assert!(
         alpha.acquired_at.is_some() && alpha.renewed_at.is_some() && alpha.expires_at.is_some()
     );
+    // How long the live lease has been held, by the store's clock: held leases only.
+    assert!(alpha.held_for_ms.is_some_and(|held| held >= 0), "{alpha:?}");
+    assert!(never.held_for_ms.is_none(), "{never:?}");
     let kinds: Vec<&str> = alpha.events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(kinds, ["renewed", "acquired"], "most recent first");
     assert!(alpha
