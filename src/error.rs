@@ -39,6 +39,10 @@ pub enum LostReason {
     /// FUSE mount, a stuck device) and was still there once the lease could no longer be
     /// proven: what it does when it wakes is not contained (`run`).
     Unkillable,
+    /// The store no longer records the lease, though it issued the token: its lease record
+    /// is missing or older than the lease (deleted, moved aside, restored from an older copy,
+    /// or taken by a power loss before it was synced; directory store).
+    RecordLost,
 }
 
 impl LostReason {
@@ -51,6 +55,7 @@ impl LostReason {
             LostReason::Unreachable => "unreachable",
             LostReason::SupervisorLost => "supervisor_lost",
             LostReason::Unkillable => "unkillable",
+            LostReason::RecordLost => "record_lost",
         }
     }
 }
@@ -209,6 +214,7 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
         LostReason::Unkillable => {
             "ran out while a process of the command would not die on SIGKILL".to_owned()
         }
+        LostReason::RecordLost => "is no longer recorded: its lease record is missing or older than the lease (deleted, moved aside, restored from an older copy, or lost in a power loss)".to_owned(),
     }
 }
 
@@ -364,7 +370,8 @@ impl Error {
                     LostReason::Expired
                     | LostReason::Released
                     | LostReason::TakenOver { .. }
-                    | LostReason::Unreachable,
+                    | LostReason::Unreachable
+                    | LostReason::RecordLost,
                 ..
             } if op == "run" => format!(
                 "the command was stopped before it finished, and nothing of it runs on: nothing is to be done by hand (a scheduled job runs again at its next turn); `fence log {}` shows the stop (signal, reason) and who holds the lease now",

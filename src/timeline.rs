@@ -220,7 +220,8 @@ pub struct RunNote {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
     /// `run_stopped`: why (`max_time`, `interrupted`, or the lost lease's reason: `expired`,
-    /// `taken_over`, `released`, `unreachable`, `supervisor_lost`, `unkillable`).
+    /// `taken_over`, `released`, `unreachable`, `supervisor_lost`, `unkillable`,
+    /// `record_lost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// How long the command ran.
@@ -323,6 +324,7 @@ fn reason_words(reason: &str) -> &str {
         "unreachable" => "the lease could not be renewed in time",
         "supervisor_lost" => "its supervisor was lost",
         "unkillable" => "a process would not die on SIGKILL",
+        "record_lost" => "the store no longer recorded the lease",
         other => other,
     }
 }

@@ -198,6 +198,12 @@ impl FileCoordinator {
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(self.io_error("read the lease record", path, &err)),
         };
+        if bytes.is_empty() {
+            // What a power loss leaves of a record renamed into place before its bytes were
+            // synced (records are not synced): as if missing, the next token continuing above
+            // the synced high-water mark. Its holders, local processes, died with the machine.
+            return Ok(None);
+        }
         let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
             Error::internal(
                 format!(

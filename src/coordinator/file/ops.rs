@@ -143,17 +143,12 @@ impl FileCoordinator {
             let issued = self.issued(paths).unwrap_or(0);
             if lease.token <= issued {
                 // The token was issued, but the record no longer shows it: not "never issued".
-                return Error::internal(
-                    format!(
-                        "the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy, rolled back, or a power loss took its last grant, so the lease is no longer recorded",
-                        paths.lease.display(),
-                        lease.token
-                    ),
-                    format!(
-                        "stop using token {} and acquire `{}` again (the next token continues above {issued})",
-                        lease.token, lease.resource
-                    ),
-                );
+                crate::terminal::warn(&format!(
+                    "warning: the lease record `{}` holds token {highest_token}, older than token {} of this lease: it was restored from an older copy, rolled back, or a power loss took its last grant (the next token continues above {issued})",
+                    paths.lease.display(),
+                    lease.token
+                ));
+                return record_lost(lease);
             }
         }
         if let (Refusal::NoLease, None) = (&refusal, record) {
@@ -161,18 +156,12 @@ impl FileCoordinator {
             if (1..=issued).contains(&lease.token) {
                 // The token was issued (the mark or the log say so), but there is no record
                 // at all: not "no lease has ever been granted".
-                return Error::internal(
-                    format!(
-                        "the lease record `{}` is missing, though token {issued} of `{}` was issued (its high-water mark and event log say so): it was moved aside or deleted, so the lease of token {} is no longer recorded",
-                        paths.lease.display(),
-                        lease.resource,
-                        lease.token
-                    ),
-                    format!(
-                        "stop using token {} and acquire `{}` again (the next token continues above {issued})",
-                        lease.token, lease.resource
-                    ),
-                );
+                crate::terminal::warn(&format!(
+                    "warning: the lease record `{}` is missing (or empty), though token {issued} of `{}` was issued (its high-water mark and event log say so): it was moved aside or deleted, or a power loss took it before it was synced (the next token continues above {issued})",
+                    paths.lease.display(),
+                    lease.resource
+                ));
+                return record_lost(lease);
             }
         }
         let Some(detail) = refusal.event_detail() else {
@@ -470,5 +459,15 @@ impl History for FileCoordinator {
 
     async fn event_counts(&self) -> Result<Vec<(String, EventKind, i64)>, Error> {
         self.event_counts_store()
+    }
+}
+
+/// The lease the store no longer records (see [`FileCoordinator::refuse`]): lost, exit 5.
+fn record_lost(lease: &LeaseRef) -> Error {
+    Error::LeaseLost {
+        resource: lease.resource.clone(),
+        owner: lease.owner.clone(),
+        token: lease.token,
+        reason: crate::error::LostReason::RecordLost,
     }
 }

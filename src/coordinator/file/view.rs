@@ -248,7 +248,7 @@ impl FileCoordinator {
                     finding(
                         "record_missing",
                         format!(
-                            "the lease record `{}` is missing (moved aside or deleted); token {issued} was issued, and the next token continues above it",
+                            "the lease record `{}` is missing or empty (moved aside or deleted, or taken by a power loss before it was synced); token {issued} was issued, and the next token continues above it",
                             paths.lease.display()
                         ),
                     );

@@ -965,8 +965,8 @@ fn an_empty_record_left_by_a_power_loss_names_its_cause_or_is_survived() {
     }
 }
 
-/// FINDING: a run id's completion record that a power loss left empty makes every later run
-/// with that id run its command again, for ever.
+/// Fixed FINDING: a run id's completion record that a power loss left empty made every later
+/// run with that id run its command again, for ever (an empty record now reads as missing).
 ///
 /// The completion record (`leases/r%23done%3A<id>.json`) is a lease record like any other, so
 /// it is no longer synced either. Once a power loss left it empty (see the finding above),
@@ -978,7 +978,6 @@ fn an_empty_record_left_by_a_power_loss_names_its_cause_or_is_survived() {
 /// not the power loss. One re-run is the documented price of a lost record; every run after
 /// it is not.
 #[test]
-#[ignore = "FINDING: an empty completion record (a power loss of an unsynced record) is never replaced: every later run with the id runs the command again and warns 'damaged'"]
 fn an_emptied_completion_record_costs_one_rerun_not_every_run() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
@@ -998,7 +997,7 @@ fn an_emptied_completion_record_costs_one_rerun_not_every_run() {
     );
 }
 
-/// FINDING (message): `inspect` blames a person for a lease record a power loss took.
+/// Fixed FINDING (message): `inspect` blamed a person for a lease record a power loss took.
 ///
 /// A record is now renamed into place without syncing the file or its directory, so after a
 /// power loss the first record of a resource can be missing while its fsynced mark says a
@@ -1007,7 +1006,6 @@ fn an_emptied_completion_record_costs_one_rerun_not_every_run() {
 /// power loss the likelier cause, and the restored-record warning already says so
 /// (`LOWERED`). The missing-record finding should name it too.
 #[test]
-#[ignore = "FINDING: inspect's record_missing finding says 'moved aside or deleted' and not the power loss that an unsynced record now makes the likely cause"]
 fn a_missing_record_is_not_blamed_on_a_person_alone() {
     let store = Store::file();
     store.fence().acquire("z", &["--owner", "a"]);
@@ -1056,11 +1054,10 @@ fn a_missing_record_is_not_reported_as_never_granted() {
     }
 }
 
-/// FINDING (message, open): `fence run` whose record goes missing retries its renewal as if
+/// Fixed FINDING (message): `fence run` whose record goes missing retried its renewal as if
 /// the store were unreachable, then says "the store was unreachable, or this process was
 /// paused" (the warning before it names the missing record): the lease is lost either way.
 #[test]
-#[ignore = "FINDING: fence run whose lease record goes missing ends with 'unreachable', a false cause"]
 fn a_run_whose_record_goes_missing_names_the_cause() {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();

@@ -100,12 +100,21 @@ fn a_restored_older_record_never_reissues_and_inspect_warns() {
     );
     assert_eq!(inspect["integrity_ok"], false, "{inspect}");
 
-    // The holder of token 5 is told the truth, not "token 5 was never issued".
+    // The holder of token 5 is told the truth, not "token 5 was never issued": its lease is
+    // lost (exit 5, reason `record_lost`), the record restored from an older copy.
     let out = store
         .fence()
         .args(["renew", "r", "--owner", "e", "--token", "5"])
         .run();
-    assert_eq!(out.code, 1, "{out:?}");
+    assert_eq!(out.code, 5, "{out:?}");
+    let json = store
+        .fence()
+        .args([
+            "renew", "r", "--owner", "e", "--token", "5", "--format", "json",
+        ])
+        .run()
+        .json();
+    assert_eq!(json["reason"], "record_lost", "{json}");
     assert!(
         out.stderr.contains("restored from an older copy"),
         "{out:?}"
