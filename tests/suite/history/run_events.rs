@@ -262,3 +262,39 @@ fn an_unrecorded_run_event_changes_no_exit_status() {
         "{out:?}"
     );
 }
+
+/// fence asked to stop (SIGTERM, as systemd or a shutdown sends it) passes it to the command,
+/// and records the stop: reason `interrupted`, the signal.
+#[test]
+fn an_interrupted_run_is_on_record_as_stopped() {
+    let store = Store::new(common::Backend::File);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!("touch '{}'; exec sleep 300", started.display());
+    let mut fence = store
+        .fence()
+        .args(["run", "job", "--ttl", "30s", "--"])
+        .args(["sh", "-c", &script]);
+    fence
+        .cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    wait_for("the command to start", Duration::from_secs(30), || {
+        started.exists()
+    });
+    kill(child.id(), libc::SIGTERM);
+    let out = wait_output("fence run", child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(143), "{out:?}");
+    let events = logged(&store);
+    assert_eq!(
+        kinds(&events),
+        ["acquired", "run_started", "run_stopped", "released"],
+        "{events:#?}"
+    );
+    let run = &one(&events, "run_stopped")["run"];
+    assert_eq!(run["reason"], "interrupted", "{run}");
+    assert_eq!(run["signal"], "SIGTERM", "{run}");
+    assert_eq!(run["exit_status"], 143, "{run}");
+}
