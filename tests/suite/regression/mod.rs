@@ -8,4 +8,5 @@ mod pg_write_and_run;
 mod reaper;
 mod reaper_start_and_run_ids;
 mod review_on_call;
+mod review_run_events;
 mod trust;
