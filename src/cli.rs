@@ -14,6 +14,9 @@ use crate::error::Error;
 use crate::exit::Exit;
 use crate::timeline::EventKind;
 
+/// The PostgreSQL schema fence's tables live in unless `--schema` says otherwise.
+pub const DEFAULT_SCHEMA: &str = "fence";
+
 /// Leases with fencing tokens, so a paused former owner can never write after a newer one.
 ///
 /// A coordinator (PostgreSQL, an S3 or GCS bucket, or a local directory) grants a lease on a
@@ -56,7 +59,7 @@ pub struct GlobalArgs {
         long,
         global = true,
         env = "FENCE_SCHEMA",
-        default_value = "fence",
+        default_value = DEFAULT_SCHEMA,
         value_name = "NAME",
         value_parser = parse_schema
     )]

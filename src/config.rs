@@ -244,18 +244,22 @@ pub fn parse_token(value: &str) -> Result<i64, String> {
     }
 }
 
-/// Parses `fence acquire --above N`: a token the grant must exceed, so a positive integer
-/// below the highest token there can be (the grant needs room for N + 1).
+/// The highest `--above N`: it leaves 2^32 tokens for the grants after it. Above that, one
+/// recovery would use up a resource's tokens for good (every later grant refused), so a
+/// target that accepted such a token is fenced under a new resource name instead.
+pub const ABOVE_MAX: i64 = i64::MAX - (1 << 32);
+
+/// Parses `fence acquire --above N`: a token the grant must exceed, a positive integer up to
+/// [`ABOVE_MAX`].
 pub fn parse_above(value: &str) -> Result<i64, String> {
     match value.trim().parse::<i64>() {
-        Ok(n) if (1..i64::MAX).contains(&n) => Ok(n),
-        Ok(i64::MAX) => Err(format!(
-            "no token can be above {}, the highest a token can be: give a positive integer below it",
+        Ok(n) if (1..=ABOVE_MAX).contains(&n) => Ok(n),
+        Ok(n) if n > ABOVE_MAX => Err(format!(
+            "--above {n} would leave fewer than 4,294,967,296 tokens for the grants after it (a token can be at most {}): the target's token was not issued by any store; fence that target under a new resource name instead",
             i64::MAX
         )),
         _ => Err(format!(
-            "`{value}` is not a token to go above: --above takes the highest token the target accepted (`fence inspect RESOURCE --target URL` shows it), a positive integer below {}",
-            i64::MAX
+            "`{value}` is not a token to go above: --above takes the highest token the target accepted (`fence inspect RESOURCE --target URL` shows it), a positive integer up to {ABOVE_MAX}"
         )),
     }
 }
@@ -405,18 +409,14 @@ mod tests {
     fn above_takes_a_positive_integer_with_room_above_it() {
         assert_eq!(parse_above("99"), Ok(99));
         assert_eq!(parse_above("1"), Ok(1));
-        assert_eq!(parse_above(&(i64::MAX - 1).to_string()), Ok(i64::MAX - 1));
-        for bad in [
-            "0",
-            "-1",
-            "abc",
-            "1.5",
-            "",
-            "9223372036854775807",
-            "9223372036854775808",
-        ] {
+        assert_eq!(parse_above(&ABOVE_MAX.to_string()), Ok(ABOVE_MAX));
+        for bad in ["0", "-1", "abc", "1.5", "", "9223372036854775808"] {
             let err = parse_above(bad).unwrap_err();
-            assert!(err.contains("positive integer below"), "{bad:?}: {err}");
+            assert!(err.contains("positive integer up to"), "{bad:?}: {err}");
+        }
+        for high in [ABOVE_MAX + 1, i64::MAX - 1, i64::MAX] {
+            let err = parse_above(&high.to_string()).unwrap_err();
+            assert!(err.contains("new resource name"), "{high}: {err}");
         }
     }
 

@@ -374,7 +374,7 @@ impl Error {
                     | LostReason::RecordLost,
                 ..
             } if op == "run" => format!(
-                "the command was stopped before it finished, and nothing of it runs on: nothing is to be done by hand (a scheduled job runs again at its next turn); `fence log {}` shows the stop (signal, reason) and who holds the lease now",
+                "the command was stopped before it finished, and nothing of it runs on: nothing is to be done by hand (a scheduled job runs again at its next turn); `fence log {}` shows the run's record (its stop, with signal and reason, where the store could take it) and who holds the lease now",
                 shell_word(resource)
             ),
             _ => self.hint(),

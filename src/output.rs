@@ -417,19 +417,31 @@ pub fn error_fields(op: &str, err: &Error, store: Option<&str>, exit: Exit) -> M
     object
 }
 
-/// The error's hint for `fence OP`, naming the store in the commands it suggests (unless it
-/// is the default one), so that they act on the same store as the command that failed.
+/// The `--schema` of this invocation when it is not the default, for the commands hints
+/// suggest (set once, at start-up).
+static HINT_SCHEMA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Notes a `--schema` other than the default, so that the commands hints suggest name it.
+pub fn note_schema(schema: &str) {
+    if schema != crate::cli::DEFAULT_SCHEMA {
+        let _ = HINT_SCHEMA.set(schema.to_owned());
+    }
+}
+
+/// The error's hint for `fence OP`, naming the store (unless it is the default one) and a
+/// schema other than the default in the commands it suggests, so that they act on the same
+/// store as the command that failed.
 fn hint_with_store(op: &str, err: &Error, store: Option<&str>) -> String {
     let hint = err.hint_in(op);
     let default = crate::config::default_store_url().ok();
     match store.filter(|store| Some(*store) != default.as_deref()) {
         Some(store) => {
-            let store = crate::error::shell_word(store);
-            hint.replace(
-                "`fence inspect ",
-                &format!("`fence --store {store} inspect "),
-            )
-            .replace("`fence log ", &format!("`fence --store {store} log "))
+            let mut prefix = format!("`fence --store {}", crate::error::shell_word(store));
+            if let Some(schema) = HINT_SCHEMA.get() {
+                prefix.push_str(&format!(" --schema {schema}"));
+            }
+            hint.replace("`fence inspect ", &format!("{prefix} inspect "))
+                .replace("`fence log ", &format!("{prefix} log "))
         }
         None => hint,
     }

@@ -211,9 +211,12 @@ pub struct RunNote {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
     /// The digest of the command's arguments (16 hex digits): the same for the same command.
+    /// Only for runs with an id (`--id`), whose completion record keeps it anyway: unkeyed, it
+    /// lets whoever reads the history confirm a guess of the arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
-    /// The run's exit status, as `fence run` exits (128 + N for a command killed by signal N).
+    /// The command's exit status (128 + N for a command killed by signal N); `fence run`
+    /// itself exits 124 when `--max-time` stopped it, 5 when the lease was lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_status: Option<u8>,
     /// `run_stopped`: the signal that ended the command, else the first stop signal it got.
@@ -259,16 +262,19 @@ impl RunNote {
             .exit_status
             .map(|code| format!("exit {code}"))
             .unwrap_or_else(|| "exit status unknown".to_owned());
-        let mut text = format!("run {}", self.run_id);
+        // What a command chose (its program, its run id) is shown escaped: a newline in it
+        // must not make a line of its own in `fence log`.
+        let safe = |text: &str| crate::terminal::terminal_safe(text, false).into_owned();
+        let mut text = format!("run {}", safe(&self.run_id));
         match kind {
             EventKind::RunStarted => {
                 if let Some(program) = &self.program {
-                    text.push_str(&format!(": {program}"));
+                    text.push_str(&format!(": {}", safe(program)));
                 }
                 if let Some(digest) = &self.command {
                     text.push_str(&format!(" (command {digest})"));
                 }
-                match (&self.host, self.pid) {
+                match (self.host.as_deref().map(safe), self.pid) {
                     (Some(host), Some(pid)) => {
                         text.push_str(&format!(", fence pid {pid} on {host}"))
                     }
@@ -299,7 +305,7 @@ impl RunNote {
                     text.push_str(&match ms {
                         ms if ms < 0 => format!(
                             "; it ended {} before the lease's bound",
-                            crate::time::span(-ms)
+                            crate::time::span(ms.saturating_neg())
                         ),
                         ms => format!(
                             "; it ended {} after the lease's bound",

@@ -89,6 +89,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
         Command::Write(_) => StoreSpec::resolve(cli.global.store.as_deref()).ok(),
         _ => None,
     };
+    crate::output::note_schema(&cli.global.schema);
     let ctx = Context {
         store,
         schema: cli.global.schema.clone(),

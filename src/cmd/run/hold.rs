@@ -158,8 +158,7 @@ const UNKILLABLE_AFTER: Duration = Duration::from_secs(2);
 /// subreaper of the reaper's orphans) gets SIGTERM and, after `--kill-after` (never past the
 /// bound), SIGKILL — while the lease is renewed. The reaper is continued at every renewal (the
 /// command may stop it); one that never said the command started, or that was killed, is
-/// lost: everything is stopped at once, and the run ends with `supervisor_lost`. `noted`, the
-/// recording of the run's start, is polled beside all that, and finished before the end.
+/// lost: everything is stopped at once, and the run ends with `supervisor_lost`.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn hold(
     ctx: &Context,
@@ -169,7 +168,6 @@ pub(super) async fn hold(
     interrupts: &mut Interrupts,
     mut bound: u64,
     plan: Plan,
-    mut noted: Option<Pin<Box<dyn Future<Output = ()>>>>,
 ) -> Result<Held, Error> {
     let Running {
         mut child,
@@ -352,10 +350,6 @@ pub(super) async fn hold(
                     (reconnect, cancel_first),
                 ));
             }
-            // The run's `run_started` event, recorded while the command runs.
-            () = async { noted.as_mut().expect("guarded").await }, if noted.is_some() => {
-                noted = None;
-            }
             (used, sent, answer) = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
                 in_flight = None;
                 coordinator = used;
@@ -403,10 +397,6 @@ pub(super) async fn hold(
         }
     }
     let status = status.expect("the loop ends once the reaper was waited for");
-    // A command that ended at once: its start is recorded before its end.
-    if let Some(noted) = noted {
-        noted.await;
-    }
 
     // The reaper stopped the command at the bound: this process did not prove one in time
     // (paused, or the machine was suspended, which the runtime's timers do not count).

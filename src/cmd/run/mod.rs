@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::cli::{Format, RunArgs};
 use crate::cmd::acquire::default_owner;
 use crate::cmd::{wait, Context};
-use crate::coordinator::{Coordinator, LeaseRef};
+use crate::coordinator::LeaseRef;
 use crate::error::{ConflictKind, Error, LostReason};
 use crate::exit::Exit;
 use crate::output::Output;
@@ -282,6 +282,18 @@ async fn supervise(
     }
     env.push(("FENCE_RUN_ID", given_id.clone()));
     env.push(("FENCE_RUN_PARENT_ID", given_id.clone()));
+    // The digest of the arguments only where a run id keeps it anyway (its completion
+    // record): unkeyed, it would let whoever reads the history confirm a guess of them.
+    let recorder = Recorder::new(
+        &lease,
+        &given_id,
+        &args.command[0],
+        id.as_ref().map(|_| digest.as_str()),
+        reaper.group(),
+    );
+    // On record before the command starts, so that the history has it first whatever
+    // becomes of this process; bounded by a quarter of the TTL (the bound runs meanwhile).
+    recorder.started(coordinator.as_ref(), ttl / 4).await;
     let running = match reaper.go(&lease, &env, bound, grace).await {
         Ok(running) => running,
         Err(err) => {
@@ -296,24 +308,14 @@ async fn supervise(
         kill_after: args.kill_after,
         max_time: args.max_time,
     };
-    let recorder = Recorder::new(
-        &lease,
-        &given_id,
-        &args.command[0],
-        &digest,
-        running.child.id(),
-    );
-    let coordinator: Rc<dyn Coordinator> = Rc::from(coordinator);
-    let started = recorder.started(coordinator.clone());
     let held = hold(
         ctx,
         &lease,
-        coordinator,
+        Rc::from(coordinator),
         running,
         &mut interrupts,
         bound,
         plan,
-        Some(started),
     )
     .await;
     terminal.take_back();

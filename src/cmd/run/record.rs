@@ -2,11 +2,8 @@
 //! `run_stopped`), so that `fence log R` tells what became of each run: best effort, bounded
 //! in time, never changing the exit status or the lease (a failure is a warning).
 
-use std::future::Future;
 use std::os::unix::process::ExitStatusExt;
-use std::pin::Pin;
 use std::process::ExitStatus;
-use std::rc::Rc;
 use std::time::Duration;
 
 use rustix::process::Signal;
@@ -37,13 +34,13 @@ pub(super) struct Ending {
 }
 
 impl Recorder {
-    /// For the command `program` (its first word), with argument digest `digest`, started in
-    /// process group `group`.
+    /// For the command `program` (its first word), with argument digest `digest` (runs with
+    /// an id), started in process group `group`.
     pub(super) fn new(
         lease: &LeaseRef,
         run_id: &str,
         program: &std::ffi::OsStr,
-        digest: &str,
+        digest: Option<&str>,
         group: Option<u32>,
     ) -> Recorder {
         Recorder {
@@ -52,34 +49,34 @@ impl Recorder {
                 run_id: run_id.to_owned(),
                 group,
                 program: Some(program.to_string_lossy().into_owned()),
-                command: Some(digest.to_owned()),
+                command: digest.map(str::to_owned),
                 ..RunNote::default()
             },
             started: Instant::now(),
         }
     }
 
-    /// `run_started`, as a future the supervision loop polls beside its timers, so that the
-    /// command never waits for it.
-    pub(super) fn started(
-        &self,
-        coordinator: Rc<dyn Coordinator>,
-    ) -> Pin<Box<dyn Future<Output = ()>>> {
+    /// `run_started`, before the command starts: waited for at most `within`.
+    pub(super) async fn started(&self, coordinator: &dyn Coordinator, within: Duration) {
         let note = RunNote {
             host: Some(crate::cmd::acquire::hostname()),
             pid: Some(std::process::id()),
             ..self.base.clone()
         };
-        let lease = self.lease.clone();
-        Box::pin(async move {
-            record(coordinator.as_ref(), &lease, &EventKind::RunStarted, &note).await;
-        })
+        record(
+            coordinator,
+            &self.lease,
+            &EventKind::RunStarted,
+            &note,
+            within.min(RECORD_WITHIN),
+        )
+        .await;
     }
 
     /// `run_finished` or `run_stopped`.
     pub(super) async fn ended(&self, coordinator: &dyn Coordinator, ending: &Ending) {
         let (kind, note) = self.ending_note(ending);
-        record(coordinator, &self.lease, &kind, &note).await;
+        record(coordinator, &self.lease, &kind, &note, RECORD_WITHIN).await;
     }
 
     fn ending_note(&self, e: &Ending) -> (EventKind, RunNote) {
@@ -153,7 +150,13 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
-async fn record(coordinator: &dyn Coordinator, lease: &LeaseRef, kind: &EventKind, note: &RunNote) {
+async fn record(
+    coordinator: &dyn Coordinator,
+    lease: &LeaseRef,
+    kind: &EventKind,
+    note: &RunNote,
+    within: Duration,
+) {
     let run = RunEvent {
         resource: &lease.resource,
         owner: &lease.owner,
@@ -161,10 +164,10 @@ async fn record(coordinator: &dyn Coordinator, lease: &LeaseRef, kind: &EventKin
         kind,
         note,
     };
-    let why = match tokio::time::timeout(RECORD_WITHIN, coordinator.record_run(&run)).await {
+    let why = match tokio::time::timeout(within, coordinator.record_run(&run)).await {
         Ok(Ok(())) => return,
         Ok(Err(err)) => err.to_string(),
-        Err(_) => format!("no answer within {}", crate::time::duration(RECORD_WITHIN)),
+        Err(_) => format!("no answer within {}", crate::time::duration(within)),
     };
     crate::terminal::warn(&format!(
         "warning: the `{kind}` event of run {} was not recorded in the history of `{}` ({why}); the run is not affected",

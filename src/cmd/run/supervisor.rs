@@ -74,6 +74,11 @@ pub(super) struct Reaper {
 }
 
 impl Reaper {
+    /// The reaper's pid: the process group the command will run in.
+    pub(super) fn group(&self) -> Option<u32> {
+        self.child.as_ref().and_then(tokio::process::Child::id)
+    }
+
     pub(super) fn start(
         command: &[OsString],
         grace: Duration,

@@ -3,7 +3,7 @@
 //! and last time), so that "who else tried" has an answer and a busy loop cannot grow the
 //! store. Rewritten under the resource's lock (not fsynced: it is history, not the counter);
 //! the newest [`KEEP`] minutes stay, and the attempts of those dropped are added to
-//! `attempts/<name>.totals.json` (per kind), so that `fence metrics`' counters never go down.
+//! `attempts/<name>%totals.json` (per kind), so that `fence metrics`' counters never go down.
 
 use std::collections::BTreeMap;
 use std::io::{self, ErrorKind};
@@ -86,8 +86,14 @@ pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
     Ok(totals)
 }
 
+/// `attempts/<name>%totals.json`: no resource's attempts file (`<name>.json`, whose `%` is
+/// always followed by two hex digits) can have that name.
 fn totals_path(path: &Path) -> std::path::PathBuf {
-    path.with_extension("totals.json")
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{stem}%totals.json"))
 }
 
 /// Adds `attempt` at `now_ms` to its minute (a new one at the start of a minute). A damaged

@@ -1,5 +1,6 @@
 //! What `fence run` did with its command is on record (issue 35, item 3): `run_started` (run
-//! id, fence's pid and host, the command's program and digest, its process group),
+//! id, fence's pid and host, the command's program (and, for a run with an id, the digest of
+//! its arguments), its process group),
 //! `run_finished` (exit status, how long it ran) and `run_stopped` (the signal, why, how long
 //! after the lease's bound it ended) are in the store's history, between the grant and the
 //! release, on every coordinator; `fence log R` and `fence inspect R` show them. The record
@@ -55,7 +56,8 @@ fn durable_kinds(store: &Store) -> Vec<String> {
 fn a_run_is_on_record(store: &Store) {
     let out = store
         .fence()
-        .args(["run", "job", "--format", "json", "--", "sh", "-c", "exit 3"])
+        .args(["run", "job", "--format", "json", "--id", "nightly-1"])
+        .args(["--", "sh", "-c", "exit 3"])
         .run()
         .expect(3);
     let answer = out.json();
@@ -81,6 +83,7 @@ fn a_run_is_on_record(store: &Store) {
         run["host"].as_str().is_some_and(|h| !h.is_empty()),
         "{started}"
     );
+    // A run with an id: the digest its completion record keeps anyway.
     let digest = run["command"].as_str().unwrap();
     assert!(
         digest.len() == 16 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
@@ -209,7 +212,8 @@ mod lost {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(5), "{stderr}");
         assert!(
-            stderr.contains(" log job` shows the stop") && !stderr.contains("fence acquire"),
+            stderr.contains(" log job` shows the run's record")
+                && !stderr.contains("fence acquire"),
             "the hint says where to look, not to acquire by hand: {stderr}"
         );
         let events = logged(store);

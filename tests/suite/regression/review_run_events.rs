@@ -74,7 +74,6 @@ const FORGED: &str = "2026-01-01T00:00:00.000Z  job  taken_over  mallory  token 
 /// event of its own (here, a takeover by `mallory` that never happened). `inspect` and
 /// `log --follow` escape it (`\n`); `fence log` does not.
 #[test]
-#[ignore = "FINDING: a newline in the program's name reaches `fence log` raw: piped rows break in two and a narrow terminal shows a forged event line"]
 fn a_program_name_cannot_forge_a_line_of_fence_log() {
     let store = Store::new(Backend::File);
     let (_dir, program) = program_named(&format!("x\n{FORGED}"), "exit 0");
@@ -202,7 +201,6 @@ fn no_secret_is_written_in_clear_into_run_events() {
 /// passed as an argument (a PIN, a short password on a cron line) by trying every candidate:
 /// here a 4-digit PIN, in 10,000 hashes.
 #[test]
-#[ignore = "FINDING: run_started's `command` is an unkeyed digest of the whole argv: a short secret in the arguments is recovered from `fence log` by brute force"]
 fn a_secret_argument_cannot_be_recovered_from_the_run_record() {
     let store = Store::new(Backend::File);
     let pin = "4821";
@@ -217,7 +215,10 @@ fn a_secret_argument_cannot_be_recovered_from_the_run_record() {
         .iter()
         .find(|e| e["kind"] == "run_started")
         .expect("run_started");
-    let digest = started["run"]["command"].as_str().unwrap().to_owned();
+    // Without a run id, no digest of the arguments is recorded at all.
+    let Some(digest) = started["run"]["command"].as_str().map(str::to_owned) else {
+        return;
+    };
     let recovered = (0..10_000).map(|n| format!("{n:04}")).find(|guess| {
         let argv = format!("sh\0-c\0exit 0\0sh\0--pin={guess}\0");
         common::write_digest(argv.as_bytes()) == digest
@@ -324,7 +325,6 @@ fn a_locked_events_table_changes_neither_the_status_nor_the_release() {
 /// still says "`fence log job` shows the stop (signal, reason)": there is no stop to see there,
 /// then or later, only an `expired` line.
 #[test]
-#[ignore = "FINDING: the lost run's hint promises `fence log R` shows the stop even when its run_stopped event was not recorded (it warned so just before)"]
 fn a_lost_runs_hint_does_not_promise_a_stop_that_was_not_recorded() {
     let store = Store::new(Backend::File);
     store.fence().args(["init"]).run().expect(0);
@@ -373,7 +373,6 @@ fn a_lost_runs_hint_does_not_promise_a_stop_that_was_not_recorded() {
 /// schema: run as printed (the password from PGPASSWORD, as the hint's URL leaves it out),
 /// it reads the default schema, where neither this run nor its stop is.
 #[test]
-#[ignore = "FINDING: on PostgreSQL with --schema, the lost run's hint `fence --store URL log R` omits --schema: run as printed it does not show the stop"]
 fn a_lost_runs_hinted_log_command_shows_the_stop() {
     let store = Store::new(Backend::Postgres);
     let scratch = tempfile::tempdir().unwrap();
@@ -482,7 +481,6 @@ fn busy_refusals(store: &Store, resource: &str) -> Option<i64> {
 /// place, and `job`'s counter goes down by what had been dropped (and, the other way round,
 /// `job`'s next dropped minute overwrites `job.totals`' refusals).
 #[test]
-#[ignore = "FINDING: directory store: attempts/R.totals.json is also the attempts file of resource `R.totals`: refusals of one corrupt the other and R's busy counter goes down"]
 fn busy_refusals_of_another_resource_never_lower_a_resources_counter() {
     let store = Store::new(Backend::File);
     store.fence().args(["init"]).run().expect(0);
@@ -590,13 +588,11 @@ fn above_never_uses_up_every_token_of_a_resource(store: &Store) {
 }
 
 #[test]
-#[ignore = "FINDING: acquire --above 9223372036854775806 is accepted and uses up the resource's last token: no later grant is possible, and the refusal blames damage or a hand edit"]
 fn above_never_uses_up_every_token_of_a_resource_file_store() {
     above_never_uses_up_every_token_of_a_resource(&Store::new(Backend::File));
 }
 
 #[test]
-#[ignore = "FINDING: acquire --above 9223372036854775806 is accepted and uses up the resource's last token: no later grant is possible, and the refusal blames damage or a hand edit"]
 fn above_never_uses_up_every_token_of_a_resource_postgres() {
     above_never_uses_up_every_token_of_a_resource(&Store::new(Backend::Postgres));
 }

@@ -392,7 +392,7 @@ fn acquire_above_refuses_what_is_not_a_token_to_go_above() {
         ("0", "not a token to go above"),
         ("abc", "not a token to go above"),
         ("1.5", "not a token to go above"),
-        ("9223372036854775807", "no token can be above"),
+        ("9223372036854775807", "new resource name"),
         ("9223372036854775808", "not a token to go above"),
     ] {
         let out = store
@@ -425,11 +425,18 @@ fn acquire_above_refuses_what_is_not_a_token_to_go_above() {
         .expect(2);
     assert!(out.stderr.contains("--wait"), "{out:?}");
     assert_eq!(store.lease("report"), None, "nothing was granted");
-    // The highest N there can be leaves room for one token above it.
+    // The highest N there can be leaves 2^32 tokens for the grants after it; above that, a
+    // new resource name (one recovery must not use up a resource's tokens for good).
+    let out = store
+        .fence()
+        .args(["acquire", "report", "--above", "9223372036854775806"])
+        .run()
+        .expect(2);
+    assert!(out.stderr.contains("new resource name"), "{out:?}");
     let top = store
         .fence()
-        .acquire("report", &["--above", "9223372036854775806"]);
-    assert_eq!(top.token, i64::MAX);
+        .acquire("report", &["--above", "9223372032559808511"]);
+    assert_eq!(top.token, 9_223_372_032_559_808_512);
 }
 
 /// The recovery in docs/postgres-targets.md ("A token the store never issued"), run by bash
