@@ -217,7 +217,9 @@ pub struct AcquireArgs {
 /// what it left running gets SIGTERM, then SIGKILL after --kill-after (never past the bound),
 /// while the lease is still renewed, and a note says so; then the lease is released and fence
 /// exits with COMMAND's status (128+N if killed by signal N). Busy without --wait: exit 3,
-/// COMMAND never started.
+/// COMMAND never started. Each run is on record in the store's history (`fence log
+/// RESOURCE`): run_started (pid, host, program, process group), then run_finished (status,
+/// duration) or run_stopped (why, the signal, when against the lease's bound).
 ///
 /// Example (a cron job's command; an overlap with the previous run exits 0, silently; a run
 /// still going after two hours is stopped, exit 124, so that a hung job does not hold the
