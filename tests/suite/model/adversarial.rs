@@ -1,8 +1,8 @@
 //! Adversarial verification (issue 6): randomised workloads of real `fence` processes under
 //! injected faults, judged by a history checker on durable state, and the eight seed
 //! scenarios of DESIGN §6, each per coordinator (PostgreSQL, local directory, S3 through
-//! moto) with a PostgreSQL target. The randomised workloads run on PostgreSQL, the local
-//! directory, GCS (fake-gcs-server) and S3 (moto) coordinators.
+//! moto, GCS through fake-gcs-server) with a PostgreSQL target. The randomised workloads run
+//! on PostgreSQL, the local directory, GCS (fake-gcs-server) and S3 (moto) coordinators.
 //!
 //! Every test records what it did as a [`checker::History`] — each `fence` invocation with
 //! its exit code and JSON — plus the stores' final durable state: the coordinator's event log
@@ -22,7 +22,8 @@
 //! and between an object write and the S3 or GCS server (cut right after the put's body:
 //! exit 8) (`common::proxy`); SIGSTOP (pauses past the TTL) and SIGKILL of the fence process of
 //! acquires, renews, releases and writes; crashes and restarts of a private PostgreSQL
-//! coordinator, inside a randomised workload and in a seed scenario; processes whose clocks
+//! coordinator (inside a randomised workload and in a seed scenario) and of a private
+//! fake-gcs-server that keeps its objects on disk (in a seed scenario); processes whose clocks
 //! are skewed by minutes (`faketime`) on all four coordinators. Each workload asserts, scaled
 //! by its budget, that it injected each of its faults and provoked each outcome they exist
 //! for (`minimums`): a run that exercised nothing fails.
@@ -61,6 +62,7 @@ use std::time::{Duration, Instant};
 
 use checker::{CoordClock, CoordEvent, DataRow, History, Op, OpKind, Rng, TargetEvent, WriteForm};
 use common::cluster::Cluster;
+use common::gcs_server::GcsServer;
 use common::objects::{Service, Stored};
 use common::proxy::{Mode, Proxy};
 use common::{env_or_panic, wait_for, Backend, Store};
@@ -115,6 +117,11 @@ struct Skew {
     /// `FAKETIME_DONT_FAKE_MONOTONIC=1`.
     monotonic: bool,
 }
+
+/// Bytes only the body of a put of a lease record that grants or renews carries (an object
+/// store's coordinator; a release writes `"state":"released"`, a clock probe a nonce): where a
+/// proxy holds or cuts a lease's put.
+const LEASE_HELD: &[u8] = br#""state":"held""#;
 
 /// How each line of an object's content ends (`<op> <token> #\n`): bytes only an object
 /// write's body carries, so that a proxy can cut the connection right after a put's body.
@@ -182,9 +189,13 @@ struct Sut {
 
 impl Sut {
     fn new(backend: Backend, resources: usize) -> Sut {
-        let coord = Store::new(backend);
+        Sut::with_coord(Store::new(backend), resources)
+    }
+
+    /// A system whose coordinator is `coord` (a store on a server of the test's own).
+    fn with_coord(coord: Store, resources: usize) -> Sut {
         // A coordinator other than PostgreSQL gets a PostgreSQL target of its own.
-        let target = (backend != Backend::Postgres).then(Store::postgres);
+        let target = (coord.backend != Backend::Postgres).then(Store::postgres);
         let sut = Sut {
             coord,
             target,
@@ -1077,26 +1088,45 @@ per_coordinator!(
     workload_clock_skew,
 );
 
-/// The seed scenarios on an S3 coordinator (moto), with a PostgreSQL target. Every wait past
-/// an expiry adds [`Store::expiry_slack`]; the coordinator restart becomes SIGKILLs (see
-/// [`seed_coordinator_restart`]); the randomised workloads are not run on S3 (moto is slow).
-mod s3_coordinator {
-    macro_rules! s3 {
-        ($($name:ident),* $(,)?) => {
-            $( #[test] fn $name() { super::$name(crate::common::Backend::S3) } )*
-        };
-    }
-    s3!(
-        seed_pause_past_expiry,
-        seed_delayed_write,
-        seed_late_renew_and_release,
-        seed_cancelled_acquisition,
-        seed_coordinator_restart,
-        seed_concurrent_writes_one_token,
-        seed_every_alternate_write_path,
-        seed_partition_from_coordinator,
-    );
+/// A module `$module` with one test per seed scenario, run on the coordinator `$backend`.
+macro_rules! seeds_on {
+    ($(#[$doc:meta])* $module:ident, $backend:ident) => {
+        seeds_on!(
+            @ $(#[$doc])* $module,
+            $backend,
+            seed_pause_past_expiry,
+            seed_delayed_write,
+            seed_late_renew_and_release,
+            seed_cancelled_acquisition,
+            seed_coordinator_restart,
+            seed_concurrent_writes_one_token,
+            seed_every_alternate_write_path,
+            seed_partition_from_coordinator
+        );
+    };
+    (@ $(#[$doc:meta])* $module:ident, $backend:ident, $($name:ident),*) => {
+        $(#[$doc])*
+        mod $module {
+            $( #[test] fn $name() { super::$name(crate::common::Backend::$backend) } )*
+        }
+    };
 }
+
+seeds_on!(
+    /// The seed scenarios on an S3 coordinator (moto), with a PostgreSQL target. Every wait
+    /// past an expiry adds [`Store::expiry_slack`]; the coordinator restart becomes SIGKILLs
+    /// (see [`seed_coordinator_restart`]).
+    s3_coordinator,
+    S3
+);
+
+seeds_on!(
+    /// The seed scenarios on a GCS coordinator (fake-gcs-server), with a PostgreSQL target; the
+    /// coordinator restart is a real one, of a fake-gcs-server of the test's own that keeps
+    /// its objects on disk (see [`seed_coordinator_restart`]).
+    gcs_coordinator,
+    Gcs
+);
 
 // --- the eight seed scenarios ----------------------------------------------------------------
 
@@ -1295,11 +1325,15 @@ fn seed_cancelled_acquisition(backend: Backend) {
     };
     for i in 0..40 {
         let owner = format!("killed-{i}");
-        // The first acquire on S3 finds no lease and skips the clock probe, so later ones
-        // take longer there: spread the kills wider. Elsewhere too, up to twice the measured
-        // time: under load one measurement can be far below the acquisitions that follow
-        // (a `.ci/run` saw 40 kills at up to 130% of 8 ms all land before the grant).
-        let widest = if backend == Backend::S3 { 300 } else { 200 };
+        // The first acquire on an object store finds no lease and skips the clock probe, so
+        // later ones take longer there: spread the kills wider. Elsewhere too, up to twice the
+        // measured time: under load one measurement can be far below the acquisitions that
+        // follow (a `.ci/run` saw 40 kills at up to 130% of 8 ms all land before the grant).
+        let widest = if sut.coord.objects.is_some() {
+            300
+        } else {
+            200
+        };
         let after = base * rng.range(20, widest) as u32 / 100;
         rec.op(
             &sut,
@@ -1371,35 +1405,49 @@ fn seed_cancelled_acquisition(backend: Backend) {
 /// Grants while the coordinator is restarted (`pg_ctl restart -m immediate` of a private
 /// cluster whose default is `synchronous_commit = off`): tokens keep rising across restarts
 /// and the target never sees one go back. For the local-directory coordinator (it runs inside
-/// each fence process) the analogue is that every process is killed mid-operation. The S3
-/// coordinator (moto) cannot be restarted — it keeps its objects in memory, so a restart
-/// would lose the record rather than test recovery — so it gets the same analogue: an
-/// acquisition SIGKILLed in flight each cycle, and a wait longer by the expiry slack for any
-/// grant it made to lapse.
+/// each fence process) the analogue is that every process is killed mid-operation. The GCS
+/// coordinator's server is restarted for real: a fake-gcs-server of the test's own, keeping
+/// its objects on disk, SIGKILLed with an acquisition in flight and started again on the same
+/// port and objects — at a random instant of the acquisition in every other cycle, and in the
+/// others while its lease put is on the wire (held at a proxy until the server is dead: the
+/// acquisition can never have been told it was granted). The S3 coordinator (moto) cannot be restarted — it keeps its objects in
+/// memory, so a restart would lose the record rather than test recovery — so it gets the
+/// directory store's analogue: an acquisition SIGKILLed in flight each cycle, and a wait
+/// longer by the expiry slack for any grant it made to lapse.
 fn seed_coordinator_restart(backend: Backend) {
-    let mut sut = Sut::new(backend, 1);
-    let rec = Recorder::new();
     let cluster = (backend == Backend::Postgres).then(Cluster::start);
+    let mut gcs = (backend == Backend::Gcs).then(GcsServer::start);
+    let mut sut = match &gcs {
+        Some(g) => Sut::with_coord(Store::on_server(g.server.clone()), 1),
+        None => Sut::new(backend, 1),
+    };
+    let rec = Recorder::new();
     if let Some(c) = &cluster {
         sut.coord_url_override = Some(c.url());
     }
+    let restarts = cluster.is_some() || gcs.is_some();
     let mut rng = Rng::new(seed());
     let mut last = 0;
     // Crashes that found their acquisition still running (PostgreSQL: the restart began
     // before it ended; elsewhere: the SIGKILL landed before it exited).
     let mut in_flight_at_crash = 0;
+    // How the acquisitions a crash found in flight ended (exit codes; -1: killed).
+    let mut crashed_exits = Vec::new();
     for cycle in 0..4 {
         let mut granted = 0;
+        // How long this cycle's granted acquisitions took (a GCS crash is spread over that).
+        let mut took = Vec::new();
         for i in 0..5 {
             let owner = format!("c{cycle}-{i}");
             let op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", &owner).ttl(200));
-            // The coordinator is back (`pg_ctl restart` waits for it) and the last grant
-            // lapsed: only a transient failure may refuse a grant now.
+            // The coordinator is back (`pg_ctl restart` and `GcsServer::restart` wait for it)
+            // and the last grant lapsed: only a transient failure may refuse a grant now.
             if op.code == 7 {
                 continue;
             }
             expect(&op, 0);
             granted += 1;
+            took.push(op.end - op.start);
             let t = op.token.unwrap();
             assert!(t > last, "token {t} after {last} (cycle {cycle})");
             last = t;
@@ -1411,32 +1459,63 @@ fn seed_coordinator_restart(backend: Backend) {
         let owner = format!("c{cycle}-inflight");
         // A SIGKILL must land before the process exits, and an acquire on a quiet machine
         // takes a few milliseconds in all: early enough that every cycle is likely to find
-        // it in flight (a restart of PostgreSQL takes longer, any delay finds one).
-        let after = if cluster.is_some() {
-            Duration::from_micros(rng.range(500, 8_000))
-        } else {
-            Duration::from_micros(rng.range(200, 2_500))
+        // it in flight (a restart of PostgreSQL takes longer, any delay finds one). A GCS
+        // acquisition is a few requests: its server is killed 10–90 % into the time this
+        // cycle's acquisitions took (the shortest of them), so that it finds it in flight.
+        let after = match (&cluster, &gcs) {
+            (Some(_), _) => Duration::from_micros(rng.range(500, 8_000)),
+            (_, Some(_)) => {
+                let shortest = took.iter().min().copied().unwrap_or_default();
+                shortest * rng.range(10, 90) as u32 / 100
+            }
+            _ => Duration::from_micros(rng.range(200, 2_500)),
         };
-        let (sut_ref, rec_ref, crash) = (&sut, &rec, cluster.is_some());
+        // On GCS, every other cycle: the server dies with the lease put on the wire.
+        let gate = gcs.as_ref().filter(|_| cycle % 2 == 1).map(|g| {
+            Proxy::start(
+                g.server.addr(),
+                Mode::HoldWhenClientSends(LEASE_HELD.to_vec()),
+            )
+        });
+        let gate_endpoint = gate.as_ref().map(|p| format!("http://{}", p.addr()));
+        let (sut_ref, rec_ref, crash) = (&sut, &rec, restarts);
         thread::scope(|scope| {
             let inflight = scope.spawn(move || {
-                rec_ref.op(
-                    sut_ref,
-                    Req::new(OpKind::Acquire, "r0", &owner).ttl(200).fault(
-                        if crash {
-                            Fault::None
-                        } else {
-                            Fault::Kill { after }
-                        },
-                        "coordinator crash",
-                    ),
-                )
+                let mut req = Req::new(OpKind::Acquire, "r0", &owner).ttl(200).fault(
+                    if crash {
+                        Fault::None
+                    } else {
+                        Fault::Kill { after }
+                    },
+                    match &gate_endpoint {
+                        Some(_) => "coordinator crash with the lease put on the wire",
+                        None => "coordinator crash",
+                    },
+                );
+                if let Some(endpoint) = &gate_endpoint {
+                    req = req.endpoint(endpoint);
+                }
+                rec_ref.op(sut_ref, req)
             });
             let mut crashed_at = None;
-            if let Some(c) = &cluster {
-                thread::sleep(after);
+            if crash {
+                match &gate {
+                    Some(gate) => wait_for(
+                        "the in-flight acquisition's lease put at the gate",
+                        Duration::from_secs(30),
+                        || gate.held() == 1,
+                    ),
+                    None => thread::sleep(after),
+                }
                 crashed_at = Some(rec_ref.epoch.elapsed());
-                c.pg_ctl("restart");
+                match (&cluster, &mut gcs) {
+                    (Some(c), _) => c.pg_ctl("restart"),
+                    (_, Some(g)) => g.restart(),
+                    _ => unreachable!("a restart needs a server of the test's own"),
+                }
+                if let Some(gate) = &gate {
+                    gate.open();
+                }
             }
             let op = inflight.join().unwrap();
             let in_flight = match crashed_at {
@@ -1444,6 +1523,21 @@ fn seed_coordinator_restart(backend: Backend) {
                 None => op.cancelled,
             };
             in_flight_at_crash += usize::from(in_flight);
+            if in_flight {
+                crashed_exits.push(op.code);
+            }
+            if gate.is_some() {
+                // Its put died with the server: it cannot have been told it was granted, and
+                // it never learnt whether the put landed (as good as cancelled).
+                assert_ne!(
+                    op.code, 0,
+                    "granted by a put the server never answered: {op}"
+                );
+                let mut ops = rec_ref.ops.lock().unwrap();
+                if let Some(o) = ops.iter_mut().rev().find(|o| o.id == op.id) {
+                    o.cancelled = true;
+                }
+            }
             if let Some(t) = op.token {
                 last = last.max(t);
             }
@@ -1468,7 +1562,11 @@ fn seed_coordinator_restart(backend: Backend) {
     );
     let h = rec.check(&sut, "seed_coordinator_restart");
     assert!(h.coord.len() >= 20, "the coordinator's record survived");
+    eprintln!(
+        "seed_coordinator_restart({backend:?}): {in_flight_at_crash} of 4 crashes found their acquisition in flight; it ended with {crashed_exits:?}"
+    );
     drop(cluster);
+    drop(gcs);
 }
 
 /// Eight concurrent writes carrying one token (and two with an older token racing them):
@@ -1646,29 +1744,23 @@ fn seed_every_alternate_write_path(backend: Backend) {
 
 /// A reaches the coordinator only through a link that then fails; it still reaches the
 /// target. Its renew fails, its lease expires, B acquires and writes; A's writes → 4.
-/// (PostgreSQL and S3: a TCP proxy that is then shut; local directory: a symlink that is then
-/// replaced by a file.)
+/// (PostgreSQL, S3 and GCS: a TCP proxy that is then shut; local directory: a symlink that is
+/// then replaced by a file.)
 fn seed_partition_from_coordinator(backend: Backend) {
     let sut = Sut::new(backend, 1);
     let rec = Recorder::new();
-    // A's own path to the coordinator: a store URL, or on S3 an endpoint.
+    // A's own path to the coordinator: a store URL, or on S3 and GCS an endpoint.
     let link_dir = tempfile::tempdir().unwrap();
     let link = link_dir.path().join("store");
-    let proxy = match backend {
-        Backend::Postgres => Some(Proxy::start(common::pg_upstream(), Mode::Pass)),
-        Backend::S3 => {
-            let (server, _) = sut.coord.server();
-            let addr = server
-                .endpoint
-                .trim_start_matches("http://")
-                .parse()
-                .expect("S3 endpoint is http://127.0.0.1:PORT");
-            Some(Proxy::start(addr, Mode::Pass))
-        }
+    let proxy = match (backend, &sut.coord.objects) {
+        (Backend::Postgres, _) => Some(Proxy::start(common::pg_upstream(), Mode::Pass)),
+        (_, Some((server, _))) => Some(Proxy::start(server.addr(), Mode::Pass)),
         _ => None,
     };
     let (a_store, a_endpoint) = match (&proxy, backend) {
-        (Some(p), Backend::S3) => (sut.coord_url(), Some(format!("http://{}", p.addr()))),
+        (Some(p), Backend::S3 | Backend::Gcs) => {
+            (sut.coord_url(), Some(format!("http://{}", p.addr())))
+        }
         (Some(p), _) => (via(p), None),
         (None, _) => {
             std::fs::create_dir_all(sut.coord.dir()).unwrap();
