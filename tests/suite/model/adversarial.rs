@@ -29,7 +29,7 @@
 //! for (`minimums`): a run that exercised nothing fails.
 //!
 //! `fence run` has randomised workloads of its own (`workload_run_*`, on the directory,
-//! PostgreSQL and GCS coordinators; see `workload_of_runs`): commands that append time-stamped
+//! PostgreSQL, GCS and S3 coordinators; see `workload_of_runs`): commands that append time-stamped
 //! effect lines (and `setsid` daemons that do too, commands that ignore SIGTERM) under SIGSTOP
 //! and SIGKILL of `fence run` and of its reaper, judged on the coordinator's grants: no effect
 //! of a token at or after the grant of a higher one, nothing of a command outliving its run,
@@ -3216,11 +3216,22 @@ fn one_run(ctx: &RunCtx, rng: &mut Rng, name: &str) -> RunRecord {
 }
 
 /// The grants of `resource` by the coordinator's durable history: (token, when, in ns of the
-/// wall clock of this machine, whether it took over an expired lease — the store's own clock: the directory store's wall clock read
-/// with the grant, whole ms; PostgreSQL's `clock_timestamp()` under the row lock; GCS's
-/// Last-Modified of the version that granted it, ms).
+/// wall clock of this machine, whether it took over an expired lease). When is the store's own
+/// clock (the directory store's wall clock read with the grant, whole ms; PostgreSQL's
+/// `clock_timestamp()` under the row lock, µs; the Last-Modified of the lease record's version
+/// that granted it, ms on GCS and whole seconds on S3), truncated, so a grant after a release
+/// may have happened up to one unit after its stamp: its time here is the stamp plus that unit,
+/// the first instant at which an effect is surely after it. A takeover's stamp is kept as it
+/// is: fence takes over only once the store's clock, on the same truncated stamps, is past the
+/// holder's expiry plus a unit, so it is after the holder's deadline however it was truncated.
 fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64, bool)>, String> {
     const GRANTS: [&str; 3] = ["acquired", "taken_over", "reacquired"];
+    let unit_ns = match sut.coord.backend {
+        Backend::S3 | Backend::LocalStack => 1_000_000_000,
+        Backend::Gcs | Backend::File => 1_000_000,
+        Backend::Postgres | Backend::PostgresAsync => 1_000,
+    };
+    let after_release = |took: bool| if took { 0 } else { unit_ns };
     let mut grants = Vec::new();
     match sut.coord.backend {
         Backend::File => {
@@ -3236,7 +3247,8 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64, bool)>, String
                 if GRANTS.contains(&v["kind"].as_str().unwrap_or_default()) {
                     let token = v["token"].as_i64().ok_or(format!("no token: {line}"))?;
                     let at = v["at_ms"].as_i64().ok_or(format!("no at_ms: {line}"))?;
-                    grants.push((token, at * 1_000_000, v["kind"] == "taken_over"));
+                    let took = v["kind"] == "taken_over";
+                    grants.push((token, at * 1_000_000 + after_release(took), took));
                 }
             }
         }
@@ -3245,7 +3257,8 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64, bool)>, String
                 if GRANTS.contains(&e.kind.as_str()) {
                     let token = e.token.ok_or(format!("no token: {e:?}"))?;
                     let at = e.at_ms.ok_or(format!("no time: {e:?}"))?;
-                    grants.push((token, at * 1_000_000, e.kind == "taken_over"));
+                    let took = e.kind == "taken_over";
+                    grants.push((token, at * 1_000_000 + after_release(took), took));
                 }
             }
         }
@@ -3254,7 +3267,8 @@ fn run_grants(sut: &Sut, resource: &str) -> Result<Vec<(i64, i64, bool)>, String
             for e in coord_events_at(&sut.coord_url(), &s) {
                 if e.resource == resource && GRANTS.contains(&e.kind.as_str()) {
                     let token = e.token.ok_or(format!("no token: {e:?}"))?;
-                    grants.push((token, e.at_us * 1_000, e.kind == "taken_over"));
+                    let took = e.kind == "taken_over";
+                    grants.push((token, e.at_us * 1_000 + after_release(took), took));
                 }
             }
         }
@@ -3373,8 +3387,9 @@ fn workload_of_runs(name: &str, backend: Backend) {
     };
     let mut lines_total = 0;
     let mut grants_total = 0;
-    // The closest an effect came to the next grant of a higher token (ns): after a release,
-    // and taking over an expired lease (the margin the bound keeps).
+    // The closest an effect came to the next grant of a higher token (ns): after a release
+    // (to the grant's stamp plus its unit, see `run_grants`), and taking over an expired lease
+    // (the margin the bound keeps).
     let mut closest: [Option<(i64, String)>; 2] = [None, None];
     for resource in &sut.resources {
         let grants = match run_grants(&sut, resource) {
@@ -3587,6 +3602,11 @@ fn workload_run_postgres_coordinator() {
 #[test]
 fn workload_run_gcs_coordinator() {
     workload_of_runs("workload_run_gcs_coordinator", Backend::Gcs);
+}
+
+#[test]
+fn workload_run_s3_coordinator() {
+    workload_of_runs("workload_run_s3_coordinator", Backend::S3);
 }
 
 // --- the checker's own tests: hand-made histories ---------------------------------------------
