@@ -307,17 +307,23 @@ impl Store {
         }
     }
 
-    /// Runs a query with one text parameter against this store's database.
+    /// Runs a query with one text parameter against this store's database, in a transaction
+    /// of its own: behind PgBouncer in transaction mode, the statement's prepare and its
+    /// execution must reach the same server connection ("prepared statement s0 does not
+    /// exist" otherwise, when another client took the connection in between).
     pub fn pg_rows(&self, sql: &str, param: &str) -> Vec<tokio_postgres::Row> {
         let url = self.url.clone();
         let sql = sql.to_owned();
         let param = param.to_owned();
         block_on(async move {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                 .await
                 .expect("connect to the test server");
             tokio::spawn(conn);
-            client.query(&sql, &[&param]).await.expect("query")
+            let tx = client.transaction().await.expect("begin");
+            let rows = tx.query(&sql, &[&param]).await.expect("query");
+            tx.commit().await.expect("commit");
+            rows
         })
     }
 }
@@ -418,15 +424,19 @@ pub fn pg_exec(url: &str, script: &str) {
     }
 }
 
-/// One query without parameters on a PostgreSQL database, directly; panics on failure.
+/// One query without parameters on a PostgreSQL database, directly, in a transaction of its
+/// own (see [`Store::pg_rows`]: also behind PgBouncer); panics on failure.
 pub fn pg_query(url: &str, sql: &str) -> Vec<tokio_postgres::Row> {
     let (url, sql) = (url.to_owned(), sql.to_owned());
     block_on(async move {
-        let client = pg_connect(&url).await;
-        client
+        let mut client = pg_connect(&url).await;
+        let tx = client.transaction().await.expect("begin");
+        let rows = tx
             .query(&sql, &[])
             .await
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        tx.commit().await.expect("commit");
+        rows
     })
 }
 
