@@ -62,8 +62,7 @@ impl Server {
         )
     }
 
-    /// A server `tests/run` did not start (a test's own: `common::gcs_server`).
-    pub fn at(service: Service, endpoint: String, bucket: String) -> Server {
+    fn at(service: Service, endpoint: String, bucket: String) -> Server {
         let server = Server {
             service,
             endpoint,
