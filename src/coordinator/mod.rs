@@ -262,20 +262,22 @@ pub trait Leases {
 
     /// Grants a lease to `owner`, reacquires it for the same live owner, or fails with
     /// [`Error::Busy`] naming the live holder. The token is reported only once durable.
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error>;
+    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
+        self.grant(resource, owner, ttl, None).await
+    }
 
-    /// [`Self::acquire`] whose new token is also above `above` (`fence acquire --above`: the
-    /// recovery after a target fenced elsewhere accepted a token this store never issued).
-    /// Another owner's live lease is busy as always; the owner's own live lease is
-    /// reacquired only when its token is above `above` already, and refused otherwise
+    /// [`Self::acquire`], whose new token is also above `above` when given (`fence acquire
+    /// --above`: the recovery after a target fenced elsewhere accepted a token this store
+    /// never issued). Another owner's live lease is busy as always; the owner's own live lease
+    /// is reacquired only when its token is above `above` already, and refused otherwise
     /// ([`held_not_above`]), since a reacquire keeps its token. A grant whose token `above`
     /// raised past the store's own next one says so in its event ([`raised_detail`]).
-    async fn acquire_above(
+    async fn grant(
         &self,
         resource: &str,
         owner: &str,
         ttl: Duration,
-        above: i64,
+        above: Option<i64>,
     ) -> Result<Grant, Error>;
 
     /// Extends a live lease held with exactly this owner and token; `ttl` `None` keeps the

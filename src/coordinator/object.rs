@@ -649,6 +649,39 @@ impl ObjectCoordinator {
         waiters.sort_by_key(|w| w.since_ms);
         Ok(waiters)
     }
+}
+
+#[async_trait(?Send)]
+impl Leases for ObjectCoordinator {
+    async fn init(&self) -> Result<InitReport, Error> {
+        let verified = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, true).await?;
+        let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
+        let put = self
+            .api
+            .put(
+                &self.url.join("fence-store.json"),
+                body.into_bytes(),
+                &Cond::Create,
+                &BTreeMap::new(),
+            )
+            .await?;
+        Ok(InitReport {
+            action: match put {
+                Put::Done(_) => InitAction::Created,
+                Put::Lost => InitAction::UpToDate,
+            },
+            schema_version: FORMAT_VERSION,
+            location: format!(
+                "objects under `{}` ({})",
+                self.url.display,
+                if verified {
+                    "conditional writes verified, recorded in `.fence/verified`"
+                } else {
+                    "conditional writes NOT verified"
+                }
+            ),
+        })
+    }
 
     /// A grant, a reacquire or a refusal, decided on the record as read and put conditioned
     /// on its version; a new token is above `above` too, when asked.
@@ -781,53 +814,6 @@ impl ObjectCoordinator {
             });
         }
         Err(self.contended(resource))
-    }
-}
-
-#[async_trait(?Send)]
-impl Leases for ObjectCoordinator {
-    async fn init(&self) -> Result<InitReport, Error> {
-        let verified = verify::ensure(self.api.as_ref(), &self.url, &self.url.key, true).await?;
-        let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
-        let put = self
-            .api
-            .put(
-                &self.url.join("fence-store.json"),
-                body.into_bytes(),
-                &Cond::Create,
-                &BTreeMap::new(),
-            )
-            .await?;
-        Ok(InitReport {
-            action: match put {
-                Put::Done(_) => InitAction::Created,
-                Put::Lost => InitAction::UpToDate,
-            },
-            schema_version: FORMAT_VERSION,
-            location: format!(
-                "objects under `{}` ({})",
-                self.url.display,
-                if verified {
-                    "conditional writes verified, recorded in `.fence/verified`"
-                } else {
-                    "conditional writes NOT verified"
-                }
-            ),
-        })
-    }
-
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, None).await
-    }
-
-    async fn acquire_above(
-        &self,
-        resource: &str,
-        owner: &str,
-        ttl: Duration,
-        above: i64,
-    ) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, Some(above)).await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {

@@ -186,6 +186,29 @@ impl FileCoordinator {
         }
         refusal.into_error(lease)
     }
+}
+
+#[async_trait(?Send)]
+impl Leases for FileCoordinator {
+    async fn init(&self) -> Result<InitReport, Error> {
+        let meta = self.dir.join("fence-store.json");
+        let existed = meta.exists();
+        self.create()?;
+        if !existed {
+            let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
+            std::fs::write(&meta, body).map_err(|err| self.io_error("write", &meta, &err))?;
+        }
+        self.sweep();
+        Ok(InitReport {
+            action: if existed {
+                InitAction::UpToDate
+            } else {
+                InitAction::Created
+            },
+            schema_version: FORMAT_VERSION,
+            location: format!("directory `{}`", self.dir.display()),
+        })
+    }
 
     /// A grant, a reacquire or a refusal, decided under the resource's lock; a new token is
     /// above `above` too, when asked.
@@ -262,43 +285,6 @@ impl FileCoordinator {
             })
         })
         .await
-    }
-}
-
-#[async_trait(?Send)]
-impl Leases for FileCoordinator {
-    async fn init(&self) -> Result<InitReport, Error> {
-        let meta = self.dir.join("fence-store.json");
-        let existed = meta.exists();
-        self.create()?;
-        if !existed {
-            let body = serde_json::json!({ "format_version": FORMAT_VERSION }).to_string();
-            std::fs::write(&meta, body).map_err(|err| self.io_error("write", &meta, &err))?;
-        }
-        self.sweep();
-        Ok(InitReport {
-            action: if existed {
-                InitAction::UpToDate
-            } else {
-                InitAction::Created
-            },
-            schema_version: FORMAT_VERSION,
-            location: format!("directory `{}`", self.dir.display()),
-        })
-    }
-
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, None).await
-    }
-
-    async fn acquire_above(
-        &self,
-        resource: &str,
-        owner: &str,
-        ttl: Duration,
-        above: i64,
-    ) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, Some(above)).await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {

@@ -177,85 +177,6 @@ impl PgCoordinator {
             crate::coordinator::unrecorded(&attempt, &err.to_string());
         }
     }
-
-    /// A grant, a reacquire or a refusal: the queue's poll for a queued waiter, else the
-    /// one-shot statement; a new token is above `above` too, when asked (never queued:
-    /// `--above` does not wait).
-    async fn grant(
-        &self,
-        resource: &str,
-        owner: &str,
-        ttl: Duration,
-        above: Option<i64>,
-    ) -> Result<Grant, Error> {
-        let ttl = ttl_ms(ttl);
-        let queued = above.is_none()
-            && self
-                .queue
-                .borrow()
-                .as_ref()
-                .is_some_and(|queue| queue.resource == resource);
-        let answer = if queued {
-            self.poll_queue(resource, owner, ttl).await?
-        } else {
-            self.one_shot(
-                &format!("acquire `{resource}`"),
-                ACQUIRE,
-                &[
-                    (&resource, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&ttl, Type::INT8),
-                    (&above, Type::INT8),
-                ],
-            )
-            .await?
-        };
-        let lease = answer.lease(resource);
-        // The statement that answered was the last one sent on the session it used.
-        let sent = self
-            .session
-            .borrow()
-            .as_ref()
-            .and_then(|session| session.last_sent());
-        if queued {
-            if answer.status == "busy" {
-                self.queued(&answer);
-            } else {
-                // Granted: the grant took the row out of the queue in the same transaction.
-                *self.queue.borrow_mut() = None;
-            }
-        }
-        let result = match answer.status.as_str() {
-            "acquired" | "taken_over" | "reacquired" => Ok(Grant {
-                reacquired: answer.status == "reacquired",
-                lease,
-                sent,
-            }),
-            "busy" => Err(Error::Busy {
-                resource: resource.to_owned(),
-                holder: Holder {
-                    owner: lease.owner,
-                    token: lease.token,
-                    expires_at_ms: lease.expires_at_ms,
-                    expires_in_ms: lease.expires_in_ms,
-                },
-            }),
-            "held_not_above" => Err(crate::coordinator::held_not_above(
-                resource,
-                owner,
-                lease.token,
-                above.unwrap_or_default(),
-            )),
-            other => Err(Error::internal(
-                format!("PostgreSQL answered `{other}` to an acquire"),
-                "fence's schema may be from another version; run `fence init`",
-            )),
-        };
-        if let Err(err) = &result {
-            self.note_refusal("acquire", owner, err).await;
-        }
-        result
-    }
 }
 
 /// The row every lease function and one-shot statement returns.
@@ -375,18 +296,83 @@ impl Leases for PgCoordinator {
         })
     }
 
-    async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, None).await
-    }
-
-    async fn acquire_above(
+    /// A grant, a reacquire or a refusal: the queue's poll for a queued waiter, else the
+    /// one-shot statement; a new token is above `above` too, when asked (never queued:
+    /// `--above` does not wait).
+    async fn grant(
         &self,
         resource: &str,
         owner: &str,
         ttl: Duration,
-        above: i64,
+        above: Option<i64>,
     ) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, Some(above)).await
+        let ttl = ttl_ms(ttl);
+        let queued = above.is_none()
+            && self
+                .queue
+                .borrow()
+                .as_ref()
+                .is_some_and(|queue| queue.resource == resource);
+        let answer = if queued {
+            self.poll_queue(resource, owner, ttl).await?
+        } else {
+            self.one_shot(
+                &format!("acquire `{resource}`"),
+                ACQUIRE,
+                &[
+                    (&resource, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&above, Type::INT8),
+                ],
+            )
+            .await?
+        };
+        let lease = answer.lease(resource);
+        // The statement that answered was the last one sent on the session it used.
+        let sent = self
+            .session
+            .borrow()
+            .as_ref()
+            .and_then(|session| session.last_sent());
+        if queued {
+            if answer.status == "busy" {
+                self.queued(&answer);
+            } else {
+                // Granted: the grant took the row out of the queue in the same transaction.
+                *self.queue.borrow_mut() = None;
+            }
+        }
+        let result = match answer.status.as_str() {
+            "acquired" | "taken_over" | "reacquired" => Ok(Grant {
+                reacquired: answer.status == "reacquired",
+                lease,
+                sent,
+            }),
+            "busy" => Err(Error::Busy {
+                resource: resource.to_owned(),
+                holder: Holder {
+                    owner: lease.owner,
+                    token: lease.token,
+                    expires_at_ms: lease.expires_at_ms,
+                    expires_in_ms: lease.expires_in_ms,
+                },
+            }),
+            "held_not_above" => Err(crate::coordinator::held_not_above(
+                resource,
+                owner,
+                lease.token,
+                above.unwrap_or_default(),
+            )),
+            other => Err(Error::internal(
+                format!("PostgreSQL answered `{other}` to an acquire"),
+                "fence's schema may be from another version; run `fence init`",
+            )),
+        };
+        if let Err(err) = &result {
+            self.note_refusal("acquire", owner, err).await;
+        }
+        result
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {

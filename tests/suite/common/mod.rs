@@ -290,6 +290,21 @@ impl Store {
         }
     }
 
+    /// Waits until `fence inspect` shows `resource` expired (its holder paused past it).
+    pub fn wait_expired(&self, resource: &str) {
+        wait_for(
+            "the store to show the lease expired",
+            std::time::Duration::from_secs(60),
+            || {
+                self.fence()
+                    .args(["inspect", resource, "--format", "json"])
+                    .run()
+                    .json()["resources"][0]["state"]
+                    == "expired"
+            },
+        );
+    }
+
     /// Runs a query with one text parameter against this store's database, in a transaction
     /// of its own: behind PgBouncer in transaction mode, the statement's prepare and its
     /// execution must reach the same server connection ("prepared statement s0 does not

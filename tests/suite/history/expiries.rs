@@ -6,9 +6,7 @@
 
 use crate::common;
 
-use std::time::Duration;
-
-use common::{wait_for, Backend, Store};
+use common::{Backend, Store};
 use serde_json::Value;
 
 fn expiries(store: &Store, args: &[&str]) -> Vec<Value> {
@@ -43,14 +41,7 @@ fn a_lease_taken_over_expired_once(store: &Store) {
         .as_str()
         .unwrap()
         .to_owned();
-    wait_for("A's lease to expire", Duration::from_secs(60), || {
-        store
-            .fence()
-            .args(["inspect", "job", "--format", "json"])
-            .run()
-            .json()["resources"][0]["state"]
-            == "expired"
-    });
+    store.wait_expired("job");
     store
         .fence()
         .args(["acquire", "job", "--owner", "B", "--ttl", "1m"])

@@ -190,18 +190,7 @@ mod lost {
             started.exists()
         });
         kill(child.id(), libc::SIGSTOP);
-        wait_for(
-            "the store to show the lease expired",
-            Duration::from_secs(60),
-            || {
-                store
-                    .fence()
-                    .args(["inspect", "job", "--format", "json"])
-                    .run()
-                    .json()["resources"][0]["state"]
-                    == "expired"
-            },
-        );
+        store.wait_expired("job");
         store
             .fence()
             .args(["acquire", "job", "--owner", "next", "--ttl", "1m"])

@@ -22,22 +22,6 @@ fn spawn(mut fence: Fence) -> Child {
     fence.cmd.spawn().expect("fence starts")
 }
 
-/// Waits until the store shows `resource` expired (its holder paused past it).
-fn wait_expired(store: &Store, resource: &str) {
-    wait_for(
-        "the store to show the lease expired",
-        Duration::from_secs(60),
-        || {
-            store
-                .fence()
-                .args(["inspect", resource, "--format", "json"])
-                .run()
-                .json()["resources"][0]["state"]
-                == "expired"
-        },
-    );
-}
-
 /// The reaper of a run: the child of `fence` whose command line holds `marker`.
 fn reaper_of(fence: u32, marker: &str) -> u32 {
     let mut found = Vec::new();
@@ -98,7 +82,7 @@ fn a_forged_inside_line_does_not_turn_a_command_stopped_at_the_bound_into_succes
         Duration::from_secs(30),
         || stopped.exists(),
     );
-    wait_expired(&store, "job");
+    store.wait_expired("job");
     kill(child.id(), libc::SIGCONT);
     let out = wait_output("fence run", child, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -169,7 +153,7 @@ fn a_command_that_left_a_background_job_while_fence_was_paused_is_exit_5(store: 
     wait_for("the command to finish", Duration::from_secs(30), || {
         done.exists()
     });
-    wait_expired(store, "job");
+    store.wait_expired("job");
     kill(child.id(), libc::SIGCONT);
     let out = wait_output("fence run", child, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -204,7 +188,7 @@ fn a_command_that_ran_past_the_bound_while_fence_and_reaper_were_paused_is_exit_
     wait_for("the command to finish", Duration::from_secs(30), || {
         done.exists()
     });
-    wait_expired(store, "job");
+    store.wait_expired("job");
     kill(reaper, libc::SIGCONT);
     kill(child.id(), libc::SIGCONT);
     let out = wait_output("fence run", child, Duration::from_secs(60));

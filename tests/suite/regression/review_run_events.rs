@@ -392,18 +392,7 @@ fn a_lost_runs_hinted_log_command_shows_the_stop() {
         started.exists()
     });
     common::process::kill(child.id(), libc::SIGSTOP);
-    wait_for(
-        "the store to show the lease expired",
-        Duration::from_secs(60),
-        || {
-            store
-                .fence()
-                .args(["inspect", "job", "--format", "json"])
-                .run()
-                .json()["resources"][0]["state"]
-                == "expired"
-        },
-    );
+    store.wait_expired("job");
     store
         .fence()
         .args(["acquire", "job", "--owner", "next", "--ttl", "1m"])
