@@ -82,6 +82,23 @@ impl Store {
         }
     }
 
+    /// A store under a prefix of its own on `server`, an object server of the test's own
+    /// (`common::gcs_server`).
+    pub fn on_server(server: objects::Server) -> Store {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let prefix = format!("t{}_{n}", std::process::id());
+        Store {
+            backend: match server.service {
+                objects::Service::S3 => Backend::S3,
+                objects::Service::Gcs => Backend::Gcs,
+            },
+            url: server.url(&prefix),
+            schema: None,
+            home: tempfile::tempdir().expect("temp dir"),
+            objects: Some((server, prefix)),
+        }
+    }
+
     pub fn file() -> Store {
         Store::new(Backend::File)
     }
@@ -716,6 +733,7 @@ pub mod checker;
 pub mod cluster;
 pub mod fenced;
 pub mod follow;
+pub mod gcs_server;
 pub mod hung_fuse;
 pub mod objects;
 pub mod process;

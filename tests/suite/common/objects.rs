@@ -62,7 +62,8 @@ impl Server {
         )
     }
 
-    fn at(service: Service, endpoint: String, bucket: String) -> Server {
+    /// A server `tests/run` did not start (a test's own: `common::gcs_server`).
+    pub fn at(service: Service, endpoint: String, bucket: String) -> Server {
         let server = Server {
             service,
             endpoint,

@@ -506,7 +506,8 @@ impl Proxy {
 
 // ---------------------------------------------------------------------------------------------
 // An HTTP-aware proxy: rewrites or answers requests (object-store servers that ignore or
-// reject preconditions, answer 429/501, …) and counts them.
+// reject preconditions, answer 429/501, …), cuts chosen requests before or after the server
+// got them (a TCP pattern cannot tell where an HTTP request ends), and counts them.
 // ---------------------------------------------------------------------------------------------
 
 /// A request head as [`HttpProxy`] received it; a rule may change it before it is forwarded.
@@ -566,6 +567,13 @@ pub enum Verdict {
     ForwardThenAnswer {
         status: u16,
     },
+    /// Close the client's connection once it has sent the whole request, forwarding nothing
+    /// (a connection lost before the request reached the server): no answer, nothing applied.
+    Cut,
+    /// Forward the request, let the server apply it and answer, then close the client's
+    /// connection without a byte of the answer (a connection lost after the request reached
+    /// the server).
+    ForwardThenCut,
     /// Forward the request, and set header `name` of the server's answer to `value` (a proxy
     /// that writes its own `Date`).
     ForwardSettingAnswerHeader {
@@ -772,8 +780,10 @@ fn http_exchange(
             (&client)
                 .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
         }
+        Verdict::Cut => {}
         verdict @ (Verdict::Forward
         | Verdict::ForwardThenAnswer { .. }
+        | Verdict::ForwardThenCut
         | Verdict::ForwardSettingAnswerHeader { .. }) => {
             let server = TcpStream::connect_timeout(&upstream, CONNECT_TIMEOUT)?;
             server.set_read_timeout(Some(TICK))?;
@@ -789,6 +799,10 @@ fn http_exchange(
             (&server).write_all(&bytes)?;
             let mut response = Vec::new();
             read_until(&server, &mut response, &shared.stop, |_| false)?;
+            if let Verdict::ForwardThenCut = verdict {
+                let _ = client.shutdown(Shutdown::Both);
+                return Ok(());
+            }
             if let Verdict::ForwardThenAnswer { status } = verdict {
                 let body = format!("<Error><Code>Proxy{status}</Code><Message>the server's answer was lost by the test proxy</Message></Error>");
                 (&client).write_all(
