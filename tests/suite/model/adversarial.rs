@@ -29,7 +29,9 @@
 //! fake-gcs-server that keeps its objects on disk (in a seed scenario); processes whose clocks
 //! are skewed by minutes (`faketime`) on all four coordinators. Each workload asserts, scaled
 //! by its budget, that it injected each of its faults and provoked each outcome they exist
-//! for (`minimums`): a run that exercised nothing fails.
+//! for (`minimums`): a run that exercised nothing fails. What each workload injects where is
+//! rendered from the workload definitions (`workloads`, `injected_where`) into
+//! docs/guarantees.md, and a test fails when the page and the code differ.
 //!
 //! `fence run` has randomised workloads of its own (`workload_run_*`, on the directory,
 //! PostgreSQL, GCS and S3 coordinators; see `workload_of_runs`): commands that append time-stamped
@@ -2797,8 +2799,8 @@ impl<'a> Worker<'a> {
         op
     }
 
-    /// One fenced write, in a form drawn by [`pick_form`], with a fault of its own: SIGSTOP
-    /// (10 %), the target's or the object server's network (12 %), SIGKILL (3 %).
+    /// One fenced write, in a form drawn by [`pick_form`], with a fault of its own drawn by
+    /// [`write_fault`].
     fn write(&self, rng: &mut Rng, r: &str, owner: &str, token: i64, ttl: i64) -> Op {
         let (w, skew, slack) = (self.w, self.skew, self.slack);
         let form = pick_form(rng, w);
@@ -2808,39 +2810,36 @@ impl<'a> Worker<'a> {
             .skew(skew)
             .form(form);
         let roll = rng.range(0, 100);
-        if roll < 10 && w.sigstop && skew.is_none() {
-            let p = stop_length(rng, ttl, slack);
-            let after = Duration::from_millis(rng.range(0, 10));
-            req = req.fault(
-                Fault::Stop { after, pause: p },
-                format!("SIGSTOP {p:?} after {after:?}"),
-            );
-        } else if let (Some(slow), true) =
-            (&self.object_slow, roll < 18 && form == WriteForm::Object)
-        {
-            req = req
+        let fault = write_fault(roll, form, self.object_slow.is_some(), w.sigstop, skew);
+        req = match (fault, &self.object_slow, &self.object_cut) {
+            (WriteFault::Stop, _, _) => {
+                let p = stop_length(rng, ttl, slack);
+                let after = Duration::from_millis(rng.range(0, 10));
+                req.fault(
+                    Fault::Stop { after, pause: p },
+                    format!("SIGSTOP {p:?} after {after:?}"),
+                )
+            }
+            (WriteFault::ObjectDelay, Some(slow), _) => req
                 .endpoint(slow)
-                .fault(Fault::None, "object server delay 150ms");
-        } else if let (Some(cut), true) = (&self.object_cut, roll < 22 && form == WriteForm::Object)
-        {
-            req = req
+                .fault(Fault::None, "object server delay 150ms"),
+            (WriteFault::ObjectCut, _, Some(cut)) => req
                 .endpoint(cut)
-                .fault(Fault::None, "object server cut at the put's end");
-        } else if roll < 18 && form != WriteForm::Object {
-            req = req
+                .fault(Fault::None, "object server cut at the put's end"),
+            (WriteFault::TargetDelay, _, _) => req
                 .target(&self.target_slow)
-                .fault(Fault::None, "target delay 150ms");
-        } else if roll < 22 && form == WriteForm::Sql {
-            // (The row form is one statement with no COMMIT of its own to cut at.)
-            req = req
+                .fault(Fault::None, "target delay 150ms"),
+            (WriteFault::TargetCut, _, _) => req
                 .target(&self.target_cut)
-                .fault(Fault::None, "target cut at COMMIT");
-        } else if roll < 25 && skew.is_none() {
-            let after = Duration::from_millis(rng.range(1, 40));
-            req = req.fault(Fault::Kill { after }, format!("SIGKILL after {after:?}"));
-        }
+                .fault(Fault::None, "target cut at COMMIT"),
+            (WriteFault::Kill, _, _) => {
+                let after = Duration::from_millis(rng.range(1, 40));
+                req.fault(Fault::Kill { after }, format!("SIGKILL after {after:?}"))
+            }
+            _ => req,
+        };
         let op = self.op(req);
-        if w.target == TargetMode::Protected && rng.chance(5) {
+        if w.target == TargetMode::Protected && rng.chance(RAW_WRITES) {
             // Another path: a raw write with the same (perhaps stale) token, no fence.
             let t = format!("{}.log_{r}", self.sut.schema());
             let raw = self.rec.raw(
@@ -2858,6 +2857,51 @@ impl<'a> Worker<'a> {
         op
     }
 }
+
+/// A fenced write's own fault (beside the pauses before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum WriteFault {
+    None,
+    /// SIGSTOP of its fence process ([`stop_length`]).
+    Stop,
+    /// Its requests to the S3 or GCS server delayed 150 ms, or cut right after the put's body
+    /// (exit 8: the put may have landed).
+    ObjectDelay,
+    ObjectCut,
+    /// Its connection to the PostgreSQL target delayed 150 ms, or cut once it sent `COMMIT`.
+    TargetDelay,
+    TargetCut,
+    /// SIGKILL of its fence process 1–40 ms in.
+    Kill,
+}
+
+/// The fault of a write whose draw is `roll` (0–99), in `form`: SIGSTOP 10 % (when the
+/// workload stops processes and this one can be signalled, not faketime-wrapped); else the
+/// network to its target, 8 % delayed and 4 % cut (objects on S3 or GCS through the object
+/// server's proxies, which `file://` objects have none of; the row form has no `COMMIT` of
+/// its own to cut at); else SIGKILL up to 25 % (not of a faketime-wrapped process).
+fn write_fault(
+    roll: u64,
+    form: WriteForm,
+    object_server: bool,
+    sigstop: bool,
+    skew: Option<Skew>,
+) -> WriteFault {
+    let signalled = skew.is_none();
+    match form {
+        _ if roll < 10 && sigstop && signalled => WriteFault::Stop,
+        WriteForm::Object if object_server && roll < 18 => WriteFault::ObjectDelay,
+        WriteForm::Object if object_server && roll < 22 => WriteFault::ObjectCut,
+        WriteForm::Sql | WriteForm::Row if roll < 18 => WriteFault::TargetDelay,
+        WriteForm::Sql if roll < 22 => WriteFault::TargetCut,
+        _ if roll < 25 && signalled => WriteFault::Kill,
+        _ => WriteFault::None,
+    }
+}
+
+/// Per cent of the fenced writes of a protected-table workload followed by a raw `INSERT`
+/// with the same token, which the table must refuse.
+const RAW_WRITES: u64 = 5;
 
 /// The longest a busy worker waits for the holder's expiry before trying again.
 const MAX_BUSY_WAIT_MS: u64 = 10_000;
@@ -2959,8 +3003,13 @@ const PROCESS_FAULTS: [(OpKind, u64, u64); 3] = [
 /// row's own token column), in workloads with objects a third object writes, the rest the
 /// transaction form (fenced by the guard row).
 fn pick_form(rng: &mut Rng, w: &Workload) -> WriteForm {
-    match rng.range(0, 100) {
-        0..=34 if w.objects => WriteForm::Object,
+    form_of(rng.range(0, 100), w.objects)
+}
+
+/// The form of a write whose draw is `roll` (0–99).
+fn form_of(roll: u64, objects: bool) -> WriteForm {
+    match roll {
+        0..=34 if objects => WriteForm::Object,
         75.. => WriteForm::Row,
         _ => WriteForm::Sql,
     }
@@ -2993,36 +3042,128 @@ fn stop_length(rng: &mut Rng, ttl: i64, slack: u64) -> Duration {
     Duration::from_millis(rng.range(ttl / 2, ttl * 3 / 2 + slack))
 }
 
-#[test]
-fn workload_postgres_coordinator_guard() {
-    run_workload(Workload {
-        name: "workload_postgres_coordinator_guard",
-        backend: Backend::Postgres,
-        target: TargetMode::Guard,
-        workers: 6,
+/// The randomised workloads (each the test of its name), the one place they are defined:
+/// [`injected_where`] renders docs/guarantees.md's account of what each injects from them.
+fn workloads() -> Vec<Workload> {
+    let one = |name, backend, target, workers, share, restarts, objects| Workload {
+        name,
+        backend,
+        target,
+        workers,
         resources: 2,
-        share: 20,
+        share,
         skews: vec![],
         sigstop: true,
-        restarts: false,
-        objects: false,
-    });
+        restarts,
+        objects,
+    };
+    let mut all = vec![
+        one(
+            "workload_postgres_coordinator_guard",
+            Backend::Postgres,
+            TargetMode::Guard,
+            6,
+            20,
+            false,
+            false,
+        ),
+        one(
+            "workload_postgres_coordinator_protected_table",
+            Backend::Postgres,
+            TargetMode::Protected,
+            6,
+            20,
+            false,
+            false,
+        ),
+        one(
+            "workload_postgres_coordinator_restarts",
+            Backend::Postgres,
+            TargetMode::Guard,
+            6,
+            20,
+            true,
+            false,
+        ),
+        one(
+            "workload_file_coordinator_guard",
+            Backend::File,
+            TargetMode::Guard,
+            6,
+            20,
+            false,
+            true,
+        ),
+        one(
+            "workload_gcs_coordinator_guard",
+            Backend::Gcs,
+            TargetMode::Guard,
+            4,
+            10,
+            false,
+            true,
+        ),
+        one(
+            "workload_s3_coordinator_guard",
+            Backend::S3,
+            TargetMode::Guard,
+            4,
+            10,
+            false,
+            true,
+        ),
+    ];
+    // I7: workers whose clocks are five minutes fast or slow (faketime), with the monotonic
+    // clocks left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`: a skewed wall clock, as a badly set
+    // machine has), mixed with honest ones on one resource.
+    let skewed = |offset| {
+        Some(Skew {
+            offset,
+            monotonic: false,
+        })
+    };
+    for (name, backend) in SKEWED {
+        all.push(Workload {
+            name,
+            backend,
+            target: TargetMode::Guard,
+            workers: 4,
+            resources: 1,
+            share: 10,
+            skews: vec![skewed("+5m"), skewed("-5m"), None, None],
+            sigstop: true,
+            restarts: false,
+            objects: false,
+        });
+    }
+    all
+}
+
+/// The workloads with skewed clocks, one per coordinator.
+const SKEWED: [(&str, Backend); 4] = [
+    ("workload_clock_skew(postgres)", Backend::Postgres),
+    ("workload_clock_skew(file)", Backend::File),
+    ("workload_clock_skew(gcs)", Backend::Gcs),
+    ("workload_clock_skew(s3)", Backend::S3),
+];
+
+/// Runs the workload `name` of [`workloads`].
+fn run_named(name: &str) {
+    let w = workloads()
+        .into_iter()
+        .find(|w| w.name == name)
+        .unwrap_or_else(|| panic!("no workload `{name}`"));
+    run_workload(w);
+}
+
+#[test]
+fn workload_postgres_coordinator_guard() {
+    run_named("workload_postgres_coordinator_guard");
 }
 
 #[test]
 fn workload_postgres_coordinator_protected_table() {
-    run_workload(Workload {
-        name: "workload_postgres_coordinator_protected_table",
-        backend: Backend::Postgres,
-        target: TargetMode::Protected,
-        workers: 6,
-        resources: 2,
-        share: 20,
-        skews: vec![],
-        sigstop: true,
-        restarts: false,
-        objects: false,
-    });
+    run_named("workload_postgres_coordinator_protected_table");
 }
 
 /// The PostgreSQL coordinator crashes and restarts under the workload (a private cluster,
@@ -3031,71 +3172,28 @@ fn workload_postgres_coordinator_protected_table() {
 /// tokens never reissued after a crash, no lease granted twice, no stale write applied.
 #[test]
 fn workload_postgres_coordinator_restarts() {
-    run_workload(Workload {
-        name: "workload_postgres_coordinator_restarts",
-        backend: Backend::Postgres,
-        target: TargetMode::Guard,
-        workers: 6,
-        resources: 2,
-        share: 20,
-        skews: vec![],
-        sigstop: true,
-        restarts: true,
-        objects: false,
-    });
+    run_named("workload_postgres_coordinator_restarts");
 }
 
 #[test]
 fn workload_file_coordinator_guard() {
-    run_workload(Workload {
-        name: "workload_file_coordinator_guard",
-        backend: Backend::File,
-        target: TargetMode::Guard,
-        workers: 6,
-        resources: 2,
-        share: 20,
-        skews: vec![],
-        sigstop: true,
-        restarts: false,
-        objects: true,
-    });
+    run_named("workload_file_coordinator_guard");
 }
 
 /// The object-store coordinators under the same random workload (acquisitions killed in
-/// flight, SIGSTOPs during writes, pauses past the TTL, target delays and cuts), fencing a
-/// PostgreSQL database and objects on the same server. Lease overlap (I3) is judged on the
-/// store's own clock: the Last-Modified of each version of the lease record, which the record
-/// keeps per change (S3: whole seconds; GCS: milliseconds).
+/// flight, SIGSTOPs during writes, pauses past the TTL, the coordinator's own requests delayed
+/// and cut, target delays and cuts), fencing a PostgreSQL database and objects on the same
+/// server. Lease overlap (I3) is judged on the store's own clock: the Last-Modified of each
+/// version of the lease record, which the record keeps per change (S3: whole seconds; GCS:
+/// milliseconds).
 #[test]
 fn workload_gcs_coordinator_guard() {
-    run_workload(Workload {
-        name: "workload_gcs_coordinator_guard",
-        backend: Backend::Gcs,
-        target: TargetMode::Guard,
-        workers: 4,
-        resources: 2,
-        share: 10,
-        skews: vec![],
-        sigstop: true,
-        restarts: false,
-        objects: true,
-    });
+    run_named("workload_gcs_coordinator_guard");
 }
 
 #[test]
 fn workload_s3_coordinator_guard() {
-    run_workload(Workload {
-        name: "workload_s3_coordinator_guard",
-        backend: Backend::S3,
-        target: TargetMode::Guard,
-        workers: 4,
-        resources: 2,
-        share: 10,
-        skews: vec![],
-        sigstop: true,
-        restarts: false,
-        objects: true,
-    });
+    run_named("workload_s3_coordinator_guard");
 }
 
 /// The object-store coordinators judge expiry by the store's clock only: skewed workers there
@@ -3112,36 +3210,15 @@ mod object_coordinators {
     }
 }
 
-/// I7: workers whose clocks are five minutes fast or slow (faketime), mixed with honest ones,
-/// are granted nothing they should not be. With the monotonic clocks left alone
-/// (`FAKETIME_DONT_FAKE_MONOTONIC=1`: a skewed wall clock, as a badly set machine has); the
-/// faked-monotonic case is `clock_skew_with_faked_monotonic_clocks`.
+/// I7: workers whose clocks are five minutes fast or slow are granted nothing they should not
+/// be (see [`workloads`]); the faked-monotonic case is
+/// `clock_skew_with_faked_monotonic_clocks`.
 fn workload_clock_skew(backend: Backend) {
-    let fast = Some(Skew {
-        offset: "+5m",
-        monotonic: false,
-    });
-    let slow = Some(Skew {
-        offset: "-5m",
-        monotonic: false,
-    });
-    run_workload(Workload {
-        name: match backend {
-            Backend::File => "workload_clock_skew(file)",
-            Backend::S3 => "workload_clock_skew(s3)",
-            Backend::Gcs => "workload_clock_skew(gcs)",
-            _ => "workload_clock_skew(postgres)",
-        },
-        backend,
-        target: TargetMode::Guard,
-        workers: 4,
-        resources: 1,
-        share: 10,
-        skews: vec![fast, slow, None, None],
-        sigstop: true,
-        restarts: false,
-        objects: false,
-    });
+    let (name, _) = SKEWED
+        .iter()
+        .find(|(_, b)| *b == backend)
+        .expect("a skewed workload on this coordinator");
+    run_named(name);
 }
 
 /// libfaketime fakes CLOCK_MONOTONIC and CLOCK_BOOTTIME too unless told not to. On
@@ -3210,6 +3287,235 @@ fn clock_skew_with_faked_monotonic_clocks() {
     }
 }
 
+/// What each randomised workload injects where, as docs/guarantees.md states it between its
+/// `injected-where` markers: rendered from [`workloads`], [`RUN_WORKLOADS`] and the functions
+/// and tables that draw the faults ([`COORD_FAULTS`], [`coord_faults`], [`PROCESS_FAULTS`],
+/// [`write_fault`], [`form_of`], [`RUN_DECK`]), so that the page cannot drift from them.
+fn injected_where() -> String {
+    // A share of 100 draws (0–99), shown as a percentage.
+    let pct = |n: f64| {
+        if n.fract() == 0.0 {
+            format!("{n} %")
+        } else {
+            format!("{n:.1} %")
+        }
+    };
+    let coordinator = |b: Backend| match b {
+        Backend::Postgres | Backend::PostgresAsync => "PostgreSQL",
+        Backend::File => "local directory",
+        Backend::Gcs => "GCS (fake-gcs-server)",
+        Backend::S3 | Backend::LocalStack => "S3 (moto)",
+    };
+    let mut out = String::new();
+    for w in workloads() {
+        let object_server = w.objects && matches!(w.backend, Backend::S3 | Backend::Gcs);
+        let forms: Vec<(WriteForm, usize)> = [WriteForm::Sql, WriteForm::Row, WriteForm::Object]
+            .into_iter()
+            .map(|f| (f, (0..100).filter(|&r| form_of(r, w.objects) == f).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let form_name = |f: WriteForm| match f {
+            WriteForm::Sql => "SQL",
+            WriteForm::Row => "row",
+            WriteForm::Object if object_server => "object (same server)",
+            WriteForm::Object => "object (`file://`)",
+        };
+        out.push_str(&format!(
+            "  - `{}`: {} coordinator{}, {} workers on {} resource{}, {} of the budget; writes {}{}.\n",
+            w.name,
+            coordinator(w.backend),
+            if w.restarts {
+                ", crashed and restarted (`pg_ctl restart -m immediate`) every 0.5–2 s"
+            } else {
+                ""
+            },
+            w.workers,
+            w.resources,
+            if w.resources == 1 { "" } else { "s" },
+            pct(w.share as f64),
+            forms
+                .iter()
+                .map(|(f, n)| format!("{} {}", form_name(*f), pct(*n as f64)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if w.target == TargetMode::Protected {
+                format!(
+                    " to protected tables, {} of the writes followed by a raw `INSERT` with the same token",
+                    pct(RAW_WRITES as f64)
+                )
+            } else {
+                String::new()
+            },
+        ));
+        // The coordinator's network: drawn first for an acquire or a renewal.
+        let faults = coord_faults(&w);
+        let drawn = |kind: OpKind| {
+            COORD_FAULTS
+                .iter()
+                .filter(|(f, _, _)| faults.contains(f))
+                .map(|(_, a, r)| if kind == OpKind::Acquire { *a } else { *r })
+                .sum::<u64>() as f64
+        };
+        if faults.is_empty() {
+            out.push_str("    - the coordinator's network: none");
+            out.push_str(match (w.backend, w.restarts) {
+                (Backend::File, _) => " (fence reaches the directory through no network)\n",
+                _ => " (the crashed cluster listens on a unix socket only)\n",
+            });
+        } else {
+            let each: Vec<String> = COORD_FAULTS
+                .iter()
+                .filter(|(f, _, _)| faults.contains(f))
+                .map(|(f, a, r)| {
+                    let what = match (f, w.backend) {
+                        (CoordFault::Delay, _) => "every request delayed 120 ms",
+                        (CoordFault::AnswerLost, Backend::Postgres) => {
+                            "cut once its statement reached the server (answer lost)"
+                        }
+                        (CoordFault::AnswerLost, _) => {
+                            "cut once the server applied the lease record's put (answer lost)"
+                        }
+                        (CoordFault::PutLost, _) => {
+                            "cut before the lease record's put reached the server"
+                        }
+                    };
+                    format!("{what} {} / {}", pct(*a as f64), pct(*r as f64))
+                })
+                .collect();
+            out.push_str(&format!(
+                "    - the coordinator's network (of acquires / renewals): {}\n",
+                each.join("; ")
+            ));
+        }
+        // The fence process of an acquire, renew or release: drawn when no network fault was.
+        let honest = w.skews.iter().filter(|s| s.is_none()).count() + w.workers - w.skews.len();
+        let signals: Vec<String> = PROCESS_FAULTS
+            .iter()
+            .map(|(kind, stop, kill)| {
+                let left = (100.0 - drawn(*kind)) / 100.0;
+                let stop = if w.sigstop { *stop as f64 * left } else { 0.0 };
+                format!(
+                    "{} SIGSTOP {}, SIGKILL {}",
+                    format!("{kind:?}").to_lowercase(),
+                    pct(stop),
+                    pct(*kill as f64 * left)
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "    - the fence process{}: {}\n",
+            if honest < w.workers {
+                format!(
+                    " ({honest} of the {} workers; none of the faketime-wrapped ones)",
+                    w.workers
+                )
+            } else {
+                String::new()
+            },
+            signals.join("; ")
+        ));
+        // Each write: its own fault, by form, for workers whose processes can be signalled
+        // and (when there are any) for those with skewed clocks.
+        let mut kinds: Vec<(&str, Option<Skew>)> = vec![("", None)];
+        if let Some(skew) = w.skews.iter().flatten().next() {
+            kinds = vec![
+                (" of a worker with the real clock", None),
+                (" of a worker with a skewed clock", Some(*skew)),
+            ];
+        }
+        for (who, skew) in kinds {
+            let by_form: Vec<String> = forms
+                .iter()
+                .map(|(form, _)| {
+                    let mut n: BTreeMap<WriteFault, usize> = BTreeMap::new();
+                    for roll in 0..100 {
+                        let f = write_fault(roll, *form, object_server, w.sigstop, skew);
+                        *n.entry(f).or_insert(0) += 1;
+                    }
+                    let each: Vec<String> = n
+                        .iter()
+                        .filter(|(f, _)| **f != WriteFault::None)
+                        .map(|(f, n)| {
+                            let what = match f {
+                                WriteFault::Stop => "SIGSTOP",
+                                WriteFault::ObjectDelay => "object server delayed 150 ms",
+                                WriteFault::ObjectCut => "object server cut after the put's body",
+                                WriteFault::TargetDelay => "target delayed 150 ms",
+                                WriteFault::TargetCut => "target cut at `COMMIT`",
+                                WriteFault::Kill => "SIGKILL",
+                                WriteFault::None => unreachable!("filtered out"),
+                            };
+                            format!("{what} {}", pct(*n as f64))
+                        })
+                        .collect();
+                    format!(
+                        "{} {}",
+                        form_name(*form),
+                        if each.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            each.join(", ")
+                        }
+                    )
+                })
+                .collect();
+            out.push_str(&format!("    - each write{who}: {}\n", by_form.join("; ")));
+        }
+        if !w.skews.is_empty() {
+            let offsets: Vec<&str> = w.skews.iter().flatten().map(|s| s.offset).collect();
+            out.push_str(&format!(
+                "    - clocks: {} of the {} workers run under `faketime` ({}, monotonic clocks left alone)\n",
+                offsets.len(),
+                w.workers,
+                offsets.join(", ")
+            ));
+        }
+    }
+    let runs: Vec<String> = RUN_WORKLOADS
+        .iter()
+        .map(|(name, b)| format!("`{name}` on {}", coordinator(*b)))
+        .collect();
+    let mut cards: BTreeMap<RunFault, usize> = BTreeMap::new();
+    for card in RUN_DECK {
+        *cards.entry(card).or_insert(0) += 1;
+    }
+    out.push_str(&format!(
+        "  - {}: `fence run` of commands that append time-stamped effects, {RUN_WORKERS} workers on {RUN_RESOURCES} resources; each run whose command started is dealt a card of a shuffled deck of {} (one that finds its run ended goes back): {}.\n",
+        runs.join(", "),
+        RUN_DECK.len(),
+        cards
+            .iter()
+            .map(|(card, n)| format!("{} ×{n}", card.describe()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    out
+}
+
+/// docs/guarantees.md says what each workload injects where in the words [`injected_where`]
+/// renders from the workload definitions: a change to a workload or to a fault's rate changes
+/// the page, or this test fails (it never writes; paste the text it prints).
+#[test]
+fn the_guarantees_page_says_what_each_workload_injects() {
+    const BEGIN: &str =
+        "  <!-- injected-where: generated from tests/suite/model/adversarial.rs (injected_where) -->\n";
+    const END: &str = "  <!-- /injected-where -->";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guarantees.md");
+    let page = std::fs::read_to_string(&path).unwrap();
+    let start = page.find(BEGIN).map(|i| i + BEGIN.len());
+    let end = page.find(END);
+    let expected = injected_where();
+    let found = match (start, end) {
+        (Some(start), Some(end)) if start <= end => &page[start..end],
+        _ => "",
+    };
+    assert!(
+        found == expected,
+        "{} does not say what the workloads inject (or lacks its markers); between\n{BEGIN}and\n{END}\nit must read:\n\n{expected}",
+        path.display()
+    );
+}
+
 // --- randomised `fence run` workloads ----------------------------------------------------------
 //
 // Workers run `fence run R --ttl 1–3s --kill-after … --wait 10s -- sh -c '<effect loop>'` over
@@ -3270,6 +3576,23 @@ const RUN_DECK: [RunFault; 9] = [
 ];
 
 impl RunFault {
+    /// The card in words (docs/guarantees.md: [`injected_where`]).
+    fn describe(self) -> String {
+        let stop = |who: &str| {
+            let (lo, hi) = self.stop_percent().expect("a stop");
+            format!("{who} stopped {lo}–{hi} % of the TTL")
+        };
+        match self {
+            RunFault::None => "none".into(),
+            RunFault::FenceStopShort | RunFault::FenceStopMedium | RunFault::FenceStopLong => {
+                stop("`fence run`")
+            }
+            RunFault::FenceKill => "`fence run` killed".into(),
+            RunFault::ReaperStopShort | RunFault::ReaperStopLong => stop("its reaper"),
+            RunFault::ReaperKill => "its reaper killed".into(),
+        }
+    }
+
     /// How long a stop lasts, in per cent of the TTL.
     fn stop_percent(self) -> Option<(u64, u64)> {
         match self {
@@ -4130,24 +4453,41 @@ fn workload_of_runs(name: &str, backend: Backend) {
     }
 }
 
+/// The `fence run` workloads, one per coordinator (each the test of its name).
+const RUN_WORKLOADS: [(&str, Backend); 4] = [
+    ("workload_run_file_coordinator", Backend::File),
+    ("workload_run_postgres_coordinator", Backend::Postgres),
+    ("workload_run_gcs_coordinator", Backend::Gcs),
+    ("workload_run_s3_coordinator", Backend::S3),
+];
+
+/// Runs the `fence run` workload `name` of [`RUN_WORKLOADS`].
+fn runs_named(name: &str) {
+    let (name, backend) = RUN_WORKLOADS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no fence run workload `{name}`"));
+    workload_of_runs(name, *backend);
+}
+
 #[test]
 fn workload_run_file_coordinator() {
-    workload_of_runs("workload_run_file_coordinator", Backend::File);
+    runs_named("workload_run_file_coordinator");
 }
 
 #[test]
 fn workload_run_postgres_coordinator() {
-    workload_of_runs("workload_run_postgres_coordinator", Backend::Postgres);
+    runs_named("workload_run_postgres_coordinator");
 }
 
 #[test]
 fn workload_run_gcs_coordinator() {
-    workload_of_runs("workload_run_gcs_coordinator", Backend::Gcs);
+    runs_named("workload_run_gcs_coordinator");
 }
 
 #[test]
 fn workload_run_s3_coordinator() {
-    workload_of_runs("workload_run_s3_coordinator", Backend::S3);
+    runs_named("workload_run_s3_coordinator");
 }
 
 // --- the checker's own tests: hand-made histories ---------------------------------------------
