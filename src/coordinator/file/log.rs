@@ -30,7 +30,7 @@ const TOKEN_SCAN_EVENTS: usize = 256;
 const CHUNK: u64 = 64 * 1024;
 
 /// A line of `events/<name>.jsonl`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub(super) struct EventLine {
     pub at_ms: i64,
     /// The instant on CLOCK_BOOTTIME (ns, this boot) at which the store decided: expiry is
@@ -56,6 +56,12 @@ pub(super) struct EventLine {
     /// `pruned` events among them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub totals: Option<BTreeMap<EventKind, i64>>,
+    /// The lease record's change this line follows (`Record::change`): a change's event
+    /// carries its number, and the lines appended after it (refusals, runs) carry it too, so
+    /// the last line tells whether the record's last change reached the log. Absent on lines
+    /// of older versions and on `pruned` events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<u64>,
 }
 
 impl EventLine {
@@ -72,6 +78,7 @@ impl EventLine {
             expires_at_ms: None,
             previous_expires_at_ms: None,
             totals: None,
+            change: None,
         }
     }
 }
@@ -183,6 +190,12 @@ pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
         .iter()
         .filter_map(|e| e.token)
         .max())
+}
+
+/// The change the log's last event follows: None when the log has no event, `Some(None)`
+/// when its last event is of an older version (it carries none).
+pub(super) fn last_change(path: &Path) -> io::Result<Option<Option<u64>>> {
+    Ok(tail(path, 1)?.events.first().map(|e| e.change))
 }
 
 /// Whether the log has grown past [`MAX_LOG_BYTES`] and the retention applies.

@@ -262,9 +262,11 @@ impl FileCoordinator {
             .map_err(|err| self.io_error("write the lease record", path, &err))
     }
 
-    /// Writes `record` and appends `event`; when the append fails, writes `undo` back and
-    /// refuses (exit 7: nothing applied), or, if even that fails, reports the outcome as
-    /// unknown (exit 8). `what` completes "the lease on `r` was not …".
+    /// Writes `record` as the resource's change number `change`, carrying its `event`, and
+    /// appends `event`; when the append fails, writes `undo` back and refuses (exit 7: nothing
+    /// applied), or, if even that fails, reports the outcome as unknown (exit 8). `what`
+    /// completes "the lease on `r` was not …".
+    #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
         paths: &Paths,
@@ -272,8 +274,22 @@ impl FileCoordinator {
         undo: &Record,
         durable: bool,
         event: &EventLine,
+        change: u64,
         what: &str,
     ) -> Result<(), Error> {
+        let event = &EventLine {
+            change: Some(change),
+            ..event.clone()
+        };
+        let record = &Record {
+            change,
+            event: Some(event.clone()),
+            ..record.clone()
+        };
+        let undo = &Record {
+            change: change - 1,
+            ..undo.clone()
+        };
         self.write_record(&paths.lease, record, durable)?;
         let Err(err) = log::append(&paths.events, event) else {
             if log::is_long(&paths.events) {
@@ -308,6 +324,51 @@ impl FileCoordinator {
                 hint: format!("fix the disk, then run `fence inspect {resource}` to see whether the lease is held, and release it with its owner and token if so"),
                 source: None,
             }),
+        }
+    }
+}
+
+/// What a late event's detail says.
+const RECORDED_LATE: &str =
+    "recorded late: the process that made this change died before it wrote it here";
+
+impl FileCoordinator {
+    /// Appends the event of the record's last change when the log does not have it: its
+    /// process was killed between writing the record and appending the event (or a power
+    /// loss took the log's last lines). The log's last line tells: every line after a change
+    /// carries its number. Run under the resource's lock before anything else is appended; a
+    /// failure is a warning (the history misses the event, the lease is as the record says).
+    fn catch_up(&self, paths: &Paths, record: Option<&Record>) {
+        let Some((record, event)) = record.and_then(|r| Some(r).zip(r.event.as_ref())) else {
+            return;
+        };
+        let logged = match log::last_change(&paths.events) {
+            // A line of an older version last: nothing to compare with.
+            Ok(Some(None)) => return,
+            Ok(Some(Some(logged))) if logged >= record.change => return,
+            Ok(_) => Ok(()),
+            Err(err) => Err(err),
+        }
+        .and_then(|()| {
+            let detail = match &event.detail {
+                Some(detail) => format!("{detail}; {RECORDED_LATE}"),
+                None => RECORDED_LATE.to_owned(),
+            };
+            log::append(
+                &paths.events,
+                &EventLine {
+                    detail: Some(detail),
+                    ..event.clone()
+                },
+            )
+        });
+        if let Err(err) = logged {
+            crate::terminal::warn(&format!(
+                "warning: the history `{}` misses the last change of `{}` (token {}), and it cannot be added: {err}",
+                paths.events.display(),
+                record.resource,
+                record.token
+            ));
         }
     }
 }

@@ -30,6 +30,7 @@ impl FileCoordinator {
         let paths = self.paths(resource);
         let _lock = self.lock(&paths.lock).await?;
         let record = self.read_record(&paths, resource)?;
+        self.catch_up(&paths, record.as_ref());
         change(self, record, &paths)
     }
 
@@ -175,6 +176,7 @@ impl FileCoordinator {
                 owner: Some(lease.owner.clone()),
                 token: Some(lease.token),
                 detail: Some(detail),
+                change: record.map(|r| r.change),
                 ..EventLine::new(rejected, now.wall_ms)
             },
         ) {
@@ -250,7 +252,15 @@ impl Leases for FileCoordinator {
                 let mut extended = record.clone();
                 extended.extend(&now, &store.boot_id, ttl);
                 let event = Self::lease_event(&now, EventKind::Reacquired, &extended);
-                store.commit(paths, &extended, record, false, &event, "reacquired")?;
+                store.commit(
+                    paths,
+                    &extended,
+                    record,
+                    false,
+                    &event,
+                    record.change + 1,
+                    "reacquired",
+                )?;
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
                     reacquired: true,
@@ -277,7 +287,8 @@ impl Leases for FileCoordinator {
                 detail: raised,
                 ..Self::lease_event(&now, kind, &record)
             };
-            store.commit(paths, &record, &undo, true, &event, "acquired")?;
+            let change = previous.as_ref().map_or(0, |r| r.change) + 1;
+            store.commit(paths, &record, &undo, true, &event, change, "acquired")?;
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,
@@ -300,7 +311,15 @@ impl Leases for FileCoordinator {
                     let mut renewed = record.clone();
                     renewed.extend(&now, &store.boot_id, ttl);
                     let event = Self::lease_event(&now, EventKind::Renewed, &renewed);
-                    store.commit(paths, &renewed, &record, false, &event, "renewed")?;
+                    store.commit(
+                        paths,
+                        &renewed,
+                        &record,
+                        false,
+                        &event,
+                        record.change + 1,
+                        "renewed",
+                    )?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
                 other => {
@@ -328,7 +347,15 @@ impl Leases for FileCoordinator {
                     let mut released = record.clone();
                     released.released = true;
                     let event = Self::event(&now, EventKind::Released, &lease.owner, lease.token);
-                    store.commit(paths, &released, &record, false, &event, "released")?;
+                    store.commit(
+                        paths,
+                        &released,
+                        &record,
+                        false,
+                        &event,
+                        record.change + 1,
+                        "released",
+                    )?;
                     Ok(Released::Now)
                 }
                 other => {
@@ -419,10 +446,11 @@ impl History for FileCoordinator {
     /// Appended to the resource's log under its lock, as every event is (not fsynced: it is
     /// history, not the counter).
     async fn record_run(&self, run: &RunEvent<'_>) -> Result<(), Error> {
-        self.with_lock(run.resource, |store, _, paths| {
+        self.with_lock(run.resource, |store, record, paths| {
             let now = Now::read()?;
             let event = EventLine {
                 detail: Some(run.note.detail()),
+                change: record.map(|r| r.change),
                 ..Self::event(&now, run.kind.clone(), run.owner, run.token)
             };
             super::log::append(&paths.events, &event)

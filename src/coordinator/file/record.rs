@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::log::EventLine;
 use crate::coordinator::Lease;
 use crate::error::Error;
 
@@ -27,6 +28,15 @@ pub(super) struct Record {
     pub boot_id: String,
     /// The deadline on `CLOCK_BOOTTIME`, in nanoseconds: what decides expiry.
     pub expires_boot_ns: u64,
+    /// How many changes the record has had (0: written by an older version).
+    #[serde(default)]
+    pub change: u64,
+    /// The event of the last change, kept in the record until the next one: a change is
+    /// written before its event is appended, and a process killed between the two leaves the
+    /// log without it; the next operation on the resource appends it then
+    /// (`FileCoordinator::catch_up`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<EventLine>,
 }
 
 /// "Now" on both clocks, read once per operation.
@@ -81,6 +91,8 @@ impl Record {
             released: false,
             boot_id: String::new(),
             expires_boot_ns: 0,
+            change: 0,
+            event: None,
         };
         record.extend(now, boot_id, ttl_ms);
         record

@@ -3,6 +3,7 @@
 mod expiries;
 mod hung_holders;
 mod inspect_pages;
+mod late_events;
 mod log;
 mod metrics;
 mod prune;
