@@ -7,8 +7,11 @@
 //! vacuous (its `sometimes` properties have examples); and that each of its mutants (a bug
 //! brought back) yields a counterexample, a shortest one. `replay` links the model to the
 //! code: a history recorded from the real coordinator and target is run through the model,
-//! step by step. The object store and directory store models are still to come.
+//! step by step. `directory` is the local directory store, checked the same way; the object
+//! store model is still to come.
 
+mod directory;
+mod ghost;
 mod postgres;
 mod replay;
 
@@ -17,6 +20,7 @@ use std::time::Instant;
 
 use stateright::{Checker, HasDiscoveries, Model, Path};
 
+use directory::DirModel;
 use postgres::{Mutant, PgModel, FENCING, I1, I3};
 
 /// The reachable states of [`PgModel::bounded`]: the check is complete only when it visited
@@ -64,8 +68,18 @@ fn the_postgres_model_keeps_i1_i3_and_fencing_in_every_reachable_state() {
 /// depths 1, 2, … until one is found (a check to a depth records the last counterexample
 /// it met, which may be longer than needed).
 fn counterexample(mutant: Mutant, property: &'static str) -> String {
+    shortest(|| PgModel::with(mutant), &format!("{mutant:?}"), property)
+}
+
+/// As [`counterexample`], for any model.
+fn shortest<M>(model: impl Fn() -> M, name: &str, property: &'static str) -> String
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::hash::Hash + Eq + Send + Sync + std::fmt::Debug + Clone + 'static,
+    M::Action: std::fmt::Debug + Eq + Clone + Send + Sync + 'static,
+{
     for depth in 1..=30 {
-        let checker = PgModel::with(mutant)
+        let checker = model()
             .checker()
             .threads(1)
             .target_max_depth(depth)
@@ -77,11 +91,11 @@ fn counterexample(mutant: Mutant, property: &'static str) -> String {
             .join();
         if let Some(path) = checker.discovery(property) {
             let steps = steps(path);
-            println!("{mutant:?} breaks `{property}`:\n{steps}");
+            println!("{name} breaks `{property}`:\n{steps}");
             return steps;
         }
     }
-    panic!("{mutant:?}: no counterexample to `{property}` in 30 steps");
+    panic!("{name}: no counterexample to `{property}` in 30 steps");
 }
 
 #[test]
@@ -119,4 +133,74 @@ fn a_renewal_without_the_owner_check_breaks_i3() {
 fn a_guard_that_commits_apart_from_the_effect_breaks_fencing() {
     let steps = counterexample(Mutant::GuardApartFromEffect, FENCING);
     assert!(steps.contains("Effect"), "{steps}");
+}
+
+/// The reachable states of [`DirModel::bounded`] (see [`BOUNDED_STATES`]).
+const DIRECTORY_STATES: usize = 305_835;
+
+#[test]
+fn the_directory_model_keeps_i1_i3_and_fencing_in_every_reachable_state() {
+    let started = Instant::now();
+    let checker = DirModel::bounded().checker().threads(1).spawn_bfs().join();
+    println!(
+        "directory model: {} states ({} generated), depth {}, in {:.1?}",
+        checker.unique_state_count(),
+        checker.state_count(),
+        checker.max_depth(),
+        started.elapsed()
+    );
+    for always in [I1, I3, FENCING] {
+        if let Some(path) = checker.discovery(always) {
+            panic!("counterexample to `{always}`:\n{}", steps(path));
+        }
+    }
+    assert_eq!(
+        checker.unique_state_count(),
+        DIRECTORY_STATES,
+        "not every reachable state was checked (or the model changed: update DIRECTORY_STATES \
+         and docs/guarantees.md)"
+    );
+    checker.assert_properties();
+}
+
+fn directory_counterexample(mutant: directory::Mutant, property: &'static str) -> String {
+    shortest(
+        || DirModel::with(mutant),
+        &format!("directory {mutant:?}"),
+        property,
+    )
+}
+
+#[test]
+fn a_directory_store_that_ignores_its_mark_reissues_a_token_after_a_power_loss() {
+    let steps = directory_counterexample(directory::Mutant::IgnoreMark, I1);
+    assert!(steps.contains("PowerLoss"), "{steps}");
+}
+
+#[test]
+fn a_mark_written_without_sync_reissues_a_token_after_a_power_loss() {
+    let steps = directory_counterexample(directory::Mutant::MarkNotSynced, I1);
+    assert!(steps.contains("PowerLoss"), "{steps}");
+}
+
+#[test]
+fn a_directory_takeover_that_keeps_the_old_token_breaks_i1() {
+    let steps = directory_counterexample(directory::Mutant::TakeoverKeepsToken, I1);
+    // The lease taken over ended by the clock, or with the boot it was granted in.
+    assert!(
+        steps.contains("Tick") || steps.contains("PowerLoss"),
+        "{steps}"
+    );
+}
+
+#[test]
+fn a_directory_renewal_without_the_owner_check_breaks_i3() {
+    let steps = directory_counterexample(directory::Mutant::RenewWithoutOwnerCheck, I3);
+    assert!(steps.contains("Renew"), "{steps}");
+}
+
+#[test]
+fn expiry_by_the_wall_clock_breaks_i3_on_the_directory_store() {
+    let steps = directory_counterexample(directory::Mutant::WallClock, I3);
+    assert!(steps.contains("(2, Acquire"), "{steps}");
 }

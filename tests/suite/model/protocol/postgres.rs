@@ -29,11 +29,10 @@
 //!
 //! [`Mutant`] brings back one bug each, for the tests that show the checker finds it.
 
-mod ghost;
 mod sql;
 mod symmetry;
 
-pub use ghost::Ghost;
+pub use super::ghost::Ghost;
 pub use sql::{Event, Refusal, Row, Status};
 
 use stateright::{Model, Property};

@@ -2,7 +2,7 @@
 //! protocol reads (the tokens granted, the leases the server said were live, the tokens of
 //! the effects the target accepted).
 
-use super::{Time, Token, RESOURCES};
+use super::postgres::{Time, Token, RESOURCES};
 
 /// A lease the server said is live until `expires` (a grant, a reacquire or a renewal), by
 /// its owner and token; dropped when released, or once the server's clock passes `expires`.
