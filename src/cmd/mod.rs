@@ -6,6 +6,7 @@ mod doctor;
 mod grant;
 mod init;
 mod inspect;
+mod inspect_history;
 mod inspect_id;
 mod log;
 mod metrics;

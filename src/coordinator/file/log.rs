@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, ErrorKind, Write};
+use std::io::{self, BufRead, BufReader, ErrorKind, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -111,19 +111,44 @@ pub(super) fn tail_until(
     stop: impl Fn(&EventLine) -> bool,
 ) -> io::Result<Tail> {
     let mut tail = Tail::default();
+    if want == 0 {
+        return Ok(tail);
+    }
+    rev_lines(path, |line, _| {
+        match serde_json::from_slice::<EventLine>(line) {
+            Ok(event) if stop(&event) => false,
+            Ok(event) => {
+                tail.events.push(event);
+                tail.events.len() < want
+            }
+            Err(_) => {
+                tail.skipped += 1;
+                true
+            }
+        }
+    })?;
+    Ok(tail)
+}
+
+/// Hands the log's lines to `each` from the last to the first, with the offset each starts
+/// at, until `each` returns false: a chunk of [`CHUNK`] bytes (and the line that straddles
+/// it) in memory at a time, whatever the log's length. Empty lines are passed over; a
+/// missing log has no lines.
+fn rev_lines(path: &Path, mut each: impl FnMut(&[u8], u64) -> bool) -> io::Result<()> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(tail),
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(err),
     };
     let mut pos = file.metadata()?.len();
     // The bytes after `pos` not yet split into lines: the start of a line that began earlier.
     let mut carry: Vec<u8> = Vec::new();
-    let mut stopped = false;
-    while tail.events.len() < want && !stopped {
+    loop {
         if pos == 0 {
-            take(&carry, &mut tail, &stop);
-            break;
+            if !carry.is_empty() {
+                each(&carry, 0);
+            }
+            return Ok(());
         }
         let start = pos.saturating_sub(CHUNK);
         let mut chunk = vec![0; usize::try_from(pos - start).unwrap_or(0)];
@@ -131,30 +156,77 @@ pub(super) fn tail_until(
         pos = start;
         chunk.extend_from_slice(&carry);
         let mut end = chunk.len();
-        while tail.events.len() < want && !stopped {
-            let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') else {
-                break;
-            };
-            stopped = take(&chunk[newline + 1..end], &mut tail, &stop);
+        while let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') {
+            let line = &chunk[newline + 1..end];
             end = newline;
+            if !line.is_empty() && !each(line, start + newline as u64 + 1) {
+                return Ok(());
+            }
         }
         chunk.truncate(end);
         carry = chunk;
     }
-    Ok(tail)
 }
 
-/// Adds a line's event to `tail`; true when it is the one to stop at (not added).
-fn take(line: &[u8], tail: &mut Tail, stop: &impl Fn(&EventLine) -> bool) -> bool {
-    if line.is_empty() {
-        return false;
+/// The newest `want` events of the log, handed to `each` one at a time until it returns
+/// false: most recent first (read backwards, as [`tail`]), or oldest first (the offset of the
+/// oldest of them found backwards, then the log read forwards from there). Memory follows a
+/// chunk, not the log: `inspect --history 2000000` on a log that long.
+pub(super) fn each_newest(
+    path: &Path,
+    want: usize,
+    oldest_first: bool,
+    mut each: impl FnMut(EventLine) -> bool,
+) -> io::Result<()> {
+    if want == 0 {
+        return Ok(());
     }
-    match serde_json::from_slice::<EventLine>(line) {
-        Ok(event) if stop(&event) => return true,
-        Ok(event) => tail.events.push(event),
-        Err(_) => tail.skipped += 1,
+    let mut found = 0;
+    if !oldest_first {
+        return rev_lines(path, |line, _| {
+            match serde_json::from_slice::<EventLine>(line) {
+                Ok(event) => {
+                    found += 1;
+                    each(event) && found < want
+                }
+                Err(_) => true,
+            }
+        });
     }
-    false
+    let mut from = 0;
+    rev_lines(path, |line, at| {
+        if serde_json::from_slice::<EventLine>(line).is_err() {
+            return true;
+        }
+        found += 1;
+        from = at;
+        found < want
+    })?;
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    file.seek(SeekFrom::Start(from))?;
+    let mut reader = BufReader::with_capacity(CHUNK as usize, file);
+    let mut line = Vec::new();
+    // Only the events counted backwards: lines appended since are not among the newest
+    // `want` that were asked for.
+    let mut left = found;
+    while left > 0 {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
+            left -= 1;
+            if !each(event) {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl EventLine {
@@ -216,13 +288,26 @@ fn fold(totals: &mut BTreeMap<EventKind, i64>, event: &EventLine) {
 }
 
 /// How many events of each kind the resource's history has had: those in the log, and
-/// those its retention cut (kept in its `pruned` events).
+/// those its retention cut (kept in its `pruned` events). The log is read a line at a time.
 pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
     let mut totals = BTreeMap::new();
-    for event in read_all(path)? {
-        fold(&mut totals, &event);
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(totals),
+        Err(err) => return Err(err),
+    };
+    let mut reader = BufReader::with_capacity(CHUNK as usize, file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(totals);
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
+            fold(&mut totals, &event);
+        }
     }
-    Ok(totals)
 }
 
 /// Applies the retention: keeps the last [`KEEP_EVENTS`] events after a `pruned` event

@@ -406,6 +406,22 @@ impl History for FileCoordinator {
         self.log_store(query)
     }
 
+    /// The resource's log read a chunk at a time (see [`super::log::each_newest`]).
+    async fn history_each(
+        &self,
+        resource: &str,
+        history: usize,
+        oldest_first: bool,
+        each: &mut dyn FnMut(crate::coordinator::Event) -> bool,
+    ) -> Result<(), Error> {
+        self.require_dir()?;
+        let paths = self.paths(resource);
+        super::log::each_newest(&paths.events, history, oldest_first, |line| {
+            each(line.into_event())
+        })
+        .map_err(|err| self.io_error("read the event log", &paths.events, &err))
+    }
+
     /// Under the resource's lock, as its refusals are.
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
         self.with_lock(&attempt.resource, |store, _, paths| {

@@ -173,6 +173,42 @@ impl History for PgCoordinator {
         true
     }
 
+    /// The resource's events through `events (resource, id DESC)`, newest `history` first,
+    /// streamed (see [`crate::pg::session::Session::call_each`]); oldest first, the server
+    /// sorts those it picked.
+    async fn history_each(
+        &self,
+        resource: &str,
+        history: usize,
+        oldest_first: bool,
+        each: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(), Error> {
+        let history = i64::try_from(history).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT * FROM (SELECT e.id, __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail \
+             FROM __SCHEMA__.events e WHERE e.resource = $1 ORDER BY e.id DESC LIMIT $2) e \
+             ORDER BY e.id {}",
+            if oldest_first { "ASC" } else { "DESC" }
+        );
+        let resource = resource.to_owned();
+        self.session()
+            .await?
+            .call_each(
+                "read the events",
+                &sql,
+                &[(&resource, Type::TEXT), (&history, Type::INT8)],
+                &mut |row| {
+                    each(Event {
+                        owner: row.get("owner"),
+                        token: row.get("token"),
+                        detail: row.get("detail"),
+                        ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
+                    })
+                },
+            )
+            .await
+    }
+
     /// One upsert into `attempts`. The refused statement before it has already checked the
     /// schema's version (and migrated an older one); a schema without the table (dropped by
     /// hand) records nothing.
