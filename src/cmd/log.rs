@@ -10,7 +10,9 @@
 //! derived from the expiry each grant or renewal recorded, when nothing renewed or released
 //! the lease before it, and shown as `expired` events at that instant.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::io::Write;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -83,7 +85,48 @@ pub struct Timeline {
     store: String,
 }
 
-pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
+/// A timeline of up to this many entries is printed as one report (a table for people, `ok`
+/// first in JSON), as it always was; a longer one is written as it is read (see
+/// [`run_and_print`]).
+const WHOLE: usize = 10_000;
+
+/// Entries held in time order before the oldest is written: an expiry is known only when the
+/// resource's next event (or the end of the window) shows that nothing renewed or released
+/// the lease in time, and belongs at its instant, among entries read after it. A timeline
+/// whose expiries are found fewer than this many entries after their instant (every one of
+/// up to this many entries) is in the exact order of a sort of all of it; an expiry found
+/// later is written where it was found.
+const REORDER: usize = 16_384;
+
+/// `fence log`, printed. The store is read twice, each time as a stream ([`History::log_each`]):
+/// once to count what the filters let through (with a growing limit, as `--limit` counts
+/// filtered events), once to write it, so that memory follows a page, not the window. A
+/// timeline of more than [`WHOLE`] entries is written as it is read: ndjson as always; JSON
+/// as the same object with `ok` last (so that a read failing midway still ends one JSON
+/// object, with `"ok": false` and the error); for people each event on a line of its own,
+/// its lease and detail indented below it (the narrow layout), instead of a table whose
+/// columns would need every row first. Targets' events are read whole.
+///
+/// [`History::log_each`]: crate::coordinator::History::log_each
+pub async fn run_and_print(args: LogArgs, ctx: &Context, out: &Output) -> Exit {
+    match timeline(&args, ctx, out).await {
+        Ok(exit) => exit,
+        Err(err) => out.error("log", ctx.store_display(), &err),
+    }
+}
+
+/// What the first reading of the store found.
+#[derive(Default)]
+struct Counted {
+    /// Events read.
+    read: usize,
+    /// Entries (events and expiries) the filters let through.
+    matching: usize,
+    /// The resources of the timeline.
+    names: BTreeSet<String>,
+}
+
+async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
     if let (Some(since), Some(until)) = (args.since, args.until) {
         if since >= until {
             return Err(Error::usage(
@@ -108,50 +151,77 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     let coordinator = ctx.coordinator().await?;
     coordinator.require_existing().await?;
     let now = now_ms();
-    let store = coordinator.as_ref();
-    let (store_events, mut truncated) = read_growing(
-        &query,
-        |events| {
-            with_expiries(events.to_vec(), &query, now)
-                .iter()
-                .filter(|e| wanted(&args, e))
-                .count()
-        },
-        |page| async move { store.log(&page).await },
-    )
-    .await?;
-    let mut entries = with_expiries(store_events, &query, now);
+    // The store's events in the window, read with a growing limit until `limit` of its
+    // entries pass `--owner`, `--token` and `--kind` or the store has nothing older.
+    let mut ask = limit;
+    let (ask, mut truncated, counted) = loop {
+        let mut counted = Counted::default();
+        let mut expiries = Expiries::default();
+        let count = |counted: &mut Counted, entry: Entry| {
+            if entry.derived && !query.in_range(entry.logged.event.at_ms) {
+                return;
+            }
+            counted.matching += usize::from(wanted(args, &entry));
+            counted.names.insert(entry.logged.resource);
+        };
+        coordinator
+            .log_each(&LogQuery { limit: ask, ..query }, &mut |logged| {
+                counted.read += 1;
+                for entry in expiries.feed(logged) {
+                    count(&mut counted, entry);
+                }
+                true
+            })
+            .await?;
+        for entry in expiries.due(now) {
+            count(&mut counted, entry);
+        }
+        let more = counted.read >= ask;
+        if !more || ask == usize::MAX || counted.matching >= limit {
+            break (ask, more, counted);
+        }
+        ask = ask.saturating_mul(2);
+    };
+    // Entries each source has that pass the filters: the oldest beyond `limit` are left out.
+    let mut matching: HashMap<Source, usize> = HashMap::from([(Source::Store, counted.matching)]);
+    let mut names = counted.names;
     // Per target: the highest token it accepted, per resource of the timeline.
     let mut guards: Vec<(String, Vec<(String, i64)>)> = Vec::new();
+    let mut read: Vec<(Source, Vec<Logged>)> = Vec::new();
     for spec in &targets {
         let target = fenced::target::open(spec, &ctx.schema).await?;
         target.require_existing().await?;
         let reader = target.as_ref();
-        let (events, more) = read_growing(
+        let (mut events, more) = read_growing(
             &query,
             |events| {
                 events
                     .iter()
-                    .filter(|l| wanted_event(&args, &l.event))
+                    .filter(|l| wanted_event(args, &l.event))
                     .count()
             },
             |page| async move { reader.log(&page).await },
         )
         .await?;
         truncated |= more;
-        let names = resources_of(&entries, &events);
+        let mut here = names.clone();
+        here.extend(events.iter().map(|l| l.resource.clone()));
         // No resource in the timeline: nothing to compare (an empty list asks for every one).
-        if !names.is_empty() {
-            guards.push((spec.display.clone(), target.highest_tokens(&names).await?));
+        if !here.is_empty() {
+            let here: Vec<String> = here.iter().cloned().collect();
+            guards.push((spec.display.clone(), target.highest_tokens(&here).await?));
         }
-        entries.extend(events.into_iter().map(|logged| Entry {
-            source: Source::Target(spec.display.clone()),
-            logged,
-            derived: false,
-        }));
+        names.extend(events.iter().map(|l| l.resource.clone()));
+        let source = Source::Target(spec.display.clone());
+        *matching.entry(source.clone()).or_default() += events
+            .iter()
+            .filter(|l| wanted_event(args, &l.event))
+            .count();
+        // By time, each instant's events in the order the target gave them.
+        events.sort_by_key(|l| l.at_us);
+        read.push((source, events));
     }
-    entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
-    let mut warnings = history_warnings(&entries);
+    let mut ahead = Vec::new();
     if guards.iter().any(|(_, g)| !g.is_empty()) {
         let names: Vec<String> = guards
             .iter()
@@ -167,7 +237,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             for (resource, highest) in guards {
                 let issued = issued.get(resource).copied().flatten();
                 if let Some(message) = target_ahead(target, resource, *highest, issued) {
-                    warnings.push(Warning {
+                    ahead.push(Warning {
                         resource: resource.clone(),
                         kind: WarningKind::TargetAhead,
                         message,
@@ -176,14 +246,320 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             }
         }
     }
-    entries.retain(|e| wanted(&args, e));
-    truncated |= keep_newest(&mut entries, limit);
-    Ok(Timeline {
-        entries,
-        warnings,
-        truncated,
-        store: ctx.store_display().unwrap_or_default().to_owned(),
-    })
+    truncated |= matching.values().any(|&n| n > limit);
+    let shown: usize = matching.values().map(|&n| n.min(limit)).sum();
+    let skip: HashMap<Source, usize> = matching
+        .into_iter()
+        .map(|(source, n)| (source, n.saturating_sub(limit)))
+        .collect();
+    let store = ctx.store_display().unwrap_or_default().to_owned();
+    if shown <= WHOLE {
+        let mut entries = Vec::new();
+        let checks = merge(
+            args,
+            &query,
+            ask,
+            now,
+            coordinator.as_ref(),
+            read,
+            skip,
+            &mut |entry| {
+                entries.push(entry);
+                true
+            },
+        )
+        .await?;
+        let mut warnings = checks.warnings;
+        warnings.extend(ahead);
+        let timeline = Timeline {
+            entries,
+            warnings,
+            truncated,
+            store,
+        };
+        return Ok(out.success("log", ctx.store_display(), &timeline));
+    }
+    let mut writer = Streamed::start(out, &store);
+    let merged = merge(
+        args,
+        &query,
+        ask,
+        now,
+        coordinator.as_ref(),
+        read,
+        skip,
+        &mut |entry| writer.entry(&entry),
+    )
+    .await;
+    match merged {
+        Ok(checks) => {
+            let mut warnings = checks.warnings;
+            warnings.extend(ahead);
+            writer.finish(&warnings, truncated, ctx);
+            Ok(Exit::Success)
+        }
+        Err(err) => Ok(writer.fail(&err, ctx, out)),
+    }
+}
+
+/// The second reading: the store's entries (its events read again, with their expiries) and
+/// the targets' events, in time order (held back up to [`REORDER`] entries), each checked
+/// ([`Checks`]), and those the filters let through, but for the oldest `skip` of each
+/// source, handed to `each` until it returns false. Returns the checks' findings.
+#[allow(clippy::too_many_arguments)]
+async fn merge(
+    args: &LogArgs,
+    query: &LogQuery<'_>,
+    ask: usize,
+    now: i64,
+    store: &dyn crate::coordinator::Coordinator,
+    targets: Vec<(Source, Vec<Logged>)>,
+    skip: HashMap<Source, usize>,
+    each: &mut dyn FnMut(Entry) -> bool,
+) -> Result<Checks, Error> {
+    let mut merger = Merger {
+        args,
+        held: BinaryHeap::new(),
+        seq: 0,
+        targets: targets
+            .into_iter()
+            .map(|(source, events)| (source, events.into_iter().peekable()))
+            .collect(),
+        skip,
+        checks: Checks::default(),
+        going: true,
+        each,
+    };
+    let mut expiries = Expiries::default();
+    store
+        .log_each(&LogQuery { limit: ask, ..*query }, &mut |logged| {
+            merger.targets_until(Some(logged.at_us));
+            for entry in expiries.feed(logged) {
+                if !entry.derived || query.in_range(entry.logged.event.at_ms) {
+                    merger.hold(0, entry);
+                }
+            }
+            merger.release(REORDER);
+            merger.going
+        })
+        .await?;
+    for entry in expiries.due(now) {
+        if query.in_range(entry.logged.event.at_ms) {
+            merger.hold(0, entry);
+        }
+    }
+    merger.targets_until(None);
+    merger.release(0);
+    Ok(merger.checks)
+}
+
+/// An entry held for its place: by time, rank, source (the store's first, then each
+/// target's in the order given) and the order it came in.
+struct Held {
+    key: (i64, u8, usize, usize),
+    entry: Entry,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Held) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for Held {}
+
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Held) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Held {
+    fn cmp(&self, other: &Held) -> std::cmp::Ordering {
+        self.key.cmp(&other.key)
+    }
+}
+
+struct Merger<'a, 'e> {
+    args: &'a LogArgs,
+    held: BinaryHeap<Reverse<Held>>,
+    seq: usize,
+    targets: Vec<(Source, std::iter::Peekable<std::vec::IntoIter<Logged>>)>,
+    skip: HashMap<Source, usize>,
+    checks: Checks,
+    /// Whether `each` wants more.
+    going: bool,
+    each: &'e mut dyn FnMut(Entry) -> bool,
+}
+
+impl Merger<'_, '_> {
+    fn hold(&mut self, source: usize, entry: Entry) {
+        self.seq += 1;
+        self.held.push(Reverse(Held {
+            key: (entry.logged.at_us, rank(&entry), source, self.seq),
+            entry,
+        }));
+    }
+
+    /// Holds the targets' events up to `at_us` (all of them: `None`).
+    fn targets_until(&mut self, at_us: Option<i64>) {
+        for i in 0..self.targets.len() {
+            while let Some(logged) = self.targets[i]
+                .1
+                .next_if(|l| at_us.is_none_or(|at| l.at_us <= at))
+            {
+                let entry = Entry {
+                    source: self.targets[i].0.clone(),
+                    logged,
+                    derived: false,
+                };
+                self.hold(i + 1, entry);
+            }
+        }
+    }
+
+    /// Passes on the oldest entries held until `keep` are left.
+    fn release(&mut self, keep: usize) {
+        while self.held.len() > keep {
+            let Some(Reverse(Held { entry, .. })) = self.held.pop() else {
+                return;
+            };
+            self.checks.feed(&entry);
+            if !self.going || !wanted(self.args, &entry) {
+                continue;
+            }
+            if let Some(skip) = self.skip.get_mut(&entry.source).filter(|n| **n > 0) {
+                *skip -= 1;
+                continue;
+            }
+            self.going = (self.each)(entry);
+        }
+    }
+}
+
+/// A timeline written as it is read (see [`run_and_print`]).
+struct Streamed<'a> {
+    out: std::io::BufWriter<std::io::Stdout>,
+    settings: &'a Output,
+    /// No event written yet (JSON's commas).
+    first: bool,
+    broken: bool,
+}
+
+impl<'a> Streamed<'a> {
+    fn start(settings: &'a Output, store: &str) -> Streamed<'a> {
+        let mut streamed = Streamed {
+            out: std::io::BufWriter::new(std::io::stdout()),
+            settings,
+            first: true,
+            broken: false,
+        };
+        match settings.format {
+            Format::Json => streamed.write("{\"op\":\"log\",\"events\":["),
+            Format::Human => streamed.write(&format!(
+                "store `{}`, oldest first:\n",
+                crate::terminal::terminal_safe(store, false)
+            )),
+            _ => {}
+        }
+        streamed
+    }
+
+    fn write(&mut self, text: &str) {
+        let silent = self.settings.quiet && self.settings.format == Format::Human;
+        if !silent && !self.broken && self.out.write_all(text.as_bytes()).is_err() {
+            self.broken = true;
+        }
+    }
+
+    /// Writes an entry; false once nobody reads any more (a closed pipe).
+    fn entry(&mut self, entry: &Entry) -> bool {
+        match self.settings.format {
+            Format::Json => {
+                let comma = if std::mem::take(&mut self.first) {
+                    ""
+                } else {
+                    ","
+                };
+                self.write(&format!("{comma}{}", entry.json()));
+            }
+            Format::Human => {
+                let narrow = entry.narrow();
+                let text = crate::terminal::terminal_safe(narrow.trim_end(), true);
+                self.write(&format!("{}\n", output::fit(&text)));
+            }
+            _ => self.write(&format!("{}\n", entry.json())),
+        }
+        !self.broken
+    }
+
+    fn finish(mut self, warnings: &[Warning], truncated: bool, ctx: &Context) {
+        match self.settings.format {
+            Format::Json => {
+                let mut end = output::fields(&StreamedEnd {
+                    truncated,
+                    integrity_ok: warnings.is_empty(),
+                    warnings,
+                    store: ctx.store_display(),
+                });
+                output::add_notices(&mut end);
+                end.insert("ok".into(), Value::Bool(true));
+                let mut text = String::from("]");
+                for (key, value) in end {
+                    text.push_str(&format!(",{}:{value}", Value::String(key)));
+                }
+                text.push_str("}\n");
+                self.write(&text);
+            }
+            Format::Human => {
+                let mut text = String::new();
+                if truncated {
+                    text.push_str(&format!("\n{TRUNCATED}\n"));
+                }
+                for w in warnings {
+                    text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));
+                }
+                let text = crate::terminal::terminal_safe(&text, true);
+                self.write(&output::fit(&text));
+            }
+            _ => {
+                for line in tail_lines(warnings, truncated) {
+                    self.write(&format!("{line}\n"));
+                }
+            }
+        }
+        let _ = self.out.flush();
+    }
+
+    /// A read that failed midway: JSON closes its object with the error's fields and `"ok":
+    /// false`; ndjson and people get the error as always (a line more, or on stderr).
+    fn fail(mut self, err: &Error, ctx: &Context, out: &Output) -> Exit {
+        if self.settings.format != Format::Json {
+            let _ = self.out.flush();
+            return out.error("log", ctx.store_display(), err);
+        }
+        let exit = err.exit();
+        let mut tail = output::error_fields("log", err, ctx.store_display(), exit);
+        tail.insert("ok".into(), Value::Bool(false));
+        let mut text = String::from("]");
+        for (key, value) in tail {
+            text.push_str(&format!(",{}:{value}", Value::String(key)));
+        }
+        text.push_str("}\n");
+        self.write(&text);
+        let _ = self.out.flush();
+        exit
+    }
+}
+
+/// The fields that close a streamed JSON answer, before `notices` and `ok`.
+#[derive(Serialize)]
+struct StreamedEnd<'a> {
+    truncated: bool,
+    integrity_ok: bool,
+    warnings: &'a [Warning],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<&'a str>,
 }
 
 /// A source's events in the window, read with a growing limit until `limit` of them pass
@@ -213,22 +589,6 @@ where
         }
         ask = ask.saturating_mul(2);
     }
-}
-
-/// Keeps the newest `limit` entries of each source (the store's, each target's); true when
-/// some were left out.
-fn keep_newest(entries: &mut Vec<Entry>, limit: usize) -> bool {
-    let mut seen: HashMap<Source, usize> = HashMap::new();
-    let mut keep = vec![true; entries.len()];
-    for (i, e) in entries.iter().enumerate().rev() {
-        let n = seen.entry(e.source.clone()).or_default();
-        *n += 1;
-        keep[i] = *n <= limit;
-    }
-    let before = entries.len();
-    let mut keep = keep.into_iter();
-    entries.retain(|_| keep.next().unwrap_or(true));
-    entries.len() < before
 }
 
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
@@ -445,40 +805,12 @@ fn rank(entry: &Entry) -> u8 {
     }
 }
 
-/// The resources of a timeline and of a target's events, for the target's guard rows.
-fn resources_of(entries: &[Entry], events: &[Logged]) -> Vec<String> {
-    let mut names: Vec<String> = entries
-        .iter()
-        .map(|e| e.logged.resource.clone())
-        .chain(events.iter().map(|l| l.resource.clone()))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 /// A lease some grant or renewal set, not yet seen to end.
 struct Open {
     owner: Option<String>,
     token: Option<i64>,
     ttl_ms: Option<i64>,
     expires_at_ms: i64,
-}
-
-/// The store's events (oldest first) with an `expired` event wherever a lease ran out before
-/// anything renewed or released it: at the expiry its last grant or renewal set, when a later
-/// event of the resource comes after that instant, or when that instant is past (`now_ms`).
-/// A takeover whose taken-over grant is outside the window shows that lease's expiry from
-/// what the takeover recorded.
-pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> Vec<Entry> {
-    let mut expiries = Expiries::default();
-    let mut entries = Vec::with_capacity(events.len());
-    for logged in events {
-        entries.extend(expiries.feed(logged));
-    }
-    entries.extend(expiries.due(now_ms));
-    entries.retain(|e| !e.derived || query.in_range(e.logged.event.at_ms));
-    entries
 }
 
 /// The leases the events so far have set and not seen end, by resource.
@@ -602,41 +934,43 @@ fn expired(resource: &str, lease: Open) -> Entry {
     }
 }
 
-/// What the timeline itself proves wrong: a grant whose token is not above the resource's
-/// previous grant's; a release, or a write a target accepted, with a token whose lease had
-/// already expired by the store's clock (the holder went on past its TTL).
-pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
-    let mut warnings = Vec::new();
-    let mut granted: HashMap<&str, i64> = HashMap::new();
-    let mut expired: HashMap<(&str, i64), i64> = HashMap::new();
-    for entry in entries {
+/// What the timeline itself proves wrong, entry by entry, oldest first: a grant whose token
+/// is not above the resource's previous grant's; a release, or a write a target accepted,
+/// with a token whose lease had already expired by the store's clock (the holder went on
+/// past its TTL). It keeps a token per resource and one instant per expiry seen.
+#[derive(Default)]
+pub struct Checks {
+    granted: HashMap<String, i64>,
+    expired: HashMap<(String, i64), i64>,
+    pub warnings: Vec<Warning>,
+}
+
+impl Checks {
+    pub fn feed(&mut self, entry: &Entry) {
         let resource = entry.logged.resource.as_str();
         let ev = &entry.logged.event;
         let Some(token) = ev.token else {
-            continue;
+            return;
         };
         match (&ev.kind, &entry.source) {
             (EventKind::Acquired | EventKind::TakenOver, Source::Store) => {
-                if let Some(&before) = granted.get(resource) {
-                    if token <= before {
-                        warnings.push(Warning {
-                            resource: resource.to_owned(),
-                            kind: WarningKind::TokenRegressed,
-                            message: token_regressed(resource, before, token, ev.at_ms),
-                        });
-                    }
+                let before = self.granted.get(resource).copied();
+                if let Some(before) = before.filter(|&before| token <= before) {
+                    self.warnings.push(Warning {
+                        resource: resource.to_owned(),
+                        kind: WarningKind::TokenRegressed,
+                        message: token_regressed(resource, before, token, ev.at_ms),
+                    });
                 }
-                granted.insert(
-                    resource,
-                    token.max(granted.get(resource).copied().unwrap_or(0)),
-                );
+                self.granted
+                    .insert(resource.to_owned(), token.max(before.unwrap_or(0)));
             }
             (EventKind::Expired, Source::Store) => {
-                expired.insert((resource, token), ev.at_ms);
+                self.expired.insert((resource.to_owned(), token), ev.at_ms);
             }
             (EventKind::Released, Source::Store) => {
-                if let Some(&at) = expired.get(&(resource, token)) {
-                    warnings.push(Warning {
+                if let Some(&at) = self.expired.get(&(resource.to_owned(), token)) {
+                    self.warnings.push(Warning {
                         resource: resource.to_owned(),
                         kind: WarningKind::HeldPastTtl,
                         message: format!(
@@ -650,8 +984,8 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                 }
             }
             (EventKind::WriteAccepted, Source::Target(target)) => {
-                if let Some(&at) = expired.get(&(resource, token)) {
-                    warnings.push(Warning {
+                if let Some(&at) = self.expired.get(&(resource.to_owned(), token)) {
+                    self.warnings.push(Warning {
                         resource: resource.to_owned(),
                         kind: WarningKind::HeldPastTtl,
                         message: format!(
@@ -666,7 +1000,6 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
             _ => {}
         }
     }
-    warnings
 }
 
 /// The warning for a grant whose token is not above an earlier grant's.
@@ -873,6 +1206,32 @@ impl Entry {
     }
 }
 
+/// What `--limit` left out, said at the end of the answer.
+const TRUNCATED: &str =
+    "older events in the window were left out: narrow it with --since, or raise --limit";
+
+/// The ndjson lines after the events: the warnings, then whether `--limit` left events out.
+fn tail_lines(warnings: &[Warning], truncated: bool) -> Vec<Value> {
+    let mut lines: Vec<Value> = warnings
+        .iter()
+        .map(|w| {
+            output::value(&WarningLine {
+                resource: &w.resource,
+                kind: "warning",
+                message: &w.message,
+                warning: w.kind.as_str(),
+            })
+        })
+        .collect();
+    if truncated {
+        lines.push(output::value(&TruncatedLine {
+            kind: "truncated",
+            message: TRUNCATED,
+        }));
+    }
+    lines
+}
+
 impl Report for Timeline {
     fn json(&self) -> Map<String, Value> {
         output::fields(&TimelineJson {
@@ -885,20 +1244,7 @@ impl Report for Timeline {
 
     fn ndjson(&self) -> Option<Vec<Value>> {
         let mut lines: Vec<Value> = self.entries.iter().map(Entry::json).collect();
-        lines.extend(self.warnings.iter().map(|w| {
-            output::value(&WarningLine {
-                resource: &w.resource,
-                kind: "warning",
-                message: &w.message,
-                warning: w.kind.as_str(),
-            })
-        }));
-        if self.truncated {
-            lines.push(output::value(&TruncatedLine {
-                kind: "truncated",
-                message: "older events in the window were left out: narrow it with --since, or raise --limit",
-            }));
-        }
+        lines.extend(tail_lines(&self.warnings, self.truncated));
         Some(lines)
     }
 
@@ -941,9 +1287,7 @@ impl Report for Timeline {
             }
         }
         if self.truncated {
-            text.push_str(
-                "\nolder events in the window were left out: narrow it with --since, or raise --limit\n",
-            );
+            text.push_str(&format!("\n{TRUNCATED}\n"));
         }
         for w in &self.warnings {
             text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));

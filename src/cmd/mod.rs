@@ -112,7 +112,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
             if args.follow {
                 return log::follow(args, &ctx, out).await;
             }
-            log::run(args, &ctx).await.map(boxed)
+            return log::run_and_print(args, &ctx, out).await;
         }
         Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),

@@ -463,6 +463,22 @@ pub trait History {
         Ok(from_views(views, query))
     }
 
+    /// [`Self::log`], each event handed to `each` as it is read, oldest first, until it
+    /// returns false: `fence log` writes them as they come, so that memory follows a page,
+    /// not the window. Stores that read a window whole hand over [`Self::log`]'s.
+    async fn log_each(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        for logged in self.log(query).await? {
+            if !each(logged) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// How many events of each kind each resource's history has had, as (resource, kind,
     /// count): for `fence metrics`, totals since the history began, including events
     /// `fence prune` or a store's retention removed since, so that they never go down.

@@ -169,64 +169,119 @@ fn rev_lines(path: &Path, mut each: impl FnMut(&[u8], u64) -> bool) -> io::Resul
 }
 
 /// The newest `want` events of the log, handed to `each` one at a time until it returns
-/// false: most recent first (read backwards, as [`tail`]), or oldest first (the offset of the
-/// oldest of them found backwards, then the log read forwards from there). Memory follows a
-/// chunk, not the log: `inspect --history 2000000` on a log that long.
+/// false: most recent first (read backwards, as [`tail`]), or oldest first ([`Forward`]).
+/// Memory follows a chunk, not the log: `inspect --history 2000000` on a log that long.
 pub(super) fn each_newest(
     path: &Path,
     want: usize,
     oldest_first: bool,
     mut each: impl FnMut(EventLine) -> bool,
 ) -> io::Result<()> {
+    if oldest_first {
+        for event in Forward::open(path, want, |_| false, |_| true)? {
+            if !each(event?) {
+                break;
+            }
+        }
+        return Ok(());
+    }
     if want == 0 {
         return Ok(());
     }
     let mut found = 0;
-    if !oldest_first {
-        return rev_lines(path, |line, _| {
-            match serde_json::from_slice::<EventLine>(line) {
-                Ok(event) => {
-                    found += 1;
-                    each(event) && found < want
-                }
-                Err(_) => true,
+    rev_lines(path, |line, _| match serde_json::from_slice::<EventLine>(line) {
+        Ok(event) => {
+            found += 1;
+            each(event) && found < want
+        }
+        Err(_) => true,
+    })
+}
+
+/// A segment of the log no longer than this is read into memory at once; a longer one is
+/// read through a buffer of [`FORWARD_BUFFER`] bytes.
+const SMALL_SEGMENT: u64 = 64 * 1024;
+const FORWARD_BUFFER: usize = 16 * 1024;
+
+/// The newest events of a log, oldest first, read forwards a buffer at a time: the offset of
+/// the oldest of them is found backwards first ([`rev_lines`]), as [`tail_until`] finds
+/// them. Lines that are not events are passed over.
+pub(super) struct Forward {
+    reader: Option<Box<dyn BufRead>>,
+    /// Events still to read: those counted backwards (lines appended since are not among
+    /// the newest that were asked for).
+    left: usize,
+    /// How many of them `keep` (given to [`Forward::open`]) holds for.
+    pub kept: usize,
+    line: Vec<u8>,
+}
+
+impl Forward {
+    /// The newest `want` events, back to (not including) the first from the end for which
+    /// `stop` holds; `kept` counts those for which `keep` holds.
+    pub(super) fn open(
+        path: &Path,
+        want: usize,
+        stop: impl Fn(&EventLine) -> bool,
+        keep: impl Fn(&EventLine) -> bool,
+    ) -> io::Result<Forward> {
+        let mut forward = Forward {
+            reader: None,
+            left: 0,
+            kept: 0,
+            line: Vec::new(),
+        };
+        if want == 0 {
+            return Ok(forward);
+        }
+        let mut from = None;
+        rev_lines(path, |line, at| match serde_json::from_slice::<EventLine>(line) {
+            Ok(event) if stop(&event) => false,
+            Ok(event) => {
+                forward.left += 1;
+                forward.kept += usize::from(keep(&event));
+                from = Some(at);
+                forward.left < want
             }
+            Err(_) => true,
+        })?;
+        let Some(from) = from else {
+            return Ok(forward);
+        };
+        let mut file = File::open(path)?;
+        let segment = file.metadata()?.len().saturating_sub(from);
+        file.seek(SeekFrom::Start(from))?;
+        forward.reader = Some(if segment <= SMALL_SEGMENT {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut file, &mut bytes)?;
+            Box::new(io::Cursor::new(bytes))
+        } else {
+            Box::new(BufReader::with_capacity(FORWARD_BUFFER, file))
         });
+        Ok(forward)
     }
-    let mut from = 0;
-    rev_lines(path, |line, at| {
-        if serde_json::from_slice::<EventLine>(line).is_err() {
-            return true;
-        }
-        found += 1;
-        from = at;
-        found < want
-    })?;
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(err),
-    };
-    file.seek(SeekFrom::Start(from))?;
-    let mut reader = BufReader::with_capacity(CHUNK as usize, file);
-    let mut line = Vec::new();
-    // Only the events counted backwards: lines appended since are not among the newest
-    // `want` that were asked for.
-    let mut left = found;
-    while left > 0 {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            break;
-        }
-        let text = line.strip_suffix(b"\n").unwrap_or(&line);
-        if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
-            left -= 1;
-            if !each(event) {
-                break;
+}
+
+impl Iterator for Forward {
+    type Item = io::Result<EventLine>;
+
+    fn next(&mut self) -> Option<io::Result<EventLine>> {
+        while self.left > 0 {
+            let reader = self.reader.as_mut()?;
+            self.line.clear();
+            match reader.read_until(b'\n', &mut self.line) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(err) => return Some(Err(err)),
+            }
+            let text = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+            if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
+                self.left -= 1;
+                return Some(Ok(event));
             }
         }
+        None
     }
-    Ok(())
 }
 
 impl EventLine {

@@ -406,6 +406,14 @@ impl History for FileCoordinator {
         self.log_store(query)
     }
 
+    async fn log_each(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        self.log_each_store(query, each)
+    }
+
     /// The resource's log read a chunk at a time (see [`super::log::each_newest`]).
     async fn history_each(
         &self,
