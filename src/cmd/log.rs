@@ -10,16 +10,14 @@
 //! derived from the expiry each grant or renewal recorded, when nothing renewed or released
 //! the lease before it, and shown as `expired` events at that instant.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
-use std::io::Write;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{Format, LogArgs};
-use crate::cmd::Context;
+use crate::cmd::{log_stream, Context};
 use crate::coordinator::{Event, EventKind, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
@@ -90,14 +88,6 @@ pub struct Timeline {
 /// [`run_and_print`]).
 const WHOLE: usize = 10_000;
 
-/// Entries held in time order before the oldest is written: an expiry is known only when the
-/// resource's next event (or the end of the window) shows that nothing renewed or released
-/// the lease in time, and belongs at its instant, among entries read after it. A timeline
-/// whose expiries are found fewer than this many entries after their instant (every one of
-/// up to this many entries) is in the exact order of a sort of all of it; an expiry found
-/// later is written where it was found.
-const REORDER: usize = 16_384;
-
 /// `fence log`, printed. The store is read twice, each time as a stream ([`History::log_each`]):
 /// once to count what the filters let through (with a growing limit, as `--limit` counts
 /// filtered events), once to write it, so that memory follows a page, not the window. A
@@ -165,13 +155,19 @@ async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, E
             counted.names.insert(entry.logged.resource);
         };
         coordinator
-            .log_each(&LogQuery { limit: ask, ..query }, &mut |logged| {
-                counted.read += 1;
-                for entry in expiries.feed(logged) {
-                    count(&mut counted, entry);
-                }
-                true
-            })
+            .log_each(
+                &LogQuery {
+                    limit: ask,
+                    ..query
+                },
+                &mut |logged| {
+                    counted.read += 1;
+                    for entry in expiries.feed(logged) {
+                        count(&mut counted, entry);
+                    }
+                    true
+                },
+            )
             .await?;
         for entry in expiries.due(now) {
             count(&mut counted, entry);
@@ -255,7 +251,7 @@ async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, E
     let store = ctx.store_display().unwrap_or_default().to_owned();
     if shown <= WHOLE {
         let mut entries = Vec::new();
-        let checks = merge(
+        let checks = log_stream::merge(
             args,
             &query,
             ask,
@@ -279,8 +275,8 @@ async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, E
         };
         return Ok(out.success("log", ctx.store_display(), &timeline));
     }
-    let mut writer = Streamed::start(out, &store);
-    let merged = merge(
+    let mut writer = log_stream::Streamed::start(out, &store);
+    let merged = log_stream::merge(
         args,
         &query,
         ask,
@@ -300,266 +296,6 @@ async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, E
         }
         Err(err) => Ok(writer.fail(&err, ctx, out)),
     }
-}
-
-/// The second reading: the store's entries (its events read again, with their expiries) and
-/// the targets' events, in time order (held back up to [`REORDER`] entries), each checked
-/// ([`Checks`]), and those the filters let through, but for the oldest `skip` of each
-/// source, handed to `each` until it returns false. Returns the checks' findings.
-#[allow(clippy::too_many_arguments)]
-async fn merge(
-    args: &LogArgs,
-    query: &LogQuery<'_>,
-    ask: usize,
-    now: i64,
-    store: &dyn crate::coordinator::Coordinator,
-    targets: Vec<(Source, Vec<Logged>)>,
-    skip: HashMap<Source, usize>,
-    each: &mut dyn FnMut(Entry) -> bool,
-) -> Result<Checks, Error> {
-    let mut merger = Merger {
-        args,
-        held: BinaryHeap::new(),
-        seq: 0,
-        targets: targets
-            .into_iter()
-            .map(|(source, events)| (source, events.into_iter().peekable()))
-            .collect(),
-        skip,
-        checks: Checks::default(),
-        going: true,
-        each,
-    };
-    let mut expiries = Expiries::default();
-    store
-        .log_each(&LogQuery { limit: ask, ..*query }, &mut |logged| {
-            merger.targets_until(Some(logged.at_us));
-            for entry in expiries.feed(logged) {
-                if !entry.derived || query.in_range(entry.logged.event.at_ms) {
-                    merger.hold(0, entry);
-                }
-            }
-            merger.release(REORDER);
-            merger.going
-        })
-        .await?;
-    for entry in expiries.due(now) {
-        if query.in_range(entry.logged.event.at_ms) {
-            merger.hold(0, entry);
-        }
-    }
-    merger.targets_until(None);
-    merger.release(0);
-    Ok(merger.checks)
-}
-
-/// An entry held for its place: by time, rank, source (the store's first, then each
-/// target's in the order given) and the order it came in.
-struct Held {
-    key: (i64, u8, usize, usize),
-    entry: Entry,
-}
-
-impl PartialEq for Held {
-    fn eq(&self, other: &Held) -> bool {
-        self.key == other.key
-    }
-}
-
-impl Eq for Held {}
-
-impl PartialOrd for Held {
-    fn partial_cmp(&self, other: &Held) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Held {
-    fn cmp(&self, other: &Held) -> std::cmp::Ordering {
-        self.key.cmp(&other.key)
-    }
-}
-
-struct Merger<'a, 'e> {
-    args: &'a LogArgs,
-    held: BinaryHeap<Reverse<Held>>,
-    seq: usize,
-    targets: Vec<(Source, std::iter::Peekable<std::vec::IntoIter<Logged>>)>,
-    skip: HashMap<Source, usize>,
-    checks: Checks,
-    /// Whether `each` wants more.
-    going: bool,
-    each: &'e mut dyn FnMut(Entry) -> bool,
-}
-
-impl Merger<'_, '_> {
-    fn hold(&mut self, source: usize, entry: Entry) {
-        self.seq += 1;
-        self.held.push(Reverse(Held {
-            key: (entry.logged.at_us, rank(&entry), source, self.seq),
-            entry,
-        }));
-    }
-
-    /// Holds the targets' events up to `at_us` (all of them: `None`).
-    fn targets_until(&mut self, at_us: Option<i64>) {
-        for i in 0..self.targets.len() {
-            while let Some(logged) = self.targets[i]
-                .1
-                .next_if(|l| at_us.is_none_or(|at| l.at_us <= at))
-            {
-                let entry = Entry {
-                    source: self.targets[i].0.clone(),
-                    logged,
-                    derived: false,
-                };
-                self.hold(i + 1, entry);
-            }
-        }
-    }
-
-    /// Passes on the oldest entries held until `keep` are left.
-    fn release(&mut self, keep: usize) {
-        while self.held.len() > keep {
-            let Some(Reverse(Held { entry, .. })) = self.held.pop() else {
-                return;
-            };
-            self.checks.feed(&entry);
-            if !self.going || !wanted(self.args, &entry) {
-                continue;
-            }
-            if let Some(skip) = self.skip.get_mut(&entry.source).filter(|n| **n > 0) {
-                *skip -= 1;
-                continue;
-            }
-            self.going = (self.each)(entry);
-        }
-    }
-}
-
-/// A timeline written as it is read (see [`run_and_print`]).
-struct Streamed<'a> {
-    out: std::io::BufWriter<std::io::Stdout>,
-    settings: &'a Output,
-    /// No event written yet (JSON's commas).
-    first: bool,
-    broken: bool,
-}
-
-impl<'a> Streamed<'a> {
-    fn start(settings: &'a Output, store: &str) -> Streamed<'a> {
-        let mut streamed = Streamed {
-            out: std::io::BufWriter::new(std::io::stdout()),
-            settings,
-            first: true,
-            broken: false,
-        };
-        match settings.format {
-            Format::Json => streamed.write("{\"op\":\"log\",\"events\":["),
-            Format::Human => streamed.write(&format!(
-                "store `{}`, oldest first:\n",
-                crate::terminal::terminal_safe(store, false)
-            )),
-            _ => {}
-        }
-        streamed
-    }
-
-    fn write(&mut self, text: &str) {
-        let silent = self.settings.quiet && self.settings.format == Format::Human;
-        if !silent && !self.broken && self.out.write_all(text.as_bytes()).is_err() {
-            self.broken = true;
-        }
-    }
-
-    /// Writes an entry; false once nobody reads any more (a closed pipe).
-    fn entry(&mut self, entry: &Entry) -> bool {
-        match self.settings.format {
-            Format::Json => {
-                let comma = if std::mem::take(&mut self.first) {
-                    ""
-                } else {
-                    ","
-                };
-                self.write(&format!("{comma}{}", entry.json()));
-            }
-            Format::Human => {
-                let narrow = entry.narrow();
-                let text = crate::terminal::terminal_safe(narrow.trim_end(), true);
-                self.write(&format!("{}\n", output::fit(&text)));
-            }
-            _ => self.write(&format!("{}\n", entry.json())),
-        }
-        !self.broken
-    }
-
-    fn finish(mut self, warnings: &[Warning], truncated: bool, ctx: &Context) {
-        match self.settings.format {
-            Format::Json => {
-                let mut end = output::fields(&StreamedEnd {
-                    truncated,
-                    integrity_ok: warnings.is_empty(),
-                    warnings,
-                    store: ctx.store_display(),
-                });
-                output::add_notices(&mut end);
-                end.insert("ok".into(), Value::Bool(true));
-                let mut text = String::from("]");
-                for (key, value) in end {
-                    text.push_str(&format!(",{}:{value}", Value::String(key)));
-                }
-                text.push_str("}\n");
-                self.write(&text);
-            }
-            Format::Human => {
-                let mut text = String::new();
-                if truncated {
-                    text.push_str(&format!("\n{TRUNCATED}\n"));
-                }
-                for w in warnings {
-                    text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));
-                }
-                let text = crate::terminal::terminal_safe(&text, true);
-                self.write(&output::fit(&text));
-            }
-            _ => {
-                for line in tail_lines(warnings, truncated) {
-                    self.write(&format!("{line}\n"));
-                }
-            }
-        }
-        let _ = self.out.flush();
-    }
-
-    /// A read that failed midway: JSON closes its object with the error's fields and `"ok":
-    /// false`; ndjson and people get the error as always (a line more, or on stderr).
-    fn fail(mut self, err: &Error, ctx: &Context, out: &Output) -> Exit {
-        if self.settings.format != Format::Json {
-            let _ = self.out.flush();
-            return out.error("log", ctx.store_display(), err);
-        }
-        let exit = err.exit();
-        let mut tail = output::error_fields("log", err, ctx.store_display(), exit);
-        tail.insert("ok".into(), Value::Bool(false));
-        let mut text = String::from("]");
-        for (key, value) in tail {
-            text.push_str(&format!(",{}:{value}", Value::String(key)));
-        }
-        text.push_str("}\n");
-        self.write(&text);
-        let _ = self.out.flush();
-        exit
-    }
-}
-
-/// The fields that close a streamed JSON answer, before `notices` and `ok`.
-#[derive(Serialize)]
-struct StreamedEnd<'a> {
-    truncated: bool,
-    integrity_ok: bool,
-    warnings: &'a [Warning],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    store: Option<&'a str>,
 }
 
 /// A source's events in the window, read with a growing limit until `limit` of them pass
@@ -592,7 +328,7 @@ where
 }
 
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
-fn wanted(args: &LogArgs, entry: &Entry) -> bool {
+pub(super) fn wanted(args: &LogArgs, entry: &Entry) -> bool {
     wanted_event(args, &entry.logged.event)
 }
 
@@ -797,7 +533,7 @@ fn now_ms() -> i64 {
 
 /// Within one instant: an expiry first (a takeover can only follow it), then the store's
 /// events, then the targets'.
-fn rank(entry: &Entry) -> u8 {
+pub(super) fn rank(entry: &Entry) -> u8 {
     match (&entry.source, entry.derived) {
         (_, true) => 0,
         (Source::Store, false) => 1,
@@ -1118,7 +854,7 @@ impl Entry {
         }
     }
 
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         output::value(&self.wire())
     }
 
@@ -1148,7 +884,7 @@ impl Entry {
     /// The event for a terminal too narrow for the table: time, resource (and where, for a
     /// target's), event, owner and token on one line; the lease and the detail, indented, on
     /// the next.
-    fn narrow(&self) -> String {
+    pub(super) fn narrow(&self) -> String {
         let ev = &self.logged.event;
         let mut head = vec![time::rfc3339(ev.at_ms), self.logged.resource.clone()];
         if let Source::Target(target) = &self.source {
@@ -1207,11 +943,11 @@ impl Entry {
 }
 
 /// What `--limit` left out, said at the end of the answer.
-const TRUNCATED: &str =
+pub(super) const TRUNCATED: &str =
     "older events in the window were left out: narrow it with --since, or raise --limit";
 
 /// The ndjson lines after the events: the warnings, then whether `--limit` left events out.
-fn tail_lines(warnings: &[Warning], truncated: bool) -> Vec<Value> {
+pub(super) fn tail_lines(warnings: &[Warning], truncated: bool) -> Vec<Value> {
     let mut lines: Vec<Value> = warnings
         .iter()
         .map(|w| {

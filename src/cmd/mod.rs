@@ -9,6 +9,7 @@ mod inspect;
 mod inspect_history;
 mod inspect_id;
 mod log;
+mod log_stream;
 mod metrics;
 mod protect;
 mod prune;

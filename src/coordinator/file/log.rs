@@ -189,12 +189,14 @@ pub(super) fn each_newest(
         return Ok(());
     }
     let mut found = 0;
-    rev_lines(path, |line, _| match serde_json::from_slice::<EventLine>(line) {
-        Ok(event) => {
-            found += 1;
-            each(event) && found < want
+    rev_lines(path, |line, _| {
+        match serde_json::from_slice::<EventLine>(line) {
+            Ok(event) => {
+                found += 1;
+                each(event) && found < want
+            }
+            Err(_) => true,
         }
-        Err(_) => true,
     })
 }
 
@@ -235,15 +237,17 @@ impl Forward {
             return Ok(forward);
         }
         let mut from = None;
-        rev_lines(path, |line, at| match serde_json::from_slice::<EventLine>(line) {
-            Ok(event) if stop(&event) => false,
-            Ok(event) => {
-                forward.left += 1;
-                forward.kept += usize::from(keep(&event));
-                from = Some(at);
-                forward.left < want
+        rev_lines(path, |line, at| {
+            match serde_json::from_slice::<EventLine>(line) {
+                Ok(event) if stop(&event) => false,
+                Ok(event) => {
+                    forward.left += 1;
+                    forward.kept += usize::from(keep(&event));
+                    from = Some(at);
+                    forward.left < want
+                }
+                Err(_) => true,
             }
-            Err(_) => true,
         })?;
         let Some(from) = from else {
             return Ok(forward);

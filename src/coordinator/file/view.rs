@@ -231,7 +231,9 @@ impl FileCoordinator {
             Default::default();
         let mut pending: Vec<Option<Logged>> = Vec::with_capacity(sources.len());
         for (i, source) in sources.iter_mut().enumerate() {
-            let head = source.next(query).map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
+            let head = source
+                .next(query)
+                .map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
             if let Some(l) = &head {
                 heads.push(std::cmp::Reverse((l.at_us, i)));
             }
@@ -241,7 +243,9 @@ impl FileCoordinator {
             let Some(logged) = pending[i].take() else {
                 continue;
             };
-            let head = sources[i].next(query).map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
+            let head = sources[i]
+                .next(query)
+                .map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
             if let Some(l) = &head {
                 heads.push(std::cmp::Reverse((l.at_us, i)));
             }

@@ -329,7 +329,12 @@ impl History for PgCoordinator {
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
         let window = LogRange::new(query, "l.resource");
         let rows = self
-            .call("read the events", false, &events_sql(&window.filter), &window.params())
+            .call(
+                "read the events",
+                false,
+                &events_sql(&window.filter),
+                &window.params(),
+            )
             .await?;
         let logged = rows
             .iter()
@@ -380,7 +385,10 @@ impl History for PgCoordinator {
             .await?
             .call_each(
                 what,
-                &format!("SELECT * FROM ({}) x ORDER BY x.at_us, x.id", events_sql(&window.filter)),
+                &format!(
+                    "SELECT * FROM ({}) x ORDER BY x.at_us, x.id",
+                    events_sql(&window.filter)
+                ),
                 &window.params(),
                 &mut |row| {
                     let logged = event_logged(row);
