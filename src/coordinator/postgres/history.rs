@@ -346,10 +346,10 @@ impl History for PgCoordinator {
         Ok(logged)
     }
 
-    /// [`Self::log`] streamed: how many events the window holds (counted by the server),
-    /// then those events oldest first as the server sends them, merged with the window's
-    /// refused attempts (one line per owner and minute, read whole) and the oldest beyond
-    /// `limit` passed over, as [`Self::log`] picks them.
+    /// [`Self::log`] streamed: the window's events oldest first as the server sends them,
+    /// merged with its refused attempts (one line per owner and minute, read whole), the
+    /// oldest beyond `limit` passed over (counted by the server first, when there are
+    /// attempts), as [`Self::log`] picks them.
     async fn log_each(
         &self,
         query: &LogQuery<'_>,
@@ -357,21 +357,25 @@ impl History for PgCoordinator {
     ) -> Result<(), Error> {
         let window = LogRange::new(query, "l.resource");
         let what = "read the events";
-        let counted = self
-            .call(
-                what,
-                false,
-                &format!("SELECT count(*) FROM ({}) c", events_sql(&window.filter)),
-                &window.params(),
-            )
-            .await?;
-        let events = counted
-            .first()
-            .map_or(0, |row| usize::try_from(row.get::<_, i64>(0)).unwrap_or(0));
         let mut attempts = self.attempts_in(query).await?;
         // Stable: attempts of the same instant keep the order `log` gives them.
         attempts.sort_by_key(|l| l.at_us);
-        let mut skip = (events + attempts.len()).saturating_sub(query.limit);
+        // The events are `limit` at most: only with attempts can there be more to pass over.
+        let mut skip = 0;
+        if !attempts.is_empty() {
+            let counted = self
+                .call(
+                    what,
+                    false,
+                    &format!("SELECT count(*) FROM ({}) c", events_sql(&window.filter)),
+                    &window.params(),
+                )
+                .await?;
+            let events = counted
+                .first()
+                .map_or(0, |row| usize::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+            skip = (events + attempts.len()).saturating_sub(query.limit);
+        }
         let mut attempts = attempts.into_iter().peekable();
         let mut going = true;
         let mut hand = |logged: Logged, going: &mut bool| {
