@@ -245,3 +245,70 @@ fn postgres_inspect_memory_follows_the_page_not_the_history() {
         &inspect_large,
     );
 }
+
+/// A timeline longer than fence prints as one report (10,000 entries) is written as it is
+/// read; its expiries, found only at the resource's next event, still come at their instant
+/// among the other resource's events, and every format says the same.
+#[test]
+fn a_long_timeline_is_written_in_time_order_in_every_format() {
+    let store = Store::file();
+    // `a`: a grant every 5 s whose lease runs 1 s, so each expiry is found 4 s late, at the
+    // next grant; `b`: a run event every 0.7 s, some of them in those 4 s.
+    let (grants, runs) = (2_000_i64, 8_000_i64);
+    for (resource, n) in [("a", grants), ("b", runs)] {
+        store.fence().acquire(resource, &["--owner", "seed"]);
+        let path = store.dir().join(format!("events/{resource}.jsonl"));
+        let mut log = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        for t in 1..=n {
+            let line = if resource == "a" {
+                let at = 1_700_000_000_000_i64 + 5_000 * t;
+                format!(
+                    r#"{{"at_ms":{at},"kind":"acquired","owner":"o{t}","token":{t},"ttl_ms":1000,"expires_at_ms":{}}}"#,
+                    at + 1_000
+                )
+            } else {
+                let at = 1_700_000_000_000_i64 + 700 * t;
+                format!(r#"{{"at_ms":{at},"kind":"run_started","owner":"r{t}","token":1}}"#)
+            };
+            writeln!(log, "{line}").unwrap();
+        }
+        log.flush().unwrap();
+    }
+    let args = ["log", "--limit", "100000", "--format"];
+    let ndjson = store.fence().args(args).args(["ndjson"]).run().expect(0);
+    let lines: Vec<serde_json::Value> = ndjson
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an ndjson line"))
+        .collect();
+    // Each grant and its expiry, each run event.
+    let entries = usize::try_from(2 * grants + runs).unwrap();
+    assert_eq!(lines.len(), entries);
+    let at = |v: &serde_json::Value| v["at"].as_str().unwrap().to_owned();
+    assert!(
+        lines.windows(2).all(|w| at(&w[0]) <= at(&w[1])),
+        "not in time order"
+    );
+    // b's run events up to 4.9 s, a's first grant (5 s), b's at 5.6 s, then a's expiry (6 s).
+    assert_eq!(lines[9]["kind"], "expired", "{:#}", lines[9]);
+    assert_eq!(lines[9]["resource"], "a");
+    let json = store
+        .fence()
+        .args(args)
+        .args(["json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(json["ok"], true);
+    assert_eq!(json["truncated"], false);
+    assert_eq!(json["integrity_ok"], true);
+    assert_eq!(json["events"].as_array().unwrap(), &lines);
+    let human = store.fence().args(args).args(["human"]).run().expect(0);
+    let text = &human.stdout;
+    assert!(text.starts_with("store `"), "{text:.300}");
+    // The narrow layout: each grant's lease indented below it; an expiry's detail too.
+    assert_eq!(
+        text.lines().filter(|l| !l.starts_with("    ")).count(),
+        1 + entries
+    );
+}
