@@ -49,6 +49,10 @@ pub async fn run_and_print(args: InspectArgs, ctx: &Context, out: &Output) -> Ex
         Ok(coordinator) => coordinator,
         Err(err) => return fail(err),
     };
+    let query = query_of(&args);
+    if args.target.is_none() && query.history > super::inspect_history::STREAM_HISTORY {
+        return super::inspect_history::print(&args, query, coordinator.as_ref(), ctx, out).await;
+    }
     let large = args.target.is_none()
         && args.resources.is_empty()
         && args.limit.is_none_or(|limit| limit > PAGE as u64);
@@ -213,6 +217,42 @@ struct WaiterJson<'a> {
     since: String,
 }
 
+/// One resource of the JSON answer without its events (`events` is empty), for an answer
+/// whose events are written as they are read.
+pub(super) fn resource_json(v: &ResourceView, findings: &[IntegrityFinding]) -> Map<String, Value> {
+    output::fields(&ResourceJson {
+        events: Vec::new(),
+        ..ResourceJson::of(v, findings)
+    })
+}
+
+/// One event of a resource's `events`.
+pub(super) fn event_json(e: &crate::coordinator::Event) -> Value {
+    output::value(&EventJson::of(e))
+}
+
+/// A finding of the store's own files, as an entry of `warnings`.
+pub(super) fn integrity_finding_json(f: &IntegrityFinding) -> Value {
+    output::value(&WarningJson {
+        resource: f.resource.as_str().into(),
+        kind: f.kind,
+        message: f.message.as_str().into(),
+    })
+}
+
+impl<'a> EventJson<'a> {
+    fn of(e: &'a crate::coordinator::Event) -> EventJson<'a> {
+        EventJson {
+            at: time::rfc3339(e.at_ms),
+            kind: &e.kind,
+            owner: e.owner.as_deref(),
+            token: e.token,
+            detail: shown_detail(e),
+            run: RunNote::of(e),
+        }
+    }
+}
+
 impl<'a> ResourceJson<'a> {
     fn of(v: &'a ResourceView, findings: &'a [IntegrityFinding]) -> ResourceJson<'a> {
         ResourceJson {
@@ -225,18 +265,7 @@ impl<'a> ResourceJson<'a> {
             renewed_at: v.renewed_at_ms.map(time::rfc3339),
             expires_at: v.expires_at_ms.map(time::rfc3339),
             expires_in_ms: v.expires_in_ms,
-            events: v
-                .events
-                .iter()
-                .map(|e| EventJson {
-                    at: time::rfc3339(e.at_ms),
-                    kind: &e.kind,
-                    owner: e.owner.as_deref(),
-                    token: e.token,
-                    detail: shown_detail(e),
-                    run: RunNote::of(e),
-                })
-                .collect(),
+            events: v.events.iter().map(EventJson::of).collect(),
             waiters: v
                 .waiters
                 .iter()
@@ -311,18 +340,18 @@ struct StreamEnd<'a> {
     ok: bool,
 }
 
-const COLUMNS: [&str; 7] = [
+pub(super) const COLUMNS: [&str; 7] = [
     "RESOURCE", "STATE", "OWNER", "TOKEN", "ACQUIRED", "RENEWED", "EXPIRES",
 ];
 
 /// One line of `text` for a cell: a name holding a newline (which fence refuses, but any
 /// writer of the store's tables can store) must not print a row of its own.
-fn cell(text: &str) -> String {
+pub(super) fn cell(text: &str) -> String {
     terminal_safe(text, false).into_owned()
 }
 
 /// One resource's cells under [`COLUMNS`].
-fn row_cells(v: &ResourceView) -> [String; 7] {
+pub(super) fn row_cells(v: &ResourceView) -> [String; 7] {
     let dash = || "-".to_owned();
     let expires = match (v.expires_at_ms, v.expires_in_ms) {
         (Some(at), Some(left)) => format!("{} ({})", time::expires_in(left), time::rfc3339(at)),
@@ -552,7 +581,7 @@ impl<'a> Printer<'a> {
 }
 
 /// `,"key":value…}`: the fields that close a streamed JSON object.
-fn json_fields(fields: Map<String, Value>) -> String {
+pub(super) fn json_fields(fields: Map<String, Value>) -> String {
     let mut text = String::new();
     for (key, value) in fields {
         text.push_str(&format!(",{}:{value}", Value::String(key)));

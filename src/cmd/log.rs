@@ -10,14 +10,14 @@
 //! derived from the expiry each grant or renewal recorded, when nothing renewed or released
 //! the lease before it, and shown as `expired` events at that instant.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::cli::{Format, LogArgs};
-use crate::cmd::Context;
+use crate::cmd::{log_stream, Context};
 use crate::coordinator::{Event, EventKind, LogQuery, Logged, Pattern};
 use crate::error::Error;
 use crate::exit::Exit;
@@ -83,7 +83,40 @@ pub struct Timeline {
     store: String,
 }
 
-pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
+/// A timeline of up to this many entries is printed as one report (a table for people, `ok`
+/// first in JSON), as it always was; a longer one is written as it is read (see
+/// [`run_and_print`]).
+const WHOLE: usize = 10_000;
+
+/// `fence log`, printed. The store is read twice, each time as a stream ([`History::log_each`]):
+/// once to count what the filters let through (with a growing limit, as `--limit` counts
+/// filtered events), once to write it, so that memory follows a page, not the window. A
+/// timeline of more than [`WHOLE`] entries is written as it is read: ndjson as always; JSON
+/// as the same object with `ok` last (so that a read failing midway still ends one JSON
+/// object, with `"ok": false` and the error); for people each event on a line of its own,
+/// its lease and detail indented below it (the narrow layout), instead of a table whose
+/// columns would need every row first. Targets' events are read whole.
+///
+/// [`History::log_each`]: crate::coordinator::History::log_each
+pub async fn run_and_print(args: LogArgs, ctx: &Context, out: &Output) -> Exit {
+    match timeline(&args, ctx, out).await {
+        Ok(exit) => exit,
+        Err(err) => out.error("log", ctx.store_display(), &err),
+    }
+}
+
+/// What the first reading of the store found.
+#[derive(Default)]
+struct Counted {
+    /// Events read.
+    read: usize,
+    /// Entries (events and expiries) the filters let through.
+    matching: usize,
+    /// The resources of the timeline.
+    names: BTreeSet<String>,
+}
+
+async fn timeline(args: &LogArgs, ctx: &Context, out: &Output) -> Result<Exit, Error> {
     if let (Some(since), Some(until)) = (args.since, args.until) {
         if since >= until {
             return Err(Error::usage(
@@ -108,50 +141,83 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
     let coordinator = ctx.coordinator().await?;
     coordinator.require_existing().await?;
     let now = now_ms();
-    let store = coordinator.as_ref();
-    let (store_events, mut truncated) = read_growing(
-        &query,
-        |events| {
-            with_expiries(events.to_vec(), &query, now)
-                .iter()
-                .filter(|e| wanted(&args, e))
-                .count()
-        },
-        |page| async move { store.log(&page).await },
-    )
-    .await?;
-    let mut entries = with_expiries(store_events, &query, now);
+    // The store's events in the window, read with a growing limit until `limit` of its
+    // entries pass `--owner`, `--token` and `--kind` or the store has nothing older.
+    let mut ask = limit;
+    let (ask, mut truncated, counted) = loop {
+        let mut counted = Counted::default();
+        let mut expiries = Expiries::default();
+        let count = |counted: &mut Counted, entry: Entry| {
+            if entry.derived && !query.in_range(entry.logged.event.at_ms) {
+                return;
+            }
+            counted.matching += usize::from(wanted(args, &entry));
+            counted.names.insert(entry.logged.resource);
+        };
+        coordinator
+            .log_each(
+                &LogQuery {
+                    limit: ask,
+                    ..query
+                },
+                &mut |logged| {
+                    counted.read += 1;
+                    for entry in expiries.feed(logged) {
+                        count(&mut counted, entry);
+                    }
+                    true
+                },
+            )
+            .await?;
+        for entry in expiries.due(now) {
+            count(&mut counted, entry);
+        }
+        let more = counted.read >= ask;
+        if !more || ask == usize::MAX || counted.matching >= limit {
+            break (ask, more, counted);
+        }
+        ask = ask.saturating_mul(2);
+    };
+    // Entries each source has that pass the filters: the oldest beyond `limit` are left out.
+    let mut matching: HashMap<Source, usize> = HashMap::from([(Source::Store, counted.matching)]);
+    let mut names = counted.names;
     // Per target: the highest token it accepted, per resource of the timeline.
     let mut guards: Vec<(String, Vec<(String, i64)>)> = Vec::new();
+    let mut read: Vec<(Source, Vec<Logged>)> = Vec::new();
     for spec in &targets {
         let target = fenced::target::open(spec, &ctx.schema).await?;
         target.require_existing().await?;
         let reader = target.as_ref();
-        let (events, more) = read_growing(
+        let (mut events, more) = read_growing(
             &query,
             |events| {
                 events
                     .iter()
-                    .filter(|l| wanted_event(&args, &l.event))
+                    .filter(|l| wanted_event(args, &l.event))
                     .count()
             },
             |page| async move { reader.log(&page).await },
         )
         .await?;
         truncated |= more;
-        let names = resources_of(&entries, &events);
+        let mut here = names.clone();
+        here.extend(events.iter().map(|l| l.resource.clone()));
         // No resource in the timeline: nothing to compare (an empty list asks for every one).
-        if !names.is_empty() {
-            guards.push((spec.display.clone(), target.highest_tokens(&names).await?));
+        if !here.is_empty() {
+            let here: Vec<String> = here.iter().cloned().collect();
+            guards.push((spec.display.clone(), target.highest_tokens(&here).await?));
         }
-        entries.extend(events.into_iter().map(|logged| Entry {
-            source: Source::Target(spec.display.clone()),
-            logged,
-            derived: false,
-        }));
+        names.extend(events.iter().map(|l| l.resource.clone()));
+        let source = Source::Target(spec.display.clone());
+        *matching.entry(source.clone()).or_default() += events
+            .iter()
+            .filter(|l| wanted_event(args, &l.event))
+            .count();
+        // By time, each instant's events in the order the target gave them.
+        events.sort_by_key(|l| l.at_us);
+        read.push((source, events));
     }
-    entries.sort_by_key(|e| (e.logged.at_us, rank(e)));
-    let mut warnings = history_warnings(&entries);
+    let mut ahead = Vec::new();
     if guards.iter().any(|(_, g)| !g.is_empty()) {
         let names: Vec<String> = guards
             .iter()
@@ -167,7 +233,7 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             for (resource, highest) in guards {
                 let issued = issued.get(resource).copied().flatten();
                 if let Some(message) = target_ahead(target, resource, *highest, issued) {
-                    warnings.push(Warning {
+                    ahead.push(Warning {
                         resource: resource.clone(),
                         kind: WarningKind::TargetAhead,
                         message,
@@ -176,14 +242,60 @@ pub async fn run(args: LogArgs, ctx: &Context) -> Result<Timeline, Error> {
             }
         }
     }
-    entries.retain(|e| wanted(&args, e));
-    truncated |= keep_newest(&mut entries, limit);
-    Ok(Timeline {
-        entries,
-        warnings,
-        truncated,
-        store: ctx.store_display().unwrap_or_default().to_owned(),
-    })
+    truncated |= matching.values().any(|&n| n > limit);
+    let shown: usize = matching.values().map(|&n| n.min(limit)).sum();
+    let skip: HashMap<Source, usize> = matching
+        .into_iter()
+        .map(|(source, n)| (source, n.saturating_sub(limit)))
+        .collect();
+    let store = ctx.store_display().unwrap_or_default().to_owned();
+    if shown <= WHOLE {
+        let mut entries = Vec::new();
+        let checks = log_stream::merge(
+            args,
+            &query,
+            ask,
+            now,
+            coordinator.as_ref(),
+            read,
+            skip,
+            &mut |entry| {
+                entries.push(entry);
+                true
+            },
+        )
+        .await?;
+        let mut warnings = checks.warnings;
+        warnings.extend(ahead);
+        let timeline = Timeline {
+            entries,
+            warnings,
+            truncated,
+            store,
+        };
+        return Ok(out.success("log", ctx.store_display(), &timeline));
+    }
+    let mut writer = log_stream::Streamed::start(out, &store);
+    let merged = log_stream::merge(
+        args,
+        &query,
+        ask,
+        now,
+        coordinator.as_ref(),
+        read,
+        skip,
+        &mut |entry| writer.entry(&entry),
+    )
+    .await;
+    match merged {
+        Ok(checks) => {
+            let mut warnings = checks.warnings;
+            warnings.extend(ahead);
+            writer.finish(&warnings, truncated, ctx);
+            Ok(Exit::Success)
+        }
+        Err(err) => Ok(writer.fail(&err, ctx, out)),
+    }
 }
 
 /// A source's events in the window, read with a growing limit until `limit` of them pass
@@ -215,24 +327,8 @@ where
     }
 }
 
-/// Keeps the newest `limit` entries of each source (the store's, each target's); true when
-/// some were left out.
-fn keep_newest(entries: &mut Vec<Entry>, limit: usize) -> bool {
-    let mut seen: HashMap<Source, usize> = HashMap::new();
-    let mut keep = vec![true; entries.len()];
-    for (i, e) in entries.iter().enumerate().rev() {
-        let n = seen.entry(e.source.clone()).or_default();
-        *n += 1;
-        keep[i] = *n <= limit;
-    }
-    let before = entries.len();
-    let mut keep = keep.into_iter();
-    entries.retain(|_| keep.next().unwrap_or(true));
-    entries.len() < before
-}
-
 /// Whether `--owner`, `--token` and `--kind` let the entry through.
-fn wanted(args: &LogArgs, entry: &Entry) -> bool {
+pub(super) fn wanted(args: &LogArgs, entry: &Entry) -> bool {
     wanted_event(args, &entry.logged.event)
 }
 
@@ -437,24 +533,12 @@ fn now_ms() -> i64 {
 
 /// Within one instant: an expiry first (a takeover can only follow it), then the store's
 /// events, then the targets'.
-fn rank(entry: &Entry) -> u8 {
+pub(super) fn rank(entry: &Entry) -> u8 {
     match (&entry.source, entry.derived) {
         (_, true) => 0,
         (Source::Store, false) => 1,
         (Source::Target(_), false) => 2,
     }
-}
-
-/// The resources of a timeline and of a target's events, for the target's guard rows.
-fn resources_of(entries: &[Entry], events: &[Logged]) -> Vec<String> {
-    let mut names: Vec<String> = entries
-        .iter()
-        .map(|e| e.logged.resource.clone())
-        .chain(events.iter().map(|l| l.resource.clone()))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 /// A lease some grant or renewal set, not yet seen to end.
@@ -463,22 +547,6 @@ struct Open {
     token: Option<i64>,
     ttl_ms: Option<i64>,
     expires_at_ms: i64,
-}
-
-/// The store's events (oldest first) with an `expired` event wherever a lease ran out before
-/// anything renewed or released it: at the expiry its last grant or renewal set, when a later
-/// event of the resource comes after that instant, or when that instant is past (`now_ms`).
-/// A takeover whose taken-over grant is outside the window shows that lease's expiry from
-/// what the takeover recorded.
-pub fn with_expiries(events: Vec<Logged>, query: &LogQuery<'_>, now_ms: i64) -> Vec<Entry> {
-    let mut expiries = Expiries::default();
-    let mut entries = Vec::with_capacity(events.len());
-    for logged in events {
-        entries.extend(expiries.feed(logged));
-    }
-    entries.extend(expiries.due(now_ms));
-    entries.retain(|e| !e.derived || query.in_range(e.logged.event.at_ms));
-    entries
 }
 
 /// The leases the events so far have set and not seen end, by resource.
@@ -602,41 +670,43 @@ fn expired(resource: &str, lease: Open) -> Entry {
     }
 }
 
-/// What the timeline itself proves wrong: a grant whose token is not above the resource's
-/// previous grant's; a release, or a write a target accepted, with a token whose lease had
-/// already expired by the store's clock (the holder went on past its TTL).
-pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
-    let mut warnings = Vec::new();
-    let mut granted: HashMap<&str, i64> = HashMap::new();
-    let mut expired: HashMap<(&str, i64), i64> = HashMap::new();
-    for entry in entries {
+/// What the timeline itself proves wrong, entry by entry, oldest first: a grant whose token
+/// is not above the resource's previous grant's; a release, or a write a target accepted,
+/// with a token whose lease had already expired by the store's clock (the holder went on
+/// past its TTL). It keeps a token per resource and one instant per expiry seen.
+#[derive(Default)]
+pub struct Checks {
+    granted: HashMap<String, i64>,
+    expired: HashMap<(String, i64), i64>,
+    pub warnings: Vec<Warning>,
+}
+
+impl Checks {
+    pub fn feed(&mut self, entry: &Entry) {
         let resource = entry.logged.resource.as_str();
         let ev = &entry.logged.event;
         let Some(token) = ev.token else {
-            continue;
+            return;
         };
         match (&ev.kind, &entry.source) {
             (EventKind::Acquired | EventKind::TakenOver, Source::Store) => {
-                if let Some(&before) = granted.get(resource) {
-                    if token <= before {
-                        warnings.push(Warning {
-                            resource: resource.to_owned(),
-                            kind: WarningKind::TokenRegressed,
-                            message: token_regressed(resource, before, token, ev.at_ms),
-                        });
-                    }
+                let before = self.granted.get(resource).copied();
+                if let Some(before) = before.filter(|&before| token <= before) {
+                    self.warnings.push(Warning {
+                        resource: resource.to_owned(),
+                        kind: WarningKind::TokenRegressed,
+                        message: token_regressed(resource, before, token, ev.at_ms),
+                    });
                 }
-                granted.insert(
-                    resource,
-                    token.max(granted.get(resource).copied().unwrap_or(0)),
-                );
+                self.granted
+                    .insert(resource.to_owned(), token.max(before.unwrap_or(0)));
             }
             (EventKind::Expired, Source::Store) => {
-                expired.insert((resource, token), ev.at_ms);
+                self.expired.insert((resource.to_owned(), token), ev.at_ms);
             }
             (EventKind::Released, Source::Store) => {
-                if let Some(&at) = expired.get(&(resource, token)) {
-                    warnings.push(Warning {
+                if let Some(&at) = self.expired.get(&(resource.to_owned(), token)) {
+                    self.warnings.push(Warning {
                         resource: resource.to_owned(),
                         kind: WarningKind::HeldPastTtl,
                         message: format!(
@@ -650,8 +720,8 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
                 }
             }
             (EventKind::WriteAccepted, Source::Target(target)) => {
-                if let Some(&at) = expired.get(&(resource, token)) {
-                    warnings.push(Warning {
+                if let Some(&at) = self.expired.get(&(resource.to_owned(), token)) {
+                    self.warnings.push(Warning {
                         resource: resource.to_owned(),
                         kind: WarningKind::HeldPastTtl,
                         message: format!(
@@ -666,7 +736,6 @@ pub fn history_warnings(entries: &[Entry]) -> Vec<Warning> {
             _ => {}
         }
     }
-    warnings
 }
 
 /// The warning for a grant whose token is not above an earlier grant's.
@@ -785,7 +854,7 @@ impl Entry {
         }
     }
 
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         output::value(&self.wire())
     }
 
@@ -815,7 +884,7 @@ impl Entry {
     /// The event for a terminal too narrow for the table: time, resource (and where, for a
     /// target's), event, owner and token on one line; the lease and the detail, indented, on
     /// the next.
-    fn narrow(&self) -> String {
+    pub(super) fn narrow(&self) -> String {
         let ev = &self.logged.event;
         let mut head = vec![time::rfc3339(ev.at_ms), self.logged.resource.clone()];
         if let Source::Target(target) = &self.source {
@@ -873,6 +942,32 @@ impl Entry {
     }
 }
 
+/// What `--limit` left out, said at the end of the answer.
+pub(super) const TRUNCATED: &str =
+    "older events in the window were left out: narrow it with --since, or raise --limit";
+
+/// The ndjson lines after the events: the warnings, then whether `--limit` left events out.
+pub(super) fn tail_lines(warnings: &[Warning], truncated: bool) -> Vec<Value> {
+    let mut lines: Vec<Value> = warnings
+        .iter()
+        .map(|w| {
+            output::value(&WarningLine {
+                resource: &w.resource,
+                kind: "warning",
+                message: &w.message,
+                warning: w.kind.as_str(),
+            })
+        })
+        .collect();
+    if truncated {
+        lines.push(output::value(&TruncatedLine {
+            kind: "truncated",
+            message: TRUNCATED,
+        }));
+    }
+    lines
+}
+
 impl Report for Timeline {
     fn json(&self) -> Map<String, Value> {
         output::fields(&TimelineJson {
@@ -885,20 +980,7 @@ impl Report for Timeline {
 
     fn ndjson(&self) -> Option<Vec<Value>> {
         let mut lines: Vec<Value> = self.entries.iter().map(Entry::json).collect();
-        lines.extend(self.warnings.iter().map(|w| {
-            output::value(&WarningLine {
-                resource: &w.resource,
-                kind: "warning",
-                message: &w.message,
-                warning: w.kind.as_str(),
-            })
-        }));
-        if self.truncated {
-            lines.push(output::value(&TruncatedLine {
-                kind: "truncated",
-                message: "older events in the window were left out: narrow it with --since, or raise --limit",
-            }));
-        }
+        lines.extend(tail_lines(&self.warnings, self.truncated));
         Some(lines)
     }
 
@@ -941,9 +1023,7 @@ impl Report for Timeline {
             }
         }
         if self.truncated {
-            text.push_str(
-                "\nolder events in the window were left out: narrow it with --since, or raise --limit\n",
-            );
+            text.push_str(&format!("\n{TRUNCATED}\n"));
         }
         for w in &self.warnings {
             text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));

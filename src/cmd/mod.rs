@@ -6,8 +6,10 @@ mod doctor;
 mod grant;
 mod init;
 mod inspect;
+mod inspect_history;
 mod inspect_id;
 mod log;
+mod log_stream;
 mod metrics;
 mod protect;
 mod prune;
@@ -111,7 +113,7 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
             if args.follow {
                 return log::follow(args, &ctx, out).await;
             }
-            log::run(args, &ctx).await.map(boxed)
+            return log::run_and_print(args, &ctx, out).await;
         }
         Command::Metrics(args) => metrics::run(args, &ctx).await.map(boxed),
         Command::Write(args) => write::run(*args, &ctx, out).await.map(boxed),

@@ -352,6 +352,34 @@ pub trait History {
         history: usize,
     ) -> Result<Vec<ResourceView>, Error>;
 
+    /// The newest `history` events of `resource`, handed to `each` as they are read until it
+    /// returns false: most recent first, or oldest first. `inspect --history N` prints them
+    /// as they come, so that memory follows a page, not N. Stores whose reads are not
+    /// paged (object stores) hand over [`Self::inspect`]'s events.
+    async fn history_each(
+        &self,
+        resource: &str,
+        history: usize,
+        oldest_first: bool,
+        each: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(), Error> {
+        let mut events: Vec<Event> = self
+            .inspect(&[resource.to_owned()], history)
+            .await?
+            .into_iter()
+            .flat_map(|view| view.events)
+            .collect();
+        if oldest_first {
+            events.reverse();
+        }
+        for event in events {
+            if !each(event) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The highest token issued for `resource` (`None`: never acquired): a fenced write
     /// whose target cannot tell two versions with the same bytes apart (S3 ETags) asks it
     /// right before its put, so that a writer paused after its read is refused (Chubby's
@@ -433,6 +461,22 @@ pub trait History {
         let names = query.exact_names().unwrap_or_default();
         let views = self.inspect(&names, query.limit).await?;
         Ok(from_views(views, query))
+    }
+
+    /// [`Self::log`], each event handed to `each` as it is read, oldest first, until it
+    /// returns false: `fence log` writes them as they come, so that memory follows a page,
+    /// not the window. Stores that read a window whole hand over [`Self::log`]'s.
+    async fn log_each(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        for logged in self.log(query).await? {
+            if !each(logged) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// How many events of each kind each resource's history has had, as (resource, kind,

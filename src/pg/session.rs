@@ -188,6 +188,66 @@ impl Session {
         }
     }
 
+    /// A read whose rows are handed to `each` as they arrive, until it returns false: the
+    /// server's answer streams (tokio-postgres applies back-pressure), so memory follows the
+    /// rows in flight, not the answer. Each row has [`REQUEST_TIMEOUT`] to come. A schema
+    /// (or a column) that does not exist yet has no rows, as for [`Self::call`].
+    pub async fn call_each(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        each: &mut dyn FnMut(&Row) -> bool,
+    ) -> Result<(), Error> {
+        use futures_core::Stream;
+        let sql = sql
+            .replace("__SCHEMA__", &self.schema)
+            .replace("__VERSION__", &self.spec.version.to_string());
+        let lost = || {
+            pg::lost(
+                &self.display,
+                what,
+                &format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
+                false,
+            )
+        };
+        self.last_sent.set(Some(tokio::time::Instant::now()));
+        let started = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.client
+                .query_typed_raw(&sql, params.iter().map(|(value, ty)| (*value, ty.clone()))),
+        )
+        .await
+        .map_err(|_| lost())?;
+        let failed = |err: tokio_postgres::Error| {
+            if is_missing_schema(&err) || err.code() == Some(&SqlState::UNDEFINED_COLUMN) {
+                Ok(())
+            } else {
+                Err(self.request_error(err, what, false))
+            }
+        };
+        let rows = match started {
+            Ok(rows) => rows,
+            Err(err) => return failed(err),
+        };
+        let mut rows = std::pin::pin!(rows);
+        loop {
+            let next = std::future::poll_fn(|cx| rows.as_mut().poll_next(cx));
+            match tokio::time::timeout(REQUEST_TIMEOUT, next)
+                .await
+                .map_err(|_| lost())?
+            {
+                Some(Ok(row)) => {
+                    if !each(&row) {
+                        return Ok(());
+                    }
+                }
+                Some(Err(err)) => return failed(err),
+                None => return Ok(()),
+            }
+        }
+    }
+
     /// One request with a deadline. The outer error is a timeout; the inner one is the
     /// server's answer, left to the caller to classify.
     pub async fn request(

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, ErrorKind, Write};
+use std::io::{self, BufRead, BufReader, ErrorKind, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -118,19 +118,44 @@ pub(super) fn tail_until(
     stop: impl Fn(&EventLine) -> bool,
 ) -> io::Result<Tail> {
     let mut tail = Tail::default();
+    if want == 0 {
+        return Ok(tail);
+    }
+    rev_lines(path, |line, _| {
+        match serde_json::from_slice::<EventLine>(line) {
+            Ok(event) if stop(&event) => false,
+            Ok(event) => {
+                tail.events.push(event);
+                tail.events.len() < want
+            }
+            Err(_) => {
+                tail.skipped += 1;
+                true
+            }
+        }
+    })?;
+    Ok(tail)
+}
+
+/// Hands the log's lines to `each` from the last to the first, with the offset each starts
+/// at, until `each` returns false: a chunk of [`CHUNK`] bytes (and the line that straddles
+/// it) in memory at a time, whatever the log's length. Empty lines are passed over; a
+/// missing log has no lines.
+fn rev_lines(path: &Path, mut each: impl FnMut(&[u8], u64) -> bool) -> io::Result<()> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(tail),
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(err),
     };
     let mut pos = file.metadata()?.len();
     // The bytes after `pos` not yet split into lines: the start of a line that began earlier.
     let mut carry: Vec<u8> = Vec::new();
-    let mut stopped = false;
-    while tail.events.len() < want && !stopped {
+    loop {
         if pos == 0 {
-            take(&carry, &mut tail, &stop);
-            break;
+            if !carry.is_empty() {
+                each(&carry, 0);
+            }
+            return Ok(());
         }
         let start = pos.saturating_sub(CHUNK);
         let mut chunk = vec![0; usize::try_from(pos - start).unwrap_or(0)];
@@ -138,30 +163,136 @@ pub(super) fn tail_until(
         pos = start;
         chunk.extend_from_slice(&carry);
         let mut end = chunk.len();
-        while tail.events.len() < want && !stopped {
-            let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') else {
-                break;
-            };
-            stopped = take(&chunk[newline + 1..end], &mut tail, &stop);
+        while let Some(newline) = chunk[..end].iter().rposition(|&b| b == b'\n') {
+            let line = &chunk[newline + 1..end];
             end = newline;
+            if !line.is_empty() && !each(line, start + newline as u64 + 1) {
+                return Ok(());
+            }
         }
         chunk.truncate(end);
         carry = chunk;
     }
-    Ok(tail)
 }
 
-/// Adds a line's event to `tail`; true when it is the one to stop at (not added).
-fn take(line: &[u8], tail: &mut Tail, stop: &impl Fn(&EventLine) -> bool) -> bool {
-    if line.is_empty() {
-        return false;
+/// The newest `want` events of the log, handed to `each` one at a time until it returns
+/// false: most recent first (read backwards, as [`tail`]), or oldest first ([`Forward`]).
+/// Memory follows a chunk, not the log: `inspect --history 2000000` on a log that long.
+pub(super) fn each_newest(
+    path: &Path,
+    want: usize,
+    oldest_first: bool,
+    mut each: impl FnMut(EventLine) -> bool,
+) -> io::Result<()> {
+    if oldest_first {
+        for event in Forward::open(path, want, |_| false, |_| true)? {
+            if !each(event?) {
+                break;
+            }
+        }
+        return Ok(());
     }
-    match serde_json::from_slice::<EventLine>(line) {
-        Ok(event) if stop(&event) => return true,
-        Ok(event) => tail.events.push(event),
-        Err(_) => tail.skipped += 1,
+    if want == 0 {
+        return Ok(());
     }
-    false
+    let mut found = 0;
+    rev_lines(path, |line, _| {
+        match serde_json::from_slice::<EventLine>(line) {
+            Ok(event) => {
+                found += 1;
+                each(event) && found < want
+            }
+            Err(_) => true,
+        }
+    })
+}
+
+/// A segment of the log no longer than this is read into memory at once; a longer one is
+/// read through a buffer of [`FORWARD_BUFFER`] bytes.
+const SMALL_SEGMENT: u64 = 64 * 1024;
+const FORWARD_BUFFER: usize = 16 * 1024;
+
+/// The newest events of a log, oldest first, read forwards a buffer at a time: the offset of
+/// the oldest of them is found backwards first ([`rev_lines`]), as [`tail_until`] finds
+/// them. Lines that are not events are passed over.
+pub(super) struct Forward {
+    reader: Option<Box<dyn BufRead>>,
+    /// Events still to read: those counted backwards (lines appended since are not among
+    /// the newest that were asked for).
+    left: usize,
+    /// How many of them `keep` (given to [`Forward::open`]) holds for.
+    pub kept: usize,
+    line: Vec<u8>,
+}
+
+impl Forward {
+    /// The newest `want` events, back to (not including) the first from the end for which
+    /// `stop` holds; `kept` counts those for which `keep` holds.
+    pub(super) fn open(
+        path: &Path,
+        want: usize,
+        stop: impl Fn(&EventLine) -> bool,
+        keep: impl Fn(&EventLine) -> bool,
+    ) -> io::Result<Forward> {
+        let mut forward = Forward {
+            reader: None,
+            left: 0,
+            kept: 0,
+            line: Vec::new(),
+        };
+        if want == 0 {
+            return Ok(forward);
+        }
+        let mut from = None;
+        rev_lines(path, |line, at| {
+            match serde_json::from_slice::<EventLine>(line) {
+                Ok(event) if stop(&event) => false,
+                Ok(event) => {
+                    forward.left += 1;
+                    forward.kept += usize::from(keep(&event));
+                    from = Some(at);
+                    forward.left < want
+                }
+                Err(_) => true,
+            }
+        })?;
+        let Some(from) = from else {
+            return Ok(forward);
+        };
+        let mut file = File::open(path)?;
+        let segment = file.metadata()?.len().saturating_sub(from);
+        file.seek(SeekFrom::Start(from))?;
+        forward.reader = Some(if segment <= SMALL_SEGMENT {
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut file, &mut bytes)?;
+            Box::new(io::Cursor::new(bytes))
+        } else {
+            Box::new(BufReader::with_capacity(FORWARD_BUFFER, file))
+        });
+        Ok(forward)
+    }
+}
+
+impl Iterator for Forward {
+    type Item = io::Result<EventLine>;
+
+    fn next(&mut self) -> Option<io::Result<EventLine>> {
+        while self.left > 0 {
+            let reader = self.reader.as_mut()?;
+            self.line.clear();
+            match reader.read_until(b'\n', &mut self.line) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(err) => return Some(Err(err)),
+            }
+            let text = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+            if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
+                self.left -= 1;
+                return Some(Ok(event));
+            }
+        }
+        None
+    }
 }
 
 impl EventLine {
@@ -229,13 +360,26 @@ fn fold(totals: &mut BTreeMap<EventKind, i64>, event: &EventLine) {
 }
 
 /// How many events of each kind the resource's history has had: those in the log, and
-/// those its retention cut (kept in its `pruned` events).
+/// those its retention cut (kept in its `pruned` events). The log is read a line at a time.
 pub(super) fn totals(path: &Path) -> io::Result<BTreeMap<EventKind, i64>> {
     let mut totals = BTreeMap::new();
-    for event in read_all(path)? {
-        fold(&mut totals, &event);
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(totals),
+        Err(err) => return Err(err),
+    };
+    let mut reader = BufReader::with_capacity(CHUNK as usize, file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(totals);
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if let Ok(event) = serde_json::from_slice::<EventLine>(text) {
+            fold(&mut totals, &event);
+        }
     }
-    Ok(totals)
 }
 
 /// Applies the retention: keeps the last [`KEEP_EVENTS`] events after a `pruned` event

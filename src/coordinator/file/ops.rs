@@ -433,6 +433,30 @@ impl History for FileCoordinator {
         self.log_store(query)
     }
 
+    async fn log_each(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        self.log_each_store(query, each)
+    }
+
+    /// The resource's log read a chunk at a time (see [`super::log::each_newest`]).
+    async fn history_each(
+        &self,
+        resource: &str,
+        history: usize,
+        oldest_first: bool,
+        each: &mut dyn FnMut(crate::coordinator::Event) -> bool,
+    ) -> Result<(), Error> {
+        self.require_dir()?;
+        let paths = self.paths(resource);
+        super::log::each_newest(&paths.events, history, oldest_first, |line| {
+            each(line.into_event())
+        })
+        .map_err(|err| self.io_error("read the event log", &paths.events, &err))
+    }
+
     /// Under the resource's lock, as its refusals are.
     async fn record_attempt(&self, attempt: &Attempt) -> Result<(), Error> {
         self.with_lock(&attempt.resource, |store, _, paths| {

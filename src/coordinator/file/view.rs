@@ -142,34 +142,123 @@ impl FileCoordinator {
                         }
                     }),
             );
-            let minutes = match attempts::read(&paths.attempts) {
-                Ok(minutes) => minutes,
-                // Refused attempts are a convenience, not what a guarantee rests on: a damaged
-                // record is left out of the timeline, said, and moved aside by the next refusal.
-                Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
-                    crate::terminal::warn(&format!(
-                        "warning: the record of refused attempts `{}` is {err}; its attempts are left out (the next refused attempt moves it aside)",
-                        paths.attempts.display()
-                    ));
-                    Vec::new()
-                }
-                Err(err) => {
-                    return Err(self.io_error("read the refused attempts", &paths.attempts, &err))
-                }
-            };
-            logged.extend(
-                minutes
-                    .iter()
-                    .filter(|w| query.in_range(w.first_ms))
-                    .map(|w| Logged {
-                        resource: name.clone(),
-                        at_us: w.first_ms.saturating_mul(1000),
-                        event: w.event(),
-                    }),
-            );
+            logged.extend(self.attempts_logged(&name, &paths, query)?);
         }
         newest(&mut logged, query.limit);
         Ok(logged)
+    }
+
+    /// The refused attempts of `name` in the window, as the timeline shows them.
+    fn attempts_logged(
+        &self,
+        name: &str,
+        paths: &Paths,
+        query: &LogQuery<'_>,
+    ) -> Result<Vec<Logged>, Error> {
+        let minutes = match attempts::read(&paths.attempts) {
+            Ok(minutes) => minutes,
+            // Refused attempts are a convenience, not what a guarantee rests on: a damaged
+            // record is left out of the timeline, said, and moved aside by the next refusal.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                crate::terminal::warn(&format!(
+                    "warning: the record of refused attempts `{}` is {err}; its attempts are left out (the next refused attempt moves it aside)",
+                    paths.attempts.display()
+                ));
+                Vec::new()
+            }
+            Err(err) => {
+                return Err(self.io_error("read the refused attempts", &paths.attempts, &err))
+            }
+        };
+        Ok(minutes
+            .iter()
+            .filter(|w| query.in_range(w.first_ms))
+            .map(|w| Logged {
+                resource: name.to_owned(),
+                at_us: w.first_ms.saturating_mul(1000),
+                event: w.event(),
+            })
+            .collect())
+    }
+
+    /// [`Self::log_store`], each event handed to `each` as it is read, oldest first, until
+    /// it returns false: each matching resource's log is read forwards from the oldest event
+    /// of the window ([`log::Forward`]), the resources merged by time, and the oldest events
+    /// beyond `limit` passed over. Memory follows the number of resources (a buffer for each
+    /// log longer than 64 KiB, the whole of a shorter one, their refused attempts), not
+    /// their length.
+    pub(super) fn log_each_store(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        self.require_dir()?;
+        let names = match query.exact_names() {
+            Some(names) => names,
+            None => self
+                .known_names()?
+                .into_iter()
+                .filter(|n| query.matches(n))
+                .collect(),
+        };
+        // Per resource, in name order: its log, then its refused attempts (as `log_store`
+        // lists them before its stable sort by time).
+        let mut sources: Vec<Source> = Vec::new();
+        let mut total = 0usize;
+        for name in names {
+            let paths = self.paths(&name);
+            let events = log::Forward::open(
+                &paths.events,
+                query.limit,
+                |e| query.since_ms.is_some_and(|since| e.at_ms < since),
+                |e| query.in_range(e.at_ms),
+            )
+            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+            total += events.kept;
+            let mut attempts = self.attempts_logged(&name, &paths, query)?;
+            attempts.sort_by_key(|l| l.at_us);
+            total += attempts.len();
+            sources.push(Source::Log {
+                name: name.clone(),
+                path: paths.events.clone(),
+                events,
+                key: i64::MIN,
+            });
+            sources.push(Source::Listed(attempts.into_iter()));
+        }
+        let mut skip = total.saturating_sub(query.limit);
+        let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i64, usize)>> =
+            Default::default();
+        let mut pending: Vec<Option<Logged>> = Vec::with_capacity(sources.len());
+        for (i, source) in sources.iter_mut().enumerate() {
+            let head = source
+                .next(query)
+                .map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
+            if let Some(l) = &head {
+                heads.push(std::cmp::Reverse((l.at_us, i)));
+            }
+            pending.push(head);
+        }
+        while let Some(std::cmp::Reverse((_, i))) = heads.pop() {
+            let Some(logged) = pending[i].take() else {
+                continue;
+            };
+            let head = sources[i]
+                .next(query)
+                .map_err(|(path, err)| self.io_error("read the event log", &path, &err))?;
+            if let Some(l) = &head {
+                heads.push(std::cmp::Reverse((l.at_us, i)));
+            }
+            pending[i] = head;
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if !each(logged) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// `fence metrics`: each resource's events per kind, over its whole log and what its
@@ -299,6 +388,51 @@ impl FileCoordinator {
             waiters: Vec::new(),
             expires_in_ms: shown.then(|| record.expires_in_ms(now, &self.boot_id)),
             events: Vec::new(),
+        }
+    }
+}
+
+/// One of the sorted sequences [`FileCoordinator::log_each_store`] merges.
+enum Source {
+    /// A resource's log, read forwards; `key` is the last sort key given (see `log_store`).
+    Log {
+        name: String,
+        path: std::path::PathBuf,
+        events: log::Forward,
+        key: i64,
+    },
+    /// A resource's refused attempts in the window, by time.
+    Listed(std::vec::IntoIter<Logged>),
+}
+
+impl Source {
+    /// The next event in the window, with its sort key; the path of a log that fails.
+    fn next(
+        &mut self,
+        query: &LogQuery<'_>,
+    ) -> Result<Option<Logged>, (std::path::PathBuf, std::io::Error)> {
+        match self {
+            Source::Listed(list) => Ok(list.next()),
+            Source::Log {
+                name,
+                path,
+                events,
+                key,
+            } => {
+                for event in events.by_ref() {
+                    let event = event.map_err(|err| (path.clone(), err))?;
+                    if !query.in_range(event.at_ms) {
+                        continue;
+                    }
+                    *key = (*key).max(event.at_ms.saturating_mul(1000));
+                    return Ok(Some(Logged {
+                        resource: name.clone(),
+                        at_us: *key,
+                        event: event.into_event(),
+                    }));
+                }
+                Ok(None)
+            }
         }
     }
 }

@@ -173,6 +173,42 @@ impl History for PgCoordinator {
         true
     }
 
+    /// The resource's events through `events (resource, id DESC)`, newest `history` first,
+    /// streamed (see [`crate::pg::session::Session::call_each`]); oldest first, the server
+    /// sorts those it picked.
+    async fn history_each(
+        &self,
+        resource: &str,
+        history: usize,
+        oldest_first: bool,
+        each: &mut dyn FnMut(Event) -> bool,
+    ) -> Result<(), Error> {
+        let history = i64::try_from(history).unwrap_or(i64::MAX);
+        let sql = format!(
+            "SELECT * FROM (SELECT e.id, __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail \
+             FROM __SCHEMA__.events e WHERE e.resource = $1 ORDER BY e.id DESC LIMIT $2) e \
+             ORDER BY e.id {}",
+            if oldest_first { "ASC" } else { "DESC" }
+        );
+        let resource = resource.to_owned();
+        self.session()
+            .await?
+            .call_each(
+                "read the events",
+                &sql,
+                &[(&resource, Type::TEXT), (&history, Type::INT8)],
+                &mut |row| {
+                    each(Event {
+                        owner: row.get("owner"),
+                        token: row.get("token"),
+                        detail: row.get("detail"),
+                        ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
+                    })
+                },
+            )
+            .await
+    }
+
     /// One upsert into `attempts`. The refused statement before it has already checked the
     /// schema's version (and migrated an older one); a schema without the table (dropped by
     /// hand) records nothing.
@@ -292,77 +328,86 @@ impl History for PgCoordinator {
     /// schema not yet migrated answers with its events, without TTLs.
     async fn log(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
         let window = LogRange::new(query, "l.resource");
-        let sql = format!(
-            "SELECT l.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
-             __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail, \
-             (e.j->>'ttl_ms')::int8 AS ttl_ms, \
-             __SCHEMA__.ms((e.j->>'expires_at')::timestamptz) AS expires_ms, \
-             __SCHEMA__.ms((e.j->>'previous_expires_at')::timestamptz) AS previous_expires_ms \
-             FROM __SCHEMA__.leases l CROSS JOIN LATERAL ( \
-               SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
-               FROM __SCHEMA__.events ev WHERE ev.resource = l.resource {range}) e \
-             WHERE {filter} {last}",
-            range = LogRange::RANGE,
-            filter = window.filter,
-            last = LogRange::LAST,
-        );
         let rows = self
-            .call("read the events", false, &sql, &window.params())
+            .call(
+                "read the events",
+                false,
+                &events_sql(&window.filter),
+                &window.params(),
+            )
             .await?;
         let logged = rows
             .iter()
-            .map(|row| {
-                (
-                    row.get("id"),
-                    Logged {
-                        resource: row.get("resource"),
-                        at_us: row.get("at_us"),
-                        event: Event {
-                            owner: row.get("owner"),
-                            token: row.get("token"),
-                            detail: row.get("detail"),
-                            ttl_ms: row.get("ttl_ms"),
-                            expires_at_ms: row.get("expires_ms"),
-                            previous_expires_at_ms: row.get("previous_expires_ms"),
-                            ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
-                        },
-                    },
-                )
-            })
+            .map(|row| (row.get("id"), event_logged(row)))
             .collect();
         let mut logged = LogRange::oldest_first(logged);
-        // The refused attempts in the window (none on a schema older than version 5), by the
-        // first attempt of each minute; the primary key `(resource, minute, …)` serves a
-        // resource's range.
-        let sql = format!(
-            "SELECT a.resource, floor(extract(epoch FROM a.first_at) * 1000000)::int8 AS at_us, \
-             __SCHEMA__.ms(a.first_at) AS at_ms, __SCHEMA__.ms(a.last_at) AS last_ms, a.kind, \
-             a.owner, a.token, a.detail, a.count \
-             FROM __SCHEMA__.attempts a WHERE {filter} \
-             AND ($2::int8 IS NULL OR a.minute >= to_timestamp($2::int8 / 1000.0) - interval '1 minute') \
-             AND ($2::int8 IS NULL OR a.first_at >= to_timestamp($2::int8 / 1000.0)) \
-             AND ($3::int8 IS NULL OR a.minute < to_timestamp($3::int8 / 1000.0)) \
-             AND ($3::int8 IS NULL OR a.first_at < to_timestamp($3::int8 / 1000.0)) \
-             ORDER BY a.first_at DESC LIMIT $4",
-            filter = LogRange::new(query, "a.resource").filter,
-        );
-        let rows = self
-            .call("read the refused attempts", false, &sql, &window.params())
-            .await?;
-        logged.extend(rows.iter().map(|row| Logged {
-            resource: row.get("resource"),
-            at_us: row.get("at_us"),
-            event: Event {
-                owner: row.get("owner"),
-                token: row.get("token"),
-                detail: row.get("detail"),
-                count: row.get("count"),
-                last_at_ms: row.get("last_ms"),
-                ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
-            },
-        }));
+        logged.extend(self.attempts_in(query).await?);
         newest(&mut logged, query.limit);
         Ok(logged)
+    }
+
+    /// [`Self::log`] streamed: the window's events oldest first as the server sends them,
+    /// merged with its refused attempts (one line per owner and minute, read whole), the
+    /// oldest beyond `limit` passed over (counted by the server first, when there are
+    /// attempts), as [`Self::log`] picks them.
+    async fn log_each(
+        &self,
+        query: &LogQuery<'_>,
+        each: &mut dyn FnMut(Logged) -> bool,
+    ) -> Result<(), Error> {
+        let window = LogRange::new(query, "l.resource");
+        let what = "read the events";
+        let mut attempts = self.attempts_in(query).await?;
+        // Stable: attempts of the same instant keep the order `log` gives them.
+        attempts.sort_by_key(|l| l.at_us);
+        // The events are `limit` at most: only with attempts can there be more to pass over.
+        let mut skip = 0;
+        if !attempts.is_empty() {
+            let counted = self
+                .call(
+                    what,
+                    false,
+                    &format!("SELECT count(*) FROM ({}) c", events_sql(&window.filter)),
+                    &window.params(),
+                )
+                .await?;
+            let events = counted
+                .first()
+                .map_or(0, |row| usize::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+            skip = (events + attempts.len()).saturating_sub(query.limit);
+        }
+        let mut attempts = attempts.into_iter().peekable();
+        let mut going = true;
+        let mut hand = |logged: Logged, going: &mut bool| {
+            if skip > 0 {
+                skip -= 1;
+            } else if *going {
+                *going = each(logged);
+            }
+        };
+        self.session()
+            .await?
+            .call_each(
+                what,
+                &format!(
+                    "SELECT * FROM ({}) x ORDER BY x.at_us, x.id",
+                    events_sql(&window.filter)
+                ),
+                &window.params(),
+                &mut |row| {
+                    let logged = event_logged(row);
+                    while let Some(attempt) = attempts.next_if(|a| a.at_us < logged.at_us) {
+                        hand(attempt, &mut going);
+                    }
+                    hand(logged, &mut going);
+                    going
+                },
+            )
+            .await?;
+        for attempt in attempts {
+            hand(attempt, &mut going);
+        }
+        Ok(())
     }
 
     /// The attempts kept, plus those `fence prune` deleted (in `event_totals` under the kind
@@ -419,7 +464,79 @@ impl History for PgCoordinator {
     }
 }
 
+/// The events of `fence log`'s window (see [`PgCoordinator::log`]), `filter` the window's
+/// condition on `l.resource`; parameters from [`LogRange::params`].
+fn events_sql(filter: &str) -> String {
+    format!(
+        "SELECT l.resource, e.id, floor(extract(epoch FROM e.at) * 1000000)::int8 AS at_us, \
+         __SCHEMA__.ms(e.at) AS at_ms, e.kind, e.owner, e.token, e.detail, \
+         (e.j->>'ttl_ms')::int8 AS ttl_ms, \
+         __SCHEMA__.ms((e.j->>'expires_at')::timestamptz) AS expires_ms, \
+         __SCHEMA__.ms((e.j->>'previous_expires_at')::timestamptz) AS previous_expires_ms \
+         FROM __SCHEMA__.leases l CROSS JOIN LATERAL ( \
+           SELECT ev.id, ev.at, ev.kind, ev.owner, ev.token, ev.detail, to_jsonb(ev) AS j \
+           FROM __SCHEMA__.events ev WHERE ev.resource = l.resource {range}) e \
+         WHERE {filter} {last}",
+        range = LogRange::RANGE,
+        last = LogRange::LAST,
+    )
+}
+
+/// A row of [`events_sql`] as an event of the timeline.
+fn event_logged(row: &tokio_postgres::Row) -> Logged {
+    Logged {
+        resource: row.get("resource"),
+        at_us: row.get("at_us"),
+        event: Event {
+            owner: row.get("owner"),
+            token: row.get("token"),
+            detail: row.get("detail"),
+            ttl_ms: row.get("ttl_ms"),
+            expires_at_ms: row.get("expires_ms"),
+            previous_expires_at_ms: row.get("previous_expires_ms"),
+            ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
+        },
+    }
+}
+
 impl PgCoordinator {
+    /// The refused attempts in `query`'s window (none on a schema older than version 5), by
+    /// the first attempt of each minute, newest first, at most `limit`; the primary key
+    /// `(resource, minute, …)` serves a resource's range.
+    async fn attempts_in(&self, query: &LogQuery<'_>) -> Result<Vec<Logged>, Error> {
+        let window = LogRange::new(query, "a.resource");
+        let sql = format!(
+            "SELECT a.resource, floor(extract(epoch FROM a.first_at) * 1000000)::int8 AS at_us, \
+             __SCHEMA__.ms(a.first_at) AS at_ms, __SCHEMA__.ms(a.last_at) AS last_ms, a.kind, \
+             a.owner, a.token, a.detail, a.count \
+             FROM __SCHEMA__.attempts a WHERE {filter} \
+             AND ($2::int8 IS NULL OR a.minute >= to_timestamp($2::int8 / 1000.0) - interval '1 minute') \
+             AND ($2::int8 IS NULL OR a.first_at >= to_timestamp($2::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.minute < to_timestamp($3::int8 / 1000.0)) \
+             AND ($3::int8 IS NULL OR a.first_at < to_timestamp($3::int8 / 1000.0)) \
+             ORDER BY a.first_at DESC LIMIT $4",
+            filter = window.filter,
+        );
+        let rows = self
+            .call("read the refused attempts", false, &sql, &window.params())
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| Logged {
+                resource: row.get("resource"),
+                at_us: row.get("at_us"),
+                event: Event {
+                    owner: row.get("owner"),
+                    token: row.get("token"),
+                    detail: row.get("detail"),
+                    count: row.get("count"),
+                    last_at_ms: row.get("last_ms"),
+                    ..Event::new(EventKind::parse(row.get("kind")), row.get("at_ms"))
+                },
+            })
+            .collect())
+    }
+
     /// One bound for the whole run, by the server's clock; then pages of [`PRUNE_PAGE`]
     /// resources (in name order, through `leases_resource_bytes`), each one statement: the
     /// id of each resource's last kept event through `events_resource_id`, the older

@@ -1,5 +1,6 @@
 //! The on-call view: `fence log`, `fence inspect` pages, `fence metrics`, `fence prune`.
 
+mod bounded_memory;
 mod expiries;
 mod hung_holders;
 mod inspect_pages;
