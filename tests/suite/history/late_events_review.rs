@@ -28,7 +28,14 @@ fn events(store: &Store) -> Vec<Value> {
 fn kinds(store: &Store) -> Vec<String> {
     events(store)
         .iter()
-        .map(|e| format!("{} {} {}", e["kind"].as_str().unwrap(), e["owner"], e["token"]))
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                e["kind"].as_str().unwrap(),
+                e["owner"],
+                e["token"]
+            )
+        })
         .collect()
 }
 
@@ -61,7 +68,14 @@ fn killed_at_the_append(store: &Store, args: &[&str]) {
 fn release(store: &Store, owner: &str, token: i64) {
     store
         .fence()
-        .args(["release", "job", "--owner", owner, "--token", &token.to_string()])
+        .args([
+            "release",
+            "job",
+            "--owner",
+            owner,
+            "--token",
+            &token.to_string(),
+        ])
         .run()
         .expect(0);
 }
@@ -125,7 +139,11 @@ fn a_late_event_after_a_torn_last_line_is_not_lost() {
     assert_eq!(acquire(&store, "B"), 2);
     assert_eq!(
         kinds(&store),
-        [r#"acquired "A" 1"#, r#"released "A" 1"#, r#"acquired "B" 2"#]
+        [
+            r#"acquired "A" 1"#,
+            r#"released "A" 1"#,
+            r#"acquired "B" 2"#
+        ]
     );
 }
 
@@ -186,6 +204,10 @@ fn the_first_change_after_an_upgrade_killed_before_its_event_is_recorded_late() 
     assert_eq!(acquire(&store, "B"), 2);
     assert_eq!(
         kinds(&store),
-        [r#"acquired "A" 1"#, r#"released "A" 1"#, r#"acquired "B" 2"#]
+        [
+            r#"acquired "A" 1"#,
+            r#"released "A" 1"#,
+            r#"acquired "B" 2"#
+        ]
     );
 }
