@@ -5,6 +5,7 @@ mod expiries;
 mod hung_holders;
 mod inspect_pages;
 mod late_events;
+mod late_events_review;
 mod log;
 mod metrics;
 mod prune;
