@@ -97,10 +97,21 @@ pub(super) fn append(path: &Path, event: &EventLine) -> io::Result<()> {
     // Never through a symbolic link (see `sys::lock_exclusive_until`).
     let mut file = OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
     share(&file, path);
+    // A log that ends inside a line (a power loss, or an append the size limit cut short
+    // and then undone) gets its line ended first: this event must not be glued to it.
+    let len = file.metadata()?.len();
+    if len > 0 {
+        let mut last = [0];
+        file.read_exact_at(&mut last, len - 1)?;
+        if last[0] != b'\n' {
+            line.insert(0, b'\n');
+        }
+    }
     file.write_all(&line)
 }
 
@@ -117,11 +128,21 @@ pub(super) fn tail_until(
     want: usize,
     stop: impl Fn(&EventLine) -> bool,
 ) -> io::Result<Tail> {
+    tail_in_chunks(path, want, stop, CHUNK)
+}
+
+/// [`tail_until`], reading `chunk_len` bytes at a time.
+fn tail_in_chunks(
+    path: &Path,
+    want: usize,
+    stop: impl Fn(&EventLine) -> bool,
+    chunk_len: u64,
+) -> io::Result<Tail> {
     let mut tail = Tail::default();
     if want == 0 {
         return Ok(tail);
     }
-    rev_lines(path, |line, _| {
+    rev_lines(path, chunk_len, |line, _| {
         match serde_json::from_slice::<EventLine>(line) {
             Ok(event) if stop(&event) => false,
             Ok(event) => {
@@ -138,10 +159,14 @@ pub(super) fn tail_until(
 }
 
 /// Hands the log's lines to `each` from the last to the first, with the offset each starts
-/// at, until `each` returns false: a chunk of [`CHUNK`] bytes (and the line that straddles
+/// at, until `each` returns false: a chunk of `chunk_len` bytes (and the line that straddles
 /// it) in memory at a time, whatever the log's length. Empty lines are passed over; a
 /// missing log has no lines.
-fn rev_lines(path: &Path, mut each: impl FnMut(&[u8], u64) -> bool) -> io::Result<()> {
+fn rev_lines(
+    path: &Path,
+    chunk_len: u64,
+    mut each: impl FnMut(&[u8], u64) -> bool,
+) -> io::Result<()> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
@@ -157,7 +182,7 @@ fn rev_lines(path: &Path, mut each: impl FnMut(&[u8], u64) -> bool) -> io::Resul
             }
             return Ok(());
         }
-        let start = pos.saturating_sub(CHUNK);
+        let start = pos.saturating_sub(chunk_len);
         let mut chunk = vec![0; usize::try_from(pos - start).unwrap_or(0)];
         file.read_exact_at(&mut chunk, start)?;
         pos = start;
@@ -196,7 +221,7 @@ pub(super) fn each_newest(
         return Ok(());
     }
     let mut found = 0;
-    rev_lines(path, |line, _| {
+    rev_lines(path, CHUNK, |line, _| {
         match serde_json::from_slice::<EventLine>(line) {
             Ok(event) => {
                 found += 1;
@@ -244,7 +269,7 @@ impl Forward {
             return Ok(forward);
         }
         let mut from = None;
-        rev_lines(path, |line, at| {
+        rev_lines(path, CHUNK, |line, at| {
             match serde_json::from_slice::<EventLine>(line) {
                 Ok(event) if stop(&event) => false,
                 Ok(event) => {
@@ -326,7 +351,11 @@ pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
 /// The change the log's last event follows: None when the log has no event, `Some(None)`
 /// when its last event is of an older version (it carries none).
 pub(super) fn last_change(path: &Path) -> io::Result<Option<Option<u64>>> {
-    Ok(tail(path, 1)?.events.first().map(|e| e.change))
+    // One line is wanted, read on every operation: a page at a time, not a chunk.
+    Ok(tail_in_chunks(path, 1, |_| false, 4096)?
+        .events
+        .first()
+        .map(|e| e.change))
 }
 
 /// Whether the log has grown past [`MAX_LOG_BYTES`] and the retention applies.

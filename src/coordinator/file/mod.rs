@@ -78,6 +78,11 @@ struct Paths {
     events: PathBuf,
     high: PathBuf,
     attempts: PathBuf,
+    /// The change the log's last line follows, as `FileCoordinator::catch_up` found it (0:
+    /// none, or a line of an older version): the next change is numbered above it and the
+    /// record's, so that a record lost or restored from an older copy does not number its
+    /// next change at or below what the log already holds.
+    logged: std::cell::Cell<u64>,
 }
 
 impl FileCoordinator {
@@ -188,6 +193,7 @@ impl FileCoordinator {
             events: self.dir.join("events").join(format!("{name}.jsonl")),
             high: self.dir.join("tokens").join(format!("{name}.high")),
             attempts: self.dir.join("attempts").join(format!("{name}.json")),
+            logged: std::cell::Cell::new(0),
         }
     }
 
@@ -262,10 +268,11 @@ impl FileCoordinator {
             .map_err(|err| self.io_error("write the lease record", path, &err))
     }
 
-    /// Writes `record` as the resource's change number `change`, carrying its `event`, and
-    /// appends `event`; when the append fails, writes `undo` back and refuses (exit 7: nothing
-    /// applied), or, if even that fails, reports the outcome as unknown (exit 8). `what`
-    /// completes "the lease on `r` was not …".
+    /// Writes `record` as the resource's next change (numbered above `previous`, the change
+    /// of the record it replaces, and above the log's last line), carrying its `event`, and
+    /// appends `event`; when the append fails, writes `undo` back and refuses (exit 7:
+    /// nothing applied), or, if even that fails, reports the outcome as unknown (exit 8).
+    /// `what` completes "the lease on `r` was not …".
     #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
@@ -274,9 +281,10 @@ impl FileCoordinator {
         undo: &Record,
         durable: bool,
         event: &EventLine,
-        change: u64,
+        previous: u64,
         what: &str,
     ) -> Result<(), Error> {
+        let change = previous.max(paths.logged.get()) + 1;
         let event = &EventLine {
             change: Some(change),
             ..event.clone()
@@ -286,12 +294,9 @@ impl FileCoordinator {
             event: Some(event.clone()),
             ..record.clone()
         };
-        let undo = &Record {
-            change: change - 1,
-            ..undo.clone()
-        };
         self.write_record(&paths.lease, record, durable)?;
         let Err(err) = log::append(&paths.events, event) else {
+            paths.logged.set(change);
             if log::is_long(&paths.events) {
                 let pruned = self
                     .issued(paths)
@@ -329,8 +334,7 @@ impl FileCoordinator {
 }
 
 /// What a late event's detail says.
-const RECORDED_LATE: &str =
-    "recorded late: the process that made this change died before it wrote it here";
+const RECORDED_LATE: &str = "recorded late: this change was missing from the log (the process that made it was killed before writing it here, or the line was lost)";
 
 impl FileCoordinator {
     /// Appends the event of the record's last change when the log does not have it: its
@@ -339,36 +343,38 @@ impl FileCoordinator {
     /// carries its number. Run under the resource's lock before anything else is appended; a
     /// failure is a warning (the history misses the event, the lease is as the record says).
     fn catch_up(&self, paths: &Paths, record: Option<&Record>) {
+        let last = log::last_change(&paths.events);
+        if let Ok(Some(Some(logged))) = last {
+            paths.logged.set(logged);
+        }
         let Some((record, event)) = record.and_then(|r| Some(r).zip(r.event.as_ref())) else {
             return;
         };
-        let logged = match log::last_change(&paths.events) {
-            // A line of an older version last: nothing to compare with.
-            Ok(Some(None)) => return,
+        let appended = match last {
             Ok(Some(Some(logged))) if logged >= record.change => return,
-            Ok(_) => Ok(()),
-            Err(err) => Err(err),
-        }
-        .and_then(|()| {
-            let detail = match &event.detail {
-                Some(detail) => format!("{detail}; {RECORDED_LATE}"),
-                None => RECORDED_LATE.to_owned(),
-            };
-            log::append(
-                &paths.events,
-                &EventLine {
+            // No line, or a last line of an older version: the record's event, which only
+            // this version writes, is not there.
+            Ok(_) => {
+                let detail = match &event.detail {
+                    Some(detail) => format!("{detail}; {RECORDED_LATE}"),
+                    None => RECORDED_LATE.to_owned(),
+                };
+                let late = EventLine {
                     detail: Some(detail),
                     ..event.clone()
-                },
-            )
-        });
-        if let Err(err) = logged {
-            crate::terminal::warn(&format!(
+                };
+                log::append(&paths.events, &late)
+            }
+            Err(err) => Err(err),
+        };
+        match appended {
+            Ok(()) => paths.logged.set(paths.logged.get().max(record.change)),
+            Err(err) => crate::terminal::warn(&format!(
                 "warning: the history `{}` misses the last change of `{}` (token {}), and it cannot be added: {err}",
                 paths.events.display(),
                 record.resource,
                 record.token
-            ));
+            )),
         }
     }
 }

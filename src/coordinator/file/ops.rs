@@ -258,7 +258,7 @@ impl Leases for FileCoordinator {
                     record,
                     false,
                     &event,
-                    record.change + 1,
+                    record.change,
                     "reacquired",
                 )?;
                 return Ok(Grant {
@@ -277,8 +277,12 @@ impl Leases for FileCoordinator {
             super::counter::write(&paths.high, token)
                 .map_err(|err| store.io_error("record the high-water mark", &paths.high, &err))?;
             let record = Record::grant(resource, owner, token, ttl, &now, &store.boot_id);
+            // Undone, the record keeps the token used up, and the previous record's change and
+            // event: one still to be recorded late stays so.
             let mut undo = record.clone();
             undo.released = true;
+            undo.change = previous.as_ref().map_or(0, |r| r.change);
+            undo.event = previous.as_ref().and_then(|r| r.event.clone());
             let event = EventLine {
                 previous_expires_at_ms: previous
                     .as_ref()
@@ -287,7 +291,7 @@ impl Leases for FileCoordinator {
                 detail: raised,
                 ..Self::lease_event(&now, kind, &record)
             };
-            let change = previous.as_ref().map_or(0, |r| r.change) + 1;
+            let change = previous.as_ref().map_or(0, |r| r.change);
             store.commit(paths, &record, &undo, true, &event, change, "acquired")?;
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
@@ -317,7 +321,7 @@ impl Leases for FileCoordinator {
                         &record,
                         false,
                         &event,
-                        record.change + 1,
+                        record.change,
                         "renewed",
                     )?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
@@ -353,7 +357,7 @@ impl Leases for FileCoordinator {
                         &record,
                         false,
                         &event,
-                        record.change + 1,
+                        record.change,
                         "released",
                     )?;
                     Ok(Released::Now)
