@@ -365,8 +365,9 @@ fn counters_survive_the_file_stores_log_cut() {
         let t = acquire(&store, "cut", "o");
         release(&store, "cut", "o", t);
     }
-    // 12,000 renewals of token 3 written as the store writes them, 4.8 MB in all: the next
-    // grant finds the log past 4 MiB and cuts it.
+    // 12,000 renewals of token 3 written as the store writes them (each line carries the
+    // record's change it follows: the sixth, token 3's release), 4.8 MB in all: the next grant
+    // finds the log past 4 MiB and cuts it.
     let log = store.home.path().join("store/events/cut.jsonl");
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -377,7 +378,7 @@ fn counters_survive_the_file_stores_log_cut() {
     let mut lines = String::new();
     for i in 0..12_000 {
         lines.push_str(&format!(
-            "{{\"at_ms\":{},\"kind\":\"renewed\",\"owner\":\"o\",\"token\":3,\"detail\":\"{padding}\"}}\n",
+            "{{\"at_ms\":{},\"kind\":\"renewed\",\"owner\":\"o\",\"token\":3,\"detail\":\"{padding}\",\"change\":6}}\n",
             at_ms + i / 1000
         ));
     }
