@@ -23,7 +23,7 @@ struct GermanDatabase {
 
 impl GermanDatabase {
     fn new(tag: &str) -> GermanDatabase {
-        let name = format!("{tag}_{}", std::process::id());
+        let name = format!("{tag}_{}", crate::common::process_tag());
         let base = env_or_panic("FENCE_TEST_PG_URL");
         let (head, _db) = base.rsplit_once('/').expect("a database in the URL");
         let owner = head

@@ -14,6 +14,21 @@ use tempfile::TempDir;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+/// This test process's part of the names it makes on the servers one `tests/run` shares
+/// (schemas, roles, bucket prefixes): its pid and a stamp of its start. The pid alone is not
+/// unique: a suite starts tens of thousands of processes and pids wrap at 32,768, and a GCS
+/// prefix left by an earlier test of the same pid was once copied along with a test's own.
+pub fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let stamp = (nanos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+        format!("{}x{stamp:06x}", std::process::id())
+    })
+}
+
 /// Which coordinator a test runs against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -52,7 +67,7 @@ impl Store {
     pub fn new(backend: Backend) -> Store {
         let home = tempfile::tempdir().expect("temp dir");
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let unique = format!("t{}_{n}", std::process::id());
+        let unique = format!("t{}_{n}", process_tag());
         let objects = match backend {
             Backend::S3 => Some((objects::Server::new(objects::Service::S3), unique.clone())),
             Backend::LocalStack => Some((objects::Server::localstack(), unique.clone())),
@@ -86,7 +101,7 @@ impl Store {
     /// (`common::gcs_server`).
     pub fn on_server(server: objects::Server) -> Store {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let prefix = format!("t{}_{n}", std::process::id());
+        let prefix = format!("t{}_{n}", process_tag());
         Store {
             backend: match server.service {
                 objects::Service::S3 => Backend::S3,
@@ -818,7 +833,7 @@ impl RowLock {
         use std::io::Write;
         let name = format!(
             "fence-test-gate-{}-{}",
-            std::process::id(),
+            process_tag(),
             COUNTER.fetch_add(1, Ordering::SeqCst)
         );
         let mut psql = Command::new("psql")
@@ -921,7 +936,7 @@ pub fn pg_superuser() -> String {
 /// schemas there; returns its name and a URL that logs in as it (TCP, like fence's users).
 pub fn pg_limited_role(limit: u32) -> (String, String) {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-    let role = format!("limited_{}_{n}", std::process::id());
+    let role = format!("limited_{}_{n}", process_tag());
     let db = env_or_panic("FENCE_TEST_PG_DB");
     // Two GRANTs on one database at once can fail ("tuple concurrently updated"): tests in
     // other processes take their turn under a transaction-level advisory lock.

@@ -459,7 +459,7 @@ fn the_caller_s_sql_cannot_fake_a_replay() {
 /// warns for it, naming the role quoted as SQL needs it.
 #[test]
 fn doctor_sizes_a_role_whose_name_holds_a_bar() {
-    let role = format!("ops|jobs\"{}", std::process::id());
+    let role = format!("ops|jobs\"{}", crate::common::process_tag());
     let quoted = format!("\"{}\"", role.replace('"', "\"\""));
     let db = common::env_or_panic("FENCE_TEST_PG_DB");
     pg_exec(
@@ -509,9 +509,9 @@ fn doctor_sizes_a_role_whose_name_holds_a_bar() {
 /// role's name held one it said nothing: no warning for exactly the set-up it exists to catch.
 #[test]
 fn doctor_flags_a_schema_owner_whose_name_holds_a_bar() {
-    let role = format!("own|er\"{}", std::process::id());
+    let role = format!("own|er\"{}", crate::common::process_tag());
     let quoted = format!("\"{}\"", role.replace('"', "\"\""));
-    let schema = format!("bar_owned_{}", std::process::id());
+    let schema = format!("bar_owned_{}", crate::common::process_tag());
     let db = common::env_or_panic("FENCE_TEST_PG_DB");
     pg_exec(
         &common::pg_superuser(),

@@ -1091,7 +1091,7 @@ fn postgres_a_schema_from_a_newer_fence_is_refused() {
 fn postgres_admin_answers_keep_their_keys_in_order() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
-    let role = format!("keys_{}", std::process::id());
+    let role = format!("keys_{}", crate::common::process_tag());
     common::pg_exec(
         &store.url,
         &format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (v int)"),

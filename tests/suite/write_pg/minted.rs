@@ -17,7 +17,7 @@ use common::{env_or_panic, Backend, Store};
 fn a_minted_token_on_a_separate_target_is_not_called_a_grant() {
     let store = Store::new(Backend::File);
     let target = env_or_panic("FENCE_TEST_PG_URL");
-    let schema = format!("minted_{}", std::process::id());
+    let schema = format!("minted_{}", crate::common::process_tag());
     let fence = |args: &[&str]| {
         store
             .fence()

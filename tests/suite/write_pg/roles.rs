@@ -24,7 +24,7 @@ const README_ROLES: [&str; 2] = ["app_writer", "app_reader"];
 
 impl Db {
     fn new(tag: &str) -> Db {
-        let name = format!("roles_{tag}_{}", std::process::id());
+        let name = format!("roles_{tag}_{}", crate::common::process_tag());
         let server = Db::server();
         pg_exec(
             &server,
@@ -648,7 +648,7 @@ fn an_application_role_owning_the_schema_is_flagged_and_refused() {
 #[test]
 fn writers_that_can_write_around_protect_are_refused_and_failed() {
     let db = Db::new("bypass");
-    let pid = std::process::id();
+    let pid = crate::common::process_tag();
     let role = |what: &str| format!("bp_{what}_{pid}");
     let names = [
         "writer",
@@ -966,7 +966,7 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
 #[test]
 fn a_writer_without_plpgsql_usage_still_writes() {
     let db = Db::new("noplpgsql");
-    let role = format!("np_writer_{}", std::process::id());
+    let role = format!("np_writer_{}", crate::common::process_tag());
     let server = Db::server();
     pg_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
     pg_exec(&server, &format!("CREATE ROLE {role} LOGIN"));
