@@ -7,16 +7,17 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
+use std::process::Output;
 
 use crate::common::{self, Store};
 use serde_json::Value;
 
 /// The event log of `job` in the store.
-fn log_path(store: &Store) -> PathBuf {
+pub(super) fn log_path(store: &Store) -> PathBuf {
     store.dir().join("events").join("job.jsonl")
 }
 
-/// The log's lines, parsed.
+/// The log's lines, parsed (every one must be an event).
 fn lines(store: &Store) -> Vec<Value> {
     std::fs::read_to_string(log_path(store))
         .unwrap_or_default()
@@ -25,9 +26,10 @@ fn lines(store: &Store) -> Vec<Value> {
         .collect()
 }
 
-/// Runs `fence args…` on `store` under strace, killed (SIGKILL) as it enters its first write
-/// to the event log: after the record was written, before its event.
-fn killed_at_the_append(store: &Store, args: &[&str]) {
+/// `fence args…` on `store` under strace: every write to the event log gets `inject`
+/// (`signal=SIGKILL` kills fence at its first append, after the record was written;
+/// `error=ENOSPC` fails them all).
+pub(super) fn strace_log_writes(store: &Store, inject: &str, args: &[&str]) -> Output {
     // The log must exist for strace's path filter to name it: an empty file is a log with no
     // event.
     let path = log_path(store);
@@ -36,15 +38,21 @@ fn killed_at_the_append(store: &Store, args: &[&str]) {
         std::fs::write(&path, "").unwrap();
     }
     let home = tempfile::tempdir().unwrap();
-    let out = common::clean_command("strace", home.path())
+    common::clean_command("strace", home.path())
         .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=write"])
-        .args(["-e", "inject=write:signal=SIGKILL", "-P"])
+        .args(["-e", &format!("inject=write:{inject}"), "-P"])
         .arg(&path)
         .arg(common::fence_bin())
         .args(["--store", &store.url])
         .args(args)
         .output()
-        .expect("strace runs (tests/run installs it)");
+        .expect("strace runs (tests/run installs it)")
+}
+
+/// Runs `fence args…` on `store`, killed (SIGKILL) as it enters its first write to the event
+/// log: after the record was written, before its event.
+pub(super) fn killed_at_the_append(store: &Store, args: &[&str]) {
+    let out = strace_log_writes(store, "signal=SIGKILL", args);
     // strace ends as its tracee did: killed by SIGKILL.
     assert_eq!(
         out.status.signal(),

@@ -2,15 +2,11 @@
 //! process died between the lease record and the event log stays missing. Each test kills
 //! fence at its append with `strace`, as `late_events.rs` does.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
-use crate::common::{self, Store};
+use super::late_events::{killed_at_the_append, log_path, strace_log_writes};
+use crate::common::Store;
 use serde_json::Value;
-
-fn log_path(store: &Store) -> PathBuf {
-    store.dir().join("events").join("job.jsonl")
-}
 
 fn record_path(store: &Store) -> PathBuf {
     store.dir().join("leases").join("job.json")
@@ -37,32 +33,6 @@ fn kinds(store: &Store) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// `fence args…` under strace: every write to the event log gets `inject` (`signal=SIGKILL`
-/// kills fence at its first append, after the record was written; `error=ENOSPC` fails
-/// them all).
-fn strace_log_writes(store: &Store, inject: &str, args: &[&str]) -> std::process::Output {
-    let path = log_path(store);
-    if !path.exists() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, "").unwrap();
-    }
-    let home = tempfile::tempdir().unwrap();
-    common::clean_command("strace", home.path())
-        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=write"])
-        .args(["-e", &format!("inject=write:{inject}"), "-P"])
-        .arg(&path)
-        .arg(common::fence_bin())
-        .args(["--store", &store.url])
-        .args(args)
-        .output()
-        .expect("strace runs (tests/run installs it)")
-}
-
-fn killed_at_the_append(store: &Store, args: &[&str]) {
-    let out = strace_log_writes(store, "signal=SIGKILL", args);
-    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
 }
 
 fn release(store: &Store, owner: &str, token: i64) {
