@@ -26,10 +26,20 @@
 # Runs inside a throwaway cluster from pg_virtualenv (works as root); installs hyperfine,
 # etcd-server and etcd-client with apt-get when they are missing.
 #
-# Usage: benches/compare.sh [RUNS]      (default 200 runs per command)
+# Figures that reproduce (issue 37): every comparison is measured in ROUNDS rounds (default 3),
+# one after the other, each pair side by side in the same round (hyperfine alternates nothing,
+# so the rounds are the interleaving: a change of the machine's load shows as a spread). Each
+# ratio is printed as the median of its rounds with their range; before each round the
+# disk's fdatasync latency (pg_test_fsync, 2 s) and how busy the CPUs are with other work
+# (one second of /proc/stat) are taken, and a round whose fsync latency is over 3x the run's
+# median or whose CPUs were over 25% busy is marked abnormal (its figures are printed, and
+# left out of the medians when at least one round was normal).
+#
+# Usage: benches/compare.sh [RUNS [ROUNDS]]   (default 200 runs per command, 3 rounds)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-200}
+rounds=${2:-3}
 
 if [[ -z ${FENCE_BENCH_INSIDE:-} ]]; then
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fence-target}"
@@ -51,7 +61,7 @@ if [[ -z ${FENCE_BENCH_INSIDE:-} ]]; then
     cargo build --quiet --release --bin fence --example pg_floor
     # pg_virtualenv passes `fsync=off` to its cluster; these options come after it and win
     # (checked below, inside).
-    FENCE_BENCH_INSIDE=1 exec pg_virtualenv -o fsync=on -o synchronous_commit=on "$0" "$runs"
+    FENCE_BENCH_INSIDE=1 exec pg_virtualenv -o fsync=on -o synchronous_commit=on "$0" "$runs" "$rounds"
 fi
 
 bin="$CARGO_TARGET_DIR/release"
@@ -70,7 +80,8 @@ plain="postgresql://$PGUSER@127.0.0.1:$PGPORT/$PGDATABASE?sslmode=disable"
 prefer="postgresql://$PGUSER@127.0.0.1:$PGPORT/$PGDATABASE"
 auth=$(psql "$plain" -Atc "select auth_method from pg_hba_file_rules where type = 'host' and address = '127.0.0.1' order by line_number limit 1")
 fence="$bin/fence --store $plain"
-floor="$bin/examples/pg_floor $plain"
+floor_bin="$bin/examples/pg_floor"
+floor="$floor_bin $plain"
 $fence init -q
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || commit="$commit + uncommitted changes"
@@ -84,29 +95,9 @@ out=$(mktemp -d)
 state=$(mktemp -d)
 etcd_pid=""
 etcd_dir=""
-trap 'if [[ -n $etcd_pid ]]; then kill "$etcd_pid" 2>/dev/null; fi; rm -rf "$out" "$state" ${etcd_dir:+"$etcd_dir"}' EXIT
+bouncers=()
+trap 'if [[ -n $etcd_pid ]]; then kill "$etcd_pid" 2>/dev/null; fi; for pid in "${bouncers[@]}"; do kill "$pid" 2>/dev/null; done; rm -rf "$out" "$state" ${etcd_dir:+"$etcd_dir"}' EXIT
 
-hyperfine --warmup 20 --runs "$runs" --export-json "$out/pair.json" --style basic \
-    -n "fence acquire + release" "eval \"\$($fence acquire pair-a --owner o --format env)\" && $fence release" \
-    -n "floor twice (2 processes)" "$floor && $floor" \
-    -n "fence acquire + release, sslmode=prefer" "eval \"\$($bin/fence --store $prefer acquire pair-d --owner o --format env)\" && $bin/fence --store $prefer release"
-# Single commands run without a shell (-N), here and below: at a few milliseconds hyperfine's
-# shell-start correction is noise. The pairs above need a shell (eval, $(...)).
-hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/one.json" --style basic \
-    -n "fence acquire (reacquire)" "$fence acquire one-a --owner o -q" \
-    -n "floor (connect + SELECT 1)" "$floor"
-
-psql -qc "CREATE TABLE IF NOT EXISTS bench_totals (id int PRIMARY KEY, n bigint); INSERT INTO bench_totals VALUES (1, 0) ON CONFLICT DO NOTHING"
-hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/write.json" --style basic \
-    -n "fence write (fenced transaction)" "$fence write totals --token 1 --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
-    -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
-
-hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/run.json" --style basic \
-    -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
-    -n "flock /tmp/x true" "flock $state/x true" \
-    -n "true (one process start)" "true" \
-    -n "fence --version (fence's own start)" "$bin/fence --version" \
-    -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
 if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
     # A throwaway single-member etcd on loopback, without authentication, like the cluster.
     etcd_dir=$(mktemp -d)
@@ -119,63 +110,172 @@ if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
     etcd_pid=$!
     etcdctl=(env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$etcd_client")
     for _ in $(seq 1 100); do "${etcdctl[@]}" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
-    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/etcd.json" --style basic \
-        -n "fence run R -- true (PostgreSQL)" "$fence run r -- true" \
-        -n "etcdctl lock R -- true" "${etcdctl[*]} lock r -- true"
-    echo "etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client, no authentication, its default fsync per commit"
+    echo "# etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client, no authentication, its default fsync per commit"
 else
-    echo "(etcd not installed here: the etcdctl comparison is skipped; apt-get install etcd-server etcd-client)"
+    echo "# (etcd not installed here: the etcdctl comparison is skipped; apt-get install etcd-server etcd-client)"
 fi
 
-echo
-echo "## fence's acquire statement on a fresh connection (pgbench -C: a new connection per statement)"
-# The statement fence sends, from its source: parameters become literals (a new resource per
-# grant), the schema `fence`.
+# fence's acquire statement on a fresh connection (pgbench -C, a new connection per
+# statement), from its source: parameters become literals (a new resource per grant), the
+# schema `fence`.
 python3 - "$out" <<'PY'
 import re, sys
 src = open("src/coordinator/pg_one_shot.rs").read()
-sql = re.search(r'pub const ACQUIRE: &str = "\\\n(.*?)";', src, re.S).group(1)
-sql = sql.replace("__SCHEMA__", "fence").replace("$3", "30000::int8")
+sql = re.search(r'pub const ACQUIRE: &str = concat!\(\s*"\\\n(.*?)",\s*schema_is_current!\(\),\s*"(.*?)"\s*\);', src, re.S)
+macro = re.search(r'macro_rules! schema_is_current \{\s*\(\) => \{\s*"((?:[^"\\]|\\.)*)"', src, re.S).group(1)
+sql = sql.group(1) + macro + sql.group(2)
+version = re.search(r"COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec \{.*?version: (\d+),", open("src/coordinator/postgres/mod.rs").read(), re.S).group(1)
+sql = sql.replace("__SCHEMA__", "fence").replace("__VERSION__", version).replace("$3", "30000::int8").replace("$4", "NULL::int8")
 grant = sql.replace("$1", "('cold-' || :n)").replace("$2", "'o'")
 busy = sql.replace("$1", "'cold-held'").replace("$2", "'other'")
 open(f"{sys.argv[1]}/grant.sql", "w").write("\\set n random(1, 1000000000)\n" + grant + ";\n")
 open(f"{sys.argv[1]}/busy.sql", "w").write(busy + ";\n")
 PY
-$fence acquire cold-held --owner holder --ttl 1h -q
+$fence acquire cold-held --owner holder --ttl 24h -q
 printf 'SELECT 1;\n' > "$out/select1.sql"
 psql -qc "CREATE TABLE IF NOT EXISTS bench_row (id int PRIMARY KEY, n bigint); INSERT INTO bench_row VALUES (1, 0) ON CONFLICT DO NOTHING"
+# `fence write` is measured with a token the coordinator issued (a token it never issued is
+# refused: exit 6).
+totals_token=$($fence acquire totals --owner bench --ttl 24h --format env | sed -n 's/^export FENCE_TOKEN=//p')
+psql -qc "CREATE TABLE IF NOT EXISTS bench_totals (id int PRIMARY KEY, n bigint); INSERT INTO bench_totals VALUES (1, 0) ON CONFLICT DO NOTHING"
 printf 'UPDATE bench_row SET n = n + 1 WHERE id = 1;\n' > "$out/write1.sql"
 printf '\\set n random(1, 1000000000)\nSELECT token FROM fence.acquire(%s, %s, 30000);\n' "'plpgsql-' || :n" "'o'" > "$out/plpgsql.sql"
 printf "SELECT * FROM fence.leases WHERE resource = 'cold-held';\n" > "$out/read.sql"
-# Alternated, twice, so that a change in the machine's load shows as a spread. Each
-# transaction's own time (pgbench -l: the statement alone, without the connection) is logged
-# too: what the statement costs on a new backend.
+printf 'SELECT pg_advisory_lock(1);\nSELECT pg_advisory_unlock(1);\n' > "$out/lock.sql"
 mkdir -p "$out/logs"
-for round in 1 2; do
-    for case in select1 read busy write1 grant plpgsql; do
-        latency=$(cd "$out/logs" && pgbench -n -C -c 1 -T 5 -l --log-prefix="$case-$round" -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
-        echo "$case $latency" >> "$out/cold.txt"
-    done
-done
-python3 - "$out/cold.txt" "$out/logs" <<'PY'
-import glob, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    case, ms = line.split()
-    rows.setdefault(case, []).append(float(ms))
-names = {
-    "select1": "SELECT 1 (trivial statement)",
-    "read": "SELECT of one lease row (fence's table, no change)",
-    "busy": "fence acquire statement, refused (busy)",
-    "write1": "UPDATE of one row (trivial durable write)",
-    "grant": "fence acquire statement, granting a new resource",
-    "plpgsql": "the schema's PL/pgSQL acquire(), granting (version 4's one-shot path)",
+data_dir=$(psql -Atc 'show data_directory')
+# What one WAL flush costs on this disk now (pg_test_fsync, 2 s, as wal_sync_method=fdatasync
+# does), in microseconds.
+fsync_us() {
+    "$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$data_dir/fence_fsync.test" 2>/dev/null |
+        awk '$1 == "fdatasync" {print $4; exit}'
+    rm -f "$data_dir/fence_fsync.test"
 }
-for case, name in names.items():
-    alone = [int(l.split()[2]) / 1000 for f in glob.glob(f"{sys.argv[2]}/{case}-*") for l in open(f)]
-    print(f"{name}: {' / '.join(f'{v:.2f}' for v in rows[case])} ms per connection + statement;"
-          f" the statement alone {statistics.median(alone):.2f} ms (median of {len(alone)})")
+
+# PgBouncer in transaction mode in front of the cluster (docs/run.md, "PgBouncer"), twice:
+# with the role's SCRAM verifier in its userlist (as the docs advise), and with the plaintext
+# password (the trap: PgBouncer then derives the verifier itself, 4,096 rounds of PBKDF2 on
+# every connection). Clients authenticate with SCRAM to PgBouncer; PgBouncer to the server
+# with the trust rule above. It refuses to run as root: as root, it runs as postgres.
+bouncer_bin=$(command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer)
+bouncers=()
+start_bouncer() { # NAME SECRET: starts one (its pid file in $out/bouncer-NAME), prints its port
+    local dir="$out/bouncer-$1" port
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    mkdir -p "$dir"
+    printf '"%s" "%s"\n' "$PGUSER" "$2" > "$dir/userlist.txt"
+    cat > "$dir/pgbouncer.ini" <<EOF
+[databases]
+$PGDATABASE = host=127.0.0.1 port=$PGPORT dbname=$PGDATABASE
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 10
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+    chmod 0600 "$dir/userlist.txt"
+    if ((EUID == 0)); then
+        chown -R postgres: "$dir"
+        runuser -u postgres -- "$bouncer_bin" -d "$dir/pgbouncer.ini" >/dev/null
+    else
+        "$bouncer_bin" -d "$dir/pgbouncer.ini" >/dev/null
+    fi
+    for _ in $(seq 1 100); do
+        [[ -s $dir/pgbouncer.pid ]] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.05
+    done
+    [[ -s $dir/pgbouncer.pid ]] || { cat "$dir/pgbouncer.log" >&2 2>/dev/null; return 1; }
+    echo "$port"
+}
+bounced=""
+if [[ -x $bouncer_bin && -n ${PGPASSWORD:-} ]]; then
+    verifier=$(psql -Atc "select rolpassword from pg_authid where rolname = current_user")
+    if [[ $verifier == SCRAM-SHA-256* ]]; then
+        # PgBouncer (as postgres, when root) reads its files under $out.
+        chmod o+x "$out"
+        scram_port=$(start_bouncer scram "$verifier") && plain_port=$(start_bouncer plaintext "$PGPASSWORD") &&
+        bounced="postgresql://$PGUSER:$PGPASSWORD@127.0.0.1:$scram_port/$PGDATABASE?sslmode=disable"
+        bounced_plain="postgresql://$PGUSER:$PGPASSWORD@127.0.0.1:$plain_port/$PGDATABASE?sslmode=disable"
+        for name in scram plaintext; do
+            [[ -s $out/bouncer-$name/pgbouncer.pid ]] && bouncers+=("$(cat "$out/bouncer-$name/pgbouncer.pid")")
+        done
+        echo "# PgBouncer $("$bouncer_bin" --version | head -n 1 | awk '{print $2}'), transaction pooling, clients authenticated by SCRAM"
+    fi
+fi
+[[ -n $bounced ]] || echo "# (PgBouncer not installed, or the role has no SCRAM password: its comparison is skipped; apt-get install pgbouncer)"
+
+# How busy the CPUs are in one second of nothing of ours running (/proc/stat), in percent:
+# what else the machine is doing. (The load average is printed too, but the previous round's
+# 64 workers keep it up for minutes.)
+busy_percent() {
+    python3 - <<'PY'
+import time
+def sample():
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+idle1, total1 = sample()
+time.sleep(1)
+idle2, total2 = sample()
+print(round(100 * (1 - (idle2 - idle1) / max(total2 - total1, 1))))
 PY
+}
+
+for round in $(seq 1 "$rounds"); do
+    fsync=$(fsync_us)
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    busy=$(busy_percent)
+    echo "$round $fsync $load $busy" >> "$out/conditions.txt"
+    echo "# round $round of $rounds: fdatasync ${fsync} us, load average $load, CPU ${busy}% busy" >&2
+    hyperfine --warmup 20 --runs "$runs" --export-json "$out/pair-$round.json" --style none \
+        -n "fence acquire + release" "eval \"\$($fence acquire pair-a --owner o --format env)\" && $fence release" \
+        -n "floor twice (2 processes)" "$floor && $floor" \
+        -n "fence acquire + release, sslmode=prefer" "eval \"\$($bin/fence --store $prefer acquire pair-d --owner o --format env)\" && $bin/fence --store $prefer release"
+    # Single commands run without a shell (-N), here and below: at a few milliseconds
+    # hyperfine's shell-start correction is noise. The pairs above need a shell (eval, $(...)).
+    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/one-$round.json" --style none \
+        -n "fence acquire (reacquire)" "$fence acquire one-a --owner o -q" \
+        -n "floor (connect + SELECT 1)" "$floor"
+    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/write-$round.json" --style none \
+        -n "fence write (fenced transaction)" "$fence write totals --token $totals_token --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
+        -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
+    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/run-$round.json" --style none \
+        -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
+        -n "flock /tmp/x true" "flock $state/x true" \
+        -n "true (one process start)" "true" \
+        -n "fence --version (fence's own start)" "$bin/fence --version" \
+        -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
+    if [[ -n $etcd_pid ]]; then
+        hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/etcd-$round.json" --style none \
+            -n "fence run R -- true (PostgreSQL)" "$fence run r -- true" \
+            -n "etcdctl lock R -- true" "${etcdctl[*]} lock r -- true"
+    fi
+    if [[ -n $bounced ]]; then
+        hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/bouncer-$round.json" --style none \
+            -n "fence acquire (reacquire) through PgBouncer" "$bin/fence --store $bounced acquire one-b --owner o -q" \
+            -n "floor through PgBouncer" "$floor_bin $bounced" \
+            -n "fence acquire through PgBouncer, plaintext userlist" "$bin/fence --store $bounced_plain acquire one-b --owner o -q"
+    fi
+    # Each transaction's own time too (pgbench -l: the statement alone, without the
+    # connection): what the statement costs on a new backend.
+    for case in select1 read busy write1 grant plpgsql; do
+        latency=$(cd "$out/logs" && pgbench -n -C -c 1 -T 3 -l --log-prefix="$case-$round" -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
+        echo "$round $case $latency" >> "$out/cold.txt"
+    done
+    # One hot resource, 64 workers: fence bench (blocking) against the durability floor (each
+    # critical section of fence commits durably at least once, as each of these updates does)
+    # and a pg_advisory_lock loop; then the --wait hand-off of 2 workers.
+    $fence bench --workers 64 --duration 10s --mode contend --format json > "$out/bench64-$round.json"
+    $fence bench --workers 8 --duration 10s --mode contend --format json > "$out/bench8-$round.json"
+    pgbench -n -c 64 -j 2 -T 10 -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable-$round.txt"
+    pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock-$round.txt"
+    $fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff-$round.json"
+done
 
 echo
 echo "## A refused acquire leaves the lease row untouched (its attempt is recorded apart)"
@@ -204,98 +304,167 @@ a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 print(f"acquire p50 with 100 resources: {a['acquire_p50_ms']} ms (p99 {a['acquire_p99_ms']} ms)")
 print(f"acquire p50 with 1,000,000 resources: {b['acquire_p50_ms']} ms (p99 {b['acquire_p99_ms']} ms)  (ratio {b['acquire_p50_ms']/a['acquire_p50_ms']:.2f}x)")
 PY
-
-echo
-echo "## One hot resource, 64 workers: fence bench (blocking) vs durable single-row updates vs a pg_advisory_lock loop"
-$fence bench --workers 64 --duration 10s --mode contend --format json > "$out/bench64.json"
-# The durability floor: each critical section of fence commits durably at least once, as
-# each of these updates does (synchronous_commit is on for the cluster).
-pgbench -n -c 64 -j 2 -T 10 -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable.txt"
-printf 'SELECT pg_advisory_lock(1);\nSELECT pg_advisory_unlock(1);\n' > "$out/lock.sql"
-pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock.txt"
-$fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff.json"
-# What one WAL flush costs on this disk: a hand-off commits twice in series (the release, then
-# the grant), and neither can wait for the other's flush.
-"$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$(psql -Atc 'show data_directory')/fence_fsync.test" 2>/dev/null | awk '$1 == "fdatasync" {print "one fdatasync of an 8 kB write on this disk (pg_test_fsync, as wal_sync_method=fdatasync does): " $4 " us"; exit}' > "$out/fsync.txt"
-rm -f "$(psql -Atc 'show data_directory')/fence_fsync.test"
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
+echo
 
 python3 - "$out" <<'PY'
-import json, os, re, sys
+import glob, json, os, re, statistics, sys
 out = sys.argv[1]
-def results(name):
-    path = f"{out}/{name}.json"
-    if not os.path.exists(path):
-        return None
-    return {r["command"]: r["median"] * 1000 for r in json.load(open(path))["results"]}
-pair, one, wr, rn, et = (results(n) for n in ["pair", "one", "write", "run", "etcd"])
-tps = lambda name: float(re.search(r"tps = ([0-9.]+)", open(f"{out}/{name}.txt").read()).group(1))
-b64 = json.load(open(f"{out}/bench64.json")); h = json.load(open(f"{out}/handoff.json"))
-durable, lock = tps("durable"), tps("lock")
+conditions = {}
+for line in open(f"{out}/conditions.txt"):
+    r, fs, load, busy = line.split()
+    conditions[int(r)] = (float(fs), float(load), float(busy))
+rounds = sorted(conditions)
+fs_median = statistics.median(c[0] for c in conditions.values())
+BUSY_MAX = 25
+abnormal = {r for r, (fs, load, busy) in conditions.items() if fs > 3 * fs_median or busy > BUSY_MAX}
+normal = [r for r in rounds if r not in abnormal] or rounds
+print("## Rounds")
+print()
+print("| round | fdatasync (8 kB) | CPU busy before it (1 s, nothing of ours running) | load average | |")
+print("|---|---|---|---|---|")
+for r in rounds:
+    fs, load, busy = conditions[r]
+    why = []
+    if fs > 3 * fs_median:
+        why.append(f"fsync over 3x the median ({fs_median:.0f} us)")
+    if busy > BUSY_MAX:
+        why.append(f"CPU over {BUSY_MAX}% busy with other work")
+    print(f"| {r} | {fs:.0f} us | {busy:.0f}% | {load:.2f} | {'**abnormal**: ' + ', '.join(why) if why else 'normal'} |")
+print()
+if len(normal) < len(rounds):
+    print(f"Medians below are of the normal rounds ({', '.join(map(str, normal))}); abnormal rounds are shown in brackets.")
+else:
+    print("Medians below are of all rounds.")
+print()
+
+def hyper(name):
+    per = {}
+    for r in rounds:
+        path = f"{out}/{name}-{r}.json"
+        if os.path.exists(path):
+            per[r] = {x["command"]: x["median"] * 1000 for x in json.load(open(path))["results"]}
+    return per
+def tps(name, r):
+    return float(re.search(r"tps = ([0-9.]+)", open(f"{out}/{name}-{r}.txt").read()).group(1))
+def bench(name, r):
+    return json.load(open(f"{out}/{name}-{r}.json"))
+pair, one, wr, rn, et, bo = (hyper(n) for n in ["pair", "one", "write", "run", "etcd", "bouncer"])
 cold = {}
 for line in open(f"{out}/cold.txt"):
-    case, ms = line.split()
-    cold.setdefault(case, []).append(float(ms))
-cold = {case: sum(v) / len(v) for case, v in cold.items()}
+    r, case, ms = line.split()
+    cold.setdefault(case, {})[int(r)] = float(ms)
 
-print(f"fence bench contend, 64 workers: {b64['critical_sections_per_s']:.0f} critical sections/s, hand-off p50 {b64['handoff_p50_ms']} ms / p99 {b64['handoff_p99_ms']} ms")
-print(f"durable single-row update loop, 64 clients: {durable:.0f} updates/s")
-print(f"pg_advisory_lock loop, 64 clients: {lock:.0f} lock+unlock/s")
-print(f"fence bench handoff, 2 workers: hand-off p50 {h['handoff_p50_ms']} ms / p99 {h['handoff_p99_ms']} ms")
-print(open(f"{out}/fsync.txt").read().strip())
+def fmt(v, unit):
+    return f"{v:.2f}{unit}" if unit == "x" else f"{v:.1f}{unit}" if unit == " ms" else f"{v:.0f}{unit}"
+def series(values, unit):
+    """values: {round: v}. The median of the normal rounds, their range, and each round."""
+    use = [values[r] for r in normal if r in values]
+    if not use:
+        return None, "not measured"
+    med = statistics.median(use)
+    each = ", ".join((f"[{fmt(values[r], unit)}]" if r in abnormal else fmt(values[r], unit))
+                     for r in rounds if r in values)
+    return med, f"{fmt(med, unit)} ({fmt(min(use), unit)}–{fmt(max(use), unit)}; rounds: {each})"
+
+print("## Whole invocations (hyperfine medians, ms)")
 print()
-print("| measurement | median |")
+print("| measurement | median of rounds (range; each round) |")
 print("|---|---|")
 rows = [
-    ("fence acquire + release (two processes)", pair["fence acquire + release"]),
-    ("floor twice: connect + SELECT 1, two processes", pair["floor twice (2 processes)"]),
-    ("fence acquire + release, TLS (sslmode=prefer)", pair["fence acquire + release, sslmode=prefer"]),
-    ("one fence acquire (reacquire)", one["fence acquire (reacquire)"]),
-    ("floor: connect + SELECT 1", one["floor (connect + SELECT 1)"]),
-    ("fence write (fenced transaction)", wr["fence write (fenced transaction)"]),
-    ("floor: the same transaction unfenced", wr["unfenced transaction, same SQL (floor)"]),
-    ("fence run R -- true, embedded store", rn["fence run R -- true (embedded store)"]),
-    ("flock /tmp/x true", rn["flock /tmp/x true"]),
-    ("true (one process start)", rn["true (one process start)"]),
-    ("fence --version (fence's own start)", rn["fence --version (fence's own start)"]),
-    ("fence run R -- true, PostgreSQL", rn["fence run R -- true (PostgreSQL)"]),
+    ("`fence acquire` + `fence release` (two processes)", pair, "fence acquire + release"),
+    ("floor twice: connect + `SELECT 1`, two processes", pair, "floor twice (2 processes)"),
+    ("`fence acquire` + `fence release`, TLS (`sslmode=prefer`)", pair, "fence acquire + release, sslmode=prefer"),
+    ("one `fence acquire` (a reacquire)", one, "fence acquire (reacquire)"),
+    ("floor: connect + `SELECT 1`", one, "floor (connect + SELECT 1)"),
+    ("`fence write` (fenced transaction)", wr, "fence write (fenced transaction)"),
+    ("the same transaction unfenced", wr, "unfenced transaction, same SQL (floor)"),
+    ("`fence run R -- true`, embedded store", rn, "fence run R -- true (embedded store)"),
+    ("`flock /tmp/x true`", rn, "flock /tmp/x true"),
+    ("`true` (one process start)", rn, "true (one process start)"),
+    ("`fence --version` (fence's own start)", rn, "fence --version (fence's own start)"),
+    ("`fence run R -- true`, PostgreSQL", rn, "fence run R -- true (PostgreSQL)"),
+    ("`fence run R -- true`, PostgreSQL (beside etcd)", et, "fence run R -- true (PostgreSQL)"),
+    ("`etcdctl lock R -- true`", et, "etcdctl lock R -- true"),
+    ("one `fence acquire` through PgBouncer (SCRAM verifier in its userlist)", bo, "fence acquire (reacquire) through PgBouncer"),
+    ("floor through PgBouncer", bo, "floor through PgBouncer"),
+    ("one `fence acquire` through PgBouncer, plaintext password in its userlist", bo, "fence acquire through PgBouncer, plaintext userlist"),
 ]
-if et:
-    rows += [("fence run R -- true, PostgreSQL (beside etcd)", et["fence run R -- true (PostgreSQL)"]),
-             ("etcdctl lock R -- true", et["etcdctl lock R -- true"])]
-for name, ms in rows:
-    print(f"| {name} | {ms:.1f} ms |")
+for label, table, key in rows:
+    values = {r: t[key] for r, t in table.items() if key in t}
+    if values:
+        print(f"| {label} | {series(values, ' ms')[1]} |")
 print()
-print(f"fence pair / floor pair: {pair['fence acquire + release'] / pair['floor twice (2 processes)']:.2f}x   "
-      f"fenced / unfenced transaction: {wr['fence write (fenced transaction)'] / wr['unfenced transaction, same SQL (floor)']:.2f}x")
+print("On a fresh connection (`pgbench -C`), ms per connection + statement:")
 print()
-print("Targets (issue 22; one run, fsync on):")
-print()
-print("| target | measured | |")
+names = {
+    "select1": "`SELECT 1` (trivial statement)",
+    "read": "`SELECT` of one lease row (no change)",
+    "busy": "fence's acquire statement, refused (busy)",
+    "write1": "a one-row `UPDATE` (a trivial durable write)",
+    "grant": "fence's acquire statement, granting a new resource",
+    "plpgsql": "the PL/pgSQL `acquire()` (version 4's one-shot path), granting",
+}
+print("| statement | connection + statement | statement alone (median, `pgbench -l`) |")
 print("|---|---|---|")
-def target(name, measured, ok):
-    print(f"| {name} | {measured} | {'met' if ok else '**not met**'} |")
-if et:
-    r = et["fence run R -- true (PostgreSQL)"] / et["etcdctl lock R -- true"]
-    target("`fence run` (PostgreSQL, trust) <= 0.5x `etcdctl lock` (no auth)", f"{r:.2f}x", r <= 0.5)
-else:
-    print("| `fence run` (PostgreSQL) <= 0.5x `etcdctl lock` | not measured (no etcd) | |")
-r = rn["fence run R -- true (embedded store)"] / rn["flock /tmp/x true"]
-target("`fence run` (embedded) <= 1.5x `flock x true`", f"{r:.2f}x", r <= 1.5)
-r = b64["critical_sections_per_s"] / durable
-target("hot resource, 64 workers >= 0.5x durable single-row updates",
-       f"{b64['critical_sections_per_s']:.0f}/s against {durable:.0f}/s: {r:.2f}x (advisory-lock loop {lock:.0f}/s: {b64['critical_sections_per_s'] / lock:.2f}x)", r >= 0.5)
-target("`--wait` hand-off p50 <= 1 ms, p99 <= 2 ms", f"2 workers: {h['handoff_p50_ms']} / {h['handoff_p99_ms']} ms",
-       h["handoff_p50_ms"] <= 1 and h["handoff_p99_ms"] <= 2)
-r = one["fence acquire (reacquire)"] / one["floor (connect + SELECT 1)"]
-target("one `fence acquire` <= 1.15x the floor (connect + SELECT 1)", f"{r:.2f}x", r <= 1.15)
-r = cold["busy"] / cold["select1"]
-target("acquire statement on a fresh connection <= 1.2x a trivial statement: refused vs SELECT 1",
-       f"{cold['busy']:.2f} / {cold['select1']:.2f} ms: {r:.2f}x", r <= 1.2)
-r = cold["grant"] / cold["write1"]
-target("the same, granting vs a trivial durable write (UPDATE of one row)",
-       f"{cold['grant']:.2f} / {cold['write1']:.2f} ms: {r:.2f}x (PL/pgSQL acquire(): {cold['plpgsql']:.2f} ms)", r <= 1.2)
+for case, label in names.items():
+    alone = [int(l.split()[2]) / 1000 for r in normal for f in glob.glob(f"{out}/logs/{case}-{r}*") for l in open(f)]
+    print(f"| {label} | {series(cold[case], ' ms')[1]} | {statistics.median(alone):.2f} ms |")
+print()
+
+def ratio(a, ka, b, kb):
+    return {r: a[r][ka] / b[r][kb] for r in rounds if r in a and r in b and ka in a[r] and kb in b[r]}
+b64 = {r: bench("bench64", r)["critical_sections_per_s"] for r in rounds}
+b8 = {r: bench("bench8", r)["critical_sections_per_s"] for r in rounds}
+h50 = {r: bench("handoff", r)["handoff_p50_ms"] for r in rounds}
+h99 = {r: bench("handoff", r)["handoff_p99_ms"] for r in rounds}
+durable = {r: tps("durable", r) for r in rounds}
+lock = {r: tps("lock", r) for r in rounds}
+print("## Hot resource and hand-off (`fence bench`, 10 s each)")
+print()
+print("| measurement | median of rounds (range; each round) |")
+print("|---|---|")
+print(f"| 64 workers on one resource, critical sections/s | {series(b64, '/s')[1]} |")
+print(f"| 8 workers on one resource, critical sections/s | {series(b8, '/s')[1]} |")
+print(f"| durable one-row `UPDATE` loop, 64 clients, updates/s | {series(durable, '/s')[1]} |")
+print(f"| `pg_advisory_lock` loop, 64 clients, lock+unlock/s | {series(lock, '/s')[1]} |")
+print(f"| `--wait` hand-off, 2 workers, p50 | {series(h50, ' ms')[1]} |")
+print(f"| `--wait` hand-off, 2 workers, p99 | {series(h99, ' ms')[1]} |")
+print()
+
+print("## Targets")
+print()
+print("Each ratio is taken within a round (both sides measured side by side), then the median of the rounds.")
+print()
+print("| target | measured: median (range; each round) | |")
+print("|---|---|---|")
+def target(name, values, unit, ok):
+    med, text = series(values, unit)
+    if med is None:
+        print(f"| {name} | {text} | |")
+    else:
+        print(f"| {name} | {text} | {'met' if ok(med) else '**not met**'} |")
+target("`--wait` hand-off p50 ≤ 1 ms, 2 workers (issue 37)", h50, " ms", lambda m: m <= 1)
+target("64 workers on one resource ≥ 10× issue 37's 17–26/s (≥ 260/s) and ≥ the 8-worker rate",
+       b64, "/s", lambda m: m >= 260 and m >= statistics.median(b8[r] for r in normal))
+target("`fence run` (embedded store) ≤ 2.0× `flock x true` (issue 37; goal 1.5×)",
+       ratio(rn, "fence run R -- true (embedded store)", rn, "flock /tmp/x true"), "x", lambda m: m <= 2.0)
+target("one `fence acquire` ≤ 1.4× the floor, direct connection (issue 37)",
+       ratio(one, "fence acquire (reacquire)", one, "floor (connect + SELECT 1)"), "x", lambda m: m <= 1.4)
+target("one `fence acquire` ≤ 1.1× the floor through PgBouncer, SCRAM verifier in its userlist (issue 37)",
+       ratio(bo, "fence acquire (reacquire) through PgBouncer", bo, "floor through PgBouncer"), "x", lambda m: m <= 1.1)
+plain_ratio = ratio(bo, "fence acquire through PgBouncer, plaintext userlist", bo, "floor through PgBouncer")
+if plain_ratio:
+    print(f"| (the trap) the same with the plaintext password in its userlist | {series(plain_ratio, 'x')[1]} | |")
+target("`fence run` (PostgreSQL, trust) ≤ 0.5× `etcdctl lock` (no auth) (issue 22)",
+       ratio(et, "fence run R -- true (PostgreSQL)", et, "etcdctl lock R -- true"), "x", lambda m: m <= 0.5)
+target("hot resource, 64 workers ≥ 0.5× durable one-row updates (issue 22)",
+       {r: b64[r] / durable[r] for r in rounds}, "x", lambda m: m >= 0.5)
+target("acquire statement on a fresh connection ≤ 1.2× `SELECT 1`, refused (issue 22)",
+       {r: cold["busy"][r] / cold["select1"][r] for r in rounds}, "x", lambda m: m <= 1.2)
+target("the same, granting vs a one-row `UPDATE` (issue 22)",
+       {r: cold["grant"][r] / cold["write1"][r] for r in rounds}, "x", lambda m: m <= 1.2)
 wal = open(f"{out}/wal.txt").read()
 m = re.search(r"xmin/xmax (\S+) before, (\S+) after; (\d+) attempts recorded; (\d+) bytes of WAL, (\d+) transaction ids", wal)
-target("a refused acquire leaves the lease row untouched", f"1,000 refused: lease row {m.group(1)} before and {m.group(2)} after; {m.group(3)} attempts recorded ({m.group(4)} bytes of WAL, {m.group(5)} transaction ids)", m.group(1) == m.group(2))
+print(f"| a refused acquire leaves the lease row untouched (issue 22) | 1,000 refused: lease row {m.group(1)} before and {m.group(2)} after; {m.group(3)} attempts recorded ({m.group(4)} bytes of WAL, {m.group(5)} transaction ids) | {'met' if m.group(1) == m.group(2) else '**not met**'} |")
 PY
