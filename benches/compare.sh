@@ -30,16 +30,27 @@
 # one after the other, each pair side by side in the same round (hyperfine alternates nothing,
 # so the rounds are the interleaving: a change of the machine's load shows as a spread). Each
 # ratio is printed as the median of its rounds with their range; before each round the
-# disk's fdatasync latency (pg_test_fsync, 2 s) and how busy the CPUs are with other work
+# disk's fdatasync latency (a second of 8 kB writes, each synced) and how busy the CPUs are with other work
 # (one second of /proc/stat) are taken, and a round whose fsync latency is over 3x the run's
 # median or whose CPUs were over 25% busy is marked abnormal (its figures are printed, and
 # left out of the medians when at least one round was normal).
 #
 # Usage: benches/compare.sh [RUNS [ROUNDS]]   (default 200 runs per command, 3 rounds)
+#
+# FENCE_BENCH_BIN_DIR=DIR uses DIR/fence and DIR/examples/pg_floor instead of building the
+# release ones; FENCE_BENCH_QUICK=1 shrinks every duration and size (1-second benches, 1,000
+# prefilled resources) so that the suite can check that the script still runs
+# (tests/suite/packaging/bench.rs); its figures then mean nothing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-200}
 rounds=${2:-3}
+if [[ -n ${FENCE_BENCH_QUICK:-} ]]; then
+    seconds=1 warmup=2 prefill=1000
+else
+    seconds=10 warmup=20 prefill=1000000
+fi
+export seconds
 
 if [[ -z ${FENCE_BENCH_INSIDE:-} ]]; then
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fence-target}"
@@ -58,13 +69,13 @@ if [[ -z ${FENCE_BENCH_INSIDE:-} ]]; then
         DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null ||
             { echo "benches/compare.sh: could not install ${missing[*]}; install them and run again" >&2; exit 2; }
     fi
-    cargo build --quiet --release --bin fence --example pg_floor
+    [[ -n ${FENCE_BENCH_BIN_DIR:-} ]] || cargo build --quiet --release --bin fence --example pg_floor
     # pg_virtualenv passes `fsync=off` to its cluster; these options come after it and win
     # (checked below, inside).
     FENCE_BENCH_INSIDE=1 exec pg_virtualenv -o fsync=on -o synchronous_commit=on "$0" "$runs" "$rounds"
 fi
 
-bin="$CARGO_TARGET_DIR/release"
+bin="${FENCE_BENCH_BIN_DIR:-$CARGO_TARGET_DIR/release}"
 for setting in fsync synchronous_commit; do
     if [[ $(psql -Atc "show $setting") != on ]]; then
         echo "benches/compare.sh: the cluster runs with $setting = $(psql -Atc "show $setting"), not on: its figures would not be durable ones" >&2
@@ -144,12 +155,23 @@ printf "SELECT * FROM fence.leases WHERE resource = 'cold-held';\n" > "$out/read
 printf 'SELECT pg_advisory_lock(1);\nSELECT pg_advisory_unlock(1);\n' > "$out/lock.sql"
 mkdir -p "$out/logs"
 data_dir=$(psql -Atc 'show data_directory')
-# What one WAL flush costs on this disk now (pg_test_fsync, 2 s, as wal_sync_method=fdatasync
-# does), in microseconds.
+# What one WAL flush costs on this disk now, in microseconds: the median of a second of
+# 8 kB writes each followed by fdatasync, in the cluster's data directory (as
+# wal_sync_method=fdatasync does).
 fsync_us() {
-    "$(pg_config --bindir)/pg_test_fsync" -s 2 -f "$data_dir/fence_fsync.test" 2>/dev/null |
-        awk '$1 == "fdatasync" {print $4; exit}'
-    rm -f "$data_dir/fence_fsync.test"
+    python3 - "$data_dir/fence_fsync.test" <<'PY'
+import os, statistics, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+block, took, end = b"\0" * 8192, [], time.monotonic() + 1
+while time.monotonic() < end:
+    start = time.perf_counter()
+    os.pwrite(fd, block, 0)
+    os.fdatasync(fd)
+    took.append(time.perf_counter() - start)
+os.close(fd)
+os.unlink(sys.argv[1])
+print(round(statistics.median(took) * 1e6))
+PY
 }
 
 # PgBouncer in transaction mode in front of the cluster (docs/run.md, "PgBouncer"), twice:
@@ -232,31 +254,31 @@ for round in $(seq 1 "$rounds"); do
     busy=$(busy_percent)
     echo "$round $fsync $load $busy" >> "$out/conditions.txt"
     echo "# round $round of $rounds: fdatasync ${fsync} us, load average $load, CPU ${busy}% busy" >&2
-    hyperfine --warmup 20 --runs "$runs" --export-json "$out/pair-$round.json" --style none \
+    hyperfine --warmup "$warmup" --runs "$runs" --export-json "$out/pair-$round.json" --style none \
         -n "fence acquire + release" "eval \"\$($fence acquire pair-a --owner o --format env)\" && $fence release" \
         -n "floor twice (2 processes)" "$floor && $floor" \
         -n "fence acquire + release, sslmode=prefer" "eval \"\$($bin/fence --store $prefer acquire pair-d --owner o --format env)\" && $bin/fence --store $prefer release"
     # Single commands run without a shell (-N), here and below: at a few milliseconds
     # hyperfine's shell-start correction is noise. The pairs above need a shell (eval, $(...)).
-    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/one-$round.json" --style none \
+    hyperfine -N --warmup "$warmup" --runs "$runs" --export-json "$out/one-$round.json" --style none \
         -n "fence acquire (reacquire)" "$fence acquire one-a --owner o -q" \
         -n "floor (connect + SELECT 1)" "$floor"
-    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/write-$round.json" --style none \
+    hyperfine -N --warmup "$warmup" --runs "$runs" --export-json "$out/write-$round.json" --style none \
         -n "fence write (fenced transaction)" "$fence write totals --token $totals_token --target $plain --sql 'UPDATE bench_totals SET n = n + 1' -q" \
         -n "unfenced transaction, same SQL (floor)" "$floor txn 'UPDATE bench_totals SET n = n + 1'"
-    hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/run-$round.json" --style none \
+    hyperfine -N --warmup "$warmup" --runs "$runs" --export-json "$out/run-$round.json" --style none \
         -n "fence run R -- true (embedded store)" "$bin/fence --store file://$state run r -- true" \
         -n "flock /tmp/x true" "flock $state/x true" \
         -n "true (one process start)" "true" \
         -n "fence --version (fence's own start)" "$bin/fence --version" \
         -n "fence run R -- true (PostgreSQL)" "$fence run r -- true"
     if [[ -n $etcd_pid ]]; then
-        hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/etcd-$round.json" --style none \
+        hyperfine -N --warmup "$warmup" --runs "$runs" --export-json "$out/etcd-$round.json" --style none \
             -n "fence run R -- true (PostgreSQL)" "$fence run r -- true" \
             -n "etcdctl lock R -- true" "${etcdctl[*]} lock r -- true"
     fi
     if [[ -n $bounced ]]; then
-        hyperfine -N --warmup 20 --runs "$runs" --export-json "$out/bouncer-$round.json" --style none \
+        hyperfine -N --warmup "$warmup" --runs "$runs" --export-json "$out/bouncer-$round.json" --style none \
             -n "fence acquire (reacquire) through PgBouncer" "$bin/fence --store $bounced acquire one-b --owner o -q" \
             -n "floor through PgBouncer" "$floor_bin $bounced" \
             -n "fence acquire through PgBouncer, plaintext userlist" "$bin/fence --store $bounced_plain acquire one-b --owner o -q"
@@ -264,17 +286,17 @@ for round in $(seq 1 "$rounds"); do
     # Each transaction's own time too (pgbench -l: the statement alone, without the
     # connection): what the statement costs on a new backend.
     for case in select1 read busy write1 grant plpgsql; do
-        latency=$(cd "$out/logs" && pgbench -n -C -c 1 -T 3 -l --log-prefix="$case-$round" -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
+        latency=$(cd "$out/logs" && pgbench -n -C -c 1 -T "$((seconds < 3 ? seconds : 3))" -l --log-prefix="$case-$round" -f "$out/$case.sql" "$plain" 2>/dev/null | awk '/^latency average/ {print $4}')
         echo "$round $case $latency" >> "$out/cold.txt"
     done
     # One hot resource, 64 workers: fence bench (blocking) against the durability floor (each
     # critical section of fence commits durably at least once, as each of these updates does)
     # and a pg_advisory_lock loop; then the --wait hand-off of 2 workers.
-    $fence bench --workers 64 --duration 10s --mode contend --format json > "$out/bench64-$round.json"
-    $fence bench --workers 8 --duration 10s --mode contend --format json > "$out/bench8-$round.json"
-    pgbench -n -c 64 -j 2 -T 10 -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable-$round.txt"
-    pgbench -n -c 64 -j 2 -T 10 -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock-$round.txt"
-    $fence bench --workers 2 --duration 10s --mode handoff --format json > "$out/handoff-$round.json"
+    $fence bench --workers 64 --duration "${seconds}s" --mode contend --format json > "$out/bench64-$round.json"
+    $fence bench --workers 8 --duration "${seconds}s" --mode contend --format json > "$out/bench8-$round.json"
+    pgbench -n -c 64 -j 2 -T "$seconds" -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable-$round.txt"
+    pgbench -n -c 64 -j 2 -T "$seconds" -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock-$round.txt"
+    $fence bench --workers 2 --duration "${seconds}s" --mode handoff --format json > "$out/handoff-$round.json"
 done
 
 echo
@@ -295,14 +317,14 @@ echo "1000 refused acquires: lease row xmin/xmax $row_before before, $row_after 
 psql -qc "alter system reset autovacuum" -c "select pg_reload_conf()" >/dev/null
 
 echo
-echo "## Acquire latency with 100 and with 1,000,000 resources (prefilled, one worker, spread)"
-$fence bench --workers 1 --duration 10s --mode spread --resources 100 --prefill --format json > "$out/spread100.json"
-$fence bench --workers 1 --duration 10s --mode spread --resources 1000000 --prefill --format json > "$out/spread1m.json"
+echo "## Acquire latency with 100 and with $prefill resources (prefilled, one worker, spread)"
+$fence bench --workers 1 --duration "${seconds}s" --mode spread --resources 100 --prefill --format json > "$out/spread100.json"
+$fence bench --workers 1 --duration "${seconds}s" --mode spread --resources "$prefill" --prefill --format json > "$out/spread1m.json"
 python3 - "$out/spread100.json" "$out/spread1m.json" <<'PY'
 import json, sys
 a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
 print(f"acquire p50 with 100 resources: {a['acquire_p50_ms']} ms (p99 {a['acquire_p99_ms']} ms)")
-print(f"acquire p50 with 1,000,000 resources: {b['acquire_p50_ms']} ms (p99 {b['acquire_p99_ms']} ms)  (ratio {b['acquire_p50_ms']/a['acquire_p50_ms']:.2f}x)")
+print(f"acquire p50 with {b['resources']:,} resources: {b['acquire_p50_ms']} ms (p99 {b['acquire_p99_ms']} ms)  (ratio {b['acquire_p50_ms']/a['acquire_p50_ms']:.2f}x)")
 PY
 echo "# load after: $(uptime | sed 's/.*load average/load average/')"
 echo
@@ -420,7 +442,7 @@ h50 = {r: bench("handoff", r)["handoff_p50_ms"] for r in rounds}
 h99 = {r: bench("handoff", r)["handoff_p99_ms"] for r in rounds}
 durable = {r: tps("durable", r) for r in rounds}
 lock = {r: tps("lock", r) for r in rounds}
-print("## Hot resource and hand-off (`fence bench`, 10 s each)")
+print(f"## Hot resource and hand-off (`fence bench`, {os.environ.get('seconds', '10')} s each)")
 print()
 print("| measurement | median of rounds (range; each round) |")
 print("|---|---|")

@@ -326,3 +326,63 @@ mod exhaustion {
         an_interrupted_bench_removes_its_scratch
     );
 }
+
+/// `benches/compare.sh`, the source of docs/performance.md's figures, still runs: it broke
+/// twice without anyone noticing (a statement it reads from the source changed form, and
+/// `fence write` began refusing the token it used). Run in its quick mode (1-second benches,
+/// a small prefill, 2 rounds of 3 runs) against the binaries the suite built, inside its own
+/// throwaway cluster; what is checked is that it ends well and prints every section, every
+/// comparison and every target with a figure — never a timing.
+#[test]
+fn the_comparison_script_runs_and_reports_every_target() {
+    let fence = std::path::Path::new(env!("CARGO_BIN_EXE_fence"));
+    let bin_dir = fence.parent().unwrap();
+    assert!(
+        bin_dir.join("examples/pg_floor").exists(),
+        "no {}: the suite's build makes it (cargo nextest builds the examples)",
+        bin_dir.join("examples/pg_floor").display()
+    );
+    let out = std::process::Command::new("benches/compare.sh")
+        .args(["3", "2"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("FENCE_BENCH_BIN_DIR", bin_dir)
+        .env("FENCE_BENCH_QUICK", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "## Rounds",
+        "## Whole invocations",
+        "## Hot resource and hand-off",
+        "## Targets",
+        "| `fence run R -- true`, embedded store |",
+        "| `etcdctl lock R -- true` |",
+        "| one `fence acquire` through PgBouncer (SCRAM verifier in its userlist) |",
+        "| one `fence acquire` through PgBouncer, plaintext password in its userlist |",
+        "| fence's acquire statement, refused (busy) |",
+        "| `--wait` hand-off, 2 workers, p50 |",
+        "| one `fence acquire` ≤ 1.1× the floor through PgBouncer",
+        "| `fence run` (PostgreSQL, trust) ≤ 0.5× `etcdctl lock`",
+        "| a refused acquire leaves the lease row untouched (issue 22) | 1,000 refused",
+    ] {
+        assert!(stdout.contains(expected), "no `{expected}` in:\n{stdout}");
+    }
+    assert!(!stdout.contains("not measured"), "{stdout}");
+    // Both rounds of every comparison, each with a figure.
+    let rows = stdout
+        .lines()
+        .filter(|line| line.contains("rounds: "))
+        .collect::<Vec<_>>();
+    assert!(rows.len() >= 30, "{stdout}");
+    for row in rows {
+        let rounds = row.split("rounds: ").nth(1).unwrap();
+        assert_eq!(rounds.matches(", ").count(), 1, "two rounds in: {row}");
+    }
+    assert!(stdout.contains("| met |"), "{stdout}");
+}
