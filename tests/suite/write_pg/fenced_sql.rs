@@ -248,6 +248,13 @@ fn a_killed_writer_whose_sql_turned_off_the_socket_check_commits_nothing() {
 /// was reported as "had already committed", which it had not: it committed after the signal.
 /// Exit 0 stands (the write landed, under its token's guard row), and the warning says what
 /// happened.
+///
+/// The SQL catches the cancel twice: PostgreSQL's postmaster signals a backend it cancels
+/// twice, to its pid and to its process group (`signal_child`), and when the backend handles
+/// the first SIGINT before the second is sent, the second cancels whatever runs next. With
+/// one catch, that was the INSERT or `end_write` in about one run in ten (the server log
+/// showed the cancel inside `end_write`, after the caught one): the write was rolled back and
+/// fence said so, truthfully, but the case under test was not the one that ran.
 #[test]
 fn a_write_that_catches_the_cancel_says_it_committed_all_the_same() {
     let store = Store::postgres();
@@ -258,7 +265,9 @@ fn a_write_that_catches_the_cancel_says_it_committed_all_the_same() {
         &store,
         &name,
         &format!(
-            "DO $$ BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN NULL; END $$; INSERT INTO {table} VALUES (1)"
+            "DO $$ BEGIN PERFORM pg_sleep(60); EXCEPTION WHEN query_canceled THEN \
+             BEGIN PERFORM pg_sleep(0.5); EXCEPTION WHEN query_canceled THEN NULL; END; END $$; \
+             INSERT INTO {table} VALUES (1)"
         ),
         &["--timeout", "60s"],
     );
