@@ -329,8 +329,8 @@ mod exhaustion {
 
 /// `benches/compare.sh`, the source of docs/performance.md's figures, still runs: it broke
 /// twice without anyone noticing (a statement it reads from the source changed form, and
-/// `fence write` began refusing the token it used). Run in its quick mode (1-second benches,
-/// a small prefill, 2 rounds of 3 runs) against the binaries the suite built, inside its own
+/// `fence write` began refusing the token it used). Run in its quick mode (1-second benches of
+/// 8 workers, a small prefill, 2 rounds of 3 runs) against the binaries the suite built, inside its own
 /// throwaway cluster; what is checked is that it ends well and prints every section, every
 /// comparison and every target with a figure — never a timing.
 #[test]
@@ -369,7 +369,7 @@ fn the_comparison_script_runs_and_reports_every_target() {
         "| `--wait` hand-off, 2 workers, p50 |",
         "| one `fence acquire` ≤ 1.1× the floor through PgBouncer",
         "| `fence run` (PostgreSQL, trust) ≤ 0.5× `etcdctl lock`",
-        "| a refused acquire leaves the lease row untouched (issue 22) | 1,000 refused",
+        "| a refused acquire leaves the lease row untouched (issue 22) | 100 refused",
     ] {
         assert!(stdout.contains(expected), "no `{expected}` in:\n{stdout}");
     }

@@ -24,11 +24,12 @@ use fence::config::StoreSpec;
 use fence::error::Error;
 
 const WORKERS: usize = 16;
-/// Run at least this long, and until at least MIN_GRANTS grants (a slow disk makes every
-/// synchronous commit slow), but never longer than GIVE_UP.
+/// Run at least this long, and until at least MIN_GRANTS grants and the profile's minimum of
+/// releases (a slow disk makes every synchronous commit slow; LocalStack under a loaded
+/// suite made 15 grants and 2 releases in 28 s), but never longer than GIVE_UP.
 const RUN_FOR: Duration = Duration::from_secs(4);
 const MIN_GRANTS: usize = 100;
-const GIVE_UP: Duration = Duration::from_secs(30);
+const GIVE_UP: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_millis(10);
 
 #[derive(Default)]
@@ -95,6 +96,8 @@ struct Run {
     schema: String,
     start: Instant,
     grants: Arc<AtomicUsize>,
+    /// Releases by every worker: the run goes on until each path reached its minimum.
+    released: Arc<AtomicUsize>,
     profile: Arc<Profile>,
     /// Acquire as `--wait` does, rather than once.
     waiting: bool,
@@ -106,6 +109,7 @@ fn worker(index: usize, run: Run) -> Tally {
         schema,
         start,
         grants,
+        released,
         profile,
         waiting,
     } = run;
@@ -127,7 +131,8 @@ fn worker(index: usize, run: Run) -> Tally {
             let elapsed = start.elapsed();
             elapsed < GIVE_UP
                 && (elapsed < profile.run_for
-                    || grants.load(Ordering::Relaxed) < profile.min_grants)
+                    || grants.load(Ordering::Relaxed) < profile.min_grants
+                    || released.load(Ordering::Relaxed) < profile.min_paths)
         };
         while more() {
             let mut refused = 0;
@@ -162,7 +167,10 @@ fn worker(index: usize, run: Run) -> Tally {
                             token: grant.lease.token,
                         };
                         match coordinator.release(&lease).await {
-                            Ok(_) => tally.released += 1,
+                            Ok(_) => {
+                                tally.released += 1;
+                                released.fetch_add(1, Ordering::Relaxed);
+                            }
                             // Our 10 ms lease may already have been taken over.
                             Err(Error::Stale { .. }) => {}
                             Err(err) => panic!("release failed: {err}"),
@@ -194,6 +202,7 @@ fn churn(store: &Store, waiting: bool) {
     let schema = store.schema.clone().unwrap_or_else(|| "fence".into());
     let start = Instant::now();
     let grants = Arc::new(AtomicUsize::new(0));
+    let released = Arc::new(AtomicUsize::new(0));
     let tallies: Vec<Tally> = (0..WORKERS)
         .map(|i| {
             let run = Run {
@@ -201,6 +210,7 @@ fn churn(store: &Store, waiting: bool) {
                 schema: schema.clone(),
                 start,
                 grants: grants.clone(),
+                released: released.clone(),
                 profile: Arc::new(profile(store.backend)),
                 waiting,
             };
