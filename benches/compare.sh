@@ -179,7 +179,9 @@ PY
 # with the role's SCRAM verifier in its userlist (as the docs advise), and with the plaintext
 # password (the trap: PgBouncer then derives the verifier itself, 4,096 rounds of PBKDF2 on
 # every connection). Clients authenticate with SCRAM to PgBouncer; PgBouncer to the server
-# with the trust rule above. It refuses to run as root: as root, it runs as postgres.
+# with the trust rule above. It refuses to run as root: as root, it runs as postgres. (The
+# throwaway cluster's generated password is in these clients' arguments while the script
+# runs: pg_floor reads no PGPASSWORD. It dies with the cluster.)
 bouncer_bin=$(command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer)
 bouncers=()
 start_bouncer() { # NAME SECRET: starts one (its pid file in $out/bouncer-NAME), prints its port

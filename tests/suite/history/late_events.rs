@@ -26,6 +26,30 @@ fn lines(store: &Store) -> Vec<Value> {
         .collect()
 }
 
+/// The log's events, as fence reads them: a line that is not JSON (a torn append) is left out.
+pub(super) fn events(store: &Store) -> Vec<Value> {
+    std::fs::read_to_string(log_path(store))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Each event as `kind "owner" token`.
+pub(super) fn kinds(store: &Store) -> Vec<String> {
+    events(store)
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                e["kind"].as_str().unwrap(),
+                e["owner"],
+                e["token"]
+            )
+        })
+        .collect()
+}
+
 /// `fence args…` on `store` under strace: every write to the event log gets `inject`
 /// (`signal=SIGKILL` kills fence at its first append, after the record was written;
 /// `error=ENOSPC` fails them all).
@@ -61,9 +85,13 @@ pub(super) fn killed_at_the_append(store: &Store, args: &[&str]) {
     );
 }
 
+/// The lease record of `job` in the store.
+pub(super) fn record_path(store: &Store) -> PathBuf {
+    store.dir().join("leases").join("job.json")
+}
+
 fn record(store: &Store) -> Value {
-    let body = std::fs::read(store.dir().join("leases").join("job.json")).unwrap();
-    serde_json::from_slice(&body).unwrap()
+    serde_json::from_slice(&std::fs::read(record_path(store)).unwrap()).unwrap()
 }
 
 #[test]
@@ -85,19 +113,6 @@ fn a_release_killed_before_its_event_is_recorded_before_the_next_grant() {
     );
     // What the kill left: the record released, the log without the release.
     assert_eq!(record(&store)["released"], true);
-    let kinds = |store: &Store| -> Vec<String> {
-        lines(store)
-            .iter()
-            .map(|e| {
-                format!(
-                    "{} {} {}",
-                    e["kind"].as_str().unwrap(),
-                    e["owner"],
-                    e["token"]
-                )
-            })
-            .collect()
-    };
     assert_eq!(kinds(&store), [r#"acquired "A" 1"#]);
     // The next grant (another owner: the lease is released) comes after the late release.
     let b = store

@@ -4,58 +4,9 @@
 
 use std::path::PathBuf;
 
-use super::late_events::{killed_at_the_append, log_path, strace_log_writes};
-use crate::common::Store;
+use super::late_events::{killed_at_the_append, kinds, log_path, record_path, strace_log_writes};
+use crate::common::{acquire, release, Store};
 use serde_json::Value;
-
-fn record_path(store: &Store) -> PathBuf {
-    store.dir().join("leases").join("job.json")
-}
-
-/// The log's events (lines that are not JSON are left out, as fence leaves them out).
-fn events(store: &Store) -> Vec<Value> {
-    std::fs::read_to_string(log_path(store))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn kinds(store: &Store) -> Vec<String> {
-    events(store)
-        .iter()
-        .map(|e| {
-            format!(
-                "{} {} {}",
-                e["kind"].as_str().unwrap(),
-                e["owner"],
-                e["token"]
-            )
-        })
-        .collect()
-}
-
-fn release(store: &Store, owner: &str, token: i64) {
-    store
-        .fence()
-        .args([
-            "release",
-            "job",
-            "--owner",
-            owner,
-            "--token",
-            &token.to_string(),
-        ])
-        .run()
-        .expect(0);
-}
-
-fn acquire(store: &Store, owner: &str) -> i64 {
-    store
-        .fence()
-        .acquire("job", &["--owner", owner, "--ttl", "10m"])
-        .token
-}
 
 /// A record lost (emptied by a power loss: renewals and releases are not synced; or moved
 /// aside, as the damaged-record hint says) restarts the record's change number at 1 while
@@ -64,7 +15,7 @@ fn acquire(store: &Store, owner: &str) -> i64 {
 #[test]
 fn a_grant_killed_right_after_a_lost_record_is_recorded_late() {
     let store = Store::file();
-    let a = acquire(&store, "A");
+    let a = acquire(&store, "job", "A");
     for _ in 0..2 {
         store
             .fence()
@@ -72,7 +23,7 @@ fn a_grant_killed_right_after_a_lost_record_is_recorded_late() {
             .run()
             .expect(0);
     }
-    release(&store, "A", a);
+    release(&store, "job", "A", a);
     // What a power loss leaves of a record renamed into place but not synced.
     std::fs::write(record_path(&store), "").unwrap();
     killed_at_the_append(&store, &["acquire", "job", "--owner", "B", "--ttl", "10m"]);
@@ -95,7 +46,7 @@ fn a_grant_killed_right_after_a_lost_record_is_recorded_late() {
 #[test]
 fn a_late_event_after_a_torn_last_line_is_not_lost() {
     let store = Store::file();
-    let a = acquire(&store, "A");
+    let a = acquire(&store, "job", "A");
     let mut log = std::fs::OpenOptions::new()
         .append(true)
         .open(log_path(&store))
@@ -106,7 +57,7 @@ fn a_late_event_after_a_torn_last_line_is_not_lost() {
         &store,
         &["release", "job", "--owner", "A", "--token", &a.to_string()],
     );
-    assert_eq!(acquire(&store, "B"), 2);
+    assert_eq!(acquire(&store, "job", "B"), 2);
     assert_eq!(
         kinds(&store),
         [
@@ -123,7 +74,7 @@ fn a_late_event_after_a_torn_last_line_is_not_lost() {
 #[test]
 fn a_late_event_survives_a_grant_refused_for_a_full_disk() {
     let store = Store::file();
-    let a = acquire(&store, "A");
+    let a = acquire(&store, "job", "A");
     killed_at_the_append(
         &store,
         &["release", "job", "--owner", "A", "--token", &a.to_string()],
@@ -135,7 +86,7 @@ fn a_late_event_survives_a_grant_refused_for_a_full_disk() {
     );
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     // The disk has room again.
-    let c = acquire(&store, "C");
+    let c = acquire(&store, "job", "C");
     let kinds = kinds(&store);
     assert!(
         kinds.contains(&r#"released "A" 1"#.to_owned()),
@@ -150,7 +101,7 @@ fn a_late_event_survives_a_grant_refused_for_a_full_disk() {
 #[test]
 fn the_first_change_after_an_upgrade_killed_before_its_event_is_recorded_late() {
     let store = Store::file();
-    let a = acquire(&store, "A");
+    let a = acquire(&store, "job", "A");
     // As fence before 3c44421 wrote them: no `change`, no `event`.
     let strip = |path: PathBuf, keys: &[&str]| {
         let text = std::fs::read_to_string(&path).unwrap();
@@ -171,7 +122,7 @@ fn the_first_change_after_an_upgrade_killed_before_its_event_is_recorded_late() 
         &store,
         &["release", "job", "--owner", "A", "--token", &a.to_string()],
     );
-    assert_eq!(acquire(&store, "B"), 2);
+    assert_eq!(acquire(&store, "job", "B"), 2);
     assert_eq!(
         kinds(&store),
         [

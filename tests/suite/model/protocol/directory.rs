@@ -39,7 +39,8 @@ use stateright::{Model, Property};
 
 use super::ghost::Ghost;
 use super::postgres::{
-    Op, PgModel, Time, Token, CLIENTS, FENCING, I1, I3, RESOURCES, STALE_WRITE_REFUSED, TAKEOVER,
+    Op, PgModel, Time, Token, CLIENTS, CLIENT_ORDERS, FENCING, I1, I3, RESOURCES, RESOURCE_ORDERS,
+    STALE_WRITE_REFUSED, TAKEOVER,
 };
 
 /// Not vacuous: a power loss took a resource's record, though tokens had been granted for it.
@@ -424,13 +425,7 @@ impl Model for DirModel {
             }; RESOURCES],
             clients: [Phase::Idle; CLIENTS],
             guard: [0; RESOURCES],
-            ghost: Ghost {
-                granted: [0; RESOURCES],
-                reissued: false,
-                claims: [[None; 2]; RESOURCES],
-                effect: [0; RESOURCES],
-                late_effect: false,
-            },
+            ghost: Ghost::default(),
         }]
     }
 
@@ -626,15 +621,6 @@ impl State {
     /// The least state, in `Ord`, among this one with its clients and resources renamed in
     /// every way (3! × 2!): every state of a class has the same.
     fn representative(&self) -> State {
-        const CLIENT_ORDERS: [[u8; CLIENTS]; 6] = [
-            [0, 1, 2],
-            [0, 2, 1],
-            [1, 0, 2],
-            [1, 2, 0],
-            [2, 0, 1],
-            [2, 1, 0],
-        ];
-        const RESOURCE_ORDERS: [[u8; RESOURCES]; 2] = [[0, 1], [1, 0]];
         let mut least = *self;
         for resources in RESOURCE_ORDERS {
             for clients in CLIENT_ORDERS {

@@ -13,8 +13,9 @@ pub struct Claim {
     pub expires: Time,
 }
 
-/// What the properties judge and no party of the protocol reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// What the properties judge and no party of the protocol reads (`Default`: nothing granted,
+/// claimed or accepted yet, the models' first state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ghost {
     /// The highest token granted per resource (a restart cannot take it back).
     pub granted: [Token; RESOURCES],

@@ -40,6 +40,17 @@ use stateright::{Model, Property};
 /// Clients (each its own owner) and resources of the model.
 pub const CLIENTS: usize = 3;
 pub const RESOURCES: usize = 2;
+/// Every renaming of the clients and of the resources (3! and 2!), for the symmetry
+/// reductions of both models: entry `i` is the new name of `i`.
+pub const CLIENT_ORDERS: [[u8; CLIENTS]; 6] = [
+    [0, 1, 2],
+    [0, 2, 1],
+    [1, 0, 2],
+    [1, 2, 0],
+    [2, 0, 1],
+    [2, 1, 0],
+];
+pub const RESOURCE_ORDERS: [[u8; RESOURCES]; 2] = [[0, 1], [1, 0]];
 
 /// A reading of the server's clock: one [`Action::Tick`] of the exhaustive check, or a
 /// microsecond in a replay of a real history.
@@ -302,13 +313,7 @@ impl Model for PgModel {
             },
             clients: [Phase::Idle; CLIENTS],
             guard: [0; RESOURCES],
-            ghost: Ghost {
-                granted: [0; RESOURCES],
-                reissued: false,
-                claims: [[None; 2]; RESOURCES],
-                effect: [0; RESOURCES],
-                late_effect: false,
-            },
+            ghost: Ghost::default(),
         }]
     }
 

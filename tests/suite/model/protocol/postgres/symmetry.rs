@@ -3,7 +3,7 @@
 //!
 //! [`PgModel::symmetric`]: super::PgModel::symmetric
 
-use super::{Phase, Row, State, CLIENTS, RESOURCES};
+use super::{Phase, Row, State, CLIENTS, CLIENT_ORDERS, RESOURCES, RESOURCE_ORDERS};
 
 impl Phase {
     /// This phase with resource r called `resources[r]`.
@@ -23,15 +23,6 @@ impl State {
     /// Renaming a state renames its keys alike, so every state of a class has the same
     /// representative.
     pub(super) fn representative(&self) -> State {
-        const CLIENT_ORDERS: [[u8; CLIENTS]; 6] = [
-            [0, 1, 2],
-            [0, 2, 1],
-            [1, 0, 2],
-            [1, 2, 0],
-            [2, 0, 1],
-            [2, 1, 0],
-        ];
-        const RESOURCE_ORDERS: [[u8; RESOURCES]; 2] = [[0, 1], [1, 0]];
         let mut least: Option<State> = None;
         let resource_keys = [self.resource_key(0), self.resource_key(1)];
         for resources in RESOURCE_ORDERS {
