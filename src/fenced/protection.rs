@@ -314,10 +314,9 @@ impl PgTarget {
     /// Runs a multi-statement script, rolling back if it fails.
     pub(crate) async fn run_script(&self, what: &str, script: &str) -> Result<(), Error> {
         let session = self.session();
-        let result =
-            tokio::time::timeout(pg::REQUEST_TIMEOUT, session.client.batch_execute(script))
-                .await
-                .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
+        let result = pg::answer_within_timeout(session.client.batch_execute(script))
+            .await
+            .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
         if let Err(err) = result {
             let _ = session.client.batch_execute("ROLLBACK").await;
             return Err(session.request_error(&err, what, true));

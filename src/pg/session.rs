@@ -212,8 +212,7 @@ impl Session {
             )
         };
         self.last_sent.set(Some(tokio::time::Instant::now()));
-        let started = tokio::time::timeout(
-            REQUEST_TIMEOUT,
+        let started = pg::answer_within_timeout(
             self.client
                 .query_typed_raw(&sql, params.iter().map(|(value, ty)| (*value, ty.clone()))),
         )
@@ -233,10 +232,7 @@ impl Session {
         let mut rows = std::pin::pin!(rows);
         loop {
             let next = std::future::poll_fn(|cx| rows.as_mut().poll_next(cx));
-            match tokio::time::timeout(REQUEST_TIMEOUT, next)
-                .await
-                .map_err(|_| lost())?
-            {
+            match pg::answer_within_timeout(next).await.map_err(|_| lost())? {
                 Some(Ok(row)) => {
                     if !each(&row) {
                         return Ok(());
@@ -257,7 +253,7 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Result<Vec<Row>, tokio_postgres::Error>, Error> {
-        tokio::time::timeout(REQUEST_TIMEOUT, self.query(sql, params))
+        pg::answer_within_timeout(self.query(sql, params))
             .await
             .map_err(|_| {
                 pg::lost(
@@ -401,7 +397,7 @@ impl Session {
     }
 
     async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.client.batch_execute(script))
+        let result = pg::answer_within_timeout(self.client.batch_execute(script))
             .await
             .map_err(|_| pg::lost(&self.display, what, "no answer", true))?;
         result.map_err(|err| {

@@ -237,11 +237,7 @@ impl History for PgCoordinator {
             detail = quote_literal(&attempt.detail),
         );
         let session = self.session().await?;
-        let sent = tokio::time::timeout(
-            crate::pg::REQUEST_TIMEOUT,
-            session.client.batch_execute(&sql),
-        )
-        .await;
+        let sent = crate::pg::answer_within_timeout(session.client.batch_execute(&sql)).await;
         match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
@@ -283,11 +279,7 @@ impl History for PgCoordinator {
             detail = quote_literal(&run.note.detail()),
         );
         let session = self.session().await?;
-        let sent = tokio::time::timeout(
-            crate::pg::REQUEST_TIMEOUT,
-            session.client.batch_execute(&sql),
-        )
-        .await;
+        let sent = crate::pg::answer_within_timeout(session.client.batch_execute(&sql)).await;
         match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
