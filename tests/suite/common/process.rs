@@ -37,6 +37,13 @@ pub fn read_pid(path: &Path) -> u32 {
     }
 }
 
+/// A process's state letter from /proc (`R`, `S`, `T` stopped, `Z`…), or `None` once gone.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+}
+
 /// `signal` to a process the test started.
 pub fn kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a process this test started.

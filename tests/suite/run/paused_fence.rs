@@ -132,3 +132,69 @@ per_backend!(
     a_command_that_finished_before_fence_woke_keeps_its_status,
     a_command_fence_stopped_for_a_lost_lease_is_exit_5
 );
+
+/// fence paused (SIGSTOP) with its acquire in flight, past the request timeout (10 s), while
+/// PostgreSQL grants it and the answer reaches fence's socket: once continued, fence reads the
+/// answer it has and reports the lease it holds (exit 0, the store's token), not "no answer
+/// within 10s" (a lease it holds reported as a failure, as a waiter's poll once was in CI). On
+/// resume the request's timer and the socket are ready at once, and the timer's task runs
+/// first; the answer gets a last look. The acquire is held at a proxy until fence is stopped,
+/// so the answer can only come while fence cannot read it.
+#[test]
+fn postgres_an_answer_that_came_while_fence_was_paused_is_read() {
+    use common::proxy::{Mode, Proxy};
+    let store = Store::postgres();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let gate = Proxy::start(
+        common::pg_upstream(),
+        Mode::HoldWhenClientSends(b"'acquired'".to_vec()),
+    );
+    let mut fence = store.fence_at(&common::pg_url_via(gate.addr())).args([
+        "acquire", "job", "--owner", "paused", "--ttl", "2m", "--format", "json",
+    ]);
+    fence
+        .cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    wait_for("the acquire at the gate", Duration::from_secs(30), || {
+        gate.held() == 1
+    });
+    // fence sent its acquire (its request timer runs from before this instant).
+    let sent = std::time::Instant::now();
+    kill(pid, libc::SIGSTOP);
+    wait_for("fence to stop", Duration::from_secs(10), || {
+        common::process::state(pid) == Some('T')
+    });
+    gate.open();
+    wait_for("the server to grant", Duration::from_secs(30), || {
+        store
+            .lease("job")
+            .is_some_and(|(owner, _, live)| owner == "paused" && live)
+    });
+    // Past the request timeout (10 s) with a margin; the proxy relays the answer at once.
+    std::thread::sleep(
+        (sent + Duration::from_secs(12)).saturating_duration_since(std::time::Instant::now()),
+    );
+    assert_eq!(
+        common::process::state(pid),
+        Some('T'),
+        "fence ran while it had to be stopped"
+    );
+    kill(pid, libc::SIGCONT);
+
+    let out = wait_output("fence acquire", child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the answer was in fence's socket when it woke: {stderr} {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (owner, token, live) = store.lease("job").expect("the lease");
+    assert!(live && owner == "paused", "{owner} {live}");
+    assert_eq!(json["token"], token, "{json}");
+}

@@ -100,12 +100,6 @@ fn acquire(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
     out.json()["token"].as_i64().unwrap()
 }
 
-fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-}
-
 /// Seed scenario 1: A acquires, is paused (SIGSTOP) past expiry, B acquires and writes,
 /// A resumes and writes → A is refused (exit 4) and B's row stays.
 #[test]
@@ -135,7 +129,7 @@ echo $? > code
         .unwrap();
     let pid = a.id();
     wait_for("A to stop itself", Duration::from_secs(10), || {
-        process_state(pid) == Some('T')
+        common::process::state(pid) == Some('T')
     });
     let token_a: i64 = std::fs::read_to_string(work.path().join("token"))
         .unwrap()

@@ -557,3 +557,77 @@ fn proxy_passes_delays_in_order_holds_and_cuts() {
     drop((pass, slow, cut, gate));
     echo.join().unwrap();
 }
+
+/// fence paused (SIGSTOP) with its fenced transaction in flight, past the write's `--timeout`,
+/// while the server commits it and the answer reaches fence's socket: once continued, fence
+/// reads the answer it has and says the write committed (exit 0), not "no answer" (exit 8,
+/// outcome unknown): a timeout measures the server, not fence's own pause. (A write that
+/// timed out cancels and waits for the answer, which says whether the COMMIT got in first.)
+/// The transaction is held at a proxy until fence is stopped, so the answer can only come
+/// while fence cannot read it.
+#[test]
+fn an_answer_that_came_while_fence_was_paused_is_read_not_timed_out() {
+    let store = Store::postgres();
+    create_tables(&store, &[(1, "old")]);
+    let s = schema(&store).to_owned();
+    let t = acquire(&store, "A", "60s");
+    // One direct write first: the target's schema exists, so the held write is one pipeline.
+    write(
+        &store,
+        "A",
+        t,
+        &store.url,
+        &format!("UPDATE {s}.data SET v = 'w1'"),
+    )
+    .run()
+    .expect(0);
+
+    let gate = Proxy::start(
+        common::pg_upstream(),
+        Mode::HoldWhenClientSends(b"begin_write".to_vec()),
+    );
+    let mut paused = write(
+        &store,
+        "A",
+        t,
+        &via(&gate),
+        &format!("UPDATE {s}.data SET v = 'w2' WHERE id = 1"),
+    )
+    .args(["--timeout", "3s"]);
+    paused.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = paused.cmd.spawn().expect("start the write");
+    let pid = child.id();
+    wait_for(
+        "the transaction at the gate",
+        Duration::from_secs(30),
+        || gate.held() == 1,
+    );
+    // fence sent its transaction (its request timer runs from before this instant).
+    let sent = Instant::now();
+    common::process::kill(pid, libc::SIGSTOP);
+    wait_for("fence to stop", Duration::from_secs(10), || {
+        common::process::state(pid) == Some('T')
+    });
+    gate.open();
+    wait_for("the server to commit", Duration::from_secs(30), || {
+        guard(&store) == Some((t, 2))
+    });
+    // Past the write's timeout (3 s) with a margin; the proxy relays the answer at once.
+    let timeout_passed = sent + Duration::from_secs(6);
+    thread::sleep(timeout_passed.saturating_duration_since(Instant::now()));
+    assert_eq!(
+        common::process::state(pid),
+        Some('T'),
+        "fence ran while it had to be stopped"
+    );
+    common::process::kill(pid, libc::SIGCONT);
+
+    let out = finish(child, Duration::from_secs(60));
+    assert_eq!(
+        out.code, 0,
+        "the answer was in fence's socket when it woke: {out:?}"
+    );
+    assert_eq!(out.json()["ok"], true, "{out:?}");
+    assert_eq!(data(&store), vec![(1, "w2".to_owned())]);
+    assert_eq!(accepted_with(&store, t), 2);
+}
