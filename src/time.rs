@@ -2,7 +2,8 @@
 //!
 //! Coordinators report instants as milliseconds since the Unix epoch by *their* clock; this
 //! module only formats them (and reads this machine's clock for views that cannot ask the
-//! store). Nothing here decides expiry (DESIGN I7).
+//! store). Nothing here decides expiry (DESIGN I7). And [`answer_within`]: a request's
+//! timeout that measures the server, not fence's own pauses.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -52,6 +53,26 @@ pub fn expires_in(ms: i64) -> String {
         format!("expires in {}", span(ms))
     } else {
         format!("expired {} ago", span(ms))
+    }
+}
+
+/// How long a request whose timeout passed is still looked at (see [`answer_within`]).
+const LAST_LOOK: Duration = Duration::from_millis(100);
+
+/// `request`'s answer within `limit`, or `Err` once it passed. A process paused (SIGSTOP, a
+/// frozen VM, swap) past the limit wakes with its timer fired and the answer, if the server
+/// sent it meanwhile, still unread in the connection, whose task has not run yet (the timer's
+/// task runs first): the request gets [`LAST_LOOK`] more before it counts as lost, so that an
+/// answer that is there is not reported as none (exit 8 for a write, a lease held reported as
+/// failed). Every network request fence bounds goes through here (PostgreSQL, S3, GCS).
+pub async fn answer_within<F: std::future::Future>(
+    limit: Duration,
+    request: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut request = std::pin::pin!(request);
+    match tokio::time::timeout(limit, &mut request).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => tokio::time::timeout(LAST_LOOK, request).await,
     }
 }
 

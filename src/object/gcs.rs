@@ -67,6 +67,42 @@ async fn json_body(response: reqwest::Response) -> Result<Value, BodyError> {
     serde_json::from_slice(&bytes).map_err(BodyError::Json)
 }
 
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NoAnswer {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("no answer within {}", crate::time::duration(*.0))]
+    Timeout(std::time::Duration),
+}
+
+/// Sends the request `builder` holds and reads its answer whole, within the request's own
+/// timeout (30 s when it sets none). fence's timer, not reqwest's, which looks at its timer
+/// before the answer: a pause past the timeout gets a last look ([`crate::time::answer_within`]),
+/// so an answer that came while fence was stopped is read, not timed out.
+pub(crate) async fn exchange(
+    client: &reqwest::Client,
+    builder: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, NoAnswer> {
+    let mut request = builder.build()?;
+    let limit = request
+        .timeout_mut()
+        .take()
+        .unwrap_or(std::time::Duration::from_secs(30));
+    let whole = async {
+        let response = client.execute(request).await?;
+        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        let body = http_body_util::BodyExt::collect(body).await?.to_bytes();
+        Ok::<_, reqwest::Error>(reqwest::Response::from(http::Response::from_parts(
+            parts, body,
+        )))
+    };
+    crate::time::answer_within(limit, whole)
+        .await
+        .map_err(|_| NoAnswer::Timeout(limit))?
+        .map_err(NoAnswer::Http)
+}
+
 impl GcsObjects {
     pub fn new(bucket: &str, bar: ProgressBar) -> Result<GcsObjects, Error> {
         let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
@@ -77,13 +113,11 @@ impl GcsObjects {
         } else {
             format!("http://{endpoint}")
         };
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .build()
-            .map_err(|err| {
-                Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
-                    .with_source(err)
-            })?;
+        // No timeout of reqwest's: [`exchange`] bounds every request.
+        let client = reqwest::Client::builder().build().map_err(|err| {
+            Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
+                .with_source(err)
+        })?;
         Ok(GcsObjects {
             client,
             bar,
@@ -160,7 +194,7 @@ impl GcsObjects {
             let pause = retry_pause(attempt);
             attempt += 1;
             self.last_sent.set(Some(tokio::time::Instant::now()));
-            match builder.send().await {
+            match exchange(&self.client, builder).await {
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,
                     (None, None) => {

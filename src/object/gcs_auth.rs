@@ -190,14 +190,14 @@ impl ServiceKey {
             "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Ajwt-bearer&assertion={}",
             self.assertion(signer)?
         );
-        let response = client
+        let request = client
             .post(uri)
             .header(
                 reqwest::header::CONTENT_TYPE,
                 "application/x-www-form-urlencoded",
             )
-            .body(form)
-            .send()
+            .body(form);
+        let response = crate::object::gcs::exchange(client, request)
             .await
             .map_err(|err| unavailable(err.to_string()))?;
         let status = response.status();

@@ -420,7 +420,8 @@ impl std::fmt::Debug for Reporting {
 
 impl HttpConnector for Reporting {
     fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
-        // object_store's defaults, but the total timeout grows with the body (per request).
+        // object_store's defaults, but the total timeout grows with the body and is fence's
+        // own (per request, in `call`).
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .build()
@@ -477,19 +478,26 @@ impl HttpService for ReportingService {
         let mut request = reqwest::Request::new(parts.method, url);
         *request.headers_mut() = parts.headers;
         let data = body.collect().await?.to_bytes();
-        *request.timeout_mut() = Some(upload::timeout(data.len()));
+        let limit = upload::timeout(data.len());
         if !data.is_empty() {
             *request.body_mut() = Some(reqwest::Body::wrap(upload::Counted::new(
                 data,
                 self.bar.clone(),
             )));
         }
-        let response = self
-            .client
-            .execute(request)
+        // The whole exchange, answer and body, within the limit: fence reads every answer
+        // whole, and a timer of its own gives a pause a last look (reqwest's looks at its
+        // timer before the answer).
+        let exchange = async {
+            let response = self.client.execute(request).await?;
+            let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+            let body = body.collect().await?.to_bytes();
+            Ok::<_, reqwest::Error>((parts, body))
+        };
+        let (parts, body) = crate::time::answer_within(limit, exchange)
             .await
+            .map_err(|elapsed| HttpError::new(HttpErrorKind::Timeout, elapsed))?
             .map_err(|err| HttpError::new(kind(&err), err))?;
-        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
         if put && parts.status.is_success() {
             let date = parts.headers.get(http::header::DATE);
             if let (Some(path), Some(ms)) =
@@ -501,7 +509,7 @@ impl HttpService for ReportingService {
                     .insert(path, ms);
             }
         }
-        let body = HttpResponseBody::new(body.map_err(|err| HttpError::new(kind(&err), err)));
+        let body = HttpResponseBody::from(body);
         Ok(HttpResponse::from_parts(parts, body))
     }
 }

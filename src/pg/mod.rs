@@ -37,21 +37,10 @@ pub const CONNECT_PATIENCE: Duration = Duration::from_secs(2);
 /// How long fence waits for the answer to one request before giving up on it.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a request whose [`REQUEST_TIMEOUT`] passed is still looked at (see
-/// [`answer_within_timeout`]).
-const LAST_LOOK: Duration = Duration::from_millis(100);
-
-/// `request`'s answer within [`REQUEST_TIMEOUT`], or `Err` once it passed. A process paused
-/// (SIGSTOP, a frozen VM, swap) past the timeout wakes with its timer fired and the answer,
-/// if the server sent it meanwhile, still unread in the connection, whose task has not run
-/// yet: the request gets [`LAST_LOOK`] more before it counts as lost, so that it is not
-/// reported as "no answer" (exit 8 for a write) when the answer is there.
+/// `request`'s answer within [`REQUEST_TIMEOUT`], with a last look past it for a process
+/// that was paused meanwhile ([`crate::time::answer_within`]).
 pub async fn answer_within_timeout<F: std::future::Future>(
     request: F,
 ) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let mut request = std::pin::pin!(request);
-    match tokio::time::timeout(REQUEST_TIMEOUT, &mut request).await {
-        Ok(answer) => Ok(answer),
-        Err(_) => tokio::time::timeout(LAST_LOOK, request).await,
-    }
+    crate::time::answer_within(REQUEST_TIMEOUT, request).await
 }

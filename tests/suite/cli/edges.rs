@@ -199,11 +199,7 @@ fn run_with_deadline(mut fence: Fence, limit: Duration) -> (Option<Out>, Duratio
     loop {
         if child.try_wait().expect("wait for fence").is_some() {
             let output = child.wait_with_output().expect("collect output");
-            let out = Out {
-                code: output.status.code().unwrap_or(-1),
-                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            };
+            let out = Out::from(output);
             return (Some(out), start.elapsed());
         }
         if start.elapsed() > limit {

@@ -667,11 +667,7 @@ impl Fence {
 
     pub fn run(mut self) -> Out {
         let output = self.cmd.output().expect("run fence");
-        Out {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        Out::from(output)
     }
 }
 
@@ -681,6 +677,16 @@ pub struct Out {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+}
+
+impl From<std::process::Output> for Out {
+    fn from(output: std::process::Output) -> Out {
+        Out {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
 }
 
 impl Out {

@@ -78,11 +78,7 @@ fn shell(store: &Store, script: &str) -> Out {
         .current_dir(store.home.path())
         .output()
         .unwrap();
-    Out {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Out::from(output)
 }
 
 // ---------------------------------------------------------------------------------------

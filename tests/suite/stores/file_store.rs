@@ -374,11 +374,7 @@ fn limited(store: &Store, bytes: u64, args: &[&str]) -> Out {
         .env("HOME", store.home.path())
         .output()
         .expect("run prlimit (util-linux)");
-    Out {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Out::from(output)
 }
 
 /// Pads a log past `bytes` with well-formed old events.

@@ -92,6 +92,20 @@ impl Bed {
         id: &str,
         body: &[u8],
     ) -> Out {
+        self.write_command(endpoint, name, token, owner, id, body)
+            .run()
+    }
+
+    /// The command [`Bed::write_via`] runs.
+    fn write_command(
+        &self,
+        endpoint: Option<&str>,
+        name: &str,
+        token: i64,
+        owner: &str,
+        id: &str,
+        body: &[u8],
+    ) -> common::Fence {
         let file = self.store.home.path().join(format!("body-{id}-{token}"));
         std::fs::write(&file, body).unwrap();
         let mut fence = self.store.fence();
@@ -107,7 +121,6 @@ impl Bed {
             .args(["--target", &self.target(name), "--owner", owner, "--id", id])
             .args([std::ffi::OsStr::new("--from"), file.as_os_str()])
             .args(["--format", "json"])
-            .run()
     }
 
     fn write(&self, name: &str, token: i64, owner: &str, id: &str, body: &[u8]) -> Out {
@@ -590,4 +603,83 @@ fn s3_the_same_id_at_once_lands_once() {
 #[test]
 fn gcs_the_same_id_at_once_lands_once() {
     the_same_id_at_once_lands_once(Service::Gcs);
+}
+
+/// fence paused (SIGSTOP) with its put in flight, past the request's timeout (30 s), while the
+/// store applies it and the answer reaches fence's socket: once continued, fence reads the
+/// answer it has and says the write applied (exit 0), not "may or may not have applied" (exit
+/// 8). On resume the request's timer and the socket are ready at once, and the timer's task
+/// runs first; the answer gets a last look (fence's timer, not reqwest's, which looks at its
+/// timer before the answer). The put is held at a proxy until fence is stopped, so the answer
+/// can only come while fence cannot read it.
+fn an_answer_that_came_while_fence_was_paused_is_read(service: Service) {
+    let bed = Bed::new(match service {
+        Service::S3 => Backend::S3,
+        Service::Gcs => Backend::Gcs,
+    });
+    let token = bed.acquire("A");
+    bed.write("obj", token, "A", "warm-up", b"first").expect(0);
+    let upstream = bed
+        .store
+        .server()
+        .0
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let gate = Proxy::start_disarmed(upstream, Mode::HoldWhenClientSends(b"PAUSED-PUT".to_vec()));
+    let endpoint = format!("http://{}", gate.addr());
+    // The prefix is proven through this endpoint first, then the gate is armed.
+    bed.write_via(Some(&endpoint), "obj", token, "A", "proof", b"proof")
+        .expect(0);
+    gate.arm();
+    let mut fence = bed.write_command(Some(&endpoint), "obj", token, "A", "paused", b"PAUSED-PUT");
+    fence
+        .cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = fence.cmd.spawn().unwrap();
+    let pid = child.id();
+    wait_for("the put at the gate", Duration::from_secs(30), || {
+        gate.held() == 1
+    });
+    // fence sent its put (its request timer runs from before this instant).
+    let sent = std::time::Instant::now();
+    common::process::kill(pid, libc::SIGSTOP);
+    wait_for("fence to stop", Duration::from_secs(10), || {
+        common::process::state(pid) == Some('T')
+    });
+    gate.open();
+    wait_for("the put to land", Duration::from_secs(30), || {
+        bed.stored("obj")
+            .is_some_and(|s| s.metadata.get("fence-id").map(String::as_str) == Some("paused"))
+    });
+    // Past the request's timeout (30 s) with a margin; the proxy relays the answer at once.
+    std::thread::sleep(
+        (sent + Duration::from_secs(33)).saturating_duration_since(std::time::Instant::now()),
+    );
+    assert_eq!(
+        common::process::state(pid),
+        Some('T'),
+        "fence ran while it had to be stopped"
+    );
+    common::process::kill(pid, libc::SIGCONT);
+    let output = common::wait_output("fence write", child, Duration::from_secs(60));
+    let out = Out::from(output);
+    let json = out.expect(0).json();
+    assert_eq!(json["replayed"], false, "{json}");
+    let stored = bed.stored("obj").unwrap();
+    assert_eq!(stored.body, b"PAUSED-PUT");
+    assert_eq!(ledger_ids(&stored), ["paused", "proof", "warm-up"]);
+}
+
+#[test]
+fn s3_an_answer_that_came_while_fence_was_paused_is_read() {
+    an_answer_that_came_while_fence_was_paused_is_read(Service::S3);
+}
+
+#[test]
+fn gcs_an_answer_that_came_while_fence_was_paused_is_read() {
+    an_answer_that_came_while_fence_was_paused_is_read(Service::Gcs);
 }

@@ -141,11 +141,7 @@ fn run_recipe(db: &Db, recipe: &str) -> Out {
         .env("READER_URL", db.url("app_reader"))
         .output()
         .unwrap();
-    Out {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Out::from(output)
 }
 
 /// A token for `resource` from the test's file coordinator.

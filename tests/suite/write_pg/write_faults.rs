@@ -146,11 +146,7 @@ fn write(store: &Store, owner: &str, token: i64, target: &str, sql: &str) -> com
 /// Waits for a spawned fence with a deadline (killing it after), and collects what it did.
 fn finish(child: Child, limit: Duration) -> Out {
     let output = common::wait_output("fence", child, limit);
-    Out {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    Out::from(output)
 }
 
 /// The cut-off fence must say the outcome is unknown, and tell the user to look first.
