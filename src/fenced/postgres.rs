@@ -169,7 +169,7 @@ impl PgTarget {
         };
         // Cancel on the server and wait for the answer: it says whether the COMMIT got in first.
         let cancelled = self.session.cancel().await;
-        match tokio::time::timeout(CANCEL_WAIT, &mut answer).await {
+        match crate::time::answer_within(CANCEL_WAIT, &mut answer).await {
             Ok(answer) => self.settle(answer, write, Some(gave_up), sent).await,
             Err(_) => Err(Retry::Fail(Error::OutcomeUnknown {
                 message: format!(
