@@ -64,7 +64,9 @@ const LAST_LOOK: Duration = Duration::from_millis(100);
 /// sent it meanwhile, still unread in the connection, whose task has not run yet (the timer's
 /// task runs first): the request gets [`LAST_LOOK`] more before it counts as lost, so that an
 /// answer that is there is not reported as none (exit 8 for a write, a lease held reported as
-/// failed). Every network request fence bounds goes through here (PostgreSQL, S3, GCS).
+/// failed). Request timeouts go through here (PostgreSQL, S3, GCS); a lease's own bounds in
+/// `fence run` do not: they count from the send, and a lease runs out whether fence was
+/// paused or not.
 pub async fn answer_within<F: std::future::Future>(
     limit: Duration,
     request: F,

@@ -162,13 +162,24 @@ impl PgTarget {
             }
         };
         tokio::pin!(answer);
+        // The answer past the limit gets a last look (a pause of fence's own is not the
+        // server's slowness).
         let gave_up = tokio::select! {
-            answer = &mut answer => return self.settle(answer, write, None, sent).await,
-            _ = tokio::time::sleep(write.timeout + SERVER_FIRST) => GaveUp::Timeout(write.timeout),
+            answer = crate::time::answer_within(write.timeout + SERVER_FIRST, &mut answer) => match answer {
+                Ok(answer) => return self.settle(answer, write, None, sent).await,
+                Err(_) => GaveUp::Timeout(write.timeout),
+            },
             (_, name) = interrupts.next() => GaveUp::Signal(name),
         };
-        // Cancel on the server and wait for the answer: it says whether the COMMIT got in first.
-        let cancelled = self.session.cancel().await;
+        // Cancel on the server and wait for the answer: it says whether the COMMIT got in
+        // first. The cancel request is a connection of its own, bounded like the wait.
+        let cancelled = match tokio::time::timeout(CANCEL_WAIT, self.session.cancel()).await {
+            Ok(cancelled) => cancelled,
+            Err(_) => Err(Error::unavailable(
+                format!("no answer within {}s", CANCEL_WAIT.as_secs()),
+                "",
+            )),
+        };
         match crate::time::answer_within(CANCEL_WAIT, &mut answer).await {
             Ok(answer) => self.settle(answer, write, Some(gave_up), sent).await,
             Err(_) => Err(Retry::Fail(Error::OutcomeUnknown {

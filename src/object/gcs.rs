@@ -72,7 +72,7 @@ async fn json_body(response: reqwest::Response) -> Result<Value, BodyError> {
 pub(crate) enum NoAnswer {
     #[error("{0}")]
     Http(#[from] reqwest::Error),
-    #[error("no answer within {}", crate::time::duration(*.0))]
+    #[error("the request and its answer did not complete within {}", crate::time::duration(*.0))]
     Timeout(std::time::Duration),
 }
 
@@ -92,7 +92,12 @@ pub(crate) async fn exchange(
     let whole = async {
         let response = client.execute(request).await?;
         let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-        let body = http_body_util::BodyExt::collect(body).await?.to_bytes();
+        let body = match http_body_util::BodyExt::collect(body).await {
+            Ok(body) => body.to_bytes(),
+            // A refusal's status says what it means without its text.
+            Err(_) if !parts.status.is_success() => bytes::Bytes::new(),
+            Err(err) => return Err(err),
+        };
         Ok::<_, reqwest::Error>(reqwest::Response::from(http::Response::from_parts(
             parts, body,
         )))

@@ -494,10 +494,22 @@ impl HttpService for ReportingService {
             let body = body.collect().await?.to_bytes();
             Ok::<_, reqwest::Error>((parts, body))
         };
+        // Without the URL: a credential request may carry a token in its query string.
         let (parts, body) = crate::time::answer_within(limit, exchange)
             .await
-            .map_err(|elapsed| HttpError::new(HttpErrorKind::Timeout, elapsed))?
-            .map_err(|err| HttpError::new(kind(&err), err))?;
+            .map_err(|_| {
+                HttpError::new(
+                    HttpErrorKind::Timeout,
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the request and its answer did not complete within {}",
+                            crate::time::duration(limit)
+                        ),
+                    ),
+                )
+            })?
+            .map_err(|err| HttpError::new(kind(&err), err.without_url()))?;
         if put && parts.status.is_success() {
             let date = parts.headers.get(http::header::DATE);
             if let (Some(path), Some(ms)) =

@@ -369,7 +369,8 @@ impl Session {
             Err(err) => Err(err),
         };
         if result.is_err() {
-            let _ = self.client.batch_execute("ROLLBACK").await;
+            // Bounded: the connection may be the reason (a request that got no answer).
+            let _ = pg::answer_within_timeout(self.client.batch_execute("ROLLBACK")).await;
         }
         result
     }

@@ -411,14 +411,14 @@ pub(super) async fn hold(
         // Ask once why, for the report (the renewal in flight, or a new one).
         let asked = match in_flight.take() {
             // Its coordinator (a fresh one, after a reconnect) kept what refused it.
-            Some(flight) => match tokio::time::timeout(CLASSIFY_WITHIN, flight).await {
+            Some(flight) => match crate::time::answer_within(CLASSIFY_WITHIN, flight).await {
                 Ok((used, _, answer)) => {
                     coordinator = used;
                     answer
                 }
                 Err(_) => None,
             },
-            None => tokio::time::timeout(CLASSIFY_WITHIN, coordinator.renew(lease, None))
+            None => crate::time::answer_within(CLASSIFY_WITHIN, coordinator.renew(lease, None))
                 .await
                 .ok(),
         };

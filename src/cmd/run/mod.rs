@@ -202,7 +202,7 @@ async fn supervise(
         Err(err) => {
             // Given up while asking: a grant already in flight is released.
             if let Ok(Ok((coordinator, grant, _))) =
-                tokio::time::timeout(Duration::from_secs(2), &mut asked).await
+                crate::time::answer_within(Duration::from_secs(2), &mut asked).await
             {
                 let _ = coordinator
                     .release(&LeaseRef {

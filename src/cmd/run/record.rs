@@ -164,7 +164,7 @@ async fn record(
         kind,
         note,
     };
-    let why = match tokio::time::timeout(within, coordinator.record_run(&run)).await {
+    let why = match crate::time::answer_within(within, coordinator.record_run(&run)).await {
         Ok(Ok(())) => return,
         Ok(Err(err)) => err.to_string(),
         Err(_) => format!("no answer within {}", crate::time::duration(within)),

@@ -624,6 +624,10 @@ fn an_answer_that_came_while_fence_was_paused_is_read_not_timed_out() {
         "the answer was in fence's socket when it woke: {out:?}"
     );
     assert_eq!(out.json()["ok"], true, "{out:?}");
+    assert!(
+        !out.stderr.contains("did not answer"),
+        "the server answered; fence was paused: {out:?}"
+    );
     assert_eq!(data(&store), vec![(1, "w2".to_owned())]);
     assert_eq!(accepted_with(&store, t), 2);
 }
