@@ -220,7 +220,12 @@ impl Reaper {
         let read = loop {
             match tokio::time::timeout(NUDGE, report.read(&mut first)).await {
                 Ok(read) => break Some(read),
-                Err(_) if crate::sys::bound_clock_ns() >= give_up => break None,
+                // A last look before giving up: paused past `give_up` (SIGSTOP), this process
+                // wakes with the timer fired and the reaper's answer unread (epoll_wait
+                // returns EINTR after SIGCONT: the timers run before the pipe is looked at).
+                Err(_) if crate::sys::bound_clock_ns() >= give_up => {
+                    break crate::time::last_look(report.read(&mut first)).await.ok()
+                }
                 Err(_) => continue_process(child.id()),
             }
         };
