@@ -295,7 +295,11 @@ for round in $(seq 1 "$rounds"); do
     # One hot resource, 64 workers: fence bench (blocking) against the durability floor (each
     # critical section of fence commits durably at least once, as each of these updates does)
     # and a pg_advisory_lock loop; then the --wait hand-off of 2 workers.
+    # The sessions the server opened meanwhile: far waiters reconnect for each poll.
+    sessions0=$(psql -Atc "SELECT sum(sessions) FROM pg_stat_database")
     $fence bench --workers "$hot" --duration "${seconds}s" --mode contend --format json > "$out/bench64-$round.json"
+    sessions1=$(psql -Atc "SELECT sum(sessions) FROM pg_stat_database")
+    echo "$round $((sessions1 - sessions0 - 1))" >> "$out/sessions.txt"  # less the second psql
     $fence bench --workers 8 --duration "${seconds}s" --mode contend --format json > "$out/bench8-$round.json"
     pgbench -n -c "$hot" -j 2 -T "$seconds" -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable-$round.txt"
     pgbench -n -c "$hot" -j 2 -T "$seconds" -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock-$round.txt"
@@ -441,6 +445,11 @@ def ratio(a, ka, b, kb):
     return {r: a[r][ka] / b[r][kb] for r in rounds if r in a and r in b and ka in a[r] and kb in b[r]}
 b64 = {r: bench("bench64", r)["critical_sections_per_s"] for r in rounds}
 b8 = {r: bench("bench8", r)["critical_sections_per_s"] for r in rounds}
+s64 = {}
+for line in open(f"{out}/sessions.txt"):
+    r, n = line.split()
+    r = int(r)
+    s64[r] = int(n) / (bench("bench64", r)["duration_ms"] / 1000)
 h50 = {r: bench("handoff", r)["handoff_p50_ms"] for r in rounds}
 h99 = {r: bench("handoff", r)["handoff_p99_ms"] for r in rounds}
 durable = {r: tps("durable", r) for r in rounds}
@@ -452,6 +461,7 @@ print("|---|---|")
 hot = os.environ.get("hot", "64")
 print(f"| {hot} workers on one resource, critical sections/s | {series(b64, '/s')[1]} |")
 print(f"| 8 workers on one resource, critical sections/s | {series(b8, '/s')[1]} |")
+print(f"| {hot} workers on one resource, new PostgreSQL sessions/s (far waiters reconnect to poll) | {series(s64, '/s')[1]} |")
 print(f"| durable one-row `UPDATE` loop, {hot} clients, updates/s | {series(durable, '/s')[1]} |")
 print(f"| `pg_advisory_lock` loop, {hot} clients, lock+unlock/s | {series(lock, '/s')[1]} |")
 print(f"| `--wait` hand-off, 2 workers, p50 | {series(h50, ' ms')[1]} |")

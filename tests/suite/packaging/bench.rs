@@ -367,6 +367,7 @@ fn the_comparison_script_runs_and_reports_every_target() {
         "| one `fence acquire` through PgBouncer, plaintext password in its userlist |",
         "| fence's acquire statement, refused (busy) |",
         "| `--wait` hand-off, 2 workers, p50 |",
+        "workers on one resource, new PostgreSQL sessions/s",
         "| one `fence acquire` ≤ 1.1× the floor through PgBouncer",
         "| `fence run` (PostgreSQL, trust) ≤ 0.5× `etcdctl lock`",
         "| a refused acquire leaves the lease row untouched (issue 22) | 100 refused",
