@@ -236,7 +236,7 @@ impl PgTarget {
             Answer::Failed { completed, err } => (completed, err),
         };
         // The transaction is aborted (or the connection gone): end it before anything else.
-        let _ = self.session.client.batch_execute("ROLLBACK").await;
+        self.session.rollback().await;
         if let Some(db) = err
             .as_db_error()
             .filter(|db| Fence::of(db.code()) == Some(Fence::VersionMismatch))

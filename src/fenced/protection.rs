@@ -318,7 +318,7 @@ impl PgTarget {
             .await
             .map_err(|_| pg::lost(&session.display, what, "no answer in time", true))?;
         if let Err(err) = result {
-            let _ = session.client.batch_execute("ROLLBACK").await;
+            session.rollback().await;
             return Err(session.request_error(&err, what, true));
         }
         Ok(())

@@ -67,45 +67,21 @@ async fn json_body(response: reqwest::Response) -> Result<Value, BodyError> {
     serde_json::from_slice(&bytes).map_err(BodyError::Json)
 }
 
-/// Why a request got no answer.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum NoAnswer {
-    #[error("{0}")]
-    Http(#[from] reqwest::Error),
-    #[error("the request and its answer did not complete within {}", crate::time::duration(*.0))]
-    Timeout(std::time::Duration),
-}
-
-/// Sends the request `builder` holds and reads its answer whole, within the request's own
-/// timeout (30 s when it sets none). fence's timer, not reqwest's, which looks at its timer
-/// before the answer: a pause past the timeout gets a last look ([`crate::time::answer_within`]),
-/// so an answer that came while fence was stopped is read, not timed out.
+/// Sends the request `builder` holds and reads its answer whole ([`upload::exchange`]),
+/// within the request's own timeout ([`upload::timeout`] of an empty body when it sets none).
 pub(crate) async fn exchange(
     client: &reqwest::Client,
     builder: reqwest::RequestBuilder,
-) -> Result<reqwest::Response, NoAnswer> {
+) -> Result<reqwest::Response, upload::NoAnswer> {
     let mut request = builder.build()?;
     let limit = request
         .timeout_mut()
         .take()
-        .unwrap_or(std::time::Duration::from_secs(30));
-    let whole = async {
-        let response = client.execute(request).await?;
-        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-        let body = match http_body_util::BodyExt::collect(body).await {
-            Ok(body) => body.to_bytes(),
-            // A refusal's status says what it means without its text.
-            Err(_) if !parts.status.is_success() => bytes::Bytes::new(),
-            Err(err) => return Err(err),
-        };
-        Ok::<_, reqwest::Error>(reqwest::Response::from(http::Response::from_parts(
-            parts, body,
-        )))
-    };
-    crate::time::answer_within(limit, whole)
-        .await
-        .map_err(|_| NoAnswer::Timeout(limit))?
-        .map_err(NoAnswer::Http)
+        .unwrap_or_else(|| upload::timeout(0));
+    let (parts, body) = upload::exchange(client, request, limit).await?;
+    Ok(reqwest::Response::from(http::Response::from_parts(
+        parts, body,
+    )))
 }
 
 impl GcsObjects {

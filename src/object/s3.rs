@@ -480,36 +480,21 @@ impl HttpService for ReportingService {
         let data = body.collect().await?.to_bytes();
         let limit = upload::timeout(data.len());
         if !data.is_empty() {
-            *request.body_mut() = Some(reqwest::Body::wrap(upload::Counted::new(
-                data,
+            *request.body_mut() = Some(reqwest::Body::wrap(upload::Counted::parts(
+                vec![data],
                 self.bar.clone(),
             )));
         }
-        // The whole exchange, answer and body, within the limit: fence reads every answer
-        // whole, and a timer of its own gives a pause a last look (reqwest's looks at its
-        // timer before the answer).
-        let exchange = async {
-            let response = self.client.execute(request).await?;
-            let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-            let body = body.collect().await?.to_bytes();
-            Ok::<_, reqwest::Error>((parts, body))
-        };
         // Without the URL: a credential request may carry a token in its query string.
-        let (parts, body) = crate::time::answer_within(limit, exchange)
+        let (parts, body) = upload::exchange(&self.client, request, limit)
             .await
-            .map_err(|_| {
-                HttpError::new(
+            .map_err(|err| match err {
+                upload::NoAnswer::Http(err) => HttpError::new(kind(&err), err.without_url()),
+                timeout @ upload::NoAnswer::Timeout(_) => HttpError::new(
                     HttpErrorKind::Timeout,
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "the request and its answer did not complete within {}",
-                            crate::time::duration(limit)
-                        ),
-                    ),
-                )
-            })?
-            .map_err(|err| HttpError::new(kind(&err), err.without_url()))?;
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, timeout.to_string()),
+                ),
+            })?;
         if put && parts.status.is_success() {
             let date = parts.headers.get(http::header::DATE);
             if let (Some(path), Some(ms)) =

@@ -1,7 +1,8 @@
 //! Upload bodies that report their progress: sent in 64 KiB frames, each counted on a
 //! progress bar when the HTTP client asks for it (so the bar follows the socket, not the
 //! memory copy). `fence write` shows the bar on a terminal for large objects; everywhere else
-//! the bar is hidden and counting costs nothing.
+//! the bar is hidden and counting costs nothing. And [`exchange`]: every S3 and GCS request
+//! with its answer, under fence's own timer.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -23,12 +24,8 @@ pub struct Counted {
 }
 
 impl Counted {
-    /// Starts the bar over: a retried request sends everything again.
-    pub fn new(data: Bytes, bar: ProgressBar) -> Counted {
-        Counted::parts(vec![data], bar)
-    }
-
-    /// A body of `parts`, one after the other.
+    /// A body of `parts`, one after the other. Starts the bar over: a retried request sends
+    /// everything again.
     pub fn parts(parts: Vec<Bytes>, bar: ProgressBar) -> Counted {
         let parts: std::collections::VecDeque<Bytes> =
             parts.into_iter().filter(|p| !p.is_empty()).collect();
@@ -77,6 +74,41 @@ pub fn timeout(bytes: usize) -> Duration {
     Duration::from_secs(30 + (bytes as u64 >> 20))
 }
 
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NoAnswer {
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    #[error("the request and its answer did not complete within {}", crate::time::duration(*.0))]
+    Timeout(Duration),
+}
+
+/// Sends `request` and reads its answer whole (head and body) within `limit`, by fence's
+/// timer, not reqwest's, which looks at its timer before the answer: a pause past the limit
+/// gets a last look ([`crate::time::answer_within`]), so an answer that came while fence was
+/// stopped is read, not timed out. A refusal (not 2xx) whose body cannot be read keeps its
+/// status, with an empty body: the status says what it means.
+pub async fn exchange(
+    client: &reqwest::Client,
+    request: reqwest::Request,
+    limit: Duration,
+) -> Result<(http::response::Parts, Bytes), NoAnswer> {
+    let whole = async {
+        let response = client.execute(request).await?;
+        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        let body = match http_body_util::BodyExt::collect(body).await {
+            Ok(body) => body.to_bytes(),
+            Err(_) if !parts.status.is_success() => Bytes::new(),
+            Err(err) => return Err(err),
+        };
+        Ok((parts, body))
+    };
+    crate::time::answer_within(limit, whole)
+        .await
+        .map_err(|_| NoAnswer::Timeout(limit))?
+        .map_err(NoAnswer::Http)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,7 +118,7 @@ mod tests {
     async fn frames_add_up_to_the_body_and_are_counted() {
         let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
         let bar = ProgressBar::hidden();
-        let body = Counted::new(Bytes::from(data.clone()), bar.clone());
+        let body = Counted::parts(vec![Bytes::from(data.clone())], bar.clone());
         assert_eq!(body.size_hint().exact(), Some(200_000));
         let sent = body.collect().await.unwrap().to_bytes();
         assert_eq!(sent.as_ref(), data.as_slice());

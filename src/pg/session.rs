@@ -369,8 +369,7 @@ impl Session {
             Err(err) => Err(err),
         };
         if result.is_err() {
-            // Bounded: the connection may be the reason (a request that got no answer).
-            let _ = pg::answer_within_timeout(self.client.batch_execute("ROLLBACK")).await;
+            self.rollback().await;
         }
         result
     }
@@ -395,6 +394,12 @@ impl Session {
             }
             _ => pg::request_error(err, &self.display, what, mutating),
         }
+    }
+
+    /// Ends a failed transaction. Bounded like every request (the connection may be why it
+    /// failed); its outcome changes nothing, so it is not reported.
+    pub async fn rollback(&self) {
+        let _ = pg::answer_within_timeout(self.client.batch_execute("ROLLBACK")).await;
     }
 
     async fn batch(&self, what: &str, script: &str) -> Result<(), Error> {

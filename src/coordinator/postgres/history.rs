@@ -242,7 +242,7 @@ impl History for PgCoordinator {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
                 // The failed statement left the transaction open and aborted.
-                let _ = session.client.batch_execute("ROLLBACK").await;
+                session.rollback().await;
                 if crate::pg::session::is_missing_schema(&err) {
                     Ok(())
                 } else {
@@ -283,7 +283,7 @@ impl History for PgCoordinator {
         match sent {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
-                let _ = session.client.batch_execute("ROLLBACK").await;
+                session.rollback().await;
                 Err(session.request_error(&err, &what, true))
             }
             Err(_) => Err(crate::pg::lost(

@@ -665,6 +665,17 @@ impl Fence {
         self
     }
 
+    /// Started in the background, stdin empty, stdout and stderr piped (for
+    /// [`wait_output`]).
+    pub fn spawn(mut self) -> std::process::Child {
+        self.cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start fence")
+    }
+
     pub fn run(mut self) -> Out {
         let output = self.cmd.output().expect("run fence");
         Out::from(output)

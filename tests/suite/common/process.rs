@@ -44,6 +44,30 @@ pub fn state(pid: u32) -> Option<char> {
         .and_then(|(_, rest)| rest.chars().next())
 }
 
+/// Stops `pid` (SIGSTOP) and waits until it is stopped.
+#[track_caller]
+pub fn stop(pid: u32) {
+    kill(pid, libc::SIGSTOP);
+    assert!(
+        becomes(std::time::Duration::from_secs(10), || state(pid)
+            == Some('T')),
+        "process {pid} did not stop on SIGSTOP"
+    );
+}
+
+/// Continues `pid`, stopped by [`stop`], once `at` has come (now, if it has), checking that
+/// it stayed stopped until then.
+#[track_caller]
+pub fn continue_at(pid: u32, at: std::time::Instant) {
+    std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+    assert_eq!(
+        state(pid),
+        Some('T'),
+        "process {pid} ran while it had to be stopped"
+    );
+    kill(pid, libc::SIGCONT);
+}
+
 /// `signal` to a process the test started.
 pub fn kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a process this test started.

@@ -9,7 +9,6 @@
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::process::kill;
@@ -176,16 +175,11 @@ mod lost {
         let dir = tempfile::tempdir().unwrap();
         let started = dir.path().join("started");
         let script = format!("touch '{}'; exec sleep 300", started.display());
-        let mut fence = store
+        let fence = store
             .fence()
             .args(["run", "job", "--ttl", "2s", "--kill-after", "1s", "--"])
             .args(["sh", "-c", &script]);
-        fence
-            .cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = fence.cmd.spawn().unwrap();
+        let child = fence.spawn();
         wait_for("the command to start", Duration::from_secs(30), || {
             started.exists()
         });
@@ -264,16 +258,11 @@ fn an_interrupted_run_is_on_record_as_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let script = format!("touch '{}'; exec sleep 300", started.display());
-    let mut fence = store
+    let fence = store
         .fence()
         .args(["run", "job", "--ttl", "30s", "--"])
         .args(["sh", "-c", &script]);
-    fence
-        .cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let child = fence.spawn();
     wait_for("the command to start", Duration::from_secs(30), || {
         started.exists()
     });

@@ -378,16 +378,11 @@ fn a_lost_runs_hinted_log_command_shows_the_stop() {
     let scratch = tempfile::tempdir().unwrap();
     let started = scratch.path().join("started");
     let script = format!("touch '{}'; exec sleep 300", started.display());
-    let mut fence = store
+    let fence = store
         .fence()
         .args(["run", "job", "--ttl", "2s", "--kill-after", "1s", "--"])
         .args(["sh", "-c", &script]);
-    fence
-        .cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let child = fence.spawn();
     wait_for("the command to start", Duration::from_secs(30), || {
         started.exists()
     });

@@ -9,7 +9,6 @@
 
 use crate::common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::process::kill;
@@ -24,18 +23,13 @@ fn a_command_that_finished_before_fence_woke_keeps_its_status(store: &Store) {
         started.display(),
         done.display()
     );
-    let mut fence = store
+    let fence = store
         .fence()
         .args([
             "run", "job", "--ttl", "3s", "--format", "json", "--", "sh", "-c",
         ])
         .args([&script]);
-    fence
-        .cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let child = fence.spawn();
     wait_for("the command to start", Duration::from_secs(30), || {
         started.exists()
     });
@@ -97,18 +91,13 @@ fn a_command_fence_stopped_for_a_lost_lease_is_exit_5(store: &Store) {
         "echo \"$FENCE_OWNER $FENCE_TOKEN\" > '{}.tmp' && mv '{0}.tmp' '{0}'; sleep 300",
         lease.display()
     );
-    let mut fence = store
+    let fence = store
         .fence()
         .args([
             "run", "job", "--ttl", "3s", "--format", "json", "--", "sh", "-c",
         ])
         .args([&script]);
-    fence
-        .cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let child = fence.spawn();
     wait_for("the command to start", Duration::from_secs(30), || {
         lease.exists()
     });
@@ -149,25 +138,17 @@ fn postgres_an_answer_that_came_while_fence_was_paused_is_read() {
         common::pg_upstream(),
         Mode::HoldWhenClientSends(b"'acquired'".to_vec()),
     );
-    let mut fence = store.fence_at(&common::pg_url_via(gate.addr())).args([
+    let fence = store.fence_at(&common::pg_url_via(gate.addr())).args([
         "acquire", "job", "--owner", "paused", "--ttl", "2m", "--format", "json",
     ]);
-    fence
-        .cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let child = fence.spawn();
     let pid = child.id();
     wait_for("the acquire at the gate", Duration::from_secs(30), || {
         gate.held() == 1
     });
     // fence sent its acquire (its request timer runs from before this instant).
     let sent = std::time::Instant::now();
-    kill(pid, libc::SIGSTOP);
-    wait_for("fence to stop", Duration::from_secs(10), || {
-        common::process::state(pid) == Some('T')
-    });
+    common::process::stop(pid);
     gate.open();
     wait_for("the server to grant", Duration::from_secs(30), || {
         store
@@ -175,15 +156,7 @@ fn postgres_an_answer_that_came_while_fence_was_paused_is_read() {
             .is_some_and(|(owner, _, live)| owner == "paused" && live)
     });
     // Past the request timeout (10 s) with a margin; the proxy relays the answer at once.
-    std::thread::sleep(
-        (sent + Duration::from_secs(12)).saturating_duration_since(std::time::Instant::now()),
-    );
-    assert_eq!(
-        common::process::state(pid),
-        Some('T'),
-        "fence ran while it had to be stopped"
-    );
-    kill(pid, libc::SIGCONT);
+    common::process::continue_at(pid, sent + Duration::from_secs(12));
 
     let out = wait_output("fence acquire", child, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -224,15 +197,10 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
             Mode::HoldWhenClientSends(b"'acquired'".to_vec()),
         );
         let script = format!("touch '{}'; exec sleep 60", started.display());
-        let mut fence = store.fence_at(&common::pg_url_via(gate.addr())).args([
+        let fence = store.fence_at(&common::pg_url_via(gate.addr())).args([
             "run", &resource, "--ttl", "2s", "--format", "json", "--", "sh", "-c", &script,
         ]);
-        fence
-            .cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = fence.cmd.spawn().unwrap();
+        let child = fence.spawn();
         let pid = child.id();
         wait_for("the acquire at the gate", Duration::from_secs(30), || {
             gate.held() == 1
@@ -253,10 +221,7 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
             .collect();
         assert_eq!(argv[1], "__reaper", "{argv:?}");
         let start = std::fs::File::open(format!("/proc/{reaper}/fd/{}", argv[4])).unwrap();
-        kill(reaper, libc::SIGSTOP);
-        wait_for("the supervisor to stop", Duration::from_secs(10), || {
-            common::process::state(reaper) == Some('T')
-        });
+        common::process::stop(reaper);
         gate.open();
         let pending = || {
             let mut n: libc::c_int = 0;
@@ -269,10 +234,7 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
             Duration::from_secs(30),
             || pending() > 0 || common::process::state(reaper) != Some('T'),
         );
-        kill(pid, libc::SIGSTOP);
-        wait_for("fence to stop", Duration::from_secs(10), || {
-            common::process::state(pid) == Some('T')
-        });
+        common::process::stop(pid);
         drop(start);
         if common::process::state(reaper) != Some('T') || started.exists() {
             // fence continued its supervisor before it was stopped: no premise this time.
@@ -281,7 +243,7 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
             eprintln!("attempt {attempt}: fence continued its supervisor first; again");
             continue;
         }
-        kill(reaper, libc::SIGCONT);
+        common::process::continue_at(reaper, std::time::Instant::now());
         // The supervisor starts the command, stops it at the lease's bound and ends (a
         // zombie: fence, stopped, cannot wait for it).
         wait_for("the command to start", Duration::from_secs(30), || {
@@ -297,12 +259,7 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
         wait_for("the lease to expire", Duration::from_secs(60), || {
             store.lease(&resource).is_some_and(|(_, _, live)| !live)
         });
-        assert_eq!(
-            common::process::state(pid),
-            Some('T'),
-            "fence ran while it had to be stopped"
-        );
-        kill(pid, libc::SIGCONT);
+        common::process::continue_at(pid, std::time::Instant::now());
         let out = wait_output("fence run", child, Duration::from_secs(60));
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -35,6 +35,20 @@ impl Bed {
         Bed { store, dir }
     }
 
+    /// On the coordinator and object store of `service`.
+    fn on(service: Service) -> Bed {
+        Bed::new(match service {
+            Service::S3 => Backend::S3,
+            Service::Gcs => Backend::Gcs,
+        })
+    }
+
+    /// The object service's address, for a proxy in front of it.
+    fn upstream(&self) -> std::net::SocketAddr {
+        let endpoint = &self.store.server().0.endpoint;
+        endpoint.trim_start_matches("http://").parse().unwrap()
+    }
+
     fn key(&self, name: &str) -> String {
         let (_, prefix) = self.store.server();
         format!("{prefix}/objects/{name}")
@@ -299,12 +313,7 @@ fn the_ledger_keeps_the_last_ids(backend: Backend) {
 /// The connection is cut right after the put's `pattern` reached the server: exit 8. Returns
 /// the write's output.
 fn cut_write(bed: &Bed, pattern: &[u8], token: i64, id: &str, body: &[u8]) -> Out {
-    let server = bed.store.server().0;
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = bed.upstream();
     let cut = Proxy::start_disarmed(upstream, Mode::CutWhenClientSends(pattern.to_vec()));
     let endpoint = format!("http://{}", cut.addr());
     // The prefix is proven through this endpoint first (a proof is bound to the endpoint it
@@ -327,10 +336,7 @@ fn cut_write(bed: &Bed, pattern: &[u8], token: i64, id: &str, body: &[u8]) -> Ou
 /// Exit 8 and a rerun, in both orders: the put reached the server whole (it lands), or was
 /// cut in the middle of its body (it does not).
 fn rerunning_after_outcome_unknown_gives_a_definite_answer(service: Service) {
-    let bed = Bed::new(match service {
-        Service::S3 => Backend::S3,
-        Service::Gcs => Backend::Gcs,
-    });
+    let bed = Bed::on(service);
     let token = bed.acquire("A");
     // The object exists and is fenced: the cut write is the common path (a read, a put).
     bed.write("obj", token, "A", "warm-up", b"first").expect(0);
@@ -555,18 +561,10 @@ fn a_reader_without_write_access_judges_an_interrupted_write_without_settling_it
 /// version, fence reads once more, sees the id applied, and answers "replayed" (exit 0): the
 /// effect is there once, B's.
 fn the_same_id_at_once_lands_once(service: Service) {
-    let bed = Bed::new(match service {
-        Service::S3 => Backend::S3,
-        Service::Gcs => Backend::Gcs,
-    });
+    let bed = Bed::on(service);
     let token = bed.acquire("A");
     bed.write("obj", token, "A", "warm-up", b"first").expect(0);
-    let server = bed.store.server().0;
-    let upstream = server
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = bed.upstream();
     let put = match service {
         Service::S3 => &b"PUT "[..],
         Service::Gcs => &b"POST "[..],
@@ -613,60 +611,37 @@ fn gcs_the_same_id_at_once_lands_once() {
 /// timer before the answer). The put is held at a proxy until fence is stopped, so the answer
 /// can only come while fence cannot read it.
 fn an_answer_that_came_while_fence_was_paused_is_read(service: Service) {
-    let bed = Bed::new(match service {
-        Service::S3 => Backend::S3,
-        Service::Gcs => Backend::Gcs,
-    });
+    let bed = Bed::on(service);
     let token = bed.acquire("A");
     bed.write("obj", token, "A", "warm-up", b"first").expect(0);
-    let upstream = bed
-        .store
-        .server()
-        .0
-        .endpoint
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let upstream = bed.upstream();
     let gate = Proxy::start_disarmed(upstream, Mode::HoldWhenClientSends(b"PAUSED-PUT".to_vec()));
     let endpoint = format!("http://{}", gate.addr());
     // The prefix is proven through this endpoint first, then the gate is armed.
     bed.write_via(Some(&endpoint), "obj", token, "A", "proof", b"proof")
         .expect(0);
     gate.arm();
-    let mut fence = bed.write_command(Some(&endpoint), "obj", token, "A", "paused", b"PAUSED-PUT");
-    fence
-        .cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let child = fence.cmd.spawn().unwrap();
+    let fence = bed.write_command(Some(&endpoint), "obj", token, "A", "paused", b"PAUSED-PUT");
+    let child = fence.spawn();
     let pid = child.id();
     wait_for("the put at the gate", Duration::from_secs(30), || {
         gate.held() == 1
     });
     // fence sent its put (its request timer runs from before this instant).
     let sent = std::time::Instant::now();
-    common::process::kill(pid, libc::SIGSTOP);
-    wait_for("fence to stop", Duration::from_secs(10), || {
-        common::process::state(pid) == Some('T')
-    });
+    common::process::stop(pid);
     gate.open();
     wait_for("the put to land", Duration::from_secs(30), || {
         bed.stored("obj")
             .is_some_and(|s| s.metadata.get("fence-id").map(String::as_str) == Some("paused"))
     });
     // Past the request's timeout (30 s) with a margin; the proxy relays the answer at once.
-    std::thread::sleep(
-        (sent + Duration::from_secs(33)).saturating_duration_since(std::time::Instant::now()),
-    );
-    assert_eq!(
-        common::process::state(pid),
-        Some('T'),
-        "fence ran while it had to be stopped"
-    );
-    common::process::kill(pid, libc::SIGCONT);
-    let output = common::wait_output("fence write", child, Duration::from_secs(60));
-    let out = Out::from(output);
+    common::process::continue_at(pid, sent + Duration::from_secs(33));
+    let out = Out::from(common::wait_output(
+        "fence write",
+        child,
+        Duration::from_secs(60),
+    ));
     let json = out.expect(0).json();
     assert_eq!(json["replayed"], false, "{json}");
     let stored = bed.stored("obj").unwrap();

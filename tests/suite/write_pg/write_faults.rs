@@ -126,6 +126,22 @@ fn acquire(store: &Store, owner: &str, ttl: &str) -> i64 {
     out.json()["token"].as_i64().expect("a token")
 }
 
+/// A acquires (`ttl`) and writes once directly (`v = 'w1'`): the target's schema exists, so
+/// A's next write is one pipeline. Returns A's token.
+fn acquire_and_write_once(store: &Store, ttl: &str) -> i64 {
+    let t = acquire(store, "A", ttl);
+    write(
+        store,
+        "A",
+        t,
+        &store.url,
+        &format!("UPDATE {}.data SET v = 'w1'", schema(store)),
+    )
+    .run()
+    .expect(0);
+    t
+}
+
 fn write(store: &Store, owner: &str, token: i64, target: &str, sql: &str) -> common::Fence {
     store.fence().args([
         "write",
@@ -268,17 +284,7 @@ fn cut_during_commit(sql: &str) -> (Store, Out, i64) {
     let store = Store::postgres();
     create_tables(&store, &[(1, "old"), (2, "old")]);
     let s = schema(&store).to_owned();
-    let t = acquire(&store, "A", "30s");
-    // One direct write first: the target's schema exists, so the cut write is one pipeline.
-    write(
-        &store,
-        "A",
-        t,
-        &store.url,
-        &format!("UPDATE {s}.data SET v = 'w1'"),
-    )
-    .run()
-    .expect(0);
+    let t = acquire_and_write_once(&store, "30s");
     assert_eq!(guard(&store), Some((t, 1)));
 
     let cut = Proxy::start(
@@ -348,16 +354,7 @@ fn connection_cut_while_connecting_is_unavailable() {
     let store = Store::postgres();
     create_tables(&store, &[(1, "old")]);
     let s = schema(&store).to_owned();
-    let t = acquire(&store, "A", "30s");
-    write(
-        &store,
-        "A",
-        t,
-        &store.url,
-        &format!("UPDATE {s}.data SET v = 'w1'"),
-    )
-    .run()
-    .expect(0);
+    let t = acquire_and_write_once(&store, "30s");
 
     // Cut right after the startup message (`user\0fence\0…`), then right after the client
     // starts SCRAM authentication: in both cases nothing of the write was ever sent.
@@ -566,23 +563,13 @@ fn an_answer_that_came_while_fence_was_paused_is_read_not_timed_out() {
     let store = Store::postgres();
     create_tables(&store, &[(1, "old")]);
     let s = schema(&store).to_owned();
-    let t = acquire(&store, "A", "60s");
-    // One direct write first: the target's schema exists, so the held write is one pipeline.
-    write(
-        &store,
-        "A",
-        t,
-        &store.url,
-        &format!("UPDATE {s}.data SET v = 'w1'"),
-    )
-    .run()
-    .expect(0);
+    let t = acquire_and_write_once(&store, "60s");
 
     let gate = Proxy::start(
         common::pg_upstream(),
         Mode::HoldWhenClientSends(b"begin_write".to_vec()),
     );
-    let mut paused = write(
+    let paused = write(
         &store,
         "A",
         t,
@@ -590,8 +577,7 @@ fn an_answer_that_came_while_fence_was_paused_is_read_not_timed_out() {
         &format!("UPDATE {s}.data SET v = 'w2' WHERE id = 1"),
     )
     .args(["--timeout", "3s"]);
-    paused.cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = paused.cmd.spawn().expect("start the write");
+    let child = paused.spawn();
     let pid = child.id();
     wait_for(
         "the transaction at the gate",
@@ -600,23 +586,13 @@ fn an_answer_that_came_while_fence_was_paused_is_read_not_timed_out() {
     );
     // fence sent its transaction (its request timer runs from before this instant).
     let sent = Instant::now();
-    common::process::kill(pid, libc::SIGSTOP);
-    wait_for("fence to stop", Duration::from_secs(10), || {
-        common::process::state(pid) == Some('T')
-    });
+    common::process::stop(pid);
     gate.open();
     wait_for("the server to commit", Duration::from_secs(30), || {
         guard(&store) == Some((t, 2))
     });
     // Past the write's timeout (3 s) with a margin; the proxy relays the answer at once.
-    let timeout_passed = sent + Duration::from_secs(6);
-    thread::sleep(timeout_passed.saturating_duration_since(Instant::now()));
-    assert_eq!(
-        common::process::state(pid),
-        Some('T'),
-        "fence ran while it had to be stopped"
-    );
-    common::process::kill(pid, libc::SIGCONT);
+    common::process::continue_at(pid, sent + Duration::from_secs(6));
 
     let out = finish(child, Duration::from_secs(60));
     assert_eq!(
