@@ -224,7 +224,8 @@ impl Reaper {
                 // wakes with the timer fired and the reaper's answer unread (epoll_wait
                 // returns EINTR after SIGCONT: the timers run before the pipe is looked at).
                 Err(_) if crate::sys::bound_clock_ns() >= give_up => {
-                    break crate::time::last_look(report.read(&mut first)).await.ok()
+                    continue_process(child.id());
+                    break crate::time::last_look(report.read(&mut first)).await.ok();
                 }
                 Err(_) => continue_process(child.id()),
             }
@@ -237,10 +238,11 @@ impl Reaper {
                 report,
             }),
             // No answer in time, or the reaper ended (killed?) without saying whether it
-            // started COMMAND: it had the start message, so COMMAND may run, and what it
-            // started is ours now (its subreaper's orphans). `hold` stops all of it, then
-            // releases the lease: exit 5, `supervisor_lost`. Never "nothing was run".
-            (Ok(()), None) | (Ok(()), Some(Ok(0))) => Ok(Running {
+            // started COMMAND, or its pipe could not be read: it had the start message, so
+            // COMMAND may run, and what it started is ours now (its subreaper's orphans).
+            // `hold` stops all of it, then releases the lease: exit 5, `supervisor_lost`.
+            // Never "nothing was run".
+            (Ok(()), None) | (Ok(()), Some(Ok(0))) | (Ok(()), Some(Err(_))) => Ok(Running {
                 child,
                 answered: false,
                 bounds,
