@@ -819,14 +819,17 @@ pub fn wait_for(what: &str, timeout: std::time::Duration, mut done: impl FnMut()
     }
 }
 
-/// How many sessions of the database at `url` wait for a lock in a statement containing
-/// `pattern` (`pg_stat_activity`): a condition to wait on instead of a sleep.
-pub fn lock_waiters(url: &str, pattern: &str) -> i64 {
+/// How many sessions of the database at `url` wait for a lock in a statement naming the
+/// test's own `schema` and containing `pattern` (`pg_stat_activity`): a condition to wait on
+/// instead of a sleep. The server is shared by tests running at once: a pattern alone
+/// ("fence: release") also counts another test's statements.
+pub fn lock_waiters(url: &str, schema: &str, pattern: &str) -> i64 {
     pg_query(
         url,
         &format!(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND position({} in query) > 0",
+             AND position({} in query) > 0 AND position({} in query) > 0",
+            quote_literal(&format!("{schema}.")),
             quote_literal(pattern)
         ),
     )[0]

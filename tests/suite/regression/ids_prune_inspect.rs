@@ -1068,7 +1068,7 @@ fn two_postgres_writers_of_one_id_at_once_apply_once() {
         wait_for(
             "both writers at the guard row",
             Duration::from_secs(30),
-            || common::lock_waiters(&store.url, "begin_write_once") == 2,
+            || common::lock_waiters(&store.url, &schema, "begin_write_once") == 2,
         );
         gate.release();
         writers.into_iter().map(|w| w.join().unwrap()).collect()

@@ -621,8 +621,11 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
     let waiting = || -> Option<(i32, String)> {
         pg_query(
             &common::pg_superuser(),
-            "SELECT pid, query_start::text FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND position('fence: release' in query) > 0",
+            &format!(
+                "SELECT pid, query_start::text FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND usename = '{role}' \
+                 AND position('fence: release' in query) > 0"
+            ),
         )
         .first()
         .map(|row| (row.get(0), row.get(1)))
@@ -725,7 +728,7 @@ fn a_renewal_fence_run_gave_up_on_does_not_commit_later() {
     gate.release();
     // Whatever was queued behind the lock has run (or was cancelled) once no one waits.
     wait_for("the queued statements", Duration::from_secs(30), || {
-        common::lock_waiters(&store.url, "fence: renew") == 0
+        common::lock_waiters(&store.url, &schema, "fence: renew") == 0
     });
     // fence run stops the command before the store's expiry (by the bound's margin): the
     // lease then runs out at the expiry its last renewal gave it, never renewed again.
@@ -799,7 +802,7 @@ fn a_repeatable_read_default_does_not_break_acquire() {
         .spawn()
         .unwrap();
     wait_for("the acquire to wait", Duration::from_secs(30), || {
-        common::lock_waiters(&common::pg_superuser(), "fence: acquire") == 1
+        common::lock_waiters(&common::pg_superuser(), &schema, "fence: acquire") == 1
             || acquire.try_wait().unwrap().is_some()
     });
     update.commit();

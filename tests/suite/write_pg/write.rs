@@ -478,7 +478,7 @@ fn two_writes_with_the_same_token_are_serialised_and_both_applied() {
     wait_for(
         "the first write at the gate",
         Duration::from_secs(30),
-        || common::lock_waiters(&store.url, &format!("{s}.gate FOR UPDATE")) == 1,
+        || common::lock_waiters(&store.url, &s, "gate FOR UPDATE") == 1,
     );
     // The second waits too: its script takes no other lock than the guard row's. (A session
     // shows its whole script as its query, so each is told apart by its own SQL.)
@@ -486,7 +486,7 @@ fn two_writes_with_the_same_token_are_serialised_and_both_applied() {
     wait_for(
         "the second write to wait for the guard row",
         Duration::from_secs(30),
-        || common::lock_waiters(&store.url, &format!("{s}.log (v) VALUES ('second')")) == 1,
+        || common::lock_waiters(&store.url, &s, "log (v) VALUES ('second')") == 1,
     );
     assert!(!first.is_finished() && !second.is_finished());
     gate.release();
