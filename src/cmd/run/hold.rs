@@ -237,50 +237,23 @@ pub(super) async fn hold(
             }) => (*graceful_until).min(bound),
             _ => u64::MAX,
         };
+        // The command's end is looked at first, and directly: after a pause (fence stopped,
+        // the machine suspended) the runtime runs its timers before it learns that the
+        // supervisor ended meanwhile, and a command that finished inside its lease and before
+        // `--max-time` would be reported stopped by them (see [`ended_meanwhile`]).
+        let exited = match status {
+            None => child.try_wait().map_err(cannot_wait)?,
+            Some(_) => None,
+        };
         tokio::select! {
             biased;
-            _ = until(kill_at) => {
-                if let Some(stop) = stop.as_mut() {
-                    if status.is_none() {
-                        sent.get_or_insert(Signal::KILL);
-                    }
-                    forward(pgid, Signal::KILL);
-                    crate::sys::kill_descendants_once(&mut stop.groups);
-                    stop.killed = Some(Instant::now());
+            waited = async {
+                match exited {
+                    Some(ended) => Ok(ended),
+                    None => child.wait().await,
                 }
-            }
-            _ = until(term_at) => {
-                // No renewal was proven in time: the command stops before the bound. The
-                // reaper, on the same bound by its own clock, sends the SIGTERM (once: a
-                // second one would run a shell's trap twice); it is continued in case its
-                // command stopped it, and the SIGKILL at the bound is ours too. Without a
-                // reaper any more, what is left gets the SIGTERM from here.
-                unproven = true;
-                if status.is_none() {
-                    sent.get_or_insert(Signal::TERM);
-                    continue_process(child.id());
-                } else {
-                    crate::sys::signal_descendants(Signal::TERM, false);
-                    crate::sys::signal_descendants(Signal::CONT, false);
-                }
-                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
-            }
-            _ = sleep_until(max_at.unwrap_or_else(Instant::now)),
-                if max_at.is_some() && !timed_out && stop.is_none() && status.is_none() => {
-                // Ran past --max-time: stopped as an interrupt would stop it (the reaper
-                // passes the SIGTERM on to what left the group), SIGKILL after --kill-after,
-                // never past the bound; the lease is renewed meanwhile and released after.
-                timed_out = true;
-                sent.get_or_insert(Signal::TERM);
-                forward(pgid, Signal::TERM);
-                forward(pgid, Signal::CONT);
-                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
-            }
-            waited = child.wait(), if status.is_none() => {
-                let waited = waited.map_err(|err| Error::internal(
-                    format!("cannot wait for the command: {err}"),
-                    "check the system's process limits",
-                ))?;
+            }, if status.is_none() => {
+                let waited = waited.map_err(cannot_wait)?;
                 status = Some(waited);
                 ended_ns = crate::sys::bound_clock_ns();
                 // Its report is complete now (its end of the pipe closed with it): a reaper
@@ -304,6 +277,52 @@ pub(super) async fn hold(
                         stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
                     }
                 }
+            }
+            _ = until(kill_at) => {
+                if ended_meanwhile(&mut child, status)? {
+                    continue;
+                }
+                if let Some(stop) = stop.as_mut() {
+                    if status.is_none() {
+                        sent.get_or_insert(Signal::KILL);
+                    }
+                    forward(pgid, Signal::KILL);
+                    crate::sys::kill_descendants_once(&mut stop.groups);
+                    stop.killed = Some(Instant::now());
+                }
+            }
+            _ = until(term_at) => {
+                if ended_meanwhile(&mut child, status)? {
+                    continue;
+                }
+                // No renewal was proven in time: the command stops before the bound. The
+                // reaper, on the same bound by its own clock, sends the SIGTERM (once: a
+                // second one would run a shell's trap twice); it is continued in case its
+                // command stopped it, and the SIGKILL at the bound is ours too. Without a
+                // reaper any more, what is left gets the SIGTERM from here.
+                unproven = true;
+                if status.is_none() {
+                    sent.get_or_insert(Signal::TERM);
+                    continue_process(child.id());
+                } else {
+                    crate::sys::signal_descendants(Signal::TERM, false);
+                    crate::sys::signal_descendants(Signal::CONT, false);
+                }
+                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
+            }
+            _ = sleep_until(max_at.unwrap_or_else(Instant::now)),
+                if max_at.is_some() && !timed_out && stop.is_none() && status.is_none() => {
+                if ended_meanwhile(&mut child, status)? {
+                    continue;
+                }
+                // Ran past --max-time: stopped as an interrupt would stop it (the reaper
+                // passes the SIGTERM on to what left the group), SIGKILL after --kill-after,
+                // never past the bound; the lease is renewed meanwhile and released after.
+                timed_out = true;
+                sent.get_or_insert(Signal::TERM);
+                forward(pgid, Signal::TERM);
+                forward(pgid, Signal::CONT);
+                stop = Stop::until(crate::sys::bound_clock_ns().saturating_add(nanos(plan.kill_after)));
             }
             _ = tokio::time::sleep(POLL), if status.is_some() => {
                 if let Some(Stop { killed: Some(at), groups, warned, .. }) = stop.as_mut() {
@@ -397,6 +416,11 @@ pub(super) async fn hold(
         }
     }
     let status = status.expect("the loop ends once the reaper was waited for");
+    // The command's end was handled before a due SIGTERM timer (see [`ended_meanwhile`]): no
+    // renewal was proven in time all the same.
+    if stop.is_none() && crate::sys::bound_clock_ns() >= bound.saturating_sub(nanos(plan.grace)) {
+        unproven = true;
+    }
 
     // The reaper stopped the command at the bound: this process did not prove one in time
     // (paused, or the machine was suspended, which the runtime's timers do not count).
@@ -541,6 +565,23 @@ const CLASSIFY_WITHIN: Duration = Duration::from_secs(1);
 
 fn retry_after(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// Whether the command ended by the time a timer of [`hold`] fired (after a pause, both come
+/// due at once, and the timer is looked at first): its end is then handled first, at the
+/// next turn of the loop, and the timer seen again after it.
+fn ended_meanwhile(
+    child: &mut tokio::process::Child,
+    status: Option<ExitStatus>,
+) -> Result<bool, Error> {
+    Ok(status.is_none() && child.try_wait().map_err(cannot_wait)?.is_some())
+}
+
+fn cannot_wait(err: std::io::Error) -> Error {
+    Error::internal(
+        format!("cannot wait for the command: {err}"),
+        "check the system's process limits",
+    )
 }
 
 fn forward(pgid: Option<Pid>, signal: Signal) {

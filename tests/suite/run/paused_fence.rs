@@ -183,7 +183,6 @@ fn postgres_an_answer_that_came_while_fence_was_paused_is_read() {
 #[test]
 fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
     use common::proxy::{Mode, Proxy};
-    use std::os::fd::AsRawFd;
     let store = Store::postgres();
     store.fence().args(["init", "-q"]).run().expect(0);
     let dir = tempfile::tempdir().unwrap();
@@ -205,34 +204,14 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
         wait_for("the acquire at the gate", Duration::from_secs(30), || {
             gate.held() == 1
         });
-        // The supervisor (`fence __reaper PARENT REPORT_FD START_FD …`), waiting for its go.
-        let mut reaper = None;
-        wait_for("fence's supervisor", Duration::from_secs(30), || {
-            reaper = common::process::processes_with("__reaper")
-                .into_iter()
-                .find(|p| common::process::parent_of(*p) == pid);
-            reaper.is_some()
-        });
-        let reaper = reaper.unwrap();
-        let cmdline = std::fs::read(format!("/proc/{reaper}/cmdline")).unwrap();
-        let argv: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        assert_eq!(argv[1], "__reaper", "{argv:?}");
-        let start = std::fs::File::open(format!("/proc/{reaper}/fd/{}", argv[4])).unwrap();
+        // The supervisor, waiting for its go.
+        let (reaper, start, _) = supervisor_of(pid);
         common::process::stop(reaper);
         gate.open();
-        let pending = || {
-            let mut n: libc::c_int = 0;
-            // SAFETY: FIONREAD on a pipe this test opened, into a c_int.
-            unsafe { libc::ioctl(start.as_raw_fd(), libc::FIONREAD, &mut n) };
-            n
-        };
         wait_for(
             "fence to send the start message",
             Duration::from_secs(30),
-            || pending() > 0 || common::process::state(reaper) != Some('T'),
+            || unread(&start) > 0 || common::process::state(reaper) != Some('T'),
         );
         common::process::stop(pid);
         drop(start);
@@ -283,4 +262,111 @@ fn postgres_a_supervisor_answer_that_came_while_fence_was_paused_is_read() {
         return;
     }
     panic!("fence continued its supervisor before it could be stopped, five times in a row");
+}
+
+/// The supervisor `fence run` (`pid`) started (`fence __reaper PARENT REPORT_FD START_FD …`),
+/// once it is there, and the two pipes between them, opened from /proc to see what is in them
+/// (see [`unread`]): fence's start message to it, and its report to fence.
+fn supervisor_of(pid: u32) -> (u32, std::fs::File, std::fs::File) {
+    let mut reaper = None;
+    wait_for("fence's supervisor", Duration::from_secs(30), || {
+        reaper = common::process::processes_with("__reaper")
+            .into_iter()
+            .find(|p| common::process::parent_of(*p) == pid);
+        reaper.is_some()
+    });
+    let reaper = reaper.unwrap();
+    let cmdline = std::fs::read(format!("/proc/{reaper}/cmdline")).unwrap();
+    let argv: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    assert_eq!(argv[1], "__reaper", "{argv:?}");
+    let pipe = |fd: &str| std::fs::File::open(format!("/proc/{reaper}/fd/{fd}")).unwrap();
+    (reaper, pipe(&argv[4]), pipe(&argv[3]))
+}
+
+/// How many bytes wait in `pipe` to be read.
+fn unread(pipe: &std::fs::File) -> libc::c_int {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD on a pipe this test opened, into a c_int.
+    unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut n) };
+    n
+}
+
+/// fence paused (SIGSTOP) in its supervision loop while its command runs; the command ends
+/// well before `--max-time`, and fence is continued past it: the command's status stands
+/// (exit 0, not stopped) and its run id is recorded as completed (the next run with it is
+/// skipped). On resume the runtime runs its timers before it learns that the supervisor
+/// ended: the `--max-time` timer fired first and a job that had finished was reported stopped
+/// at the limit (exit 124) and run again by the next attempt.
+#[test]
+fn a_command_that_ended_before_max_time_while_fence_was_paused_keeps_its_status() {
+    let store = Store::file();
+    let dir = tempfile::tempdir().unwrap();
+    let (started, go) = (dir.path().join("started"), dir.path().join("go"));
+    let script = format!(
+        "touch '{}'; while [ ! -e '{}' ]; do sleep 0.01; done",
+        started.display(),
+        go.display()
+    );
+    let max_time = Duration::from_secs(2);
+    let run = || {
+        store
+            .fence()
+            .args([
+                "run",
+                "job",
+                "--id",
+                "nightly",
+                "--ttl",
+                "1m",
+                "--max-time",
+                "2s",
+            ])
+            .args(["--format", "json", "--", "sh", "-c", &script])
+    };
+    let child = run().spawn();
+    let pid = child.id();
+    let (reaper, _, report) = supervisor_of(pid);
+    // fence has read the supervisor's "started" (the supervisor wrote it and waits on, the
+    // pipe is empty) and waits in its supervision loop, where `--max-time` counts.
+    wait_for(
+        "fence to supervise the command",
+        Duration::from_secs(30),
+        || {
+            started.exists()
+                && common::process::state(reaper) == Some('S')
+                && unread(&report) == 0
+                && common::process::state(pid) == Some('S')
+        },
+    );
+    let limit = std::time::Instant::now() + max_time;
+    common::process::stop(pid);
+    std::fs::write(&go, "").unwrap();
+    wait_for(
+        "the command and its supervisor to end",
+        Duration::from_secs(30),
+        || common::process::is_gone(reaper),
+    );
+    // Continued a second past the limit (fence's own count began before `limit`).
+    common::process::continue_at(pid, limit + Duration::from_secs(1));
+    let out = wait_output("fence run", child, Duration::from_secs(60));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout} {stderr}");
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(json.get("stopped").is_none(), "{json}");
+    std::fs::remove_file(&started).unwrap();
+    let again = common::Out::from(run().cmd.output().unwrap());
+    assert_eq!(again.code, 0, "{again:?}");
+    assert_eq!(
+        again.json()["skipped"],
+        true,
+        "recorded as completed: {again:?}"
+    );
+    assert!(!started.exists(), "the command ran again: {again:?}");
 }
