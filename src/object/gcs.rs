@@ -21,11 +21,14 @@ use serde_json::{json, Value};
 use crate::error::Error;
 use crate::object::gcs_auth::Auth;
 use crate::object::{
-    put_unknown, refused, retry_pause, transient, unavailable, upload, Cond, Fetched, Meta,
-    ObjectApi, Put, VersionKinds,
+    put_unknown, redirected, refused, retry_pause, transient, unavailable, upload, Cond, Fetched,
+    Meta, ObjectApi, Put, VersionKinds,
 };
 
 const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// Where the server fence talks to is set, as messages name it.
+const ENDPOINT: &str = "STORAGE_EMULATOR_HOST (or FENCE_GCS_ENDPOINT)";
 
 pub struct GcsObjects {
     client: reqwest::Client,
@@ -94,8 +97,8 @@ impl GcsObjects {
         } else {
             format!("http://{endpoint}")
         };
-        // No timeout of reqwest's: [`exchange`] bounds every request.
-        let client = reqwest::Client::builder().build().map_err(|err| {
+        // No timeout of reqwest's ([`exchange`] bounds every request), no redirect followed.
+        let client = upload::client(reqwest::Client::builder()).map_err(|err| {
             Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")
                 .with_source(err)
         })?;
@@ -176,6 +179,9 @@ impl GcsObjects {
             attempt += 1;
             self.last_sent.set(Some(tokio::time::Instant::now()));
             match exchange(&self.client, builder).await {
+                Err(upload::NoAnswer::Redirected(redirect)) => {
+                    return Err(redirected(&self.display, what, &redirect, ENDPOINT))
+                }
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,
                     (None, None) => {

@@ -301,6 +301,21 @@ pub(crate) fn refused(
     }
 }
 
+/// A request the server answered with a redirect, which fence does not follow: nothing was
+/// applied. `endpoint` names the setting that points fence at the server.
+#[cfg(any(feature = "s3", feature = "gcs"))]
+pub(crate) fn redirected(
+    display: &str,
+    what: &str,
+    redirect: &upload::Redirected,
+    endpoint: &str,
+) -> Error {
+    Error::usage(
+        format!("cannot {what} at `{display}`: {redirect}: the request's credentials would go to that server and its conditions be judged there (nothing was changed)"),
+        format!("point {endpoint} at the server that holds the bucket itself, not at one that redirects"),
+    )
+}
+
 /// An error during a put whose outcome cannot be known.
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn put_unknown(display: &str, key: &str, err: impl std::fmt::Display) -> Error {

@@ -26,12 +26,15 @@ use object_store::{
 use crate::error::Error;
 use crate::object::upload;
 use crate::object::{
-    put_unknown, refused, retry_pause, transient, unavailable, Cond, Fetched, Meta, ObjectApi, Put,
-    VersionKinds,
+    put_unknown, redirected, refused, retry_pause, transient, unavailable, Cond, Fetched, Meta,
+    ObjectApi, Put, VersionKinds,
 };
 
 /// Where S3 credentials come from, as messages name them.
 const CREDENTIALS: &str = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN";
+
+/// Where the server fence talks to is set, as messages name it.
+const ENDPOINT: &str = "AWS_ENDPOINT_URL (or AWS_REGION)";
 
 /// Where object_store's message names the HTTP status of the server's answer.
 const STATUS_MARK: &str = "status code: ";
@@ -70,6 +73,19 @@ fn answered_unreadably(err: &object_store::Error) -> bool {
         source = current.source();
     }
     matches!(err, object_store::Error::Generic { .. })
+}
+
+/// The redirect fence did not follow that `err` comes from, if it does (see
+/// [`upload::Redirected`]).
+fn redirect_in(err: &object_store::Error) -> Option<&upload::Redirected> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(current) = source {
+        if let Some(redirect) = current.downcast_ref::<upload::Redirected>() {
+            return Some(redirect);
+        }
+        source = current.source();
+    }
+    None
 }
 
 /// What to do with a failed request.
@@ -175,6 +191,10 @@ impl S3Objects {
         attempt: usize,
         unknown: Option<&str>,
     ) -> Failure {
+        if let Some(redirect) = redirect_in(&err) {
+            let failed = redirected(&self.display, what, redirect, ENDPOINT);
+            return Failure::Fail(failed.with_source(err));
+        }
         let status = status_of(&err);
         let retry = match &status {
             Some((code, _)) => transient(*code),
@@ -419,22 +439,77 @@ impl std::fmt::Debug for Reporting {
 }
 
 impl HttpConnector for Reporting {
-    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
-        // object_store's defaults, but the total timeout grows with the body and is fence's
-        // own (per request, in `call`).
-        let client = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .build()
-            .map_err(|err| object_store::Error::Generic {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let client = upload::client(client_builder(options)?).map_err(|err| {
+            object_store::Error::Generic {
                 store: "S3",
                 source: Box::new(err),
-            })?;
+            }
+        })?;
         Ok(HttpClient::new(ReportingService {
             client,
             bar: self.bar.clone(),
             dates: self.dates.clone(),
         }))
     }
+}
+
+/// The client settings of the AWS environment, as object_store's own client would apply
+/// them (`AWS_ALLOW_HTTP`, `AWS_ALLOW_INVALID_CERTIFICATES`, `AWS_PROXY_URL`,
+/// `AWS_PROXY_CA_CERTIFICATE`, `AWS_PROXY_EXCLUDES`, `AWS_USER_AGENT`, `AWS_HTTP1_ONLY`,
+/// `AWS_HTTP2_ONLY`, `AWS_CONNECT_TIMEOUT`), none silently dropped. Not its timeouts of a
+/// whole request (fence bounds each one itself, [`upload::exchange`]) nor its connection
+/// pool's tuning (a fence process makes a few requests).
+fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::ClientBuilder> {
+    use object_store::ClientConfigKey as Key;
+    let invalid = |key: &str, value: &str, what: &str| object_store::Error::Generic {
+        store: "S3",
+        source: format!("AWS_{key} is `{value}`, not {what}").into(),
+    };
+    let flag = |key: Key, name: &str| -> object_store::Result<bool> {
+        match options.get_config_value(&key) {
+            None => Ok(false),
+            Some(value) => match value.to_ascii_lowercase().as_str() {
+                "1" | "true" | "on" | "yes" | "y" => Ok(true),
+                "0" | "false" | "off" | "no" | "n" => Ok(false),
+                _ => Err(invalid(name, &value, "true or false")),
+            },
+        }
+    };
+    let connect_timeout = match options.get_config_value(&Key::ConnectTimeout) {
+        None => std::time::Duration::from_secs(5),
+        Some(value) => humantime::parse_duration(&value)
+            .map_err(|_| invalid("CONNECT_TIMEOUT", &value, "a duration (`5s`)"))?,
+    };
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .https_only(!flag(Key::AllowHttp, "ALLOW_HTTP")?);
+    if flag(Key::AllowInvalidCertificates, "ALLOW_INVALID_CERTIFICATES")? {
+        builder = builder.danger_accept_invalid_certs(true);
+    }
+    if flag(Key::Http1Only, "HTTP1_ONLY")? {
+        builder = builder.http1_only();
+    }
+    if flag(Key::Http2Only, "HTTP2_ONLY")? {
+        builder = builder.http2_prior_knowledge();
+    }
+    if let Some(agent) = options.get_config_value(&Key::UserAgent) {
+        builder = builder.user_agent(agent);
+    }
+    if let Some(url) = options.get_config_value(&Key::ProxyUrl) {
+        let mut proxy = reqwest::Proxy::all(&url)
+            .map_err(|_| invalid("PROXY_URL", "(not shown)", "a proxy URL"))?;
+        if let Some(excludes) = options.get_config_value(&Key::ProxyExcludes) {
+            proxy = proxy.no_proxy(reqwest::NoProxy::from_string(&excludes));
+        }
+        if let Some(pem) = options.get_config_value(&Key::ProxyCaCertificate) {
+            let certificate = reqwest::Certificate::from_pem(pem.as_bytes())
+                .map_err(|_| invalid("PROXY_CA_CERTIFICATE", "(not shown)", "a PEM certificate"))?;
+            builder = builder.tls_certs_merge(std::iter::once(certificate));
+        }
+        builder = builder.proxy(proxy);
+    }
+    Ok(builder)
 }
 
 struct ReportingService {
@@ -494,6 +569,10 @@ impl HttpService for ReportingService {
                     HttpErrorKind::Timeout,
                     std::io::Error::new(std::io::ErrorKind::TimedOut, timeout.to_string()),
                 ),
+                // Known again in `failure`, by its type.
+                upload::NoAnswer::Redirected(redirect) => {
+                    HttpError::new(HttpErrorKind::Request, redirect)
+                }
             })?;
         if put && parts.status.is_success() {
             let date = parts.headers.get(http::header::DATE);

@@ -74,39 +74,82 @@ pub fn timeout(bytes: usize) -> Duration {
     Duration::from_secs(30 + (bytes as u64 >> 20))
 }
 
-/// Why a request got no answer.
+/// Why a request got no answer fence can use.
 #[derive(Debug, thiserror::Error)]
 pub enum NoAnswer {
     #[error("{0}")]
     Http(#[from] reqwest::Error),
     #[error("the request and its answer did not complete within {}", crate::time::duration(*.0))]
     Timeout(Duration),
+    #[error(transparent)]
+    Redirected(#[from] Redirected),
+}
+
+/// The server answered with a redirect, which fence never follows (its clients are built
+/// with [`reqwest::redirect::Policy::none`]): the request's credentials (an S3 session token
+/// is a plain header, which reqwest keeps on a redirect to another host) would go to another
+/// server, and a conditional write would be judged by a server fence never checked. Nothing
+/// was applied: the server answered without doing it.
+#[derive(Debug, thiserror::Error)]
+#[error("the server answered with a redirect (HTTP {status}{}), which fence does not follow", .to.as_ref().map(|to| format!(" to `{to}`")).unwrap_or_default())]
+pub struct Redirected {
+    pub status: u16,
+    /// Where to: the origin (scheme, host and port) of its `Location`, never its path or
+    /// query (a presigned URL's signature).
+    pub to: Option<String>,
+}
+
+impl Redirected {
+    fn of(status: u16, from: &reqwest::Url, headers: &http::HeaderMap) -> Redirected {
+        let to = headers
+            .get(http::header::LOCATION)
+            .and_then(|location| location.to_str().ok())
+            .and_then(|location| from.join(location).ok())
+            .map(|url| url.origin().ascii_serialization())
+            .filter(|origin| origin != "null");
+        Redirected { status, to }
+    }
+}
+
+/// A client for an object store: no redirect is followed (see [`Redirected`]), and no
+/// timeout of reqwest's ([`exchange`] bounds every request by fence's timer).
+pub fn client(builder: reqwest::ClientBuilder) -> reqwest::Result<reqwest::Client> {
+    builder.redirect(reqwest::redirect::Policy::none()).build()
 }
 
 /// Sends `request` and reads its answer whole (head and body) within `limit`, by fence's
 /// timer, not reqwest's, which looks at its timer before the answer: a pause past the limit
 /// gets a last look ([`crate::time::answer_within`]), so an answer that came while fence was
 /// stopped is read, not timed out. A refusal (not 2xx) whose body cannot be read keeps its
-/// status, with an empty body: the status says what it means.
+/// status, with an empty body: the status says what it means. A redirect is an error
+/// ([`Redirected`]).
 pub async fn exchange(
     client: &reqwest::Client,
     request: reqwest::Request,
     limit: Duration,
 ) -> Result<(http::response::Parts, Bytes), NoAnswer> {
+    let url = request.url().clone();
     let whole = async {
         let response = client.execute(request).await?;
         let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+        if parts.status.is_redirection() {
+            return Ok(Err(Redirected::of(
+                parts.status.as_u16(),
+                &url,
+                &parts.headers,
+            )));
+        }
         let body = match http_body_util::BodyExt::collect(body).await {
             Ok(body) => body.to_bytes(),
             Err(_) if !parts.status.is_success() => Bytes::new(),
             Err(err) => return Err(err),
         };
-        Ok((parts, body))
+        Ok(Ok((parts, body)))
     };
-    crate::time::answer_within(limit, whole)
+    Ok(crate::time::answer_within(limit, whole)
         .await
         .map_err(|_| NoAnswer::Timeout(limit))?
-        .map_err(NoAnswer::Http)
+        .map_err(NoAnswer::Http)??)
 }
 
 #[cfg(test)]

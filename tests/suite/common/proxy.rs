@@ -567,6 +567,12 @@ pub enum Verdict {
     ForwardThenAnswer {
         status: u16,
     },
+    /// Answer with a redirect: `status` (301, 302, 307, 308) and `Location: location`,
+    /// forwarding nothing (a gateway that sends clients elsewhere).
+    Redirect {
+        status: u16,
+        location: String,
+    },
     /// Close the client's connection once it has sent the whole request, forwarding nothing
     /// (a connection lost before the request reached the server): no answer, nothing applied.
     Cut,
@@ -779,6 +785,10 @@ fn http_exchange(
         Verdict::Answer { status, body } => {
             (&client)
                 .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
+        }
+        Verdict::Redirect { status, location } => {
+            (&client)
+                .write_all(reply(status, "", &format!("Location: {location}\r\n")).as_bytes())?;
         }
         Verdict::Cut => {}
         verdict @ (Verdict::Forward

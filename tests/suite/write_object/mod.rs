@@ -4,3 +4,4 @@ mod gcs_tokens;
 mod object_ids;
 mod objects;
 mod preconditions;
+mod redirects;
