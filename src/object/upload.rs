@@ -120,37 +120,43 @@ pub fn client(builder: reqwest::ClientBuilder) -> reqwest::Result<reqwest::Clien
 /// Sends `request` and reads its answer whole (head and body) within `limit`, by fence's
 /// timer, not reqwest's, which looks at its timer before the answer: a pause past the limit
 /// gets a last look ([`crate::time::answer_within`]), so an answer that came while fence was
-/// stopped is read, not timed out. A refusal (not 2xx) whose body cannot be read keeps its
-/// status, with an empty body: the status says what it means. A redirect is an error
-/// ([`Redirected`]).
+/// stopped is read, not timed out. A refusal (not 2xx) whose body cannot be read, or has not
+/// come [`REFUSAL_BODY_WITHIN`] after its head, keeps its status, with an empty body: the
+/// status says what it means. A redirect is an error ([`Redirected`]).
 pub async fn exchange(
     client: &reqwest::Client,
     request: reqwest::Request,
     limit: Duration,
 ) -> Result<(http::response::Parts, Bytes), NoAnswer> {
+    let started = tokio::time::Instant::now();
     let url = request.url().clone();
-    let whole = async {
-        let response = client.execute(request).await?;
-        let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-        if parts.status.is_redirection() {
-            return Ok(Err(Redirected::of(
-                parts.status.as_u16(),
-                &url,
-                &parts.headers,
-            )));
-        }
-        let body = match http_body_util::BodyExt::collect(body).await {
-            Ok(body) => body.to_bytes(),
-            Err(_) if !parts.status.is_success() => Bytes::new(),
-            Err(err) => return Err(err),
-        };
-        Ok(Ok((parts, body)))
-    };
-    Ok(crate::time::answer_within(limit, whole)
+    let response = crate::time::answer_within(limit, client.execute(request))
         .await
-        .map_err(|_| NoAnswer::Timeout(limit))?
-        .map_err(NoAnswer::Http)??)
+        .map_err(|_| NoAnswer::Timeout(limit))??;
+    let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    if parts.status.is_redirection() {
+        return Err(Redirected::of(parts.status.as_u16(), &url, &parts.headers).into());
+    }
+    let left = limit.saturating_sub(started.elapsed());
+    let body = http_body_util::BodyExt::collect(body);
+    if parts.status.is_success() {
+        let body = crate::time::answer_within(left, body)
+            .await
+            .map_err(|_| NoAnswer::Timeout(limit))??;
+        return Ok((parts, body.to_bytes()));
+    }
+    // A refusal: its status says what it means, its body only explains it. A body that
+    // cannot be read, or does not come (a server or proxy stalled mid-answer), is left out
+    // rather than turning a definite refusal into no answer.
+    let body = match crate::time::answer_within(left.min(REFUSAL_BODY_WITHIN), body).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(_)) | Err(_) => Bytes::new(),
+    };
+    Ok((parts, body))
 }
+
+/// How long the body of a refusal (not 2xx) may take once its head came.
+const REFUSAL_BODY_WITHIN: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -567,6 +567,11 @@ pub enum Verdict {
     ForwardThenAnswer {
         status: u16,
     },
+    /// Answer `status` with a head that announces a body, then send none and hold the
+    /// connection open until the proxy stops (a refusal whose body never comes).
+    AnswerWithoutBody {
+        status: u16,
+    },
     /// Answer with a redirect: `status` (301, 302, 307, 308) and `Location: location`,
     /// forwarding nothing (a gateway that sends clients elsewhere).
     Redirect {
@@ -785,6 +790,15 @@ fn http_exchange(
         Verdict::Answer { status, body } => {
             (&client)
                 .write_all(reply(status, &body, "Content-Type: application/xml\r\n").as_bytes())?;
+        }
+        Verdict::AnswerWithoutBody { status } => {
+            (&client).write_all(
+                format!("HTTP/1.1 {status} Proxy\r\nContent-Length: 300\r\nContent-Type: application/xml\r\n\r\n")
+                    .as_bytes(),
+            )?;
+            while !shared.stop.load(Ordering::SeqCst) {
+                thread::sleep(TICK);
+            }
         }
         Verdict::Redirect { status, location } => {
             (&client)

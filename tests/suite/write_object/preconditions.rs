@@ -78,6 +78,7 @@ per_service!(
     races_never_grant_twice,
     verification_is_recorded_once,
     definite_answers_are_final,
+    a_refusal_whose_body_never_comes_is_decided_by_its_status,
     event_failures_never_hide_what_happened,
     requests_per_operation,
     missing_bucket_is_named,
@@ -398,6 +399,39 @@ fn definite_answers_are_final(on: Backend) {
         assert_eq!(writes, 1, "asked once: {:?}", proxy.seen());
         assert!(server.list(&format!("{prefix}/leases")).is_empty());
     }
+}
+
+/// A refusal (501 to the conditional put) whose head came but whose body never does (a proxy
+/// or server that stalls mid-answer): its status says nothing was written, so it is exit 2 as
+/// with the whole answer, within seconds, not exit 8 "may or may not have applied" once the
+/// request's 30 s timeout has passed waiting for a body that only explains the refusal.
+fn a_refusal_whose_body_never_comes_is_decided_by_its_status(on: Backend) {
+    let service = service_of(on);
+    let store = verified_store(on);
+    let (server, prefix) = store.server();
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(move |request| {
+            if conditional_write(service, request) && !proof_request(request) {
+                Verdict::AnswerWithoutBody { status: 501 }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    );
+    proven_via(&store, &proxy);
+    let out = via(&store, &proxy)
+        .args([
+            "acquire", "res", "--owner", "a", "--ttl", "30s", "--format", "json",
+        ])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("HTTP 501") && message.contains("nothing was written"),
+        "{message}"
+    );
+    assert!(server.list(&format!("{prefix}/leases")).is_empty());
 }
 
 /// A change and its event are one write (the record keeps its history): with every write of
