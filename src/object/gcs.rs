@@ -27,8 +27,8 @@ use crate::object::{
 
 const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
 
-/// Where the server fence talks to is set, as messages name it.
-const ENDPOINT: &str = "STORAGE_EMULATOR_HOST (or FENCE_GCS_ENDPOINT)";
+/// The settings that name the server fence's GCS client talks to, as messages name them.
+const SERVERS: &str = "FENCE_GCS_ENDPOINT, else STORAGE_EMULATOR_HOST";
 
 pub struct GcsObjects {
     client: reqwest::Client,
@@ -180,7 +180,7 @@ impl GcsObjects {
             self.last_sent.set(Some(tokio::time::Instant::now()));
             match exchange(&self.client, builder).await {
                 Err(upload::NoAnswer::Redirected(redirect)) => {
-                    return Err(redirected(&self.display, what, &redirect, ENDPOINT))
+                    return Err(redirected(&self.display, what, &redirect, SERVERS))
                 }
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,

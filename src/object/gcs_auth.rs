@@ -197,9 +197,17 @@ impl ServiceKey {
                 "application/x-www-form-urlencoded",
             )
             .body(form);
-        let response = crate::object::gcs::exchange(client, request)
-            .await
-            .map_err(|err| unavailable(err.to_string()))?;
+        let response = match crate::object::gcs::exchange(client, request).await {
+            Ok(response) => response,
+            // Asking again will not help: the key names a token endpoint that sends it away.
+            Err(crate::object::upload::NoAnswer::Redirected(redirect)) => {
+                return Err(bad_key(
+                    &self.path,
+                    format!("its token_uri: {redirect}; the signed assertion was not sent on"),
+                ))
+            }
+            Err(err) => return Err(unavailable(err.to_string())),
+        };
         let status = response.status();
         let bytes = response
             .bytes()

@@ -251,6 +251,34 @@ pub(crate) fn error_code(body: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The S3 endpoint the environment names, as object_store's `from_env` reads it:
+/// `AWS_ENDPOINT_URL_S3` first, else `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`; with the variable
+/// it came from. `Err` names two variables that disagree (which one object_store took would
+/// depend on the order of the environment).
+pub(crate) fn s3_endpoint() -> Result<Option<(&'static str, String)>, Error> {
+    let var = |name: &'static str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (name, v))
+    };
+    if let Some(found) = var("AWS_ENDPOINT_URL_S3") {
+        return Ok(Some(found));
+    }
+    match (var("AWS_ENDPOINT_URL"), var("AWS_ENDPOINT")) {
+        (Some((a, x)), Some((b, y))) if x != y => Err(Error::usage(
+            format!(
+                "{a} and {b} name different S3 endpoints (`{}` and `{}`)",
+                crate::url::redact_url(&x),
+                crate::url::redact_url(&y)
+            ),
+            "set only one of them (or AWS_ENDPOINT_URL_S3, which comes first)",
+        )),
+        (Some(found), _) | (None, Some(found)) => Ok(Some(found)),
+        (None, None) => Ok(None),
+    }
+}
+
 /// A definite answer (a 4xx, or 501) to a request: the server refused it, nothing was
 /// applied, and asking again will not help. `credentials` names where the credentials came
 /// from, for 401/403 and expired tokens.
@@ -302,17 +330,22 @@ pub(crate) fn refused(
 }
 
 /// A request the server answered with a redirect, which fence does not follow: nothing was
-/// applied. `endpoint` names the setting that points fence at the server.
+/// applied. `settings` names the settings that point fence at servers (the bucket's, and
+/// the credentials'); the message names the server that redirected.
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn redirected(
     display: &str,
     what: &str,
     redirect: &upload::Redirected,
-    endpoint: &str,
+    settings: &str,
 ) -> Error {
+    let hint = match &redirect.region {
+        Some(region) => format!("the bucket is in region `{region}`, as S3 answered: set AWS_REGION={region}"),
+        None => format!("point the setting that names `{}` ({settings}) at a server that answers itself, not at one that redirects", redirect.from),
+    };
     Error::usage(
-        format!("cannot {what} at `{display}`: {redirect}: the request's credentials would go to that server and its conditions be judged there (nothing was changed)"),
-        format!("point {endpoint} at the server that holds the bucket itself, not at one that redirects"),
+        format!("cannot {what} at `{display}`: {redirect}; a request sent on would carry fence's credentials to another server, and a conditional write be judged there (nothing was changed)"),
+        hint,
     )
 }
 

@@ -33,8 +33,8 @@ use crate::object::{
 /// Where S3 credentials come from, as messages name them.
 const CREDENTIALS: &str = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN";
 
-/// Where the server fence talks to is set, as messages name it.
-const ENDPOINT: &str = "AWS_ENDPOINT_URL (or AWS_REGION)";
+/// The settings that name the servers fence's S3 client talks to, as messages name them.
+const SERVERS: &str = "AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_S3 for the bucket; AWS_METADATA_ENDPOINT, AWS_ENDPOINT_URL_STS or AWS_CONTAINER_CREDENTIALS_FULL_URI for credentials";
 
 /// Where object_store's message names the HTTP status of the server's answer.
 const STATUS_MARK: &str = "status code: ";
@@ -145,9 +145,22 @@ impl S3Objects {
         {
             builder = builder.with_region("us-east-1");
         }
-        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+        if let Some((var, endpoint)) = crate::object::s3_endpoint()? {
+            let plain = endpoint
+                .get(..7)
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"));
+            match std::env::var("AWS_ALLOW_HTTP").ok() {
+                // Not set: an http:// endpoint allows plain HTTP.
+                None => builder = builder.with_allow_http(plain),
+                Some(allowed) if plain && !truthy(&allowed).unwrap_or(true) => {
+                    return Err(Error::usage(
+                        format!("{var} is a plain-HTTP endpoint (`{}`), and AWS_ALLOW_HTTP is `{allowed}`", crate::url::redact_url(&endpoint)),
+                        format!("use an https:// endpoint, or set AWS_ALLOW_HTTP=true (or unset it) to send requests to {var} in the clear"),
+                    ));
+                }
+                Some(_) => {}
+            }
             builder = builder
-                .with_allow_http(endpoint.starts_with("http://"))
                 .with_virtual_hosted_style_request(false)
                 .with_endpoint(endpoint);
         }
@@ -192,7 +205,7 @@ impl S3Objects {
         unknown: Option<&str>,
     ) -> Failure {
         if let Some(redirect) = redirect_in(&err) {
-            let failed = redirected(&self.display, what, redirect, ENDPOINT);
+            let failed = redirected(&self.display, what, redirect, SERVERS);
             return Failure::Fail(failed.with_source(err));
         }
         let status = status_of(&err);
@@ -458,8 +471,9 @@ impl HttpConnector for Reporting {
 /// them (`AWS_ALLOW_HTTP`, `AWS_ALLOW_INVALID_CERTIFICATES`, `AWS_PROXY_URL`,
 /// `AWS_PROXY_CA_CERTIFICATE`, `AWS_PROXY_EXCLUDES`, `AWS_USER_AGENT`, `AWS_HTTP1_ONLY`,
 /// `AWS_HTTP2_ONLY`, `AWS_CONNECT_TIMEOUT`), none silently dropped. Not its timeouts of a
-/// whole request (fence bounds each one itself, [`upload::exchange`]) nor its connection
-/// pool's tuning (a fence process makes a few requests).
+/// request or a read (fence bounds each request itself, [`upload::exchange`]), its connection
+/// pool's tuning (a fence process makes a few requests), `AWS_RANDOMIZE_ADDRESSES` nor
+/// `AWS_NO_SYSTEM_CERTIFICATES` (no other roots can be given): docs/object-stores.md.
 fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::ClientBuilder> {
     use object_store::ClientConfigKey as Key;
     let invalid = |key: &str, value: &str, what: &str| object_store::Error::Generic {
@@ -469,11 +483,7 @@ fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::Clie
     let flag = |key: Key, name: &str| -> object_store::Result<bool> {
         match options.get_config_value(&key) {
             None => Ok(false),
-            Some(value) => match value.to_ascii_lowercase().as_str() {
-                "1" | "true" | "on" | "yes" | "y" => Ok(true),
-                "0" | "false" | "off" | "no" | "n" => Ok(false),
-                _ => Err(invalid(name, &value, "true or false")),
-            },
+            Some(value) => truthy(&value).ok_or_else(|| invalid(name, &value, "true or false")),
         }
     };
     let connect_timeout = match options.get_config_value(&Key::ConnectTimeout) {
@@ -493,7 +503,14 @@ fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::Clie
     if flag(Key::Http2Only, "HTTP2_ONLY")? {
         builder = builder.http2_prior_knowledge();
     }
-    if let Some(agent) = options.get_config_value(&Key::UserAgent) {
+    // object_store keeps a user agent that is not a valid header value as none at all.
+    if let Some(agent) = std::env::var_os("AWS_USER_AGENT") {
+        let agent = agent
+            .to_str()
+            .and_then(|a| http::HeaderValue::from_str(a).ok())
+            .ok_or_else(|| invalid("USER_AGENT", "(not shown)", "a valid HTTP header value"))?;
+        builder = builder.user_agent(agent);
+    } else if let Some(agent) = options.get_config_value(&Key::UserAgent) {
         builder = builder.user_agent(agent);
     }
     if let Some(url) = options.get_config_value(&Key::ProxyUrl) {
@@ -503,13 +520,32 @@ fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::Clie
             proxy = proxy.no_proxy(reqwest::NoProxy::from_string(&excludes));
         }
         if let Some(pem) = options.get_config_value(&Key::ProxyCaCertificate) {
-            let certificate = reqwest::Certificate::from_pem(pem.as_bytes())
-                .map_err(|_| invalid("PROXY_CA_CERTIFICATE", "(not shown)", "a PEM certificate"))?;
+            // The certificate itself (PEM text), as object_store reads it, not a file's path:
+            // a reader that finds no certificate in the text says nothing.
+            let certificate = Some(&pem)
+                .filter(|pem| pem.contains("-----BEGIN CERTIFICATE-----"))
+                .and_then(|pem| reqwest::Certificate::from_pem(pem.as_bytes()).ok())
+                .ok_or_else(|| {
+                    invalid(
+                        "PROXY_CA_CERTIFICATE",
+                        "(not shown)",
+                        "a PEM certificate (its text, not a file name)",
+                    )
+                })?;
             builder = builder.tls_certs_merge(std::iter::once(certificate));
         }
         builder = builder.proxy(proxy);
     }
     Ok(builder)
+}
+
+/// An AWS boolean setting as object_store reads it (`None`: not one).
+fn truthy(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" | "y" => Some(true),
+        "0" | "false" | "off" | "no" | "n" => Some(false),
+        _ => None,
+    }
 }
 
 struct ReportingService {

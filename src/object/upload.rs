@@ -91,23 +91,49 @@ pub enum NoAnswer {
 /// server, and a conditional write would be judged by a server fence never checked. Nothing
 /// was applied: the server answered without doing it.
 #[derive(Debug, thiserror::Error)]
-#[error("the server answered with a redirect (HTTP {status}{}), which fence does not follow", .to.as_ref().map(|to| format!(" to `{to}`")).unwrap_or_default())]
+#[error("the server at `{from}` answered with a redirect (HTTP {status}{}), which fence does not follow", .to.as_ref().map(|to| format!(" to `{to}`")).unwrap_or_default())]
 pub struct Redirected {
     pub status: u16,
-    /// Where to: the origin (scheme, host and port) of its `Location`, never its path or
-    /// query (a presigned URL's signature).
+    /// The server that answered so: the origin (scheme, host and port) of the request.
+    pub from: String,
+    /// Where to: the origin of its `Location`, never its path or query (a presigned URL's
+    /// signature) or user.
     pub to: Option<String>,
+    /// The bucket's region, when S3 names it (`x-amz-bucket-region`): a bucket asked for in
+    /// the wrong region is answered 301.
+    pub region: Option<String>,
 }
 
 impl Redirected {
-    fn of(status: u16, from: &reqwest::Url, headers: &http::HeaderMap) -> Redirected {
+    /// A redirect, if `status` is one (not 304 Not Modified, 305 or 306).
+    fn of(status: u16, from: &reqwest::Url, headers: &http::HeaderMap) -> Option<Redirected> {
+        if ![300, 301, 302, 303, 307, 308].contains(&status) {
+            return None;
+        }
+        let origin = |url: &reqwest::Url| {
+            Some(url.origin().ascii_serialization()).filter(|origin| origin != "null")
+        };
         let to = headers
             .get(http::header::LOCATION)
             .and_then(|location| location.to_str().ok())
             .and_then(|location| from.join(location).ok())
-            .map(|url| url.origin().ascii_serialization())
-            .filter(|origin| origin != "null");
-        Redirected { status, to }
+            .and_then(|url| origin(&url));
+        let region = headers
+            .get("x-amz-bucket-region")
+            .and_then(|region| region.to_str().ok())
+            .filter(|region| {
+                !region.is_empty()
+                    && region
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
+            .map(str::to_owned);
+        Some(Redirected {
+            status,
+            from: origin(from).unwrap_or_else(|| from.scheme().to_owned()),
+            to,
+            region,
+        })
     }
 }
 
@@ -134,8 +160,8 @@ pub async fn exchange(
         .await
         .map_err(|_| NoAnswer::Timeout(limit))??;
     let (parts, body) = http::Response::<reqwest::Body>::from(response).into_parts();
-    if parts.status.is_redirection() {
-        return Err(Redirected::of(parts.status.as_u16(), &url, &parts.headers).into());
+    if let Some(redirect) = Redirected::of(parts.status.as_u16(), &url, &parts.headers) {
+        return Err(redirect.into());
     }
     let left = limit.saturating_sub(started.elapsed());
     let body = http_body_util::BodyExt::collect(body);

@@ -55,7 +55,12 @@ fn endpoint(url: &ObjectUrl) -> String {
             .unwrap_or_else(|| default.to_owned())
     };
     match url.service {
-        Service::S3 => var(&["AWS_ENDPOINT_URL"], "https://s3.amazonaws.com"),
+        // The endpoint object_store uses (an ambiguous pair is refused before any request).
+        Service::S3 => crate::object::s3_endpoint()
+            .ok()
+            .flatten()
+            .map(|(_, endpoint)| endpoint)
+            .unwrap_or_else(|| "https://s3.amazonaws.com".to_owned()),
         Service::Gcs => var(
             &["FENCE_GCS_ENDPOINT", "STORAGE_EMULATOR_HOST"],
             "https://storage.googleapis.com",

@@ -208,6 +208,10 @@ pub(super) async fn hold(
     let max_at = plan
         .max_time
         .and_then(|limit| Instant::now().checked_add(limit));
+    // The same limit on the bound clock, to tell a command that ended past it on its own.
+    let max_at_ns = plan
+        .max_time
+        .map(|limit| crate::sys::bound_clock_ns().saturating_add(nanos(limit)));
     let mut timed_out = false;
     let mut sent: Option<Signal> = None;
     let mut ended_ns = 0;
@@ -431,6 +435,21 @@ pub(super) async fn hold(
     }
     // When the reaper saw the command end: this process may have been paused then.
     let ended_ns = told.at.unwrap_or(ended_ns);
+    // It ended on its own, past --max-time, before fence could stop it (fence was paused, or
+    // the machine suspended): its status stands, but not without a word.
+    if let (false, Some(limit), Some(at)) = (timed_out, plan.max_time, max_at_ns) {
+        let on_its_own = told.inside.is_some()
+            && sent.is_none()
+            && interrupted.is_none()
+            && told.interrupted.is_none();
+        if on_its_own && ended_ns > at {
+            crate::terminal::warn(&format!(
+                "warning: the command ran past --max-time {} (it ended {} after the limit, on its own, while fence was paused or the machine suspended); its status stands",
+                crate::time::duration(limit),
+                crate::time::duration(Duration::from_nanos(ended_ns - at)),
+            ));
+        }
+    }
     if lost.is_none() && unproven {
         // Ask once why, for the report (the renewal in flight, or a new one).
         let asked = match in_flight.take() {

@@ -665,6 +665,11 @@ impl Fence {
         self
     }
 
+    pub fn env_remove(mut self, key: &str) -> Fence {
+        self.cmd.env_remove(key);
+        self
+    }
+
     /// Started in the background, stdin empty, stdout and stderr piped (for
     /// [`wait_output`]).
     pub fn spawn(mut self) -> std::process::Child {

@@ -572,11 +572,12 @@ pub enum Verdict {
     AnswerWithoutBody {
         status: u16,
     },
-    /// Answer with a redirect: `status` (301, 302, 307, 308) and `Location: location`,
-    /// forwarding nothing (a gateway that sends clients elsewhere).
-    Redirect {
+    /// Answer `status` with these headers and body, forwarding nothing (a gateway that sends
+    /// clients elsewhere: a redirect and its `Location`).
+    Reply {
         status: u16,
-        location: String,
+        headers: Vec<(String, String)>,
+        body: String,
     },
     /// Close the client's connection once it has sent the whole request, forwarding nothing
     /// (a connection lost before the request reached the server): no answer, nothing applied.
@@ -800,9 +801,16 @@ fn http_exchange(
                 thread::sleep(TICK);
             }
         }
-        Verdict::Redirect { status, location } => {
-            (&client)
-                .write_all(reply(status, "", &format!("Location: {location}\r\n")).as_bytes())?;
+        Verdict::Reply {
+            status,
+            headers,
+            body,
+        } => {
+            let headers: String = headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}\r\n"))
+                .collect();
+            (&client).write_all(reply(status, &body, &headers).as_bytes())?;
         }
         Verdict::Cut => {}
         verdict @ (Verdict::Forward

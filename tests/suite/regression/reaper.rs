@@ -666,15 +666,16 @@ fn cancelled_coordinator_statements_apply_once_or_not_at_all() {
 }
 
 /// Holds: a role whose `idle_session_timeout` (300 ms) closes `fence run`'s connection
-/// between renewals (every TTL/3 = 500 ms), as a DBA's guard against idle sessions would:
-/// each renewal finds its connection closed and goes out on a fresh one, within the lease's
-/// bound, so the command runs to its end (exit 0) and the lease is released.
+/// between renewals (every TTL/3 = 2 s), as a DBA's guard against idle sessions would: each
+/// renewal finds its connection closed and goes out on a fresh one, within the lease's bound,
+/// so the command runs to its end (exit 0) and the lease is released. (A TTL of 1.5 s left a
+/// renewal and its reconnection 0.5 s before the SIGTERM: too little on a loaded machine.)
 #[test]
 fn an_idle_session_timeout_does_not_cost_a_run_its_lease() {
     let (store, role, url) = role_store();
     set_on_role(&role, "idle_session_timeout = '300ms'");
     let out = as_role(&store, &url)
-        .args(["run", "r", "--ttl", "1500ms", "--", "sh", "-c", "sleep 3"])
+        .args(["run", "r", "--ttl", "6s", "--", "sh", "-c", "sleep 7"])
         .run();
     let renewed = role_events(&store, "r")
         .iter()

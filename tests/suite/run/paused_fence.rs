@@ -303,6 +303,18 @@ fn unread(pipe: &std::fs::File) -> libc::c_int {
 /// at the limit (exit 124) and run again by the next attempt.
 #[test]
 fn a_command_that_ended_before_max_time_while_fence_was_paused_keeps_its_status() {
+    ended_while_fence_was_paused(false);
+}
+
+/// The other side: the command ends on its own only after `--max-time` (fence, paused, could
+/// not stop it): as `timeout(1)` would, fence passes its status on, and says that it ran past
+/// the limit.
+#[test]
+fn a_command_that_ran_past_max_time_while_fence_was_paused_is_reported() {
+    ended_while_fence_was_paused(true);
+}
+
+fn ended_while_fence_was_paused(past_the_limit: bool) {
     let store = Store::file();
     let dir = tempfile::tempdir().unwrap();
     let (started, go) = (dir.path().join("started"), dir.path().join("go"));
@@ -311,20 +323,13 @@ fn a_command_that_ended_before_max_time_while_fence_was_paused_keeps_its_status(
         started.display(),
         go.display()
     );
-    let max_time = Duration::from_secs(2);
+    // Long enough for the command to end well inside it on a loaded machine.
+    let max_time = Duration::from_secs(4);
     let run = || {
         store
             .fence()
-            .args([
-                "run",
-                "job",
-                "--id",
-                "nightly",
-                "--ttl",
-                "1m",
-                "--max-time",
-                "2s",
-            ])
+            .args(["run", "job", "--id", "nightly", "--ttl", "1m"])
+            .args(["--max-time", "4s"])
             .args(["--format", "json", "--", "sh", "-c", &script])
     };
     let child = run().spawn();
@@ -342,15 +347,21 @@ fn a_command_that_ended_before_max_time_while_fence_was_paused_keeps_its_status(
                 && common::process::state(pid) == Some('S')
         },
     );
+    // fence's own count began before this.
     let limit = std::time::Instant::now() + max_time;
     common::process::stop(pid);
+    if past_the_limit {
+        // The same wait as `continue_at`'s: on the clock, not a guess.
+        wait_for("the limit", Duration::from_secs(30), || {
+            std::time::Instant::now() >= limit + Duration::from_secs(1)
+        });
+    }
     std::fs::write(&go, "").unwrap();
     wait_for(
         "the command and its supervisor to end",
         Duration::from_secs(30),
         || common::process::is_gone(reaper),
     );
-    // Continued a second past the limit (fence's own count began before `limit`).
     common::process::continue_at(pid, limit + Duration::from_secs(1));
     let out = wait_output("fence run", child, Duration::from_secs(60));
     let (stdout, stderr) = (
@@ -360,6 +371,11 @@ fn a_command_that_ended_before_max_time_while_fence_was_paused_keeps_its_status(
     assert_eq!(out.status.code(), Some(0), "{stdout} {stderr}");
     let json: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(json.get("stopped").is_none(), "{json}");
+    assert_eq!(
+        stderr.contains("ran past --max-time 4.0s"),
+        past_the_limit,
+        "{stderr}"
+    );
     std::fs::remove_file(&started).unwrap();
     let again = common::Out::from(run().cmd.output().unwrap());
     assert_eq!(again.code, 0, "{again:?}");

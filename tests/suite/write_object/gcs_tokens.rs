@@ -442,3 +442,44 @@ fn waiters_do_not_throttle_the_holder() {
     }
     eprintln!("the proxy refused {} writes", *throttled.lock().unwrap());
 }
+
+/// A key whose `token_uri` answers with a redirect: the signed assertion is not sent on, and
+/// the run is refused at once as a key that cannot be used (exit 2, naming `token_uri` and the
+/// redirect), not "unavailable, retry" (exit 7): asking again would be redirected again.
+#[test]
+fn a_token_endpoint_that_redirects_is_refused() {
+    let store = Store::new(Backend::Gcs);
+    let (server, _) = store.server();
+    let elsewhere = HttpProxy::start(server.addr(), Arc::new(|_| Verdict::Forward));
+    let to = elsewhere.endpoint();
+    let gateway = {
+        let to = to.clone();
+        HttpProxy::start(
+            server.addr(),
+            Arc::new(move |request| Verdict::Reply {
+                status: 307,
+                headers: vec![("Location".into(), format!("{to}{}", request.target))],
+                body: String::new(),
+            }),
+        )
+    };
+    let key = key_file(&store, &format!("{}/token", gateway.endpoint()));
+    let out = store
+        .fence()
+        .env("GOOGLE_APPLICATION_CREDENTIALS", &key)
+        .args(["acquire", "r", "--owner", "A", "--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("token_uri")
+            && message.contains(&format!("redirect (HTTP 307 to `{to}`)")),
+        "{message}"
+    );
+    assert_eq!(
+        elsewhere.seen(),
+        Vec::<String>::new(),
+        "a redirect was followed"
+    );
+    assert!(lease_record(&store, "r").is_none());
+}

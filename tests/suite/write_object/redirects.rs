@@ -26,9 +26,10 @@ fn a_redirect_is_refused_not_followed(on: Backend) {
         let to = to.clone();
         HttpProxy::start(
             server.addr(),
-            Arc::new(move |request| Verdict::Redirect {
+            Arc::new(move |request| Verdict::Reply {
                 status: 307,
-                location: format!("{to}{}", request.target),
+                headers: vec![("Location".into(), format!("{to}{}", request.target))],
+                body: String::new(),
             }),
         )
     };
@@ -53,8 +54,10 @@ fn a_redirect_is_refused_not_followed(on: Backend) {
         assert_eq!(error["error"], "usage", "{args:?}: {out:?}");
         let message = error["message"].as_str().unwrap();
         assert!(
-            message.contains(&format!("redirect (HTTP 307 to `{to}`)"))
-                && message.contains("does not follow"),
+            message.contains(&format!(
+                "the server at `{}` answered with a redirect (HTTP 307 to `{to}`)",
+                gateway.endpoint()
+            )) && message.contains("does not follow"),
             "{args:?}: {message}"
         );
         assert!(
@@ -102,20 +105,130 @@ fn s3_requests_go_through_aws_proxy_url() {
     assert_eq!(token, out.json()["token"].as_i64().unwrap());
 }
 
-/// A client setting of the AWS environment fence cannot use is refused with its name, not
-/// ignored.
+/// S3 in the wrong region answers 301 without a `Location`, naming the bucket's region in
+/// `x-amz-bucket-region`: exit 2, and the hint is the region to set, not another server.
 #[test]
-fn an_unreadable_aws_client_setting_is_named() {
+fn a_bucket_in_another_region_is_named() {
     let store = Store::new(Backend::S3);
+    let (server, _) = store.server();
+    let gateway = HttpProxy::start(
+        server.addr(),
+        Arc::new(|_| {
+            Verdict::Reply {
+            status: 301,
+            headers: vec![("x-amz-bucket-region".into(), "eu-west-1".into())],
+            body: "<Error><Code>PermanentRedirect</Code><Message>The bucket you are attempting to access must be addressed using the specified endpoint.</Message></Error>".into(),
+        }
+        }),
+    );
     let out = store
         .fence()
-        .env("AWS_ALLOW_INVALID_CERTIFICATES", "maybe")
+        .env("AWS_ENDPOINT_URL", gateway.endpoint())
+        .args(["inspect", "r", "--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    let hint = out.json()["hint"].as_str().unwrap().to_owned();
+    assert!(hint.contains("AWS_REGION=eu-west-1"), "{hint}");
+}
+
+/// The S3 endpoint is the one object_store uses, whichever variable names it
+/// (`AWS_ENDPOINT_URL_S3` first, `AWS_ENDPOINT`, a scheme in capitals): plain HTTP is allowed
+/// for a plain-HTTP endpoint, and the proof of preconditions is bound to that endpoint (it
+/// was bound to AWS's default when another variable than `AWS_ENDPOINT_URL` named the server,
+/// so a copy of the prefix on another server would have passed as proven).
+#[test]
+fn the_s3_endpoint_is_the_one_object_store_uses() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    let endpoint = server.endpoint.clone();
+    let loud = endpoint.replacen("http://", "HTTP://", 1);
+    for (n, (var, value)) in [
+        ("AWS_ENDPOINT_URL_S3", endpoint.as_str()),
+        ("AWS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ENDPOINT_URL", loud.as_str()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = store
+            .fence()
+            .env_remove("AWS_ENDPOINT_URL")
+            .env(var, value)
+            .args([
+                "acquire",
+                &format!("r{n}"),
+                "--owner",
+                "A",
+                "--format",
+                "json",
+            ])
+            .run();
+        assert_eq!(out.code, 0, "{var}={value}: {out:?}");
+    }
+    let proof = server
+        .list(&format!("{prefix}/.fence"))
+        .into_iter()
+        .filter_map(|key| server.get(&key))
+        .map(|stored| String::from_utf8_lossy(&stored.body).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(proof.contains(&server.addr().to_string()), "{proof}");
+    assert!(!proof.contains("amazonaws.com"), "{proof}");
+}
+
+/// Settings that contradict each other are refused by name before any request: a
+/// plain-HTTP endpoint with `AWS_ALLOW_HTTP=false`, and two endpoint variables that disagree.
+#[test]
+fn contradictory_s3_endpoint_settings_are_refused_by_name() {
+    let store = Store::new(Backend::S3);
+    let (server, _) = store.server();
+    let out = store
+        .fence()
+        .env("AWS_ALLOW_HTTP", "false")
         .args(["acquire", "r", "--owner", "A", "--format", "json"])
         .run();
-    assert_ne!(out.code, 0, "{out:?}");
+    assert_eq!(out.code, 2, "{out:?}");
     let message = out.json()["message"].as_str().unwrap().to_owned();
     assert!(
-        message.contains("AWS_ALLOW_INVALID_CERTIFICATES") && message.contains("maybe"),
+        message.contains("AWS_ENDPOINT_URL") && message.contains("AWS_ALLOW_HTTP"),
         "{message}"
     );
+    let out = store
+        .fence()
+        .env(
+            "AWS_ENDPOINT",
+            format!("http://127.0.0.1:{}", server.addr().port() + 1),
+        )
+        .args(["acquire", "r", "--owner", "A", "--format", "json"])
+        .run();
+    assert_eq!(out.code, 2, "{out:?}");
+    let message = out.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("AWS_ENDPOINT_URL and AWS_ENDPOINT"),
+        "{message}"
+    );
+    assert_eq!(store.lease("r"), None);
+}
+
+/// Client settings fence cannot use are refused by name, not ignored: a flag that is neither
+/// true nor false, and two that object_store would drop without a word, a user agent that is
+/// not a header value and a proxy CA that is not a certificate (a file name, say).
+#[test]
+fn unusable_aws_client_settings_are_refused_by_name() {
+    let store = Store::new(Backend::S3);
+    for (var, value) in [
+        ("AWS_ALLOW_INVALID_CERTIFICATES", "maybe"),
+        ("AWS_USER_AGENT", "fence\nagent"),
+        ("AWS_PROXY_CA_CERTIFICATE", "/etc/ssl/certs/proxy.pem"),
+    ] {
+        let out = store
+            .fence()
+            .env("AWS_PROXY_URL", "http://127.0.0.1:9")
+            .env(var, value)
+            .args(["acquire", "r", "--owner", "A", "--format", "json"])
+            .run();
+        assert_ne!(out.code, 0, "{var}: {out:?}");
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(var), "{var}: {message}");
+    }
 }
