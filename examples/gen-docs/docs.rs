@@ -33,7 +33,7 @@ const SHELLS: [(Shell, &str); 5] = [
 
 /// The ENVIRONMENT section of fence(1). Variables clap reads for an option are listed here too;
 /// `tests/suite/cli/generated.rs` keeps the two in step.
-pub const ENVIRONMENT: [(&str, &str); 31] = [
+pub const ENVIRONMENT: [(&str, &str); 33] = [
     (
         "FENCE_STORE",
         "The coordinator, as --store: postgres://user@host/db, s3://bucket/prefix, \
@@ -127,7 +127,15 @@ pub const ENVIRONMENT: [(&str, &str); 31] = [
     ),
     (
         "AWS_ENDPOINT_URL",
-        "An S3-compatible server to use instead of AWS (path-style requests).",
+        "An S3-compatible server to use instead of AWS (path-style requests); AWS_ENDPOINT_URL_S3 comes first, AWS_ENDPOINT is the same as this (two that disagree are refused).",
+    ),
+    (
+        "AWS_ALLOW_HTTP",
+        "Whether S3 requests may go in plain HTTP (default: when the endpoint is http://).",
+    ),
+    (
+        "AWS_PROXY_URL",
+        "An HTTP proxy for S3 requests, with AWS_PROXY_CA_CERTIFICATE (PEM text) and AWS_PROXY_EXCLUDES; also AWS_USER_AGENT, AWS_ALLOW_INVALID_CERTIFICATES, AWS_HTTP1_ONLY, AWS_HTTP2_ONLY, AWS_CONNECT_TIMEOUT, as object_store reads them.",
     ),
     (
         "GOOGLE_OAUTH_ACCESS_TOKEN",
