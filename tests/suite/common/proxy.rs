@@ -678,6 +678,23 @@ impl HttpProxy {
         }
     }
 
+    /// A gateway in front of `upstream` that sends every request on to another proxy of
+    /// `upstream` (which counts what reaches it) with a `307 Temporary Redirect` to the same
+    /// target there: (the gateway, the other proxy).
+    pub fn redirecting(upstream: SocketAddr) -> (HttpProxy, HttpProxy) {
+        let elsewhere = HttpProxy::start(upstream, Arc::new(|_| Verdict::Forward));
+        let to = elsewhere.endpoint();
+        let gateway = HttpProxy::start(
+            upstream,
+            Arc::new(move |request| Verdict::Reply {
+                status: 307,
+                headers: vec![("Location".into(), format!("{to}{}", request.target))],
+                body: String::new(),
+            }),
+        );
+        (gateway, elsewhere)
+    }
+
     /// `http://127.0.0.1:PORT`
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)

@@ -124,9 +124,12 @@ fn leftovers_get_the_whole_kill_after() {
     let dir = tempfile::tempdir().unwrap();
     let stamps = dir.path().join("stamps");
     let ended = dir.path().join("ended");
+    // The command ends only once its leftover ignores SIGTERM (its first stamp is written
+    // after the trap): on a loaded machine the leftover may not have run a line yet when the
+    // command exits, and a SIGTERM then would end it at once, whatever fence's grace.
     let script = format!(
         "sleep 4; (trap '' TERM; while :; do date +%s%N >> '{stamps}'; sleep 0.1; done) & \
-         date +%s%N > '{ended}'; exit 0",
+         while [ ! -s '{stamps}' ]; do sleep 0.01; done; date +%s%N > '{ended}'; exit 0",
         stamps = stamps.display(),
         ended = ended.display()
     );

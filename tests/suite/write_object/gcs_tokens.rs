@@ -450,19 +450,8 @@ fn waiters_do_not_throttle_the_holder() {
 fn a_token_endpoint_that_redirects_is_refused() {
     let store = Store::new(Backend::Gcs);
     let (server, _) = store.server();
-    let elsewhere = HttpProxy::start(server.addr(), Arc::new(|_| Verdict::Forward));
+    let (gateway, elsewhere) = HttpProxy::redirecting(server.addr());
     let to = elsewhere.endpoint();
-    let gateway = {
-        let to = to.clone();
-        HttpProxy::start(
-            server.addr(),
-            Arc::new(move |request| Verdict::Reply {
-                status: 307,
-                headers: vec![("Location".into(), format!("{to}{}", request.target))],
-                body: String::new(),
-            }),
-        )
-    };
     let key = key_file(&store, &format!("{}/token", gateway.endpoint()));
     let out = store
         .fence()

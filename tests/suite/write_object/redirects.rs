@@ -20,19 +20,8 @@ per_service!(a_redirect_is_refused_not_followed);
 fn a_redirect_is_refused_not_followed(on: Backend) {
     let store = Store::new(on);
     let (server, _) = store.server();
-    let elsewhere = HttpProxy::start(server.addr(), Arc::new(|_| Verdict::Forward));
+    let (gateway, elsewhere) = HttpProxy::redirecting(server.addr());
     let to = elsewhere.endpoint();
-    let gateway = {
-        let to = to.clone();
-        HttpProxy::start(
-            server.addr(),
-            Arc::new(move |request| Verdict::Reply {
-                status: 307,
-                headers: vec![("Location".into(), format!("{to}{}", request.target))],
-                body: String::new(),
-            }),
-        )
-    };
     let (endpoint, secret_var) = match server.service {
         Service::S3 => ("AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"),
         Service::Gcs => ("FENCE_GCS_ENDPOINT", "GOOGLE_OAUTH_ACCESS_TOKEN"),
