@@ -180,7 +180,7 @@ impl GcsObjects {
             self.last_sent.set(Some(tokio::time::Instant::now()));
             match exchange(&self.client, builder).await {
                 Err(upload::NoAnswer::Redirected(redirect)) => {
-                    return Err(redirected(&self.display, what, &redirect, SERVERS))
+                    return Err(redirected(&self.display, what, &redirect, SERVERS, None))
                 }
                 Err(err) => match (write, pause) {
                     (None, Some(pause)) => tokio::time::sleep(pause).await,

@@ -263,12 +263,12 @@ impl Auth {
                             *token.lock().unwrap_or_else(|e| e.into_inner()) = Some(fresh);
                             Ok(Some(value))
                         }
-                        // The endpoint is down for now, but the token still works: keep it,
-                        // and ask again in a few seconds (a run's token is not thrown away
-                        // at three quarters of its life by an outage of the endpoint).
-                        Err(Error::Unavailable { .. })
-                            if current.as_ref().is_some_and(|f| now < f.usable_until) =>
-                        {
+                        // The endpoint is down for now (or refuses, or redirects, as a
+                        // misconfigured one might start to), but the token still works: keep
+                        // it, and ask again in a few seconds (a run's token is not thrown away
+                        // at three quarters of its life by a failing endpoint; the error
+                        // stands once no usable token is left).
+                        Err(_) if current.as_ref().is_some_and(|f| now < f.usable_until) => {
                             let mut kept = current.expect("checked");
                             kept.due = now + RETRY_EXCHANGE;
                             let value = kept.value.clone();

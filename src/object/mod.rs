@@ -251,32 +251,64 @@ pub(crate) fn error_code(body: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The variables object_store's `from_env` reads for AWS setting `lower` (it lowercases
+/// every name that starts with `AWS_`): each one's name and value, in the environment's order.
+pub(crate) fn aws_vars(lower: &str) -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, _)| name.starts_with("AWS_") && name.to_ascii_lowercase() == lower)
+        .collect()
+}
+
 /// The S3 endpoint the environment names, as object_store's `from_env` reads it:
-/// `AWS_ENDPOINT_URL_S3` first, else `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`; with the variable
-/// it came from. `Err` names two variables that disagree (which one object_store took would
-/// depend on the order of the environment).
-pub(crate) fn s3_endpoint() -> Result<Option<(&'static str, String)>, Error> {
-    let var = |name: &'static str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .map(|v| (name, v))
+/// `AWS_ENDPOINT_URL_S3` first, else `AWS_ENDPOINT_URL` or `AWS_ENDPOINT` (in any case after
+/// `AWS_`); with the variable it came from. Refused (exit 2, by name): an empty one (which
+/// object_store would take as the endpoint, and fail on), two that name different servers
+/// (which one object_store took would depend on the order of the environment), and a user or
+/// password in it (S3 does not use them, and object_store's errors would show them).
+pub(crate) fn s3_endpoint() -> Result<Option<(String, String)>, Error> {
+    let pick = |vars: Vec<(String, String)>| -> Result<Option<(String, String)>, Error> {
+        if let Some((name, _)) = vars.iter().find(|(_, value)| value.is_empty()) {
+            return Err(Error::usage(
+                format!("{name} is set but empty"),
+                format!("unset {name}, or set it to the S3 endpoint (https://host[:port])"),
+            ));
+        }
+        let first = vars.first().cloned();
+        if let Some((a, x)) = &first {
+            if let Some((b, y)) = vars
+                .iter()
+                .find(|(_, y)| verify::normalize(y) != verify::normalize(x))
+            {
+                return Err(Error::usage(
+                    format!(
+                        "{a} and {b} name different S3 endpoints (`{}` and `{}`)",
+                        crate::url::redact_url(x),
+                        crate::url::redact_url(y)
+                    ),
+                    "set only one of them (AWS_ENDPOINT_URL_S3, if set, comes first)",
+                ));
+            }
+            let authority = x.split_once("://").map_or(x.as_str(), |(_, rest)| rest);
+            let authority = authority.split(['/', '?', '#']).next().unwrap_or_default();
+            if authority.contains('@') {
+                return Err(Error::usage(
+                    format!(
+                        "{a} holds a user or password (`{}`), which S3 does not use",
+                        crate::url::redact_url(x)
+                    ),
+                    format!("remove the user and password from {a}: S3 credentials are AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+                ));
+            }
+        }
+        Ok(first)
     };
-    if let Some(found) = var("AWS_ENDPOINT_URL_S3") {
+    if let Some(found) = pick(aws_vars("aws_endpoint_url_s3"))? {
         return Ok(Some(found));
     }
-    match (var("AWS_ENDPOINT_URL"), var("AWS_ENDPOINT")) {
-        (Some((a, x)), Some((b, y))) if x != y => Err(Error::usage(
-            format!(
-                "{a} and {b} name different S3 endpoints (`{}` and `{}`)",
-                crate::url::redact_url(&x),
-                crate::url::redact_url(&y)
-            ),
-            "set only one of them (or AWS_ENDPOINT_URL_S3, which comes first)",
-        )),
-        (Some(found), _) | (None, Some(found)) => Ok(Some(found)),
-        (None, None) => Ok(None),
-    }
+    let mut generic = aws_vars("aws_endpoint_url");
+    generic.extend(aws_vars("aws_endpoint"));
+    pick(generic)
 }
 
 /// A definite answer (a 4xx, or 501) to a request: the server refused it, nothing was
@@ -331,17 +363,20 @@ pub(crate) fn refused(
 
 /// A request the server answered with a redirect, which fence does not follow: nothing was
 /// applied. `settings` names the settings that point fence at servers (the bucket's, and
-/// the credentials'); the message names the server that redirected.
+/// the credentials'); the message names the server that redirected. `endpoint_var`: the
+/// variable that names S3's endpoint, if one does (then the region alone does not move it).
 #[cfg(any(feature = "s3", feature = "gcs"))]
 pub(crate) fn redirected(
     display: &str,
     what: &str,
     redirect: &upload::Redirected,
     settings: &str,
+    endpoint_var: Option<&str>,
 ) -> Error {
-    let hint = match &redirect.region {
-        Some(region) => format!("the bucket is in region `{region}`, as S3 answered: set AWS_REGION={region}"),
-        None => format!("point the setting that names `{}` ({settings}) at a server that answers itself, not at one that redirects", redirect.from),
+    let hint = match (&redirect.region, endpoint_var) {
+        (Some(region), None) => format!("the bucket is in region `{region}`, as S3 answered: set AWS_REGION={region}"),
+        (Some(region), Some(var)) => format!("the bucket is in region `{region}`, as S3 answered: point {var} at that region's endpoint, and set AWS_REGION={region}"),
+        (None, _) => format!("point the setting that names `{}` ({settings}) at a server that answers itself, not at one that redirects", redirect.from),
     };
     Error::usage(
         format!("cannot {what} at `{display}`: {redirect}; a request sent on would carry fence's credentials to another server, and a conditional write be judged there (nothing was changed)"),

@@ -33,8 +33,9 @@ use crate::object::{
 /// Where S3 credentials come from, as messages name them.
 const CREDENTIALS: &str = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN";
 
-/// The settings that name the servers fence's S3 client talks to, as messages name them.
-const SERVERS: &str = "AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_S3 for the bucket; AWS_METADATA_ENDPOINT, AWS_ENDPOINT_URL_STS or AWS_CONTAINER_CREDENTIALS_FULL_URI for credentials";
+/// The settings that name the servers S3's credentials come from, as messages name them.
+const CREDENTIAL_SERVERS: &str =
+    "AWS_METADATA_ENDPOINT, AWS_ENDPOINT_URL_STS or AWS_CONTAINER_CREDENTIALS_FULL_URI for credentials";
 
 /// Where object_store's message names the HTTP status of the server's answer.
 const STATUS_MARK: &str = "status code: ";
@@ -100,6 +101,8 @@ pub struct S3Objects {
     store: Arc<dyn ObjectStore>,
     display: String,
     bucket: String,
+    /// The variable that names the endpoint, if one does (AWS's default otherwise).
+    endpoint_var: Option<String>,
     /// The `Date` of successful PUT answers, by decoded URL path (see [`Dates`]).
     dates: Dates,
 }
@@ -145,17 +148,22 @@ impl S3Objects {
         {
             builder = builder.with_region("us-east-1");
         }
-        if let Some((var, endpoint)) = crate::object::s3_endpoint()? {
+        let endpoint = crate::object::s3_endpoint()?;
+        if let Some((var, endpoint)) = &endpoint {
             let plain = endpoint
                 .get(..7)
                 .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"));
-            match std::env::var("AWS_ALLOW_HTTP").ok() {
+            // As object_store reads it: the last of its spellings; empty is unset.
+            let allow = crate::object::aws_vars("aws_allow_http")
+                .pop()
+                .filter(|(_, value)| !value.is_empty());
+            match allow {
                 // Not set: an http:// endpoint allows plain HTTP.
                 None => builder = builder.with_allow_http(plain),
-                Some(allowed) if plain && !truthy(&allowed).unwrap_or(true) => {
+                Some((name, allowed)) if plain && !truthy(&allowed).unwrap_or(true) => {
                     return Err(Error::usage(
-                        format!("{var} is a plain-HTTP endpoint (`{}`), and AWS_ALLOW_HTTP is `{allowed}`", crate::url::redact_url(&endpoint)),
-                        format!("use an https:// endpoint, or set AWS_ALLOW_HTTP=true (or unset it) to send requests to {var} in the clear"),
+                        format!("{var} is a plain-HTTP endpoint (`{}`), and {name} is `{allowed}`", crate::url::redact_url(endpoint)),
+                        format!("use an https:// endpoint, or set {name}=true (or unset it) to send requests to {var} in the clear"),
                     ));
                 }
                 Some(_) => {}
@@ -176,6 +184,7 @@ impl S3Objects {
             display: format!("s3://{bucket}"),
             bucket: bucket.to_owned(),
             dates,
+            endpoint_var: endpoint.map(|(var, _)| var),
         })
     }
 
@@ -205,7 +214,15 @@ impl S3Objects {
         unknown: Option<&str>,
     ) -> Failure {
         if let Some(redirect) = redirect_in(&err) {
-            let failed = redirected(&self.display, what, redirect, SERVERS);
+            let bucket = self.endpoint_var.as_deref().unwrap_or("AWS_ENDPOINT_URL");
+            let settings = format!("{bucket} for the bucket; {CREDENTIAL_SERVERS}");
+            let failed = redirected(
+                &self.display,
+                what,
+                redirect,
+                &settings,
+                self.endpoint_var.as_deref(),
+            );
             return Failure::Fail(failed.with_source(err));
         }
         let status = status_of(&err);
@@ -456,7 +473,7 @@ impl HttpConnector for Reporting {
         let client = upload::client(client_builder(options)?).map_err(|err| {
             object_store::Error::Generic {
                 store: "S3",
-                source: Box::new(err),
+                source: format!("cannot set up the HTTP client with the AWS client settings ({err}): check AWS_PROXY_CA_CERTIFICATE (a PEM certificate) and AWS_PROXY_URL").into(),
             }
         })?;
         Ok(HttpClient::new(ReportingService {
@@ -679,6 +696,7 @@ mod tests {
             display: "s3://bucket".into(),
             bucket: "bucket".into(),
             dates: Dates::default(),
+            endpoint_var: None,
         }
     }
 

@@ -438,11 +438,16 @@ pub(super) async fn hold(
     // It ended on its own, past --max-time, before fence could stop it (fence was paused, or
     // the machine suspended): its status stands, but not without a word.
     if let (false, Some(limit), Some(at)) = (timed_out, plan.max_time, max_at_ns) {
-        let on_its_own = told.inside.is_some()
+        // Leftovers or not: the command itself ended on its own, not at the bound.
+        let on_its_own = told.ended
+            && !told.bound
+            && told.at.is_some()
             && sent.is_none()
             && interrupted.is_none()
             && told.interrupted.is_none();
-        if on_its_own && ended_ns > at {
+        // By more than a wake-up's jitter: a command that ends as the limit comes, while
+        // fence is awake, is no news.
+        if on_its_own && ended_ns > at.saturating_add(nanos(Duration::from_secs(1))) {
             crate::terminal::warn(&format!(
                 "warning: the command ran past --max-time {} (it ended {} after the limit, on its own, while fence was paused or the machine suspended); its status stands",
                 crate::time::duration(limit),

@@ -65,10 +65,18 @@ fn token_endpoint_serving(issued: Issued, lifetime: Duration, serve: usize) -> S
                 }
             }
             if n >= serve {
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-                );
+                // Down, or sending the key elsewhere (a misconfigured endpoint), in turn.
+                let _ = if (n - serve) % 2 == 0 {
+                    write!(
+                        stream,
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:9/token\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                } else {
+                    write!(
+                        stream,
+                        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+                    )
+                };
                 continue;
             }
             let token = format!("ya29.short-{n}-{}", std::process::id());
@@ -198,9 +206,10 @@ fn run_outlives_short_lived_tokens() {
 
 /// An outage of the token endpoint once a token is due for exchange (three quarters of its
 /// life) does not throw away the token while it still works (issue 32, 6): a run whose one
-/// token lives 24 s, with the endpoint down from its second exchange on, keeps renewing past
-/// the 18 s mark with the token it has, and ends 0 at 19 s. It used to fail at 18 s, with
-/// 6 s of a good token left.
+/// token lives 24 s, with the endpoint failing from its second exchange on (a redirect and a
+/// 503 in turn), keeps renewing past the 18 s mark with the token it has, and ends 0 at 19 s.
+/// It used to fail at 18 s, with 6 s of a good token left (on the redirect, once redirects
+/// were refused: exit 5).
 #[test]
 fn a_failed_exchange_keeps_a_token_that_still_works() {
     let lifetime = Duration::from_secs(24);

@@ -121,48 +121,48 @@ fn a_bucket_in_another_region_is_named() {
 }
 
 /// The S3 endpoint is the one object_store uses, whichever variable names it
-/// (`AWS_ENDPOINT_URL_S3` first, `AWS_ENDPOINT`, a scheme in capitals): plain HTTP is allowed
-/// for a plain-HTTP endpoint, and the proof of preconditions is bound to that endpoint (it
-/// was bound to AWS's default when another variable than `AWS_ENDPOINT_URL` named the server,
-/// so a copy of the prefix on another server would have passed as proven).
+/// (`AWS_ENDPOINT_URL_S3` first, `AWS_ENDPOINT`, any case after `AWS_`, a scheme in
+/// capitals): plain HTTP is allowed for a plain-HTTP endpoint (an empty `AWS_ALLOW_HTTP` is
+/// unset), and the proof of preconditions is bound to that endpoint. It was bound to AWS's
+/// default when another variable than `AWS_ENDPOINT_URL` named the server, so a copy of the
+/// prefix on a server that ignores preconditions would have passed as proven.
 #[test]
 fn the_s3_endpoint_is_the_one_object_store_uses() {
-    let store = Store::new(Backend::S3);
-    let (server, prefix) = store.server();
+    let server = Store::new(Backend::S3).server().0.clone();
     let endpoint = server.endpoint.clone();
     let loud = endpoint.replacen("http://", "HTTP://", 1);
-    for (n, (var, value)) in [
-        ("AWS_ENDPOINT_URL_S3", endpoint.as_str()),
-        ("AWS_ENDPOINT", endpoint.as_str()),
-        ("AWS_ENDPOINT_URL", loud.as_str()),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let out = store
-            .fence()
-            .env_remove("AWS_ENDPOINT_URL")
-            .env(var, value)
-            .args([
-                "acquire",
-                &format!("r{n}"),
-                "--owner",
-                "A",
-                "--format",
-                "json",
-            ])
+    for (var, value, extra) in [
+        ("AWS_ENDPOINT_URL_S3", endpoint.as_str(), None),
+        ("AWS_ENDPOINT", endpoint.as_str(), None),
+        ("AWS_endpoint_url_s3", endpoint.as_str(), None),
+        ("AWS_ENDPOINT_URL", loud.as_str(), None),
+        (
+            "AWS_ENDPOINT_URL",
+            endpoint.as_str(),
+            Some(("AWS_ALLOW_HTTP", "")),
+        ),
+    ] {
+        // A prefix of its own: the run that proves it names the endpoint in the proof.
+        let store = Store::new(Backend::S3);
+        let (_, prefix) = store.server();
+        let mut fence = store.fence().env_remove("AWS_ENDPOINT_URL").env(var, value);
+        if let Some((name, value)) = extra {
+            fence = fence.env(name, value);
+        }
+        let out = fence
+            .args(["acquire", "r", "--owner", "A", "--format", "json"])
             .run();
-        assert_eq!(out.code, 0, "{var}={value}: {out:?}");
+        assert_eq!(out.code, 0, "{var}={value} {extra:?}: {out:?}");
+        let proof = server
+            .list(&format!("{prefix}/.fence"))
+            .into_iter()
+            .filter_map(|key| server.get(&key))
+            .map(|stored| String::from_utf8_lossy(&stored.body).into_owned())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(proof.contains(&server.addr().to_string()), "{var}: {proof}");
+        assert!(!proof.contains("amazonaws.com"), "{var}: {proof}");
     }
-    let proof = server
-        .list(&format!("{prefix}/.fence"))
-        .into_iter()
-        .filter_map(|key| server.get(&key))
-        .map(|stored| String::from_utf8_lossy(&stored.body).into_owned())
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(proof.contains(&server.addr().to_string()), "{proof}");
-    assert!(!proof.contains("amazonaws.com"), "{proof}");
 }
 
 /// Settings that contradict each other are refused by name before any request: a
@@ -196,7 +196,36 @@ fn contradictory_s3_endpoint_settings_are_refused_by_name() {
         message.contains("AWS_ENDPOINT_URL and AWS_ENDPOINT"),
         "{message}"
     );
+    // An empty endpoint variable (object_store would take it, and panic on it), and one with
+    // a user and password (S3 does not use them; errors would show them).
+    let secret = "fence-test-password-41c7";
+    for (var, value) in [
+        ("AWS_ENDPOINT_URL_S3", String::new()),
+        (
+            "AWS_ENDPOINT_URL",
+            server
+                .endpoint
+                .replacen("://", &format!("://user:{secret}@"), 1),
+        ),
+    ] {
+        let out = store
+            .fence()
+            .env(var, &value)
+            .args(["acquire", "r", "--owner", "A", "--format", "json"])
+            .run();
+        assert_eq!(out.code, 2, "{var}={value}: {out:?}");
+        let message = out.json()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(var), "{message}");
+        assert!(!format!("{out:?}").contains(secret), "{out:?}");
+    }
     assert_eq!(store.lease("r"), None);
+    // The same endpoint spelled twice is no contradiction.
+    store
+        .fence()
+        .env("AWS_ENDPOINT", format!("{}/", server.endpoint))
+        .args(["acquire", "r", "--owner", "A", "--format", "json"])
+        .run()
+        .expect(0);
 }
 
 /// Client settings fence cannot use are refused by name, not ignored: a flag that is neither
