@@ -205,7 +205,7 @@ pub async fn ensure(
         .collect();
     let record = json!({
         "verified": ["create-only put of an existing object refused (412)", "put on a wrong version refused (412)", "put on the current version accepted"],
-        "endpoint": endpoint(url),
+        "endpoint": crate::url::redact_url(&endpoint(url)),
         "proven_for": proven,
         "by": format!("fence {}", env!("CARGO_PKG_VERSION")),
     })
@@ -226,7 +226,7 @@ fn ignored(url: &ObjectUrl, what: &str, how: &str) -> Error {
         format!(
             "`{}` (endpoint {}) does not enforce {what}: {how}; fence refuses to use a store that would let two owners hold one lease",
             url.display,
-            endpoint(url)
+            crate::url::redact_url(&endpoint(url))
         ),
         format!(
             "use a server that enforces conditional writes atomically (AWS S3, Google Cloud Storage; see docs/object-stores.md, the object store requirements); only if you accept double grants, set {UNVERIFIED_ENV}=1"
