@@ -25,7 +25,7 @@ use crate::object::{
     Meta, ObjectApi, Put, VersionKinds,
 };
 
-const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+use crate::object::GCS_DEFAULT_ENDPOINT as DEFAULT_ENDPOINT;
 
 /// The settings that name the server fence's GCS client talks to, as messages name them.
 const SERVERS: &str = "FENCE_GCS_ENDPOINT, else STORAGE_EMULATOR_HOST";
@@ -89,14 +89,7 @@ pub(crate) async fn exchange(
 
 impl GcsObjects {
     pub fn new(bucket: &str, bar: ProgressBar) -> Result<GcsObjects, Error> {
-        let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
-            .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
-            .unwrap_or_else(|_| DEFAULT_ENDPOINT.into());
-        let endpoint = if endpoint.contains("://") {
-            endpoint
-        } else {
-            format!("http://{endpoint}")
-        };
+        let endpoint = crate::object::gcs_endpoint();
         // No timeout of reqwest's ([`exchange`] bounds every request), no redirect followed.
         let client = upload::client(reqwest::Client::builder()).map_err(|err| {
             Error::internal(format!("cannot set up HTTP: {err}"), "report this bug")

@@ -268,11 +268,8 @@ pub(crate) fn aws_vars(lower: &str) -> Vec<(String, String)> {
 /// password in it (S3 does not use them, and object_store's errors would show them).
 pub(crate) fn s3_endpoint() -> Result<Option<(String, String)>, Error> {
     let pick = |vars: Vec<(String, String)>| -> Result<Option<(String, String)>, Error> {
-        if let Some((name, _)) = vars.iter().find(|(_, value)| value.is_empty()) {
-            return Err(Error::usage(
-                format!("{name} is set but empty"),
-                format!("unset {name}, or set it to the S3 endpoint (https://host[:port])"),
-            ));
+        for (name, value) in &vars {
+            check_endpoint(name, value)?;
         }
         let first = vars.first().cloned();
         if let Some((a, x)) = &first {
@@ -289,17 +286,6 @@ pub(crate) fn s3_endpoint() -> Result<Option<(String, String)>, Error> {
                     "set only one of them (AWS_ENDPOINT_URL_S3, if set, comes first)",
                 ));
             }
-            let authority = x.split_once("://").map_or(x.as_str(), |(_, rest)| rest);
-            let authority = authority.split(['/', '?', '#']).next().unwrap_or_default();
-            if authority.contains('@') {
-                return Err(Error::usage(
-                    format!(
-                        "{a} holds a user or password (`{}`), which S3 does not use",
-                        crate::url::redact_url(x)
-                    ),
-                    format!("remove the user and password from {a}: S3 credentials are AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
-                ));
-            }
         }
         Ok(first)
     };
@@ -310,6 +296,84 @@ pub(crate) fn s3_endpoint() -> Result<Option<(String, String)>, Error> {
     generic.extend(aws_vars("aws_endpoint"));
     pick(generic)
 }
+
+/// `value` of variable `name` as an S3 endpoint: `http(s)://host[:port]` and at most a path,
+/// refused by name otherwise (object_store panics on a port that is not a number, or a value
+/// without a scheme), and refused with a user or password (S3 does not use them, and
+/// object_store's errors would show them), wherever an `@` is (a password may hold `/`).
+fn check_endpoint(name: &str, value: &str) -> Result<(), Error> {
+    let shown = crate::url::redact_url(value);
+    let bad = |why: &str| {
+        Error::usage(
+            format!("{name} is `{shown}`, {why}"),
+            format!("set {name} to the S3 endpoint as http(s)://host[:port], or unset it"),
+        )
+    };
+    if value.is_empty() {
+        return Err(Error::usage(
+            format!("{name} is set but empty"),
+            format!("unset {name}, or set it to the S3 endpoint (https://host[:port])"),
+        ));
+    }
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return Err(bad("which has no scheme (http:// or https://)"));
+    };
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return Err(bad("whose scheme is neither http nor https"));
+    }
+    if rest.contains('@') {
+        return Err(Error::usage(
+            format!("{name} holds a user or password (`{shown}`), which S3 does not use"),
+            format!("remove the user and password from {name}: S3 credentials are AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+        ));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let (host, port) = match authority.strip_prefix('[') {
+        // An IPv6 address: `[::1]` or `[::1]:9000`.
+        Some(v6) => match v6.split_once(']') {
+            Some((host, after)) if !host.is_empty() => match after {
+                "" => (host, None),
+                _ => match after.strip_prefix(':') {
+                    Some(port) => (host, Some(port)),
+                    None => return Err(bad("whose host is not a host")),
+                },
+            },
+            _ => return Err(bad("whose host is not a host")),
+        },
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(&b));
+    if !host_ok {
+        return Err(bad("whose host is not a host name or address"));
+    }
+    if port.is_some_and(|port| port.parse::<u16>().map_or(true, |p| p == 0)) {
+        return Err(bad("whose port is not a number from 1 to 65535"));
+    }
+    Ok(())
+}
+
+/// The GCS endpoint the environment names (`FENCE_GCS_ENDPOINT`, else
+/// `STORAGE_EMULATOR_HOST`, which may leave out the scheme: http), else Google's; with the
+/// scheme always written out, as requests go.
+pub(crate) fn gcs_endpoint() -> String {
+    let endpoint = std::env::var("FENCE_GCS_ENDPOINT")
+        .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
+        .unwrap_or_else(|_| GCS_DEFAULT_ENDPOINT.into());
+    if endpoint.contains("://") {
+        endpoint
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// Google's own GCS endpoint.
+pub(crate) const GCS_DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
 
 /// A definite answer (a 4xx, or 501) to a request: the server refused it, nothing was
 /// applied, and asking again will not help. `credentials` names where the credentials came

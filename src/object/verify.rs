@@ -48,12 +48,6 @@ fn join(dir: &str, name: &str) -> String {
 
 /// The endpoint requests go to, as the verification record names it.
 fn endpoint(url: &ObjectUrl) -> String {
-    let var = |names: &[&str], default: &str| {
-        names
-            .iter()
-            .find_map(|n| std::env::var(n).ok())
-            .unwrap_or_else(|| default.to_owned())
-    };
     match url.service {
         // The endpoint object_store uses (an ambiguous pair is refused before any request).
         Service::S3 => crate::object::s3_endpoint()
@@ -61,10 +55,7 @@ fn endpoint(url: &ObjectUrl) -> String {
             .flatten()
             .map(|(_, endpoint)| endpoint)
             .unwrap_or_else(|| "https://s3.amazonaws.com".to_owned()),
-        Service::Gcs => var(
-            &["FENCE_GCS_ENDPOINT", "STORAGE_EMULATOR_HOST"],
-            "https://storage.googleapis.com",
-        ),
+        Service::Gcs => crate::object::gcs_endpoint(),
         Service::File => "file".into(),
     }
 }

@@ -97,7 +97,10 @@ pub(super) fn object_store(display: &str, f: &mut Findings<'_>) {
     let s3 = display.starts_with("s3://");
     let (endpoint, credentials) = if s3 {
         (
-            std::env::var("AWS_ENDPOINT_URL").unwrap_or_else(|_| "AWS S3".into()),
+            crate::object::s3_endpoint()
+                .ok()
+                .flatten()
+                .map_or_else(|| "AWS S3".into(), |(_, e)| crate::url::redact_url(&e)),
             if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() {
                 "AWS_ACCESS_KEY_ID"
             } else {
@@ -106,9 +109,10 @@ pub(super) fn object_store(display: &str, f: &mut Findings<'_>) {
         )
     } else {
         (
-            std::env::var("FENCE_GCS_ENDPOINT")
-                .or_else(|_| std::env::var("STORAGE_EMULATOR_HOST"))
-                .unwrap_or_else(|_| "Google Cloud Storage".into()),
+            match crate::object::gcs_endpoint() {
+                e if e == crate::object::GCS_DEFAULT_ENDPOINT => "Google Cloud Storage".into(),
+                e => crate::url::redact_url(&e),
+            },
             if std::env::var_os("GOOGLE_OAUTH_ACCESS_TOKEN").is_some() {
                 "GOOGLE_OAUTH_ACCESS_TOKEN"
             } else if std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS").is_some() {

@@ -196,21 +196,33 @@ fn contradictory_s3_endpoint_settings_are_refused_by_name() {
         message.contains("AWS_ENDPOINT_URL and AWS_ENDPOINT"),
         "{message}"
     );
-    // An empty endpoint variable (object_store would take it, and panic on it), and one with
-    // a user and password (S3 does not use them; errors would show them).
+    // Endpoints object_store would take and panic on (empty, no scheme, a port that is not
+    // one), and ones with a user and password (S3 does not use them; errors would show them),
+    // a password with a `/` in it, or in the spelling object_store takes last.
     let secret = "fence-test-password-41c7";
-    for (var, value) in [
-        ("AWS_ENDPOINT_URL_S3", String::new()),
+    let with_user = |password: &str| {
+        server
+            .endpoint
+            .replacen("://", &format!("://user:{password}@"), 1)
+    };
+    let port = server.addr().port();
+    for (var, value, also) in [
+        ("AWS_ENDPOINT_URL_S3", String::new(), None),
+        ("AWS_ENDPOINT_URL", format!("127.0.0.1:{port}"), None),
+        ("AWS_ENDPOINT_URL", "http://127.0.0.1:abc".to_owned(), None),
+        ("AWS_ENDPOINT_URL", with_user(secret), None),
+        ("AWS_ENDPOINT_URL", with_user(&format!("a/{secret}")), None),
         (
-            "AWS_ENDPOINT_URL",
-            server
-                .endpoint
-                .replacen("://", &format!("://user:{secret}@"), 1),
+            "AWS_ENDPOINT",
+            with_user(secret),
+            Some(("AWS_ENDPOINT_URL", server.endpoint.clone())),
         ),
     ] {
-        let out = store
-            .fence()
-            .env(var, &value)
+        let mut fence = store.fence().env(var, &value);
+        if let Some((name, value)) = also {
+            fence = fence.env(name, value);
+        }
+        let out = fence
             .args(["acquire", "r", "--owner", "A", "--format", "json"])
             .run();
         assert_eq!(out.code, 2, "{var}={value}: {out:?}");
@@ -249,4 +261,38 @@ fn unusable_aws_client_settings_are_refused_by_name() {
         let message = out.json()["message"].as_str().unwrap().to_owned();
         assert!(message.contains(var), "{var}: {message}");
     }
+}
+
+/// `STORAGE_EMULATOR_HOST` may leave out the scheme (requests then go over http): the proof
+/// is bound to the endpoint as requests go (it was bound to https), and a user and password
+/// in it never reach the bucket's proof record (it was written there whole).
+#[test]
+fn a_gcs_endpoint_without_a_scheme_is_proven_as_requests_go() {
+    let store = Store::new(Backend::Gcs);
+    let (server, prefix) = store.server();
+    let host = server.endpoint.trim_start_matches("http://").to_owned();
+    let secret = "fence-test-password-9d2e";
+    store
+        .fence()
+        .env_remove("FENCE_GCS_ENDPOINT")
+        .env("STORAGE_EMULATOR_HOST", format!("user:{secret}@{host}"))
+        .args(["acquire", "r", "--owner", "A", "--format", "json"])
+        .run()
+        .expect(0);
+    let proof = server
+        .list(&format!("{prefix}/.fence"))
+        .into_iter()
+        .filter_map(|key| server.get(&key))
+        .map(|stored| {
+            format!(
+                "{} {:?}",
+                String::from_utf8_lossy(&stored.body),
+                stored.metadata
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(proof.contains(&format!("http://{host}/")), "{proof}");
+    assert!(!proof.contains("https://"), "{proof}");
+    assert!(!proof.contains(secret), "{proof}");
 }
