@@ -63,26 +63,17 @@ fn answered_unreadably(err: &object_store::Error) -> bool {
     if status_of(err).is_some() || matches!(err, object_store::Error::NotFound { .. }) {
         return false;
     }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(current) = source {
-        if current
-            .downcast_ref::<object_store::client::HttpError>()
-            .is_some()
-        {
-            return false;
-        }
-        source = current.source();
-    }
-    matches!(err, object_store::Error::Generic { .. })
+    source_of::<object_store::client::HttpError>(err).is_none()
+        && matches!(err, object_store::Error::Generic { .. })
 }
 
-/// The redirect fence did not follow that `err` comes from, if it does (see
-/// [`upload::Redirected`]).
-fn redirect_in(err: &object_store::Error) -> Option<&upload::Redirected> {
+/// The first error of type `T` in `err`'s chain of sources (`err` itself included): a
+/// redirect fence did not follow ([`upload::Redirected`]), a transport failure.
+fn source_of<T: std::error::Error + 'static>(err: &object_store::Error) -> Option<&T> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(current) = source {
-        if let Some(redirect) = current.downcast_ref::<upload::Redirected>() {
-            return Some(redirect);
+        if let Some(found) = current.downcast_ref::<T>() {
+            return Some(found);
         }
         source = current.source();
     }
@@ -213,7 +204,7 @@ impl S3Objects {
         attempt: usize,
         unknown: Option<&str>,
     ) -> Failure {
-        if let Some(redirect) = redirect_in(&err) {
+        if let Some(redirect) = source_of::<upload::Redirected>(&err) {
             let bucket = self.endpoint_var.as_deref().unwrap_or("AWS_ENDPOINT_URL");
             let settings = format!("{bucket} for the bucket; {CREDENTIAL_SERVERS}");
             let failed = redirected(
@@ -521,13 +512,10 @@ fn client_builder(options: &ClientOptions) -> object_store::Result<reqwest::Clie
         builder = builder.http2_prior_knowledge();
     }
     // object_store keeps a user agent that is not a valid header value as none at all.
-    if let Some(agent) = std::env::var_os("AWS_USER_AGENT") {
-        let agent = agent
-            .to_str()
-            .and_then(|a| http::HeaderValue::from_str(a).ok())
-            .ok_or_else(|| invalid("USER_AGENT", "(not shown)", "a valid HTTP header value"))?;
-        builder = builder.user_agent(agent);
-    } else if let Some(agent) = options.get_config_value(&Key::UserAgent) {
+    // Read as from_env reads it (any case after `AWS_`, the last spelling).
+    if let Some((_, agent)) = crate::object::aws_vars("aws_user_agent").pop() {
+        let agent = http::HeaderValue::from_str(&agent)
+            .map_err(|_| invalid("USER_AGENT", "(not shown)", "a valid HTTP header value"))?;
         builder = builder.user_agent(agent);
     }
     if let Some(url) = options.get_config_value(&Key::ProxyUrl) {

@@ -153,13 +153,7 @@ fn the_s3_endpoint_is_the_one_object_store_uses() {
             .args(["acquire", "r", "--owner", "A", "--format", "json"])
             .run();
         assert_eq!(out.code, 0, "{var}={value} {extra:?}: {out:?}");
-        let proof = server
-            .list(&format!("{prefix}/.fence"))
-            .into_iter()
-            .filter_map(|key| server.get(&key))
-            .map(|stored| String::from_utf8_lossy(&stored.body).into_owned())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let proof = proof_records(&server, prefix);
         assert!(proof.contains(&server.addr().to_string()), "{var}: {proof}");
         assert!(!proof.contains("amazonaws.com"), "{var}: {proof}");
     }
@@ -279,7 +273,16 @@ fn a_gcs_endpoint_without_a_scheme_is_proven_as_requests_go() {
         .args(["acquire", "r", "--owner", "A", "--format", "json"])
         .run()
         .expect(0);
-    let proof = server
+    let proof = proof_records(server, prefix);
+    assert!(proof.contains(&format!("http://{host}/")), "{proof}");
+    assert!(!proof.contains("https://"), "{proof}");
+    assert!(!proof.contains(secret), "{proof}");
+}
+
+/// Every record under a prefix's `.fence/` (the proof of preconditions), as stored: bodies
+/// and metadata, one a line.
+fn proof_records(server: &common::objects::Server, prefix: &str) -> String {
+    server
         .list(&format!("{prefix}/.fence"))
         .into_iter()
         .filter_map(|key| server.get(&key))
@@ -291,8 +294,5 @@ fn a_gcs_endpoint_without_a_scheme_is_proven_as_requests_go() {
             )
         })
         .collect::<Vec<_>>()
-        .join("\n");
-    assert!(proof.contains(&format!("http://{host}/")), "{proof}");
-    assert!(!proof.contains("https://"), "{proof}");
-    assert!(!proof.contains(secret), "{proof}");
+        .join("\n")
 }
