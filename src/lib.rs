@@ -31,9 +31,6 @@ pub fn main() -> Exit {
     // SAFETY: ignoring SIGXFSZ at start-up, before any thread: a write past RLIMIT_FSIZE then fails with EFBIG, which fence reports, instead of killing it mid-operation.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|a| a == reaper::ARG) {
-        return reaper::main(&args[2..]);
-    }
     let cli = match cli::Cli::parse_with_sources(&args) {
         Ok(cli) => cli,
         Err(err) => {
@@ -47,6 +44,12 @@ pub fn main() -> Exit {
         }
     };
     let out = output::Output::new(&cli.global);
+    // `fence run`'s supervisor is forked now, while this process has one thread (see
+    // `cmd::Reaper::fork`); what goes wrong is told where it was before, in the run.
+    let reaper = match &cli.command {
+        cli::Command::Run(args) => Some(cmd::Reaper::fork(args, out.format == cli::Format::Json)),
+        _ => None,
+    };
     terminal::route_warnings(output::warnings_route(&cli.global, &cli.command));
     let runtime = match sys::build_runtime() {
         Ok(runtime) => runtime,
@@ -60,7 +63,7 @@ pub fn main() -> Exit {
         }
     };
     let exit = runtime.block_on(async {
-        let exit = cmd::dispatch(cli, &out).await;
+        let exit = cmd::dispatch(cli, &out, reaper).await;
         pg::close_all().await;
         exit
     });

@@ -363,6 +363,61 @@ pub(crate) fn live_descendants() -> Vec<i32> {
         .collect()
 }
 
+/// Rewrites this process's command line as `ps` and `/proc/PID/cmdline` show it, as
+/// setproctitle(3) does: `title` is written, words separated by spaces, over the memory of
+/// the original arguments, and past them over the environment's strings, which are copied
+/// away first (the kernel then reads the title up to its end). A title longer than that
+/// space is cut short. For a forked process that will not exec (the reaper), while it has
+/// one thread: the environment is rebuilt with `clearenv` and `setenv`.
+pub(crate) fn retitle(title: &str) {
+    let Some((start, arg_end, end)) = title_area() else {
+        return;
+    };
+    let end = if end > arg_end {
+        let vars: Vec<_> = std::env::vars_os().collect();
+        // SAFETY: one thread (see above): nothing reads the environment meanwhile. clearenv
+        // drops every pointer into the strings about to be overwritten; set_var copies.
+        unsafe { libc::clearenv() };
+        for (name, value) in vars {
+            std::env::set_var(name, value);
+        }
+        end
+    } else {
+        arg_end
+    };
+    let bytes = title.as_bytes();
+    let len = end - start;
+    let n = bytes.len().min(len - 1);
+    // SAFETY: [start, end) is this process's argument (and environment) strings, on its own
+    // stack, as the kernel reports them; nothing refers to them any more (the arguments were
+    // copied at start-up, the environment just above). The last byte stays NUL.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, n);
+        std::ptr::write_bytes((start + n) as *mut u8, 0, len - n);
+    }
+}
+
+/// Where this process's argument strings start and end, and where the space a title may
+/// take ends (the environment's strings' end, when they follow the arguments).
+fn title_area() -> Option<(usize, usize, usize)> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's name, which is in parentheses and may hold anything.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    // proc(5): arg_start, arg_end, env_start and env_end are fields 48 to 51; these begin at
+    // field 3.
+    let field = |n: usize| -> Option<usize> { fields.get(n - 3)?.trim().parse().ok() };
+    let (arg_start, arg_end, env_start, env_end) = (field(48)?, field(49)?, field(50)?, field(51)?);
+    if arg_start == 0 || arg_end <= arg_start {
+        return None;
+    }
+    let end = if env_start == arg_end && env_end > env_start {
+        env_end
+    } else {
+        arg_end
+    };
+    Some((arg_start, arg_end, end))
+}
+
 /// Whether this process has a child, live or ended and not yet waited for. Every descendant
 /// descends from a child (a subreaper's orphans become its children), so none means no
 /// descendant at all: an exact answer, where a scan of /proc can miss a process born or

@@ -17,6 +17,8 @@ mod release;
 mod renew;
 mod run;
 mod run_metrics;
+
+pub use run::Reaper;
 pub mod wait;
 mod write;
 
@@ -56,7 +58,7 @@ impl Context {
     }
 }
 
-pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
+pub async fn dispatch(cli: Cli, out: &Output, reaper: Option<Result<Reaper, Error>>) -> Exit {
     let op = cli.command.op();
     if out.format == Format::Env && !matches!(cli.command, Command::Acquire(_)) {
         let err = Error::usage(
@@ -99,7 +101,15 @@ pub async fn dispatch(cli: Cli, out: &Output) -> Exit {
     };
     let result: Result<Box<dyn Report>, Error> = match cli.command {
         Command::Acquire(args) => return acquire::run_and_print(args, &ctx, out).await,
-        Command::Run(args) => return run::run(args, &ctx, out).await,
+        Command::Run(args) => {
+            let reaper = reaper.unwrap_or_else(|| {
+                Err(Error::internal(
+                    "fence run's supervisor was not started",
+                    "this is a bug in fence; nothing was run",
+                ))
+            });
+            return run::run(args, reaper, &ctx, out).await;
+        }
         Command::Renew(args) => renew::run(args, &ctx).await.map(boxed),
         Command::Release(args) => release::run(args, &ctx).await.map(boxed),
         Command::Inspect(args) if args.table.is_some() => {

@@ -1,14 +1,16 @@
 //! The small process between `fence run` and its command, so that the command never outlives
 //! its supervisor, however the supervisor dies (`kill -9`, the OOM killer).
 //!
-//! `fence run` starts its own binary as `fence __reaper PARENT REPORT_FD START_FD
-//! KILL_AFTER_MS -- COMMAND…` in a new process group, with a parent-death signal (SIGUSR1) set
-//! before exec, before it asks for the lease (the reaper's start then overlaps the
-//! coordinator's round trips). The reaper starts nothing until `fence run`, granted the lease,
-//! sends its start message on START_FD: the lease's first bound and COMMAND's environment
-//! (`FENCE_TOKEN`…); should that pipe end first (busy, an error, `fence run` gone), it exits
-//! without starting anything. Then it starts COMMAND in that group and waits for it, for
-//! signals, and for the lease's later bounds on the same pipe. When `fence run` dies, the kernel sends the reaper
+//! `fence run` forks the reaper before its own runtime starts (one process, not a second
+//! program: no exec, no second load of the binary), in a new process group, with a
+//! parent-death signal (SIGUSR1), and so before it asks for the lease. The reaper retitles
+//! itself `fence __reaper PARENT REPORT_FD START_FD GRACE_MS KILL_AFTER_MS -- COMMAND…` (what
+//! `ps` shows; the descriptors are its ends of the two pipes below) and starts nothing until
+//! `fence run`, granted the lease, sends its start message on START_FD: the lease's first
+//! bound and COMMAND's environment (`FENCE_TOKEN`…); should that pipe end first (busy, an
+//! error, `fence run` gone), it exits without starting anything. Then it starts COMMAND in
+//! that group and waits for it, for signals, and for the lease's later bounds on the same
+//! pipe. When `fence run` dies, the kernel sends the reaper
 //! SIGUSR1 and the reaper SIGKILLs every descendant and the whole group, itself included.
 //! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are caught (and so reset
 //! to their defaults in COMMAND by exec) so that the reaper stays to pass on COMMAND's status
@@ -23,14 +25,14 @@
 //! waited for as they end, while COMMAND runs: none stays a zombie (holding its pid) until
 //! COMMAND ends, however many a command leaves behind.
 //!
-//! A command that cannot be started is reported to `fence run` on a pipe whose descriptor
-//! number `fence run` passes as an argument (whatever number the pipe got in `fence run`, so
-//! that a descriptor the caller handed down, `3>>log`, reaches COMMAND unchanged; the reaper
-//! keeps the pipe from COMMAND), so `fence run` can say why and release the lease.
+//! A command that cannot be started is reported to `fence run` on the report pipe (both pipes
+//! are close-on-exec, at whatever numbers they got in `fence run`, so that a descriptor the
+//! caller handed down, `3>>log`, reaches COMMAND unchanged), so `fence run` can say why and
+//! release the lease.
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 
 use rustix::process::{getpgrp, getpid, Pid, Signal};
@@ -41,57 +43,42 @@ pub mod wire;
 
 use wire::{Failure, Report};
 
-/// The argument that selects the reaper instead of the command line interface.
-pub const ARG: &str = "__reaper";
-
 /// The terminal's stop signals, ignored by the reaper (default again in COMMAND).
 const STOP_SIGNALS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
-/// Runs the reaper: `args` are `PARENT REPORT_FD START_FD GRACE_MS KILL_AFTER_MS -- COMMAND…`
-/// (what follows [`ARG`]). GRACE_MS is how long before the lease's bound the command gets
-/// SIGTERM, should `fence run` not have proven a later bound by then; at the bound itself,
-/// SIGKILL. KILL_AFTER_MS (`--kill-after`) is what the command's leftovers get between
-/// SIGTERM and SIGKILL once it ended, never past the bound.
-pub fn main(args: &[OsString]) -> Exit {
-    let number = |i: usize| -> Option<i64> { args.get(i)?.to_str()?.parse().ok() };
-    let fd = |i: usize| {
-        number(i)
-            .filter(|fd| *fd > 2)
-            .and_then(|fd| i32::try_from(fd).ok())
-    };
-    let (
-        Some(parent),
-        Some(report_fd),
-        Some(bound_fd),
-        Some(grace_ms),
-        Some(kill_after_ms),
-        Some(sep),
-        Some((program, rest)),
-    ) = (
-        number(0)
-            .and_then(|pid| i32::try_from(pid).ok())
-            .filter(|pid| *pid > 0)
-            .and_then(Pid::from_raw),
-        fd(1),
-        fd(2),
-        number(3).and_then(|ms| u64::try_from(ms).ok()),
-        number(4).and_then(|ms| u64::try_from(ms).ok()),
-        args.get(5),
-        args.get(6..).and_then(|c| c.split_first()),
-    )
-    else {
-        crate::terminal::warn(&format!(
-            "error: `fence {ARG}` is started by `fence run`, not by hand"
-        ));
+
+/// What `fence run` hands the reaper it forked.
+pub struct Plan {
+    /// `fence run`'s pid: the parent the reaper must still have once told to start COMMAND.
+    pub parent: Pid,
+    /// Where the reaper says that COMMAND started, why it could not, and how it ended
+    /// ([`wire::Report`]).
+    pub report: OwnedFd,
+    /// Where `fence run`'s start message comes from, then the lease's bounds.
+    pub start: OwnedFd,
+    /// How long before the lease's bound COMMAND gets SIGTERM, should `fence run` not have
+    /// proven a later bound by then; at the bound itself, SIGKILL.
+    pub grace_ms: u64,
+    /// What COMMAND's leftovers get between SIGTERM and SIGKILL once it ended
+    /// (`--kill-after`), never past the bound.
+    pub kill_after_ms: u64,
+    /// COMMAND and its arguments (never empty).
+    pub command: Vec<OsString>,
+}
+
+/// Runs the reaper, in the process `fence run` forked for it (its own process group, a
+/// parent-death signal set): waits for the start message, starts COMMAND, supervises it.
+pub fn main(plan: Plan) -> Exit {
+    let Plan {
+        parent,
+        report,
+        start,
+        grace_ms,
+        kill_after_ms,
+        command,
+    } = plan;
+    let Some((program, rest)) = command.split_first() else {
         return Exit::Usage;
     };
-    // `fence run` makes the reaper the leader of a new process group; anything else (typed
-    // by hand) must not get to signal the group it is in, its shell's.
-    if sep != "--" || getpgrp() != getpid() {
-        crate::terminal::warn(&format!(
-            "error: `fence {ARG}` is started by `fence run`, not by hand"
-        ));
-        return Exit::Usage;
-    }
     // The signals the reaper acts on are blocked and taken one at a time with sigtimedwait:
     // no handler, no race between looking at the command and a signal arriving. COMMAND gets
     // the original mask back before exec.
@@ -116,10 +103,7 @@ pub fn main(args: &[OsString]) -> Exit {
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
     // them (see `crate::sys::kill_descendants`).
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
-    // SAFETY: as for `report_fd` below: left open by `fence run` for its start message and
-    // then the lease's bounds alone; ours from here.
-    let mut bounds = unsafe { std::fs::File::from_raw_fd(bound_fd) };
-    let _ = rustix::io::fcntl_setfd(&bounds, rustix::io::FdFlags::CLOEXEC);
+    let mut bounds = std::fs::File::from(start);
     // `fence run` starts us before it asks for the lease: wait for its go, the lease's first
     // bound and COMMAND's environment. Its end closed without them (busy, an error, or
     // `fence run` gone): nothing is started.
@@ -131,11 +115,8 @@ pub fn main(args: &[OsString]) -> Exit {
         crate::terminal::warn("error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
-    // SAFETY: `report_fd` was left open by `fence run` for this report alone (it checked we
-    // are in the group and have the parent it started); we own it from here.
-    let mut report = unsafe { std::fs::File::from_raw_fd(report_fd) };
-    // Close-on-exec, so COMMAND does not inherit it.
-    let _ = rustix::io::fcntl_setfd(&report, rustix::io::FdFlags::CLOEXEC);
+    // Close-on-exec (as `fence run` made it), so COMMAND does not inherit it.
+    let mut report = std::fs::File::from(report);
     // A bound already past (`fence run` was paused after its grant): COMMAND must not run at
     // all, not even until the first look at the bound below.
     if crate::sys::bound_clock_ns()

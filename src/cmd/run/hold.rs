@@ -9,7 +9,7 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal};
 use tokio::time::{sleep_until, Instant};
 
-use super::supervisor::{continue_process, reaper_report, Running};
+use super::supervisor::{continue_process, reaper_report, Forked, Running};
 use crate::cmd::Context;
 use crate::coordinator::{Coordinator, Lease, LeaseRef};
 use crate::error::{Error, LostReason};
@@ -594,10 +594,7 @@ fn retry_after(ttl: Duration) -> Duration {
 /// Whether the command ended by the time a timer of [`hold`] fired (after a pause, both come
 /// due at once, and the timer is looked at first): its end is then handled first, at the
 /// next turn of the loop, and the timer seen again after it.
-fn ended_meanwhile(
-    child: &mut tokio::process::Child,
-    status: Option<ExitStatus>,
-) -> Result<bool, Error> {
+fn ended_meanwhile(child: &mut Forked, status: Option<ExitStatus>) -> Result<bool, Error> {
     Ok(status.is_none() && child.try_wait().map_err(cannot_wait)?.is_some())
 }
 

@@ -31,6 +31,8 @@ mod ids;
 mod record;
 mod supervisor;
 
+pub use supervisor::Reaper;
+
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -51,9 +53,14 @@ use ids::{
     command_digest, completed, done_marker, record_completed, report_done, run_id, COMMAND_MARK,
 };
 use record::{command_status, Ending, Recorder};
-use supervisor::{reaper_gone, Reaper, Terminal};
+use supervisor::{reaper_gone, Terminal};
 
-pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
+pub async fn run(
+    args: RunArgs,
+    reaper: Result<Reaper, Error>,
+    ctx: &Context,
+    out: &Output,
+) -> Exit {
     let busy_exit = args.busy_exit_code;
     let report = args
         .metrics_file
@@ -61,7 +68,7 @@ pub async fn run(args: RunArgs, ctx: &Context, out: &Output) -> Exit {
         .map(|path| (path, args.resource.clone(), std::time::SystemTime::now()));
     let mut granted = Granted::default();
     let started = Instant::now();
-    let (exit, reason) = match supervise(args, ctx, out, &mut granted).await {
+    let (exit, reason) = match supervise(args, reaper, ctx, out, &mut granted).await {
         // A skipped run's status is its --done-exit-code: no command ran, none failed.
         Ok(exit) if granted.skipped => (exit, "already_done"),
         Ok(exit) => (
@@ -134,6 +141,7 @@ fn run_owner(given: Option<&str>) -> String {
 
 async fn supervise(
     args: RunArgs,
+    reaper: Result<Reaper, Error>,
     ctx: &Context,
     out: &Output,
     granted: &mut Granted,
@@ -156,10 +164,10 @@ async fn supervise(
     // default action half-way, nor unseen between a `--wait`'s grant and the start; and a
     // signal sent as soon as the command is visible is forwarded to it.
     let mut interrupts = Interrupts::install()?;
-    // Started now, it gets ready while the lease is asked for; it starts nothing until `go`.
-    // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
+    // Forked at start-up, it got ready while this process started; it starts nothing until
+    // `go`. SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
     let grace = args.kill_after.min(args.ttl / 5);
-    let mut reaper = Reaper::start(&args.command, grace, args.kill_after, out)?;
+    let mut reaper = reaper?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(
             format!("interrupted by {name} {what}; the command was not started"),

@@ -1,18 +1,17 @@
 //! The parent side of the supervisor (the reaper): its start, its pipes, the terminal.
 
-use std::ffi::OsString;
 use std::io::Write;
 use std::os::fd::AsRawFd;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
 
 use super::hold::nanos;
 use super::lost;
-use crate::cli::Format;
+use crate::cli::RunArgs;
 use crate::coordinator::LeaseRef;
 use crate::error::{Error, LostReason};
-use crate::output::Output;
 use crate::reaper::wire::{self, Failure, Report};
 
 /// The lease's bound, sent to the reaper: should `fence run` be paused (SIGSTOP, a frozen
@@ -61,12 +60,12 @@ impl Terminal {
     }
 }
 
-/// The reaper (see [`crate::reaper`]), started in a new process group before the lease is
-/// asked for, so that its start overlaps the coordinator's round trips; it waits, starting
-/// nothing, until [`Reaper::go`] sends what COMMAND needs. Dropped without `go` (busy, an
-/// error, a completed run id), it is killed: COMMAND was never started.
-pub(super) struct Reaper {
-    child: Option<tokio::process::Child>,
+/// The reaper (see [`crate::reaper`]), forked in a new process group before the runtime
+/// starts, so before the lease is asked for; it waits, starting nothing, until [`Reaper::go`]
+/// sends what COMMAND needs. Dropped without `go` (busy, an error, a completed run id), it is
+/// killed: COMMAND was never started.
+pub struct Reaper {
+    child: Option<Forked>,
     report: Option<std::fs::File>,
     /// The start message, then the lease's bounds (see [`Bounds`]).
     start: Option<std::fs::File>,
@@ -76,15 +75,14 @@ pub(super) struct Reaper {
 impl Reaper {
     /// The reaper's pid: the process group the command will run in.
     pub(super) fn group(&self) -> Option<u32> {
-        self.child.as_ref().and_then(tokio::process::Child::id)
+        self.child.as_ref().and_then(Forked::id)
     }
 
-    pub(super) fn start(
-        command: &[OsString],
-        grace: Duration,
-        kill_after: Duration,
-        out: &Output,
-    ) -> Result<Reaper, Error> {
+    /// Forks the reaper of `fence run`'s COMMAND: to be called while this process has one
+    /// thread (before the runtime starts), and stdout untouched. With `--format json` the
+    /// reaper's stdout, and so COMMAND's, is stderr: stdout carries fence's one JSON object.
+    pub fn fork(args: &RunArgs, json: bool) -> Result<Reaper, Error> {
+        let command = &args.command;
         let program = command.first().ok_or_else(|| {
             Error::usage(
                 "no command to run",
@@ -97,6 +95,9 @@ impl Reaper {
                 "check the system's process and file limits; nothing was started and no lease was taken",
             )
         };
+        // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
+        let grace = args.kill_after.min(args.ttl / 5);
+        let millis = |d: Duration| d.as_millis().min(i64::MAX as u128) as u64;
         // Each (read end, write end): fence reads the report and writes the start message.
         let (report, report_end) = pipe().map_err(|err| cannot(&err))?;
         let (start_end, start) = pipe().map_err(|err| cannot(&err))?;
@@ -106,57 +107,73 @@ impl Reaper {
         // to init, so that nothing of the command outlives the run (`sys::kill_descendants`
         // once the reaper has been waited for).
         let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
-        let parent = std::process::id().to_string();
-        let mut cmd = tokio::process::Command::new("/proc/self/exe");
-        // Shown by `ps` as `fence __reaper …`, not `/proc/self/exe __reaper …`.
-        cmd.arg0("fence");
-        let raw_report = report_end.as_raw_fd();
-        let raw_start = start_end.as_raw_fd();
-        cmd.arg(crate::reaper::ARG)
-            .arg(&parent)
-            .arg(raw_report.to_string())
-            .arg(raw_start.to_string())
-            .arg(grace.as_millis().min(i64::MAX as u128).to_string())
-            .arg(kill_after.as_millis().min(i64::MAX as u128).to_string())
-            .arg("--")
-            .args(command)
-            .process_group(0);
-        if out.format == Format::Json {
-            // stdout carries fence's one JSON object; the command's output goes to stderr.
-            cmd.stdout(std::io::stderr());
-        }
-        // SAFETY: between fork and exec only async-signal-safe calls: fcntl lets the two
-        // pipes through the exec, at their own numbers (the caller's descriptors stay as they
-        // were), prctl sets the signal the reaper gets when this process dies.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(raw_report, libc::F_SETFD, 0) < 0
-                    || libc::fcntl(raw_start, libc::F_SETFD, 0) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
+        let parent = rustix::process::getpid();
+        // Shown by `ps`, as it was when the reaper was a program of its own: the descriptors
+        // are the reaper's ends of the pipes.
+        let title = format!(
+            "fence __reaper {} {} {} {} {} -- {}",
+            parent.as_raw_pid(),
+            report_end.as_raw_fd(),
+            start_end.as_raw_fd(),
+            millis(grace),
+            millis(args.kill_after),
+            command
+                .iter()
+                .map(|word| word.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        // SAFETY: this process has one thread (see above), so the child is a whole copy of
+        // it; the child never returns from this block.
+        match unsafe { libc::fork() } {
+            -1 => Err(cannot(&std::io::Error::last_os_error())),
+            0 => {
+                // The reaper. Its own process group, and SIGUSR1 should fence die (the reaper
+                // checks, once told to go, that fence is still its parent).
+                let _ = rustix::process::setpgid(None, None);
                 let _ = rustix::process::set_parent_process_death_signal(Some(Signal::USR1));
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|err| {
-            if std::path::Path::new("/proc/self/exe").exists() {
-                cannot(&err)
-            } else {
-                Error::usage(
-                    format!(
-                        "cannot start fence's supervisor of the command (/proc/self/exe): {err}"
-                    ),
-                    "fence run needs /proc mounted; nothing was started and no lease was taken",
-                )
+                // fence's ends: with them open here, the reaper would never see its start
+                // pipe end should fence die.
+                drop(report);
+                drop(start);
+                if json {
+                    let _ = rustix::stdio::dup2_stdout(rustix::stdio::stderr());
+                }
+                crate::sys::retitle(&title);
+                let exit = crate::reaper::main(crate::reaper::Plan {
+                    parent,
+                    report: report_end,
+                    start: start_end.into(),
+                    grace_ms: millis(grace),
+                    kill_after_ms: millis(args.kill_after),
+                    command: command.clone(),
+                });
+                // SAFETY: ends the forked process at once: fence's own exit handlers and
+                // buffers (copies of the parent's) are not the reaper's.
+                unsafe { libc::_exit(exit.code().into()) }
             }
-        })?;
-        Ok(Reaper {
-            child: Some(child),
-            report: Some(report),
-            start: Some(start),
-            program: program.to_string_lossy().into_owned(),
-        })
+            pid => {
+                drop(report_end);
+                drop(start_end);
+                let pid = Pid::from_raw(pid).ok_or_else(|| cannot(&"fork returned no pid"))?;
+                // Also from here, so that the group exists before fence signals it, whichever
+                // process runs first.
+                let _ = rustix::process::setpgid(Some(pid), Some(pid));
+                let child = Forked::new(pid).map_err(|err| {
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                    let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                    cannot(&format!(
+                        "cannot watch it ({err}; fence run needs Linux 5.3 or later, for pidfd_open)"
+                    ))
+                })?;
+                Ok(Reaper {
+                    child: Some(child),
+                    report: Some(report),
+                    start: Some(start),
+                    program: program.to_string_lossy().into_owned(),
+                })
+            }
+        }
     }
 
     /// Resolves once the reaper has ended (before [`Self::go`]: it was killed), with its pid.
@@ -304,7 +321,7 @@ pub(super) fn continue_process(pid: Option<u32>) {
 
 /// A reaper told to go: the process, whether it said the command started, its pipes.
 pub(super) struct Running {
-    pub(super) child: tokio::process::Child,
+    pub(super) child: Forked,
     /// The reaper said COMMAND started in time; false when it never answered.
     pub(super) answered: bool,
     pub(super) bounds: Bounds,
@@ -317,7 +334,7 @@ impl Drop for Reaper {
         // before fence does: no process of the run outlives it. A SIGKILLed process that
         // started nothing ends within milliseconds; the wait is bounded all the same.
         if let Some(child) = self.child.as_mut() {
-            let _ = child.start_kill();
+            child.start_kill();
             let start = std::time::Instant::now();
             while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_ENDS_WITHIN {
                 std::thread::sleep(Duration::from_millis(1));
@@ -328,6 +345,82 @@ impl Drop for Reaper {
 
 /// How long dropping an unused reaper waits for it to end (see [`Reaper`]'s `Drop`).
 const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
+
+/// The forked reaper, as a `tokio::process::Child` would have it: waited for by its pid,
+/// its end seen on a pidfd (readable once the process has ended).
+pub(super) struct Forked {
+    pid: Pid,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    watched: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    status: Option<ExitStatus>,
+}
+
+impl Forked {
+    fn new(pid: Pid) -> std::io::Result<Forked> {
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        Ok(Forked {
+            pid,
+            pidfd: Some(pidfd),
+            watched: None,
+            status: None,
+        })
+    }
+
+    /// Its pid, until it has been waited for.
+    pub(super) fn id(&self) -> Option<u32> {
+        self.status
+            .is_none()
+            .then(|| self.pid.as_raw_pid().unsigned_abs())
+    }
+
+    /// Its status if it has ended (waited for then), without blocking.
+    pub(super) fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(status) = self.status {
+            return Ok(Some(status));
+        }
+        loop {
+            match rustix::process::waitpid(Some(self.pid), rustix::process::WaitOptions::NOHANG) {
+                Ok(Some((_, ended))) => {
+                    let status = ExitStatus::from_raw(ended.as_raw());
+                    self.status = Some(status);
+                    return Ok(Some(status));
+                }
+                Ok(None) => return Ok(None),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Waits for it to end (cancel-safe).
+    pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(status) = self.try_wait()? {
+                return Ok(status);
+            }
+            if let Some(pidfd) = self.pidfd.take() {
+                // SAFETY: the pidfd is ours, and stays open and the same while registered.
+                self.watched = Some(unsafe {
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        pidfd,
+                        tokio::io::Interest::READABLE,
+                    )?
+                });
+            }
+            if let Some(watched) = self.watched.as_ref() {
+                watched.readable().await?.clear_ready();
+            }
+        }
+    }
+
+    /// SIGKILL, unless it has been waited for (its pid may be another's by then).
+    pub(super) fn start_kill(&mut self) {
+        if self.status.is_none() {
+            let _ = rustix::process::kill_process(self.pid, Signal::KILL);
+        }
+    }
+}
 
 /// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {

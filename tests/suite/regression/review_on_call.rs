@@ -43,7 +43,7 @@ fn is_root() -> bool {
 /// The shell lines that write a forged `inside` line into the reaper's report pipe, through
 /// `/proc/$PPID/fd/REPORT_FD` (the reaper is the command's parent, and its command line names
 /// the descriptor). The reaper is not dumpable, so only root (CAP_SYS_PTRACE) gets through.
-const FORGE: &str = "fd=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | sed -n 4p); \
+const FORGE: &str = "fd=$(tr '\\0 ' '\\n\\n' < /proc/$PPID/cmdline | sed -n 4p); \
                      printf 'inside 1\\n' > /proc/$PPID/fd/$fd || exit 9; ";
 
 // ---------------------------------------------------------------------------------------

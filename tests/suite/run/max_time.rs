@@ -183,3 +183,75 @@ fn ps_shows_the_supervisor_as_fence() {
         .expect(0);
     assert!(out.stdout.starts_with("fence __reaper "), "{out:?}");
 }
+
+/// The supervisor is forked, not a program of its own, and takes its title over its arguments
+/// and its environment (as setproctitle does), which it copies away first: the command still
+/// gets the caller's environment whole, byte for byte, an empty value, one with `=` and a
+/// newline and bytes that are not UTF-8, and one of 100 kB.
+#[test]
+fn the_command_gets_the_callers_environment_whole() {
+    use std::os::unix::ffi::OsStrExt;
+    let store = Store::new(common::Backend::File);
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("env");
+    let odd: &[u8] = b"a=b c\n\xff\xfe end";
+    let long = "x".repeat(100_000);
+    store
+        .fence()
+        .env("ODD_VALUE", std::ffi::OsStr::from_bytes(odd))
+        .env("EMPTY_VALUE", "")
+        .env("LONG_VALUE", &long)
+        .args(["run", "job", "--", "sh", "-c"])
+        .args([format!("env -0 > '{}'", dump.display())])
+        .run()
+        .expect(0);
+    let env = std::fs::read(&dump).unwrap();
+    let entries: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+    let mut odd_entry = b"ODD_VALUE=".to_vec();
+    odd_entry.extend_from_slice(odd);
+    for want in [
+        odd_entry,
+        b"EMPTY_VALUE=".to_vec(),
+        format!("LONG_VALUE={long}").into_bytes(),
+        format!("HOME={}", store.home.path().display()).into_bytes(),
+        b"FENCE_RESOURCE=job".to_vec(),
+    ] {
+        assert!(
+            entries.contains(&&want[..]),
+            "{} missing from the command's environment",
+            String::from_utf8_lossy(&want[..want.len().min(40)])
+        );
+    }
+}
+
+/// A title longer than fence's arguments and environment together (a short argv[0], a
+/// command line shorter than the supervisor's numbers, an environment of one variable) is
+/// cut to that space, never past it, and the run is whole.
+#[test]
+fn a_title_longer_than_its_space_is_cut() {
+    use std::os::unix::process::CommandExt;
+    let home = tempfile::tempdir().unwrap();
+    let script = "tr '\\0' ' ' < /proc/$PPID/cmdline";
+    let args = ["run", "j", "--", "/bin/sh", "-c", script];
+    let out = std::process::Command::new(common::fence_bin())
+        .arg0("f")
+        .env_clear()
+        .env("HOME", home.path())
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.starts_with("fence __reaper "), "{shown:?}");
+    // Each argument and the one variable with its NUL, less the NUL that ends the title.
+    let space = "f".len()
+        + 1
+        + args.iter().map(|a| a.len() + 1).sum::<usize>()
+        + format!("HOME={}", home.path().display()).len()
+        + 1;
+    // The kernel reads a title past the arguments up to its NUL, which `tr` turned into a
+    // space.
+    let title = shown.strip_suffix(' ').unwrap_or(&shown);
+    assert_eq!(title.len(), space - 1, "{shown:?}");
+    assert!(!title.ends_with("cmdline"), "not cut: {shown:?}");
+}

@@ -276,10 +276,12 @@ fn supervisor_of(pid: u32) -> (u32, std::fs::File, std::fs::File) {
         reaper.is_some()
     });
     let reaper = reaper.unwrap();
+    // Its title (see `crate::sys::retitle`), one line of words.
     let cmdline = std::fs::read(format!("/proc/{reaper}/cmdline")).unwrap();
-    let argv: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
+    let argv: Vec<String> = String::from_utf8_lossy(&cmdline)
+        .split(['\0', ' '])
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
         .collect();
     assert_eq!(argv[1], "__reaper", "{argv:?}");
     let pipe = |fd: &str| std::fs::File::open(format!("/proc/{reaper}/fd/{fd}")).unwrap();
