@@ -366,21 +366,14 @@ pub(crate) fn live_descendants() -> Vec<i32> {
 /// Rewrites this process's command line as `ps` and `/proc/PID/cmdline` show it, as
 /// setproctitle(3) does: `title` is written, words separated by spaces, over the memory of
 /// the original arguments, and past them over the environment's strings, which are copied
-/// away first (the kernel then reads the title up to its end). A title longer than that
-/// space is cut short. For a forked process that will not exec (the reaper), while it has
-/// one thread: the environment is rebuilt with `clearenv` and `setenv`.
+/// away first, each entry as it is (the kernel then reads the title up to its end). A title
+/// longer than that space is cut short. For a forked process that will not exec (the
+/// reaper), while it has one thread.
 pub(crate) fn retitle(title: &str) {
     let Some((start, arg_end, end)) = title_area() else {
         return;
     };
-    let end = if end > arg_end {
-        let vars: Vec<_> = std::env::vars_os().collect();
-        // SAFETY: one thread (see above): nothing reads the environment meanwhile. clearenv
-        // drops every pointer into the strings about to be overwritten; set_var copies.
-        unsafe { libc::clearenv() };
-        for (name, value) in vars {
-            std::env::set_var(name, value);
-        }
+    let end = if end > arg_end && move_environment() {
         end
     } else {
         arg_end
@@ -388,13 +381,45 @@ pub(crate) fn retitle(title: &str) {
     let bytes = title.as_bytes();
     let len = end - start;
     let n = bytes.len().min(len - 1);
-    // SAFETY: [start, end) is this process's argument (and environment) strings, on its own
-    // stack, as the kernel reports them; nothing refers to them any more (the arguments were
-    // copied at start-up, the environment just above). The last byte stays NUL.
+    // SAFETY: [start, end) is this process's argument (and, once moved, environment) strings,
+    // on its own stack, as the kernel reports them; nothing refers to them any more (the
+    // arguments were copied at start-up, the environment just above). The last byte stays
+    // NUL.
     unsafe {
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), start as *mut u8, n);
         std::ptr::write_bytes((start + n) as *mut u8, 0, len - n);
     }
+}
+
+extern "C" {
+    /// The C library's environment (environ(7)).
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Copies every entry of the environment to the heap, byte for byte (whatever it holds: an
+/// entry without `=`, a name that starts with one), and points `environ` at the copies, for
+/// the life of the process. False, the environment untouched, when memory runs out.
+fn move_environment() -> bool {
+    // SAFETY: one thread (see `retitle`): nothing reads or changes the environment
+    // meanwhile. Each entry is a NUL-terminated string until the array's null pointer.
+    unsafe {
+        let mut copies: Vec<*mut libc::c_char> = Vec::new();
+        let mut entry = environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let copy = libc::strdup(*entry);
+            if copy.is_null() {
+                for copy in copies {
+                    libc::free(copy.cast());
+                }
+                return false;
+            }
+            copies.push(copy);
+            entry = entry.add(1);
+        }
+        copies.push(std::ptr::null_mut());
+        environ = copies.leak().as_mut_ptr();
+    }
+    true
 }
 
 /// Where this process's argument strings start and end, and where the space a title may

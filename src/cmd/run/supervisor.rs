@@ -95,6 +95,14 @@ impl Reaper {
                 "check the system's process and file limits; nothing was started and no lease was taken",
             )
         };
+        // Every process the command starts is found there (`sys::kill_descendants`): without
+        // it, a daemon that left the command's group could not be stopped.
+        if !std::path::Path::new("/proc/self/stat").exists() {
+            return Err(Error::usage(
+                "fence run needs /proc mounted: it finds every process the command starts there, to stop them",
+                "mount /proc (`mount -t proc proc /proc`) where fence runs; nothing was started and no lease was taken",
+            ));
+        }
         // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
         let grace = args.kill_after.min(args.ttl / 5);
         let millis = |d: Duration| d.as_millis().min(i64::MAX as u128) as u64;
@@ -159,13 +167,11 @@ impl Reaper {
                 // Also from here, so that the group exists before fence signals it, whichever
                 // process runs first.
                 let _ = rustix::process::setpgid(Some(pid), Some(pid));
-                let child = Forked::new(pid).map_err(|err| {
-                    let _ = rustix::process::kill_process(pid, Signal::KILL);
-                    let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
-                    cannot(&format!(
-                        "cannot watch it ({err}; fence run needs Linux 5.3 or later, for pidfd_open)"
-                    ))
-                })?;
+                let child = Forked {
+                    pid,
+                    ended: None,
+                    status: None,
+                };
                 Ok(Reaper {
                     child: Some(child),
                     report: Some(report),
@@ -347,25 +353,16 @@ impl Drop for Reaper {
 const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
 
 /// The forked reaper, as a `tokio::process::Child` would have it: waited for by its pid,
-/// its end seen on a pidfd (readable once the process has ended).
+/// woken by SIGCHLD (pidfds are not everywhere: seccomp profiles refuse them).
 pub(super) struct Forked {
     pid: Pid,
-    pidfd: Option<std::os::fd::OwnedFd>,
-    watched: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    /// SIGCHLD, from the first wait on: taken before each look, so that an end between the
+    /// look and the wait is not missed.
+    ended: Option<tokio::signal::unix::Signal>,
     status: Option<ExitStatus>,
 }
 
 impl Forked {
-    fn new(pid: Pid) -> std::io::Result<Forked> {
-        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
-        Ok(Forked {
-            pid,
-            pidfd: Some(pidfd),
-            watched: None,
-            status: None,
-        })
-    }
-
     /// Its pid, until it has been waited for.
     pub(super) fn id(&self) -> Option<u32> {
         self.status
@@ -395,21 +392,17 @@ impl Forked {
 
     /// Waits for it to end (cancel-safe).
     pub(super) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        if self.ended.is_none() {
+            self.ended = Some(tokio::signal::unix::signal(
+                tokio::signal::unix::SignalKind::child(),
+            )?);
+        }
         loop {
             if let Some(status) = self.try_wait()? {
                 return Ok(status);
             }
-            if let Some(pidfd) = self.pidfd.take() {
-                // SAFETY: the pidfd is ours, and stays open and the same while registered.
-                self.watched = Some(unsafe {
-                    tokio::io::unix::AsyncFd::register_with_interest(
-                        pidfd,
-                        tokio::io::Interest::READABLE,
-                    )?
-                });
-            }
-            if let Some(watched) = self.watched.as_ref() {
-                watched.readable().await?.clear_ready();
+            if let Some(ended) = self.ended.as_mut() {
+                ended.recv().await;
             }
         }
     }
@@ -419,6 +412,14 @@ impl Forked {
         if self.status.is_none() {
             let _ = rustix::process::kill_process(self.pid, Signal::KILL);
         }
+    }
+}
+
+impl Drop for Forked {
+    /// A reaper that ended is waited for (not left a zombie until fence ends); one that has
+    /// not is left alone: it ends on its own (its start pipe closed), or is fence's to stop.
+    fn drop(&mut self) {
+        let _ = self.try_wait();
     }
 }
 
