@@ -6,8 +6,9 @@
 //!
 //! Two things differ from a user's machine, through the environment only: cargo builds
 //! offline from the already-fetched registry (the suite runs without a network), and the
-//! release profile is compiled without optimisation into its own cached target directory, so
-//! that the test takes seconds once warm instead of a full optimised build on every run.
+//! release profile is compiled without optimisation (nor link-time optimisation) into its
+//! own cached target directory, so that the test takes seconds once warm instead of a full
+//! optimised build on every run.
 
 use crate::common;
 
@@ -78,6 +79,7 @@ fn readme_install_steps_work_from_a_fresh_clone() {
             .env("CARGO_TARGET_DIR", install_target_dir())
             .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
             .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "256")
+            .env("CARGO_PROFILE_RELEASE_LTO", "false")
             .env("CARGO_PROFILE_RELEASE_INCREMENTAL", "true");
     };
     for line in install_block() {
