@@ -2,6 +2,7 @@
 //! Timings are printed by the bench, never asserted.
 
 use crate::common;
+use std::os::unix::process::CommandExt;
 
 use common::Store;
 use serde::Deserialize;
@@ -342,20 +343,46 @@ fn the_comparison_script_runs_and_reports_every_target() {
         "no {}: the suite's build makes it (cargo nextest builds the examples)",
         bin_dir.join("examples/pg_floor").display()
     );
-    let out = std::process::Command::new("benches/compare.sh")
+    // Its output goes to files, so that a run that does not end (once, under the suite's
+    // load: the step is unknown) is stopped before the suite's timeout and shows how far it
+    // got; the whole process group gets SIGTERM, which pg_virtualenv's own cleanup handles.
+    let logs = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (logs.path().join("stdout"), logs.path().join("stderr"));
+    let mut child = std::process::Command::new("benches/compare.sh")
         .args(["3", "2"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("FENCE_BENCH_BIN_DIR", bin_dir)
         .env("FENCE_BENCH_QUICK", "1")
         .stdin(std::process::Stdio::null())
-        .output()
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .process_group(0)
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // 40 s alone here, 100–200 s under the suite's load; nextest stops a test at 300 s.
+    let ended = common::process::becomes(std::time::Duration::from_secs(240), || {
+        child.try_wait().unwrap().is_some()
+    });
+    let read = |path: &std::path::Path| {
+        String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).into_owned()
+    };
+    if !ended {
+        // SAFETY: kill(2) of the script's own process group.
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
+        let _ = common::process::becomes(std::time::Duration::from_secs(30), || {
+            child.try_wait().unwrap().is_some()
+        });
+        let err = read(&err_path);
+        let tail: Vec<&str> = err.lines().rev().take(40).collect();
+        panic!(
+            "benches/compare.sh did not end within 240 s; its stdout:\n{}\nthe end of its stderr:\n{}",
+            read(&out_path),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let status = child.wait().unwrap();
+    let stdout = read(&out_path);
+    assert!(status.success(), "{stdout}\n{}", read(&err_path));
     for expected in [
         "## Rounds",
         "## Whole invocations",
