@@ -29,7 +29,8 @@ use crate::exit::Exit;
 /// Runs the program with the process's arguments and returns its exit status.
 pub fn main() -> Exit {
     // SAFETY: ignoring SIGXFSZ at start-up, before any thread: a write past RLIMIT_FSIZE then fails with EFBIG, which fence reports, instead of killing it mid-operation.
-    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // The caller's own disposition is kept for `fence run`'s command (see `Reaper::fork`).
+    let caller_xfsz = unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match cli::Cli::parse_with_sources(&args) {
         Ok(cli) => cli,
@@ -47,7 +48,11 @@ pub fn main() -> Exit {
     // `fence run`'s supervisor is forked now, while this process has one thread (see
     // `cmd::Reaper::fork`); what goes wrong is told where it was before, in the run.
     let reaper = match &cli.command {
-        cli::Command::Run(args) => Some(cmd::Reaper::fork(args, out.format == cli::Format::Json)),
+        cli::Command::Run(args) => Some(cmd::Reaper::fork(
+            args,
+            out.format == cli::Format::Json,
+            caller_xfsz,
+        )),
         _ => None,
     };
     terminal::route_warnings(output::warnings_route(&cli.global, &cli.command));

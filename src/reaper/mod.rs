@@ -12,10 +12,10 @@
 //! that group and waits for it, for signals, and for the lease's later bounds on the same
 //! pipe. When `fence run` dies, the kernel sends the reaper
 //! SIGUSR1 and the reaper SIGKILLs every descendant and the whole group, itself included.
-//! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are caught (and so reset
-//! to their defaults in COMMAND by exec) so that the reaper stays to pass on COMMAND's status
-//! (its exit code, or death by the same signal), and passed on to descendants that left the
-//! group. SIGUSR2 from `fence run` (a lost lease past `--kill-after`) SIGKILLs every
+//! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are blocked and taken one
+//! at a time (their dispositions reset to the defaults at the fork, so COMMAND gets the
+//! defaults), so that the reaper stays to pass on COMMAND's status (its exit code, or death by
+//! the same signal), and passed on to descendants that left the group. SIGUSR2 from `fence run` (a lost lease past `--kill-after`) SIGKILLs every
 //! descendant. If the reaper itself is SIGKILLed, COMMAND gets SIGKILL too (its own
 //! parent-death signal) and `fence run` stops what is left of the group.
 //!

@@ -81,7 +81,13 @@ impl Reaper {
     /// Forks the reaper of `fence run`'s COMMAND: to be called while this process has one
     /// thread (before the runtime starts), and stdout untouched. With `--format json` the
     /// reaper's stdout, and so COMMAND's, is stderr: stdout carries fence's one JSON object.
-    pub fn fork(args: &RunArgs, json: bool) -> Result<Reaper, Error> {
+    /// `caller_xfsz` is the SIGXFSZ disposition fence was started with (fence ignores it for
+    /// itself), which COMMAND gets back.
+    pub fn fork(
+        args: &RunArgs,
+        json: bool,
+        caller_xfsz: libc::sighandler_t,
+    ) -> Result<Reaper, Error> {
         let command = &args.command;
         let program = command.first().ok_or_else(|| {
             Error::usage(
@@ -131,6 +137,10 @@ impl Reaper {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
+        // SIGCHLD ignored (as fence may have been started) would have the kernel reap the
+        // reaper as soon as it ends, its status lost; the default only wakes who asks.
+        // SAFETY: this process's own disposition; it has one thread.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
         // SAFETY: this process has one thread (see above), so the child is a whole copy of
         // it; the child never returns from this block.
         match unsafe { libc::fork() } {
@@ -139,6 +149,25 @@ impl Reaper {
                 // The reaper. Its own process group, and SIGUSR1 should fence die (the reaper
                 // checks, once told to go, that fence is still its parent).
                 let _ = rustix::process::setpgid(None, None);
+                // SAFETY: dispositions of this one-threaded process. The signals the reaper
+                // acts on take their default actions whatever fence was started with (one
+                // ignored would be discarded, not waited for: SIGCHLD ignored reaps COMMAND
+                // before the reaper can see its status, SIGUSR1 ignored loses fence's death),
+                // and so COMMAND gets the defaults of SIGINT, SIGTERM and SIGHUP, as it did
+                // when the reaper was exec'd after fence caught them; SIGXFSZ is the caller's.
+                unsafe {
+                    for signal in [
+                        libc::SIGINT,
+                        libc::SIGTERM,
+                        libc::SIGHUP,
+                        libc::SIGCHLD,
+                        libc::SIGUSR1,
+                        libc::SIGUSR2,
+                    ] {
+                        libc::signal(signal, libc::SIG_DFL);
+                    }
+                    libc::signal(libc::SIGXFSZ, caller_xfsz);
+                }
                 let _ = rustix::process::set_parent_process_death_signal(Some(Signal::USR1));
                 // fence's ends: with them open here, the reaper would never see its start
                 // pipe end should fence die.
@@ -163,6 +192,15 @@ impl Reaper {
             pid => {
                 drop(report_end);
                 drop(start_end);
+                // The reaper's end is seen by SIGCHLD (see `Forked`): a mask fence inherited
+                // with it blocked would hide that end until a timer looked.
+                // SAFETY: this process's own mask; it has one thread.
+                unsafe {
+                    let mut chld: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut chld);
+                    libc::sigaddset(&mut chld, libc::SIGCHLD);
+                    libc::sigprocmask(libc::SIG_UNBLOCK, &chld, std::ptr::null_mut());
+                }
                 let pid = Pid::from_raw(pid).ok_or_else(|| cannot(&"fork returned no pid"))?;
                 // Also from here, so that the group exists before fence signals it, whichever
                 // process runs first.

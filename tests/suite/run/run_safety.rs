@@ -364,3 +364,119 @@ fn a_low_open_file_limit_is_an_error_not_a_panic() {
         }
     }
 }
+
+/// `fence run` started with `signals` at `disposition` (SIG_IGN) and `blocked` in its mask, as
+/// a caller may hand them down (a shell's background job ignores SIGINT, `nohup` SIGHUP, a
+/// service blocks SIGCHLD): the supervisor is forked from fence, so it inherits them.
+fn run_with_signals(
+    store: &Store,
+    ignored: &'static [i32],
+    blocked: &'static [i32],
+    args: &[&str],
+) -> common::Fence {
+    use std::os::unix::process::CommandExt;
+    let mut fence = store.fence();
+    fence.cmd.args(args);
+    // SAFETY: async-signal-safe calls only, in the child between fork and exec.
+    unsafe {
+        fence.cmd.pre_exec(move || {
+            for &signal in ignored {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &signal in blocked {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    fence
+}
+
+/// SIGCHLD blocked when fence starts: the supervisor's end (which fence learns by SIGCHLD) is
+/// still seen at once, not at the next renewal (a third of the TTL: 100 s here; a review
+/// found 20 s with `--ttl 60s`).
+#[test]
+fn a_run_started_with_sigchld_blocked_ends_with_its_command() {
+    let store = Store::new(common::Backend::File);
+    let started = Instant::now();
+    run_with_signals(
+        &store,
+        &[],
+        &[libc::SIGCHLD],
+        &["run", "r", "--ttl", "300s", "--", "true"],
+    )
+    .run()
+    .expect(0);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the run took {:?}: its end was seen by a timer",
+        started.elapsed()
+    );
+}
+
+/// SIGCHLD ignored when fence starts: the supervisor waits for its command as always (ignored,
+/// the kernel reaps it unseen: the run was "lost its supervisor", exit 5), and the command's
+/// own status is fence's.
+#[test]
+fn a_run_started_with_sigchld_ignored_keeps_the_commands_status() {
+    let store = Store::new(common::Backend::File);
+    run_with_signals(
+        &store,
+        &[libc::SIGCHLD],
+        &[],
+        &["run", "r", "--", "sh", "-c", "exit 3"],
+    )
+    .run()
+    .expect(3);
+}
+
+/// SIGINT and SIGHUP ignored when fence starts (a shell's background job, `nohup`): fence still
+/// forwards an interrupt to the command, which gets the default actions (130 for SIGINT), as
+/// when the supervisor was exec'd after fence caught them.
+#[test]
+fn a_run_started_with_interrupts_ignored_still_passes_them_on() {
+    let store = Store::new(common::Backend::File);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let script = format!("touch '{}'; exec sleep 60", started.display());
+    let child = run_with_signals(
+        &store,
+        &[libc::SIGINT, libc::SIGHUP],
+        &[],
+        &["run", "r", "--", "sh", "-c", &script],
+    )
+    .spawn();
+    let _reap = common::process::Reap(vec![child.id()]);
+    wait_for("the command to start", Duration::from_secs(30), || {
+        started.exists()
+    });
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = common::wait_output("fence run", child, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The command gets the SIGXFSZ disposition fence was started with (fence ignores it for
+/// itself): a write past `ulimit -f` kills it as it would outside fence (exit 153).
+#[test]
+fn the_command_gets_the_callers_sigxfsz() {
+    let store = Store::new(common::Backend::File);
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "ulimit -f 1; head -c 100000 /dev/zero > '{}'",
+        dir.path().join("big").display()
+    );
+    store
+        .fence()
+        .args(["run", "r", "--", "sh", "-c", &script])
+        .run()
+        .expect(153);
+}
