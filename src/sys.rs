@@ -254,12 +254,38 @@ pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
     match built {
         Ok(Ok(runtime)) => Ok(runtime),
         Ok(Err(err)) => Err(err.to_string()),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "it panicked".to_owned())),
+        Err(panic) => Err(plain_os_error(
+            &panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "it panicked".to_owned()),
+        )),
     }
+}
+
+/// A panic's text with the `Os { code: 24, kind: …, message: "Too many open files" }` it
+/// debug-printed written as people read errors: `Too many open files (os error 24)`.
+fn plain_os_error(text: &str) -> String {
+    let Some(at) = text.find("Os { code: ") else {
+        return text.to_owned();
+    };
+    let rest = &text[at..];
+    let (Some(end), Some(code)) = (
+        rest.find(" }"),
+        rest["Os { code: ".len()..].split(',').next(),
+    ) else {
+        return text.to_owned();
+    };
+    let message = rest[..end]
+        .split_once("message: \"")
+        .and_then(|(_, m)| m.strip_suffix('"'))
+        .unwrap_or("error");
+    format!(
+        "{}{message} (os error {code}){}",
+        &text[..at],
+        &rest[end + " }".len()..]
+    )
 }
 
 /// A process, as its /proc/PID/stat shows it. A parent or group of 0 (the kernel's own
@@ -547,6 +573,17 @@ fn clock_ns(clock: DynamicClockId<'_>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_debug_printed_os_error_reads_as_an_error() {
+        assert_eq!(
+            plain_os_error(
+                r#"failed to create UnixStream: Os { code: 24, kind: Uncategorized, message: "Too many open files" }"#
+            ),
+            "failed to create UnixStream: Too many open files (os error 24)"
+        );
+        assert_eq!(plain_os_error("it panicked"), "it panicked");
+    }
 
     #[test]
     fn proc_stat_lines() {

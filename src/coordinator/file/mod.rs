@@ -135,6 +135,12 @@ impl FileCoordinator {
                     "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
                 )
             }
+            _ if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                Error::internal(
+                    message,
+                    "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
+                )
+            }
             _ => Error::internal(message, "check the disk and the store directory, then retry"),
         }
     }

@@ -360,7 +360,17 @@ fn a_low_open_file_limit_is_an_error_not_a_panic() {
                 "ulimit -n {limit}, fence {args}: {code:?} {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            // Said as people read errors, with the limit to raise (not "check the disk").
+            assert!(
+                !stderr.contains("Os {"),
+                "ulimit -n {limit}, fence {args}: {stderr}"
+            );
+            assert!(
+                !stderr.contains("Too many open files") || stderr.contains("ulimit -n"),
+                "ulimit -n {limit}, fence {args}: {stderr}"
+            );
         }
     }
 }
