@@ -311,9 +311,15 @@ fn processes() -> Vec<Process> {
         .collect()
 }
 
+/// The fields of a /proc/PID/stat line after the command's name (which is in parentheses and
+/// may hold anything): field 3 (the state) first.
+fn stat_fields(stat: &str) -> Option<std::str::Split<'_, char>> {
+    Some(stat.rsplit_once(") ")?.1.split(' '))
+}
+
 /// The process `pid` of a /proc/PID/stat line.
 fn process(pid: Pid, stat: &str) -> Option<Process> {
-    let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+    let mut fields = stat_fields(stat)?;
     let zombie = fields.next()? == "Z";
     let mut number = || fields.next()?.parse::<i32>().ok();
     let ppid = Pid::from_raw(number()?.max(0));
@@ -452,10 +458,8 @@ fn move_environment() -> bool {
 /// take ends (the environment's strings' end, when they follow the arguments).
 fn title_area() -> Option<(usize, usize, usize)> {
     let stat = fs::read_to_string("/proc/self/stat").ok()?;
-    // The fields after the command's name, which is in parentheses and may hold anything.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
-    // proc(5): arg_start, arg_end, env_start and env_end are fields 48 to 51; these begin at
-    // field 3.
+    let fields: Vec<&str> = stat_fields(&stat)?.collect();
+    // proc(5): arg_start, arg_end, env_start and env_end are fields 48 to 51.
     let field = |n: usize| -> Option<usize> { fields.get(n - 3)?.trim().parse().ok() };
     let (arg_start, arg_end, env_start, env_end) = (field(48)?, field(49)?, field(50)?, field(51)?);
     if arg_start == 0 || arg_end <= arg_start {

@@ -10,13 +10,13 @@
 //! bound and COMMAND's environment (`FENCE_TOKEN`…); should that pipe end first (busy, an
 //! error, `fence run` gone), it exits without starting anything. Then it starts COMMAND in
 //! that group and waits for it, for signals, and for the lease's later bounds on the same
-//! pipe. When `fence run` dies, the kernel sends the reaper
-//! SIGUSR1 and the reaper SIGKILLs every descendant and the whole group, itself included.
+//! pipe. When `fence run` dies, the kernel sends the reaper SIGUSR1 and the reaper SIGKILLs
+//! every descendant and the whole group, itself included.
 //! SIGINT, SIGTERM and SIGHUP, which `fence run` sends to the group, are blocked and taken one
 //! at a time (their dispositions reset to the defaults at the fork, so COMMAND gets the
 //! defaults), so that the reaper stays to pass on COMMAND's status (its exit code, or death by
-//! the same signal), and passed on to descendants that left the group. SIGUSR2 from `fence run` (a lost lease past `--kill-after`) SIGKILLs every
-//! descendant. If the reaper itself is SIGKILLed, COMMAND gets SIGKILL too (its own
+//! the same signal), and passed on to descendants that left the group. SIGUSR2 from `fence
+//! run` (a lost lease past `--kill-after`) SIGKILLs every descendant. If the reaper itself is SIGKILLed, COMMAND gets SIGKILL too (its own
 //! parent-death signal) and `fence run` stops what is left of the group.
 //!
 //! The reaper is also the command's subreaper: a descendant that leaves the group (`setsid`,

@@ -121,6 +121,12 @@ struct Granted {
     stopped: Option<&'static str>,
 }
 
+/// How long before the lease's bound the command gets SIGTERM, should no renewal be proven;
+/// SIGKILL at the bound (see `Plan::grace`). The reaper is told it when it is forked.
+fn grace(args: &RunArgs) -> Duration {
+    args.kill_after.min(args.ttl / 5)
+}
+
 /// The reason, in the JSON answer and the metrics file, of a run stopped by `--max-time`.
 const MAX_TIME: &str = "max_time";
 /// Its exit status: timeout(1)'s.
@@ -165,8 +171,8 @@ async fn supervise(
     // signal sent as soon as the command is visible is forwarded to it.
     let mut interrupts = Interrupts::install()?;
     // Forked at start-up, it got ready while this process started; it starts nothing until
-    // `go`. SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
-    let grace = args.kill_after.min(args.ttl / 5);
+    // `go`.
+    let grace = grace(&args);
     let mut reaper = reaper?;
     let interrupted = |name: &str, what: &str| {
         Error::unavailable(

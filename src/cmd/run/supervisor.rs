@@ -109,8 +109,7 @@ impl Reaper {
                 "mount /proc (`mount -t proc proc /proc`) where fence runs; nothing was started and no lease was taken",
             ));
         }
-        // SIGTERM that long before the bound, SIGKILL at it (see `Plan::grace`).
-        let grace = args.kill_after.min(args.ttl / 5);
+        let grace = super::grace(args);
         let millis = |d: Duration| d.as_millis().min(i64::MAX as u128) as u64;
         // Each (read end, write end): fence reads the report and writes the start message.
         let (report, report_end) = pipe().map_err(|err| cannot(&err))?;
