@@ -137,7 +137,8 @@ impl Reaper {
                 .join(" ")
         );
         // SIGCHLD ignored (as fence may have been started) would have the kernel reap the
-        // reaper as soon as it ends, its status lost; the default only wakes who asks.
+        // reaper as soon as it ends, and the reaper's COMMAND, their statuses lost; the
+        // default only wakes who asks. For both processes: the reaper inherits it.
         // SAFETY: this process's own disposition; it has one thread.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
         // SAFETY: this process has one thread (see above), so the child is a whole copy of
@@ -150,8 +151,8 @@ impl Reaper {
                 let _ = rustix::process::setpgid(None, None);
                 // SAFETY: dispositions of this one-threaded process. The signals the reaper
                 // acts on take their default actions whatever fence was started with (one
-                // ignored would be discarded, not waited for: SIGCHLD ignored reaps COMMAND
-                // before the reaper can see its status, SIGUSR1 ignored loses fence's death),
+                // ignored would be discarded, not waited for: SIGUSR1 ignored loses fence's
+                // death; SIGCHLD was reset before the fork),
                 // and so COMMAND gets the defaults of SIGINT, SIGTERM and SIGHUP, as it did
                 // when the reaper was exec'd after fence caught them; SIGXFSZ is the caller's.
                 unsafe {
@@ -159,7 +160,6 @@ impl Reaper {
                         libc::SIGINT,
                         libc::SIGTERM,
                         libc::SIGHUP,
-                        libc::SIGCHLD,
                         libc::SIGUSR1,
                         libc::SIGUSR2,
                     ] {
