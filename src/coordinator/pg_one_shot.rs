@@ -127,6 +127,86 @@ SELECT coalesce(a.status, 'retry') AS status, a.token, a.owner, a.acquired_at, a
 FROM (SELECT) AS one LEFT JOIN answer a ON true"
 );
 
+/// The common case of [`ACQUIRE`], planned in a fraction of its time (the planner's work
+/// grows with a statement's parts, and an unnamed statement is planned on every call: 1.1 ms
+/// of the whole one's ~1.4 ms on a warm connection, measured with `pgbench -M extended`
+/// against `-M prepared`). `$1` resource, `$2` owner, `$3` TTL in ms; no `--above`. Answers
+/// as [`ACQUIRE`] does (`acquired`, `taken_over`, `reacquired`, `busy`, `retry`) when the
+/// resource has a lease row, with the same row, event and answer; and **no row at all** when
+/// it has none: then fence sends [`ACQUIRE`], which creates it. Nothing is written unless a
+/// row is granted, so the fallback starts from the state this statement saw or a newer one.
+/// `tests/suite/stores/contract.rs` runs both (and the PL/pgSQL `acquire()`) from the same
+/// states, on every branch.
+pub const ACQUIRE_FAST: &str = concat!(
+    "\
+-- fence: acquire
+WITH taken AS (
+    UPDATE __SCHEMA__.leases AS l
+    SET (token, last_event, acquired_at, owner, renewed_at, expires_at, ttl_ms,
+         previous_expires_at) = (
+        SELECT CASE WHEN x.live_mine THEN l.token ELSE l.token + 1 END,
+               CASE WHEN x.live_mine THEN 'reacquired'
+                    WHEN l.expires_at IS NULL OR l.owner = $2 THEN 'acquired'
+                    ELSE 'taken_over' END,
+               CASE WHEN x.live_mine THEN l.acquired_at ELSE x.now END,
+               $2, x.now, x.now + $3 * interval '1 millisecond', $3, l.expires_at
+        FROM (SELECT c.now, coalesce(l.owner = $2 AND l.expires_at > c.now, false) AS live_mine
+              FROM (SELECT clock_timestamp() AS now) c) x)
+    WHERE l.resource = $1
+      AND (l.expires_at IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = $2)
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at,
+                                   previous_expires_at)
+    SELECT g.resource, g.renewed_at, g.last_event, g.owner, g.token, g.ttl_ms, g.expires_at,
+           CASE WHEN g.last_event = 'taken_over' THEN g.previous_expires_at END
+    FROM taken g),
+answer AS (
+    SELECT g.last_event AS status, g.token, g.owner, g.acquired_at, g.renewed_at,
+           g.expires_at, g.ttl_ms
+    FROM taken g
+    UNION ALL
+    SELECT CASE WHEN s.expires_at > clock_timestamp() AND s.owner IS DISTINCT FROM $2
+                THEN 'busy' ELSE 'retry' END,
+           s.token, s.owner, s.acquired_at, s.renewed_at, s.expires_at, s.ttl_ms
+    FROM __SCHEMA__.leases AS s WHERE s.resource = $1 AND NOT EXISTS (SELECT FROM taken))
+SELECT a.status, a.token, a.owner, a.acquired_at, a.renewed_at, a.expires_at, a.ttl_ms,
+       clock_timestamp() AS now,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM answer a"
+);
+
+/// The common case of [`RENEW`]: the owner's live lease renewed, with the same row, event
+/// and answer (`renewed`); **no row** otherwise, and nothing written: then fence sends
+/// [`RENEW`], which says why (see [`ACQUIRE_FAST`] for what this saves). Same parameters.
+pub const RENEW_FAST: &str = concat!(
+    "\
+-- fence: renew
+WITH renewed AS (
+    UPDATE __SCHEMA__.leases AS l
+    SET (renewed_at, expires_at, ttl_ms, last_event) = (
+        SELECT c.now, c.now + coalesce($4, l.ttl_ms) * interval '1 millisecond',
+               coalesce($4, l.ttl_ms), 'renewed'
+        FROM (SELECT clock_timestamp() AS now) c)
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2
+      AND l.expires_at > clock_timestamp()
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
+    SELECT r.resource, r.renewed_at, 'renewed', r.owner, r.token, r.ttl_ms, r.expires_at
+    FROM renewed r)
+SELECT 'renewed' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
+       r.ttl_ms, clock_timestamp() AS now,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM renewed r"
+);
+
 /// `$1` resource, `$2` owner, `$3` token, `$4` new TTL in ms or NULL (keep the lease's).
 /// Answers `renewed`, a refusal (`stale`, `expired`, `released` — each recorded as a
 /// `renew_rejected` event — or `never_issued`, `wrong_owner`, `no_lease`), or `retry`. A
@@ -178,6 +258,31 @@ SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at
     schema_is_current!(),
     "
 FROM (SELECT) AS one LEFT JOIN answer a ON true"
+);
+
+/// The common case of [`RELEASE`]: the owner's lease released (live or expired, untaken),
+/// with the same row, event, notification and answer (`released`); **no row** otherwise, and
+/// nothing written: then fence sends [`RELEASE`], which says why (see [`ACQUIRE_FAST`] for
+/// what this saves: here 0.8 ms of planning on every release, which a waiting head of the
+/// queue waits through). Same parameters.
+pub const RELEASE_FAST: &str = concat!(
+    "\
+-- fence: release
+WITH released AS (
+    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
+    SELECT r.resource, 'released', r.owner, r.token FROM released r)
+SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
+       r.ttl_ms, clock_timestamp() AS now,
+       pg_notify('fence___SCHEMA__', 'r:' || r.resource) IS NULL AS woken,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+    schema_is_current!(),
+    "
+FROM released r"
 );
 
 /// `$1` resource, `$2` owner, `$3` token. Answers `released`, `already_released` (success:

@@ -51,7 +51,9 @@ mod queue;
 pub use queue::HELD_MAX;
 use queue::{Queue, FOREVER};
 
-use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
+use crate::coordinator::pg_one_shot::{
+    ACQUIRE, ACQUIRE_FAST, RELEASE, RELEASE_FAST, RENEW, RENEW_FAST,
+};
 use crate::coordinator::Refusal;
 use crate::coordinator::{
     ttl_ms, Attempt, Grant, History, InitAction, InitReport, Lease, LeaseRef, Leases, Released,
@@ -157,6 +159,27 @@ impl PgCoordinator {
     ) -> Result<Answer, Error> {
         loop {
             let rows = self.call(what, true, sql, params).await?;
+            let answer = Answer::from_statement(&rows)?;
+            if answer.status != "retry" {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// Sends `fast`, a statement for the common case of `full` (`pg_one_shot::ACQUIRE_FAST`
+    /// and its kin), until it answers something else than `retry`; when it answers no row (a
+    /// case it does not handle, nothing written), sends `full` with `full_params`.
+    async fn one_shot_fast(
+        &self,
+        what: &str,
+        fast: (&str, &[(&(dyn ToSql + Sync), Type)]),
+        full: (&str, &[(&(dyn ToSql + Sync), Type)]),
+    ) -> Result<Answer, Error> {
+        loop {
+            let rows = self.call(what, true, fast.0, fast.1).await?;
+            if rows.is_empty() {
+                return self.one_shot(what, full.0, full.1).await;
+            }
             let answer = Answer::from_statement(&rows)?;
             if answer.status != "retry" {
                 return Ok(answer);
@@ -316,17 +339,19 @@ impl Leases for PgCoordinator {
         let answer = if queued {
             self.poll_queue(resource, owner, ttl).await?
         } else {
-            self.one_shot(
-                &format!("acquire `{resource}`"),
-                ACQUIRE,
-                &[
-                    (&resource, Type::TEXT),
-                    (&owner, Type::TEXT),
-                    (&ttl, Type::INT8),
-                    (&above, Type::INT8),
-                ],
-            )
-            .await?
+            let what = format!("acquire `{resource}`");
+            let full: &[(&(dyn ToSql + Sync), Type)] = &[
+                (&resource, Type::TEXT),
+                (&owner, Type::TEXT),
+                (&ttl, Type::INT8),
+                (&above, Type::INT8),
+            ];
+            if above.is_some() {
+                self.one_shot(&what, ACQUIRE, full).await?
+            } else {
+                self.one_shot_fast(&what, (ACQUIRE_FAST, &full[..3]), (ACQUIRE, full))
+                    .await?
+            }
         };
         let lease = answer.lease(resource);
         // The statement that answered was the last one sent on the session it used.
@@ -377,16 +402,17 @@ impl Leases for PgCoordinator {
 
     async fn renew(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
         let ttl = ttl.map(ttl_ms);
+        let params: &[(&(dyn ToSql + Sync), Type)] = &[
+            (&lease.resource, Type::TEXT),
+            (&lease.owner, Type::TEXT),
+            (&lease.token, Type::INT8),
+            (&ttl, Type::INT8),
+        ];
         let answer = self
-            .one_shot(
+            .one_shot_fast(
                 &format!("renew `{}`", lease.resource),
-                RENEW,
-                &[
-                    (&lease.resource, Type::TEXT),
-                    (&lease.owner, Type::TEXT),
-                    (&lease.token, Type::INT8),
-                    (&ttl, Type::INT8),
-                ],
+                (RENEW_FAST, params),
+                (RENEW, params),
             )
             .await?;
         if answer.status == "renewed" {
@@ -398,15 +424,16 @@ impl Leases for PgCoordinator {
     }
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
+        let params: &[(&(dyn ToSql + Sync), Type)] = &[
+            (&lease.resource, Type::TEXT),
+            (&lease.owner, Type::TEXT),
+            (&lease.token, Type::INT8),
+        ];
         let answer = self
-            .one_shot(
+            .one_shot_fast(
                 &format!("release `{}`", lease.resource),
-                RELEASE,
-                &[
-                    (&lease.resource, Type::TEXT),
-                    (&lease.owner, Type::TEXT),
-                    (&lease.token, Type::INT8),
-                ],
+                (RELEASE_FAST, params),
+                (RELEASE, params),
             )
             .await?;
         match answer.status.as_str() {

@@ -1172,11 +1172,13 @@ fn postgres_admin_answers_keep_their_keys_in_order() {
     common::pg_exec(&common::pg_superuser(), &format!("DROP ROLE {role}"));
 }
 
-/// Issue 34, 1: the token rule (I1) is written twice, as the PL/pgSQL `acquire()` the waiters
-/// call and as the one-shot `ACQUIRE` statement a plain `fence acquire` sends. From the same
-/// state, on every branch (a new resource, the owner's live lease, another owner's live lease,
-/// another owner's expired lease, the owner's expired lease, a released lease), both must give
-/// the same answer, leave the same lease row and write the same event (or none).
+/// Issue 34, 1: the token rule (I1) is written three times, as the PL/pgSQL `acquire()` the
+/// waiters call, as the one-shot `ACQUIRE` statement, and as `ACQUIRE_FAST`, its common case,
+/// which a plain `fence acquire` sends first (falling back to `ACQUIRE` when it answers no
+/// row, as `PgCoordinator::one_shot_fast` does). From the same state, on every branch (a new
+/// resource, the owner's live lease, another owner's live lease, another owner's expired
+/// lease, the owner's expired lease, a released lease), all must give the same answer, leave
+/// the same lease row and write the same event (or none).
 #[test]
 fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
     let store = Store::postgres();
@@ -1193,12 +1195,14 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
         ("mine_expired", Some(("me", 7, Some("-1 second")))),
         ("released", Some(("other", 7, None))),
     ];
-    let statement = fence::coordinator::pg_one_shot::ACQUIRE
-        .replace("__SCHEMA__", &s)
-        .replace(
+    let filled = |sql: &str| {
+        sql.replace("__SCHEMA__", &s).replace(
             "__VERSION__",
             &fence::coordinator::COORDINATOR_SCHEMA.version.to_string(),
-        );
+        )
+    };
+    let statement = filled(fence::coordinator::pg_one_shot::ACQUIRE);
+    let fast = filled(fence::coordinator::pg_one_shot::ACQUIRE_FAST);
     let url = store.url.clone();
     common::block_on(async move {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -1208,7 +1212,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
         let ttl: i64 = 30_000;
         for (case, before) in cases {
             let mut seen = Vec::new();
-            for form in ["function", "statement"] {
+            for form in ["function", "statement", "fast"] {
                 let resource = format!("{case}-{form}");
                 if let Some((owner, token, expires)) = before {
                     let expires = expires
@@ -1234,21 +1238,22 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                         .unwrap()
                 } else {
                     // Typed as fence sends it (`query_typed`): $3 alone would be read as float8.
-                    // $4 is `--above`, which a plain acquire leaves NULL.
+                    // $4 is `--above`, which a plain acquire leaves NULL (the fast form has no $4).
                     use tokio_postgres::types::Type;
-                    client
-                        .query_typed(
-                            &statement,
-                            &[
-                                (&resource, Type::TEXT),
-                                (&"me", Type::TEXT),
-                                (&ttl, Type::INT8),
-                                (&None::<i64>, Type::INT8),
-                            ],
-                        )
-                        .await
-                        .unwrap()
-                        .remove(0)
+                    let params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)] = &[
+                        (&resource, Type::TEXT),
+                        (&"me", Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&None::<i64>, Type::INT8),
+                    ];
+                    let mut rows = Vec::new();
+                    if form == "fast" {
+                        rows = client.query_typed(&fast, &params[..3]).await.unwrap();
+                    }
+                    if rows.is_empty() {
+                        rows = client.query_typed(&statement, params).await.unwrap();
+                    }
+                    rows.remove(0)
                 };
                 let answer = format!(
                     "{} token {:?} owner {:?} ttl {:?}",
@@ -1291,6 +1296,148 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                 seen[0], seen[1],
                 "{case}: the PL/pgSQL acquire() (left) and the one-shot ACQUIRE (right) disagree"
             );
+            assert_eq!(
+                seen[1], seen[2],
+                "{case}: ACQUIRE (left) and ACQUIRE_FAST then ACQUIRE (right) disagree"
+            );
+        }
+    });
+}
+
+/// The same for renew and release: the schema's PL/pgSQL `renew()` and `release()` (kept for
+/// fence binaries of version 4), the one-shot `RENEW` and `RELEASE`, and their common cases
+/// `RENEW_FAST` and `RELEASE_FAST`, which fence sends first (falling back to the full
+/// statement when they answer no row), must give the same answer, lease row and events from
+/// the same state on every branch: the owner's live lease, its expired one, its released one,
+/// a newer token (stale), a token never issued, another owner's lease, no lease at all.
+#[test]
+fn postgres_the_forms_of_renew_and_release_agree_on_every_branch() {
+    use tokio_postgres::types::{ToSql, Type};
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let filled = |sql: &str| {
+        sql.replace("__SCHEMA__", &s).replace(
+            "__VERSION__",
+            &fence::coordinator::COORDINATOR_SCHEMA.version.to_string(),
+        )
+    };
+    use fence::coordinator::pg_one_shot::{RELEASE, RELEASE_FAST, RENEW, RENEW_FAST};
+    let (renew, renew_fast) = (filled(RENEW), filled(RENEW_FAST));
+    let (release, release_fast) = (filled(RELEASE), filled(RELEASE_FAST));
+    // (case, the row before: owner, token, expires_at relative to now or None: released).
+    // The call always names owner `me` and token 7.
+    type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
+    let cases: [(&str, Before); 7] = [
+        ("no_lease", None),
+        ("mine_live", Some(("me", 7, Some("1 hour")))),
+        ("mine_expired", Some(("me", 7, Some("-1 second")))),
+        ("mine_released", Some(("me", 7, None))),
+        ("stale", Some(("other", 8, Some("1 hour")))),
+        ("never_issued", Some(("me", 6, Some("1 hour")))),
+        ("wrong_owner", Some(("other", 7, Some("1 hour")))),
+    ];
+    let url = store.url.clone();
+    common::block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let token: i64 = 7;
+        let ttl: Option<i64> = Some(45_000);
+        for op in ["renew", "release"] {
+            for (case, before) in cases {
+                let mut seen = Vec::new();
+                for form in ["function", "statement", "fast"] {
+                    let resource = format!("{op}-{case}-{form}");
+                    if let Some((owner, token, expires)) = before {
+                        let expires = expires
+                            .map(|e| format!("now() + interval '{e}'"))
+                            .unwrap_or_else(|| "NULL".to_owned());
+                        client
+                            .batch_execute(&format!(
+                                "INSERT INTO {s}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event) \
+                                 VALUES ('{resource}', '{owner}', {token}, now() - interval '1 minute', now() - interval '1 minute', {expires}, 60000, 'acquired')"
+                            ))
+                            .await
+                            .unwrap();
+                    }
+                    let renew_params: &[(&(dyn ToSql + Sync), Type)] = &[
+                        (&resource, Type::TEXT),
+                        (&"me", Type::TEXT),
+                        (&token, Type::INT8),
+                        (&ttl, Type::INT8),
+                    ];
+                    let (full, fast, params) = if op == "renew" {
+                        (&renew, &renew_fast, renew_params)
+                    } else {
+                        (&release, &release_fast, &renew_params[..3])
+                    };
+                    let answer = if form == "function" {
+                        let call = if op == "renew" {
+                            format!("SELECT status, token, owner, ttl_ms FROM {s}.renew($1, $2, $3, $4)")
+                        } else {
+                            format!(
+                                "SELECT status, token, owner, ttl_ms FROM {s}.release($1, $2, $3)"
+                            )
+                        };
+                        client.query_typed(&call, params).await.unwrap().remove(0)
+                    } else {
+                        let mut rows = Vec::new();
+                        if form == "fast" {
+                            rows = client.query_typed(fast, params).await.unwrap();
+                        }
+                        if rows.is_empty() {
+                            rows = client.query_typed(full, params).await.unwrap();
+                        }
+                        rows.remove(0)
+                    };
+                    let answer = format!(
+                        "{} token {:?} owner {:?} ttl {:?}",
+                        answer.get::<_, String>("status"),
+                        answer.get::<_, Option<i64>>("token"),
+                        answer.get::<_, Option<String>>("owner"),
+                        answer.get::<_, Option<i64>>("ttl_ms"),
+                    );
+                    let row = client
+                        .query(
+                            &format!(
+                                "SELECT format('%s %s %s %s renewed_now=%s live=%s released=%s', \
+                                   owner, token, last_event, ttl_ms, renewed_at > now() - interval '30 seconds', \
+                                   expires_at > now(), expires_at IS NULL) \
+                                 FROM {s}.leases WHERE resource = $1"
+                            ),
+                            &[&resource],
+                        )
+                        .await
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.get::<_, String>(0))
+                        .collect::<Vec<_>>();
+                    let events: Vec<String> = client
+                        .query(
+                            &format!(
+                                "SELECT format('%s %s %s %s expires=%s detail=%s', kind, owner, token, ttl_ms, expires_at IS NOT NULL, detail) \
+                                 FROM {s}.events WHERE resource = $1 ORDER BY id"
+                            ),
+                            &[&resource],
+                        )
+                        .await
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    seen.push((answer, row, events));
+                }
+                assert_eq!(
+                    seen[1], seen[2],
+                    "{op} {case}: the full statement (left) and the fast one then the full (right) disagree"
+                );
+                assert_eq!(
+                    seen[0], seen[1],
+                    "{op} {case}: the PL/pgSQL function (left) and the full statement (right) disagree"
+                );
+            }
         }
     });
 }
