@@ -112,17 +112,39 @@ trap 'if [[ -n $etcd_pid ]]; then kill "$etcd_pid" 2>/dev/null; fi; for pid in "
 
 if command -v etcd >/dev/null && command -v etcdctl >/dev/null; then
     # A throwaway single-member etcd on loopback, without authentication, like the cluster.
+    # Its two ports come from the kernel (both bound at once, so they differ) rather than at
+    # random: a port another server of the test suite holds made etcd exit at once, and the
+    # health checks below then waited out their default timeouts for minutes. Each check is
+    # bounded; a member that exits is started again on new ports, three times at most.
     etcd_dir=$(mktemp -d)
-    etcd_client=$((20000 + RANDOM % 20000))
-    etcd_peer=$((etcd_client + 1))
-    etcd --name bench --data-dir "$etcd_dir/data" \
-        --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
-        --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
-        --initial-cluster "bench=http://127.0.0.1:$etcd_peer" >"$etcd_dir/log" 2>&1 &
-    etcd_pid=$!
-    etcdctl=(env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$etcd_client")
-    for _ in $(seq 1 100); do "${etcdctl[@]}" endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
-    echo "# etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client, no authentication, its default fsync per commit"
+    etcd_up=""
+    for _ in 1 2 3; do
+        read -r etcd_client etcd_peer < <(python3 -c 'import socket; s = [socket.socket() for _ in range(2)]; [x.bind(("127.0.0.1", 0)) for x in s]; print(*(x.getsockname()[1] for x in s))')
+        rm -rf "$etcd_dir/data"
+        etcd --name bench --data-dir "$etcd_dir/data" \
+            --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+            --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+            --initial-cluster "bench=http://127.0.0.1:$etcd_peer" >"$etcd_dir/log" 2>&1 &
+        etcd_pid=$!
+        etcdctl=(env ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$etcd_client")
+        etcd_deadline=$((SECONDS + 30))
+        while ((SECONDS < etcd_deadline)); do
+            kill -0 "$etcd_pid" 2>/dev/null || break
+            "${etcdctl[@]}" --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1 && { etcd_up=1; break; }
+            sleep 0.1
+        done
+        [[ -n $etcd_up ]] && break
+        kill "$etcd_pid" 2>/dev/null || true
+        wait "$etcd_pid" 2>/dev/null || true
+        echo "compare.sh: etcd did not start on 127.0.0.1:$etcd_client; its log ends:" >&2
+        tail -n 5 "$etcd_dir/log" >&2
+    done
+    if [[ -n $etcd_up ]]; then
+        echo "# etcd $(etcd --version | awk '/etcd Version/ {print $3}') on 127.0.0.1:$etcd_client, no authentication, its default fsync per commit"
+    else
+        etcd_pid=""
+        echo "# (etcd did not start, three times: the etcdctl comparison is skipped; its log is above, on stderr)"
+    fi
 else
     echo "# (etcd not installed here: the etcdctl comparison is skipped; apt-get install etcd-server etcd-client)"
 fi

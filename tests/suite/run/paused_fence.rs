@@ -128,12 +128,30 @@ per_backend!(
 /// within 10s" (a lease it holds reported as a failure, as a waiter's poll once was in CI). On
 /// resume the request's timer and the socket are ready at once, and the timer's task runs
 /// first; the answer gets a last look. The acquire is held at a proxy until fence is stopped,
-/// so the answer can only come while fence cannot read it.
+/// so the answer can only come while fence cannot read it. The resource has a lease row
+/// (acquired and released before), so that the statement held is the one that grants: fence
+/// sends the short `ACQUIRE_FAST` first, which grants only on an existing row.
 #[test]
 fn postgres_an_answer_that_came_while_fence_was_paused_is_read() {
     use common::proxy::{Mode, Proxy};
     let store = Store::postgres();
     store.fence().args(["init", "-q"]).run().expect(0);
+    let before = store
+        .fence()
+        .args(["acquire", "job", "--owner", "before", "--format", "env"])
+        .run()
+        .expect(0);
+    let token = before
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("export FENCE_TOKEN="))
+        .expect("a token")
+        .to_owned();
+    store
+        .fence()
+        .args(["release", "job", "--owner", "before", "--token", &token])
+        .run()
+        .expect(0);
     let gate = Proxy::start(
         common::pg_upstream(),
         Mode::HoldWhenClientSends(b"'acquired'".to_vec()),
