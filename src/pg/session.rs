@@ -318,12 +318,16 @@ impl Session {
             return Ok(None);
         };
         let found: Option<String> = row.get(0);
-        match found.as_deref().map(|v| (v, v.parse::<i32>())) {
+        // Only the number as fence writes it: the statements' own check compares the text
+        // (`'05'` is not `'5'`), so a version read otherwise would be "current" here and
+        // refused there, the statement resent to fail again.
+        let canonical = |v: &str| v.parse::<i32>().ok().filter(|n| n.to_string() == v);
+        match found.as_deref().map(|v| (v, canonical(v))) {
             None => Ok(None),
-            Some((_, Ok(version))) => Ok(Some(version)),
-            // Not a version this fence can compare ('6.1', '6 '): a newer fence's, or a hand's.
-            // Never migrated over, never used.
-            Some((found, Err(_))) => Err(Error::usage(
+            Some((_, Some(version))) => Ok(Some(version)),
+            // Not a version this fence can compare ('6.1', '6 ', '05'): a newer fence's, or a
+            // hand's. Never migrated over, never used.
+            Some((found, None)) => Err(Error::usage(
                 format!(
                     "PostgreSQL at `{}`: schema `{}` is at version `{found}`, which this fence cannot read (it knows up to {})",
                     self.display, self.schema, self.spec.version
@@ -462,8 +466,17 @@ mod tests {
     /// version are exactly the coordinator's one-shot statements, which carry the check.
     #[test]
     fn the_one_shot_statements_carry_the_version_check() {
-        use crate::coordinator::pg_one_shot::{ACQUIRE, RELEASE, RENEW};
-        for sql in [ACQUIRE, RENEW, RELEASE] {
+        use crate::coordinator::pg_one_shot::{
+            ACQUIRE, ACQUIRE_FAST, RELEASE, RELEASE_FAST, RENEW, RENEW_FAST,
+        };
+        for sql in [
+            ACQUIRE,
+            ACQUIRE_FAST,
+            RENEW,
+            RENEW_FAST,
+            RELEASE,
+            RELEASE_FAST,
+        ] {
             assert!(checks_version(sql), "{sql}");
         }
         assert!(!checks_version(
