@@ -63,6 +63,40 @@ macro_rules! schema_is_current {
     };
 }
 
+/// The owner's live lease renewed, and its event: how [`RENEW_FAST`] and [`RENEW`] begin,
+/// written once so that the two cannot differ in what they change.
+macro_rules! renewed {
+    () => {
+        "WITH renewed AS (
+    UPDATE __SCHEMA__.leases AS l
+    SET (renewed_at, expires_at, ttl_ms, last_event) = (
+        SELECT c.now, c.now + coalesce($4, l.ttl_ms) * interval '1 millisecond',
+               coalesce($4, l.ttl_ms), 'renewed'
+        FROM (SELECT clock_timestamp() AS now) c)
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2
+      AND l.expires_at > clock_timestamp()
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
+    SELECT r.resource, r.renewed_at, 'renewed', r.owner, r.token, r.ttl_ms, r.expires_at
+    FROM renewed r)"
+    };
+}
+
+/// The owner's lease released (live, or expired and not taken), and its event: how
+/// [`RELEASE_FAST`] and [`RELEASE`] begin.
+macro_rules! released {
+    () => {
+        "WITH released AS (
+    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
+    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
+    RETURNING l.*),
+logged AS (
+    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
+    SELECT r.resource, 'released', r.owner, r.token FROM released r)"
+    };
+}
+
 /// `$1` resource, `$2` owner, `$3` TTL in ms, `$4` the token a new grant must also be above
 /// (`acquire --above`; NULL: none). Answers `acquired`, `taken_over`, `reacquired` (the
 /// owner's live lease, same token), `busy` (with the holder), `held_not_above` (the owner's
@@ -190,21 +224,9 @@ FROM answer a"
 /// and answer (`renewed`); **no row** otherwise, and nothing written: then fence sends
 /// [`RENEW`], which says why (see [`ACQUIRE_FAST`] for what this saves). Same parameters.
 pub const RENEW_FAST: &str = concat!(
-    "\
--- fence: renew
-WITH renewed AS (
-    UPDATE __SCHEMA__.leases AS l
-    SET (renewed_at, expires_at, ttl_ms, last_event) = (
-        SELECT c.now, c.now + coalesce($4, l.ttl_ms) * interval '1 millisecond',
-               coalesce($4, l.ttl_ms), 'renewed'
-        FROM (SELECT clock_timestamp() AS now) c)
-    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2
-      AND l.expires_at > clock_timestamp()
-    RETURNING l.*),
-logged AS (
-    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
-    SELECT r.resource, r.renewed_at, 'renewed', r.owner, r.token, r.ttl_ms, r.expires_at
-    FROM renewed r)
+    "-- fence: renew\n",
+    renewed!(),
+    "
 SELECT 'renewed' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
        r.ttl_ms, clock_timestamp() AS now,
        set_config('synchronous_commit', 'on', true) AS synchronous_commit,
@@ -220,21 +242,9 @@ FROM renewed r"
 /// lease of this owner and token that was live at the snapshot but not renewed changed since:
 /// `retry`.
 pub const RENEW: &str = concat!(
-    "\
--- fence: renew
-WITH renewed AS (
-    UPDATE __SCHEMA__.leases AS l
-    SET (renewed_at, expires_at, ttl_ms, last_event) = (
-        SELECT c.now, c.now + coalesce($4, l.ttl_ms) * interval '1 millisecond',
-               coalesce($4, l.ttl_ms), 'renewed'
-        FROM (SELECT clock_timestamp() AS now) c)
-    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2
-      AND l.expires_at > clock_timestamp()
-    RETURNING l.*),
-logged AS (
-    INSERT INTO __SCHEMA__.events (resource, at, kind, owner, token, ttl_ms, expires_at)
-    SELECT r.resource, r.renewed_at, 'renewed', r.owner, r.token, r.ttl_ms, r.expires_at
-    FROM renewed r),
+    "-- fence: renew\n",
+    renewed!(),
+    ",
 refused AS (
     SELECT l.*,
            CASE WHEN l.token > $3 THEN 'stale'
@@ -273,15 +283,9 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true"
 /// what this saves: here 0.8 ms of planning on every release, which a waiting head of the
 /// queue waits through). Same parameters.
 pub const RELEASE_FAST: &str = concat!(
-    "\
--- fence: release
-WITH released AS (
-    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
-    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
-    RETURNING l.*),
-logged AS (
-    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
-    SELECT r.resource, 'released', r.owner, r.token FROM released r)
+    "-- fence: release\n",
+    released!(),
+    "
 SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
        r.ttl_ms, clock_timestamp() AS now,
        pg_notify('fence___SCHEMA__', 'r:' || r.resource) IS NULL AS woken,
@@ -299,15 +303,9 @@ FROM released r"
 /// to hours) ran out. A release notifies the resource's channel (payload `r:<resource>`; see
 /// `wait_poll` in `schema.sql`), sent at commit, to wake the head of its queue.
 pub const RELEASE: &str = concat!(
-    "\
--- fence: release
-WITH released AS (
-    UPDATE __SCHEMA__.leases AS l SET expires_at = NULL, last_event = 'released'
-    WHERE l.resource = $1 AND l.token = $3 AND l.owner = $2 AND l.expires_at IS NOT NULL
-    RETURNING l.*),
-logged AS (
-    INSERT INTO __SCHEMA__.events (resource, kind, owner, token)
-    SELECT r.resource, 'released', r.owner, r.token FROM released r),
+    "-- fence: release\n",
+    released!(),
+    ",
 refused AS (
     SELECT l.*,
            CASE WHEN l.token > $3 THEN 'stale'

@@ -1172,6 +1172,108 @@ fn postgres_admin_answers_keep_their_keys_in_order() {
     common::pg_exec(&common::pg_superuser(), &format!("DROP ROLE {role}"));
 }
 
+/// The lease row before a case of the tests that compare the forms of a lease statement:
+/// owner, token, and `expires_at` relative to now (None: released); None: no row.
+type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
+
+/// Writes the row `before` for `resource` (acquired a minute ago, TTL 60 s), or nothing.
+async fn insert_before(
+    client: &tokio_postgres::Client,
+    s: &str,
+    resource: &str,
+    before: Before<'_>,
+) {
+    let Some((owner, token, expires)) = before else {
+        return;
+    };
+    let expires = expires
+        .map(|e| format!("now() + interval '{e}'"))
+        .unwrap_or_else(|| "NULL".to_owned());
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event) \
+             VALUES ('{resource}', '{owner}', {token}, now() - interval '1 minute', now() - interval '1 minute', {expires}, 60000, 'acquired')"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The answer of `full`, or of `fast` first when given, as fence sends them
+/// (`PgCoordinator::one_shot_fast`): the full statement when the fast one answered no row.
+async fn fast_then_full(
+    client: &tokio_postgres::Client,
+    fast: Option<Statement<'_>>,
+    full: Statement<'_>,
+) -> tokio_postgres::Row {
+    if let Some((sql, params)) = fast {
+        if let Some(row) = client
+            .query_typed(sql, params)
+            .await
+            .unwrap()
+            .into_iter()
+            .next()
+        {
+            return row;
+        }
+    }
+    client.query_typed(full.0, full.1).await.unwrap().remove(0)
+}
+
+/// A statement's text and its typed parameters, as `query_typed` takes them.
+type Statement<'a> = (
+    &'a str,
+    &'a [(
+        &'a (dyn tokio_postgres::types::ToSql + Sync),
+        tokio_postgres::types::Type,
+    )],
+);
+
+/// What the forms must agree on after a case: the answer, the lease row (its times relative
+/// to the case's start) and the resource's events, each as text.
+async fn answer_row_events(
+    client: &tokio_postgres::Client,
+    s: &str,
+    resource: &str,
+    answer: &tokio_postgres::Row,
+) -> (String, Vec<String>, Vec<String>) {
+    let answer = format!(
+        "{} token {:?} owner {:?} ttl {:?}",
+        answer.get::<_, String>("status"),
+        answer.get::<_, Option<i64>>("token"),
+        answer.get::<_, Option<String>>("owner"),
+        answer.get::<_, Option<i64>>("ttl_ms"),
+    );
+    let texts =
+        |rows: Vec<tokio_postgres::Row>| -> Vec<String> { rows.iter().map(|r| r.get(0)).collect() };
+    let row = client
+        .query(
+            &format!(
+                "SELECT format('%s %s %s %s acquired_kept=%s renewed_now=%s previous_expiry=%s live=%s released=%s', \
+                   owner, token, last_event, ttl_ms, acquired_at < now() - interval '30 seconds', \
+                   renewed_at > now() - interval '30 seconds', \
+                   CASE WHEN previous_expires_at IS NULL THEN 'none' \
+                        WHEN previous_expires_at > now() THEN 'future' ELSE 'past' END, \
+                   expires_at > now(), expires_at IS NULL) \
+                 FROM {s}.leases WHERE resource = $1"
+            ),
+            &[&resource],
+        )
+        .await
+        .unwrap();
+    let events = client
+        .query(
+            &format!(
+                "SELECT format('%s %s %s %s previous=%s expires=%s detail=%s', kind, owner, token, ttl_ms, \
+                   previous_expires_at IS NOT NULL, expires_at IS NOT NULL, detail) \
+                 FROM {s}.events WHERE resource = $1 ORDER BY id"
+            ),
+            &[&resource],
+        )
+        .await
+        .unwrap();
+    (answer, texts(row), texts(events))
+}
+
 /// Issue 34, 1: the token rule (I1) is written three times, as the PL/pgSQL `acquire()` the
 /// waiters call, as the one-shot `ACQUIRE` statement, and as `ACQUIRE_FAST`, its common case,
 /// which a plain `fence acquire` sends first (falling back to `ACQUIRE` when it answers no
@@ -1184,8 +1286,6 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
     let store = Store::postgres();
     let s = store.schema.clone().unwrap();
     store.fence().args(["init", "-q"]).run().expect(0);
-    // The lease row before a case: owner, token, expires_at relative to now (None: released).
-    type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
     // (case, the row before; None: no row)
     let cases: [(&str, Before); 6] = [
         ("new", None),
@@ -1214,18 +1314,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
             let mut seen = Vec::new();
             for form in ["function", "statement", "fast"] {
                 let resource = format!("{case}-{form}");
-                if let Some((owner, token, expires)) = before {
-                    let expires = expires
-                        .map(|e| format!("now() + interval '{e}'"))
-                        .unwrap_or_else(|| "NULL".to_owned());
-                    client
-                        .batch_execute(&format!(
-                            "INSERT INTO {s}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event) \
-                             VALUES ('{resource}', '{owner}', {token}, now() - interval '1 minute', now() - interval '1 minute', {expires}, 60000, 'acquired')"
-                        ))
-                        .await
-                        .unwrap();
-                }
+                insert_before(&client, &s, &resource, before).await;
                 let answer = if form == "function" {
                     client
                         .query_one(
@@ -1246,51 +1335,10 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                         (&ttl, Type::INT8),
                         (&None::<i64>, Type::INT8),
                     ];
-                    let mut rows = Vec::new();
-                    if form == "fast" {
-                        rows = client.query_typed(&fast, &params[..3]).await.unwrap();
-                    }
-                    if rows.is_empty() {
-                        rows = client.query_typed(&statement, params).await.unwrap();
-                    }
-                    rows.remove(0)
+                    let fast = (form == "fast").then_some((fast.as_str(), &params[..3]));
+                    fast_then_full(&client, fast, (&statement, params)).await
                 };
-                let answer = format!(
-                    "{} token {:?} owner {:?} ttl {:?}",
-                    answer.get::<_, String>("status"),
-                    answer.get::<_, Option<i64>>("token"),
-                    answer.get::<_, Option<String>>("owner"),
-                    answer.get::<_, Option<i64>>("ttl_ms"),
-                );
-                let row = client
-                    .query_one(
-                        &format!(
-                            "SELECT format('%s %s %s %s acquired_kept=%s previous_expiry=%s live=%s', \
-                               owner, token, last_event, ttl_ms, acquired_at < now() - interval '30 seconds', \
-                               CASE WHEN previous_expires_at IS NULL THEN 'none' \
-                                    WHEN previous_expires_at > now() THEN 'future' ELSE 'past' END, \
-                               expires_at > now()) \
-                             FROM {s}.leases WHERE resource = $1"
-                        ),
-                        &[&resource],
-                    )
-                    .await
-                    .unwrap()
-                    .get::<_, String>(0);
-                let events: Vec<String> = client
-                    .query(
-                        &format!(
-                            "SELECT format('%s %s %s %s previous=%s detail=%s', kind, owner, token, ttl_ms, previous_expires_at IS NOT NULL, detail) \
-                             FROM {s}.events WHERE resource = $1 ORDER BY id"
-                        ),
-                        &[&resource],
-                    )
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                seen.push((answer, row, events));
+                seen.push(answer_row_events(&client, &s, &resource, &answer).await);
             }
             assert_eq!(
                 seen[0], seen[1],
@@ -1325,9 +1373,7 @@ fn postgres_the_forms_of_renew_and_release_agree_on_every_branch() {
     use fence::coordinator::pg_one_shot::{RELEASE, RELEASE_FAST, RENEW, RENEW_FAST};
     let (renew, renew_fast) = (filled(RENEW), filled(RENEW_FAST));
     let (release, release_fast) = (filled(RELEASE), filled(RELEASE_FAST));
-    // (case, the row before: owner, token, expires_at relative to now or None: released).
-    // The call always names owner `me` and token 7.
-    type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
+    // (case, the row before; None: no row). The call always names owner `me` and token 7.
     let cases: [(&str, Before); 7] = [
         ("no_lease", None),
         ("mine_live", Some(("me", 7, Some("1 hour")))),
@@ -1350,18 +1396,7 @@ fn postgres_the_forms_of_renew_and_release_agree_on_every_branch() {
                 let mut seen = Vec::new();
                 for form in ["function", "statement", "fast"] {
                     let resource = format!("{op}-{case}-{form}");
-                    if let Some((owner, token, expires)) = before {
-                        let expires = expires
-                            .map(|e| format!("now() + interval '{e}'"))
-                            .unwrap_or_else(|| "NULL".to_owned());
-                        client
-                            .batch_execute(&format!(
-                                "INSERT INTO {s}.leases (resource, owner, token, acquired_at, renewed_at, expires_at, ttl_ms, last_event) \
-                                 VALUES ('{resource}', '{owner}', {token}, now() - interval '1 minute', now() - interval '1 minute', {expires}, 60000, 'acquired')"
-                            ))
-                            .await
-                            .unwrap();
-                    }
+                    insert_before(&client, &s, &resource, before).await;
                     let renew_params: &[(&(dyn ToSql + Sync), Type)] = &[
                         (&resource, Type::TEXT),
                         (&"me", Type::TEXT),
@@ -1383,51 +1418,10 @@ fn postgres_the_forms_of_renew_and_release_agree_on_every_branch() {
                         };
                         client.query_typed(&call, params).await.unwrap().remove(0)
                     } else {
-                        let mut rows = Vec::new();
-                        if form == "fast" {
-                            rows = client.query_typed(fast, params).await.unwrap();
-                        }
-                        if rows.is_empty() {
-                            rows = client.query_typed(full, params).await.unwrap();
-                        }
-                        rows.remove(0)
+                        let fast = (form == "fast").then_some((fast.as_str(), params));
+                        fast_then_full(&client, fast, (full, params)).await
                     };
-                    let answer = format!(
-                        "{} token {:?} owner {:?} ttl {:?}",
-                        answer.get::<_, String>("status"),
-                        answer.get::<_, Option<i64>>("token"),
-                        answer.get::<_, Option<String>>("owner"),
-                        answer.get::<_, Option<i64>>("ttl_ms"),
-                    );
-                    let row = client
-                        .query(
-                            &format!(
-                                "SELECT format('%s %s %s %s renewed_now=%s live=%s released=%s', \
-                                   owner, token, last_event, ttl_ms, renewed_at > now() - interval '30 seconds', \
-                                   expires_at > now(), expires_at IS NULL) \
-                                 FROM {s}.leases WHERE resource = $1"
-                            ),
-                            &[&resource],
-                        )
-                        .await
-                        .unwrap()
-                        .iter()
-                        .map(|r| r.get::<_, String>(0))
-                        .collect::<Vec<_>>();
-                    let events: Vec<String> = client
-                        .query(
-                            &format!(
-                                "SELECT format('%s %s %s %s expires=%s detail=%s', kind, owner, token, ttl_ms, expires_at IS NOT NULL, detail) \
-                                 FROM {s}.events WHERE resource = $1 ORDER BY id"
-                            ),
-                            &[&resource],
-                        )
-                        .await
-                        .unwrap()
-                        .iter()
-                        .map(|r| r.get(0))
-                        .collect();
-                    seen.push((answer, row, events));
+                    seen.push(answer_row_events(&client, &s, &resource, &answer).await);
                 }
                 assert_eq!(
                     seen[1], seen[2],
