@@ -152,7 +152,7 @@ fi
 # fence's acquire statements on a fresh connection (pgbench -C, a new connection per
 # script), from their source, as fence sends them (src/coordinator/postgres/mod.rs,
 # `one_shot_fast`): ACQUIRE_FAST first, which answers a resource that has a lease row (busy,
-# or granted), then ACQUIRE when it answered no row (a new resource). Parameters become
+# or granted), then ACQUIRE_NEW when it answered no row (a new resource). Parameters become
 # literals (a new resource per grant), the schema `fence`.
 python3 - "$out" <<'PY'
 import re, sys
@@ -163,9 +163,9 @@ def statement(name):
     sql = re.search(r'pub const ' + name + r': &str = concat!\(\s*"\\\n(.*?)",\s*schema_is_current!\(\),\s*"(.*?)"\s*\);', src, re.S)
     sql = sql.group(1) + macro + sql.group(2)
     return sql.replace("__SCHEMA__", "fence").replace("__VERSION__", version).replace("$3", "30000::int8").replace("$4", "NULL::int8")
-full, fast = statement("ACQUIRE"), statement("ACQUIRE_FAST")
+fast, create = statement("ACQUIRE_FAST"), statement("ACQUIRE_NEW")
 new = lambda sql: sql.replace("$1", "('cold-' || :n)").replace("$2", "'o'")
-grant = new(fast) + ";\n" + new(full)
+grant = new(fast) + ";\n" + new(create)
 regrant = fast.replace("$1", "'cold-mine'").replace("$2", "'o'")
 busy = fast.replace("$1", "'cold-held'").replace("$2", "'other'")
 open(f"{sys.argv[1]}/grant.sql", "w").write("\\set n random(1, 1000000000)\n" + grant + ";\n")
@@ -462,7 +462,7 @@ names = {
     "busy": "fence's acquire statement, refused (busy)",
     "write1": "a one-row `UPDATE` (a trivial durable write)",
     "regrant": "fence's acquire statement, granting a resource it knows (a reacquire)",
-    "grant": "fence's acquire statements, granting a new resource (the short one, then the full one)",
+    "grant": "fence's acquire statements, granting a new resource (the short one, then the one that creates it)",
     "plpgsql": "the PL/pgSQL `acquire()` (version 4's one-shot path), granting",
 }
 print("| statement | connection + statement | statement alone (median, `pgbench -l`) |")

@@ -52,7 +52,7 @@ pub use queue::HELD_MAX;
 use queue::{Queue, FOREVER};
 
 use crate::coordinator::pg_one_shot::{
-    ACQUIRE, ACQUIRE_FAST, RELEASE, RELEASE_FAST, RENEW, RENEW_FAST,
+    ACQUIRE, ACQUIRE_FAST, ACQUIRE_NEW, RELEASE, RELEASE_FAST, RENEW, RENEW_FAST,
 };
 use crate::coordinator::Refusal;
 use crate::coordinator::{
@@ -166,19 +166,23 @@ impl PgCoordinator {
         }
     }
 
-    /// Sends `fast`, a statement for the common case of `full` (`pg_one_shot::ACQUIRE_FAST`
-    /// and its kin), until it answers something else than `retry`; when it answers no row (a
-    /// case it does not handle, nothing written), sends `full` with `full_params`.
+    /// Sends `fast`, a statement for the common case (`pg_one_shot::ACQUIRE_FAST` and its
+    /// kin), until it answers something else than `retry`; when it answers no row (a case it
+    /// does not handle, nothing written), sends `other`, and when that answers no row too
+    /// (`ACQUIRE_NEW`: another acquirer created the row first), starts again.
     async fn one_shot_fast(
         &self,
         what: &str,
         fast: (&str, &[(&(dyn ToSql + Sync), Type)]),
-        full: (&str, &[(&(dyn ToSql + Sync), Type)]),
+        other: (&str, &[(&(dyn ToSql + Sync), Type)]),
     ) -> Result<Answer, Error> {
         loop {
-            let rows = self.call(what, true, fast.0, fast.1).await?;
+            let mut rows = self.call(what, true, fast.0, fast.1).await?;
             if rows.is_empty() {
-                return self.one_shot(what, full.0, full.1).await;
+                rows = self.call(what, true, other.0, other.1).await?;
+                if rows.is_empty() {
+                    continue;
+                }
             }
             let answer = Answer::from_statement(&rows)?;
             if answer.status != "retry" {
@@ -349,7 +353,8 @@ impl Leases for PgCoordinator {
             if above.is_some() {
                 self.one_shot(&what, ACQUIRE, full).await?
             } else {
-                self.one_shot_fast(&what, (ACQUIRE_FAST, &full[..3]), (ACQUIRE, full))
+                let short = &full[..3];
+                self.one_shot_fast(&what, (ACQUIRE_FAST, short), (ACQUIRE_NEW, short))
                     .await?
             }
         };

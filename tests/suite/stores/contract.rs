@@ -1199,7 +1199,8 @@ async fn insert_before(
 }
 
 /// The answer of `full`, or of `fast` first when given, as fence sends them
-/// (`PgCoordinator::one_shot_fast`): the full statement when the fast one answered no row.
+/// (`PgCoordinator::one_shot_fast`): `full` (the full statement, or `ACQUIRE_NEW` after
+/// `ACQUIRE_FAST`) when the fast one answered no row.
 async fn fast_then_full(
     client: &tokio_postgres::Client,
     fast: Option<Statement<'_>>,
@@ -1275,9 +1276,9 @@ async fn answer_row_events(
 }
 
 /// Issue 34, 1: the token rule (I1) is written three times, as the PL/pgSQL `acquire()` the
-/// waiters call, as the one-shot `ACQUIRE` statement, and as `ACQUIRE_FAST`, its common case,
-/// which a plain `fence acquire` sends first (falling back to `ACQUIRE` when it answers no
-/// row, as `PgCoordinator::one_shot_fast` does). From the same state, on every branch (a new
+/// waiters call, as the one-shot `ACQUIRE` statement (sent for `--above`), and as
+/// `ACQUIRE_FAST` with `ACQUIRE_NEW`, which a plain `fence acquire` sends (`ACQUIRE_NEW`, a new
+/// resource, when `ACQUIRE_FAST` answers no row, as `PgCoordinator::one_shot_fast` does). From the same state, on every branch (a new
 /// resource, the owner's live lease, another owner's live lease, another owner's expired
 /// lease, the owner's expired lease, a released lease), all must give the same answer, leave
 /// the same lease row and write the same event (or none).
@@ -1303,6 +1304,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
     };
     let statement = filled(fence::coordinator::pg_one_shot::ACQUIRE);
     let fast = filled(fence::coordinator::pg_one_shot::ACQUIRE_FAST);
+    let new = filled(fence::coordinator::pg_one_shot::ACQUIRE_NEW);
     let url = store.url.clone();
     common::block_on(async move {
         let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -1335,8 +1337,12 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
                         (&ttl, Type::INT8),
                         (&None::<i64>, Type::INT8),
                     ];
-                    let fast = (form == "fast").then_some((fast.as_str(), &params[..3]));
-                    fast_then_full(&client, fast, (&statement, params)).await
+                    if form == "fast" {
+                        let short = &params[..3];
+                        fast_then_full(&client, Some((&fast, short)), (&new, short)).await
+                    } else {
+                        fast_then_full(&client, None, (&statement, params)).await
+                    }
                 };
                 seen.push(answer_row_events(&client, &s, &resource, &answer).await);
             }
@@ -1346,7 +1352,7 @@ fn postgres_the_two_forms_of_the_token_rule_agree_on_every_branch() {
             );
             assert_eq!(
                 seen[1], seen[2],
-                "{case}: ACQUIRE (left) and ACQUIRE_FAST then ACQUIRE (right) disagree"
+                "{case}: ACQUIRE (left) and ACQUIRE_FAST then ACQUIRE_NEW (right) disagree"
             );
         }
     });
