@@ -159,9 +159,10 @@ import re, sys
 src = open("src/coordinator/pg_one_shot.rs").read()
 macro = re.search(r'macro_rules! schema_is_current \{\s*\(\) => \{\s*"((?:[^"\\]|\\.)*)"', src, re.S).group(1)
 version = re.search(r"COORDINATOR_SCHEMA: SchemaSpec = SchemaSpec \{.*?version: (\d+),", open("src/coordinator/postgres/mod.rs").read(), re.S).group(1)
+answered = re.search(r'macro_rules! answered \{\s*\(\) => \{\s*concat!\(\s*"((?:[^"\\]|\\.)*)"', src, re.S).group(1) + macro
 def statement(name):
-    sql = re.search(r'pub const ' + name + r': &str = concat!\(\s*"\\\n(.*?)",\s*schema_is_current!\(\),\s*"(.*?)"\s*\);', src, re.S)
-    sql = sql.group(1) + macro + sql.group(2)
+    sql = re.search(r'pub const ' + name + r': &str = concat!\(\s*"\\\n(.*?)",\s*answered!\(\),\s*"(.*?)"\s*\);', src, re.S)
+    sql = sql.group(1) + answered + sql.group(2)
     return sql.replace("__SCHEMA__", "fence").replace("__VERSION__", version).replace("$3", "30000::int8").replace("$4", "NULL::int8")
 fast, create = statement("ACQUIRE_FAST"), statement("ACQUIRE_NEW")
 new = lambda sql: sql.replace("$1", "('cold-' || :n)").replace("$2", "'o'")

@@ -265,25 +265,25 @@ pub fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 /// A panic's text with the `Os { code: 24, kind: …, message: "Too many open files" }` it
-/// debug-printed written as people read errors: `Too many open files (os error 24)`.
+/// debug-printed written as people read errors, by the error's own `Display`: `Too many open
+/// files (os error 24)`.
 fn plain_os_error(text: &str) -> String {
-    let Some(at) = text.find("Os { code: ") else {
+    const OS: &str = "Os { code: ";
+    let Some(at) = text.find(OS) else {
         return text.to_owned();
     };
     let rest = &text[at..];
-    let (Some(end), Some(code)) = (
-        rest.find(" }"),
-        rest["Os { code: ".len()..].split(',').next(),
-    ) else {
+    let code = rest[OS.len()..]
+        .split(',')
+        .next()
+        .and_then(|c| c.parse().ok());
+    let (Some(code), Some(end)) = (code, rest.find(" }")) else {
         return text.to_owned();
     };
-    let message = rest[..end]
-        .split_once("message: \"")
-        .and_then(|(_, m)| m.strip_suffix('"'))
-        .unwrap_or("error");
     format!(
-        "{}{message} (os error {code}){}",
+        "{}{}{}",
         &text[..at],
+        std::io::Error::from_raw_os_error(code),
         &rest[end + " }".len()..]
     )
 }

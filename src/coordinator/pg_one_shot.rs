@@ -63,6 +63,21 @@ macro_rules! schema_is_current {
     };
 }
 
+/// What every one-shot statement answers besides its row, and makes true of its transaction:
+/// the server's clock (`now`), `synchronous_commit` on for this transaction (a grant or a
+/// change is reported only once it is durable, whatever the server's default), and the
+/// schema at this fence's version. Written once, so that no statement can leave one out.
+macro_rules! answered {
+    () => {
+        concat!(
+            "clock_timestamp() AS now,
+       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       ",
+            schema_is_current!()
+        )
+    };
+}
+
 /// The other case of [`ACQUIRE_FAST`]: a resource without a lease row, created with token 1
 /// and its `acquired` event, as [`ACQUIRE`] creates it. `$1` resource, `$2` owner, `$3` TTL in
 /// ms. Answers `acquired`, or **no row** when another acquirer created the row first (nothing
@@ -85,10 +100,8 @@ logged AS (
     SELECT g.resource, g.renewed_at, g.last_event, g.owner, g.token, g.ttl_ms, g.expires_at
     FROM created g)
 SELECT g.last_event AS status, g.token, g.owner, g.acquired_at, g.renewed_at, g.expires_at,
-       g.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
-       ",
-    schema_is_current!(),
+       g.ttl_ms, ",
+    answered!(),
     "
 FROM created g"
 );
@@ -190,10 +203,8 @@ answer AS (
            s.token, s.owner, s.acquired_at, s.renewed_at, s.expires_at, s.ttl_ms
     FROM seen s WHERE NOT EXISTS (SELECT FROM granted))
 SELECT coalesce(a.status, 'retry') AS status, a.token, a.owner, a.acquired_at, a.renewed_at,
-       a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
-       ",
-    schema_is_current!(),
+       a.expires_at, a.ttl_ms, ",
+    answered!(),
     "
 FROM (SELECT) AS one LEFT JOIN answer a ON true"
 );
@@ -243,10 +254,8 @@ answer AS (
            s.token, s.owner, s.acquired_at, s.renewed_at, s.expires_at, s.ttl_ms
     FROM __SCHEMA__.leases AS s WHERE s.resource = $1 AND NOT EXISTS (SELECT FROM taken))
 SELECT a.status, a.token, a.owner, a.acquired_at, a.renewed_at, a.expires_at, a.ttl_ms,
-       clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
        ",
-    schema_is_current!(),
+    answered!(),
     "
 FROM answer a"
 );
@@ -259,10 +268,8 @@ pub const RENEW_FAST: &str = concat!(
     renewed!(),
     "
 SELECT 'renewed' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
-       r.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
-       ",
-    schema_is_current!(),
+       r.ttl_ms, ",
+    answered!(),
     "
 FROM renewed r"
 );
@@ -300,10 +307,8 @@ answer AS (
     SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
     FROM refused f)
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
-       a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
-       ",
-    schema_is_current!(),
+       a.renewed_at, a.expires_at, a.ttl_ms, ",
+    answered!(),
     "
 FROM (SELECT) AS one LEFT JOIN answer a ON true"
 );
@@ -318,11 +323,9 @@ pub const RELEASE_FAST: &str = concat!(
     released!(),
     "
 SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
-       r.ttl_ms, clock_timestamp() AS now,
-       pg_notify('fence___SCHEMA__', 'r:' || r.resource) IS NULL AS woken,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       r.ttl_ms, pg_notify('fence___SCHEMA__', 'r:' || r.resource) IS NULL AS woken,
        ",
-    schema_is_current!(),
+    answered!(),
     "
 FROM released r"
 );
@@ -358,11 +361,9 @@ answer AS (
     SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
     FROM refused f)
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
-       a.renewed_at, a.expires_at, a.ttl_ms, clock_timestamp() AS now,
-       (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       a.renewed_at, a.expires_at, a.ttl_ms, (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
        ",
-    schema_is_current!(),
+    answered!(),
     "
 FROM (SELECT) AS one LEFT JOIN answer a ON true"
 );

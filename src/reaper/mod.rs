@@ -16,8 +16,9 @@
 //! at a time (their dispositions reset to the defaults at the fork, so COMMAND gets the
 //! defaults), so that the reaper stays to pass on COMMAND's status (its exit code, or death by
 //! the same signal), and passed on to descendants that left the group. SIGUSR2 from `fence
-//! run` (a lost lease past `--kill-after`) SIGKILLs every descendant. If the reaper itself is SIGKILLed, COMMAND gets SIGKILL too (its own
-//! parent-death signal) and `fence run` stops what is left of the group.
+//! run` (a lost lease past `--kill-after`) SIGKILLs every descendant. If the reaper itself is
+//! SIGKILLed, COMMAND gets SIGKILL too (its own parent-death signal) and `fence run` stops
+//! what is left of the group.
 //!
 //! The reaper is also the command's subreaper: a descendant that leaves the group (`setsid`,
 //! as daemons do) is handed to it when its parent ends, so the reaper finds it in /proc by its
