@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::{pg_query, wait_for, wait_output};
-use fence::config::StoreSpec;
-use fence::coordinator::LeaseRef;
 
 /// The WAL writer's round at its maximum (it then writes out asynchronous commits only every
 /// ten seconds or when a WAL page fills), and no volume-triggered flush.
@@ -31,50 +29,50 @@ const PINNED: &str = "wal_writer_delay = 10s\nwal_writer_flush_after = 1GB\n";
 #[test]
 fn tokens_keep_rising_across_immediate_restarts_with_async_commit_default() {
     let cluster = Cluster::start_with(PINNED);
-    let spec = StoreSpec::resolve(Some(&cluster.url())).unwrap();
+    // The fence binary (a mutant's, under tests/mutants/run), one process per call as a
+    // script runs it: what is durable is what its statements make so.
+    let fence = |args: &[&str]| -> String {
+        let out = Command::new(common::fence_bin())
+            .args(["--store", &cluster.url()])
+            .args(args)
+            .env_remove("FENCE_STORE")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "fence {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let acquire = |owner: &str| -> i64 {
+        fence(&[
+            "acquire", "r", "--owner", owner, "--ttl", "30s", "--format", "env",
+        ])
+        .lines()
+        .find_map(|line| line.strip_prefix("export FENCE_TOKEN="))
+        .expect("a token")
+        .parse()
+        .unwrap()
+    };
     let mut last_reported = 0;
     for cycle in 0..5 {
-        let reported = common::block_on(async {
-            let store = fence::coordinator::open(&spec, "fence")
-                .await
-                .expect("connect");
-            let mut last = 0;
-            for i in 0..20 {
-                let owner = format!("cycle-{cycle}-{i}");
-                let grant = store
-                    .acquire("r", &owner, Duration::from_secs(30))
-                    .await
-                    .expect("acquire");
-                assert!(
-                    grant.lease.token > last_reported,
-                    "token {} after {last_reported}",
-                    grant.lease.token
-                );
-                last = grant.lease.token;
-                let lease = LeaseRef {
-                    resource: "r".into(),
-                    owner,
-                    token: last,
-                };
-                store.release(&lease).await.expect("release");
-            }
-            last
-        });
+        let mut last = 0;
+        for i in 0..20 {
+            let owner = format!("cycle-{cycle}-{i}");
+            let token = acquire(&owner);
+            assert!(token > last_reported, "token {token} after {last_reported}");
+            last = token;
+            fence(&[
+                "release",
+                "r",
+                "--owner",
+                &owner,
+                "--token",
+                &token.to_string(),
+            ]);
+        }
         // Crash right after the grants were reported.
         cluster.pg_ctl("restart");
-        last_reported = reported;
+        last_reported = last;
     }
-    let after = common::block_on(async {
-        let store = fence::coordinator::open(&spec, "fence")
-            .await
-            .expect("connect");
-        store
-            .acquire("r", "final", Duration::from_secs(30))
-            .await
-            .expect("acquire")
-            .lease
-            .token
-    });
+    let after = acquire("final");
     assert!(
         after > last_reported,
         "token {after} after {last_reported}: a granted token was lost in a crash"
@@ -83,7 +81,7 @@ fn tokens_keep_rising_across_immediate_restarts_with_async_commit_default() {
 }
 
 fn fence_run(cluster: &Cluster, ttl: &str, script: &str, dir: &Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_fence"))
+    Command::new(common::fence_bin())
         .args([
             "--store",
             &cluster.url(),
