@@ -157,13 +157,7 @@ impl PgCoordinator {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Answer, Error> {
-        loop {
-            let rows = self.call(what, true, sql, params).await?;
-            let answer = Answer::from_statement(&rows)?;
-            if answer.status != "retry" {
-                return Ok(answer);
-            }
-        }
+        self.settle(what, (sql, params), None).await
     }
 
     /// Sends `fast`, a statement for the common case (`pg_one_shot::ACQUIRE_FAST` and its
@@ -173,12 +167,25 @@ impl PgCoordinator {
     async fn one_shot_fast(
         &self,
         what: &str,
-        fast: (&str, &[(&(dyn ToSql + Sync), Type)]),
-        other: (&str, &[(&(dyn ToSql + Sync), Type)]),
+        fast: Statement<'_>,
+        other: Statement<'_>,
     ) -> Result<Answer, Error> {
-        loop {
-            let mut rows = self.call(what, true, fast.0, fast.1).await?;
-            if rows.is_empty() {
+        self.settle(what, fast, Some(other)).await
+    }
+
+    /// [`Self::one_shot`] and [`Self::one_shot_fast`]: at most [`SETTLE_ATTEMPTS`] rounds,
+    /// each of which wrote nothing, then an error rather than a loop at full speed against
+    /// the server (a trigger that drops fence's insert into `leases`, or a policy, makes every
+    /// round answer the same).
+    async fn settle(
+        &self,
+        what: &str,
+        first: Statement<'_>,
+        other: Option<Statement<'_>>,
+    ) -> Result<Answer, Error> {
+        for _ in 0..SETTLE_ATTEMPTS {
+            let mut rows = self.call(what, true, first.0, first.1).await?;
+            if let (true, Some(other)) = (rows.is_empty(), other) {
                 rows = self.call(what, true, other.0, other.1).await?;
                 if rows.is_empty() {
                     continue;
@@ -189,6 +196,15 @@ impl PgCoordinator {
                 return Ok(answer);
             }
         }
+        Err(Error::internal(
+            format!(
+                "PostgreSQL did not settle `{what}` in {SETTLE_ATTEMPTS} attempts: each found the lease row changed under it, or could not create it; nothing was written"
+            ),
+            format!(
+                "a trigger or row-level policy on {}.leases can cause this: list them (`\\d {}.leases` in psql), remove what fence did not create, then retry",
+                self.schema, self.schema
+            ),
+        ))
     }
 
     /// Records the attempt `err` refused, once per process, resource and kind; a failure is
@@ -205,6 +221,14 @@ impl PgCoordinator {
         }
     }
 }
+
+/// How many rounds a one-shot request gets before fence stops (see `PgCoordinator::settle`):
+/// a round is sent again only when another process changed or created the lease row between
+/// its snapshot and its lock, which a busy resource does a few times in a row, not hundreds.
+const SETTLE_ATTEMPTS: u32 = 1000;
+
+/// A statement's text and its typed parameters, as `query_typed` takes them.
+type Statement<'a> = (&'a str, &'a [(&'a (dyn ToSql + Sync), Type)]);
 
 /// The row every lease function and one-shot statement returns.
 struct Answer {

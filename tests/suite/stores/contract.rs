@@ -1172,6 +1172,48 @@ fn postgres_admin_answers_keep_their_keys_in_order() {
     common::pg_exec(&common::pg_superuser(), &format!("DROP ROLE {role}"));
 }
 
+/// A trigger on `leases` that drops fence's insert of a new resource's row (a hostile or
+/// careless role's): every round of the acquire then answers "not created" and writes
+/// nothing. fence gives up with an error naming the cause after a bounded number of rounds
+/// (review of issue 37: it looped at ~1,300 statements a second until killed); no row and no
+/// event exist afterwards.
+#[test]
+fn postgres_a_trigger_that_drops_the_new_lease_row_is_an_error_not_a_loop() {
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE FUNCTION {s}.swallow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+             CREATE TRIGGER swallow BEFORE INSERT ON {s}.leases FOR EACH ROW EXECUTE FUNCTION {s}.swallow()"
+        ),
+    );
+    let started = std::time::Instant::now();
+    let out = store
+        .fence()
+        .args(["acquire", "swallowed", "--owner", "x", "--ttl", "10s"])
+        .run();
+    assert_eq!(out.code, 1, "{out:?}");
+    assert!(
+        out.stderr.contains("did not settle") && out.stderr.contains(&format!("{s}.leases")),
+        "{out:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+    let rows = common::pg_query(
+        &store.url,
+        &format!(
+            "SELECT (SELECT count(*) FROM {s}.leases WHERE resource = 'swallowed') \
+                  + (SELECT count(*) FROM {s}.events WHERE resource = 'swallowed')"
+        ),
+    );
+    assert_eq!(rows[0].get::<_, i64>(0), 0);
+}
+
 /// The lease row before a case of the tests that compare the forms of a lease statement:
 /// owner, token, and `expires_at` relative to now (None: released); None: no row.
 type Before<'a> = Option<(&'a str, i64, Option<&'a str>)>;
