@@ -43,6 +43,10 @@ pub enum LostReason {
     /// is missing or older than the lease (deleted, moved aside, restored from an older copy,
     /// or taken by a power loss before it was synced; directory store).
     RecordLost,
+    /// The store's grant arrived after the lease had run out (counted from when the request
+    /// was sent), each time it was asked again (`acquire`, `run`): the store answered slower
+    /// than the TTL, waiting on a lock or a slow network.
+    ArrivedLate,
 }
 
 impl LostReason {
@@ -56,6 +60,7 @@ impl LostReason {
             LostReason::SupervisorLost => "supervisor_lost",
             LostReason::Unkillable => "unkillable",
             LostReason::RecordLost => "record_lost",
+            LostReason::ArrivedLate => "arrived_late",
         }
     }
 }
@@ -215,6 +220,7 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
             "ran out while a process of the command would not die on SIGKILL".to_owned()
         }
         LostReason::RecordLost => "is no longer recorded: its lease record is missing or older than the lease (deleted, moved aside, restored from an older copy, or lost in a power loss)".to_owned(),
+        LostReason::ArrivedLate => "had run out by the time its grant arrived".to_owned(),
     }
 }
 
@@ -230,6 +236,10 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
         ),
         LostReason::Unkillable => format!(
             "{lease} {words} (uninterruptible sleep), so its pending I/O may have landed after the lease was gone"
+        ),
+        LostReason::ArrivedLate => format!(
+            "{lease} {words}: the store took longer than the TTL to answer, {} times in a row",
+            crate::coordinator::LATE_GRANT_RETRIES + 1
         ),
         _ => format!("{lease} {words}"),
     }
@@ -424,6 +434,10 @@ impl Error {
                 reason: LostReason::Unkillable,
                 ..
             } => "check what the command's process was blocked on (a hung NFS or FUSE mount, a failing disk: `cat /proc/PID/stack` as root, `dmesg`), and whether a write of it landed after the next owner's; fence's fenced writes reject it, other writes are the command's to check".to_owned(),
+            Error::LeaseLost {
+                reason: LostReason::ArrivedLate,
+                ..
+            } => "nothing was started or written under it, and it needs no release: ask with a longer --ttl (the store took more than half of it to answer), or find what slows the store (on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`)".to_owned(),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)

@@ -39,7 +39,7 @@ pub async fn run(args: AcquireArgs, ctx: &Context, out: &Output) -> Result<Acqui
         // A recovery is asked once, never queued for (clap keeps --above from --wait).
         Some(above) => {
             coordinator
-                .grant(&args.resource, &owner, args.ttl, Some(above))
+                .grant_in_time(&args.resource, &owner, args.ttl, Some(above))
                 .await?
         }
         None => {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::config::{StoreKind, StoreSpec};
-use crate::error::Error;
+use crate::error::{Error, LostReason};
 use crate::timeline::newest;
 pub use crate::timeline::{Event, EventKind, LogQuery, Logged, Pattern, RunNote};
 pub use attempts::Attempt;
@@ -254,6 +254,9 @@ pub struct InitReport {
     pub location: String,
 }
 
+/// How many times [`Leases::grant_in_time`] acquires again a lease whose grant came late.
+pub const LATE_GRANT_RETRIES: u32 = 3;
+
 /// A coordinator's leases: granting, renewing and releasing them (I1, I3, I4).
 #[async_trait(?Send)]
 pub trait Leases {
@@ -261,9 +264,61 @@ pub trait Leases {
     async fn init(&self) -> Result<InitReport, Error>;
 
     /// Grants a lease to `owner`, reacquires it for the same live owner, or fails with
-    /// [`Error::Busy`] naming the live holder. The token is reported only once durable.
+    /// [`Error::Busy`] naming the live holder. The token is reported only once durable, and
+    /// only with at least half its TTL ahead ([`Self::grant_in_time`]).
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
-        self.grant(resource, owner, ttl, None).await
+        self.grant_in_time(resource, owner, ttl, None).await
+    }
+
+    /// [`Self::grant`], asked again while its answer came too late to be of use: when more
+    /// than half the TTL passed between sending the request that made the grant and its
+    /// answer, the lease is renewed by acquiring it again (the same owner's live lease is
+    /// reacquired: same token, its expiry counted from the new request), at most
+    /// [`LATE_GRANT_RETRIES`] times. A store answers that late when the request waited on a
+    /// lock (PostgreSQL: another transaction holding the lease row, whose grant then carries
+    /// the clock it read before the wait) or the network held the answer; without this, a
+    /// grant could be reported with exit 0 after its lease had run out. A lease that has run
+    /// out by the last answer (counted from the request's sending, as `run` counts) is
+    /// [`LostReason::ArrivedLate`]; one with less than half its TTL left is reported as it
+    /// is.
+    async fn grant_in_time(
+        &self,
+        resource: &str,
+        owner: &str,
+        ttl: Duration,
+        above: Option<i64>,
+    ) -> Result<Grant, Error> {
+        let mut asked = tokio::time::Instant::now();
+        let mut grant = self.grant(resource, owner, ttl, above).await?;
+        let mut again = 0;
+        loop {
+            let sent = grant.sent.map_or(asked, |sent| sent.max(asked));
+            grant.sent = Some(sent);
+            let took = sent.elapsed();
+            if took <= ttl / 2 {
+                return Ok(grant);
+            }
+            if again == LATE_GRANT_RETRIES {
+                if took < ttl {
+                    return Ok(grant);
+                }
+                return Err(Error::LeaseLost {
+                    resource: resource.to_owned(),
+                    owner: owner.to_owned(),
+                    token: grant.lease.token,
+                    reason: LostReason::ArrivedLate,
+                });
+            }
+            again += 1;
+            asked = tokio::time::Instant::now();
+            // No `above`: the lease's token is above it already, and a new one would be too.
+            let fresh = self.grant(resource, owner, ttl, None).await?;
+            grant = Grant {
+                // A lease new to the caller stays new when the second answer reacquires it.
+                reacquired: grant.reacquired && fresh.reacquired,
+                ..fresh
+            };
+        }
     }
 
     /// [`Self::acquire`], whose new token is also above `above` when given (`fence acquire

@@ -855,6 +855,12 @@ pub struct RowLock {
 impl RowLock {
     /// Locks `table`'s rows; returns once the lock is held.
     pub fn hold(url: &str, table: &str) -> RowLock {
+        RowLock::hold_by(url, &format!("SELECT * FROM {table} FOR UPDATE"))
+    }
+
+    /// Runs `statement` in the open transaction (an `INSERT` whose row others then wait on,
+    /// a `SELECT … FOR UPDATE`); returns once it ran.
+    pub fn hold_by(url: &str, statement: &str) -> RowLock {
         use std::io::Write;
         let name = format!(
             "fence-test-gate-{}-{}",
@@ -870,11 +876,7 @@ impl RowLock {
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("start psql");
-        writeln!(
-            psql.stdin.as_mut().unwrap(),
-            "BEGIN; SELECT * FROM {table} FOR UPDATE;"
-        )
-        .unwrap();
+        writeln!(psql.stdin.as_mut().unwrap(), "BEGIN; {statement};").unwrap();
         let sql = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = {} \
              AND state = 'idle in transaction'",
@@ -889,10 +891,20 @@ impl RowLock {
     }
 
     /// Commits the locking transaction: the waiting statements go on.
-    pub fn release(mut self) {
+    pub fn release(self) {
+        self.end("COMMIT")
+    }
+
+    /// Rolls the locking transaction back: what it wrote is gone, and the waiting statements
+    /// go on.
+    pub fn roll_back(self) {
+        self.end("ROLLBACK")
+    }
+
+    fn end(mut self, how: &str) {
         use std::io::Write;
         let mut stdin = self.psql.stdin.take().unwrap();
-        writeln!(stdin, "COMMIT;").unwrap();
+        writeln!(stdin, "{how};").unwrap();
         drop(stdin);
         let status = self.psql.wait().unwrap();
         assert!(status.success(), "the gate's psql failed: {status:?}");
