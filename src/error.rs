@@ -43,9 +43,9 @@ pub enum LostReason {
     /// is missing or older than the lease (deleted, moved aside, restored from an older copy,
     /// or taken by a power loss before it was synced; directory store).
     RecordLost,
-    /// The store's grant arrived after the lease had run out (counted from when the request
-    /// was sent), each time it was asked again (`acquire`, `run`): the store answered slower
-    /// than the TTL, waiting on a lock or a slow network.
+    /// The store's grant (or the renewal of a grant that came late) arrived after the lease
+    /// had run out, counted from when the request was sent (`acquire`, `run`): the store
+    /// answered slower than the TTL, waiting on a lock or a slow network.
     ArrivedLate,
 }
 
@@ -238,8 +238,7 @@ fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
             "{lease} {words} (uninterruptible sleep), so its pending I/O may have landed after the lease was gone"
         ),
         LostReason::ArrivedLate => format!(
-            "{lease} {words}: the store took longer than the TTL to answer, {} times in a row",
-            crate::coordinator::LATE_GRANT_RETRIES + 1
+            "{lease} {words}: the store took longer than the TTL to answer"
         ),
         _ => format!("{lease} {words}"),
     }
@@ -437,7 +436,7 @@ impl Error {
             Error::LeaseLost {
                 reason: LostReason::ArrivedLate,
                 ..
-            } => "nothing was started or written under it, and it needs no release: ask with a longer --ttl (the store took more than half of it to answer), or find what slows the store (on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`)".to_owned(),
+            } => "nothing was started or written under it, and it needs no release: ask again, with a longer --ttl if it happens again (the store took longer than the TTL to answer), or find what slows the store (on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`)".to_owned(),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)

@@ -254,8 +254,8 @@ pub struct InitReport {
     pub location: String,
 }
 
-/// How many times [`Leases::grant_in_time`] acquires again a lease whose grant came late.
-pub const LATE_GRANT_RETRIES: u32 = 3;
+/// How many times [`Leases::grant_in_time`] renews a lease whose grant came late.
+pub const LATE_GRANT_RENEWALS: u32 = 3;
 
 /// A coordinator's leases: granting, renewing and releasing them (I1, I3, I4).
 #[async_trait(?Send)]
@@ -265,22 +265,21 @@ pub trait Leases {
 
     /// Grants a lease to `owner`, reacquires it for the same live owner, or fails with
     /// [`Error::Busy`] naming the live holder. The token is reported only once durable, and
-    /// only with at least half its TTL ahead ([`Self::grant_in_time`]).
+    /// only while its lease lives ([`Self::grant_in_time`]).
     async fn acquire(&self, resource: &str, owner: &str, ttl: Duration) -> Result<Grant, Error> {
         self.grant_in_time(resource, owner, ttl, None).await
     }
 
-    /// [`Self::grant`], asked again while its answer came too late to be of use: when more
+    /// [`Self::grant`], checked for an answer that came too late to be of use: when more
     /// than half the TTL passed between sending the request that made the grant and its
-    /// answer, the lease is renewed by acquiring it again (the same owner's live lease is
-    /// reacquired: same token, its expiry counted from the new request), at most
-    /// [`LATE_GRANT_RETRIES`] times. A store answers that late when the request waited on a
+    /// answer, the lease is renewed (same token, its expiry counted from the renewal's
+    /// request), at most [`LATE_GRANT_RENEWALS`] times while the answers stay late; a lease
+    /// that has run out by an answer, counted from that request's sending as `run` counts,
+    /// is lost ([`LostReason::ArrivedLate`]), and no new one is asked for: the caller is told
+    /// of every token granted to it. A store answers that late when the request waited on a
     /// lock (PostgreSQL: another transaction holding the lease row, whose grant then carries
     /// the clock it read before the wait) or the network held the answer; without this, a
-    /// grant could be reported with exit 0 after its lease had run out. A lease that has run
-    /// out by the last answer (counted from the request's sending, as `run` counts) is
-    /// [`LostReason::ArrivedLate`]; one with less than half its TTL left is reported as it
-    /// is.
+    /// grant could be reported with exit 0 after its lease had run out.
     async fn grant_in_time(
         &self,
         resource: &str,
@@ -288,37 +287,52 @@ pub trait Leases {
         ttl: Duration,
         above: Option<i64>,
     ) -> Result<Grant, Error> {
-        let mut asked = tokio::time::Instant::now();
+        let asked = tokio::time::Instant::now();
         let mut grant = self.grant(resource, owner, ttl, above).await?;
-        let mut again = 0;
+        let mut sent = grant.sent.map_or(asked, |sent| sent.max(asked));
+        let lost = |token| Error::LeaseLost {
+            resource: resource.to_owned(),
+            owner: owner.to_owned(),
+            token,
+            reason: LostReason::ArrivedLate,
+        };
+        let mut renewals = 0;
         loop {
-            let sent = grant.sent.map_or(asked, |sent| sent.max(asked));
-            grant.sent = Some(sent);
             let took = sent.elapsed();
-            if took <= ttl / 2 {
-                return Ok(grant);
+            if took >= ttl {
+                return Err(lost(grant.lease.token));
             }
-            if again == LATE_GRANT_RETRIES {
-                if took < ttl {
-                    return Ok(grant);
-                }
-                return Err(Error::LeaseLost {
-                    resource: resource.to_owned(),
-                    owner: owner.to_owned(),
-                    token: grant.lease.token,
-                    reason: LostReason::ArrivedLate,
-                });
+            if took <= ttl / 2 || renewals == LATE_GRANT_RENEWALS {
+                break;
             }
-            again += 1;
-            asked = tokio::time::Instant::now();
-            // No `above`: the lease's token is above it already, and a new one would be too.
-            let fresh = self.grant(resource, owner, ttl, None).await?;
-            grant = Grant {
-                // A lease new to the caller stays new when the second answer reacquires it.
-                reacquired: grant.reacquired && fresh.reacquired,
-                ..fresh
+            renewals += 1;
+            crate::terminal::warn(&format!(
+                "warning: the store answered the grant of `{resource}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
+                grant.lease.token,
+                crate::time::span(took.as_millis() as i64),
+                crate::time::span(ttl.as_millis() as i64),
+            ));
+            let lease = LeaseRef {
+                resource: resource.to_owned(),
+                owner: owner.to_owned(),
+                token: grant.lease.token,
             };
+            let renewal_sent = tokio::time::Instant::now();
+            match self.renew(&lease, Some(ttl)).await {
+                Ok(renewed) => {
+                    grant.lease = renewed;
+                    sent = renewal_sent;
+                }
+                Err(Error::LeaseLost { .. } | Error::Stale { .. }) => {
+                    return Err(lost(lease.token))
+                }
+                // The grant stands as it was answered, live for less than half its TTL.
+                Err(_) if sent.elapsed() < ttl => break,
+                Err(_) => return Err(lost(lease.token)),
+            }
         }
+        grant.sent = Some(sent);
+        Ok(grant)
     }
 
     /// [`Self::acquire`], whose new token is also above `above` when given (`fence acquire

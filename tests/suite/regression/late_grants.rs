@@ -3,12 +3,12 @@
 //! rolling back) was granted with the clock it read *before* the wait, so after a wait longer
 //! than the TTL `fence acquire` exited 0 with a lease that had already run out, and `fence run`
 //! exited 5 ("expired before it was renewed") without starting its command. Now a grant whose
-//! answer came more than half a TTL after its request was sent is acquired again (the same
-//! owner's live lease: same token, expiry counted from the new request); one that has run out
-//! by the last of four answers is a lost lease, `arrived_late`, exit 5.
+//! answer came more than half a TTL after its request was sent is renewed before it is
+//! reported (same token, expiry counted from the renewal's request), and one that has run out
+//! by its answer is a lost lease, `arrived_late`, exit 5, naming its token.
 //!
-//! The assertions are on the lease row: it must have been written after the gate opened, by
-//! the server's clock, which no timing of the test machine can fake.
+//! The assertions are on the lease row: a renewed grant must have been written after the gate
+//! opened, by the server's clock, which no timing of the test machine can fake.
 
 use crate::common;
 
@@ -38,14 +38,15 @@ fn lease_row(store: &Store, resource: &str) -> (String, i64, i64, bool) {
     (row.get(0), row.get(1), row.get(2), row.get(3))
 }
 
-/// Starts `fence ARGS` (a request for `resource` with a TTL of 1 s), waits until its
-/// statement waits on `gate`'s lock, keeps it waiting for longer than the TTL, then opens
-/// the gate (`roll_back`: rolls the gate's transaction back instead of committing it).
-/// Returns fence's output and the server's clock just before the gate opened.
+/// Starts `fence ARGS`, waits until its acquire statement waits on `gate`'s lock, keeps it
+/// waiting for `hold`, then opens the gate (`roll_back`: rolls the gate's transaction back
+/// instead of committing it). Returns fence's output and the server's clock just before the
+/// gate opened.
 fn through_gate(
     store: &Store,
     gate: RowLock,
     roll_back: bool,
+    hold: Duration,
     args: &[&str],
 ) -> (std::process::Output, i64) {
     let schema = store.schema.clone().unwrap();
@@ -55,9 +56,9 @@ fn through_gate(
         Duration::from_secs(30),
         || common::lock_waiters(&store.url, &schema, "fence: acquire") == 1,
     );
-    // The scenario itself, not a synchronisation: the wait must outlast the TTL.
+    // The scenario itself, not a synchronisation: how long the statement waits.
     let waiting = Instant::now();
-    std::thread::sleep(Duration::from_millis(1_300));
+    std::thread::sleep(hold);
     assert_eq!(
         common::lock_waiters(&store.url, &schema, "fence: acquire"),
         1,
@@ -74,10 +75,15 @@ fn through_gate(
     (out, opened)
 }
 
-/// A known resource, free, whose row another transaction holds `FOR UPDATE` for longer
-/// than the TTL: the grant is reported live and was written after the lock was let go.
+/// The TTL of the renewal tests, and how long their acquire waits on the gate: more than half
+/// the TTL, and short of it by more than a loaded machine takes to see the wait and answer.
+const TTL: &str = "4s";
+const HALF_AND_MORE: Duration = Duration::from_millis(2_500);
+
+/// A known resource, free, whose row another transaction holds `FOR UPDATE` for more than
+/// half the TTL: the grant is renewed before it is reported, after the lock was let go.
 #[test]
-fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_live_when_reported() {
+fn postgres_an_acquire_that_waited_half_its_ttl_on_a_row_lock_is_renewed_when_reported() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
     let token = common::acquire(&store, "r", "setup");
@@ -87,26 +93,36 @@ fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_live_when_repor
         &store,
         gate,
         false,
+        HALF_AND_MORE,
         &[
-            "acquire", "r", "--owner", "w", "--ttl", "1s", "--format", "json",
+            "acquire", "r", "--owner", "w", "--ttl", TTL, "--format", "json",
         ],
     );
     let out = common::Out::from(out).expect(0);
     let json = out.json();
-    let (owner, held, written_us, _) = lease_row(&store, "r");
+    let (owner, held, written_us, live) = lease_row(&store, "r");
     assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
+    assert!(live, "{out:?}");
     assert!(
         written_us >= opened,
-        "the grant was written {} ms before the lock it waited on was let go: it carries the clock read before the wait ({out:?})",
+        "the lease was last written {} ms before the lock it waited on was let go: it carries the clock read before the wait ({out:?})",
         (opened - written_us) / 1000
+    );
+    assert!(
+        json["notices"].to_string().contains("renewing it"),
+        "{out:?}"
+    );
+    assert_eq!(
+        store.events("r").last().map(|(kind, _, _)| kind.clone()),
+        Some("renewed".to_owned())
     );
 }
 
-/// A new resource whose row another transaction inserts, keeps uncommitted for longer than
-/// the TTL, then rolls back: fence's insert went on after the wait with the clock it read
-/// before it; the grant is renewed (a new token: the first had run out) before it is reported.
+/// A new resource whose row another transaction inserts, keeps uncommitted for more than
+/// half the TTL, then rolls back: fence's insert went on after the wait with the clock it read
+/// before it; the grant is renewed before it is reported.
 #[test]
-fn postgres_an_acquire_that_waited_past_its_ttl_on_a_rolled_back_insert_is_live_when_reported() {
+fn postgres_an_acquire_that_waited_half_its_ttl_on_a_rolled_back_insert_is_renewed_when_reported() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
     // The schema exists (another resource), the resource does not.
@@ -122,24 +138,62 @@ fn postgres_an_acquire_that_waited_past_its_ttl_on_a_rolled_back_insert_is_live_
         &store,
         gate,
         true,
+        HALF_AND_MORE,
         &[
-            "acquire", "n", "--owner", "w", "--ttl", "1s", "--format", "json",
+            "acquire", "n", "--owner", "w", "--ttl", TTL, "--format", "json",
         ],
     );
     let out = common::Out::from(out).expect(0);
     let json = out.json();
-    let (owner, held, written_us, _) = lease_row(&store, "n");
-    assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
+    let (owner, held, written_us, live) = lease_row(&store, "n");
+    assert_eq!((owner.as_str(), held), ("w", 1));
+    assert_eq!(json["token"].as_i64(), Some(1), "{out:?}");
+    assert!(live, "{out:?}");
     assert!(
         written_us >= opened,
-        "the grant was written {} ms before the insert it waited on was rolled back ({out:?})",
+        "the lease was last written {} ms before the insert it waited on was rolled back ({out:?})",
         (opened - written_us) / 1000
     );
 }
 
-/// `fence run` behind the same lock: the command starts, under the token the row holds.
+/// A wait on the row lock longer than the whole TTL: the grant came back with its lease run
+/// out, so fence says so (exit 5 `arrived_late`, naming the token it was granted) instead of
+/// exit 0; nothing else is granted to it.
 #[test]
-fn postgres_a_run_whose_grant_waited_past_its_ttl_on_a_row_lock_runs_its_command() {
+fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_a_lost_lease() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let token = common::acquire(&store, "r", "setup");
+    common::release(&store, "r", "setup", token);
+    let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let (out, _) = through_gate(
+        &store,
+        gate,
+        false,
+        Duration::from_millis(1_300),
+        &[
+            "acquire", "r", "--owner", "w", "--ttl", "1s", "--format", "json",
+        ],
+    );
+    let out = common::Out::from(out).expect(5);
+    let json = out.json();
+    assert_eq!(json["error"], "lease_lost", "{out:?}");
+    assert_eq!(json["reason"], "arrived_late", "{out:?}");
+    let (owner, held, _, live) = lease_row(&store, "r");
+    assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
+    assert!(!live, "the lease fence called lost is live: {out:?}");
+    let grants: Vec<_> = store
+        .events("r")
+        .into_iter()
+        .filter(|(_, owner, _)| owner.as_deref() == Some("w"))
+        .collect();
+    assert_eq!(grants.len(), 1, "{grants:?}");
+}
+
+/// `fence run` behind the same lock for more than half its TTL: the command starts, under
+/// the token the row holds, after a renewal written once the lock was let go.
+#[test]
+fn postgres_a_run_whose_grant_waited_half_its_ttl_on_a_row_lock_runs_its_command() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
     let token = common::acquire(&store, "job", "setup");
@@ -151,8 +205,9 @@ fn postgres_a_run_whose_grant_waited_past_its_ttl_on_a_row_lock_runs_its_command
         &store,
         gate,
         false,
+        HALF_AND_MORE,
         &[
-            "run", "job", "--owner", "w", "--ttl", "1s", "--", "sh", "-c", &script,
+            "run", "job", "--owner", "w", "--ttl", TTL, "--", "sh", "-c", &script,
         ],
     );
     let out = common::Out::from(out).expect(0);
@@ -170,34 +225,27 @@ fn postgres_a_run_whose_grant_waited_past_its_ttl_on_a_row_lock_runs_its_command
         .iter()
         .map(|row| (row.get(0), row.get(1), row.get(2)))
         .collect();
-    assert!(
-        events
-            .iter()
-            .any(|(kind, token, _)| kind == "run_started" && *token == Some(ran)),
-        "no run_started event with token {ran}: {events:?}"
-    );
-    let (owner, held, written_us, _) = lease_row(&store, "job");
-    assert!(owner.starts_with("w"), "{owner}");
-    assert_eq!(held, ran);
-    // Released since; the grant it ran under was written after the gate opened.
-    let (_, _, granted_us) = events
+    let started = events
         .iter()
-        .rfind(|(kind, token, _)| {
-            *token == Some(ran) && ["acquired", "reacquired"].contains(&kind.as_str())
-        })
-        .unwrap_or_else(|| panic!("no grant of token {ran}: {events:?}"));
+        .position(|(kind, token, _)| kind == "run_started" && *token == Some(ran))
+        .unwrap_or_else(|| panic!("no run_started event with token {ran}: {events:?}"));
+    // Before the command started, its lease was renewed after the gate opened.
     assert!(
-        *granted_us >= opened && written_us >= opened,
-        "the run's grant was written before the lock was let go: {events:?}"
+        events[..started]
+            .iter()
+            .any(|(kind, token, at)| kind == "renewed" && *token == Some(ran) && *at >= opened),
+        "no renewal of token {ran} after the lock was let go before the run started: {events:?}"
     );
+    let (owner, held, _, _) = lease_row(&store, "job");
+    assert!(owner.starts_with('w'), "{owner}");
+    assert_eq!(held, ran);
 }
 
 /// Every answer held back longer than the TTL (a proxy delays the server's answers once an
-/// acquire was sent): the grant is asked for four times, each lease runs out before its
-/// answer arrives, and fence exits 5 `arrived_late`, starting nothing. The store shows four
-/// grants to that owner, the last one the token fence names, and none of them live.
+/// acquire was sent): fence exits 5 `arrived_late`, naming the token it was granted, and
+/// starts nothing; the store shows that one grant, and it is not live.
 #[test]
-fn postgres_grants_that_always_arrive_after_their_ttl_are_a_lost_lease_not_a_success() {
+fn postgres_grants_that_arrive_after_their_ttl_are_a_lost_lease_not_a_success() {
     use common::proxy::{Mode, Proxy};
     let store = Store::postgres();
     common::acquire(&store, "other", "setup");
@@ -222,13 +270,11 @@ fn postgres_grants_that_always_arrive_after_their_ttl_are_a_lost_lease_not_a_suc
     let (owner, held, _, live) = lease_row(&store, "late");
     assert_eq!(owner, "w");
     assert_eq!(json["token"].as_i64(), Some(held), "{out:?}");
-    assert!(!live, "the lease fence gave up on is still live");
-    let grants = store
-        .events("late")
-        .iter()
-        .filter(|(kind, owner, _)| kind == "acquired" && owner.as_deref() == Some("w"))
-        .count();
-    assert_eq!(grants, 4, "{:?}", store.events("late"));
+    assert!(!live, "the lease fence called lost is still live");
+    assert_eq!(
+        store.events("late"),
+        vec![("acquired".to_owned(), Some("w".to_owned()), Some(held))]
+    );
 
     // `fence run` the same way: the command never starts.
     let marker = store.home.path().join("ran");

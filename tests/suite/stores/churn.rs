@@ -8,9 +8,14 @@
 //! queue of waiters or the directory store's polling, while abandoned leases expire under it;
 //! each worker must get its turns.
 //!
-//! The workers drive the library's coordinators in-process (the code `fence acquire` runs),
-//! because a 10 ms lease is below the CLI's 100 ms minimum TTL and process start-up would
-//! dominate the timing.
+//! The workers drive the library's coordinators in-process, because a 10 ms lease is below
+//! the CLI's 100 ms minimum TTL and process start-up would dominate the timing. The workers
+//! that acquire once call the coordinator's grant itself, the protocol under test: what
+//! `fence acquire` adds on top (a grant whose answer came after half its TTL is renewed, one
+//! that came after all of it is `arrived_late`; `regression/late_grants.rs`) would turn most
+//! 10 ms grants on a loaded machine into renewals and errors. The waiting workers run what
+//! `--wait` runs, that check included, with the CLI's shortest TTL where the profile's is
+//! shorter.
 
 use crate::common;
 
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Store};
 use fence::config::StoreSpec;
-use fence::error::Error;
+use fence::error::{Error, LostReason};
 
 const WORKERS: usize = 16;
 /// Run at least this long, and until at least MIN_GRANTS grants and the profile's minimum of
@@ -31,6 +36,8 @@ const RUN_FOR: Duration = Duration::from_secs(4);
 const MIN_GRANTS: usize = 100;
 const GIVE_UP: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_millis(10);
+/// The shortest `--ttl` the CLI takes.
+const CLI_MIN_TTL: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Tally {
@@ -118,6 +125,13 @@ fn worker(index: usize, run: Run) -> Tally {
             .await
             .expect("open the store");
         let owner = format!("worker-{index}");
+        // `--wait` with the shortest TTL the CLI takes (see the module's documentation).
+        let (ttl, abandon) = if waiting {
+            let ttl = profile.ttl.max(CLI_MIN_TTL);
+            (ttl, profile.abandon.max(ttl * 2))
+        } else {
+            (profile.ttl, profile.abandon)
+        };
         let mut rng =
             0x9e37_79b9_7f4a_7c15_u64 ^ (index as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
         let mut next = move || {
@@ -141,14 +155,14 @@ fn worker(index: usize, run: Run) -> Tally {
                     coordinator.as_ref(),
                     "hot",
                     &owner,
-                    profile.ttl,
+                    ttl,
                     Some(WAIT),
                     None,
                     &mut refused,
                 )
                 .await
             } else {
-                coordinator.acquire("hot", &owner, profile.ttl).await
+                coordinator.grant("hot", &owner, ttl, None).await
             };
             tally.busy += refused as usize;
             match acquired {
@@ -159,7 +173,7 @@ fn worker(index: usize, run: Run) -> Tally {
                     if next() % 2 == 1 {
                         // Abandon the lease (as a crashed or paused owner would): stay away
                         // until it has expired, so another worker takes it over.
-                        tokio::time::sleep(profile.abandon).await;
+                        tokio::time::sleep(abandon).await;
                     } else {
                         let lease = fence::coordinator::LeaseRef {
                             resource: "hot".into(),
@@ -175,6 +189,18 @@ fn worker(index: usize, run: Run) -> Tally {
                             Err(Error::Stale { .. }) => {}
                             Err(err) => panic!("release failed: {err}"),
                         }
+                    }
+                }
+                // Granted while waiting, but the answer came after the lease had run out (a
+                // loaded machine): the client was told the token, in the error (a second time
+                // when it was the owner's own lease, reacquired).
+                Err(Error::LeaseLost {
+                    token,
+                    reason: LostReason::ArrivedLate,
+                    ..
+                }) if waiting => {
+                    if tally.granted.last() != Some(&token) {
+                        tally.granted.push(token);
                     }
                 }
                 Err(Error::Busy { .. } | Error::WaitedOut { .. }) if waiting => {
