@@ -43,9 +43,9 @@ pub enum LostReason {
     /// is missing or older than the lease (deleted, moved aside, restored from an older copy,
     /// or taken by a power loss before it was synced; directory store).
     RecordLost,
-    /// The store's grant (or the renewal of a grant that came late) arrived after the lease
-    /// had run out, counted from when the request was sent (`acquire`, `run`): the store
-    /// answered slower than the TTL, waiting on a lock or a slow network.
+    /// The store's grant or renewal arrived after the lease had run out, counted from when the
+    /// request was sent (`acquire`, `renew`, `run`'s grant): the store answered slower than
+    /// the TTL, waiting on a lock or a slow network.
     ArrivedLate,
 }
 
@@ -220,9 +220,12 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
             "ran out while a process of the command would not die on SIGKILL".to_owned()
         }
         LostReason::RecordLost => "is no longer recorded: its lease record is missing or older than the lease (deleted, moved aside, restored from an older copy, or lost in a power loss)".to_owned(),
-        LostReason::ArrivedLate => "had run out by the time its grant arrived".to_owned(),
+        LostReason::ArrivedLate => "had run out by the time the store's answer arrived".to_owned(),
     }
 }
+
+/// What makes a store's answer come after the TTL, for the hints of `arrived_late`.
+const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`; else the network or a proxy";
 
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
     let lease = format!("the lease on `{resource}` with token {token}");
@@ -374,6 +377,10 @@ impl Error {
     pub fn hint_in(&self, op: &str) -> String {
         match self {
             Error::LeaseLost {
+                reason: LostReason::ArrivedLate,
+                ..
+            } if op == "run" => format!("the command was not started. Run it again, with a longer --ttl if this recurs, and find what slows the store ({LATE_CAUSE})"),
+            Error::LeaseLost {
                 resource,
                 reason:
                     LostReason::Expired
@@ -436,7 +443,7 @@ impl Error {
             Error::LeaseLost {
                 reason: LostReason::ArrivedLate,
                 ..
-            } => "nothing was started or written under it, and it needs no release: ask again, with a longer --ttl if it happens again (the store took longer than the TTL to answer), or find what slows the store (on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`)".to_owned(),
+            } => format!("stop working under this token: its lease ran out before the answer arrived. Acquire again, with a longer --ttl if this recurs, and find what slows the store ({LATE_CAUSE})"),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
                 shell_word(resource)

@@ -21,7 +21,7 @@ pub async fn run(args: RenewArgs, ctx: &Context) -> Result<Renewed, Error> {
         token: args.lease.token,
     };
     let coordinator = ctx.coordinator().await?;
-    let lease = coordinator.renew(&lease, args.ttl).await?;
+    let lease = coordinator.renew_in_time(&lease, args.ttl).await?;
     Ok(Renewed { lease })
 }
 

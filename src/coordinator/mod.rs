@@ -254,8 +254,8 @@ pub struct InitReport {
     pub location: String,
 }
 
-/// How many times [`Leases::grant_in_time`] renews a lease whose grant came late.
-pub const LATE_GRANT_RENEWALS: u32 = 3;
+/// How many times [`Leases::kept_in_time`] renews a lease whose grant or renewal came late.
+pub const LATE_ANSWER_RENEWALS: u32 = 3;
 
 /// A coordinator's leases: granting, renewing and releasing them (I1, I3, I4).
 #[async_trait(?Send)]
@@ -270,16 +270,11 @@ pub trait Leases {
         self.grant_in_time(resource, owner, ttl, None).await
     }
 
-    /// [`Self::grant`], checked for an answer that came too late to be of use: when more
-    /// than half the TTL passed between sending the request that made the grant and its
-    /// answer, the lease is renewed (same token, its expiry counted from the renewal's
-    /// request), at most [`LATE_GRANT_RENEWALS`] times while the answers stay late; a lease
-    /// that has run out by an answer, counted from that request's sending as `run` counts,
-    /// is lost ([`LostReason::ArrivedLate`]), and no new one is asked for: the caller is told
-    /// of every token granted to it. A store answers that late when the request waited on a
-    /// lock (PostgreSQL: another transaction holding the lease row, whose grant then carries
-    /// the clock it read before the wait) or the network held the answer; without this, a
-    /// grant could be reported with exit 0 after its lease had run out.
+    /// [`Self::grant`], checked for an answer that came too late to be of use
+    /// ([`Self::kept_in_time`]). A store answers that late when the request waited on a lock
+    /// (PostgreSQL: another transaction holding the lease row, whose grant then carries the
+    /// clock it read before the wait) or the network held the answer; without this, a grant
+    /// could be reported with exit 0 after its lease had run out.
     async fn grant_in_time(
         &self,
         resource: &str,
@@ -289,50 +284,79 @@ pub trait Leases {
     ) -> Result<Grant, Error> {
         let asked = tokio::time::Instant::now();
         let mut grant = self.grant(resource, owner, ttl, above).await?;
-        let mut sent = grant.sent.map_or(asked, |sent| sent.max(asked));
-        let lost = |token| Error::LeaseLost {
+        let sent = grant.sent.map_or(asked, |sent| sent.max(asked));
+        let lease = LeaseRef {
             resource: resource.to_owned(),
             owner: owner.to_owned(),
-            token,
+            token: grant.lease.token,
+        };
+        let (kept, sent) = self
+            .kept_in_time(&lease, grant.lease.clone(), sent, "grant")
+            .await?;
+        grant.lease = kept;
+        grant.sent = Some(sent);
+        Ok(grant)
+    }
+
+    /// [`Self::renew`], checked as [`Self::grant_in_time`] checks a grant (`fence renew`: a
+    /// renewal that waited on a row lock carries the clock read before the wait too).
+    async fn renew_in_time(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
+        let sent = tokio::time::Instant::now();
+        let renewed = self.renew(lease, ttl).await?;
+        Ok(self.kept_in_time(lease, renewed, sent, "renewal").await?.0)
+    }
+
+    /// `answer`, the lease as a grant or renewal sent at `sent` left it, if it came in time:
+    /// when more than half its TTL passed between the sending and the answer, the lease is
+    /// renewed (same token, its expiry counted from the renewal's request), at most
+    /// [`LATE_ANSWER_RENEWALS`] times while the answers stay late; a lease that has run out by
+    /// an answer, counted from that request's sending as `run` counts, is lost
+    /// ([`LostReason::ArrivedLate`]). No new lease is asked for, so the caller is told of every
+    /// token granted to it. Returns the lease and when the request that last extended it was
+    /// sent.
+    async fn kept_in_time(
+        &self,
+        lease: &LeaseRef,
+        mut answer: Lease,
+        mut sent: tokio::time::Instant,
+        what: &str,
+    ) -> Result<(Lease, tokio::time::Instant), Error> {
+        let lost = || Error::LeaseLost {
+            resource: lease.resource.clone(),
+            owner: lease.owner.clone(),
+            token: lease.token,
             reason: LostReason::ArrivedLate,
         };
+        let ttl = Duration::from_millis(u64::try_from(answer.ttl_ms).unwrap_or(0));
         let mut renewals = 0;
         loop {
             let took = sent.elapsed();
             if took >= ttl {
-                return Err(lost(grant.lease.token));
+                return Err(lost());
             }
-            if took <= ttl / 2 || renewals == LATE_GRANT_RENEWALS {
-                break;
+            if took <= ttl / 2 || renewals == LATE_ANSWER_RENEWALS {
+                return Ok((answer, sent));
             }
             renewals += 1;
             crate::terminal::warn(&format!(
-                "warning: the store answered the grant of `{resource}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
-                grant.lease.token,
+                "warning: the store answered the {what} of `{}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
+                lease.resource,
+                lease.token,
                 crate::time::span(took.as_millis() as i64),
                 crate::time::span(ttl.as_millis() as i64),
             ));
-            let lease = LeaseRef {
-                resource: resource.to_owned(),
-                owner: owner.to_owned(),
-                token: grant.lease.token,
-            };
             let renewal_sent = tokio::time::Instant::now();
-            match self.renew(&lease, Some(ttl)).await {
+            match self.renew(lease, Some(ttl)).await {
                 Ok(renewed) => {
-                    grant.lease = renewed;
+                    answer = renewed;
                     sent = renewal_sent;
                 }
-                Err(Error::LeaseLost { .. } | Error::Stale { .. }) => {
-                    return Err(lost(lease.token))
-                }
-                // The grant stands as it was answered, live for less than half its TTL.
-                Err(_) if sent.elapsed() < ttl => break,
-                Err(_) => return Err(lost(lease.token)),
+                Err(Error::LeaseLost { .. } | Error::Stale { .. }) => return Err(lost()),
+                // The answer stands as it came, live for less than half its TTL.
+                Err(_) if sent.elapsed() < ttl => return Ok((answer, sent)),
+                Err(_) => return Err(lost()),
             }
         }
-        grant.sent = Some(sent);
-        Ok(grant)
     }
 
     /// [`Self::acquire`], whose new token is also above `above` when given (`fence acquire

@@ -38,8 +38,8 @@ fn lease_row(store: &Store, resource: &str) -> (String, i64, i64, bool) {
     (row.get(0), row.get(1), row.get(2), row.get(3))
 }
 
-/// Starts `fence ARGS`, waits until its acquire statement waits on `gate`'s lock, keeps it
-/// waiting for `hold`, then opens the gate (`roll_back`: rolls the gate's transaction back
+/// Starts `fence ARGS`, waits until its statement (an acquire, or a renewal when ARGS say
+/// `renew`) waits on `gate`'s lock, keeps it waiting for `hold`, then opens the gate (`roll_back`: rolls the gate's transaction back
 /// instead of committing it). Returns fence's output and the server's clock just before the
 /// gate opened.
 fn through_gate(
@@ -50,19 +50,24 @@ fn through_gate(
     args: &[&str],
 ) -> (std::process::Output, i64) {
     let schema = store.schema.clone().unwrap();
+    let statement = if args[0] == "renew" {
+        "fence: renew"
+    } else {
+        "fence: acquire"
+    };
     let child = store.fence().args(args).spawn();
     common::wait_for(
-        "fence's acquire to wait on the gate's lock",
+        "fence's statement to wait on the gate's lock",
         Duration::from_secs(30),
-        || common::lock_waiters(&store.url, &schema, "fence: acquire") == 1,
+        || common::lock_waiters(&store.url, &schema, statement) == 1,
     );
     // The scenario itself, not a synchronisation: how long the statement waits.
     let waiting = Instant::now();
     std::thread::sleep(hold);
     assert_eq!(
-        common::lock_waiters(&store.url, &schema, "fence: acquire"),
+        common::lock_waiters(&store.url, &schema, statement),
         1,
-        "fence's acquire stopped waiting on the gate after {:?}: the test proves nothing",
+        "fence's statement stopped waiting on the gate after {:?}: the test proves nothing",
         waiting.elapsed()
     );
     let opened = server_now_us(store);
@@ -239,6 +244,55 @@ fn postgres_a_run_whose_grant_waited_half_its_ttl_on_a_row_lock_runs_its_command
     let (owner, held, _, _) = lease_row(&store, "job");
     assert!(owner.starts_with('w'), "{owner}");
     assert_eq!(held, ran);
+}
+
+/// `fence renew` behind a row lock for more than half the TTL: the renewal is renewed again
+/// once it comes (two renewals, the second written after the lock was let go); for more than
+/// the whole TTL: `arrived_late`, exit 5, the lease left to run out.
+#[test]
+fn postgres_a_renewal_that_waited_on_a_row_lock_is_renewed_again_or_lost() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let lease = store.fence().acquire("r", &["--owner", "w", "--ttl", "1h"]);
+    let token = lease.token.to_string();
+    let renew = [
+        "renew", "r", "--owner", "w", "--token", &token, "--format", "json",
+    ];
+    let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let (out, opened) = through_gate(
+        &store,
+        gate,
+        false,
+        HALF_AND_MORE,
+        &[&renew[..], &["--ttl", TTL]].concat(),
+    );
+    let out = common::Out::from(out).expect(0);
+    let (_, held, written_us, live) = lease_row(&store, "r");
+    assert_eq!((held, live), (lease.token, true), "{out:?}");
+    assert!(written_us >= opened, "{out:?}");
+    let renewals = store
+        .events("r")
+        .iter()
+        .filter(|(kind, _, _)| kind == "renewed")
+        .count();
+    assert_eq!(renewals, 2, "{:?}", store.events("r"));
+
+    let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
+    let (out, _) = through_gate(
+        &store,
+        gate,
+        false,
+        Duration::from_millis(1_300),
+        &[&renew[..], &["--ttl", "1s"]].concat(),
+    );
+    let out = common::Out::from(out).expect(5);
+    let json = out.json();
+    assert_eq!(json["reason"], "arrived_late", "{out:?}");
+    assert_eq!(json["token"].as_i64(), Some(lease.token), "{out:?}");
+    assert!(
+        !lease_row(&store, "r").3,
+        "the lease fence called lost is live: {out:?}"
+    );
 }
 
 /// Every answer held back longer than the TTL (a proxy delays the server's answers once an
