@@ -74,6 +74,12 @@ impl Op {
         self.code == 0 && !self.cancelled
     }
 
+    /// A grant or renewal that took effect but whose answer came after the lease had run out
+    /// (exit 5, `arrived_late`): applied, though the client was told the lease is lost.
+    fn arrived_late(&self) -> bool {
+        self.code == 5 && self.json["reason"] == "arrived_late"
+    }
+
     /// A granted acquire that got a new token (not a reacquisition).
     fn new_grant(&self) -> bool {
         self.kind == OpKind::Acquire && self.ok() && self.json["reacquired"] != Value::Bool(true)
@@ -652,7 +658,7 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
         // acquisition in the workloads; the largest asked-for TTL is the safe bound.
         let mut ttl: HashMap<(&str, OpKind), i64> = HashMap::new();
         for op in &h.ops {
-            let maybe_applied = op.cancelled || !(1..=7).contains(&op.code);
+            let maybe_applied = op.cancelled || !(1..=7).contains(&op.code) || op.arrived_late();
             if let (Some(t), true) = (op.ttl_ms, maybe_applied) {
                 let e = ttl.entry((op.owner.as_str(), op.kind)).or_insert(t);
                 *e = (*e).max(t);
