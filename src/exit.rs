@@ -17,7 +17,7 @@ pub enum Exit {
     Busy,
     /// A newer token exists; rejected, nothing changed.
     StaleFencingToken,
-    /// The lease expired or was taken before renewal.
+    /// The lease expired or was taken before renewal, or ran out before the store's answer came.
     LeaseLost,
     /// A precondition other than the token failed.
     Conflict,
@@ -94,7 +94,7 @@ impl Exit {
             Exit::Busy => "held by another live owner; not acquired, nothing changed",
             Exit::StaleFencingToken => "a newer token exists; rejected, nothing changed",
             Exit::LeaseLost => {
-                "the lease expired, was released or was taken before renewal; `run` stopped its command"
+                "the lease expired, was released or was taken before renewal, or ran out before the store's answer came (`arrived_late`); `run` stopped (or never started) its command"
             }
             Exit::Conflict => {
                 "another precondition failed (wrong owner, token never issued, no lease, version changed, row missing)"
