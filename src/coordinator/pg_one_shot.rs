@@ -18,7 +18,10 @@
 //!   `greatest(token, N) + 1` for `acquire --above N`), never from a sequence, and a new
 //!   resource starts at 1 (N + 1) through `INSERT … ON CONFLICT DO NOTHING`; rows are never
 //!   deleted, so the counter survives release and expiry;
-//! - the clock is `clock_timestamp()`, read per row after the lock;
+//! - the clock is `clock_timestamp()`, read per row, again after the lock when the row changed
+//!   under it; a statement that waited on a lock whose holder left the row as it was (a
+//!   `SELECT … FOR UPDATE`, a rolled-back insert) keeps what it read before the wait, which
+//!   `Leases::grant_in_time` catches (a grant answered past half its TTL is renewed);
 //! - the event row is written in the same statement, so in the same transaction;
 //! - `synchronous_commit` is set `on` for the statement's transaction (`set_config(…, true)`
 //!   runs before the commit that ends the statement), so a grant is reported only once it is

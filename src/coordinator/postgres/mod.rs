@@ -4,7 +4,8 @@
 //! statement (`query_typed`; see `Session`): acquire, renew and release are plain statements
 //! ([`pg_one_shot`](super::pg_one_shot), no PL/pgSQL to compile on a new connection), a
 //! waiter's poll one call of a PL/pgSQL function. Both compute the next token from the locked
-//! row, read `clock_timestamp()` after the lock, set `synchronous_commit = on` for their own
+//! row, read `clock_timestamp()` per row (before a lock wait whose holder left the row as it
+//! was: `Leases::grant_in_time` renews such a late grant), set `synchronous_commit = on` for their own
 //! transaction, and write the event row in the same transaction, so a token is reported only
 //! after it is durably granted, whatever the server's default. Nothing keeps session state
 //! (no advisory locks, no `SET`, no named statements), so every command also works through a

@@ -273,7 +273,9 @@ LANGUAGE sql STABLE AS $fn$ SELECT floor(extract(epoch FROM t) * 1000)::bigint $
 -- from the same states, on every branch, and fails when they differ. The refused (busy) path takes no row lock and writes nothing: the
 -- UPDATE only locks a row it can take, the INSERT only runs when no row exists, and the busy
 -- answer is a plain read. The new token is computed from the locked row (token + 1) and the
--- clock is read after the lock (clock_timestamp in the per-row SET subquery).
+-- clock is read per row (clock_timestamp in the per-row SET subquery), again after the lock
+-- when the row changed under it (not when its holder left it as it was: see
+-- `Leases::grant_in_time`).
 CREATE OR REPLACE FUNCTION __SCHEMA__.acquire(p_resource text, p_owner text, p_ttl_ms bigint,
     OUT status text, OUT token bigint, OUT owner text, OUT acquired_ms bigint,
     OUT renewed_ms bigint, OUT expires_ms bigint, OUT expires_in_ms bigint, OUT ttl_ms bigint)

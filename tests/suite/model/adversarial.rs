@@ -1504,7 +1504,10 @@ fn seed_coordinator_restart(backend: Backend) {
         let mut took = Vec::new();
         for i in 0..5 {
             let owner = format!("c{cycle}-{i}");
-            let op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", &owner).ttl(200));
+            // Released at once, so a TTL long enough for a slow answer costs little time: a grant
+            // answered after its TTL is `arrived_late` (exit 5), and moto after a restart can
+            // take longer than 200 ms to answer a put.
+            let op = rec.op(&sut, Req::new(OpKind::Acquire, "r0", &owner).ttl(1_000));
             // The coordinator is back (`pg_ctl restart` and `GcsServer::restart` wait for it)
             // and the last grant lapsed: only a transient failure may refuse a grant now.
             if op.code == 7 {
