@@ -191,9 +191,11 @@ fn worker(index: usize, run: Run) -> Tally {
                         }
                     }
                 }
-                // Granted while waiting, but the answer came after the lease had run out (a
-                // loaded machine): the client was told the token, in the error (a second time
-                // when it was the owner's own lease, reacquired).
+                // Granted while waiting, but the answer came after the lease had run out by
+                // fence's reckoning (a loaded machine): the client was told the token, in the
+                // error (a second time when it was the owner's own lease, reacquired). The
+                // store may count it live a little longer, so the worker stays away until it
+                // has expired, as after abandoning one: asking at once would reacquire it.
                 Err(Error::LeaseLost {
                     token,
                     reason: LostReason::ArrivedLate,
@@ -202,6 +204,7 @@ fn worker(index: usize, run: Run) -> Tally {
                     if tally.granted.last() != Some(&token) {
                         tally.granted.push(token);
                     }
+                    tokio::time::sleep(abandon).await;
                 }
                 Err(Error::Busy { .. } | Error::WaitedOut { .. }) if waiting => {
                     panic!("no turn within {WAIT:?}")
