@@ -225,7 +225,7 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
 }
 
 /// What makes a store's answer come after the TTL, for the hints of `arrived_late`.
-const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding the lease row: `SELECT pid, state, query FROM pg_stat_activity WHERE wait_event_type = 'Lock'`; else the network or a proxy";
+const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding a lock on fence's `leases` table or a row of it: `SELECT DISTINCT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation::regclass::text LIKE '%leases' AND a.pid <> pg_backend_pid()`; else the network, a proxy or a pooler";
 
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
     let lease = format!("the lease on `{resource}` with token {token}");

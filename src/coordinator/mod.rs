@@ -306,14 +306,19 @@ pub trait Leases {
         Ok(self.kept_in_time(lease, renewed, sent, "renewal").await?.0)
     }
 
-    /// `answer`, the lease as a grant or renewal sent at `sent` left it, if it came in time:
-    /// when more than half its TTL passed between the sending and the answer, the lease is
-    /// renewed (same token, its expiry counted from the renewal's request), at most
-    /// [`LATE_ANSWER_RENEWALS`] times while the answers stay late; a lease that has run out by
-    /// an answer, counted from that request's sending as `run` counts, is lost
-    /// ([`LostReason::ArrivedLate`]). No new lease is asked for, so the caller is told of every
-    /// token granted to it. Returns the lease and when the request that last extended it was
-    /// sent.
+    /// `answer`, the lease as a grant or renewal sent at `sent` left it, once it is known to
+    /// have come in time. Counted from the sending, as `run` counts (the store extended the
+    /// lease at or after it; a suspend of this machine counts too), an answer that came after
+    /// more than half the TTL is renewed (same token, its expiry counted from the renewal's
+    /// request), at most [`LATE_ANSWER_RENEWALS`] times while the answers stay late. That an
+    /// answer came late does not say the lease ran out: the store may have read its clock
+    /// late as well (a lock taken before it, the directory store's lock file, a request held
+    /// in the network), so even one past the whole TTL is renewed, and only the store's
+    /// refusal of the renewal (expired, taken over), a renewal that could not be sent, or a
+    /// last answer still past the TTL makes it lost ([`LostReason::ArrivedLate`]). No new lease
+    /// is asked for, so the caller is told of every token granted to it. A renewal whose
+    /// outcome is unknown is cancelled where the store can, and reported as such. Returns the
+    /// lease and when the request that last extended it was sent.
     async fn kept_in_time(
         &self,
         lease: &LeaseRef,
@@ -327,24 +332,29 @@ pub trait Leases {
             token: lease.token,
             reason: LostReason::ArrivedLate,
         };
+        // What tokio's clock leaves out: the time this machine was suspended from now on.
+        let (mark, mark_ns) = (tokio::time::Instant::now(), crate::sys::bound_clock_ns());
+        let took = |sent: tokio::time::Instant| {
+            let suspended =
+                Duration::from_nanos(crate::sys::bound_clock_ns().saturating_sub(mark_ns))
+                    .saturating_sub(mark.elapsed());
+            sent.elapsed() + suspended
+        };
         let ttl = Duration::from_millis(u64::try_from(answer.ttl_ms).unwrap_or(0));
-        let mut renewals = 0;
-        loop {
-            let took = sent.elapsed();
-            if took >= ttl {
-                return Err(lost());
-            }
-            if took <= ttl / 2 || renewals == LATE_ANSWER_RENEWALS {
+        let mut what = what;
+        for _ in 0..LATE_ANSWER_RENEWALS {
+            let late = took(sent);
+            if late <= ttl / 2 {
                 return Ok((answer, sent));
             }
-            renewals += 1;
             crate::terminal::warn(&format!(
                 "warning: the store answered the {what} of `{}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
                 lease.resource,
                 lease.token,
-                crate::time::span(took.as_millis() as i64),
+                crate::time::span(late.as_millis() as i64),
                 crate::time::span(ttl.as_millis() as i64),
             ));
+            what = "renewal";
             let renewal_sent = tokio::time::Instant::now();
             match self.renew(lease, Some(ttl)).await {
                 Ok(renewed) => {
@@ -352,10 +362,20 @@ pub trait Leases {
                     sent = renewal_sent;
                 }
                 Err(Error::LeaseLost { .. } | Error::Stale { .. }) => return Err(lost()),
-                // The answer stands as it came, live for less than half its TTL.
-                Err(_) if sent.elapsed() < ttl => return Ok((answer, sent)),
+                Err(err @ Error::OutcomeUnknown { .. }) => {
+                    // It may still apply: not while this process can stop it.
+                    self.cancel_pending().await;
+                    return Err(err);
+                }
+                // Not renewed (the store unreachable): the answer before stands while it lasts.
+                Err(_) if took(sent) < ttl => return Ok((answer, sent)),
                 Err(_) => return Err(lost()),
             }
+        }
+        if took(sent) < ttl {
+            Ok((answer, sent))
+        } else {
+            Err(lost())
         }
     }
 

@@ -223,6 +223,8 @@ impl Leases for FileCoordinator {
     ) -> Result<Grant, Error> {
         let ttl = ttl_ms(ttl);
         self.with_lock(resource, |store, previous, paths| {
+            // The grant counts from here, not from before a wait for the lock file.
+            let sent = Some(tokio::time::Instant::now());
             let now = Now::read()?;
             if let Some(record) = previous
                 .as_ref()
@@ -264,7 +266,7 @@ impl Leases for FileCoordinator {
                 return Ok(Grant {
                     lease: extended.lease(&Now::read()?, &store.boot_id),
                     reacquired: true,
-                    sent: None,
+                    sent,
                 });
             }
             let kind = match &previous {
@@ -296,7 +298,7 @@ impl Leases for FileCoordinator {
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,
-                sent: None,
+                sent,
             })
         })
         .await
