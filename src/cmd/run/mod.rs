@@ -80,6 +80,15 @@ pub async fn run(
             },
         ),
         Err(err) => {
+            // A grant whose answer came after its lease ran out was still granted.
+            if let Error::LeaseLost {
+                token,
+                reason: crate::error::LostReason::ArrivedLate,
+                ..
+            } = &err
+            {
+                granted.token = granted.token.or(Some(*token));
+            }
             let exit = match (&err, busy_exit) {
                 (Error::Busy { .. } | Error::WaitedOut { .. }, Some(code)) => Exit::Command(code),
                 _ => err.exit(),

@@ -420,16 +420,24 @@ fn postgres_grants_that_arrive_after_their_ttl_are_a_lost_lease_not_a_success() 
         .collect();
     assert_eq!(kinds, ["acquired", "renew_rejected"], "{out:?}");
 
-    // `fence run` the same way: the command never starts.
+    // `fence run` the same way: the command never starts; its metrics name the token.
     let marker = store.home.path().join("ran");
+    let metrics = store.home.path().join("run.prom");
     let out = store
         .fence_at(&url)
         .args([
             "run", "late-run", "--owner", "w", "--ttl", "300ms", "--format", "json",
         ])
+        .args(["--metrics-file", &metrics.display().to_string()])
         .args(["--", "touch", &marker.display().to_string()])
         .run()
         .expect(5);
     assert_eq!(out.json()["reason"], "arrived_late", "{out:?}");
     assert!(!marker.exists(), "the command ran: {out:?}");
+    let (_, held, _, _) = lease_row(&store, "late-run");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    assert!(
+        text.contains(&format!("fence_run_token{{resource=\"late-run\"}} {held}")),
+        "{text}"
+    );
 }
