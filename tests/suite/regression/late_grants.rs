@@ -38,6 +38,47 @@ fn lease_row(store: &Store, resource: &str) -> (String, i64, i64, bool) {
     (row.get(0), row.get(1), row.get(2), row.get(3))
 }
 
+/// Makes `resource` known to the store (a lease row) and leaves it free.
+fn known_and_free(store: &Store, resource: &str) {
+    let token = common::acquire(store, resource, "setup");
+    common::release(store, resource, "setup", token);
+}
+
+/// The kinds of `resource`'s events that name `owner`, oldest first.
+fn kinds_of(store: &Store, resource: &str, owner: &str) -> Vec<String> {
+    store
+        .events(resource)
+        .into_iter()
+        .filter(|(_, by, _)| by.as_deref() == Some(owner))
+        .map(|(kind, _, _)| kind)
+        .collect()
+}
+
+/// fence's answer, which must be exit 0 and a grant to `w` of `resource` whose lease row is
+/// live and was last written after `opened` (the server's clock when the gate opened).
+fn live_after(
+    store: &Store,
+    resource: &str,
+    out: std::process::Output,
+    opened: i64,
+) -> (common::Out, serde_json::Value) {
+    let out = common::Out::from(out).expect(0);
+    let json = out.json();
+    let (owner, held, written_us, live) = lease_row(store, resource);
+    assert_eq!(
+        (owner.as_str(), Some(held)),
+        ("w", json["token"].as_i64()),
+        "{out:?}"
+    );
+    assert!(live, "{out:?}");
+    assert!(
+        written_us >= opened,
+        "the lease was last written {} ms before the gate opened: it carries the clock read before the wait ({out:?})",
+        (opened - written_us) / 1000
+    );
+    (out, json)
+}
+
 /// Starts `fence ARGS`, waits until its statement (an acquire, or a renewal when ARGS say
 /// `renew`) waits on `gate`'s lock, keeps it waiting for `hold`, then opens the gate (`roll_back`: rolls the gate's transaction back
 /// instead of committing it). Returns fence's output and the server's clock just before the
@@ -91,8 +132,7 @@ const HALF_AND_MORE: Duration = Duration::from_millis(2_500);
 fn postgres_an_acquire_that_waited_half_its_ttl_on_a_row_lock_is_renewed_when_reported() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
-    let token = common::acquire(&store, "r", "setup");
-    common::release(&store, "r", "setup", token);
+    known_and_free(&store, "r");
     let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
     let (out, opened) = through_gate(
         &store,
@@ -103,16 +143,7 @@ fn postgres_an_acquire_that_waited_half_its_ttl_on_a_row_lock_is_renewed_when_re
             "acquire", "r", "--owner", "w", "--ttl", TTL, "--format", "json",
         ],
     );
-    let out = common::Out::from(out).expect(0);
-    let json = out.json();
-    let (owner, held, written_us, live) = lease_row(&store, "r");
-    assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
-    assert!(live, "{out:?}");
-    assert!(
-        written_us >= opened,
-        "the lease was last written {} ms before the lock it waited on was let go: it carries the clock read before the wait ({out:?})",
-        (opened - written_us) / 1000
-    );
+    let (out, json) = live_after(&store, "r", out, opened);
     assert!(
         json["notices"].to_string().contains("renewing it"),
         "{out:?}"
@@ -148,17 +179,8 @@ fn postgres_an_acquire_that_waited_half_its_ttl_on_a_rolled_back_insert_is_renew
             "acquire", "n", "--owner", "w", "--ttl", TTL, "--format", "json",
         ],
     );
-    let out = common::Out::from(out).expect(0);
-    let json = out.json();
-    let (owner, held, written_us, live) = lease_row(&store, "n");
-    assert_eq!((owner.as_str(), held), ("w", 1));
+    let (out, json) = live_after(&store, "n", out, opened);
     assert_eq!(json["token"].as_i64(), Some(1), "{out:?}");
-    assert!(live, "{out:?}");
-    assert!(
-        written_us >= opened,
-        "the lease was last written {} ms before the insert it waited on was rolled back ({out:?})",
-        (opened - written_us) / 1000
-    );
 }
 
 /// A wait on the row lock longer than the whole TTL: the grant came back with its lease run
@@ -168,8 +190,7 @@ fn postgres_an_acquire_that_waited_half_its_ttl_on_a_rolled_back_insert_is_renew
 fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_a_lost_lease() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
-    let token = common::acquire(&store, "r", "setup");
-    common::release(&store, "r", "setup", token);
+    known_and_free(&store, "r");
     let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
     let (out, _) = through_gate(
         &store,
@@ -188,13 +209,11 @@ fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_a_lost_lease() 
     assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
     assert!(!live, "the lease fence called lost is live: {out:?}");
     // One grant to it, and the renewal the store refused: it had expired.
-    let events: Vec<String> = store
-        .events("r")
-        .into_iter()
-        .filter(|(_, owner, _)| owner.as_deref() == Some("w"))
-        .map(|(kind, _, _)| kind)
-        .collect();
-    assert_eq!(events, ["acquired", "renew_rejected"], "{out:?}");
+    assert_eq!(
+        kinds_of(&store, "r", "w"),
+        ["acquired", "renew_rejected"],
+        "{out:?}"
+    );
 }
 
 /// A wait as long on a lock taken *before* the statement read its clock (the whole `leases`
@@ -204,8 +223,7 @@ fn postgres_an_acquire_that_waited_past_its_ttl_on_a_row_lock_is_a_lost_lease() 
 fn postgres_an_acquire_that_waited_past_its_ttl_on_a_table_lock_is_renewed_not_lost() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
-    let token = common::acquire(&store, "r", "setup");
-    common::release(&store, "r", "setup", token);
+    known_and_free(&store, "r");
     let gate = RowLock::hold_by(
         &store.url,
         &format!("LOCK TABLE {schema}.leases IN ACCESS EXCLUSIVE MODE"),
@@ -219,19 +237,12 @@ fn postgres_an_acquire_that_waited_past_its_ttl_on_a_table_lock_is_renewed_not_l
             "acquire", "r", "--owner", "w", "--ttl", "1s", "--format", "json",
         ],
     );
-    let out = common::Out::from(out).expect(0);
-    let json = out.json();
-    let (owner, held, written_us, live) = lease_row(&store, "r");
-    assert_eq!((owner.as_str(), Some(held)), ("w", json["token"].as_i64()));
-    assert!(live, "{out:?}");
-    assert!(written_us >= opened, "{out:?}");
-    let events: Vec<String> = store
-        .events("r")
-        .into_iter()
-        .filter(|(_, owner, _)| owner.as_deref() == Some("w"))
-        .map(|(kind, _, _)| kind)
-        .collect();
-    assert_eq!(events, ["acquired", "renewed"], "{out:?}");
+    let (out, _) = live_after(&store, "r", out, opened);
+    assert_eq!(
+        kinds_of(&store, "r", "w"),
+        ["acquired", "renewed"],
+        "{out:?}"
+    );
 }
 
 /// The directory store decides under a lock file: a grant that waited for it longer than the
@@ -288,8 +299,7 @@ fn file_store_a_grant_that_waited_for_the_lock_file_past_its_ttl_is_live() {
 fn postgres_a_run_whose_grant_waited_half_its_ttl_on_a_row_lock_runs_its_command() {
     let store = Store::postgres();
     let schema = store.schema.clone().unwrap();
-    let token = common::acquire(&store, "job", "setup");
-    common::release(&store, "job", "setup", token);
+    known_and_free(&store, "job");
     let marker = store.home.path().join("ran");
     let script = format!("echo \"$FENCE_TOKEN\" > '{}'", marker.display());
     let gate = RowLock::hold(&store.url, &format!("{schema}.leases"));
