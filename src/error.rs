@@ -220,12 +220,14 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
             "ran out while a process of the command would not die on SIGKILL".to_owned()
         }
         LostReason::RecordLost => "is no longer recorded: its lease record is missing or older than the lease (deleted, moved aside, restored from an older copy, or lost in a power loss)".to_owned(),
-        LostReason::ArrivedLate => "had run out by the time the store's answer arrived".to_owned(),
+        LostReason::ArrivedLate => {
+            "had run out, or all but, by the time the store's answer arrived".to_owned()
+        }
     }
 }
 
 /// What makes a store's answer come after the TTL, for the hints of `arrived_late`.
-const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding a lock on fence's `leases` table or a row of it: `SELECT DISTINCT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation::regclass::text LIKE '%leases' AND a.pid <> pg_backend_pid()`; else the network, a proxy or a pooler";
+const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding a lock on fence's `leases` table or a row of it: `SELECT DISTINCT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation::regclass::text LIKE '%leases' AND a.pid <> pg_backend_pid()`; on a directory store, a slow disk; else the network, a proxy or a pooler";
 
 fn lost_message(resource: &str, token: i64, reason: LostReason) -> String {
     let lease = format!("the lease on `{resource}` with token {token}");

@@ -257,6 +257,30 @@ pub struct InitReport {
 /// How many times [`Leases::kept_in_time`] renews a lease whose grant or renewal came late.
 pub const LATE_ANSWER_RENEWALS: u32 = 3;
 
+/// An instant on tokio's clock and on the bound clock together, taken before a request is
+/// sent: tokio's clock (CLOCK_MONOTONIC) stops while the machine is suspended, and a lease runs
+/// out during a suspend too.
+#[derive(Clone, Copy)]
+pub struct Mark {
+    at: tokio::time::Instant,
+    at_ns: u64,
+}
+
+impl Mark {
+    fn now() -> Mark {
+        Mark {
+            at: tokio::time::Instant::now(),
+            at_ns: crate::sys::bound_clock_ns(),
+        }
+    }
+
+    /// How long the machine was suspended since the mark.
+    fn suspended(&self) -> Duration {
+        Duration::from_nanos(crate::sys::bound_clock_ns().saturating_sub(self.at_ns))
+            .saturating_sub(self.at.elapsed())
+    }
+}
+
 /// A coordinator's leases: granting, renewing and releasing them (I1, I3, I4).
 #[async_trait(?Send)]
 pub trait Leases {
@@ -282,16 +306,24 @@ pub trait Leases {
         ttl: Duration,
         above: Option<i64>,
     ) -> Result<Grant, Error> {
-        let asked = tokio::time::Instant::now();
-        let mut grant = self.grant(resource, owner, ttl, above).await?;
-        let sent = grant.sent.map_or(asked, |sent| sent.max(asked));
+        let mark = Mark::now();
+        let mut grant = match self.grant(resource, owner, ttl, above).await {
+            Ok(grant) => grant,
+            Err(err @ Error::OutcomeUnknown { .. }) => {
+                // Its statement may still be waiting (on a lock): not once fence has left.
+                self.cancel_pending().await;
+                return Err(err);
+            }
+            Err(err) => return Err(err),
+        };
+        let sent = grant.sent.map_or(mark.at, |sent| sent.max(mark.at));
         let lease = LeaseRef {
             resource: resource.to_owned(),
             owner: owner.to_owned(),
             token: grant.lease.token,
         };
         let (kept, sent) = self
-            .kept_in_time(&lease, grant.lease.clone(), sent, "grant")
+            .kept_in_time(&lease, grant.lease.clone(), sent, mark, "grant")
             .await?;
         grant.lease = kept;
         grant.sent = Some(sent);
@@ -301,9 +333,12 @@ pub trait Leases {
     /// [`Self::renew`], checked as [`Self::grant_in_time`] checks a grant (`fence renew`: a
     /// renewal that waited on a row lock carries the clock read before the wait too).
     async fn renew_in_time(&self, lease: &LeaseRef, ttl: Option<Duration>) -> Result<Lease, Error> {
-        let sent = tokio::time::Instant::now();
+        let mark = Mark::now();
         let renewed = self.renew(lease, ttl).await?;
-        Ok(self.kept_in_time(lease, renewed, sent, "renewal").await?.0)
+        Ok(self
+            .kept_in_time(lease, renewed, mark.at, mark, "renewal")
+            .await?
+            .0)
     }
 
     /// `answer`, the lease as a grant or renewal sent at `sent` left it, once it is known to
@@ -324,22 +359,16 @@ pub trait Leases {
         lease: &LeaseRef,
         mut answer: Lease,
         mut sent: tokio::time::Instant,
+        mark: Mark,
         what: &str,
     ) -> Result<(Lease, tokio::time::Instant), Error> {
-        let lost = || Error::LeaseLost {
+        let lost = |reason| Error::LeaseLost {
             resource: lease.resource.clone(),
             owner: lease.owner.clone(),
             token: lease.token,
-            reason: LostReason::ArrivedLate,
+            reason,
         };
-        // What tokio's clock leaves out: the time this machine was suspended from now on.
-        let (mark, mark_ns) = (tokio::time::Instant::now(), crate::sys::bound_clock_ns());
-        let took = |sent: tokio::time::Instant| {
-            let suspended =
-                Duration::from_nanos(crate::sys::bound_clock_ns().saturating_sub(mark_ns))
-                    .saturating_sub(mark.elapsed());
-            sent.elapsed() + suspended
-        };
+        let took = |sent: tokio::time::Instant| sent.elapsed() + mark.suspended();
         let ttl = Duration::from_millis(u64::try_from(answer.ttl_ms).unwrap_or(0));
         let mut what = what;
         for _ in 0..LATE_ANSWER_RENEWALS {
@@ -361,21 +390,42 @@ pub trait Leases {
                     answer = renewed;
                     sent = renewal_sent;
                 }
-                Err(Error::LeaseLost { .. } | Error::Stale { .. }) => return Err(lost()),
-                Err(err @ Error::OutcomeUnknown { .. }) => {
+                Err(Error::LeaseLost {
+                    reason: LostReason::Expired,
+                    ..
+                }) => return Err(lost(LostReason::ArrivedLate)),
+                // Released meanwhile (with its token), or its record lost: that, as it is.
+                Err(err @ Error::LeaseLost { .. }) => return Err(err),
+                Err(Error::Stale { highest_token, .. }) => {
+                    return Err(lost(LostReason::TakenOver { highest_token }))
+                }
+                Err(Error::OutcomeUnknown { source, .. }) => {
                     // It may still apply: not while this process can stop it.
                     self.cancel_pending().await;
-                    return Err(err);
+                    return Err(Error::OutcomeUnknown {
+                        message: format!(
+                            "`{}` was granted to `{}` with token {}, but the store's answer came late and the renewal sent then got no answer in time (it was cancelled where the store allows): whether the lease is still live is unknown",
+                            lease.resource, lease.owner, lease.token
+                        ),
+                        hint: format!(
+                            "`fence inspect {}` shows whether it is still held; release it with `fence release {} --owner {} --token {}` if nothing is to run under it",
+                            crate::error::shell_word(&lease.resource),
+                            crate::error::shell_word(&lease.resource),
+                            crate::error::shell_word(&lease.owner),
+                            lease.token
+                        ),
+                        source,
+                    });
                 }
                 // Not renewed (the store unreachable): the answer before stands while it lasts.
                 Err(_) if took(sent) < ttl => return Ok((answer, sent)),
-                Err(_) => return Err(lost()),
+                Err(_) => return Err(lost(LostReason::ArrivedLate)),
             }
         }
         if took(sent) < ttl {
             Ok((answer, sent))
         } else {
-            Err(lost())
+            Err(lost(LostReason::ArrivedLate))
         }
     }
 

@@ -314,6 +314,18 @@ async fn supervise(
         id.as_ref().map(|_| digest.as_str()),
         reaper.group(),
     );
+    // A grant whose answers kept coming late leaves too little of its bound to record the
+    // start and start the command (the reaper would refuse at the bound, and the history
+    // would show a start that never was): not started, and said so.
+    if crate::sys::bound_clock_ns().saturating_add(nanos(ttl / 4)) >= bound {
+        let _ = coordinator.release(&lease).await;
+        return Err(Error::LeaseLost {
+            resource: lease.resource.clone(),
+            owner: lease.owner.clone(),
+            token: lease.token,
+            reason: crate::error::LostReason::ArrivedLate,
+        });
+    }
     // On record before the command starts, so that the history has it first whatever
     // becomes of this process; bounded by a quarter of the TTL (the bound runs meanwhile).
     recorder.started(coordinator.as_ref(), ttl / 4).await;

@@ -392,6 +392,53 @@ fn postgres_a_renewal_that_waited_on_a_row_lock_is_renewed_again_or_lost() {
     );
 }
 
+/// A grant whose answer the network holds for more than half the TTL, released meanwhile
+/// (with its token, by someone else): the renewal fence sends on the late answer is refused
+/// as released, and fence says so (exit 5, `released`), not that the store was slow.
+#[test]
+fn postgres_a_late_grant_released_meanwhile_is_reported_released() {
+    use common::proxy::{Mode, Proxy};
+    let store = Store::postgres();
+    common::acquire(&store, "other", "setup");
+    let proxy = Proxy::start(
+        common::pg_upstream(),
+        Mode::DelayAnswersOnceClientSends(
+            b"-- fence: acquire".to_vec(),
+            Duration::from_millis(2_500),
+        ),
+    );
+    let child = store
+        .fence_at(&common::pg_url_via(proxy.addr()))
+        .args([
+            "acquire", "r", "--owner", "w", "--ttl", "4s", "--format", "json",
+        ])
+        .spawn();
+    let mut token = None;
+    common::wait_for("the grant to be applied", Duration::from_secs(30), || {
+        token = store
+            .lease("r")
+            .filter(|(owner, _, live)| owner == "w" && *live)
+            .map(|(_, token, _)| token);
+        token.is_some()
+    });
+    let lease = common::Lease {
+        resource: "r".into(),
+        owner: "w".into(),
+        token: token.unwrap(),
+    };
+    store.fence().release(&lease);
+    let out =
+        common::Out::from(common::wait_output("fence", child, Duration::from_secs(60))).expect(5);
+    let json = out.json();
+    assert_eq!(json["reason"], "released", "{out:?}");
+    assert_eq!(json["token"].as_i64(), Some(lease.token), "{out:?}");
+    assert_eq!(
+        kinds_of(&store, "r", "w"),
+        ["acquired", "released", "renew_rejected"],
+        "{out:?}"
+    );
+}
+
 /// Every answer held back longer than the TTL (a proxy delays the server's answers once an
 /// acquire was sent): fence exits 5 `arrived_late`, naming the token it was granted, and
 /// starts nothing; the store shows that one grant, and it is not live.
