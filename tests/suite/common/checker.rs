@@ -675,10 +675,15 @@ fn check_i3(h: &History, out: &mut Vec<Violation>) {
                 } else {
                     OpKind::Acquire
                 };
+                // A renewal inside an acquire (an answer that came late, renewed before it was
+                // reported: `Leases::kept_in_time`) asks the acquire's TTL.
                 let owner_ttl = e.ttl_ms.unwrap_or_else(|| {
                     e.owner
                         .as_deref()
-                        .and_then(|o| ttl.get(&(o, kind)))
+                        .and_then(|o| {
+                            ttl.get(&(o, kind))
+                                .or_else(|| ttl.get(&(o, OpKind::Acquire)))
+                        })
                         .copied()
                         .unwrap_or(i64::MAX / 4_000)
                 });
