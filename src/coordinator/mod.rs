@@ -307,15 +307,7 @@ pub trait Leases {
         above: Option<i64>,
     ) -> Result<Grant, Error> {
         let mark = Mark::now();
-        let mut grant = match self.grant(resource, owner, ttl, above).await {
-            Ok(grant) => grant,
-            Err(err @ Error::OutcomeUnknown { .. }) => {
-                // Its statement may still be waiting (on a lock): not once fence has left.
-                self.cancel_pending().await;
-                return Err(err);
-            }
-            Err(err) => return Err(err),
-        };
+        let mut grant = self.grant(resource, owner, ttl, above).await?;
         let sent = grant.sent.map_or(mark.at, |sent| sent.max(mark.at));
         let lease = LeaseRef {
             resource: resource.to_owned(),

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::{Backend, Store};
 use fence::config::StoreSpec;
-use fence::error::{Error, LostReason};
+use fence::error::Error;
 
 const WORKERS: usize = 16;
 /// Run at least this long, and until at least MIN_GRANTS grants and the profile's minimum of
@@ -192,15 +192,12 @@ fn worker(index: usize, run: Run) -> Tally {
                     }
                 }
                 // Granted while waiting, but the answer came after the lease had run out by
-                // fence's reckoning (a loaded machine): the client was told the token, in the
-                // error (a second time when it was the owner's own lease, reacquired). The
+                // fence's reckoning (a loaded machine), and the renewal sent then found it
+                // expired or taken over: the client was told the token, in the error (a second
+                // time when it was the owner's own lease, reacquired). The
                 // store may count it live a little longer, so the worker stays away until it
                 // has expired, as after abandoning one: asking at once would reacquire it.
-                Err(Error::LeaseLost {
-                    token,
-                    reason: LostReason::ArrivedLate,
-                    ..
-                }) if waiting => {
+                Err(Error::LeaseLost { token, .. }) if waiting => {
                     if tally.granted.last() != Some(&token) {
                         tally.granted.push(token);
                     }
