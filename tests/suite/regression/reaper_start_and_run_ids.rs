@@ -376,7 +376,7 @@ fn a_waiting_run_paused_killed_or_interrupted_leaves_nothing(store: &Store) {
         (libc::SIGINT, false),
         (libc::SIGHUP, false),
     ] {
-        let mut waiting = spawn_run(store, "r", dir.path(), &["--wait", "5m"], &script);
+        let waiting = spawn_run(store, "r", dir.path(), &["--wait", "5m"], &script);
         // fence and its reaper, idle until a grant.
         wait_for("the waiting run's reaper", Duration::from_secs(30), || {
             processes_with(&marker).len() >= 2
@@ -385,7 +385,14 @@ fn a_waiting_run_paused_killed_or_interrupted_leaves_nothing(store: &Store) {
             kill(waiting.id(), libc::SIGSTOP);
         }
         kill(waiting.id(), signal);
-        let status = waiting.wait().unwrap();
+        // Bounded, and with fence's output on failure (once seen to hang a loaded CI run
+        // past the test's 120 s limit, unexplained).
+        let status = wait_output(
+            &format!("the waiting run sent signal {signal}"),
+            waiting,
+            Duration::from_secs(60),
+        )
+        .status;
         assert_ne!(status.code(), Some(0), "signal {signal}: {status:?}");
         nothing_left(
             &marker,
