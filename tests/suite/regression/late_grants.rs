@@ -79,6 +79,20 @@ fn live_after(
     (out, json)
 }
 
+/// A proxy to the test server that, once a connection sent an acquire, holds each of the
+/// server's answers on it for `delay`; and the store's URL through it. The schema exists
+/// (another resource was acquired directly), so that no first-use round trips are delayed.
+fn answers_delayed(store: &Store, delay: Duration) -> (common::proxy::Proxy, String) {
+    use common::proxy::{Mode, Proxy};
+    common::acquire(store, "other", "setup");
+    let proxy = Proxy::start(
+        common::pg_upstream(),
+        Mode::DelayAnswersOnceClientSends(b"-- fence: acquire".to_vec(), delay),
+    );
+    let url = common::pg_url_via(proxy.addr());
+    (proxy, url)
+}
+
 /// Starts `fence ARGS`, waits until its statement (an acquire, or a renewal when ARGS say
 /// `renew`) waits on `gate`'s lock, keeps it waiting for `hold`, then opens the gate (`roll_back`: rolls the gate's transaction back
 /// instead of committing it). Returns fence's output and the server's clock just before the
@@ -397,18 +411,10 @@ fn postgres_a_renewal_that_waited_on_a_row_lock_is_renewed_again_or_lost() {
 /// as released, and fence says so (exit 5, `released`), not that the store was slow.
 #[test]
 fn postgres_a_late_grant_released_meanwhile_is_reported_released() {
-    use common::proxy::{Mode, Proxy};
     let store = Store::postgres();
-    common::acquire(&store, "other", "setup");
-    let proxy = Proxy::start(
-        common::pg_upstream(),
-        Mode::DelayAnswersOnceClientSends(
-            b"-- fence: acquire".to_vec(),
-            Duration::from_millis(2_500),
-        ),
-    );
+    let (_proxy, url) = answers_delayed(&store, Duration::from_millis(2_500));
     let child = store
-        .fence_at(&common::pg_url_via(proxy.addr()))
+        .fence_at(&url)
         .args([
             "acquire", "r", "--owner", "w", "--ttl", "4s", "--format", "json",
         ])
@@ -444,17 +450,8 @@ fn postgres_a_late_grant_released_meanwhile_is_reported_released() {
 /// starts nothing; the store shows that one grant, and it is not live.
 #[test]
 fn postgres_grants_that_arrive_after_their_ttl_are_a_lost_lease_not_a_success() {
-    use common::proxy::{Mode, Proxy};
     let store = Store::postgres();
-    common::acquire(&store, "other", "setup");
-    let proxy = Proxy::start(
-        common::pg_upstream(),
-        Mode::DelayAnswersOnceClientSends(
-            b"-- fence: acquire".to_vec(),
-            Duration::from_millis(700),
-        ),
-    );
-    let url = common::pg_url_via(proxy.addr());
+    let (_proxy, url) = answers_delayed(&store, Duration::from_millis(700));
     let out = store
         .fence_at(&url)
         .args([
