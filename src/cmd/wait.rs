@@ -70,8 +70,10 @@ pub async fn acquire_sent(
         &mut sent,
     )
     .await?;
-    // The coordinator may know more closely when the request that made the grant was sent.
-    let sent = grant.sent.map_or(sent, |closer| closer.max(sent));
+    // The coordinator knows more closely when the request that made the grant was sent, and
+    // moves it earlier by any suspend of the machine meanwhile (`Leases::kept_in_time`): taken
+    // as it is, never the later of the two.
+    let sent = grant.sent.unwrap_or(sent);
     Ok((grant, sent))
 }
 

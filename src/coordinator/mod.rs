@@ -345,13 +345,16 @@ pub trait Leases {
     /// last answer still past the TTL makes it lost ([`LostReason::ArrivedLate`]). No new lease
     /// is asked for, so the caller is told of every token granted to it. A renewal whose
     /// outcome is unknown is cancelled where the store can, and reported as such. Returns the
-    /// lease and when the request that last extended it was sent.
+    /// lease and when the request that last extended it was sent, on tokio's clock, moved
+    /// earlier by any suspend of the machine since that request was sent (that clock stopped
+    /// during it; the lease did not), so that a bound measured from it is never later than
+    /// the store's expiry.
     async fn kept_in_time(
         &self,
         lease: &LeaseRef,
         mut answer: Lease,
         mut sent: tokio::time::Instant,
-        mark: Mark,
+        mut mark: Mark,
         what: &str,
     ) -> Result<(Lease, tokio::time::Instant), Error> {
         let lost = |reason| Error::LeaseLost {
@@ -360,13 +363,21 @@ pub trait Leases {
             token: lease.token,
             reason,
         };
-        let took = |sent: tokio::time::Instant| sent.elapsed() + mark.suspended();
+        let took = |sent: tokio::time::Instant, mark: &Mark| sent.elapsed() + mark.suspended();
+        // Returned earlier by the suspend counted: the caller measures its bound on tokio's
+        // clock from it, and that clock did not run while the machine slept.
+        let kept = |answer: Lease, sent: tokio::time::Instant, mark: &Mark| match sent
+            .checked_sub(mark.suspended())
+        {
+            Some(sent) => Ok((answer, sent)),
+            None => Err(lost(LostReason::ArrivedLate)),
+        };
         let ttl = Duration::from_millis(u64::try_from(answer.ttl_ms).unwrap_or(0));
         let mut what = what;
         for _ in 0..LATE_ANSWER_RENEWALS {
-            let late = took(sent);
+            let late = took(sent, &mark);
             if late <= ttl / 2 {
-                return Ok((answer, sent));
+                return kept(answer, sent, &mark);
             }
             crate::terminal::warn(&format!(
                 "warning: the store answered the {what} of `{}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
@@ -376,11 +387,11 @@ pub trait Leases {
                 crate::time::span(ttl.as_millis() as i64),
             ));
             what = "renewal";
-            let renewal_sent = tokio::time::Instant::now();
+            let renewal = Mark::now();
             match self.renew(lease, Some(ttl)).await {
                 Ok(renewed) => {
                     answer = renewed;
-                    sent = renewal_sent;
+                    (sent, mark) = (renewal.at, renewal);
                 }
                 Err(Error::LeaseLost {
                     reason: LostReason::Expired,
@@ -410,12 +421,12 @@ pub trait Leases {
                     });
                 }
                 // Not renewed (the store unreachable): the answer before stands while it lasts.
-                Err(_) if took(sent) < ttl => return Ok((answer, sent)),
+                Err(_) if took(sent, &mark) < ttl => return kept(answer, sent, &mark),
                 Err(_) => return Err(lost(LostReason::ArrivedLate)),
             }
         }
-        if took(sent) < ttl {
-            Ok((answer, sent))
+        if took(sent, &mark) < ttl {
+            kept(answer, sent, &mark)
         } else {
             Err(lost(LostReason::ArrivedLate))
         }
@@ -791,6 +802,51 @@ mod tests {
         assert_eq!(raised_detail(99, Some(99)), None);
         assert_eq!(raised_detail(150, Some(99)), None);
         assert_eq!(raised_detail(2, None), None);
+    }
+
+    /// A suspend of the machine while a grant was asked for: the bound clock ran on, tokio's
+    /// did not. The answer counts as late by the suspend too, and the instant it is kept from
+    /// moves earlier by it, or `fence run`'s bound (measured on tokio's clock from that
+    /// instant) would outlive the store's expiry by the suspend.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_suspend_while_a_grant_was_asked_counts_against_its_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = file::FileCoordinator::open(dir.path()).unwrap();
+        let ttl = Duration::from_secs(10);
+        let asleep = |secs: u64| {
+            let at_ns = crate::sys::bound_clock_ns() - secs * 1_000_000_000;
+            Mark {
+                at: tokio::time::Instant::now(),
+                at_ns,
+            }
+        };
+        let grant = store.grant("r", "me", ttl, None).await.unwrap();
+        let lease = LeaseRef {
+            resource: "r".into(),
+            owner: "me".into(),
+            token: grant.lease.token,
+        };
+        // 3 s asleep, under half the TTL: kept, 3 s earlier.
+        let mark = asleep(3);
+        let (kept, sent) = store
+            .kept_in_time(&lease, grant.lease.clone(), mark.at, mark, "grant")
+            .await
+            .unwrap();
+        assert_eq!(kept.token, grant.lease.token);
+        let back = mark.at.duration_since(sent);
+        assert!(
+            back >= Duration::from_secs(3) && back < Duration::from_secs(4),
+            "{back:?}"
+        );
+        // 6 s asleep, over half the TTL: renewed once (the renewal was not slept through),
+        // kept from the renewal's request.
+        let mark = asleep(6);
+        let (kept, sent) = store
+            .kept_in_time(&lease, grant.lease.clone(), mark.at, mark, "grant")
+            .await
+            .unwrap();
+        assert_eq!(kept.token, grant.lease.token);
+        assert!(sent >= mark.at, "{:?}", mark.at.duration_since(sent));
     }
 
     #[test]

@@ -495,3 +495,38 @@ fn postgres_grants_that_arrive_after_their_ttl_are_a_lost_lease_not_a_success() 
         "{text}"
     );
 }
+
+/// Answers that stay late through every renewal, yet each inside the TTL: the last one leaves
+/// less than a quarter of the TTL to the run's bound, too little to record the start and start
+/// the command before it. `fence run` releases the lease and says it arrived late; the command
+/// never starts and no start is on record. (Each answer is held 3.2 s of a 4 s TTL: counted
+/// from its request, the last renewal leaves at most 0.8 s, under the quarter of 1 s, as long
+/// as the statement itself takes under 0.8 s.)
+#[test]
+fn postgres_a_run_whose_renewals_stay_late_does_not_start_its_command() {
+    let store = Store::postgres();
+    let (_proxy, url) = answers_delayed(&store, Duration::from_millis(3200));
+    let marker = store.home.path().join("ran");
+    let out = store
+        .fence_at(&url)
+        .args([
+            "run", "slow", "--owner", "w", "--ttl", "4s", "--format", "json", "--",
+        ])
+        .args(["touch", &marker.display().to_string()])
+        .run()
+        .expect(5);
+    let json = out.json();
+    assert_eq!(json["error"], "lease_lost", "{out:?}");
+    assert_eq!(json["reason"], "arrived_late", "{out:?}");
+    assert!(!marker.exists(), "the command ran: {out:?}");
+    // `fence run --owner w` holds as `w/PID/NONCE`.
+    let (owner, held, _, live) = lease_row(&store, "slow");
+    assert!(owner.starts_with("w/"), "{owner}");
+    assert_eq!(json["token"].as_i64(), Some(held), "{out:?}");
+    assert!(!live, "the lease was left live: {out:?}");
+    assert_eq!(
+        kinds_of(&store, "slow", &owner),
+        ["acquired", "renewed", "renewed", "renewed", "released"],
+        "{out:?}"
+    );
+}
