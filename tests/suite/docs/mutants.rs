@@ -59,10 +59,7 @@ fn named_mutants(text: &str) -> Vec<String> {
         let Some(mut list) = rest.strip_prefix(" `") else {
             continue;
         };
-        loop {
-            let Some((name, after)) = list.split_once('`') else {
-                break;
-            };
+        while let Some((name, after)) = list.split_once('`') {
             if name.is_empty()
                 || !name
                     .chars()
