@@ -228,8 +228,14 @@ async fn waiting(
         spinner.finish_and_clear();
     }
     // Best effort: a stale waiter record is ignored by `inspect` once this process is gone.
+    let leaving = crate::coordinator::Mark::now();
     let _ = coordinator.unwait(resource).await;
-    result
+    // Leaving the queue can take long (an object store's deletes, retried): the grant is
+    // judged again from when it was asked for, as the last thing before it is reported.
+    match result {
+        Ok(grant) => coordinator.still_in_time(grant, owner, leaving).await,
+        err => err,
+    }
 }
 
 impl Output {

@@ -267,7 +267,7 @@ pub struct Mark {
 }
 
 impl Mark {
-    fn now() -> Mark {
+    pub(crate) fn now() -> Mark {
         Mark {
             at: tokio::time::Instant::now(),
             at_ns: crate::sys::bound_clock_ns(),
@@ -316,6 +316,39 @@ pub trait Leases {
         };
         let (kept, sent) = self
             .kept_in_time(&lease, grant.lease.clone(), sent, mark, "grant")
+            .await?;
+        grant.lease = kept;
+        grant.sent = Some(sent);
+        Ok(grant)
+    }
+
+    /// A grant judged in time by [`Self::grant_in_time`] before more was done for it (`--wait`
+    /// leaving its queue: on an object store, requests that can take as long as the network
+    /// or the store's retries make them), judged again ([`Self::kept_in_time`]) from when it
+    /// was asked for, the time since `since` (taken when that work began) counting a suspend of
+    /// the machine: reported in time, renewed, or lost, as a late answer is.
+    async fn still_in_time(
+        &self,
+        mut grant: Grant,
+        owner: &str,
+        since: Mark,
+    ) -> Result<Grant, Error> {
+        let Some(sent) = grant.sent else {
+            return Ok(grant);
+        };
+        let lease = LeaseRef {
+            resource: grant.lease.resource.clone(),
+            owner: owner.to_owned(),
+            token: grant.lease.token,
+        };
+        let (kept, sent) = self
+            .kept_in_time(
+                &lease,
+                grant.lease.clone(),
+                sent,
+                since,
+                "grant (with leaving the wait's queue after it)",
+            )
             .await?;
         grant.lease = kept;
         grant.sent = Some(sent);
@@ -380,7 +413,7 @@ pub trait Leases {
                 return kept(answer, sent, &mark);
             }
             crate::terminal::warn(&format!(
-                "warning: the store answered the {what} of `{}` (token {}) {} after it was asked, more than half its TTL of {}; renewing it",
+                "warning: the {what} of `{}` (token {}) was answered {} after it was asked, more than half its TTL of {}; renewing it",
                 lease.resource,
                 lease.token,
                 crate::time::span(late.as_millis() as i64),

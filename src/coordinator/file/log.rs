@@ -24,7 +24,8 @@ use crate::timeline::EventKind;
 pub(crate) const MAX_LOG_BYTES: u64 = 4 << 20;
 /// How many of the most recent events pruning keeps.
 pub(crate) const KEEP_EVENTS: usize = 10_000;
-/// How far back from the end the log's highest token is looked for.
+/// How far back from the end the log's highest token is looked for, at most: back to the
+/// last grant, which is where a log written by fence has it.
 const TOKEN_SCAN_EVENTS: usize = 256;
 /// Bytes read from the end at a time.
 const CHUNK: u64 = 64 * 1024;
@@ -338,14 +339,28 @@ impl EventLine {
     }
 }
 
-/// The highest token among the log's last events (every event after a grant carries that
-/// grant's token or an older one, and a `pruned` event the highest before it).
+/// The highest token among the log's events back to its last grant (`acquired`,
+/// `taken_over`) or `pruned` event: a grant's token was above every token before it (this
+/// scan found them when it was issued), and a `pruned` event carries the highest before it;
+/// the events after it may carry any token (a refused `--token`), so they are all read. At
+/// most [`TOKEN_SCAN_EVENTS`] events, a page at a time: a grant reads a few lines, not the
+/// log's last 64 KB (0.3 ms of a `fence run` on a long log).
 pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
-    Ok(tail(path, TOKEN_SCAN_EVENTS)?
-        .events
-        .iter()
-        .filter_map(|e| e.token)
-        .max())
+    let mut highest = None;
+    let mut read = 0;
+    rev_lines(path, 4096, |line, _| {
+        let Ok(event) = serde_json::from_slice::<EventLine>(line) else {
+            return true;
+        };
+        highest = highest.max(event.token);
+        read += 1;
+        let granted = matches!(
+            event.kind,
+            EventKind::Acquired | EventKind::TakenOver | EventKind::Pruned
+        );
+        !granted && read < TOKEN_SCAN_EVENTS
+    })?;
+    Ok(highest)
 }
 
 /// The change the log's last event follows: None when the log has no event, `Some(None)`

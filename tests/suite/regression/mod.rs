@@ -3,6 +3,7 @@
 mod digests_and_bounds;
 mod ids_prune_inspect;
 mod ids_records_and_roles;
+mod late_answers;
 mod late_grants;
 mod log_and_metrics;
 mod pg_write_and_run;
