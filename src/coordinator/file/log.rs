@@ -452,3 +452,53 @@ pub(super) fn prune(path: &Path, high: i64, now_ms: i64) -> io::Result<()> {
     }
     replace(path, &body, true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_of(lines: &[&str]) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        for line in lines {
+            writeln!(file, "{line}").unwrap();
+        }
+        file
+    }
+
+    fn event(kind: &str, token: i64) -> String {
+        format!(r#"{{"at_ms":1700000000000,"kind":"{kind}","owner":"o","token":{token}}}"#)
+    }
+
+    #[test]
+    fn the_highest_token_is_read_back_to_the_last_grant() {
+        // Every event after the last grant is read (a refused token may be higher), and the
+        // scan stops at the grant: what came before it was below its token when it was issued.
+        let log = log_of(&[
+            &event("acquired", 50),
+            &event("acquired", 7),
+            &event("renewed", 7),
+            "not an event",
+            &event("renew_rejected", 9),
+            &event("released", 7),
+        ]);
+        assert_eq!(highest_token(log.path()).unwrap(), Some(9));
+        let log = log_of(&[&event("acquired", 50), &event("taken_over", 8)]);
+        assert_eq!(highest_token(log.path()).unwrap(), Some(8));
+        let log = log_of(&[
+            &event("acquired", 50),
+            &event("pruned", 12),
+            &event("run_started", 12),
+        ]);
+        assert_eq!(highest_token(log.path()).unwrap(), Some(12));
+        // No grant at all (a log of another version's kinds): at most TOKEN_SCAN_EVENTS back.
+        let mut lines = vec![event("acquired", 99)];
+        lines.extend((0..TOKEN_SCAN_EVENTS).map(|_| event("renewed", 3)));
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        assert_eq!(highest_token(log_of(&refs).path()).unwrap(), Some(3));
+        assert_eq!(highest_token(log_of(&[]).path()).unwrap(), None);
+        assert_eq!(
+            highest_token(Path::new("/nonexistent/fence/log")).unwrap(),
+            None
+        );
+    }
+}
