@@ -226,6 +226,10 @@ pub(crate) fn lost_reason_words(reason: LostReason) -> String {
     }
 }
 
+/// The `op` whose hints [`Error::hint_in`] gives for a `fence run` that failed before its
+/// command started: a lease lost then (its grant's answers came late) stopped nothing.
+pub const RUN_UNSTARTED: &str = "run, not started";
+
 /// What makes a store's answer come after the TTL, for the hints of `arrived_late`.
 const LATE_CAUSE: &str = "on PostgreSQL, a transaction holding a lock on fence's `leases` table or a row of it: `SELECT DISTINCT a.pid, a.xact_start, a.state, a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.relation::regclass::text LIKE '%leases' AND a.pid <> pg_backend_pid()`; on a directory store, a slow disk; else the network, a proxy or a pooler";
 
@@ -372,11 +376,30 @@ impl Error {
         }
     }
 
-    /// What to do next after `fence OP` failed: [`Self::hint`], except for a `fence run`
+    /// What to do next after `fence OP` failed ([`RUN_UNSTARTED`] for a `fence run` that never
+    /// started its command): [`Self::hint`], except for a `fence run`
     /// whose lease was lost, where the command was stopped, not left running: nothing is to be
     /// acquired by hand (a cron job runs again at its next turn), and the store's history says
     /// what happened.
     pub fn hint_in(&self, op: &str) -> String {
+        if op == RUN_UNSTARTED {
+            return match self {
+                Error::LeaseLost { reason, .. }
+                    if !matches!(
+                        reason,
+                        LostReason::ArrivedLate
+                            | LostReason::SupervisorLost
+                            | LostReason::Unkillable
+                    ) =>
+                {
+                    format!(
+                        "the command was not started: the lease {} before it could be (the grant's answers came late). Run it again, with a longer --ttl if this recurs, and find what slows the store ({LATE_CAUSE})",
+                        lost_reason_words(*reason)
+                    )
+                }
+                _ => self.hint_in("run"),
+            };
+        }
         match self {
             Error::LeaseLost {
                 reason: LostReason::ArrivedLate,

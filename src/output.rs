@@ -331,18 +331,31 @@ impl Output {
     /// [`Output::error`] for a failure the caller exits from with `exit` instead of the
     /// error's own status (`fence run --busy-exit-code`): what is printed says so.
     pub fn error_as(&self, op: &str, store: Option<&str>, err: &Error, exit: Exit) -> Exit {
+        self.error_hinted(op, op, store, err, exit)
+    }
+
+    /// [`Self::error_as`], with the hint [`Error::hint_in`] gives for `hint_op` (the JSON's
+    /// `op` stays `op`).
+    pub fn error_hinted(
+        &self,
+        op: &str,
+        hint_op: &str,
+        store: Option<&str>,
+        err: &Error,
+        exit: Exit,
+    ) -> Exit {
         // ndjson: the failure is one more line, the object `--format json` prints.
         if matches!(self.format, Format::Json | Format::Ndjson) {
             let mut object = Map::new();
             object.insert("ok".into(), json!(false));
             object.insert("op".into(), json!(op));
-            object.extend(error_fields(op, err, store, exit));
+            object.extend(error_fields(hint_op, err, store, exit));
             let _ = print_stdout(&Value::Object(object).to_string());
         } else {
             // Busy is an expected answer (the exit status says it); -q keeps it off stderr,
             // so that cron mails only real failures.
             if !(self.quiet && matches!(err, Error::Busy { .. } | Error::WaitedOut { .. })) {
-                self.diagnostic(&err.to_string(), &hint_with_store(op, err, store));
+                self.diagnostic(&err.to_string(), &hint_with_store(hint_op, err, store));
             }
             if self.format == Format::Env {
                 let _ = print_stdout(&env_failure(op, err, exit));

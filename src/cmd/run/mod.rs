@@ -93,8 +93,13 @@ pub async fn run(
                 (Error::Busy { .. } | Error::WaitedOut { .. }, Some(code)) => Exit::Command(code),
                 _ => err.exit(),
             };
+            let hint_op = if granted.started {
+                "run"
+            } else {
+                crate::error::RUN_UNSTARTED
+            };
             (
-                out.error_as("run", ctx.store_display(), &err, exit),
+                out.error_hinted("run", hint_op, ctx.store_display(), &err, exit),
                 err.name(),
             )
         }
@@ -128,6 +133,8 @@ struct Granted {
     skipped: bool,
     /// Why fence stopped the command itself (reason `max_time`).
     stopped: Option<&'static str>,
+    /// The command was started (a lease lost before that stopped nothing).
+    started: bool,
 }
 
 /// How long before the lease's bound the command gets SIGTERM, should no renewal be proven;
@@ -243,6 +250,7 @@ async fn supervise(
         at: Some(Instant::now()),
         skipped: false,
         stopped: None,
+        started: false,
     };
     let lease = LeaseRef {
         resource: args.resource.clone(),
@@ -330,7 +338,10 @@ async fn supervise(
     // becomes of this process; bounded by a quarter of the TTL (the bound runs meanwhile).
     recorder.started(coordinator.as_ref(), ttl / 4).await;
     let running = match reaper.go(&lease, &env, bound, grace).await {
-        Ok(running) => running,
+        Ok(running) => {
+            granted.started = true;
+            running
+        }
         Err(err) => {
             let _ = coordinator.release(&lease).await;
             return Err(err);

@@ -461,6 +461,9 @@ fn run_wait_starts_nothing_when_leaving_the_queue_outlived_the_lease(on: Backend
     );
     assert_eq!(out.code, 5, "{out:?}");
     assert_eq!(out.json()["error"], "lease_lost", "{out:?}");
+    // Nothing was stopped: the hint must not say the command was.
+    let hint = out.json()["hint"].as_str().unwrap_or_default().to_owned();
+    assert!(hint.starts_with("the command was not started"), "{hint}");
     let now = record(&store, "r").unwrap();
     assert_eq!(
         (now.owner.as_str(), now.token),
