@@ -24,8 +24,7 @@ use crate::timeline::EventKind;
 pub(crate) const MAX_LOG_BYTES: u64 = 4 << 20;
 /// How many of the most recent events pruning keeps.
 pub(crate) const KEEP_EVENTS: usize = 10_000;
-/// How far back from the end the log's highest token is looked for, at most: back to the
-/// last grant, which is where a log written by fence has it.
+/// How far back from the end the log's highest token is looked for.
 const TOKEN_SCAN_EVENTS: usize = 256;
 /// Bytes read from the end at a time.
 const CHUNK: u64 = 64 * 1024;
@@ -339,28 +338,16 @@ impl EventLine {
     }
 }
 
-/// The highest token among the log's events back to its last grant (`acquired`,
-/// `taken_over`) or `pruned` event: a grant's token was above every token before it (this
-/// scan found them when it was issued), and a `pruned` event carries the highest before it;
-/// the events after it may carry any token (a refused `--token`), so they are all read. At
-/// most [`TOKEN_SCAN_EVENTS`] events, a page at a time: a grant reads a few lines, not the
-/// log's last 64 KB (0.3 ms of a `fence run` on a long log).
+/// The highest token among the log's last events (a `pruned` event carries the highest
+/// before it). All of the
+/// last [`TOKEN_SCAN_EVENTS`] are read, not only back to the last grant: a grant event can
+/// carry an old token (`catch_up` records a restored record's grant late, after higher ones).
 pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
-    let mut highest = None;
-    let mut read = 0;
-    rev_lines(path, 4096, |line, _| {
-        let Ok(event) = serde_json::from_slice::<EventLine>(line) else {
-            return true;
-        };
-        highest = highest.max(event.token);
-        read += 1;
-        let granted = matches!(
-            event.kind,
-            EventKind::Acquired | EventKind::TakenOver | EventKind::Pruned
-        );
-        !granted && read < TOKEN_SCAN_EVENTS
-    })?;
-    Ok(highest)
+    Ok(tail(path, TOKEN_SCAN_EVENTS)?
+        .events
+        .iter()
+        .filter_map(|e| e.token)
+        .max())
 }
 
 /// The change the log's last event follows: None when the log has no event, `Some(None)`
@@ -465,36 +452,34 @@ mod tests {
         file
     }
 
+    const RECORDED_LATE_PROBE: &str = "recorded late";
+
     fn event(kind: &str, token: i64) -> String {
         format!(r#"{{"at_ms":1700000000000,"kind":"{kind}","owner":"o","token":{token}}}"#)
     }
 
     #[test]
-    fn the_highest_token_is_read_back_to_the_last_grant() {
-        // Every event after the last grant is read (a refused token may be higher), and the
-        // scan stops at the grant: what came before it was below its token when it was issued.
+    fn the_highest_token_is_the_highest_of_the_last_events_not_of_the_last_grant() {
+        // A grant recorded late (`catch_up`, after a restored record) carries an old token
+        // after higher ones: the scan must not stop at it (a review found a token issued
+        // twice when it did).
+        let late = format!(
+            r#"{{"at_ms":1700000000000,"kind":"acquired","owner":"a","token":1,"detail":"{RECORDED_LATE_PROBE}"}}"#
+        );
         let log = log_of(&[
-            &event("acquired", 50),
+            &event("acquired", 2),
+            &event("acquired", 3),
+            &event("run_finished", 3),
+            &late,
+            &event("released", 1),
+        ]);
+        assert_eq!(highest_token(log.path()).unwrap(), Some(3));
+        let log = log_of(&[
             &event("acquired", 7),
-            &event("renewed", 7),
             "not an event",
             &event("renew_rejected", 9),
-            &event("released", 7),
         ]);
         assert_eq!(highest_token(log.path()).unwrap(), Some(9));
-        let log = log_of(&[&event("acquired", 50), &event("taken_over", 8)]);
-        assert_eq!(highest_token(log.path()).unwrap(), Some(8));
-        let log = log_of(&[
-            &event("acquired", 50),
-            &event("pruned", 12),
-            &event("run_started", 12),
-        ]);
-        assert_eq!(highest_token(log.path()).unwrap(), Some(12));
-        // No grant at all (a log of another version's kinds): at most TOKEN_SCAN_EVENTS back.
-        let mut lines = vec![event("acquired", 99)];
-        lines.extend((0..TOKEN_SCAN_EVENTS).map(|_| event("renewed", 3)));
-        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
-        assert_eq!(highest_token(log_of(&refs).path()).unwrap(), Some(3));
         assert_eq!(highest_token(log_of(&[]).path()).unwrap(), None);
         assert_eq!(
             highest_token(Path::new("/nonexistent/fence/log")).unwrap(),

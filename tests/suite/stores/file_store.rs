@@ -660,3 +660,72 @@ fn a_held_store_lock_is_an_error_not_a_hang() {
     // Nothing was granted: the next acquire gets the next token.
     assert_eq!(acquire(&store, "r", "b"), token + 1);
 }
+
+/// A restored lease record whose grant is recorded late (`catch_up` appends the restored
+/// record's `acquired` after higher grants, because the log's last line, written while the
+/// record was missing, carries no change number), then the high-water mark lost: the next
+/// token must still continue above every token in the log. (A version that read the log's
+/// highest token only back to its last grant event issued token 2 again here; found by an
+/// adversarial review.)
+#[test]
+fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
+    let store = Store::file();
+    let first = acquire(&store, "r", "a");
+    let backup = fs::read(lease_path(&store, "r")).unwrap();
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &first.to_string(),
+        ])
+        .run()
+        .expect(0);
+    let second = grant_and_release(&store, "r", "b");
+    // A run whose command moves the record aside: its `run_finished` has no change.
+    let moved = store.home.path().join("moved.json");
+    let mv = format!(
+        "mv '{}' '{}'",
+        lease_path(&store, "r").display(),
+        moved.display()
+    );
+    store
+        .fence()
+        .args(["run", "r", "--owner", "c", "--", "sh", "-c", &mv])
+        .run()
+        .expect(0);
+    fs::write(lease_path(&store, "r"), backup).unwrap();
+    // Any operation under the lock records the restored grant late.
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &first.to_string(),
+        ])
+        .run();
+    let log = fs::read_to_string(log_path(&store, "r")).unwrap();
+    let tokens: Vec<i64> = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| event["token"].as_i64())
+        .collect();
+    let highest = *tokens.iter().max().unwrap();
+    assert!(highest > second, "{log}");
+    assert!(
+        log.contains("recorded late"),
+        "the scenario did not happen: no grant recorded late\n{log}"
+    );
+    fs::remove_file(store.dir().join("tokens/r.high")).unwrap();
+    let next = acquire(&store, "r", "d");
+    assert!(
+        next > highest,
+        "token {next} issued again (the log had {highest}):\n{log}"
+    );
+}
