@@ -261,6 +261,17 @@ impl FileCoordinator {
         Ok(mark.max(logged))
     }
 
+    /// The highest token issued, for telling a restored or rolled-back lease record (its
+    /// token below it) from the live one on every operation: the high-water mark, or, only
+    /// when it is missing or damaged, [`Self::issued`] (which reads the log too; 0 if that
+    /// fails as well).
+    fn marked(&self, paths: &Paths) -> i64 {
+        match counter::read(&paths.high) {
+            Ok(counter::Mark::Token(token)) => token,
+            _ => self.issued(paths).unwrap_or(0),
+        }
+    }
+
     /// Replaces a lease record atomically; `durable` also waits for the disk.
     ///
     /// Only a grant of a new token must survive a power loss (I1), and its high-water mark

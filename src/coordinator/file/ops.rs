@@ -132,10 +132,17 @@ impl FileCoordinator {
         now: &Now,
         paths: &Paths,
     ) -> Error {
+        // A record below the high-water mark is an older copy: the lease of its token (or
+        // an older one) is stale, a newer token having been issued.
+        let marked = self.marked(paths);
         let refusal = Refusal::classify(
             lease,
             record.map(|r| Found {
-                token: r.token,
+                token: if r.token < marked && lease.token <= r.token {
+                    marked
+                } else {
+                    r.token
+                },
                 owner: &r.owner,
                 released: r.released,
             }),
@@ -226,9 +233,12 @@ impl Leases for FileCoordinator {
             // The grant counts from here, not from before a wait for the lock file.
             let sent = Some(tokio::time::Instant::now());
             let now = Now::read()?;
+            // A live record below the high-water mark is an older copy (restored, rolled
+            // back): a newer token was issued since, so it is no one's lease, and a grant is
+            // a new token (`next_token` warns), never a reacquire of the old one.
             if let Some(record) = previous
                 .as_ref()
-                .filter(|r| r.is_live(&now, &store.boot_id))
+                .filter(|r| r.is_live(&now, &store.boot_id) && r.token >= store.marked(paths))
             {
                 if record.owner != owner {
                     let busy = Error::Busy {
@@ -311,7 +321,8 @@ impl Leases for FileCoordinator {
                 Some(record)
                     if record.token == lease.token
                         && record.owner == lease.owner
-                        && record.is_live(&now, &store.boot_id) =>
+                        && record.is_live(&now, &store.boot_id)
+                        && record.token >= store.marked(paths) =>
                 {
                     let ttl = ttl.map_or(record.ttl_ms, ttl_ms);
                     let mut renewed = record.clone();
@@ -349,7 +360,11 @@ impl Leases for FileCoordinator {
                 {
                     Ok(Released::Already)
                 }
-                Some(record) if record.token == lease.token && record.owner == lease.owner => {
+                Some(record)
+                    if record.token == lease.token
+                        && record.owner == lease.owner
+                        && record.token >= store.marked(paths) =>
+                {
                     let mut released = record.clone();
                     released.released = true;
                     let event = Self::event(&now, EventKind::Released, &lease.owner, lease.token);

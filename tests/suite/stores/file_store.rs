@@ -729,3 +729,74 @@ fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
         "token {next} issued again (the log had {highest}):\n{log}"
     );
 }
+
+/// Only the lease record restored from an older backup, still live by its expiry (its token
+/// below the high-water mark): no one's lease any more. A reacquire by its owner gets a new
+/// token above every one issued, and a renewal or release of its token is stale (exit 4).
+/// (Before, the owner reacquired token 1 after token 3 had been issued, and could renew it:
+/// found by an adversarial review.)
+#[test]
+fn a_restored_live_record_is_no_ones_lease() {
+    let store = Store::file();
+    let out = store
+        .fence()
+        .args([
+            "acquire", "r", "--owner", "a", "--ttl", "10m", "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let first = out.json()["token"].as_i64().unwrap();
+    let backup = fs::read(lease_path(&store, "r")).unwrap();
+    store
+        .fence()
+        .args([
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &first.to_string(),
+        ])
+        .run()
+        .expect(0);
+    grant_and_release(&store, "r", "b");
+    let last = grant_and_release(&store, "r", "c");
+
+    for op in ["renew", "release"] {
+        fs::write(lease_path(&store, "r"), &backup).unwrap();
+        let out = store
+            .fence()
+            .args([op, "r", "--owner", "a", "--token", &first.to_string()])
+            .args(["--format", "json"])
+            .run()
+            .expect(4);
+        assert_eq!(out.json()["error"], "stale_fencing_token", "{op}: {out:?}");
+        assert_eq!(out.json()["highest_token"], last, "{op}: {out:?}");
+    }
+
+    fs::write(lease_path(&store, "r"), &backup).unwrap();
+    let out = store
+        .fence()
+        .args([
+            "acquire", "r", "--owner", "a", "--ttl", "10m", "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let json = out.json();
+    assert_eq!(json["reacquired"], false, "{out:?}");
+    assert!(json["token"].as_i64().unwrap() > last, "{out:?}");
+    assert!(
+        json["notices"]
+            .to_string()
+            .contains("restored from an older copy"),
+        "{out:?}"
+    );
+    // Another owner is not kept out by the old copy either.
+    fs::write(lease_path(&store, "r"), &backup).unwrap();
+    let out = store
+        .fence()
+        .args(["acquire", "r", "--owner", "d", "--format", "json"])
+        .run()
+        .expect(0);
+    assert!(out.json()["token"].as_i64().unwrap() > last + 1, "{out:?}");
+}
