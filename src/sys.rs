@@ -150,7 +150,12 @@ pub fn lock_exclusive_until(
     deadline: Instant,
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
     let file = open_lock_file(path)?;
-    flock_until(file, FlockOperation::NonBlockingLockExclusive, deadline)
+    flock_until(
+        file,
+        path,
+        FlockOperation::NonBlockingLockExclusive,
+        deadline,
+    )
 }
 
 /// A shared `flock` on an existing lock file opened read-only, waiting no later than
@@ -165,7 +170,7 @@ pub fn lock_shared_until(
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|err| ("open the lock file", err))?;
-    flock_until(file, FlockOperation::NonBlockingLockShared, deadline)
+    flock_until(file, path, FlockOperation::NonBlockingLockShared, deadline)
 }
 
 fn open_lock_file(path: &Path) -> Result<File, (&'static str, io::Error)> {
@@ -183,17 +188,49 @@ fn open_lock_file(path: &Path) -> Result<File, (&'static str, io::Error)> {
     Ok(file)
 }
 
+/// Whether `path` still names `file` (the same inode). A lock file deleted or replaced while
+/// this process waited for it locks nothing: whoever opens the path now gets another file,
+/// and both would hold "the" lock. Its lock is then dropped and the path's file locked.
+fn still_named(file: &File, path: &Path) -> Result<bool, (&'static str, io::Error)> {
+    use std::os::unix::fs::MetadataExt;
+    let held = file
+        .metadata()
+        .map_err(|err| ("check the lock file", err))?;
+    match fs::symlink_metadata(path) {
+        Ok(named) => Ok(named.dev() == held.dev() && named.ino() == held.ino()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(err) => Err(("check the lock file", err)),
+    }
+}
+
+/// The lock file `path` names now, opened as `file` was (read-write and created, or
+/// read-only for a shared lock).
+fn reopen_lock_file(path: &Path, op: FlockOperation) -> Result<File, (&'static str, io::Error)> {
+    if op == FlockOperation::NonBlockingLockShared {
+        return OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|err| ("open the lock file", err));
+    }
+    open_lock_file(path)
+}
+
 /// Polls a non-blocking `flock` (`op`: exclusive or shared) until it is granted or `deadline`
 /// passes, with pauses growing from 1 ms to 50 ms (a write holds the lock for milliseconds).
 fn flock_until(
-    file: File,
+    mut file: File,
+    path: &Path,
     op: FlockOperation,
     deadline: Instant,
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
     let mut pause = Duration::from_millis(1);
     loop {
         if try_flock(&file, op)? {
-            return Ok(Some(Locked { _file: file }));
+            if still_named(&file, path)? {
+                return Ok(Some(Locked { _file: file }));
+            }
+            file = reopen_lock_file(path, op)?;
         }
         let now = Instant::now();
         if now >= deadline {
@@ -211,11 +248,14 @@ pub async fn lock_exclusive_by(
     path: &Path,
     deadline: Instant,
 ) -> Result<Option<Locked>, (&'static str, io::Error)> {
-    let file = open_lock_file(path)?;
+    let mut file = open_lock_file(path)?;
     let mut pause = Duration::from_millis(1);
     loop {
         if try_flock(&file, FlockOperation::NonBlockingLockExclusive)? {
-            return Ok(Some(Locked { _file: file }));
+            if still_named(&file, path)? {
+                return Ok(Some(Locked { _file: file }));
+            }
+            file = open_lock_file(path)?;
         }
         let now = Instant::now();
         if now >= deadline {

@@ -12,6 +12,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::{Out, Store};
 use serde_json::Value;
@@ -799,4 +800,70 @@ fn a_restored_live_record_is_no_ones_lease() {
         .run()
         .expect(0);
     assert!(out.json()["token"].as_i64().unwrap() > last + 1, "{out:?}");
+}
+
+/// Takes an exclusive `flock` on `path` (created if missing) and keeps it while the returned
+/// file is open.
+fn flocked(path: &Path) -> fs::File {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    file
+}
+
+/// Whether process `pid` has `path` open.
+fn has_open(pid: u32, path: &Path) -> bool {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(Result::ok)
+                .any(|fd| fs::read_link(fd.path()).is_ok_and(|target| target == path))
+        })
+        .unwrap_or(false)
+}
+
+/// A resource's lock file deleted (and made again by someone else) while a fence operation
+/// waited for it: once the old file's lock is free, the operation locks the file the path
+/// names now, not the deleted one, so that it never runs beside whoever holds that one.
+/// (Before, it went ahead on the deleted file's lock: two grants at once were possible.)
+#[test]
+fn a_lock_file_deleted_while_waited_for_is_not_trusted() {
+    let store = Store::file();
+    grant_and_release(&store, "r", "a");
+    let lock = store.dir().join("locks/r.lock");
+    let old = flocked(&lock);
+    let mut waiter = store
+        .fence()
+        .args(["acquire", "r", "--owner", "p1", "--format", "json"])
+        .spawn();
+    let pid = waiter.id();
+    common::wait_for(
+        "fence to open the lock file",
+        Duration::from_secs(30),
+        || has_open(pid, &lock),
+    );
+    fs::remove_file(&lock).unwrap();
+    // Someone else's operation on the new lock file, under way.
+    let new = flocked(&lock);
+    drop(old);
+    // The waiter must now wait for the new file. The margin is the scenario, not a
+    // synchronisation: a waiter trusting the deleted file's lock polls it within 50 ms.
+    let waited = !common::process::becomes(Duration::from_secs(2), || {
+        waiter.try_wait().unwrap().is_some()
+    });
+    drop(new);
+    let out = Out::from(common::wait_output(
+        "fence",
+        waiter,
+        Duration::from_secs(60),
+    ));
+    assert!(
+        waited,
+        "fence went ahead on the deleted lock file's lock, beside the holder of the new one: {out:?}"
+    );
+    assert_eq!(out.code, 0, "{out:?}");
 }
