@@ -289,7 +289,7 @@ impl ObjectCoordinator {
     fn damaged(&self, key: &str, why: impl std::fmt::Display) -> Error {
         Error::internal(
             format!("the lease object `{key}` at `{}` is damaged: {why}", self.url.display),
-            "restore it from the bucket's version history; never delete it (that would reset the token counter)",
+            "write back its latest readable version from the bucket's version history, never an older one, and never delete it (the object is the token counter: either would make tokens repeat); with no readable version left, see docs/object-stores.md (`fence acquire --above`)",
         )
     }
 
