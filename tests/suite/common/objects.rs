@@ -269,11 +269,15 @@ impl Server {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), body).unwrap();
         let data = format!("@{}", file.path().display());
+        // Without a content type, curl sends the body as a form, which moto stores empty.
+        let binary = "Content-Type: application/octet-stream";
         let ok = match self.service {
             Service::S3 => self.curl(&[
                 "-sf",
                 "-X",
                 "PUT",
+                "-H",
+                binary,
                 "--data-binary",
                 &data,
                 &format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key)),
@@ -282,6 +286,8 @@ impl Server {
                 "-sf",
                 "-X",
                 "POST",
+                "-H",
+                binary,
                 "--data-binary",
                 &data,
                 &format!(
@@ -293,6 +299,12 @@ impl Server {
             ]),
         };
         ok.expect("direct put");
+        // The harness checks itself: a put that stored other bytes would make tests vacuous.
+        assert_eq!(
+            self.get(key).map(|stored| stored.body).as_deref(),
+            Some(body),
+            "the direct put of `{key}` stored other bytes"
+        );
     }
 }
 
