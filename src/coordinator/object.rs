@@ -13,6 +13,10 @@
 //!   PostgreSQL's row lock would make a statement wait and re-check.
 //!   The record keeps its latest changes (`history`), so a change and its event are one write:
 //!   no grant is ever without its event, and a change costs no request of its own.
+//! - `tokens/<enc>`: the highest token issued, raised (conditionally, never lowered) once a
+//!   new token's record is written, and read before the record by every operation: a record
+//!   below it is an older copy written back (no one's lease), since the lease object alone
+//!   would be lowered by one.
 //! - `events/<enc>/<seq>-<n>-<ms>-<nonce>`: one append-only object per refusal (`renew` or
 //!   `release` of a token no longer current, which changes nothing in the record), named so
 //!   that names sort in the order of the record's writes (`seq`); its time is the object's
@@ -276,6 +280,110 @@ impl ObjectCoordinator {
 
     fn lease_key(&self, resource: &str) -> String {
         self.url.join(&format!("leases/{}", encode_key(resource)))
+    }
+
+    /// The resource's high-water object: the highest token issued, advanced (conditionally on
+    /// the version read) before a new token's record is written. The lease object holds the
+    /// token too, but an older copy of it written back (an old body uploaded, an object
+    /// version restored) would lower that counter; this one is never written back by fence.
+    fn high_key(&self, resource: &str) -> String {
+        self.url.join(&format!("tokens/{}", encode_key(resource)))
+    }
+
+    /// The high-water object's token and version (`None`: none yet, a resource from before
+    /// it or never granted).
+    async fn high(&self, resource: &str) -> Result<Option<(i64, Meta)>, Error> {
+        let key = self.high_key(resource);
+        let Some(fetched) = self.api.get(&key).await? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&fetched.body);
+        match text.trim().parse::<i64>() {
+            Ok(token) if token > 0 => Ok(Some((token, fetched.meta))),
+            _ => Err(Error::internal(
+                format!(
+                    "the high-water object `{key}` at `{}` is damaged: it holds {} bytes that are not a token",
+                    self.url.display,
+                    fetched.body.len()
+                ),
+                "write back its latest readable version from the bucket's version history (never an older one); with none left, see docs/object-stores.md (`fence acquire --above`)",
+            )),
+        }
+    }
+
+    /// Raises the high-water object to `token` (a token whose record was just written),
+    /// each put conditioned on the version read, never lowering it. Best effort: the record
+    /// holds the token already, and this copy only guards against an older record written
+    /// back later; a failure is a warning.
+    async fn raise_high(&self, resource: &str, mut read: Option<(i64, Meta)>, token: i64) {
+        for _ in 0..MAX_ATTEMPTS {
+            if read.as_ref().is_some_and(|(highest, _)| *highest >= token) {
+                return;
+            }
+            let cond = match &read {
+                Some((_, meta)) => Cond::Match(meta.version.clone()),
+                None => Cond::Create,
+            };
+            let put = self
+                .api
+                .put(
+                    &self.high_key(resource),
+                    format!("{token}\n").into_bytes(),
+                    &cond,
+                    &BTreeMap::new(),
+                )
+                .await;
+            let reread = match put {
+                Ok(Put::Done(_)) => return,
+                Ok(Put::Lost) => self.high(resource).await,
+                Err(err) => Err(err),
+            };
+            match reread {
+                Ok(high) => read = high,
+                Err(err) => {
+                    crate::terminal::warn(&format!(
+                        "warning: token {token} of `{resource}` is granted, but its high-water object could not be raised ({err}); only an older copy of the lease object written back would go unnoticed"
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A lease record whose token is below the high-water mark is an older copy written
+    /// back: no one's lease. Says so once per process.
+    fn restored(&self, current: &Current, high: Option<&(i64, Meta)>) -> bool {
+        let Some((highest, _)) = high else {
+            return false;
+        };
+        if current.body.token >= *highest {
+            return false;
+        }
+        crate::terminal::warn(&format!(
+            "warning: the lease object of `{}` holds token {}, but token {highest} was issued since (its high-water object says so): an older copy of it was written back (uploaded again, or restored from a version); it is no one's lease, and the next token continues above {highest}",
+            current.body.resource, current.body.token
+        ));
+        true
+    }
+
+    /// `lease`'s record `current` when it is an older copy written back (below the
+    /// high-water mark): its token is stale, a newer one having been issued.
+    /// (`high` read before `current`.)
+    fn stale_copy(
+        &self,
+        lease: &LeaseRef,
+        current: &Current,
+        high: Option<(i64, Meta)>,
+    ) -> Option<Error> {
+        if !self.restored(current, high.as_ref()) {
+            return None;
+        }
+        high.map(|(highest, _)| Error::Stale {
+            resource: lease.resource.clone(),
+            token: lease.token,
+            highest_token: highest,
+            target: None,
+        })
     }
 
     fn events_prefix(&self, resource: &str) -> String {
@@ -700,6 +808,9 @@ impl Leases for ObjectCoordinator {
         let mut tried: Option<(String, EventKind, tokio::time::Instant)> = None;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
+            // The high-water object first, then the record: a record written (and the
+            // object raised) in between then shows its token, never one below the object's.
+            let high = self.high(resource).await?;
             let current = self.read(resource).await?;
             if let (Some(c), Some((nonce, kind, sent))) = (&current, &tried) {
                 if c.body.nonce == *nonce {
@@ -713,8 +824,11 @@ impl Leases for ObjectCoordinator {
                 }
             }
             let verified = self.verified(current.as_ref()).await?;
+            let restored = current
+                .as_ref()
+                .is_some_and(|c| self.restored(c, high.as_ref()));
             let now = match &current {
-                Some(c) if c.held() => Some(self.now_for(resource, c).await?),
+                Some(c) if c.held() && !restored => Some(self.now_for(resource, c).await?),
                 _ => None,
             };
             let (body, kind, raised) = match (&current, now) {
@@ -748,7 +862,10 @@ impl Leases for ObjectCoordinator {
                         Some(c) if c.held() && c.body.owner != owner => EventKind::TakenOver,
                         _ => EventKind::Acquired,
                     };
-                    let highest = previous.as_ref().map_or(0, |c| c.body.token);
+                    let highest = previous
+                        .as_ref()
+                        .map_or(0, |c| c.body.token)
+                        .max(high.as_ref().map_or(0, |(token, _)| *token));
                     let body = Body {
                         resource: resource.to_owned(),
                         owner: owner.to_owned(),
@@ -799,8 +916,15 @@ impl Leases for ObjectCoordinator {
             let Some(meta) = self.write(current.as_ref(), &body).await? else {
                 continue;
             };
-            // The attempt that got through, if the client says (retries after 429 included).
+            // The attempt that got through, if the client says (retries after 429 included):
+            // read before any other request is sent.
             let sent = self.api.last_sent().map_or(sent, |last| last.max(sent));
+            // Only a token whose record was written is put on the high-water object (so a
+            // record below it was written back from an older copy, never a grant that lost
+            // its race after raising it).
+            if kind != EventKind::Reacquired {
+                self.raise_high(resource, high, body.token).await;
+            }
             if self.waiting.get() && self.last_probe.get().is_some() {
                 // Granted: a waiter's own clock probe is never read again (best effort).
                 let probe = self.probe_key(resource, Prober::Other);
@@ -823,6 +947,7 @@ impl Leases for ObjectCoordinator {
         self.check_resource(&lease.resource)?;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
+            let high = self.high(&lease.resource).await?;
             let current = self.read(&lease.resource).await?;
             let mine = current
                 .as_ref()
@@ -830,6 +955,9 @@ impl Leases for ObjectCoordinator {
             let Some(c) = mine else {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
+            if let Some(stale) = self.stale_copy(lease, c, high) {
+                return Err(stale);
+            }
             let verified = self.verified(Some(c)).await?;
             let now = self.now(&lease.resource, Prober::Holder).await?;
             if !self.live(c, now) {
@@ -868,6 +996,7 @@ impl Leases for ObjectCoordinator {
         let mut tried: Option<String> = None;
         for attempt in 0..MAX_ATTEMPTS {
             backoff(attempt).await;
+            let high = self.high(&lease.resource).await?;
             let current = self.read(&lease.resource).await?;
             if current
                 .as_ref()
@@ -885,6 +1014,9 @@ impl Leases for ObjectCoordinator {
             };
             if !c.held() {
                 return Ok(Released::Already);
+            }
+            if let Some(stale) = self.stale_copy(lease, c, high) {
+                return Err(stale);
             }
             let verified = self.verified(Some(c)).await?;
             let mut body = Body {
@@ -979,7 +1111,9 @@ impl History for ObjectCoordinator {
     }
 
     async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
-        Ok(self.read(resource).await?.map(|c| c.body.token))
+        let recorded = self.read(resource).await?.map(|c| c.body.token);
+        let high = self.high(resource).await?.map(|(token, _)| token);
+        Ok(recorded.max(high))
     }
 
     async fn inspect(
@@ -1031,7 +1165,25 @@ impl History for ObjectCoordinator {
             let mut view = match &current {
                 None => ResourceView::unknown(&name),
                 Some(c) => {
-                    let state = if !c.held() {
+                    // A held record below the high-water mark is an older copy written back:
+                    // no one's lease (said on stderr).
+                    // (The record was read before the high-water object: one written in
+                    // between is read again before anything is said.)
+                    let restored = c.held() && {
+                        let high = self.high(&name).await?;
+                        let below = |c: &Current| {
+                            high.as_ref()
+                                .is_some_and(|(highest, _)| c.body.token < *highest)
+                        };
+                        below(c)
+                            && match self.read(&name).await? {
+                                Some(again) if below(&again) => {
+                                    self.restored(&again, high.as_ref())
+                                }
+                                _ => false,
+                            }
+                    };
+                    let state = if !c.held() || restored {
                         State::Free
                     } else if self.live(c, now) {
                         State::Held
@@ -1071,7 +1223,12 @@ impl History for ObjectCoordinator {
 /// made.
 pub async fn remove_namespace(url: &ObjectUrl) -> Result<(), Error> {
     let api = object::open(url)?;
-    let mut dirs = vec![url.join("leases"), url.join("clock"), url.join(".fence")];
+    let mut dirs = vec![
+        url.join("leases"),
+        url.join("tokens"),
+        url.join("clock"),
+        url.join(".fence"),
+    ];
     // Every resource with events or waiters has a lease record, named the same way.
     for name in api.list(&url.join("leases")).await? {
         dirs.push(url.join(&format!("events/{name}")));

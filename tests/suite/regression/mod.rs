@@ -9,6 +9,7 @@ mod log_and_metrics;
 mod pg_write_and_run;
 mod reaper;
 mod reaper_start_and_run_ids;
+mod restored_objects;
 mod review_on_call;
 mod review_run_events;
 mod trust;

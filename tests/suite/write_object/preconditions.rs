@@ -530,13 +530,19 @@ fn requests_per_operation(on: Backend) {
             .run();
         (out, proxy.seen()[before..].to_vec())
     };
+    // Reading the high-water object (`tokens/<resource>`) costs one request on S3, two on
+    // GCS (its metadata, then its bytes); a new token raises it with one more put.
+    let high_read = match service {
+        Service::S3 => 1,
+        Service::Gcs => 2,
+    };
     let (out, seen) = count(&["acquire", "res", "--owner", "b", "--ttl", "60s"]);
     assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(seen.len(), 2, "acquire: {seen:?}");
+    assert_eq!(seen.len(), 2 + high_read + 1, "acquire: {seen:?}");
     let token = out.json()["token"].as_i64().unwrap().to_string();
     let (out, seen) = count(&["renew", "res", "--owner", "b", "--token", &token]);
     assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(seen.len(), 3, "renew: {seen:?}");
+    assert_eq!(seen.len(), 3 + high_read, "renew: {seen:?}");
     let (out, seen) = count(&[
         "write",
         "res",
@@ -551,7 +557,7 @@ fn requests_per_operation(on: Backend) {
     // On S3 the coordinator is asked for the highest token right before the put (an ETag
     // does not change with the token alone: see `an_identical_newer_write_does_not_let_a_paused_stale_write_through`).
     let write_requests = match service {
-        Service::S3 => 3,
+        Service::S3 => 3 + high_read,
         Service::Gcs => 2,
     };
     assert_eq!(seen.len(), write_requests, "write: {seen:?}");
@@ -572,7 +578,7 @@ fn requests_per_operation(on: Backend) {
     assert_eq!(seen.len(), write_requests, "write --id: {seen:?}");
     let (out, seen) = count(&["release", "res", "--owner", "b", "--token", &token]);
     assert_eq!(out.code, 0, "{out:?}");
-    assert_eq!(seen.len(), 2, "release: {seen:?}");
+    assert_eq!(seen.len(), 2 + high_read, "release: {seen:?}");
     let stored = server.get(&format!("{prefix}/objects/obj")).unwrap();
     assert_eq!(stored.token().map(|t| t.to_string()), Some(token));
 }
