@@ -300,14 +300,17 @@ impl ObjectCoordinator {
         let text = String::from_utf8_lossy(&fetched.body);
         match text.trim().parse::<i64>() {
             Ok(token) if token > 0 => Ok(Some((token, fetched.meta))),
-            _ => Err(Error::internal(
-                format!(
-                    "the high-water object `{key}` at `{}` is damaged: it holds {} bytes that are not a token",
+            // Damaged: it guards nothing then (the record still holds the token), and the
+            // next raise replaces it (conditioned on this version); never an error that would
+            // stop a holder's renewal.
+            _ => {
+                crate::terminal::warn(&format!(
+                    "warning: the high-water object `{key}` at `{}` is damaged (it holds {} bytes that are not a token); it is ignored until fence raises it again (an older copy of the lease object written back meanwhile would go unnoticed)",
                     self.url.display,
                     fetched.body.len()
-                ),
-                "write back its latest readable version from the bucket's version history (never an older one); with none left, see docs/object-stores.md (`fence acquire --above`)",
-            )),
+                ));
+                Ok(Some((0, fetched.meta)))
+            }
         }
     }
 
@@ -814,7 +817,11 @@ impl Leases for ObjectCoordinator {
             let current = self.read(resource).await?;
             if let (Some(c), Some((nonce, kind, sent))) = (&current, &tried) {
                 if c.body.nonce == *nonce {
-                    // Our own write is the current version: granted by it, as it said.
+                    // Our own write is the current version: granted by it, as it said (and
+                    // its token goes on the high-water object, as after any written grant).
+                    if *kind != EventKind::Reacquired {
+                        self.raise_high(resource, high, c.body.token).await;
+                    }
                     let now = c.meta.last_modified_ms;
                     return Ok(Grant {
                         lease: c.lease(now),
@@ -955,7 +962,7 @@ impl Leases for ObjectCoordinator {
             let Some(c) = mine else {
                 return Err(self.refuse("renew", lease, current.as_ref()).await?);
             };
-            if let Some(stale) = self.stale_copy(lease, c, high) {
+            if let Some(stale) = self.stale_copy(lease, c, high.clone()) {
                 return Err(stale);
             }
             let verified = self.verified(Some(c)).await?;
@@ -985,6 +992,14 @@ impl Leases for ObjectCoordinator {
             let Some(meta) = self.write(Some(c), &body).await? else {
                 continue;
             };
+            // A high-water object left behind (a grant whose raise failed, or from before
+            // it existed) catches up with the live token.
+            if high
+                .as_ref()
+                .is_none_or(|(highest, _)| *highest < lease.token)
+            {
+                self.raise_high(&lease.resource, high, lease.token).await;
+            }
             let now = meta.last_modified_ms;
             return Ok(Current { body, meta }.lease(now));
         }

@@ -292,6 +292,73 @@ fn inspect_and_doctor_name_a_restored_record(on: Backend) {
     );
 }
 
+/// The high-water object's token, read directly (`None`: no object).
+fn high_water(store: &Store, resource: &str) -> Option<i64> {
+    let (server, prefix) = store.server();
+    let stored = server.get(&format!(
+        "{prefix}/tokens/{}",
+        objects::encode_key(resource)
+    ))?;
+    String::from_utf8_lossy(&stored.body).trim().parse().ok()
+}
+
+/// A damaged high-water object stops no one: the holder renews (a warning says it is
+/// ignored), and the next new token replaces it. One left behind the live token (a grant
+/// whose raise failed or whose answer was lost, a store from before it existed; here: its
+/// token written lower by hand) catches up at the holder's next renewal, so that an older
+/// copy of the record written back afterwards is still caught. (A review found the damaged
+/// object failing every operation, and a lagging one letting a written-back copy repeat a
+/// token.)
+fn a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up(on: Backend) {
+    let store = Store::new(on);
+    let (server, prefix) = store.server();
+    let key = format!("{prefix}/tokens/{}", objects::encode_key("r"));
+    let first = acquire(&store, "r", "a", "10m");
+    let old = record(&store, "r");
+    server.put_with_metadata(&key, b"garbage", &[]);
+    let out = fence(
+        &store,
+        &["renew", "r", "--owner", "a", "--token", &first.to_string()],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        out.json()["notices"].to_string().contains("damaged"),
+        "{out:?}"
+    );
+    fence(
+        &store,
+        &[
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &first.to_string(),
+        ],
+    );
+    let second = acquire(&store, "r", "b", "10m");
+    assert_eq!(high_water(&store, "r"), Some(second));
+    // Lagging: the object says token 1 while b holds token 2; b's renewal raises it.
+    server.put_with_metadata(&key, b"1\n", &[]);
+    let out = fence(
+        &store,
+        &["renew", "r", "--owner", "b", "--token", &second.to_string()],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(high_water(&store, "r"), Some(second));
+    // Now a's old record written back is no one's lease: b's lease is not taken over.
+    restore(&store, "r", &old, Restore::Bytes);
+    let out = fence(&store, &["acquire", "r", "--owner", "c", "--ttl", "10m"]);
+    assert_eq!(
+        out.code, 0,
+        "a's old copy was taken for a live lease: {out:?}"
+    );
+    assert!(
+        out.json()["token"].as_i64().unwrap() > second,
+        "token {second} was issued again: {out:?}"
+    );
+}
+
 crate::per_service!(
     a_restored_record_s_token_is_neither_renewed_nor_released,
     a_restored_record_is_not_reacquired_by_its_old_owner,
@@ -300,4 +367,5 @@ crate::per_service!(
     a_restored_record_does_not_give_a_live_holder_s_token_to_another,
     an_expired_lease_restored_is_not_renewed,
     inspect_and_doctor_name_a_restored_record,
+    a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up,
 );
