@@ -14,6 +14,7 @@ mod postgres;
 mod refusal;
 pub mod scratch;
 
+pub use object::{HighWaterReport, ObjectCoordinator};
 pub use postgres::COORDINATOR_SCHEMA;
 /// The most connections the waiters of one busy resource keep on PostgreSQL.
 pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;

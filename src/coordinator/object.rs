@@ -262,6 +262,33 @@ fn history(
     history
 }
 
+/// The token a high-water object's bytes hold; `None` when they are not one (damaged).
+fn high_token(body: &[u8]) -> Option<i64> {
+    match std::str::from_utf8(body).ok()?.trim().parse::<i64>() {
+        Ok(token) if token > 0 => Some(token),
+        _ => None,
+    }
+}
+
+/// What `fence doctor` finds of the high-water objects (`tokens/<enc>`), resource by resource.
+#[derive(Default)]
+pub struct HighWaterReport {
+    /// Resources with a lease record.
+    pub resources: usize,
+    /// How many of them were looked at.
+    pub checked: usize,
+    /// Without a high-water object: granted only by a fence from before it (and neither
+    /// granted nor renewed since), or every raise failed.
+    pub missing: Vec<String>,
+    /// With one that holds no token.
+    pub damaged: Vec<String>,
+    /// (resource, the record's token, the high-water token) with the high-water object below
+    /// the record: the last raise failed.
+    pub behind: Vec<(String, i64, i64)>,
+    /// The same with the record below it: an older copy written back, no one's lease.
+    pub written_back: Vec<(String, i64, i64)>,
+}
+
 fn nonce() -> String {
     format!("{:016x}", random_u64())
 }
@@ -282,8 +309,8 @@ impl ObjectCoordinator {
         self.url.join(&format!("leases/{}", encode_key(resource)))
     }
 
-    /// The resource's high-water object: the highest token issued, advanced (conditionally on
-    /// the version read) before a new token's record is written. The lease object holds the
+    /// The resource's high-water object: the highest token issued, raised (conditionally on
+    /// the version read, never lowered) once a new token's record is written. The lease object holds the
     /// token too, but an older copy of it written back (an old body uploaded, an object
     /// version restored) would lower that counter; this one is never written back by fence.
     fn high_key(&self, resource: &str) -> String {
@@ -297,13 +324,12 @@ impl ObjectCoordinator {
         let Some(fetched) = self.api.get(&key).await? else {
             return Ok(None);
         };
-        let text = String::from_utf8_lossy(&fetched.body);
-        match text.trim().parse::<i64>() {
-            Ok(token) if token > 0 => Ok(Some((token, fetched.meta))),
+        match high_token(&fetched.body) {
+            Some(token) => Ok(Some((token, fetched.meta))),
             // Damaged: it guards nothing then (the record still holds the token), and the
             // next raise replaces it (conditioned on this version); never an error that would
             // stop a holder's renewal.
-            _ => {
+            None => {
                 crate::terminal::warn(&format!(
                     "warning: the high-water object `{key}` at `{}` is damaged (it holds {} bytes that are not a token); it is ignored until fence raises it again (an older copy of the lease object written back meanwhile would go unnoticed)",
                     self.url.display,
@@ -351,6 +377,57 @@ impl ObjectCoordinator {
                 }
             }
         }
+    }
+
+    /// What `fence doctor` finds of the high-water objects of the first `limit` resources
+    /// with a lease record (in the listing's order). Reads only; a damaged lease record is an
+    /// error, as it is to every operation.
+    pub async fn high_water_report(&self, limit: usize) -> Result<HighWaterReport, Error> {
+        let prefix = self.url.join("leases");
+        let names = self.api.list(&prefix).await?;
+        let mut report = HighWaterReport {
+            resources: names.len(),
+            ..HighWaterReport::default()
+        };
+        for name in names.iter().take(limit) {
+            let key = format!("{prefix}/{name}");
+            let Some(fetched) = self.api.get(&key).await? else {
+                continue;
+            };
+            let body: Body =
+                serde_json::from_slice(&fetched.body).map_err(|err| self.damaged(&key, err))?;
+            report.checked += 1;
+            let Some(high) = self.api.get(&self.high_key(&body.resource)).await? else {
+                report.missing.push(body.resource);
+                continue;
+            };
+            match high_token(&high.body) {
+                None => report.damaged.push(body.resource),
+                Some(high) if high < body.token => {
+                    report.behind.push((body.resource, body.token, high))
+                }
+                Some(high) if high > body.token => {
+                    report.written_back.push((body.resource, body.token, high))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(report)
+    }
+
+    /// Writes, reads back and deletes a scratch object under `tokens/` (a name no resource's
+    /// key can have: encoded keys hold no `.`): whether this process may keep the high-water
+    /// objects. `Err` names the step that failed.
+    pub async fn probe_high_water_writes(&self) -> Result<(), Error> {
+        let key = self.url.join(&format!("tokens/.doctor-{}", nonce()));
+        self.api
+            .put(&key, b"0\n".to_vec(), &Cond::Create, &BTreeMap::new())
+            .await?;
+        let read = self.api.get(&key).await;
+        // A store that lets fence write but not delete keeps the scratch object: harmless
+        // (no resource is called that), and not what this check is about.
+        let _ = self.api.delete(&key).await;
+        read.map(|_| ())
     }
 
     /// A lease record whose token is below the high-water mark is an older copy written

@@ -485,3 +485,148 @@ fn a_date_header_from_another_clock_is_found() {
         );
     }
 }
+
+/// The high-water objects (`tokens/<resource>`) catch an older copy of a lease object written
+/// back, but fence keeps them best effort (a raise that fails only warns), so `doctor` checks
+/// them: every state a resource's object can be in against its lease record, named resource
+/// by resource, on S3 and GCS; and a store whose credentials may not write under `tokens/`
+/// (a proxy refusing those writes with 403, as a bucket policy written before `tokens/`
+/// existed would) fails `object.high_water_writes`, while grants through it still work and
+/// warn, as the finding says.
+#[test]
+fn the_high_water_objects_are_checked() {
+    use std::sync::Arc;
+
+    use common::objects;
+    use common::proxy::{HttpProxy, Verdict};
+
+    for backend in [common::Backend::S3, common::Backend::Gcs] {
+        let store = Store::new(backend);
+        let (server, prefix) = store.server();
+        let tokens = |r: &str| format!("{prefix}/tokens/{}", objects::encode_key(r));
+        let lease = |r: &str| format!("{prefix}/leases/{}", objects::encode_key(r));
+        let grant = |r: &str, owner: &str| {
+            store
+                .fence()
+                .args(["acquire", r, "--owner", owner, "--ttl", "10m", "-q"])
+                .run()
+                .expect(0);
+        };
+        let release = |r: &str, owner: &str| {
+            store
+                .fence()
+                .args(["release", r, "--owner", owner, "--token", "1", "-q"])
+                .run()
+                .expect(0);
+        };
+        for r in ["fine", "behind", "restored", "missing", "damaged"] {
+            grant(r, "a");
+        }
+        let (code, json) = doctor(store.fence());
+        assert_eq!(code, 0, "{backend:?}: {json}");
+        let high = finding(&json, "object.high_water");
+        assert_eq!(high.len(), 1, "{backend:?}: {json}");
+        assert_eq!(high[0].0, "ok", "{backend:?}: {json}");
+        assert!(high[0].1.starts_with("5 resources"), "{backend:?}: {json}");
+        assert_eq!(
+            finding(&json, "object.high_water_writes")[0].0,
+            "ok",
+            "{backend:?}: {json}"
+        );
+        // The probe leaves nothing behind.
+        assert_eq!(
+            server.list(&format!("{prefix}/tokens")).len(),
+            5,
+            "{backend:?}"
+        );
+
+        // behind: token 2 granted, its high-water object written back to 1.
+        release("behind", "a");
+        grant("behind", "b");
+        server.put(&tokens("behind"), b"1\n");
+        // restored: token 1's record written back after token 2 was issued.
+        let old = server.get(&lease("restored")).unwrap();
+        release("restored", "a");
+        grant("restored", "b");
+        server.put(&lease("restored"), &old.body);
+        server.delete(&tokens("missing"));
+        server.put(&tokens("damaged"), b"garbage");
+        let (code, json) = doctor(store.fence());
+        assert_eq!(code, 0, "warnings only: {backend:?}: {json}");
+        let high = finding(&json, "object.high_water");
+        let says = |needle: &str| {
+            high.iter()
+                .filter(|(severity, message)| severity == "warn" && message.contains(needle))
+                .count()
+        };
+        assert_eq!(high.len(), 4, "{backend:?}: {json}");
+        assert_eq!(
+            says("of `behind` says 1, below its lease record's token 2"),
+            1,
+            "{backend:?}: {json}"
+        );
+        assert_eq!(
+            says("of `restored` holds token 1, below its high-water object's 2"),
+            1,
+            "{backend:?}: {json}"
+        );
+        assert_eq!(
+            says("1 of 5 resources have no high-water object (`missing`)"),
+            1,
+            "{backend:?}: {json}"
+        );
+        assert_eq!(says("`damaged` hold no token"), 1, "{backend:?}: {json}");
+        // doctor changed none of it.
+        assert!(server.get(&tokens("missing")).is_none(), "{backend:?}");
+        assert_eq!(
+            server.get(&tokens("behind")).unwrap().body,
+            b"1\n",
+            "{backend:?}"
+        );
+    }
+
+    // Writes under tokens/ refused (S3 names the key in the path, GCS's upload in `name=`).
+    let store = Store::new(common::Backend::S3);
+    let upstream = store.server().0.addr();
+    let refusing = HttpProxy::start(
+        upstream,
+        Arc::new(|request| {
+            if request.method == "PUT" && request.target.contains("/tokens/") {
+                Verdict::Answer {
+                    status: 403,
+                    body:
+                        "<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                            .into(),
+                }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    );
+    let through = || store.fence().env("AWS_ENDPOINT_URL", refusing.endpoint());
+    let out = through()
+        .args(["acquire", "r", "--owner", "a", "--format", "json"])
+        .run()
+        .expect(0);
+    assert!(
+        out.json()["notices"]
+            .to_string()
+            .contains("high-water object could not be raised"),
+        "{out:?}"
+    );
+    let (code, json) = doctor(through());
+    assert_eq!(code, 2, "{json}");
+    let writes = finding(&json, "object.high_water_writes");
+    assert_eq!(writes[0].0, "fail", "{json}");
+    assert!(
+        writes[0].1.contains("cannot keep its high-water objects"),
+        "{json}"
+    );
+    let high = finding(&json, "object.high_water");
+    assert!(
+        high.iter()
+            .any(|(s, m)| s == "warn"
+                && m.contains("1 of 1 resources have no high-water object (`r`)")),
+        "{json}"
+    );
+}

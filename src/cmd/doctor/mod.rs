@@ -31,7 +31,7 @@ use crate::output::Output;
 
 use directory::{directory, object_directory};
 use host::containment;
-use object::{object_store, preconditions};
+use object::{high_water, object_store, preconditions};
 use postgres::postgres;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -124,6 +124,7 @@ async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> 
             StoreKind::Object(url) => {
                 object_store(&store.display, &mut findings);
                 preconditions(url, &url.key, &mut findings).await;
+                high_water(url, &mut findings).await;
             }
         }
     }

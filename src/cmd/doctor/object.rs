@@ -92,6 +92,138 @@ async fn object_clock(api: &dyn crate::object::ObjectApi, dir: &str, f: &mut Fin
     }
 }
 
+/// How many resources `object.high_water` looks at (two reads each).
+const HIGH_WATER_LIMIT: usize = 1_000;
+
+/// The high-water objects of an object store (`tokens/<resource>`: the highest token issued,
+/// which catches an older copy of a lease object written back). Fence keeps them best effort:
+/// a raise that fails is a warning on the grant, not an error, so credentials that may not
+/// write under `tokens/`, or a store from before them, would leave the guard silently off.
+/// Two checks: `object.high_water_writes` (a scratch object written, read back and deleted
+/// there) and `object.high_water` (each resource's object against its lease record).
+pub(super) async fn high_water(url: &crate::object::ObjectUrl, f: &mut Findings<'_>) {
+    let coordinator = match crate::coordinator::ObjectCoordinator::open(url) {
+        Ok(coordinator) => coordinator,
+        Err(err) => {
+            f.add(
+                "object.high_water",
+                Severity::Fail,
+                err.to_string(),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    let tokens = format!("{}/tokens", url.display.trim_end_matches('/'));
+    match coordinator.probe_high_water_writes().await {
+        Ok(()) => f.add(
+            "object.high_water_writes",
+            Severity::Ok,
+            format!("fence may write and read its high-water objects under `{tokens}/`"),
+            "",
+        ),
+        Err(err) => f.add(
+            "object.high_water_writes",
+            Severity::Fail,
+            format!(
+                "fence cannot keep its high-water objects under `{tokens}/` ({err}): grants still work (each warns), but an older copy of a lease object written back would make its token live again and the next grant repeat a token; if reads fail too, every operation fails"
+            ),
+            &format!(
+                "let fence's credentials read and write `{tokens}/*` as they do the lease objects, then run `fence doctor` again"
+            ),
+        ),
+    }
+    let report = match coordinator.high_water_report(HIGH_WATER_LIMIT).await {
+        Ok(report) => report,
+        Err(err) => {
+            f.add(
+                "object.high_water",
+                Severity::Fail,
+                format!("cannot compare the high-water objects with the lease records: {err}"),
+                &err.hint(),
+            );
+            return;
+        }
+    };
+    let names = |list: &mut dyn Iterator<Item = &String>| {
+        let shown: Vec<String> = list.take(5).map(|r| format!("`{r}`")).collect();
+        shown.join(", ")
+    };
+    let more = |n: usize| {
+        if n > 5 {
+            format!(" and {} more", n - 5)
+        } else {
+            String::new()
+        }
+    };
+    for (resource, record, high) in &report.written_back {
+        f.add(
+            "object.high_water",
+            Severity::Warn,
+            format!(
+                "the lease object of `{resource}` holds token {record}, below its high-water object's {high}: an older copy of it was written back (uploaded again, or a version restored); it is no one's lease (fence refuses token {record} as stale), and the next grant continues above {high}"
+            ),
+            "nothing to repair: the next grant rewrites the record; find who wrote the copy back (the bucket's access log), since a whole prefix written back from one copy would lower both",
+        );
+    }
+    for (resource, record, high) in &report.behind {
+        f.add(
+            "object.high_water",
+            Severity::Warn,
+            format!(
+                "the high-water object of `{resource}` says {high}, below its lease record's token {record}: a raise failed (its grant warned); until the holder's next renewal or the next grant raises it, an older copy written back would go unnoticed"
+            ),
+            "if it stays behind, check `object.high_water_writes`",
+        );
+    }
+    if !report.damaged.is_empty() {
+        f.add(
+            "object.high_water",
+            Severity::Warn,
+            format!(
+                "the high-water objects of {}{} hold no token (damaged): they are ignored until the next new token replaces them, and an older copy of their lease objects written back meanwhile would go unnoticed",
+                names(&mut report.damaged.iter()),
+                more(report.damaged.len())
+            ),
+            "a grant or a renewal of each replaces it; nothing else needs doing",
+        );
+    }
+    if !report.missing.is_empty() {
+        f.add(
+            "object.high_water",
+            Severity::Warn,
+            format!(
+                "{} of {} resources have no high-water object ({}{}): granted only by a fence from before it, or every raise failed; an older copy of their lease objects written back would go unnoticed",
+                report.missing.len(),
+                report.checked,
+                names(&mut report.missing.iter()),
+                more(report.missing.len())
+            ),
+            "the next grant or renewal of each creates it: a holder's renewal, or for a free resource `fence run <resource> -- true`",
+        );
+    }
+    let clean = report.written_back.is_empty()
+        && report.behind.is_empty()
+        && report.damaged.is_empty()
+        && report.missing.is_empty();
+    if clean {
+        let of = if report.checked < report.resources {
+            format!(" (the first {} of {})", report.checked, report.resources)
+        } else {
+            String::new()
+        };
+        f.add(
+            "object.high_water",
+            Severity::Ok,
+            format!(
+                "{} resources{of}: each lease record's token is at its high-water object's",
+                report.checked
+            ),
+            "",
+        );
+    }
+}
+
 /// What doctor can say about an S3 or GCS object store without writing to it.
 pub(super) fn object_store(display: &str, f: &mut Findings<'_>) {
     let s3 = display.starts_with("s3://");

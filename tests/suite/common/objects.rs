@@ -309,6 +309,26 @@ impl Server {
 }
 
 impl Server {
+    /// Deletes an object directly, bypassing fence (an operator's clean-up, a lifecycle
+    /// rule), and checks it is gone.
+    pub fn delete(&self, key: &str) {
+        let url = match self.service {
+            Service::S3 => format!("{}/{}/{}", self.endpoint, self.bucket, encode_path(key)),
+            Service::Gcs => format!(
+                "{}/storage/v1/b/{}/o/{}",
+                self.endpoint,
+                self.bucket,
+                encode(key)
+            ),
+        };
+        self.curl(&["-sf", "-X", "DELETE", &url])
+            .expect("direct delete");
+        assert!(
+            self.get(key).is_none(),
+            "`{key}` is still there after its delete"
+        );
+    }
+
     /// Stores bytes with user metadata of the writer's choosing, bypassing fence (a raw
     /// writer forging fence's metadata, or a copy tool that keeps it).
     pub fn put_with_metadata(&self, key: &str, body: &[u8], metadata: &[(&str, &str)]) {
