@@ -359,7 +359,82 @@ fn a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up(on: Backen
     );
 }
 
+/// A grant whose answer was lost (the server stored the record, the proxy answered 503) is
+/// recognised by its nonce on the retry, and raises the high-water object as any written
+/// grant does: else the resource stays unguarded until the holder's first renewal, and an
+/// older copy written back before it makes the next grant repeat the token. (Review 4 found
+/// this path untested.)
+fn a_grant_whose_answer_was_lost_raises_the_high_water_object(on: Backend) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use common::proxy::{HttpProxy, Verdict};
+
+    let store = Store::new(on);
+    let (server, _) = store.server();
+    let first = acquire(&store, "r", "a", "10m");
+    let old = record(&store, "r");
+    fence(
+        &store,
+        &[
+            "release",
+            "r",
+            "--owner",
+            "a",
+            "--token",
+            &first.to_string(),
+        ],
+    );
+    // The record's key as S3 (the path) and GCS's multipart upload (its body) show it.
+    let key = lease_key(&store, "r");
+    let lost = Arc::new(AtomicUsize::new(0));
+    let counted = lost.clone();
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(move |request| {
+            let write = matches!(request.method.as_str(), "PUT" | "POST");
+            let to_record = request.target.contains(&format!("/{key}"))
+                || common::proxy::contains(&request.body, key.as_bytes());
+            if write && to_record && counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                Verdict::ForwardThenAnswer { status: 503 }
+            } else {
+                Verdict::Forward
+            }
+        }),
+    );
+    let endpoint = match server.service {
+        objects::Service::S3 => "AWS_ENDPOINT_URL",
+        objects::Service::Gcs => "FENCE_GCS_ENDPOINT",
+    };
+    let out = store
+        .fence()
+        .env(endpoint, proxy.endpoint())
+        .args([
+            "acquire", "r", "--owner", "b", "--ttl", "10m", "--format", "json",
+        ])
+        .run()
+        .expect(0);
+    let second = out.json()["token"].as_i64().unwrap();
+    assert!(
+        lost.load(Ordering::SeqCst) >= 1,
+        "the premise: the grant's answer was lost: {:?}",
+        proxy.seen()
+    );
+    assert_eq!(body(&record(&store, "r"))["owner"], "b", "{out:?}");
+    assert_eq!(
+        high_water(&store, "r"),
+        Some(second),
+        "a grant recognised by its nonce left the high-water object behind: {out:?}"
+    );
+    // What it guards: a's old record written back is no one's lease, and the next token is
+    // new.
+    restore(&store, "r", &old, Restore::Bytes);
+    let third = acquire(&store, "r", "c", "10m");
+    assert!(third > second, "token {third} issued again after {second}");
+}
+
 crate::per_service!(
+    a_grant_whose_answer_was_lost_raises_the_high_water_object,
     a_restored_record_s_token_is_neither_renewed_nor_released,
     a_restored_record_is_not_reacquired_by_its_old_owner,
     a_restored_record_keeps_no_one_out,
