@@ -140,6 +140,8 @@ const HISTORY_MAX: usize = 8 * HISTORY_KEPT;
 /// metadata per object; a larger record (very long owner names) is read from its bytes.
 const META_LEASE: &str = "fence-lease";
 const METADATA_COPY_MAX: usize = 6 * 1024;
+/// The same for the high-water object's token.
+const META_HIGH: &str = "fence-high";
 
 /// Changes archived out of the record, in one event object
 /// (`events/<enc>/<first seq>-0-archive`), oldest first.
@@ -317,25 +319,45 @@ impl ObjectCoordinator {
         self.url.join(&format!("tokens/{}", encode_key(resource)))
     }
 
+    /// The high-water object as stored: its token (`None`: damaged, not a token) and version;
+    /// `None` when there is none yet (a resource from before it, or never granted). Where
+    /// metadata is one request and bytes two (GCS), the token is read from its metadata copy.
+    async fn fetch_high(&self, resource: &str) -> Result<Option<(Option<i64>, Meta)>, Error> {
+        let key = self.high_key(resource);
+        if self.api.body_fits_metadata() {
+            let Some(mut meta) = self.api.head(&key).await? else {
+                return Ok(None);
+            };
+            if let Some(copy) = meta.metadata.remove(META_HIGH) {
+                return Ok(Some((high_token(copy.as_bytes()), meta)));
+            }
+            // Written by hand, or by a fence from before the copy: its bytes.
+        }
+        Ok(self
+            .api
+            .get(&key)
+            .await?
+            .map(|fetched| (high_token(&fetched.body), fetched.meta)))
+    }
+
     /// The high-water object's token and version (`None`: none yet, a resource from before
     /// it or never granted).
     async fn high(&self, resource: &str) -> Result<Option<(i64, Meta)>, Error> {
-        let key = self.high_key(resource);
-        let Some(fetched) = self.api.get(&key).await? else {
+        let Some((token, meta)) = self.fetch_high(resource).await? else {
             return Ok(None);
         };
-        match high_token(&fetched.body) {
-            Some(token) => Ok(Some((token, fetched.meta))),
+        match token {
+            Some(token) => Ok(Some((token, meta))),
             // Damaged: it guards nothing then (the record still holds the token), and the
             // next raise replaces it (conditioned on this version); never an error that would
             // stop a holder's renewal.
             None => {
                 crate::terminal::warn(&format!(
-                    "warning: the high-water object `{key}` at `{}` is damaged (it holds {} bytes that are not a token); it is ignored until fence raises it again (an older copy of the lease object written back meanwhile would go unnoticed)",
+                    "warning: the high-water object `{}` at `{}` is damaged (it holds no token); it is ignored until fence raises it again (an older copy of the lease object written back meanwhile would go unnoticed)",
+                    self.high_key(resource),
                     self.url.display,
-                    fetched.body.len()
                 ));
-                Ok(Some((0, fetched.meta)))
+                Ok(Some((0, meta)))
             }
         }
     }
@@ -353,13 +375,17 @@ impl ObjectCoordinator {
                 Some((_, meta)) => Cond::Match(meta.version.clone()),
                 None => Cond::Create,
             };
+            let mut metadata = BTreeMap::new();
+            if self.api.body_fits_metadata() {
+                metadata.insert(META_HIGH.to_owned(), token.to_string());
+            }
             let put = self
                 .api
                 .put(
                     &self.high_key(resource),
                     format!("{token}\n").into_bytes(),
                     &cond,
-                    &BTreeMap::new(),
+                    &metadata,
                 )
                 .await;
             let reread = match put {
@@ -397,11 +423,11 @@ impl ObjectCoordinator {
             let body: Body =
                 serde_json::from_slice(&fetched.body).map_err(|err| self.damaged(&key, err))?;
             report.checked += 1;
-            let Some(high) = self.api.get(&self.high_key(&body.resource)).await? else {
+            let Some((high, _)) = self.fetch_high(&body.resource).await? else {
                 report.missing.push(body.resource);
                 continue;
             };
-            match high_token(&high.body) {
+            match high {
                 None => report.damaged.push(body.resource),
                 Some(high) if high < body.token => {
                     report.behind.push((body.resource, body.token, high))
