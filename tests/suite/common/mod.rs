@@ -779,9 +779,15 @@ pub mod proxy;
 
 /// Acquires `resource` for `owner` (a 1 min TTL; exit 0 expected) and returns its token.
 pub fn acquire(store: &Store, resource: &str, owner: &str) -> i64 {
+    acquire_for(store, resource, owner, "1m")
+}
+
+/// Acquires `resource` for `owner` with `ttl` (`"10m"`, `"3s"`; exit 0 expected) and returns
+/// its token.
+pub fn acquire_for(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
     store
         .fence()
-        .args(["acquire", resource, "--owner", owner, "--ttl", "1m"])
+        .args(["acquire", resource, "--owner", owner, "--ttl", ttl])
         .args(["--format", "json"])
         .run()
         .expect(0)

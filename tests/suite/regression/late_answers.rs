@@ -20,12 +20,13 @@
 
 use crate::common;
 
+use std::process::Child;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use common::objects::{self, Server, Service};
 use common::proxy::{HttpProxy, HttpRequest, Verdict};
-use common::{Backend, Fence, Out, Store};
+use common::{Backend, Fence, Lease, Out, Store};
 
 // ---------------------------------------------------------------------------------------------
 // The gate: a rule of the proxy waits on it; the test opens it.
@@ -68,16 +69,6 @@ impl Gate {
     fn open(&self) {
         self.state.lock().unwrap().open = true;
         self.changed.notify_all();
-    }
-}
-
-/// Opens the gate when dropped (declared after the proxy, so dropped before it: the proxy's
-/// drop joins the thread that waits on the gate).
-struct OpenOnDrop(Arc<Gate>);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
     }
 }
 
@@ -261,23 +252,89 @@ fn exchange(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The store's durable state.
+// A store behind the gate.
 // ---------------------------------------------------------------------------------------------
 
-/// A store whose prefix is proven through `proxy` (the proof is bound to the endpoint), so
-/// that the scenario's requests are the lease's own.
-fn proven_via(store: &Store, proxy: &HttpProxy) {
-    via(store, proxy).args(["init"]).run().expect(0);
+/// A new store on `on`'s service whose scenario requests go through a proxy with one of the
+/// rules above around a gate of its own. Dropping it opens the gate before the proxy goes (the
+/// proxy's drop joins the thread that waits on the gate), and the store after both.
+struct Gated {
+    gate: Arc<Gate>,
+    proxy: HttpProxy,
+    store: Store,
 }
 
-/// `fence` on `store`, its requests going through `proxy`.
-fn via(store: &Store, proxy: &HttpProxy) -> Fence {
-    let var = match store.server().0.service {
-        Service::S3 => "AWS_ENDPOINT_URL",
-        Service::Gcs => "FENCE_GCS_ENDPOINT",
-    };
-    store.fence().env(var, proxy.endpoint())
+impl Gated {
+    /// The store behind the proxy `hold` makes around the gate, its prefix proven through that
+    /// proxy (the proof is bound to the endpoint), so that the scenario's requests are the
+    /// lease's own.
+    fn new(on: Backend, hold: impl FnOnce(&Server, &Arc<Gate>) -> HttpProxy) -> Gated {
+        let store = Store::new(on);
+        let gate = Arc::new(Gate::default());
+        let proxy = hold(store.server().0, &gate);
+        let gated = Gated { gate, proxy, store };
+        gated.via().args(["init"]).run().expect(0);
+        gated
+    }
+
+    /// The first write of a lease record goes to the server at once; its answer is held.
+    fn lease_write_answer_held(on: Backend) -> Gated {
+        let service = service_of(on);
+        Gated::new(on, |server, gate| {
+            answer_held(server, gate, move |r| lease_write(service, r))
+        })
+    }
+
+    /// The first write of a lease record is held before it reaches the server.
+    fn lease_write_held(on: Backend) -> Gated {
+        let service = service_of(on);
+        Gated::new(on, |server, gate| {
+            request_held(server, gate, move |r| lease_write(service, r))
+        })
+    }
+
+    /// Every deletion of a waiter's record is held before it reaches the server.
+    fn waiter_deletes_held(on: Backend) -> Gated {
+        Gated::new(on, |server, gate| {
+            requests_held(server, gate, waiter_delete)
+        })
+    }
+
+    /// `fence` on the store, its requests going through the proxy.
+    fn via(&self) -> Fence {
+        let var = match self.store.server().0.service {
+            Service::S3 => "AWS_ENDPOINT_URL",
+            Service::Gcs => "FENCE_GCS_ENDPOINT",
+        };
+        self.store.fence().env(var, self.proxy.endpoint())
+    }
+
+    /// Waits until a request (or its answer), `what`, is held at the gate.
+    fn wait_held(&self, what: &str) {
+        common::wait_for(what, Duration::from_secs(60), || self.gate.arrived() >= 1);
+    }
+
+    /// Opens the gate and waits for `child`'s outcome.
+    fn let_go(&self, child: Child) -> Out {
+        self.gate.open();
+        outcome(child)
+    }
 }
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+/// What `child`, a `fence`, did (a bound of a minute for a hang).
+fn outcome(child: Child) -> Out {
+    Out::from(common::wait_output("fence", child, Duration::from_secs(60)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store's durable state.
+// ---------------------------------------------------------------------------------------------
 
 /// The lease record as stored, with the time of its version by the store's clock.
 #[derive(Debug)]
@@ -366,17 +423,16 @@ fn kinds(store: &Store, resource: &str) -> Vec<String> {
 // acquire --wait / run --wait: the waiter's record is deleted after the late check.
 // ---------------------------------------------------------------------------------------------
 
-/// Starts a waiter (`fence ARGS`, through `proxy`) behind `h`'s live lease on `r`, lets it in
-/// by releasing `h`'s lease once the waiter's record is on the store, and waits until the
-/// waiter's grant is written and the deletion of its waiter record is held at the gate.
-fn waiter_granted(
-    store: &Store,
-    proxy: &HttpProxy,
-    gate: &Gate,
-    args: &[&str],
-) -> std::process::Child {
+/// The shape of both: `fence ARGS` (owner `w`, a 2 s TTL, `--wait`; through the proxy of
+/// `waiter_deletes_held`) queues behind `h`'s live lease on `r`, and is let in by the release
+/// of `h`'s lease once the waiter's record is on the store. Once the waiter's grant is written
+/// and the deletion of its waiter record (sent after the grant was checked for lateness) is
+/// held at the gate, the lease runs out by the store's clock and `x` takes it over. Returns
+/// (the gate still closed) the waiter, w's grant as the record showed it, and x's lease.
+fn waiter_outlived_by_its_lease(g: &Gated, args: &[&str]) -> (Child, Record, Lease) {
+    let store = &g.store;
     let holder = store.fence().acquire("r", &["--owner", "h", "--ttl", "1h"]);
-    let child = via(store, proxy).args(args).spawn();
+    let child = g.via().args(args).spawn();
     let (server, prefix) = store.server();
     let waiters = format!("{prefix}/waiters/{}", objects::encode_key("r"));
     common::wait_for("the waiter's record", Duration::from_secs(60), || {
@@ -385,37 +441,30 @@ fn waiter_granted(
     store.fence().release(&holder);
     wait_owned_by(store, "r", "w");
     assert!(
-        common::process::becomes(Duration::from_secs(60), || gate.arrived() >= 1),
+        common::process::becomes(Duration::from_secs(60), || g.gate.arrived() >= 1),
         "the deletion of the waiter's record never came; the proxy saw {:#?}",
-        proxy.seen()
+        g.proxy.seen()
     );
-    child
+    let granted = record(store, "r").unwrap();
+    wait_run_out(store, "r");
+    let next = store.fence().acquire("r", &["--owner", "x", "--ttl", "1h"]);
+    (child, granted, next)
 }
 
-/// `fence acquire --wait` is granted; the request that deletes its waiter record (sent
-/// after the grant was checked for lateness) is held until the lease ran out by the store's
-/// clock and another owner took it over. fence must not then exit 0 with the old token.
+/// `fence acquire --wait` is granted; the request that deletes its waiter record is held until
+/// the lease ran out by the store's clock and another owner took it over. fence must not then
+/// exit 0 with the old token.
 fn acquire_wait_reports_no_lease_that_ran_out_while_it_left_the_queue(on: Backend) {
-    let store = Store::new(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = requests_held(store.server().0, &gate, waiter_delete);
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let child = waiter_granted(
-        &store,
-        &proxy,
-        &gate,
+    let g = Gated::waiter_deletes_held(on);
+    let (child, granted, next) = waiter_outlived_by_its_lease(
+        &g,
         &[
             "acquire", "r", "--owner", "w", "--ttl", "2s", "--wait", "60s", "--format", "json",
         ],
     );
-    let granted = record(&store, "r").unwrap();
-    wait_run_out(&store, "r");
-    let next = store.fence().acquire("r", &["--owner", "x", "--ttl", "1h"]);
-    let now = record(&store, "r").unwrap();
+    let now = record(&g.store, "r").unwrap();
     assert_eq!((now.owner.as_str(), now.token), ("x", next.token));
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
+    let out = g.let_go(child);
     assert_ne!(
         out.code,
         0,
@@ -423,7 +472,7 @@ fn acquire_wait_reports_no_lease_that_ran_out_while_it_left_the_queue(on: Backen
          fence: {out:?}\nw's grant: {granted:?}\nnow: {now:?}\nevents: {:?}",
         granted.token,
         next.token,
-        kinds(&store, "r")
+        kinds(&g.store, "r")
     );
     assert_eq!(out.code, 5, "{out:?}");
     assert_eq!(out.json()["error"], "lease_lost", "{out:?}");
@@ -432,27 +481,17 @@ fn acquire_wait_reports_no_lease_that_ran_out_while_it_left_the_queue(on: Backen
 /// `fence run --wait` the same way: its bound counts from the grant's request, so the time
 /// spent deleting the waiter record leaves it too little to start the command; it must not.
 fn run_wait_starts_nothing_when_leaving_the_queue_outlived_the_lease(on: Backend) {
-    let store = Store::new(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = requests_held(store.server().0, &gate, waiter_delete);
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let marker = store.home.path().join("ran");
+    let g = Gated::waiter_deletes_held(on);
+    let marker = g.store.home.path().join("ran");
     let script = format!("echo \"$FENCE_TOKEN\" > '{}'", marker.display());
-    let child = waiter_granted(
-        &store,
-        &proxy,
-        &gate,
+    let (child, granted, next) = waiter_outlived_by_its_lease(
+        &g,
         &[
             "run", "r", "--owner", "w", "--ttl", "2s", "--wait", "60s", "--format", "json", "--",
             "sh", "-c", &script,
         ],
     );
-    let granted = record(&store, "r").unwrap();
-    wait_run_out(&store, "r");
-    let next = store.fence().acquire("r", &["--owner", "x", "--ttl", "1h"]);
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
+    let out = g.let_go(child);
     assert!(
         !marker.exists(),
         "the command ran under token {} after `x` took the lease over with token {}: {out:?}",
@@ -464,13 +503,13 @@ fn run_wait_starts_nothing_when_leaving_the_queue_outlived_the_lease(on: Backend
     // Nothing was stopped: the hint must not say the command was.
     let hint = out.json()["hint"].as_str().unwrap_or_default().to_owned();
     assert!(hint.starts_with("the command was not started"), "{hint}");
-    let now = record(&store, "r").unwrap();
+    let now = record(&g.store, "r").unwrap();
     assert_eq!(
         (now.owner.as_str(), now.token),
         ("x", next.token),
         "{now:?}"
     );
-    let events = kinds(&store, "r");
+    let events = kinds(&g.store, "r");
     assert!(
         !events.iter().any(|e| e.starts_with("run_started")),
         "{events:?}"
@@ -481,38 +520,37 @@ fn run_wait_starts_nothing_when_leaving_the_queue_outlived_the_lease(on: Backend
 // acquire / renew whose answer is held: applied at once, heard of after the lease ran out.
 // ---------------------------------------------------------------------------------------------
 
-/// `fence acquire`: the grant is applied; its answer is held until the lease ran out by the
-/// store's clock. Exit 5 `arrived_late`, naming the token the record holds; the record not
-/// live, and only a refused renewal of w's after the grant.
-fn an_acquire_answered_after_its_lease_ran_out_is_lost(on: Backend) {
-    let store = Store::new(on);
-    let service = service_of(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = answer_held(store.server().0, &gate, move |r| lease_write(service, r));
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let child = via(&store, &proxy)
+/// The shape of the two `acquire` scenarios: `w`'s `acquire` of `r` (a 2 s TTL) is applied at
+/// once and its answer held. Returns (the gate still closed) the `acquire` once w's grant is
+/// on the store and has run out by the store's clock.
+fn an_acquire_answered_after_its_ttl(on: Backend) -> (Gated, Child) {
+    let g = Gated::lease_write_answer_held(on);
+    let child = g
+        .via()
         .args([
             "acquire", "r", "--owner", "w", "--ttl", "2s", "--format", "json",
         ])
         .spawn();
-    common::wait_for(
-        "the grant's answer to be held",
-        Duration::from_secs(60),
-        || gate.arrived() >= 1,
-    );
-    wait_owned_by(&store, "r", "w");
-    wait_run_out(&store, "r");
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
-    let now = record(&store, "r").unwrap();
-    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&store, "r"));
+    g.wait_held("the grant's answer to be held");
+    wait_owned_by(&g.store, "r", "w");
+    wait_run_out(&g.store, "r");
+    (g, child)
+}
+
+/// `fence acquire`: the grant is applied; its answer is held until the lease ran out by the
+/// store's clock. Exit 5 `arrived_late`, naming the token the record holds; the record not
+/// live, and only a refused renewal of w's after the grant.
+fn an_acquire_answered_after_its_lease_ran_out_is_lost(on: Backend) {
+    let (g, child) = an_acquire_answered_after_its_ttl(on);
+    let out = g.let_go(child);
+    let now = record(&g.store, "r").unwrap();
+    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&g.store, "r"));
     let json = out.json();
     assert_eq!(json["reason"], "arrived_late", "{out:?}");
     assert_eq!(json["token"].as_i64(), Some(now.token), "{out:?}");
     assert!(!now.live(), "{now:?}");
     assert_eq!(
-        kinds(&store, "r"),
+        kinds(&g.store, "r"),
         [
             format!("acquired:w:{}", now.token),
             format!("renew_rejected:w:{}", now.token)
@@ -523,29 +561,14 @@ fn an_acquire_answered_after_its_lease_ran_out_is_lost(on: Backend) {
 /// The same, and another owner took the lease over before the answer came: exit 5, the
 /// lease taken over (not a success), and the record is the other owner's.
 fn an_acquire_answered_after_a_takeover_is_lost(on: Backend) {
-    let store = Store::new(on);
-    let service = service_of(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = answer_held(store.server().0, &gate, move |r| lease_write(service, r));
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let child = via(&store, &proxy)
-        .args([
-            "acquire", "r", "--owner", "w", "--ttl", "2s", "--format", "json",
-        ])
-        .spawn();
-    common::wait_for(
-        "the grant's answer to be held",
-        Duration::from_secs(60),
-        || gate.arrived() >= 1,
-    );
-    wait_owned_by(&store, "r", "w");
-    wait_run_out(&store, "r");
-    let next = store.fence().acquire("r", &["--owner", "x", "--ttl", "1h"]);
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
-    let now = record(&store, "r").unwrap();
-    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&store, "r"));
+    let (g, child) = an_acquire_answered_after_its_ttl(on);
+    let next = g
+        .store
+        .fence()
+        .acquire("r", &["--owner", "x", "--ttl", "1h"]);
+    let out = g.let_go(child);
+    let now = record(&g.store, "r").unwrap();
+    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&g.store, "r"));
     assert_eq!(out.json()["error"], "lease_lost", "{out:?}");
     assert_eq!(json_token(&out), Some(next.token - 1), "{out:?}");
     assert_eq!((now.owner.as_str(), now.token), ("x", next.token));
@@ -555,41 +578,43 @@ fn json_token(out: &Out) -> Option<i64> {
     out.json()["token"].as_i64()
 }
 
+/// The shape of the two `renew` scenarios: `w` holds `r` (an hour, granted past the proxy);
+/// its `renew` with `ttl` goes through the proxy, is applied at once and its answer held.
+/// Returns (the gate still closed) w's lease and the `renew`, once its answer is held.
+fn a_renewal_answer_held(on: Backend, ttl: &str) -> (Gated, Lease, Child) {
+    let g = Gated::lease_write_answer_held(on);
+    let lease = g
+        .store
+        .fence()
+        .acquire("r", &["--owner", "w", "--ttl", "1h"]);
+    let token = lease.token.to_string();
+    let child = g
+        .via()
+        .args([
+            "renew", "r", "--owner", "w", "--token", &token, "--ttl", ttl,
+        ])
+        .args(["--format", "json"])
+        .spawn();
+    g.wait_held("the renewal's answer to be held");
+    (g, lease, child)
+}
+
 /// `fence renew`: the renewal is applied, its answer held until the lease ran out by the
 /// store's clock: exit 5 `arrived_late`; the record not live, its last change w's renewal
 /// and the refused one after it.
 fn a_renewal_answered_after_its_lease_ran_out_is_lost(on: Backend) {
-    let store = Store::new(on);
-    let service = service_of(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = answer_held(store.server().0, &gate, move |r| lease_write(service, r));
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let lease = store.fence().acquire("r", &["--owner", "w", "--ttl", "1h"]);
-    let token = lease.token.to_string();
-    let child = via(&store, &proxy)
-        .args([
-            "renew", "r", "--owner", "w", "--token", &token, "--ttl", "2s",
-        ])
-        .args(["--format", "json"])
-        .spawn();
-    common::wait_for(
-        "the renewal's answer to be held",
-        Duration::from_secs(60),
-        || gate.arrived() >= 1,
-    );
-    wait_run_out(&store, "r");
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
-    let now = record(&store, "r").unwrap();
-    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&store, "r"));
+    let (g, lease, child) = a_renewal_answer_held(on, "2s");
+    wait_run_out(&g.store, "r");
+    let out = g.let_go(child);
+    let now = record(&g.store, "r").unwrap();
+    assert_eq!(out.code, 5, "{out:?}\n{now:?}\n{:?}", kinds(&g.store, "r"));
     let json = out.json();
     assert_eq!(json["reason"], "arrived_late", "{out:?}");
     assert_eq!(json["token"].as_i64(), Some(lease.token), "{out:?}");
     assert!(!now.live(), "{now:?}");
     let t = lease.token;
     assert_eq!(
-        kinds(&store, "r"),
+        kinds(&g.store, "r"),
         [
             format!("acquired:w:{t}"),
             format!("renewed:w:{t}"),
@@ -602,43 +627,28 @@ fn a_renewal_answered_after_its_lease_ran_out_is_lost(on: Backend) {
 /// lease is renewed again before it is reported (exit 0 with a notice), and that second
 /// renewal was written after the answer was let go, by the store's clock.
 fn a_renewal_answered_past_half_its_ttl_is_renewed_again(on: Backend) {
-    let store = Store::new(on);
-    let service = service_of(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = answer_held(store.server().0, &gate, move |r| lease_write(service, r));
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let lease = store.fence().acquire("r", &["--owner", "w", "--ttl", "1h"]);
-    let token = lease.token.to_string();
-    let child = via(&store, &proxy)
-        .args([
-            "renew", "r", "--owner", "w", "--token", &token, "--ttl", "8s",
-        ])
-        .args(["--format", "json"])
-        .spawn();
-    common::wait_for(
-        "the renewal's answer to be held",
-        Duration::from_secs(60),
-        || gate.arrived() >= 1,
-    );
+    let (g, lease, child) = a_renewal_answer_held(on, "8s");
     // The scenario itself, not a synchronisation: how long the answer is held (over half
     // the TTL of 8 s, well short of all of it).
     std::thread::sleep(Duration::from_millis(4_800));
-    let opened = store_now_ms(&store);
-    let held = record(&store, "r").unwrap();
+    let opened = store_now_ms(&g.store);
+    let held = record(&g.store, "r").unwrap();
     assert!(held.live(), "the renewal ran out while held: {held:?}");
-    gate.open();
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60))).expect(0);
+    let out = g.let_go(child).expect(0);
     let json = out.json();
     assert!(
         json["notices"].to_string().contains("renewing it"),
         "{out:?}"
     );
-    let now = record(&store, "r").unwrap();
+    let now = record(&g.store, "r").unwrap();
     assert!(now.live(), "{now:?}");
     // S3 stamps whole seconds (rounded down): the renewal is in the second the gate opened or
     // later.
-    let resolution = if service == Service::S3 { 1_000 } else { 0 };
+    let resolution = if service_of(on) == Service::S3 {
+        1_000
+    } else {
+        0
+    };
     assert!(
         now.written_ms + resolution >= opened,
         "the lease was last written {} ms before the answer was let go: {now:?} {out:?}",
@@ -646,7 +656,7 @@ fn a_renewal_answered_past_half_its_ttl_is_renewed_again(on: Backend) {
     );
     let t = lease.token;
     assert_eq!(
-        kinds(&store, "r"),
+        kinds(&g.store, "r"),
         [
             format!("acquired:w:{t}"),
             format!("renewed:w:{t}"),
@@ -664,38 +674,31 @@ fn a_renewal_answered_past_half_its_ttl_is_renewed_again(on: Backend) {
 /// (and, with `takeover`, another owner takes it); then fence is continued. It must say the
 /// lease is lost, exit 5.
 fn a_fence_paused_while_its_grant_was_in_flight(on: Backend, takeover: bool) {
-    let store = Store::new(on);
-    let service = service_of(on);
-    let gate = Arc::new(Gate::default());
-    let proxy = request_held(store.server().0, &gate, move |r| lease_write(service, r));
-    let _open = OpenOnDrop(Arc::clone(&gate));
-    proven_via(&store, &proxy);
-    let child = via(&store, &proxy)
+    let g = Gated::lease_write_held(on);
+    let store = &g.store;
+    let child = g
+        .via()
         .args([
             "acquire", "r", "--owner", "w", "--ttl", "2s", "--format", "json",
         ])
         .spawn();
     let pid = child.id();
     let _reap = common::process::Reap(vec![pid]);
-    common::wait_for(
-        "the grant's put to be held",
-        Duration::from_secs(60),
-        || gate.arrived() >= 1,
-    );
+    g.wait_held("the grant's put to be held");
     common::process::stop(pid);
-    gate.open();
-    wait_owned_by(&store, "r", "w");
-    let granted = record(&store, "r").unwrap();
-    wait_run_out(&store, "r");
+    g.gate.open();
+    wait_owned_by(store, "r", "w");
+    let granted = record(store, "r").unwrap();
+    wait_run_out(store, "r");
     let next = takeover.then(|| store.fence().acquire("r", &["--owner", "x", "--ttl", "1h"]));
     common::process::continue_at(pid, std::time::Instant::now());
-    let out = Out::from(common::wait_output("fence", child, Duration::from_secs(60)));
-    let now = record(&store, "r").unwrap();
+    let out = outcome(child);
+    let now = record(store, "r").unwrap();
     assert_eq!(
         out.code,
         5,
         "{out:?}\ngranted: {granted:?}\nnow: {now:?}\n{:?}",
-        kinds(&store, "r")
+        kinds(store, "r")
     );
     let json = out.json();
     assert_eq!(json["error"], "lease_lost", "{out:?}");

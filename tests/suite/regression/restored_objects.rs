@@ -17,7 +17,7 @@
 use crate::common;
 
 use common::objects::{self, Stored};
-use common::{Backend, Out, Store};
+use common::{acquire_for, Backend, Out, Store};
 
 /// The key of `resource`'s lease record under the store's prefix.
 fn lease_key(store: &Store, resource: &str) -> String {
@@ -68,18 +68,6 @@ fn restore(store: &Store, resource: &str, old: &Stored, how: Restore) {
     assert_eq!(now.body, old.body, "the old copy is the current version");
 }
 
-fn acquire(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
-    store
-        .fence()
-        .args(["acquire", resource, "--owner", owner, "--ttl", ttl])
-        .args(["--format", "json"])
-        .run()
-        .expect(0)
-        .json()["token"]
-        .as_i64()
-        .unwrap()
-}
-
 fn fence(store: &Store, args: &[&str]) -> Out {
     let out = store.fence().args(args).args(["--format", "json"]).run();
     eprintln!(
@@ -96,7 +84,7 @@ fn fence(store: &Store, args: &[&str]) -> Out {
 /// token 1) is kept as the operator's old copy; then `a` releases, and `b` and `c` are each
 /// granted and release. Returns (the old copy, a's token, the highest token issued).
 fn history_with_an_old_copy(store: &Store, resource: &str) -> (Stored, i64, i64) {
-    let first = acquire(store, resource, "a", "10m");
+    let first = acquire_for(store, resource, "a", "10m");
     let old = record(store, resource);
     eprintln!(
         "old copy (held by a): metadata keys {:?}\n  {}",
@@ -104,9 +92,9 @@ fn history_with_an_old_copy(store: &Store, resource: &str) -> (Stored, i64, i64)
         String::from_utf8_lossy(&old.body)
     );
     common::release(store, resource, "a", first);
-    let second = acquire(store, resource, "b", "10m");
+    let second = acquire_for(store, resource, "b", "10m");
     common::release(store, resource, "b", second);
-    let last = acquire(store, resource, "c", "10m");
+    let last = acquire_for(store, resource, "c", "10m");
     common::release(store, resource, "c", last);
     assert!(first < second && second < last);
     eprintln!(
@@ -185,13 +173,13 @@ fn a_restored_record_keeps_no_one_out(on: Backend) {
 /// every token issued (I1), not the old copy's plus one.
 fn a_restored_released_record_does_not_reissue_a_token(on: Backend) {
     let store = Store::new(on);
-    let first = acquire(&store, "r", "a", "10m");
+    let first = acquire_for(&store, "r", "a", "10m");
     common::release(&store, "r", "a", first);
     let old = record(&store, "r");
     assert_eq!(body(&old)["state"], "released");
-    let second = acquire(&store, "r", "b", "10m");
+    let second = acquire_for(&store, "r", "b", "10m");
     common::release(&store, "r", "b", second);
-    let last = acquire(&store, "r", "c", "10m");
+    let last = acquire_for(&store, "r", "c", "10m");
     common::release(&store, "r", "c", last);
     restore(&store, "r", &old, Restore::Bytes);
     let out = fence(&store, &["acquire", "r", "--owner", "d", "--ttl", "10m"]);
@@ -211,10 +199,10 @@ fn a_restored_record_does_not_give_a_live_holder_s_token_to_another(on: Backend)
     let store = Store::new(on);
     let (server, prefix) = store.server();
     let target = server.url(&format!("{prefix}/target/obj"));
-    let first = acquire(&store, "r", "a", "10m");
+    let first = acquire_for(&store, "r", "a", "10m");
     common::release(&store, "r", "a", first);
     let old = record(&store, "r");
-    let second = acquire(&store, "r", "b", "10m");
+    let second = acquire_for(&store, "r", "b", "10m");
     let write = |owner: &str, token: i64, bytes: &str| {
         let file = store.home.path().join(format!("{owner}-{token}"));
         std::fs::write(&file, bytes).unwrap();
@@ -254,10 +242,10 @@ fn a_restored_record_does_not_give_a_live_holder_s_token_to_another(on: Backend)
 /// life when its record is restored: the restore's own Last-Modified is not a renewal.
 fn an_expired_lease_restored_is_not_renewed(on: Backend) {
     let store = Store::new(on);
-    let first = acquire(&store, "r", "a", "3s");
+    let first = acquire_for(&store, "r", "a", "3s");
     let old = record(&store, "r");
     store.wait_expired("r");
-    let second = acquire(&store, "r", "b", "10m");
+    let second = acquire_for(&store, "r", "b", "10m");
     common::release(&store, "r", "b", second);
     restore(&store, "r", &old, Restore::Bytes);
     let out = fence(
@@ -313,7 +301,7 @@ fn a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up(on: Backen
     let store = Store::new(on);
     let (server, prefix) = store.server();
     let key = format!("{prefix}/tokens/{}", objects::encode_key("r"));
-    let first = acquire(&store, "r", "a", "10m");
+    let first = acquire_for(&store, "r", "a", "10m");
     let old = record(&store, "r");
     server.put_with_metadata(&key, b"garbage", &[]);
     let out = fence(
@@ -336,7 +324,7 @@ fn a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up(on: Backen
             &first.to_string(),
         ],
     );
-    let second = acquire(&store, "r", "b", "10m");
+    let second = acquire_for(&store, "r", "b", "10m");
     assert_eq!(high_water(&store, "r"), Some(second));
     // Lagging: the object says token 1 while b holds token 2; b's renewal raises it.
     server.put_with_metadata(&key, b"1\n", &[]);
@@ -372,7 +360,7 @@ fn a_grant_whose_answer_was_lost_raises_the_high_water_object(on: Backend) {
 
     let store = Store::new(on);
     let (server, _) = store.server();
-    let first = acquire(&store, "r", "a", "10m");
+    let first = acquire_for(&store, "r", "a", "10m");
     let old = record(&store, "r");
     fence(
         &store,
@@ -429,7 +417,7 @@ fn a_grant_whose_answer_was_lost_raises_the_high_water_object(on: Backend) {
     // What it guards: a's old record written back is no one's lease, and the next token is
     // new.
     restore(&store, "r", &old, Restore::Bytes);
-    let third = acquire(&store, "r", "c", "10m");
+    let third = acquire_for(&store, "r", "c", "10m");
     assert!(third > second, "token {third} issued again after {second}");
 }
 

@@ -14,19 +14,24 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Out, Store};
+use common::{Lease, Out, Store};
 use serde_json::Value;
 
 /// Grants `owner` a lease on `r` and releases it; returns the token.
 fn grant_and_release(store: &Store, resource: &str, owner: &str) -> i64 {
     let token = acquire(store, resource, owner);
-    store
-        .fence()
-        .args(["release", resource, "--owner", owner, "--token"])
-        .args([token.to_string()])
-        .run()
-        .expect(0);
+    common::release(store, resource, owner, token);
     token
+}
+
+/// Grants a lease on `resource` (`args`: `--owner`, `--ttl` …), keeps a copy of its lease
+/// record as the grant wrote it (an operator's backup of a live record), and releases it:
+/// the lease and the copy.
+fn grant_backed_up_and_released(store: &Store, resource: &str, args: &[&str]) -> (Lease, Vec<u8>) {
+    let lease = store.fence().acquire(resource, args);
+    let backup = fs::read(lease_path(store, resource)).unwrap();
+    store.fence().release(&lease);
+    (lease, backup)
 }
 
 /// Acquires `resource` for `owner` (exit 0 expected) and returns the token.
@@ -45,6 +50,29 @@ fn lease_path(store: &Store, resource: &str) -> PathBuf {
 
 fn log_path(store: &Store, resource: &str) -> PathBuf {
     store.dir().join("events").join(format!("{resource}.jsonl"))
+}
+
+fn mark_path(store: &Store, resource: &str) -> PathBuf {
+    store.dir().join("tokens").join(format!("{resource}.high"))
+}
+
+/// Asserts that `resource`'s durable files hold the grant of `token` to `owner`: the lease
+/// record (`leases/<name>.json`) is `owner`'s, with `token`, not released, and the
+/// high-water mark (`tokens/<name>.high`) is `token`.
+#[track_caller]
+fn assert_granted_on_disk(store: &Store, resource: &str, owner: &str, token: i64) {
+    let text = fs::read_to_string(lease_path(store, resource)).unwrap();
+    let record: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(record["resource"], resource, "the lease record: {text}");
+    assert_eq!(record["owner"], owner, "the lease record: {text}");
+    assert_eq!(record["token"], token, "the lease record: {text}");
+    assert_eq!(record["released"], false, "the lease record: {text}");
+    let mark = fs::read_to_string(mark_path(store, resource)).unwrap();
+    assert_eq!(
+        mark.trim().parse::<i64>().ok(),
+        Some(token),
+        "the high-water mark: {mark:?}"
+    );
 }
 
 /// Keeps only the first `keep` lines of a log, as a lost unsynced tail would.
@@ -671,20 +699,7 @@ fn a_held_store_lock_is_an_error_not_a_hang() {
 #[test]
 fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
     let store = Store::file();
-    let first = acquire(&store, "r", "a");
-    let backup = fs::read(lease_path(&store, "r")).unwrap();
-    store
-        .fence()
-        .args([
-            "release",
-            "r",
-            "--owner",
-            "a",
-            "--token",
-            &first.to_string(),
-        ])
-        .run()
-        .expect(0);
+    let (first, backup) = grant_backed_up_and_released(&store, "r", &["--owner", "a"]);
     let second = grant_and_release(&store, "r", "b");
     // A run whose command moves the record aside: its `run_finished` has no change.
     let moved = store.home.path().join("moved.json");
@@ -702,14 +717,8 @@ fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
     // Any operation under the lock records the restored grant late.
     store
         .fence()
-        .args([
-            "release",
-            "r",
-            "--owner",
-            "a",
-            "--token",
-            &first.to_string(),
-        ])
+        .args(["release", "r", "--owner", "a", "--token"])
+        .args([first.token.to_string()])
         .run();
     let log = fs::read_to_string(log_path(&store, "r")).unwrap();
     let tokens: Vec<i64> = log
@@ -723,7 +732,7 @@ fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
         log.contains("recorded late"),
         "the scenario did not happen: no grant recorded late\n{log}"
     );
-    fs::remove_file(store.dir().join("tokens/r.high")).unwrap();
+    fs::remove_file(mark_path(&store, "r")).unwrap();
     let next = acquire(&store, "r", "d");
     assert!(
         next > highest,
@@ -739,27 +748,8 @@ fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
 #[test]
 fn a_restored_live_record_is_no_ones_lease() {
     let store = Store::file();
-    let out = store
-        .fence()
-        .args([
-            "acquire", "r", "--owner", "a", "--ttl", "10m", "--format", "json",
-        ])
-        .run()
-        .expect(0);
-    let first = out.json()["token"].as_i64().unwrap();
-    let backup = fs::read(lease_path(&store, "r")).unwrap();
-    store
-        .fence()
-        .args([
-            "release",
-            "r",
-            "--owner",
-            "a",
-            "--token",
-            &first.to_string(),
-        ])
-        .run()
-        .expect(0);
+    let (first, backup) =
+        grant_backed_up_and_released(&store, "r", &["--owner", "a", "--ttl", "10m"]);
     grant_and_release(&store, "r", "b");
     let last = grant_and_release(&store, "r", "c");
 
@@ -767,7 +757,7 @@ fn a_restored_live_record_is_no_ones_lease() {
         fs::write(lease_path(&store, "r"), &backup).unwrap();
         let out = store
             .fence()
-            .args([op, "r", "--owner", "a", "--token", &first.to_string()])
+            .args([op, "r", "--owner", "a", "--token", &first.token.to_string()])
             .args(["--format", "json"])
             .run()
             .expect(4);
@@ -785,13 +775,16 @@ fn a_restored_live_record_is_no_ones_lease() {
         .expect(0);
     let json = out.json();
     assert_eq!(json["reacquired"], false, "{out:?}");
-    assert!(json["token"].as_i64().unwrap() > last, "{out:?}");
+    let again = json["token"].as_i64().unwrap();
+    assert!(again > last, "{out:?}");
     assert!(
         json["notices"]
             .to_string()
             .contains("restored from an older copy"),
         "{out:?}"
     );
+    // On disk too: the old copy is replaced by a's new grant, and the mark follows it.
+    assert_granted_on_disk(&store, "r", "a", again);
     // Another owner is not kept out by the old copy either.
     fs::write(lease_path(&store, "r"), &backup).unwrap();
     let out = store
@@ -799,7 +792,9 @@ fn a_restored_live_record_is_no_ones_lease() {
         .args(["acquire", "r", "--owner", "d", "--format", "json"])
         .run()
         .expect(0);
-    assert!(out.json()["token"].as_i64().unwrap() > last + 1, "{out:?}");
+    let taken = out.json()["token"].as_i64().unwrap();
+    assert!(taken > again, "{out:?}");
+    assert_granted_on_disk(&store, "r", "d", taken);
 }
 
 /// Takes an exclusive `flock` on `path` (created if missing) and keeps it while the returned
@@ -833,7 +828,7 @@ fn has_open(pid: u32, path: &Path) -> bool {
 #[test]
 fn a_lock_file_deleted_while_waited_for_is_not_trusted() {
     let store = Store::file();
-    grant_and_release(&store, "r", "a");
+    let first = grant_and_release(&store, "r", "a");
     let lock = store.dir().join("locks/r.lock");
     let old = flocked(&lock);
     let mut waiter = store
@@ -866,4 +861,21 @@ fn a_lock_file_deleted_while_waited_for_is_not_trusted() {
         "fence went ahead on the deleted lock file's lock, beside the holder of the new one: {out:?}"
     );
     assert_eq!(out.code, 0, "{out:?}");
+    // The log holds exactly a's lease and then the waiter's grant, each token issued once and
+    // above the one before.
+    let second = out.json()["token"].as_i64().unwrap();
+    let events = store.events("r");
+    let event = |kind: &str, owner: &str, token: i64| {
+        (kind.to_owned(), Some(owner.to_owned()), Some(token))
+    };
+    assert_eq!(
+        events,
+        [
+            event("acquired", "a", first),
+            event("released", "a", first),
+            event("acquired", "p1", second),
+        ],
+        "{out:?}"
+    );
+    assert!(second > first, "token {second} after {first}: {events:?}");
 }
