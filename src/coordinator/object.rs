@@ -323,9 +323,13 @@ impl ObjectCoordinator {
     /// `None` when there is none yet (a resource from before it, or never granted). Where
     /// metadata is one request and bytes two (GCS), the token is read from its metadata copy.
     async fn fetch_high(&self, resource: &str) -> Result<Option<(Option<i64>, Meta)>, Error> {
-        let key = self.high_key(resource);
+        self.fetch_high_at(&self.high_key(resource)).await
+    }
+
+    /// [`Self::fetch_high`] by the object's key.
+    async fn fetch_high_at(&self, key: &str) -> Result<Option<(Option<i64>, Meta)>, Error> {
         if self.api.body_fits_metadata() {
-            let Some(mut meta) = self.api.head(&key).await? else {
+            let Some(mut meta) = self.api.head(key).await? else {
                 return Ok(None);
             };
             if let Some(copy) = meta.metadata.remove(META_HIGH) {
@@ -335,7 +339,7 @@ impl ObjectCoordinator {
         }
         Ok(self
             .api
-            .get(&key)
+            .get(key)
             .await?
             .map(|fetched| (high_token(&fetched.body), fetched.meta)))
     }
@@ -416,6 +420,11 @@ impl ObjectCoordinator {
             ..HighWaterReport::default()
         };
         for name in names.iter().take(limit) {
+            // The high-water object first, as every operation reads them: a grant in between
+            // then shows a record above it, never one below (a review saw a false
+            // "written back" with the other order).
+            let high_key = self.url.join(&format!("tokens/{name}"));
+            let high = self.fetch_high_at(&high_key).await?;
             let key = format!("{prefix}/{name}");
             let Some(fetched) = self.api.get(&key).await? else {
                 continue;
@@ -423,14 +432,21 @@ impl ObjectCoordinator {
             let body: Body =
                 serde_json::from_slice(&fetched.body).map_err(|err| self.damaged(&key, err))?;
             report.checked += 1;
-            let Some((high, _)) = self.fetch_high(&body.resource).await? else {
-                report.missing.push(body.resource);
+            let Some((high, _)) = high else {
+                // Or the resource's first grant, between its record and its raise.
+                if self.fetch_high_at(&high_key).await?.is_none() {
+                    report.missing.push(body.resource);
+                }
                 continue;
             };
             match high {
                 None => report.damaged.push(body.resource),
                 Some(high) if high < body.token => {
-                    report.behind.push((body.resource, body.token, high))
+                    // Or a grant between the two reads, or raising it now: read it again.
+                    match self.fetch_high_at(&high_key).await? {
+                        Some((Some(again), _)) if again >= body.token => {}
+                        _ => report.behind.push((body.resource, body.token, high)),
+                    }
                 }
                 Some(high) if high > body.token => {
                     report.written_back.push((body.resource, body.token, high))
@@ -441,19 +457,53 @@ impl ObjectCoordinator {
         Ok(report)
     }
 
-    /// Writes, reads back and deletes a scratch object under `tokens/` (a name no resource's
-    /// key can have: encoded keys hold no `.`): whether this process may keep the high-water
-    /// objects. `Err` names the step that failed.
+    /// Writes a scratch object under `tokens/` (a name no resource's key can have: encoded
+    /// keys hold no `.`) as a raise does — created, then replaced conditioned on its version
+    /// —, reads it back and deletes it: whether this process may keep the high-water
+    /// objects. `Err` says which step failed.
     pub async fn probe_high_water_writes(&self) -> Result<(), Error> {
         let key = self.url.join(&format!("tokens/.doctor-{}", nonce()));
-        self.api
-            .put(&key, b"0\n".to_vec(), &Cond::Create, &BTreeMap::new())
-            .await?;
-        let read = self.api.get(&key).await;
+        let failed = |what: &str| {
+            Error::unavailable(
+                format!("the scratch object `{key}` {what}"),
+                "check the bucket's policy and retention rules for `tokens/`",
+            )
+        };
+        let mut metadata = BTreeMap::new();
+        if self.api.body_fits_metadata() {
+            metadata.insert(META_HIGH.to_owned(), "1".to_owned());
+        }
+        let result = async {
+            let Put::Done(meta) = self
+                .api
+                .put(&key, b"1\n".to_vec(), &Cond::Create, &metadata)
+                .await?
+            else {
+                return Err(failed("already existed"));
+            };
+            if self.api.body_fits_metadata() {
+                metadata.insert(META_HIGH.to_owned(), "2".to_owned());
+            }
+            if let Put::Lost = self
+                .api
+                .put(&key, b"2\n".to_vec(), &Cond::Match(meta.version), &metadata)
+                .await?
+            {
+                return Err(failed(
+                    "was not replaced: the put conditioned on its own version was refused",
+                ));
+            }
+            match self.fetch_high_at(&key).await? {
+                Some((Some(2), _)) => Ok(()),
+                Some(_) => Err(failed("read back other bytes than were written")),
+                None => Err(failed("could not be read back")),
+            }
+        }
+        .await;
         // A store that lets fence write but not delete keeps the scratch object: harmless
         // (no resource is called that), and not what this check is about.
         let _ = self.api.delete(&key).await;
-        read.map(|_| ())
+        result
     }
 
     /// A lease record whose token is below the high-water mark is an older copy written
@@ -470,26 +520,6 @@ impl ObjectCoordinator {
             current.body.resource, current.body.token
         ));
         true
-    }
-
-    /// `lease`'s record `current` when it is an older copy written back (below the
-    /// high-water mark): its token is stale, a newer one having been issued.
-    /// (`high` read before `current`.)
-    fn stale_copy(
-        &self,
-        lease: &LeaseRef,
-        current: &Current,
-        high: Option<(i64, Meta)>,
-    ) -> Option<Error> {
-        if !self.restored(current, high.as_ref()) {
-            return None;
-        }
-        high.map(|(highest, _)| Error::Stale {
-            resource: lease.resource.clone(),
-            token: lease.token,
-            highest_token: highest,
-            target: None,
-        })
     }
 
     fn events_prefix(&self, resource: &str) -> String {
@@ -679,6 +709,46 @@ impl ObjectCoordinator {
         }
     }
 
+    /// The write number for a grant over `copy`, an older copy of the record written back:
+    /// its own number is behind the history archived since under the same numbers, and
+    /// continuing from it would overwrite those archives (a review lost archived grants so).
+    /// So the grant continues above every event object's number, and the copy's changes
+    /// are archived first under a number of their own (the grant's record starts a fresh
+    /// history). One listing, only when a copy is found.
+    async fn continue_after_copy(&self, copy: &Current) -> Result<u64, Error> {
+        let prefix = self.events_prefix(&copy.body.resource);
+        let mut names = self.api.list(&prefix).await?;
+        names.sort();
+        let listed = names
+            .iter()
+            .filter_map(|name| name.split('-').next()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        // An archive is named by its first change: its last may be numbered higher.
+        let archived = match names.iter().rev().find(|name| name.ends_with("-0-archive")) {
+            Some(name) => match self.api.get(&format!("{prefix}/{name}")).await? {
+                Some(fetched) => serde_json::from_slice::<Archive>(&fetched.body)
+                    .ok()
+                    .and_then(|archive| archive.changes.iter().map(|c| c.seq).max())
+                    .unwrap_or(0),
+                None => 0,
+            },
+            None => 0,
+        };
+        let base = listed.max(archived).max(copy.body.seq) + 1;
+        if !copy.body.history.is_empty() {
+            let archive = Archive {
+                changes: copy.body.history.clone(),
+            };
+            let bytes = serde_json::to_vec(&archive)
+                .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+            self.api
+                .put_blind(&format!("{prefix}/{base:020}-0-archive"), bytes)
+                .await?;
+        }
+        Ok(base + 1)
+    }
+
     /// Appends an event after the record's write number `seq` (`n` 0: the write itself,
     /// 1: a refusal that changed nothing).
     async fn event(&self, resource: &str, seq: u64, n: u8, event: &EventBody) -> Result<(), Error> {
@@ -749,20 +819,37 @@ impl ObjectCoordinator {
 
     /// Classifies a renew or release whose owner/token/expiry did not match, recording the
     /// refusal when the token was once valid.
+    /// (`high`: the high-water object, read before `current`. A record below it is an
+    /// older copy written back, and the newest token is the object's: the caller's token
+    /// below it is stale, above it never issued, and equal to it a lease whose record was
+    /// overwritten — lost.)
     async fn refuse(
         &self,
         op: &str,
         lease: &LeaseRef,
         current: Option<&Current>,
+        high: Option<&(i64, Meta)>,
     ) -> Result<Error, Error> {
-        let refusal = Refusal::classify(
-            lease,
-            current.map(|c| Found {
-                token: c.body.token,
-                owner: &c.body.owner,
-                released: !c.held(),
-            }),
-        );
+        let highest = high.map_or(0, |(token, _)| *token);
+        let refusal = match current {
+            Some(c) if c.body.token < highest => match lease.token.cmp(&highest) {
+                std::cmp::Ordering::Less => Refusal::Stale {
+                    highest_token: highest,
+                },
+                std::cmp::Ordering::Greater => Refusal::NeverIssued {
+                    highest_token: highest,
+                },
+                std::cmp::Ordering::Equal => Refusal::Lost(crate::error::LostReason::RecordLost),
+            },
+            _ => Refusal::classify(
+                lease,
+                current.map(|c| Found {
+                    token: c.body.token,
+                    owner: &c.body.owner,
+                    released: !c.held(),
+                }),
+            ),
+        };
         if current.is_none() {
             // No record: a missing bucket reads as no record too (GCS answers a read in a
             // missing bucket 404 like a missing object): a listing names it (exit 2).
@@ -922,9 +1009,7 @@ impl Leases for ObjectCoordinator {
                 if c.body.nonce == *nonce {
                     // Our own write is the current version: granted by it, as it said (and
                     // its token goes on the high-water object, as after any written grant).
-                    if *kind != EventKind::Reacquired {
-                        self.raise_high(resource, high, c.body.token).await;
-                    }
+                    self.raise_high(resource, high, c.body.token).await;
                     let now = c.meta.last_modified_ms;
                     return Ok(Grant {
                         lease: c.lease(now),
@@ -1001,14 +1086,20 @@ impl Leases for ObjectCoordinator {
                     )
                 }
             };
-            let seq = current.as_ref().map_or(0, |c| c.body.seq) + 1;
+            let (prior, seq) = match &current {
+                Some(c) if restored => (None, self.continue_after_copy(c).await?),
+                _ => (
+                    current.as_ref(),
+                    current.as_ref().map_or(0, |c| c.body.seq) + 1,
+                ),
+            };
             let mut body = Body {
                 nonce: nonce(),
                 seq,
                 verified,
                 verified_for: verified.then(|| verify::identity(&self.url)),
                 history: history(
-                    current.as_ref(),
+                    prior,
                     seq,
                     kind.clone(),
                     owner,
@@ -1031,10 +1122,10 @@ impl Leases for ObjectCoordinator {
             let sent = self.api.last_sent().map_or(sent, |last| last.max(sent));
             // Only a token whose record was written is put on the high-water object (so a
             // record below it was written back from an older copy, never a grant that lost
-            // its race after raising it).
-            if kind != EventKind::Reacquired {
-                self.raise_high(resource, high, body.token).await;
-            }
+            // its race after raising it). A reacquired token too: the grant that wrote it may
+            // have lost its answer, or been killed, before its own raise (a review showed the
+            // token issued again after a write-back). No request when it is there already.
+            self.raise_high(resource, high, body.token).await;
             if self.waiting.get() && self.last_probe.get().is_some() {
                 // Granted: a waiter's own clock probe is never read again (best effort).
                 let probe = self.probe_key(resource, Prober::Other);
@@ -1059,19 +1150,23 @@ impl Leases for ObjectCoordinator {
             backoff(attempt).await;
             let high = self.high(&lease.resource).await?;
             let current = self.read(&lease.resource).await?;
-            let mine = current
-                .as_ref()
-                .filter(|c| c.body.token == lease.token && c.body.owner == lease.owner && c.held());
+            let mine = current.as_ref().filter(|c| {
+                c.body.token == lease.token
+                    && c.body.owner == lease.owner
+                    && c.held()
+                    && !self.restored(c, high.as_ref())
+            });
             let Some(c) = mine else {
-                return Err(self.refuse("renew", lease, current.as_ref()).await?);
+                return Err(self
+                    .refuse("renew", lease, current.as_ref(), high.as_ref())
+                    .await?);
             };
-            if let Some(stale) = self.stale_copy(lease, c, high.clone()) {
-                return Err(stale);
-            }
             let verified = self.verified(Some(c)).await?;
             let now = self.now(&lease.resource, Prober::Holder).await?;
             if !self.live(c, now) {
-                return Err(self.refuse("renew", lease, current.as_ref()).await?);
+                return Err(self
+                    .refuse("renew", lease, current.as_ref(), high.as_ref())
+                    .await?);
             }
             let renewed_ttl = ttl.map_or(c.body.ttl_ms, ttl_ms);
             let mut body = Body {
@@ -1097,12 +1192,7 @@ impl Leases for ObjectCoordinator {
             };
             // A high-water object left behind (a grant whose raise failed, or from before
             // it existed) catches up with the live token.
-            if high
-                .as_ref()
-                .is_none_or(|(highest, _)| *highest < lease.token)
-            {
-                self.raise_high(&lease.resource, high, lease.token).await;
-            }
+            self.raise_high(&lease.resource, high, lease.token).await;
             let now = meta.last_modified_ms;
             return Ok(Current { body, meta }.lease(now));
         }
@@ -1121,20 +1211,25 @@ impl Leases for ObjectCoordinator {
                 .zip(tried.as_ref())
                 .is_some_and(|(c, nonce)| c.body.nonce == *nonce)
             {
-                // Our own release is the current version (its answer was lost).
+                // Our own release is the current version (its answer was lost); its token
+                // goes on the high-water object as below.
+                self.raise_high(&lease.resource, high, lease.token).await;
                 return Ok(Released::Now);
             }
-            let mine = current
-                .as_ref()
-                .filter(|c| c.body.token == lease.token && c.body.owner == lease.owner);
+            // A record below the high-water object (an older copy written back, released or
+            // not) is no one's: its token is refused, never "already released".
+            let mine = current.as_ref().filter(|c| {
+                c.body.token == lease.token
+                    && c.body.owner == lease.owner
+                    && !self.restored(c, high.as_ref())
+            });
             let Some(c) = mine else {
-                return Err(self.refuse("release", lease, current.as_ref()).await?);
+                return Err(self
+                    .refuse("release", lease, current.as_ref(), high.as_ref())
+                    .await?);
             };
             if !c.held() {
                 return Ok(Released::Already);
-            }
-            if let Some(stale) = self.stale_copy(lease, c, high) {
-                return Err(stale);
             }
             let verified = self.verified(Some(c)).await?;
             let mut body = Body {
@@ -1159,6 +1254,10 @@ impl Leases for ObjectCoordinator {
             if self.write(Some(c), &body).await?.is_none() {
                 continue;
             }
+            // A high-water object left behind the token (its grant lost its answer or was
+            // killed before raising it) catches up, as a renewal's does: else the next
+            // grant after an older copy written back would repeat this token.
+            self.raise_high(&lease.resource, high, lease.token).await;
             return Ok(Released::Now);
         }
         Err(self.contended(&lease.resource))
@@ -1279,28 +1378,29 @@ impl History for ObjectCoordinator {
             None => 0,
         };
         let mut views = Vec::with_capacity(currents.len());
-        for (name, current) in currents {
+        for (name, mut current) in currents {
+            // A held record below the high-water mark is an older copy written back: no
+            // one's lease (said on stderr). The record was read before the high-water object,
+            // so it is read again, and the view is of that second read: a grant in between
+            // shows its own record, at or above the object (a review saw the first read's
+            // copy shown held when a grant landed between the two reads).
+            let mut restored = false;
+            if let Some(first) = current.as_ref().filter(|c| c.held()) {
+                let high = self.high(&name).await?;
+                let below = |c: &Current| {
+                    high.as_ref()
+                        .is_some_and(|(highest, _)| c.body.token < *highest)
+                };
+                if below(first) {
+                    current = self.read(&name).await?;
+                    restored = current
+                        .as_ref()
+                        .is_some_and(|again| below(again) && self.restored(again, high.as_ref()));
+                }
+            }
             let mut view = match &current {
                 None => ResourceView::unknown(&name),
                 Some(c) => {
-                    // A held record below the high-water mark is an older copy written back:
-                    // no one's lease (said on stderr).
-                    // (The record was read before the high-water object: one written in
-                    // between is read again before anything is said.)
-                    let restored = c.held() && {
-                        let high = self.high(&name).await?;
-                        let below = |c: &Current| {
-                            high.as_ref()
-                                .is_some_and(|(highest, _)| c.body.token < *highest)
-                        };
-                        below(c)
-                            && match self.read(&name).await? {
-                                Some(again) if below(&again) => {
-                                    self.restored(&again, high.as_ref())
-                                }
-                                _ => false,
-                            }
-                    };
                     let state = if !c.held() || restored {
                         State::Free
                     } else if self.live(c, now) {

@@ -20,26 +20,26 @@ use common::objects::{self, Stored};
 use common::{acquire_for, Backend, Out, Store};
 
 /// The key of `resource`'s lease record under the store's prefix.
-fn lease_key(store: &Store, resource: &str) -> String {
+pub(super) fn lease_key(store: &Store, resource: &str) -> String {
     let (_, prefix) = store.server();
     format!("{prefix}/leases/{}", objects::encode_key(resource))
 }
 
 /// The lease record's current version, read directly from the bucket.
-fn record(store: &Store, resource: &str) -> Stored {
+pub(super) fn record(store: &Store, resource: &str) -> Stored {
     let (server, _) = store.server();
     server
         .get(&lease_key(store, resource))
         .expect("the lease record exists")
 }
 
-fn body(stored: &Stored) -> serde_json::Value {
+pub(super) fn body(stored: &Stored) -> serde_json::Value {
     serde_json::from_slice(&stored.body).expect("the lease record is JSON")
 }
 
 /// How the operator puts the old copy back.
 #[derive(Clone, Copy, Debug)]
-enum Restore {
+pub(super) enum Restore {
     /// The old bytes written over the record (a plain upload): no metadata.
     Bytes,
     /// The old version restored whole, its metadata with it (on GCS, fence's copy of the
@@ -48,7 +48,7 @@ enum Restore {
 }
 
 /// Writes `old` back over `resource`'s lease record, leaving every other object alone.
-fn restore(store: &Store, resource: &str, old: &Stored, how: Restore) {
+pub(super) fn restore(store: &Store, resource: &str, old: &Stored, how: Restore) {
     let (server, _) = store.server();
     let key = lease_key(store, resource);
     match how {
@@ -68,7 +68,7 @@ fn restore(store: &Store, resource: &str, old: &Stored, how: Restore) {
     assert_eq!(now.body, old.body, "the old copy is the current version");
 }
 
-fn fence(store: &Store, args: &[&str]) -> Out {
+pub(super) fn fence(store: &Store, args: &[&str]) -> Out {
     let out = store.fence().args(args).args(["--format", "json"]).run();
     eprintln!(
         "$ fence {} --format json\n  exit {}\n  stdout {}\n  stderr {}",
@@ -281,7 +281,7 @@ fn inspect_and_doctor_name_a_restored_record(on: Backend) {
 }
 
 /// The high-water object's token, read directly (`None`: no object).
-fn high_water(store: &Store, resource: &str) -> Option<i64> {
+pub(super) fn high_water(store: &Store, resource: &str) -> Option<i64> {
     let (server, prefix) = store.server();
     let stored = server.get(&format!(
         "{prefix}/tokens/{}",
