@@ -523,6 +523,14 @@ fn a_grant_reacquired_after_a_lost_answer_leaves_no_token_to_repeat(on: Backend)
         };
         assert_eq!(told, token, "a is told the token its lost grant wrote");
         let high_after_reacquire = high_water(&store, "r");
+        // While a holds its token (reacquired), a copy written back must not let another
+        // be granted it: the object is raised by the reacquire itself, not only by a later
+        // renewal or release.
+        if !release_only && high_after_reacquire.is_none_or(|h| h < told) {
+            wrong.push(format!(
+                "a holds token {told} (reacquired, exit 0) but the high-water object says {high_after_reacquire:?}: a copy written back now would give token {told} to another while a holds it"
+            ));
+        }
         release(&store, "r", "a", told);
         let high_after_release = high_water(&store, "r");
         let doctor = fence(&store, &["doctor"]);
