@@ -699,7 +699,29 @@ impl ObjectCoordinator {
         );
         let bytes = serde_json::to_vec(&archive)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        match self.api.put_blind(&key, bytes).await {
+        // Created once: an archive of that name holds either the same changes (a writer that
+        // lost its race after archiving them) or others under the same write numbers (the
+        // record was written back from a copy at the newest token, which is not caught, and
+        // its numbers continued from there). Those are kept, and these go beside them: no
+        // archived change is ever replaced (a review lost archived renewals so).
+        let stored = match self
+            .api
+            .put(&key, bytes.clone(), &Cond::Create, &BTreeMap::new())
+            .await
+        {
+            Ok(Put::Done(_)) => Ok(()),
+            Ok(Put::Lost) => match self.api.get(&key).await {
+                Ok(Some(existing)) if existing.body == bytes => Ok(()),
+                Ok(_) => {
+                    self.api
+                        .put_blind(&format!("{key}-{}", nonce()), bytes)
+                        .await
+                }
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
+        match stored {
             Ok(()) => {
                 body.history.drain(..cut);
                 Ok(())
@@ -709,14 +731,11 @@ impl ObjectCoordinator {
         }
     }
 
-    /// The write number for a grant over `copy`, an older copy of the record written back:
-    /// its own number is behind the history archived since under the same numbers, and
-    /// continuing from it would overwrite those archives (a review lost archived grants so).
-    /// So the grant continues above every event object's number, and the copy's changes
-    /// are archived first under a number of their own (the grant's record starts a fresh
-    /// history). One listing, only when a copy is found.
-    async fn continue_after_copy(&self, copy: &Current) -> Result<u64, Error> {
-        let prefix = self.events_prefix(&copy.body.resource);
+    /// The highest write number in `resource`'s event objects (their names, and the last
+    /// change of the newest archive, which is named by its first): what a record written
+    /// back from an older copy is behind. One listing and one read.
+    async fn archived_seq(&self, resource: &str) -> Result<u64, Error> {
+        let prefix = self.events_prefix(resource);
         let mut names = self.api.list(&prefix).await?;
         names.sort();
         let listed = names
@@ -724,7 +743,6 @@ impl ObjectCoordinator {
             .filter_map(|name| name.split('-').next()?.parse::<u64>().ok())
             .max()
             .unwrap_or(0);
-        // An archive is named by its first change: its last may be numbered higher.
         let archived = match names.iter().rev().find(|name| name.ends_with("-0-archive")) {
             Some(name) => match self.api.get(&format!("{prefix}/{name}")).await? {
                 Some(fetched) => serde_json::from_slice::<Archive>(&fetched.body)
@@ -735,15 +753,37 @@ impl ObjectCoordinator {
             },
             None => 0,
         };
-        let base = listed.max(archived).max(copy.body.seq) + 1;
-        if !copy.body.history.is_empty() {
-            let archive = Archive {
-                changes: copy.body.history.clone(),
-            };
-            let bytes = serde_json::to_vec(&archive)
+        Ok(listed.max(archived))
+    }
+
+    /// The write number for a grant over `copy`, an older copy of the record written back:
+    /// its own number is behind the history archived since under the same numbers, and
+    /// continuing from it would overwrite those archives (a review lost archived grants so).
+    /// So the grant continues above every event object's number, and the copy's changes
+    /// not archived already are kept in an object of their own (`<n>-0-copy`, created once,
+    /// a name no record archive takes: a review saw a losing grant's copy archive replace
+    /// the winner's record archive); the grant's record starts a fresh history.
+    async fn continue_after_copy(&self, copy: &Current) -> Result<u64, Error> {
+        let archived = self.archived_seq(&copy.body.resource).await?;
+        let base = archived.max(copy.body.seq) + 1;
+        // Changes at or below the archived number are there already, dated (the copy's
+        // last change has no date of its own: it would be shown at this grant's time).
+        let changes: Vec<Change> = copy
+            .body
+            .history
+            .iter()
+            .filter(|change| change.seq > archived)
+            .cloned()
+            .collect();
+        if !changes.is_empty() {
+            let bytes = serde_json::to_vec(&Archive { changes })
                 .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
+            let key = format!(
+                "{}/{base:020}-0-copy",
+                self.events_prefix(&copy.body.resource)
+            );
             self.api
-                .put_blind(&format!("{prefix}/{base:020}-0-archive"), bytes)
+                .put(&key, bytes, &Cond::Create, &BTreeMap::new())
                 .await?;
         }
         Ok(base + 1)
@@ -858,10 +898,18 @@ impl ObjectCoordinator {
         let (Some(current), Some(detail)) = (current, refusal.event_detail()) else {
             return Ok(refusal.into_error(lease));
         };
-        let body = &current.body;
+        // Against a copy written back, numbered after every event object, not after the
+        // copy's old write number (it would be listed among changes long before it).
+        let seq = if current.body.token < highest {
+            self.archived_seq(&lease.resource)
+                .await?
+                .max(current.body.seq)
+        } else {
+            current.body.seq
+        };
         self.event(
             &lease.resource,
-            body.seq,
+            seq,
             1,
             &EventBody {
                 kind: EventKind::rejected(op),
@@ -1054,7 +1102,10 @@ impl Leases for ObjectCoordinator {
                 }
                 (previous, _) => {
                     let kind = match previous {
-                        Some(c) if c.held() && c.body.owner != owner => EventKind::TakenOver,
+                        // A copy written back is no one's lease: nothing taken over.
+                        Some(c) if c.held() && c.body.owner != owner && !restored => {
+                            EventKind::TakenOver
+                        }
                         _ => EventKind::Acquired,
                     };
                     let highest = previous

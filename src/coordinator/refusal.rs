@@ -79,6 +79,9 @@ impl Refusal {
         match self {
             Refusal::Stale { highest_token } => Some(format!("token {highest_token} issued since")),
             Refusal::Lost(LostReason::Released) => Some("released".to_owned()),
+            // The store lost the record: no expiry or release happened, and the caller may
+            // not even be its holder (the record that named the holder is gone).
+            Refusal::Lost(LostReason::RecordLost) => None,
             Refusal::Lost(_) => Some("expired".to_owned()),
             _ => None,
         }

@@ -10,6 +10,7 @@ mod pg_write_and_run;
 mod reaper;
 mod reaper_start_and_run_ids;
 mod restored_objects;
+mod restored_objects_history;
 mod restored_objects_review;
 mod review_on_call;
 mod review_run_events;
