@@ -542,9 +542,10 @@ pub struct MetricsArgs {
 /// nothing changed. The SQL itself fails: rolled back, exit 1 (`sql_failed`). Sent in one
 /// round trip. Writes with the same token are applied one after the other, in commit order.
 ///
-/// Row form (--table, --key, --set): one conditional UPDATE of the rows with that key, only
-/// if their token column is at most TOKEN (NULL counts as 0), writing TOKEN into it. A newer
-/// token is stored: exit 4. No such row: exit 6 (or insert it with --upsert).
+/// Row form (--table, --key, --set): one conditional UPDATE of the row with that key, only
+/// if its token column is at most TOKEN (NULL counts as 0), writing TOKEN into it. A newer
+/// token is stored: exit 4. No such row: exit 6 (or insert it with --upsert). The key must
+/// name one row: a primary key or unique index on --key columns, else exit 2.
 ///
 /// Examples (the token is the one `fence acquire` granted, from FENCE_TOKEN; never type one):
 ///   eval "$(fence acquire report --format env)" || exit $?

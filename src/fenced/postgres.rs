@@ -414,9 +414,11 @@ impl PgTarget {
                     )
                     .to_owned(),
             ),
-            _ if guard && sqlstate::class(db.code()) == "LF" => {
-                pg::request_error(err, self.display(), &what, true)
-            }
+            // Anything fence's own guard statements were refused (a read-only session: a
+            // standby after a failover, `default_transaction_read_only`; a lost permission) is
+            // not the caller's SQL's fault: classified as any request of fence's (a review saw
+            // a read-only target reported `sql_failed`, "fix the SQL").
+            _ if guard => pg::request_error(err, self.display(), &what, true),
             _ => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),
@@ -452,6 +454,48 @@ impl PgTarget {
     }
 
     /// One conditional row write guarded by the row's own token column.
+    /// The row form compares the token row by row, so a key must name at most one row:
+    /// else a stale write is applied to a row of the key without a newer token while another
+    /// has one, and an upsert inserts beside a newer row (a review showed both). Refused
+    /// (usage, nothing sent to the table) unless a valid, non-partial unique index or primary
+    /// key on plain columns, all of them `--key` columns, makes the key unique (key values
+    /// are never NULL: `--key` gives text, which PostgreSQL converts). A table that does not
+    /// exist is left to the write, which names it. One catalog query.
+    async fn check_unique_key(
+        &self,
+        table: &str,
+        write: &RowWrite,
+        what: &str,
+    ) -> Result<(), Error> {
+        let columns: Vec<String> = write.key.keys().cloned().collect();
+        let sql = "SELECT to_regclass($1) IS NULL OR EXISTS ( \
+                     SELECT 1 FROM pg_catalog.pg_index i \
+                      WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid \
+                        AND i.indpred IS NULL AND i.indexprs IS NULL \
+                        AND NOT EXISTS ( \
+                          SELECT 1 FROM unnest(i.indkey::int2[]) AS k(attnum) \
+                           WHERE NOT EXISTS ( \
+                             SELECT 1 FROM pg_catalog.pg_attribute a \
+                              WHERE a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                                AND a.attname = ANY ($2))))";
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&table, Type::TEXT), (&columns, Type::TEXT_ARRAY)];
+        let rows = match self.session.request(what, false, sql, &params).await? {
+            Ok(rows) => rows,
+            Err(err) => return Err(pg::request_error(err, self.display(), what, false)),
+        };
+        if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
+            return Ok(());
+        }
+        Err(Error::usage(
+            format!(
+                "the key ({}) does not name one row of {table}: no unique index or primary key covers only these columns, so it may name several rows, and a token compared row by row would let a stale write through",
+                columns.join(", ")
+            ),
+            "add a unique index or primary key on the --key columns (or name the columns one covers), or write with the transaction form (`--sql`), whose guard is the resource's token, not a column",
+        ))
+    }
+
     pub async fn write_row(
         &self,
         resource: &str,
@@ -462,6 +506,7 @@ impl PgTarget {
         let key = serde_json::Value::Object(write.key.clone());
         let set = serde_json::Value::Object(write.set.clone());
         let what = format!("write a row of {table} for `{resource}`");
+        self.check_unique_key(&table, write, &what).await?;
         // check_write first (the schema's version; a token the coordinator in this schema
         // never issued), then write_row on the token it returns: nothing is written unless
         // the checks pass. Then set_config, evaluated after write_row: whatever the database,

@@ -6,6 +6,7 @@ mod ids_records_and_roles;
 mod late_answers;
 mod late_grants;
 mod log_and_metrics;
+mod pg_review;
 mod pg_write_and_run;
 mod reaper;
 mod reaper_start_and_run_ids;
