@@ -17,6 +17,7 @@
 use crate::common;
 
 use common::objects::{self, Stored};
+use common::proxy::{HttpProxy, HttpRequest};
 use common::{acquire_for, Backend, Out, Store};
 
 /// The key of `resource`'s lease record under the store's prefix.
@@ -70,13 +71,7 @@ pub(super) fn restore(store: &Store, resource: &str, old: &Stored, how: Restore)
 
 pub(super) fn fence(store: &Store, args: &[&str]) -> Out {
     let out = store.fence().args(args).args(["--format", "json"]).run();
-    eprintln!(
-        "$ fence {} --format json\n  exit {}\n  stdout {}\n  stderr {}",
-        args.join(" "),
-        out.code,
-        out.stdout.trim(),
-        out.stderr.trim()
-    );
+    show(args, &out);
     out
 }
 
@@ -432,3 +427,81 @@ crate::per_service!(
     inspect_and_doctor_name_a_restored_record,
     a_damaged_or_lagging_high_water_object_stops_no_one_and_catches_up,
 );
+
+// ---------------------------------------------------------------------------------------------
+// Shared with restored_objects_review.rs and restored_objects_history.rs
+// ---------------------------------------------------------------------------------------------
+
+pub(super) fn high_key(store: &Store, resource: &str) -> String {
+    let (_, prefix) = store.server();
+    format!("{prefix}/tokens/{}", objects::encode_key(resource))
+}
+
+/// An operator writes `old` back over the lease record (its bytes, as a plain upload),
+/// leaving every other object alone.
+pub(super) fn write_back(store: &Store, resource: &str, old: &Stored) {
+    restore(store, resource, old, Restore::Bytes);
+}
+
+pub(super) fn show(args: &[&str], out: &Out) {
+    eprintln!(
+        "$ fence {}\n  exit {}\n  stdout {}\n  stderr {}",
+        args.join(" "),
+        out.code,
+        out.stdout.trim(),
+        out.stderr.trim()
+    );
+}
+
+/// The variable that points fence at an endpoint of the test's choosing (a proxy).
+pub(super) fn endpoint_var(store: &Store) -> &'static str {
+    match store.server().0.service {
+        objects::Service::S3 => "AWS_ENDPOINT_URL",
+        objects::Service::Gcs => "FENCE_GCS_ENDPOINT",
+    }
+}
+
+/// `fence ARGS --format json` through `proxy`.
+pub(super) fn fence_via(store: &Store, proxy: &HttpProxy, args: &[&str]) -> Out {
+    let out = store
+        .fence()
+        .env(endpoint_var(store), proxy.endpoint())
+        .args(args)
+        .args(["--format", "json"])
+        .run();
+    show(args, &out);
+    out
+}
+
+/// Whether `request` is addressed to object `key` (S3: the path; GCS: the percent-encoded
+/// name in the path, or the name in a multipart upload's body).
+pub(super) fn addresses(request: &HttpRequest, key: &str) -> bool {
+    let encoded = key.replace('/', "%2F");
+    let target = request.target.split('?').next().unwrap_or_default();
+    target.ends_with(&format!("/{key}"))
+        || target.ends_with(&format!("/{encoded}"))
+        || (request.method == "POST"
+            && common::proxy::contains(&request.body, format!("\"{key}\"").as_bytes()))
+}
+
+pub(super) fn is_write(request: &HttpRequest) -> bool {
+    matches!(request.method.as_str(), "PUT" | "POST")
+}
+
+/// A grant that must succeed: its token.
+pub(super) fn grant(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
+    let args = ["acquire", resource, "--owner", owner, "--ttl", ttl];
+    let out = fence(store, &args);
+    assert_eq!(out.code, 0, "the grant to `{owner}` (a premise): {out:?}");
+    out.json()["token"].as_i64().expect("a token")
+}
+
+/// A release that must succeed.
+pub(super) fn release(store: &Store, resource: &str, owner: &str, token: i64) {
+    let token = token.to_string();
+    let out = fence(
+        store,
+        &["release", resource, "--owner", owner, "--token", &token],
+    );
+    assert_eq!(out.code, 0, "the release by `{owner}` (a premise): {out:?}");
+}

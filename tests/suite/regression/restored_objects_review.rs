@@ -16,21 +16,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::restored_objects::{body, fence, high_water, lease_key, record, restore, Restore};
+use super::restored_objects::{
+    addresses, body, endpoint_var, fence, fence_via, grant, high_key, high_water, is_write,
+    lease_key, record, release, show, write_back,
+};
 use crate::common;
 
-use common::objects::{self, Stored};
-use common::proxy::{HttpProxy, HttpRequest, Verdict};
+use common::objects;
+use common::proxy::{HttpProxy, Verdict};
 use common::{Backend, Out, Store};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers (self-contained: nothing here depends on other test files).
 // ---------------------------------------------------------------------------------------------
-
-fn high_key(store: &Store, resource: &str) -> String {
-    let (_, prefix) = store.server();
-    format!("{prefix}/tokens/{}", objects::encode_key(resource))
-}
 
 /// The record's (owner, token, state), read directly.
 fn record_summary(store: &Store, resource: &str) -> (String, i64, String) {
@@ -40,75 +38,6 @@ fn record_summary(store: &Store, resource: &str) -> (String, i64, String) {
         b["token"].as_i64().unwrap_or_default(),
         b["state"].as_str().unwrap_or_default().to_owned(),
     )
-}
-
-/// An operator writes `old` back over the lease record (its bytes, as a plain upload),
-/// leaving every other object alone.
-fn write_back(store: &Store, resource: &str, old: &Stored) {
-    restore(store, resource, old, Restore::Bytes);
-}
-
-fn show(args: &[&str], out: &Out) {
-    eprintln!(
-        "$ fence {}\n  exit {}\n  stdout {}\n  stderr {}",
-        args.join(" "),
-        out.code,
-        out.stdout.trim(),
-        out.stderr.trim()
-    );
-}
-
-/// The variable that points fence at an endpoint of the test's choosing (a proxy).
-fn endpoint_var(store: &Store) -> &'static str {
-    match store.server().0.service {
-        objects::Service::S3 => "AWS_ENDPOINT_URL",
-        objects::Service::Gcs => "FENCE_GCS_ENDPOINT",
-    }
-}
-
-/// `fence ARGS --format json` through `proxy`.
-fn fence_via(store: &Store, proxy: &HttpProxy, args: &[&str]) -> Out {
-    let out = store
-        .fence()
-        .env(endpoint_var(store), proxy.endpoint())
-        .args(args)
-        .args(["--format", "json"])
-        .run();
-    show(args, &out);
-    out
-}
-
-/// Whether `request` is addressed to object `key` (S3: the path; GCS: the percent-encoded
-/// name in the path, or the name in a multipart upload's body).
-fn addresses(request: &HttpRequest, key: &str) -> bool {
-    let encoded = key.replace('/', "%2F");
-    let target = request.target.split('?').next().unwrap_or_default();
-    target.ends_with(&format!("/{key}"))
-        || target.ends_with(&format!("/{encoded}"))
-        || (request.method == "POST"
-            && common::proxy::contains(&request.body, format!("\"{key}\"").as_bytes()))
-}
-
-fn is_write(request: &HttpRequest) -> bool {
-    matches!(request.method.as_str(), "PUT" | "POST")
-}
-
-/// A grant that must succeed: its token.
-fn grant(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
-    let args = ["acquire", resource, "--owner", owner, "--ttl", ttl];
-    let out = fence(store, &args);
-    assert_eq!(out.code, 0, "the grant to `{owner}` (a premise): {out:?}");
-    out.json()["token"].as_i64().expect("a token")
-}
-
-/// A release that must succeed.
-fn release(store: &Store, resource: &str, owner: &str, token: i64) {
-    let token = token.to_string();
-    let out = fence(
-        store,
-        &["release", resource, "--owner", owner, "--token", &token],
-    );
-    assert_eq!(out.code, 0, "the release by `{owner}` (a premise): {out:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
