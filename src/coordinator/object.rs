@@ -743,16 +743,24 @@ impl ObjectCoordinator {
             .filter_map(|name| name.split('-').next()?.parse::<u64>().ok())
             .max()
             .unwrap_or(0);
-        let archived = match names.iter().rev().find(|name| name.ends_with("-0-archive")) {
-            Some(name) => match self.api.get(&format!("{prefix}/{name}")).await? {
-                Some(fetched) => serde_json::from_slice::<Archive>(&fetched.body)
+        // The archives named by the highest first number (one, or more beside it:
+        // `<n>-0-archive-<nonce>`, `<n>-0-copy`): their last changes.
+        let is_archive = |name: &&String| name.contains("-0-archive") || name.ends_with("-0-copy");
+        let first = |name: &String| name.split('-').next().and_then(|n| n.parse::<u64>().ok());
+        let newest = names.iter().filter(is_archive).filter_map(first).max();
+        let mut archived = 0;
+        for name in names
+            .iter()
+            .filter(is_archive)
+            .filter(|name| newest.is_some() && first(name) == newest)
+        {
+            if let Some(fetched) = self.api.get(&format!("{prefix}/{name}")).await? {
+                let last = serde_json::from_slice::<Archive>(&fetched.body)
                     .ok()
-                    .and_then(|archive| archive.changes.iter().map(|c| c.seq).max())
-                    .unwrap_or(0),
-                None => 0,
-            },
-            None => 0,
-        };
+                    .and_then(|archive| archive.changes.iter().map(|c| c.seq).max());
+                archived = archived.max(last.unwrap_or(0));
+            }
+        }
         Ok(listed.max(archived))
     }
 
@@ -967,10 +975,19 @@ impl ObjectCoordinator {
                 ));
             }
         }
-        events.sort_by_key(|e| std::cmp::Reverse(e.0));
+        // Newest first; of one write number, the earliest first (so that copies of one
+        // change are next to each other, the one with its own date before one dated by a
+        // later write: a copy written back dates its last change at the write-back).
+        events.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.at_ms.cmp(&b.1.at_ms)));
         // A change archived by a writer that then lost its race may still be in the record
-        // too (when the winner's own archive failed): a change is listed once.
-        events.dedup_by(|a, b| a.0 == b.0 && a.0 .1 == 0);
+        // too (when the winner's own archive failed): a change is listed once. Other changes
+        // under the same number (two writers numbered theirs alike after a copy at the
+        // newest token was written back) are all listed (a review saw them hidden).
+        events.dedup_by(|a, b| {
+            a.0 == b.0
+                && a.0 .1 == 0
+                && (&a.1.kind, &a.1.owner, a.1.token) == (&b.1.kind, &b.1.owner, b.1.token)
+        });
         Ok(events
             .into_iter()
             .take(history)

@@ -414,11 +414,15 @@ impl PgTarget {
                     )
                     .to_owned(),
             ),
-            // Anything fence's own guard statements were refused (a read-only session: a
-            // standby after a failover, `default_transaction_read_only`; a lost permission) is
-            // not the caller's SQL's fault: classified as any request of fence's (a review saw
-            // a read-only target reported `sql_failed`, "fix the SQL").
-            _ if guard => pg::request_error(err, self.display(), &what, true),
+            // fence's own guard statements refused by the server (a read-only session: a
+            // standby after a failover, `default_transaction_read_only`; a lost permission; a
+            // shutdown) is not the caller's SQL's fault: classified as any request of fence's
+            // (a review saw a read-only target reported `sql_failed`, "fix the SQL"). Any other
+            // error before the guard completed is the SQL's: the server parses the whole
+            // script before it runs any of it (a syntax error has completed nothing).
+            _ if guard && refused_by_the_server(db.code()) => {
+                pg::request_error(err, self.display(), &what, true)
+            }
             _ => {
                 return Error::SqlFailed {
                     resource: resource.to_owned(),
@@ -468,18 +472,36 @@ impl PgTarget {
         what: &str,
     ) -> Result<(), Error> {
         let columns: Vec<String> = write.key.keys().cloned().collect();
-        let sql = "SELECT to_regclass($1) IS NULL OR EXISTS ( \
-                     SELECT 1 FROM pg_catalog.pg_index i \
-                      WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid \
-                        AND i.indpred IS NULL AND i.indexprs IS NULL \
-                        AND NOT EXISTS ( \
-                          SELECT 1 FROM unnest(i.indkey::int2[]) AS k(attnum) \
-                           WHERE NOT EXISTS ( \
-                             SELECT 1 FROM pg_catalog.pg_attribute a \
-                              WHERE a.attrelid = i.indrelid AND a.attnum = k.attnum \
-                                AND a.attname = ANY ($2))))";
-        let params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&table, Type::TEXT), (&columns, Type::TEXT_ARRAY)];
+        // Each key column of the index (not its INCLUDE columns) a --key column, in the
+        // column's own collation and the type's default operator class (a unique index in
+        // "C" on a case-insensitive column admits 'A' and 'a'); with --upsert, exactly the
+        // --key columns and not deferrable (ON CONFLICT must find the key's row, and takes no
+        // deferrable constraint). And no inheritance children (not partitions): the write
+        // reaches their rows too, which the parent's index does not cover.
+        let sql = "SELECT to_regclass($1) IS NULL OR ( \
+                     NOT EXISTS ( \
+                       SELECT 1 FROM pg_catalog.pg_inherits h \
+                         JOIN pg_catalog.pg_class c ON c.oid = h.inhparent \
+                        WHERE h.inhparent = to_regclass($1) AND c.relkind <> 'p') \
+                     AND EXISTS ( \
+                       SELECT 1 FROM pg_catalog.pg_index i \
+                        WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid \
+                          AND i.indpred IS NULL AND i.indexprs IS NULL \
+                          AND (NOT $3 OR (i.indimmediate AND i.indnkeyatts = cardinality($2))) \
+                          AND NOT EXISTS ( \
+                            SELECT 1 FROM generate_series(0, i.indnkeyatts - 1) AS k(n) \
+                             WHERE NOT EXISTS ( \
+                               SELECT 1 FROM pg_catalog.pg_attribute a \
+                                 JOIN pg_catalog.pg_opclass o ON o.oid = i.indclass[k.n] \
+                                WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[k.n] \
+                                  AND a.attname = ANY ($2) \
+                                  AND i.indcollation[k.n] = a.attcollation \
+                                  AND o.opcdefault))))";
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&table, Type::TEXT),
+            (&columns, Type::TEXT_ARRAY),
+            (&write.upsert, Type::BOOL),
+        ];
         let rows = match self.session.request(what, false, sql, &params).await? {
             Ok(rows) => rows,
             Err(err) => return Err(pg::request_error(err, self.display(), what, false)),
@@ -487,12 +509,17 @@ impl PgTarget {
         if rows.first().is_some_and(|row| row.get::<_, bool>(0)) {
             return Ok(());
         }
+        let needed = if write.upsert {
+            "a primary key or a unique index on exactly these columns (valid, not partial, not deferrable, in each column's own collation; INCLUDE columns aside)"
+        } else {
+            "a primary key or a unique index on some of these columns (valid, not partial, in each column's own collation; INCLUDE columns aside)"
+        };
         Err(Error::usage(
             format!(
-                "the key ({}) does not name one row of {table}: no unique index or primary key covers only these columns, so it may name several rows, and a token compared row by row would let a stale write through",
+                "the key ({}) may name several rows of {table}, and a token compared row by row would let a stale write through: the row form needs {needed}, and a table without inheritance children",
                 columns.join(", ")
             ),
-            "add a unique index or primary key on the --key columns (or name the columns one covers), or write with the transaction form (`--sql`), whose guard is the resource's token, not a column",
+            "add such a unique index or primary key, or name its columns as the key, or write with the transaction form (`--sql`), whose guard is the resource's token, not a column",
         ))
     }
 
@@ -897,6 +924,16 @@ async fn collect(client: &tokio_postgres::Client, script: &str) -> Answer {
         }
     }
     Answer::Done(messages)
+}
+
+/// Whether a SQLSTATE is the server refusing a statement whatever its text: fence's own
+/// conditions (`LF…`), a read-only transaction, a missing privilege, resources or an operator
+/// (shutdown, cancel), the connection.
+fn refused_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(sqlstate::class(state), "LF" | "53" | "57" | "08")
+        || *state == SqlState::READ_ONLY_SQL_TRANSACTION
+        || *state == SqlState::INSUFFICIENT_PRIVILEGE
 }
 
 fn row_error(err: Error, table: &str) -> Error {

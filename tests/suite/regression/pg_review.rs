@@ -115,7 +115,7 @@ fn a_stale_upsert_into_a_table_without_a_unique_key_is_refused() {
         refused.json()["message"]
             .as_str()
             .unwrap()
-            .contains("does not name one row"),
+            .contains("may name several rows"),
         "{refused:?}"
     );
     assert_eq!(rows(), "", "nothing written");
