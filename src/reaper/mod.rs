@@ -221,9 +221,11 @@ pub fn main(plan: Plan) -> Exit {
         let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
         match Signal::from_named_raw(signal) {
             Some(Signal::USR1) => {
-                // `fence run` died: nothing may outlive it, in the group or not. The group is
-                // the one `fence run` made for us; we go with it.
-                crate::sys::signal_descendants(Signal::KILL, false);
+                // `fence run` died: nothing may outlive it, in the group or not. Killed until
+                // none is left (a process that forks its successor in a session of its own
+                // outran one scan: a review), groups as one; then the group `fence run` made
+                // for us, and we go with it.
+                crate::sys::kill_descendants(|| 0);
                 let _ = rustix::process::kill_current_process_group(Signal::KILL);
             }
             Some(Signal::USR2) => crate::sys::kill_descendants_once(&mut groups),

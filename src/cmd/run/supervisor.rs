@@ -120,6 +120,12 @@ impl Reaper {
         // to init, so that nothing of the command outlives the run (`sys::kill_descendants`
         // once the reaper has been waited for).
         let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+        // Nor may the command, run as the same user, open this process's end of the report
+        // pipe through /proc/<fence>/fd, stop fence and write a bound of its own choosing to
+        // the reaper (a review did: the command ran past a takeover, and fence reported
+        // exit 0): PR_SET_DUMPABLE 0 makes /proc/<fence>/fd root's, as the reaper's is.
+        let _ =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
         let parent = rustix::process::getpid();
         // Shown by `ps`, as it was when the reaper was a program of its own: the descriptors
         // are the reaper's ends of the pipes.
