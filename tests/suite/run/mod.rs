@@ -3,7 +3,7 @@
 mod containment;
 mod max_time;
 mod paused_fence;
-mod review8;
+mod containment_review;
 mod run_ids;
 mod run_safety;
 mod supervise;
