@@ -283,8 +283,6 @@ fn wait_chains_write(dir: &RunDir, chains: usize) {
     });
 }
 
-
-
 /// Finding 3. fence is killed (SIGKILL: the OOM killer) while its command runs a fork chain
 /// in a session of its own. "fence's death kills everything (parent-death signal)": the
 /// reaper, on SIGUSR1, kills every descendant it finds once, by pid, and its own group; the
@@ -372,7 +370,6 @@ touch '{forged}'
         forged = dir.file("forged"),
     )
 }
-
 
 /// Held: a command that makes itself a subreaper (PR_SET_CHILD_SUBREAPER, through Python's
 /// ctypes) and starts a double-forked `setsid` daemon under it that ignores SIGTERM; the
@@ -766,4 +763,3 @@ fn a_command_with_many_processes_delays_the_reapers_sigkill_past_the_lease() {
         (last - granted) as f64 / 1e6
     );
 }
-

@@ -1,9 +1,9 @@
 //! `fence run`: containment of the command and its descendants, supervision, run ids, and waiting for a lease.
 
 mod containment;
+mod containment_review;
 mod max_time;
 mod paused_fence;
-mod containment_review;
 mod run_ids;
 mod run_safety;
 mod supervise;
