@@ -975,10 +975,19 @@ impl ObjectCoordinator {
                 ));
             }
         }
-        // Newest first; of one write number, the earliest first (so that copies of one
-        // change are next to each other, the one with its own date before one dated by a
-        // later write: a copy written back dates its last change at the write-back).
-        events.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.at_ms.cmp(&b.1.at_ms)));
+        // Newest first; of the changes of one write number, the earliest first (so that
+        // copies of one change are next to each other, the one with its own date before one
+        // dated by a later write: a copy written back dates its last change at the
+        // write-back). Events after a write (refusals, runs) keep their objects' order.
+        events.sort_by(|a, b| {
+            b.0.cmp(&a.0).then_with(|| {
+                if a.0 .1 == 0 {
+                    a.1.at_ms.cmp(&b.1.at_ms)
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+        });
         // A change archived by a writer that then lost its race may still be in the record
         // too (when the winner's own archive failed): a change is listed once. Other changes
         // under the same number (two writers numbered theirs alike after a copy at the

@@ -48,13 +48,13 @@ fn seq_of(stored: &Stored) -> u64 {
     body(stored)["seq"].as_u64().unwrap()
 }
 
-fn events_dir(store: &Store, resource: &str) -> String {
+pub(super) fn events_dir(store: &Store, resource: &str) -> String {
     let (_, prefix) = store.server();
     format!("{prefix}/events/{}", objects::encode_key(resource))
 }
 
 /// Every object under `events/<enc>/`: (its name, its JSON body).
-fn event_objects(store: &Store, resource: &str) -> Vec<(String, serde_json::Value)> {
+pub(super) fn event_objects(store: &Store, resource: &str) -> Vec<(String, serde_json::Value)> {
     let (server, _) = store.server();
     let dir = events_dir(store, resource);
     server

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use super::restored_objects::{
     body, endpoint_var, fence, grant, is_write, lease_key, record, release, write_back,
 };
+use super::restored_objects_history::event_objects;
 use crate::common;
 
 use common::fenced::{one, schema, tagged_url};
-use common::objects;
 use common::proxy::{HttpProxy, HttpRequest, Verdict};
 use common::{pg_exec, Backend, Out, Store};
 
@@ -49,26 +49,6 @@ fn renew_via(store: &Store, proxy: &HttpProxy, resource: &str, owner: &str, toke
         out.stderr.trim()
     );
     out
-}
-
-fn events_dir(store: &Store, resource: &str) -> String {
-    let (_, prefix) = store.server();
-    format!("{prefix}/events/{}", objects::encode_key(resource))
-}
-
-/// Every object under `events/<enc>/`: (its name, its JSON body).
-fn event_objects(store: &Store, resource: &str) -> Vec<(String, serde_json::Value)> {
-    let (server, _) = store.server();
-    let dir = events_dir(store, resource);
-    server
-        .list(&dir)
-        .into_iter()
-        .filter_map(|key| {
-            let stored = server.get(&key)?;
-            let name = key.rsplit('/').next().unwrap().to_owned();
-            Some((name, serde_json::from_slice(&stored.body).ok()?))
-        })
-        .collect()
 }
 
 /// Every change durable in the bucket (archives, copies and the record's own history),
