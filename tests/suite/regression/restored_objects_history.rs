@@ -376,6 +376,16 @@ fn a_grant_over_a_copy_leaves_the_copy_s_last_change_at_its_own_time(on: Backend
         issued[1],
         issued[2]
     );
+    // In the bucket: the copy's changes were all archived already (writes 1..16), so no
+    // object keeps them again (an undated duplicate is what showed at the grant's time).
+    let copied: Vec<(String, serde_json::Value)> = event_objects(&store, "r")
+        .into_iter()
+        .filter(|(name, _)| name.ends_with("-0-copy"))
+        .collect();
+    assert!(
+        copied.is_empty(),
+        "changes archived already were kept again beside them: {copied:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
