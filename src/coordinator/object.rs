@@ -316,7 +316,12 @@ impl ObjectCoordinator {
     /// token too, but an older copy of it written back (an old body uploaded, an object
     /// version restored) would lower that counter; this one is never written back by fence.
     fn high_key(&self, resource: &str) -> String {
-        self.url.join(&format!("tokens/{}", encode_key(resource)))
+        self.high_key_encoded(&encode_key(resource))
+    }
+
+    /// [`Self::high_key`] of a resource's encoded name (as `leases/` lists it).
+    fn high_key_encoded(&self, name: &str) -> String {
+        self.url.join(&format!("tokens/{name}"))
     }
 
     /// The high-water object as stored: its token (`None`: damaged, not a token) and version;
@@ -328,20 +333,28 @@ impl ObjectCoordinator {
 
     /// [`Self::fetch_high`] by the object's key.
     async fn fetch_high_at(&self, key: &str) -> Result<Option<(Option<i64>, Meta)>, Error> {
+        Ok(self
+            .fetch_copied(key, META_HIGH)
+            .await?
+            .map(|fetched| (high_token(&fetched.body), fetched.meta)))
+    }
+
+    /// An object fence keeps a copy of in its metadata entry `copy` where metadata is one
+    /// request and bytes two (GCS): the copy as its body; else, or without the copy (too
+    /// large, written by hand or by an earlier fence), its bytes.
+    async fn fetch_copied(&self, key: &str, copy: &str) -> Result<Option<Fetched>, Error> {
         if self.api.body_fits_metadata() {
             let Some(mut meta) = self.api.head(key).await? else {
                 return Ok(None);
             };
-            if let Some(copy) = meta.metadata.remove(META_HIGH) {
-                return Ok(Some((high_token(copy.as_bytes()), meta)));
+            if let Some(copy) = meta.metadata.remove(copy) {
+                return Ok(Some(Fetched {
+                    meta,
+                    body: copy.into_bytes(),
+                }));
             }
-            // Written by hand, or by a fence from before the copy: its bytes.
         }
-        Ok(self
-            .api
-            .get(key)
-            .await?
-            .map(|fetched| (high_token(&fetched.body), fetched.meta)))
+        self.api.get(key).await
     }
 
     /// The high-water object's token and version (`None`: none yet, a resource from before
@@ -423,7 +436,7 @@ impl ObjectCoordinator {
             // The high-water object first, as every operation reads them: a grant in between
             // then shows a record above it, never one below (a review saw a false
             // "written back" with the other order).
-            let high_key = self.url.join(&format!("tokens/{name}"));
+            let high_key = self.high_key_encoded(name);
             let high = self.fetch_high_at(&high_key).await?;
             let key = format!("{prefix}/{name}");
             let Some(fetched) = self.api.get(&key).await? else {
@@ -539,22 +552,7 @@ impl ObjectCoordinator {
 
     async fn read(&self, resource: &str) -> Result<Option<Current>, Error> {
         let key = self.lease_key(resource);
-        let fetched = if self.api.body_fits_metadata() {
-            match self.api.head(&key).await? {
-                None => None,
-                Some(mut meta) => match meta.metadata.remove(META_LEASE) {
-                    Some(copy) => Some(Fetched {
-                        meta,
-                        body: copy.into_bytes(),
-                    }),
-                    // Too large for the copy, or written by an earlier fence.
-                    None => self.api.get(&key).await?,
-                },
-            }
-        } else {
-            self.api.get(&key).await?
-        };
-        let Some(fetched) = fetched else {
+        let Some(fetched) = self.fetch_copied(&key, META_LEASE).await? else {
             return Ok(None);
         };
         let body: Body =
