@@ -411,8 +411,12 @@ pub(crate) fn signal_descendants(signal: Signal, outside: bool) {
 /// group is killed as one, so a process that forks its successor and exits (a respawning
 /// loop in a session of its own) cannot slip between a scan of /proc and the kill.
 pub(crate) fn kill_descendants_once(groups: &mut Vec<Pid>) {
-    // The groups already known first, before the scan of /proc takes its time; then every
-    // descendant found, then the groups new in this scan. Linear in the processes.
+    // The run's cgroup first, where there is one: everything in it at once, whatever it
+    // forks meanwhile (see `reaper::cgroup`). Then, for what is not in it (no cgroup here, or
+    // a process moved out), the groups already known, before the scan of /proc takes its
+    // time; then every descendant found, then the groups new in this scan. Linear in the
+    // processes.
+    crate::reaper::cgroup::kill();
     for &group in groups.iter() {
         let _ = rustix::process::kill_process_group(group, Signal::KILL);
     }

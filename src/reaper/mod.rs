@@ -33,13 +33,15 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 
 use rustix::process::{getpgrp, getpid, Pid, Signal};
 
 use crate::exit::Exit;
 
+pub mod cgroup;
+mod starter;
 pub mod wire;
 
 use wire::{Failure, Report};
@@ -64,6 +66,9 @@ pub struct Plan {
     pub kill_after_ms: u64,
     /// COMMAND and its arguments (never empty).
     pub command: Vec<OsString>,
+    /// The cgroup (v2) `fence run` was started in, where the reaper makes the run's own (see
+    /// [`cgroup`]); `None` without one.
+    pub cgroup_base: Option<std::path::PathBuf>,
 }
 
 /// Runs the reaper, in the process `fence run` forked for it (its own process group, a
@@ -76,6 +81,7 @@ pub fn main(plan: Plan) -> Exit {
         grace_ms,
         kill_after_ms,
         command,
+        cgroup_base,
     } = plan;
     let Some((program, rest)) = command.split_first() else {
         return Exit::Usage;
@@ -104,6 +110,22 @@ pub fn main(plan: Plan) -> Exit {
     // Orphaned descendants of COMMAND become our children, not init's, so that we can find
     // them (see `crate::sys::kill_descendants`).
     let _ = rustix::process::set_child_subreaper(Some(getpid()));
+    // COMMAND's process, forked now, while `fence run` asks for the lease: into a cgroup of
+    // the run's own where fence may make one, so that one write kills all it starts however
+    // it forks (a fork chain outruns the scans of /proc: review 8). It runs nothing until
+    // told to go.
+    let cell = cgroup::make(cgroup_base.as_deref());
+    let starter = starter::Starter::fork(
+        cell.as_ref(),
+        starter::Exec {
+            program,
+            args: rest,
+            mask: original,
+            stop_signals: &STOP_SIGNALS,
+            close: &[report.as_raw_fd(), start.as_raw_fd()],
+        },
+    );
+    drop(cell);
     let mut bounds = std::fs::File::from(start);
     // `fence run` starts us before it asks for the lease: wait for its go, the lease's first
     // bound and COMMAND's environment. Its end closed without them (busy, an error, or
@@ -130,32 +152,17 @@ pub fn main(plan: Plan) -> Exit {
     // From here on the bounds are read without blocking.
     let _ = rustix::fs::fcntl_setfl(&bounds, rustix::fs::OFlags::NONBLOCK);
     let grace = grace_ms.saturating_mul(1_000_000);
-    let mut command = std::process::Command::new(program);
-    command.args(rest).envs(env);
-    // SAFETY: sigprocmask, signal and prctl are async-signal-safe; they run in the child
-    // between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            libc::sigprocmask(libc::SIG_SETMASK, &original, std::ptr::null_mut());
-            for signal in STOP_SIGNALS {
-                libc::signal(signal, libc::SIG_DFL);
-            }
-            let _ = rustix::process::set_parent_process_death_signal(Some(Signal::KILL));
-            Ok(())
-        });
-    }
     // The command is known by its pid from here on, and waited for with every other child
-    // (see the loop below); its `Child` is not kept.
-    let command = match command.spawn() {
-        Ok(child) => Pid::from_child(&child),
-        Err(err) => {
+    // (see the loop below).
+    let started = starter
+        .map_err(|err| (err.raw_os_error().unwrap_or(0), err.to_string()))
+        .and_then(|starter| starter.go(&env));
+    let command = match started {
+        Ok(pid) => pid,
+        Err((errno, message)) => {
             // The error number first (`E11 …`), for `fence run` to tell a passing limit from
             // a command that cannot start.
-            let failure = Failure::Exec {
-                errno: err.raw_os_error().unwrap_or(0),
-                message: err.to_string(),
-            };
-            let _ = write!(report, "{}", failure.encode());
+            let _ = write!(report, "{}", Failure::Exec { errno, message }.encode());
             return Exit::Command(127);
         }
     };
@@ -226,6 +233,7 @@ pub fn main(plan: Plan) -> Exit {
                 // outran one scan: a review), groups as one; then the group `fence run` made
                 // for us, and we go with it.
                 crate::sys::kill_descendants(|| 0);
+                cgroup::remove();
                 let _ = rustix::process::kill_current_process_group(Signal::KILL);
             }
             Some(Signal::USR2) => crate::sys::kill_descendants_once(&mut groups),

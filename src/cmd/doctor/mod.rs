@@ -30,7 +30,7 @@ use crate::fenced::TargetSpec;
 use crate::output::Output;
 
 use directory::{directory, object_directory};
-use host::containment;
+use host::{containment, run_cgroup};
 use object::{high_water, object_store, preconditions};
 use postgres::postgres;
 
@@ -101,6 +101,10 @@ pub async fn run(args: DoctorArgs, ctx: &Context, out: &Output) -> Exit {
 
 async fn check_all(args: &DoctorArgs, ctx: &Context, all: &mut Vec<Finding>) -> Result<(), Error> {
     containment(&mut Findings {
+        subject: "host",
+        all,
+    });
+    run_cgroup(&mut Findings {
         subject: "host",
         all,
     });

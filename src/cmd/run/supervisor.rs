@@ -109,6 +109,9 @@ impl Reaper {
                 "mount /proc (`mount -t proc proc /proc`) where fence runs; nothing was started and no lease was taken",
             ));
         }
+        // Read here, once, for both processes: the reaper makes the run's cgroup there, and
+        // `fence run` kills through it and removes it (see `reaper::cgroup`).
+        let cgroup_base = crate::reaper::cgroup::base();
         let grace = super::grace(args);
         let millis = |d: Duration| d.as_millis().min(i64::MAX as u128) as u64;
         // Each (read end, write end): fence reads the report and writes the start message.
@@ -189,6 +192,7 @@ impl Reaper {
                     grace_ms: millis(grace),
                     kill_after_ms: millis(args.kill_after),
                     command: command.clone(),
+                    cgroup_base,
                 });
                 // SAFETY: ends the forked process at once: fence's own exit handlers and
                 // buffers (copies of the parent's) are not the reaper's.
@@ -207,6 +211,7 @@ impl Reaper {
                     libc::sigprocmask(libc::SIG_UNBLOCK, &chld, std::ptr::null_mut());
                 }
                 let pid = Pid::from_raw(pid).ok_or_else(|| cannot(&"fork returned no pid"))?;
+                crate::reaper::cgroup::watch(cgroup_base.as_deref(), pid.as_raw_pid());
                 // Also from here, so that the group exists before fence signals it, whichever
                 // process runs first.
                 let _ = rustix::process::setpgid(Some(pid), Some(pid));
@@ -459,10 +464,13 @@ impl Forked {
 }
 
 impl Drop for Forked {
-    /// A reaper that ended is waited for (not left a zombie until fence ends); one that has
-    /// not is left alone: it ends on its own (its start pipe closed), or is fence's to stop.
+    /// A reaper that ended is waited for (not left a zombie until fence ends), and its run's
+    /// cgroup removed; one that has not is left alone: it ends on its own (its start pipe
+    /// closed), or is fence's to stop.
     fn drop(&mut self) {
-        let _ = self.try_wait();
+        if matches!(self.try_wait(), Ok(Some(_))) {
+            crate::reaper::cgroup::remove();
+        }
     }
 }
 

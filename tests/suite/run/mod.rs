@@ -1,5 +1,7 @@
 //! `fence run`: containment of the command and its descendants, supervision, run ids, and waiting for a lease.
 
+mod cgroup;
+mod chains;
 mod containment;
 mod containment_review;
 mod max_time;

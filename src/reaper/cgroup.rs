@@ -1,0 +1,276 @@
+//! A cgroup (v2) of its own for each `fence run`, where fence may make one: what the command
+//! starts stays in it, however it forks, and one write kills all of it at once.
+//!
+//! Without it, the reaper finds the command's processes by scanning /proc and kills the pids
+//! it found: a fork chain (each process forks its successor and exits, in a session of its own
+//! at every generation, or in the reaper's own process group) outruns every scan (review 8).
+//! A cgroup holds every process forked inside it, and `cgroup.kill` (Linux 5.14) SIGKILLs
+//! them all, those forked during the kill included.
+//!
+//! The reaper makes `fence-run-<its pid>` under the cgroup `fence run` was started in, while
+//! `fence run` asks for the lease, and forks the command's process straight into it
+//! (`clone3` with `CLONE_INTO_CGROUP`, see `starter`): no process is ever moved between
+//! cgroups on the way to the command's start (a move waits for an RCU grace period: 0.3 ms
+//! typically, 10 ms at times). The reaper stays outside, so a kill spares it. `fence run`
+//! knows the same path (the reaper's pid), kills through it should the reaper die, and removes
+//! the empty cgroup once the reaper has ended. A cgroup left behind (fence killed with its
+//! reaper) is removed, once empty, by the next reaper made in the same place; one with
+//! processes still in it is named by `fence doctor` (`host.run_leftovers`).
+//!
+//! Where fence may not make one (no cgroup2 mounted, a read-only cgroupfs in a container, a
+//! user's cgroup not delegated to them, a kernel before 5.14), the scans of /proc stay the only
+//! containment, with their documented limit; `fence doctor` says which applies
+//! (`host.run_cgroup`). A command running as root, or as the user a delegated cgroup belongs
+//! to, can move itself out (as it could stop the reaper): not contained, documented.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The prefix of a run's cgroup's name; the reaper's pid follows.
+pub const PREFIX: &str = "fence-run-";
+
+/// This process's run cgroup: the reaper's own, or (in `fence run`) its reaper's.
+static RUN: OnceLock<PathBuf> = OnceLock::new();
+
+/// The cgroup v2 directory this process is in, by /proc/self/cgroup and the cgroup2 mount of
+/// /proc/self/mountinfo; `None` without one (cgroup v1 only, no /proc).
+pub fn base() -> Option<PathBuf> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    base_of(&cgroups, &mounts)
+}
+
+/// [`base`] from the two files' texts.
+fn base_of(cgroups: &str, mounts: &str) -> Option<PathBuf> {
+    let own = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    mounts.lines().find_map(|line| {
+        let (before, after) = line.split_once(" - ")?;
+        if after.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        let mut fields = before.split(' ').skip(3);
+        let (root, point) = (unescape(fields.next()?), unescape(fields.next()?));
+        // The mount shows the hierarchy from `root` down: our cgroup must be below it.
+        let below = if root == "/" {
+            own
+        } else {
+            own.strip_prefix(root.as_str())
+                .filter(|rest| rest.is_empty() || rest.starts_with('/'))?
+        };
+        let below = below.trim_start_matches('/');
+        Some(if below.is_empty() {
+            PathBuf::from(point)
+        } else {
+            Path::new(&point).join(below)
+        })
+    })
+}
+
+/// A mountinfo field as the path it names (`\040` for a space, and so on).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
+            let text = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(text, 8).ok()
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The run cgroup of the reaper `pid` under `base`.
+fn of(base: &Path, pid: i32) -> PathBuf {
+    base.join(format!("{PREFIX}{pid}"))
+}
+
+/// In `fence run`, once its reaper `pid` is forked: where the reaper's cgroup is, if it makes
+/// one (see [`kill`] and [`remove`]).
+pub fn watch(base: Option<&Path>, pid: i32) {
+    if let Some(base) = base {
+        let _ = RUN.set(of(base, pid));
+    }
+}
+
+/// In the reaper: makes its run cgroup under `base`, for the command's process to be forked
+/// into (see `starter`). The cgroup's directory, opened: `None` where fence may not make one
+/// (see the module's documentation). First removes the empty cgroups of reapers that are gone.
+pub fn make(base: Option<&Path>) -> Option<OwnedFd> {
+    let base = base?;
+    sweep(base);
+    let dir = of(base, rustix::process::getpid().as_raw_pid());
+    std::fs::create_dir(&dir).ok()?;
+    // cgroup.kill is what makes it worth it (Linux 5.14).
+    let opened = dir
+        .join("cgroup.kill")
+        .exists()
+        .then(|| {
+            rustix::fs::open(
+                &dir,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .ok()
+        })
+        .flatten();
+    if opened.is_none() {
+        let _ = std::fs::remove_dir(&dir);
+        return None;
+    }
+    let _ = RUN.set(dir);
+    opened
+}
+
+/// In a process forked by the reaper when it could not be forked into the run's cgroup
+/// (`clone3` refused: a kernel before 5.7, a seccomp policy): moves this process into it.
+pub fn join() {
+    if let Some(dir) = RUN.get() {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))
+            .and_then(|mut procs| procs.write_all(b"0"));
+    }
+}
+
+/// Removes the empty run cgroups under `base` whose reaper is gone (fence killed with its
+/// reaper leaves one; a full one, processes of such a run, is left for `fence doctor` to
+/// show: `rmdir` refuses it).
+fn sweep(base: &Path) {
+    for (dir, pid) in runs(base) {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The run cgroups under `base`, with their reapers' pids.
+pub fn runs(base: &Path) -> Vec<(PathBuf, i32)> {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let pid = entry
+                .file_name()
+                .to_str()?
+                .strip_prefix(PREFIX)?
+                .parse()
+                .ok()?;
+            Some((entry.path(), pid))
+        })
+        .collect()
+}
+
+/// The pids in the run cgroup `dir` (its own processes; a run makes no cgroups below it, a
+/// nested `fence run` does: theirs are in those).
+pub fn members(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// SIGKILLs every process in this process's run cgroup (and in cgroups below it), if there is
+/// one, at once: those it forks meanwhile too. Whether a kill was sent.
+pub fn kill() -> bool {
+    let Some(dir) = RUN.get() else {
+        return false;
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.kill"))
+        .and_then(|mut kill| kill.write_all(b"1"))
+        .is_ok()
+}
+
+/// Removes this process's run cgroup once nothing is in it (from `fence run`, its reaper
+/// ended; from the reaper, once it killed): tried for up to 50 ms while processes killed a
+/// moment ago leave it; a cgroup still busy then is left to the next reaper's [`sweep`].
+pub fn remove() {
+    let Some(dir) = RUN.get() else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    loop {
+        match std::fs::remove_dir(dir) {
+            Err(err)
+                if err.raw_os_error() == Some(libc::EBUSY)
+                    && start.elapsed() < std::time::Duration::from_millis(50) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTS: &str = "\
+24 30 0:22 / /sys rw,nosuid - sysfs sysfs rw
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn the_base_is_the_cgroup2_mount_and_this_process_s_path() {
+        assert_eq!(
+            base_of("1:cpu:/\n0::/system.slice/cron.service\n", MOUNTS),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/unified/system.slice/cron.service"
+            ))
+        );
+        assert_eq!(
+            base_of("0::/\n", MOUNTS),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        // cgroup v1 only: none.
+        assert_eq!(base_of("1:cpu:/\n", MOUNTS), None);
+        assert_eq!(
+            base_of("0::/a\n", "24 30 0:22 / /sys rw - sysfs sysfs rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_mount_of_part_of_the_hierarchy_is_followed() {
+        let mounts = "41 31 0:38 /box /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            base_of("0::/box/job\n", mounts),
+            Some(PathBuf::from("/sys/fs/cgroup/job"))
+        );
+        assert_eq!(
+            base_of("0::/box\n", mounts),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        // Not below the mount's root (`/boxes` is not below `/box`): not reachable there.
+        assert_eq!(base_of("0::/boxes/job\n", mounts), None);
+    }
+
+    #[test]
+    fn escaped_mount_points_are_read() {
+        let mounts = "41 31 0:38 / /mnt/cgroup\\040two rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            base_of("0::/\n", mounts),
+            Some(PathBuf::from("/mnt/cgroup two"))
+        );
+    }
+}
