@@ -204,7 +204,8 @@ pub struct AcquireArgs {
 /// Acquires RESOURCE, starts COMMAND in its own process group with FENCE_STORE,
 /// FENCE_SCHEMA, FENCE_RESOURCE, FENCE_OWNER and FENCE_TOKEN set, and renews the lease about
 /// every TTL/3. Nothing COMMAND starts runs once another owner can hold the lease: every
-/// process it forks (also after setsid or a double fork) stays a descendant of fence, and is
+/// process it forks (also after setsid or a double fork) stays a descendant of fence, in a
+/// cgroup of the run's own where fence may make one (`fence doctor` says), and is
 /// stopped by the bound = when the last renewal was sent + TTL - min(TTL/10, 1s), by this
 /// machine's clock (a suspend counts). A renewal not proven in time: SIGTERM min(--kill-after,
 /// TTL/5) before the bound, SIGKILL at it, and exit 5 (`unreachable`); a lease taken over or
