@@ -19,34 +19,53 @@ use super::chains::*;
 use common::process::{is_gone, kill, read_pid};
 use common::{wait_for, wait_output, Store};
 
-/// The cgroup v2 directory of process `pid` (`self` for this one), by its /proc/PID/cgroup and
-/// the cgroup2 mount (mounted from the hierarchy's root, as here).
-fn cgroup_of(pid: &str) -> Option<PathBuf> {
-    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let own = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+/// The cgroup2 mount (mounted from the hierarchy's root, as here): its mount point, and
+/// whether it is mounted read-write.
+fn cgroup2_mount() -> Option<(String, bool)> {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let point = mounts.lines().find_map(|line| {
+    mounts.lines().find_map(|line| {
         let (before, after) = line.split_once(" - ")?;
         let mut fields = before.split(' ').skip(3);
-        (after.starts_with("cgroup2 ") && fields.next()? == "/").then(|| fields.next())?
-    })?;
-    Some(Path::new(point).join(own.trim_start_matches('/')))
+        let (root, point, options) = (fields.next()?, fields.next()?, fields.next()?);
+        (after.starts_with("cgroup2 ") && root == "/")
+            .then(|| (point.to_owned(), options.split(',').any(|o| o == "rw")))
+    })
 }
 
-/// This test process's cgroup, if fence (started from here) can make its runs' cgroups in
-/// it: tried as fence does, with a scratch cgroup. `None` (the test is skipped) otherwise.
+/// The cgroup v2 directory of this test process.
+fn own_cgroup() -> Option<PathBuf> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let (point, _) = cgroup2_mount()?;
+    let below = own.trim_matches('/');
+    Some(if below.is_empty() {
+        PathBuf::from(point)
+    } else {
+        Path::new(&point).join(below)
+    })
+}
+
+/// This test process's cgroup, where fence (started from here) makes its runs' cgroups. The
+/// test is skipped (`None`) where fence may not: not root, or no cgroup v2 mounted
+/// read-write. As root with one, fence must be able to: the test fails otherwise, rather
+/// than skip on the machine that runs the suite (CI runs it as root).
 fn usable_base() -> Option<PathBuf> {
-    let base = cgroup_of("self")?;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let writable = cgroup2_mount().is_some_and(|(_, rw)| rw);
+    let Some(base) = own_cgroup().filter(|_| root && writable) else {
+        eprintln!("skipped: not root, or no cgroup v2 mounted read-write here");
+        return None;
+    };
     let scratch = base.join(format!("fence-test-probe-{}", std::process::id()));
     let usable = std::fs::create_dir(&scratch).is_ok() && scratch.join("cgroup.kill").exists();
     let _ = std::fs::remove_dir(&scratch);
-    if !usable {
-        eprintln!(
-            "skipped: fence cannot make cgroups under {} here (not root, no cgroup v2, or Linux before 5.14)",
-            base.display()
-        );
-    }
-    usable.then_some(base)
+    assert!(
+        usable,
+        "as root, with cgroup v2 mounted read-write, a cgroup with cgroup.kill could not be made under {} (Linux before 5.14? cgroup.max.descendants reached?)",
+        base.display()
+    );
+    Some(base)
 }
 
 /// A script that starts one fork chain per entry of `modes` in the background (0 stays in the
@@ -72,9 +91,19 @@ fn chains_then(dir: &RunDir, chain: &str, modes: &[u8], tail: &str) -> String {
     script
 }
 
-/// The chains of the hardest kinds: one that leaves its session at every generation, one
-/// that stays in the supervisor's process group.
-const HARD: [u8; 2] = [1, 0];
+/// The chains of the hardest kinds: two that leave their session at every generation, two
+/// that stay in the supervisor's process group.
+const HARD: [u8; 4] = [1, 1, 0, 0];
+
+/// How many idle processes crowd /proc during the chain tests (see `chains::crowd`): with
+/// them, the scans of /proc alone let the chains run on for seconds (about 10 s, until the
+/// supervisor gives up, measured on this project's VM), where a cgroup's kill takes
+/// milliseconds.
+const CROWD: usize = 2000;
+
+/// How long a run may take to stop the chains once it must: well above what the kill through
+/// a cgroup takes (under 0.1 s), well below the scans' ~10 s.
+const STOPPED_WITHIN: Duration = Duration::from_secs(4);
 
 /// Asserts that nothing of the run is left and that no chain wrote at or after `since` (ns,
 /// the wall clock: every process of the run was gone by then).
@@ -120,10 +149,27 @@ fn the_command_runs_in_a_cgroup_of_its_own_removed_with_the_run() {
     );
     let cell = base.join(format!("fence-run-{supervisor}"));
     assert!(!cell.exists(), "{} left after the run", cell.display());
+    let report = store
+        .fence()
+        .args(["doctor", "--format", "json"])
+        .cmd
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let finding = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "host.run_cgroup")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(finding["severity"], "ok", "{json}");
+    let message = finding["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&base.display().to_string()), "{message}");
 }
 
-/// The command ends and leaves fork chains behind, one that leaves its session at every
-/// generation and one in the supervisor's group, neither stopping on SIGTERM: `fence run` ends
+/// The command ends and leaves fork chains behind, two that leave their session at every
+/// generation and two in the supervisor's group, none stopping on SIGTERM: `fence run` ends
 /// with none of them left (exit 0, the leftovers named) — the scans of /proc alone lost this
 /// race (review 8).
 #[test]
@@ -134,18 +180,24 @@ fn fork_chains_left_behind_by_the_command_are_stopped() {
     let store = Store::file();
     let dir = RunDir::new();
     let Some(chain) = dir.chain() else { return };
-    let out = wait_output(
-        "fence run",
-        spawn_run(
-            &store,
-            &["--ttl", "10s", "--kill-after", "200ms"],
-            &chains_then(&dir, &chain, &HARD, "exit 0"),
-            &dir,
-        ),
-        Duration::from_secs(60),
+    let _crowd = crowd(&chain, CROWD);
+    let fence = spawn_run(
+        &store,
+        &["--ttl", "30s", "--kill-after", "200ms"],
+        &chains_then(&dir, &chain, &HARD, "exit 0"),
+        &dir,
     );
+    read_pid(&dir.path().join("cmd.pid"));
+    let command_ended = std::time::Instant::now();
+    let out = wait_output("fence run", fence, Duration::from_secs(60));
+    let took = command_ended.elapsed();
+    eprintln!("fence run ended {took:?} after its command");
     let ended = wall_ns();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
+    assert!(
+        took < STOPPED_WITHIN,
+        "fence run took {took:?} to stop the chains once its command ended (--kill-after 200ms)"
+    );
     assert!(
         stderr_of(&dir).contains("left processes running"),
         "{}",
@@ -164,6 +216,7 @@ fn fork_chains_die_with_a_killed_fence() {
     let store = Store::file();
     let dir = RunDir::new();
     let Some(chain) = dir.chain() else { return };
+    let _crowd = crowd(&chain, CROWD);
     let fence = spawn_run(
         &store,
         &["--ttl", "2s"],
@@ -171,9 +224,19 @@ fn fork_chains_die_with_a_killed_fence() {
         &dir,
     );
     read_pid(&dir.path().join("cmd.pid"));
+    let killed_at = wall_ns();
     kill(fence.id(), libc::SIGKILL);
     let out = wait_output("fence run, killed", fence, Duration::from_secs(10));
     assert_eq!(out.status.code(), None, "killed by a signal");
+    // Not only by the lease's end: at once (the scans of /proc alone took seconds here).
+    let within = killed_at + STOPPED_WITHIN.as_nanos() as i128 / 4;
+    let late = chain_writes_after(&dir, HARD.len(), within);
+    assert!(
+        late.is_empty(),
+        "the chains wrote {} times more than {:?} after fence was killed",
+        late.len(),
+        STOPPED_WITHIN / 4
+    );
     wait_expired(&store);
     let (granted, _) = take_over(&store);
     assert_nothing_outlived(&dir, granted, "after another owner's grant");
@@ -193,12 +256,20 @@ fn fork_chains_die_with_a_killed_supervisor() {
         chains_then(&dir, &chain, &HARD, "while :; do sleep 0.05; done"),
         sup = dir.file("supervisor.pid")
     );
-    let fence = spawn_run(&store, &["--ttl", "10s"], &script, &dir);
+    let _crowd = crowd(&chain, CROWD);
+    let fence = spawn_run(&store, &["--ttl", "30s"], &script, &dir);
     read_pid(&dir.path().join("cmd.pid"));
     let supervisor = read_pid(&dir.path().join("supervisor.pid"));
     kill(supervisor, libc::SIGKILL);
-    let out = wait_output("fence run", fence, Duration::from_secs(30));
+    let killed = std::time::Instant::now();
+    let out = wait_output("fence run", fence, Duration::from_secs(60));
+    let took = killed.elapsed();
+    eprintln!("fence run ended {took:?} after its supervisor was killed");
     let ended = wall_ns();
+    assert!(
+        took < STOPPED_WITHIN,
+        "fence run took {took:?} to stop the chains once its supervisor was killed"
+    );
     let (code, json) = outcome(&out);
     assert_eq!(code, Some(5), "{json} {}", stderr_of(&dir));
     assert_eq!(json["reason"], "supervisor_lost", "{json}");
@@ -218,6 +289,7 @@ fn fork_chains_die_at_the_bound_while_fence_is_paused() {
     let store = Store::file();
     let mut dir = RunDir::new();
     let Some(chain) = dir.chain() else { return };
+    let _crowd = crowd(&chain, CROWD);
     let fence = spawn_run(
         &store,
         &["--ttl", "2s"],

@@ -15,8 +15,32 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::process::{kill, processes_with};
 use common::{wait_for, Store};
 
+/// Starts `count` idle processes outside any run, from a directory of their own (so that they
+/// are not taken for the run's: see [`RunDir::processes`]), ending after a minute or when the
+/// returned directory is dropped: /proc then holds as many processes as a busy server's, and a
+/// scan of it takes long enough for a fork chain to outrun it every time (with the ~70
+/// processes of a test machine, the scans catch a chain within a few rounds). `chain` is the
+/// fork chain's binary ([`RunDir::chain`]).
+pub(super) fn crowd(chain: &str, count: usize) -> RunDir {
+    let crowd = RunDir::new();
+    let binary = crowd.file("crowd");
+    std::fs::copy(chain, &binary).unwrap();
+    let status = std::process::Command::new(&binary)
+        .args([
+            &crowd.file("ready"),
+            &crowd.file("stop"),
+            "3",
+            &count.to_string(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the crowd: {status:?}");
+    crowd
+}
+
 /// The fork chain (see the module's documentation). `chain OUT STOP MODE LIFETIME_S`; MODE 0
-/// stays in its process group, 1 calls setsid in every generation, 2 calls it once, first.
+/// stays in its process group, 1 calls setsid in every generation, 2 calls it once, first;
+/// MODE 3 is no chain but a crowd: LIFETIME_S idle processes (see [`RunDir::crowd`]).
 pub(super) const CHAIN_C: &str = r#"
 #include <fcntl.h>
 #include <stdio.h>
@@ -31,6 +55,18 @@ int main(int argc, char **argv) {
     long lifetime = atol(argv[4]);
     struct timespec t0, now, last = {0, 0};
     clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (mode == 3) {
+        /* A crowd: LIFETIME_S idle processes (each ends after a minute), then one line. */
+        for (long i = 0; i < lifetime; i++) {
+            pid_t p = fork();
+            if (p == 0) {
+                alarm(60);
+                for (;;) pause();
+            }
+        }
+        if (write(fd, "0\n", 2) < 0) return 1;
+        return 0;
+    }
     if (mode == 2) {
         pid_t p = fork();
         if (p != 0) _exit(0);
