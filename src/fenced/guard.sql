@@ -528,6 +528,7 @@ DECLARE
     v_set_list text;
     v_key_list text;
     v_rows bigint;
+    v_rounds integer := 0;
 BEGIN
     IF p_table IS NULL THEN
         RAISE EXCEPTION 'there is no table %', p_table_name USING ERRCODE = 'LF007';
@@ -551,6 +552,20 @@ BEGIN
     v_set_list := (SELECT string_agg(format('%I = r.%I', c, c), ', ') FROM unnest(v_cols) AS c);
     v_key_list := (SELECT string_agg(format('t.%I IS NOT DISTINCT FROM r.%I', c, c), ' AND ') FROM unnest(v_keys) AS c);
     LOOP
+        -- Each round follows a concurrent writer's change of the row. A round that finds the
+        -- row at or below our token and still updates nothing (a trigger that drops the
+        -- update, a row-level security policy that hides the row from UPDATE only) would
+        -- come back for ever: the statement would run until it timed out (review 9).
+        v_rounds := v_rounds + 1;
+        IF v_rounds > 1000 THEN
+            RAISE EXCEPTION 'fence''s update of the row of % with key % changed nothing, 1000 times over, though the row is there with a token at or below % (%)',
+                p_table, p_key, p_token,
+                (SELECT coalesce('enabled triggers: ' || string_agg(format('%I', tgname), ', '), 'no enabled trigger')
+                   FROM pg_trigger WHERE tgrelid = p_table AND NOT tgisinternal AND tgenabled <> 'D')
+                || CASE WHEN (SELECT relrowsecurity FROM pg_class WHERE oid = p_table)
+                        THEN '; row-level security on' ELSE '' END
+                USING ERRCODE = 'LF015';
+        END IF;
         EXECUTE format(
             'UPDATE %s AS t SET %s%s%I = $3 FROM jsonb_populate_record(NULL::%s, $1 || $2) AS r '
             'WHERE %s AND coalesce(t.%I, 0) <= $3',
@@ -566,11 +581,15 @@ BEGIN
         IF p_upsert THEN
             EXECUTE format(
                 'INSERT INTO %s AS t (%s) SELECT %s FROM jsonb_populate_record(NULL::%s, $1 || $2 || jsonb_build_object(%L, $3)) AS r '
-                'ON CONFLICT DO NOTHING',
+                'ON CONFLICT (%s) DO NOTHING',
                 p_table,
                 (SELECT string_agg(format('%I', c), ', ') FROM unnest(v_keys || v_cols || ARRAY[p_token_column]) AS c),
                 (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(v_keys || v_cols || ARRAY[p_token_column]) AS c),
-                p_table, p_token_column)
+                p_table, p_token_column,
+                -- Only a conflict on the key is the row being there: one on another unique
+                -- index of the table is the caller's (raised, nothing written), never a
+                -- reason to look for the row again (it looped for ever: review 9).
+                (SELECT string_agg(format('%I', c), ', ') FROM unnest(v_keys) AS c))
             USING p_key, p_set, p_token;
             GET DIAGNOSTICS v_rows = ROW_COUNT;
             IF v_rows > 0 THEN
@@ -599,7 +618,7 @@ BEGIN
 END
 $fn$;
 
-INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '5')
+INSERT INTO __SCHEMA__.target_meta (key, value) VALUES ('schema_version', '6')
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
 
 -- Least privilege (DESIGN §10): nothing of fence's is PUBLIC's. PostgreSQL grants EXECUTE on

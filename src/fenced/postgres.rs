@@ -30,7 +30,7 @@ use crate::timeline::{Event, EventKind, LogQuery, Logged};
 /// fence's tables in a target database.
 pub const TARGET_SCHEMA: SchemaSpec = SchemaSpec {
     meta_table: "target_meta",
-    version: 5,
+    version: 6,
     sql: include_str!("guard.sql"),
     purpose: "target",
 };
@@ -943,6 +943,9 @@ fn row_error(err: Error, table: &str) -> Error {
     let hint = match (Fence::of(state), sqlstate::class(state)) {
         (Some(Fence::NoColumn | Fence::NoTable), _) => format!(
             "check the table and column names: {table}, --key, --set and --token-column name what is in the database"
+        ),
+        (Some(Fence::NoProgress), _) => format!(
+            "a trigger or row-level security policy on {table} drops or hides fence's update of the row (`\\d {table}` in psql lists them): exempt fence's writes from it, or write with the transaction form (`--sql`); nothing was written"
         ),
         (Some(Fence::NoToken | Fence::Stale), _) => {
             "this table is protected by `fence protect`: write to it with the transaction form (`--sql`)".into()

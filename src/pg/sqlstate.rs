@@ -36,6 +36,9 @@ pub enum Fence {
     ForgedSettings,
     /// The schema was created by a newer fence.
     NewerSchema,
+    /// The row form's update of a row that is there changed nothing, round after round (a
+    /// trigger or policy drops or hides it).
+    NoProgress,
     /// A partition added below a protected table could not be protected.
     PartitionUnprotected,
     /// A foreign table cannot be protected.
@@ -46,7 +49,7 @@ pub enum Fence {
 }
 
 /// Every code, once. `tests` checks that each `ERRCODE = 'LF…'` in the SQL files is here.
-pub const TABLE: [(Fence, &str); 17] = [
+pub const TABLE: [(Fence, &str); 18] = [
     (Fence::NoToken, "LF001"),
     (Fence::Stale, "LF002"),
     (Fence::NoGuard, "LF003"),
@@ -61,6 +64,7 @@ pub const TABLE: [(Fence, &str); 17] = [
     (Fence::BadWriteId, "LF012"),
     (Fence::ForgedSettings, "LF013"),
     (Fence::NewerSchema, "LF014"),
+    (Fence::NoProgress, "LF015"),
     (Fence::PartitionUnprotected, "LF020"),
     (Fence::ForeignTable, "LF021"),
     (Fence::VersionMismatch, "LF030"),

@@ -658,3 +658,151 @@ fn held_a_partitioned_table_keyed_by_its_parent_primary_key() {
         format!("{s}.jobs_eu:42:new/2,{s}.jobs_us:42:other/5")
     );
 }
+
+/// The session tagged `tag` still running a statement on the server, if any (a row function
+/// that loops), terminated so that the test's teardown does not wait on it.
+fn still_running(tag: &str) -> String {
+    let active = one(
+        &common::pg_superuser(),
+        &format!(
+            "SELECT coalesce(string_agg(state || ': ' || left(query, 80), '; '), '') \
+             FROM pg_stat_activity WHERE application_name = '{tag}' AND state <> 'idle'"
+        ),
+    );
+    pg_exec(
+        &common::pg_superuser(),
+        &format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{tag}'"
+        ),
+    );
+    active
+}
+
+/// `fence write jobs --token 2 …` through a session tagged `tag`, given at most `limit` (a row
+/// function that loops runs until the request's 30 s timeout, then exit 8): exit code (None:
+/// still running at the limit, killed), stdout and stderr.
+fn row_write_within(
+    store: &Store,
+    tag: &str,
+    args: &[&str],
+    limit: Duration,
+) -> (Option<i32>, String, String) {
+    let url = tagged_url(store, tag);
+    let mut child = store
+        .fence()
+        .args(["write", "jobs", "--token", "2", "--target", &url])
+        .args(args)
+        .args(["--format", "json"])
+        .spawn();
+    let start = Instant::now();
+    let mut code = None;
+    while start.elapsed() < limit {
+        if let Some(status) = child.try_wait().unwrap() {
+            code = Some(status.code().unwrap_or(-1));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if code.is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    eprintln!("exit {code:?}\n  stdout {stdout}\n  stderr {stderr}");
+    (code, stdout, stderr)
+}
+
+/// An upsert whose new row conflicts on *another* unique index of the table (`email`), not
+/// on the key (`id`): the insert did nothing (`ON CONFLICT DO NOTHING` took any conflict),
+/// the row of the key was not there, and `write_row` looked again, for ever (read in the code
+/// in review 9; the statement ran until its timeout, exit 8, and on). Required: refused at
+/// once, exit 2, naming the violated constraint; nothing written; nothing left running.
+#[test]
+fn an_upsert_conflicting_on_another_unique_index_is_refused_at_once() {
+    let store = Store::postgres();
+    let s = schema(&store);
+    let t = format!("{s}.jobs");
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA {s}; CREATE TABLE {t} (id int PRIMARY KEY, email text UNIQUE, state text, last_fencing_token bigint);
+             INSERT INTO {t} VALUES (1, 'a@example.org', 'old', 1);"
+        ),
+    );
+    let tag = format!("upsert_other_{s}");
+    let (code, stdout, stderr) = row_write_within(
+        &store,
+        &tag,
+        &[
+            "--table",
+            &t,
+            "--key",
+            "id=2",
+            "--set",
+            "email=a@example.org",
+            "--set",
+            "state=new",
+            "--upsert",
+        ],
+        Duration::from_secs(20),
+    );
+    let active = still_running(&tag);
+    let rows = one(
+        &store.url,
+        &format!("SELECT string_agg(id || ':' || email || ':' || state || '/' || coalesce(last_fencing_token::text, '-'), ',' ORDER BY id) FROM {t}"),
+    );
+    assert_eq!(code, Some(2), "{stdout} {stderr}");
+    assert!(
+        stdout.contains("jobs_email_key") || stderr.contains("jobs_email_key"),
+        "the violated constraint is named: {stdout} {stderr}"
+    );
+    assert_eq!(rows, "1:a@example.org:old/1", "nothing written");
+    assert!(active.is_empty(), "still running on the server: {active}");
+}
+
+/// A trigger that drops every update of the table (BEFORE UPDATE returning NULL, as an audit
+/// or archive trigger that takes writes elsewhere might): the row of the key is there with
+/// token 1, fence's update with token 2 changes nothing, and `write_row` tried again for ever
+/// (read in the code). Required: exit 2 after its rounds, naming the trigger; nothing
+/// written; nothing left running. The same for `--upsert`.
+#[test]
+fn a_trigger_that_drops_fence_s_update_is_an_error_not_a_loop() {
+    let store = Store::postgres();
+    let s = schema(&store);
+    let t = format!("{s}.jobs");
+    pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA {s}; CREATE TABLE {t} (id int PRIMARY KEY, state text, last_fencing_token bigint);
+             INSERT INTO {t} VALUES (1, 'old', 1);
+             CREATE FUNCTION {s}.swallow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+             CREATE TRIGGER swallow_updates BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.swallow();"
+        ),
+    );
+    for upsert in [false, true] {
+        let tag = format!("swallowed_{upsert}_{s}");
+        let mut args = vec!["--table", &t, "--key", "id=1", "--set", "state=new"];
+        if upsert {
+            args.push("--upsert");
+        }
+        let (code, stdout, stderr) = row_write_within(&store, &tag, &args, Duration::from_secs(20));
+        let active = still_running(&tag);
+        let rows = one(
+            &store.url,
+            &format!("SELECT string_agg(id || ':' || state || '/' || coalesce(last_fencing_token::text, '-'), ',') FROM {t}"),
+        );
+        assert_eq!(code, Some(2), "upsert {upsert}: {stdout} {stderr}");
+        assert!(
+            stdout.contains("swallow_updates") || stderr.contains("swallow_updates"),
+            "upsert {upsert}: the trigger is named: {stdout} {stderr}"
+        );
+        assert_eq!(rows, "1:old/1", "upsert {upsert}: nothing written");
+        assert!(
+            active.is_empty(),
+            "upsert {upsert}: still running on the server: {active}"
+        );
+    }
+}
