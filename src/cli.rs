@@ -838,7 +838,8 @@ pub struct GrantArgs {
 /// Check the store and targets for set-ups that weaken fence's guarantees
 ///
 /// Reports, without changing anything, each finding as ok, warn or fail, with what it means
-/// and how to fix it. PostgreSQL: server version, asynchronous standbys (a failover can lose
+/// and how to fix it. This host: what `fence run` can contain (subreapers, /proc, a cgroup of
+/// each run's own, tried), and processes of a run that outlived it. PostgreSQL: server version, asynchronous standbys (a failover can lose
 /// the last granted tokens), a pooler or proxy in between (LISTEN degrades to polling), who
 /// owns fence's schema (an owner can bypass `protect`), write privileges granted to PUBLIC,
 /// connection sizing (the role's CONNECTION LIMIT against the server's slots and the 10
