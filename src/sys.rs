@@ -394,10 +394,17 @@ fn family(all: &[Process]) -> Vec<&Process> {
     found
 }
 
+/// This process's group; `None` when it is outside this pid namespace (getpgrp says 0 then,
+/// which rustix's `getpgrp` may not return: it panicked, a review found).
+pub(crate) fn own_group() -> Option<Pid> {
+    // SAFETY: getpgrp has no preconditions.
+    Pid::from_raw(unsafe { libc::getpgrp() })
+}
+
 /// `signal` to every live descendant (only to those outside our process group when
 /// `outside`: the group itself got it already).
 pub(crate) fn signal_descendants(signal: Signal, outside: bool) {
-    let ours = Some(rustix::process::getpgrp());
+    let ours = own_group();
     for p in family(&processes()) {
         let skipped = p.zombie || (outside && p.group == ours);
         if !skipped {
@@ -433,9 +440,9 @@ pub(crate) fn kill_descendants_once(groups: &mut Vec<Pid>) {
             *only_family.entry(group).or_insert(true) &= members.contains(&p.pid);
         }
     }
-    let ours = rustix::process::getpgrp();
+    let ours = own_group();
     for group in family.iter().filter_map(|p| p.group) {
-        let new = group != ours
+        let new = Some(group) != ours
             && !group.is_init()
             && only_family.get(&group) == Some(&true)
             && !groups.contains(&group);

@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 /// The prefix of a run's cgroup's name; the reaper's pid follows.
 pub const PREFIX: &str = "fence-run-";
 
-/// This process's run cgroup: the reaper's own, or (in `fence run`) its reaper's.
+/// This process's run cgroup (see [`plan`]), in `fence run` and in its reaper.
 static RUN: OnceLock<PathBuf> = OnceLock::new();
 
 /// The cgroup v2 directory this process is in, by /proc/self/cgroup and the cgroup2 mount of
@@ -92,34 +92,51 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The run cgroup of the reaper `pid` under `base`.
-fn of(base: &Path, pid: i32) -> PathBuf {
-    base.join(format!("{PREFIX}{pid}"))
+/// This process's pid namespace, as the number of its /proc/self/ns/pid link (`pid:[N]`): the
+/// pids in run cgroups' names mean something only in the namespace that named them.
+fn pid_namespace() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|link| {
+            let text = link.to_string_lossy().into_owned();
+            text.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
-/// In `fence run`, once its reaper `pid` is forked: where the reaper's cgroup is, if it makes
-/// one (see [`kill`] and [`remove`]).
-pub fn watch(base: Option<&Path>, pid: i32) {
-    if let Some(base) = base {
-        let _ = RUN.set(of(base, pid));
+/// In `fence run`, before it forks its reaper: the run's cgroup, to be made by the reaper under
+/// `base` (the cgroup fence is in), named `fence-run-<fence's pid>-<pid namespace>-<random>`:
+/// never the name of another run's, in this pid namespace or another that shares the cgroup
+/// (a review: two sandboxes' runs, both pid 3, killed each other's commands), nor of one left
+/// behind. Both processes know it from here on (see [`kill`] and [`remove`]).
+pub fn plan(base: Option<&Path>) -> Option<PathBuf> {
+    let dir = base?.join(format!(
+        "{PREFIX}{}-{}-{:08x}",
+        std::process::id(),
+        pid_namespace(),
+        crate::sys::random_u64() as u32
+    ));
+    let _ = RUN.set(dir.clone());
+    Some(dir)
+}
+
+/// In the reaper: makes the run's cgroup `dir` (see [`plan`]), for the command's process to
+/// be forked into (see `starter`). The cgroup's directory, opened: `None` where fence may not
+/// make one (see the module's documentation). First removes what runs that are gone left
+/// empty under the same parent.
+pub fn make(dir: Option<&Path>) -> Option<OwnedFd> {
+    let dir = dir?;
+    if let Some(base) = dir.parent() {
+        sweep(base);
     }
-}
-
-/// In the reaper: makes its run cgroup under `base`, for the command's process to be forked
-/// into (see `starter`). The cgroup's directory, opened: `None` where fence may not make one
-/// (see the module's documentation). First removes the empty cgroups of reapers that are gone.
-pub fn make(base: Option<&Path>) -> Option<OwnedFd> {
-    let base = base?;
-    sweep(base);
-    let dir = of(base, rustix::process::getpid().as_raw_pid());
-    std::fs::create_dir(&dir).ok()?;
+    std::fs::create_dir(dir).ok()?;
     // cgroup.kill is what makes it worth it (Linux 5.14).
     let opened = dir
         .join("cgroup.kill")
         .exists()
         .then(|| {
             rustix::fs::open(
-                &dir,
+                dir,
                 rustix::fs::OFlags::RDONLY
                     | rustix::fs::OFlags::DIRECTORY
                     | rustix::fs::OFlags::CLOEXEC,
@@ -129,10 +146,8 @@ pub fn make(base: Option<&Path>) -> Option<OwnedFd> {
         })
         .flatten();
     if opened.is_none() {
-        let _ = std::fs::remove_dir(&dir);
-        return None;
+        let _ = std::fs::remove_dir(dir);
     }
-    let _ = RUN.set(dir);
     opened
 }
 
@@ -147,44 +162,92 @@ pub fn join() {
     }
 }
 
-/// Removes the empty run cgroups under `base` whose reaper is gone (fence killed with its
-/// reaper leaves one; a full one, processes of such a run, is left for `fence doctor` to
-/// show: `rmdir` refuses it).
+/// Removes what the runs under `base` whose `fence run` is gone left empty (fence killed with
+/// its reaper; a nested run's cgroup below a killed one's): only runs named in this pid
+/// namespace, where their pid means their `fence run`. A run cgroup with processes still in it
+/// is left for `fence doctor` to show (`rmdir` refuses it).
 fn sweep(base: &Path) {
-    for (dir, pid) in runs(base) {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir(dir);
+    let ours = pid_namespace();
+    for run in runs(base) {
+        if run.namespace == ours && !Path::new(&format!("/proc/{}", run.pid)).exists() {
+            let _ = remove_tree(&run.dir);
         }
     }
 }
 
-/// The run cgroups under `base`, with their reapers' pids.
-pub fn runs(base: &Path) -> Vec<(PathBuf, i32)> {
+/// A run's cgroup under a base (see [`plan`]).
+pub struct Run {
+    pub dir: PathBuf,
+    /// The pid of its `fence run`, in [`Run::namespace`].
+    pub pid: i32,
+    /// The pid namespace that named it.
+    pub namespace: u64,
+}
+
+impl Run {
+    /// Whether its `fence run` is gone, as far as this process can tell (`None`: named in
+    /// another pid namespace).
+    pub fn gone(&self) -> Option<bool> {
+        (self.namespace == pid_namespace())
+            .then(|| !Path::new(&format!("/proc/{}", self.pid)).exists())
+    }
+}
+
+/// The run cgroups under `base`.
+pub fn runs(base: &Path) -> Vec<Run> {
     let Ok(entries) = std::fs::read_dir(base) else {
         return Vec::new();
     };
     entries
         .filter_map(|entry| {
             let entry = entry.ok()?;
-            let pid = entry
-                .file_name()
-                .to_str()?
-                .strip_prefix(PREFIX)?
-                .parse()
-                .ok()?;
-            Some((entry.path(), pid))
+            let name = entry.file_name();
+            let mut parts = name.to_str()?.strip_prefix(PREFIX)?.split('-');
+            let pid = parts.next()?.parse().ok()?;
+            let namespace = parts.next()?.parse().ok()?;
+            Some(Run {
+                dir: entry.path(),
+                pid,
+                namespace,
+            })
         })
         .collect()
 }
 
-/// The pids in the run cgroup `dir` (its own processes; a run makes no cgroups below it, a
-/// nested `fence run` does: theirs are in those).
+/// The pids in the cgroup `dir` and in every cgroup below it (a nested `fence run`'s, or the
+/// command's own).
 pub fn members(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
-        .collect()
+        .collect();
+    for below in children(dir) {
+        pids.extend(members(&below));
+    }
+    pids
+}
+
+/// The cgroups just below `dir`: its directories.
+fn children(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes the cgroup `dir` and every cgroup below it, deepest first (a cgroup with one below
+/// it cannot be removed): those with processes in them stay, and with them the ones above.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    for below in children(dir) {
+        let _ = remove_tree(&below);
+    }
+    std::fs::remove_dir(dir)
 }
 
 /// SIGKILLs every process in this process's run cgroup (and in cgroups below it), if there is
@@ -209,7 +272,7 @@ pub fn remove() {
     };
     let start = std::time::Instant::now();
     loop {
-        match std::fs::remove_dir(dir) {
+        match remove_tree(dir) {
             Err(err)
                 if err.raw_os_error() == Some(libc::EBUSY)
                     && start.elapsed() < std::time::Duration::from_millis(50) =>

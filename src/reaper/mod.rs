@@ -36,18 +36,37 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 
-use rustix::process::{getpgrp, getpid, Pid, Signal};
+use rustix::process::{getpid, Pid, Signal};
 
 use crate::exit::Exit;
 
 pub mod cgroup;
-mod starter;
+pub(crate) mod starter;
 pub mod wire;
 
 use wire::{Failure, Report};
 
 /// The terminal's stop signals, ignored by the reaper (default again in COMMAND).
 const STOP_SIGNALS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// The signals the reaper blocks and takes one at a time (see [`main`]).
+const WATCHED: [i32; 6] = [
+    libc::SIGCHLD,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+];
+
+/// The command's process is not needed (nothing is started): killed and waited for, and the
+/// run's cgroup, empty now, removed.
+fn abandon(starter: std::io::Result<starter::Starter>) {
+    if let Ok(starter) = starter {
+        starter.abandon();
+    }
+    cgroup::remove();
+}
 
 /// What `fence run` hands the reaper it forked.
 pub struct Plan {
@@ -66,9 +85,9 @@ pub struct Plan {
     pub kill_after_ms: u64,
     /// COMMAND and its arguments (never empty).
     pub command: Vec<OsString>,
-    /// The cgroup (v2) `fence run` was started in, where the reaper makes the run's own (see
-    /// [`cgroup`]); `None` without one.
-    pub cgroup_base: Option<std::path::PathBuf>,
+    /// The run's own cgroup (v2), for the reaper to make (see [`cgroup`]); `None` where there
+    /// is no cgroup v2.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 /// Runs the reaper, in the process `fence run` forked for it (its own process group, a
@@ -81,7 +100,7 @@ pub fn main(plan: Plan) -> Exit {
         grace_ms,
         kill_after_ms,
         command,
-        cgroup_base,
+        cgroup,
     } = plan;
     let Some((program, rest)) = command.split_first() else {
         return Exit::Usage;
@@ -89,14 +108,7 @@ pub fn main(plan: Plan) -> Exit {
     // The signals the reaper acts on are blocked and taken one at a time with sigtimedwait:
     // no handler, no race between looking at the command and a signal arriving. COMMAND gets
     // the original mask back before exec.
-    let (watched, original) = block(&[
-        libc::SIGCHLD,
-        libc::SIGUSR1,
-        libc::SIGUSR2,
-        libc::SIGINT,
-        libc::SIGTERM,
-        libc::SIGHUP,
-    ]);
+    let (watched, original) = block(&WATCHED);
     // A terminal's stop signals (Ctrl-Z reaches the command's group, the reaper's) must not
     // stop the reaper: stopped, it could enforce no bound. COMMAND gets the defaults back. Nor
     // may the command trace it (same user): PR_SET_DUMPABLE 0 refuses ptrace to non-root.
@@ -114,10 +126,19 @@ pub fn main(plan: Plan) -> Exit {
     // the run's own where fence may make one, so that one write kills all it starts however
     // it forks (a fork chain outruns the scans of /proc: review 8). It runs nothing until
     // told to go.
-    let cell = cgroup::make(cgroup_base.as_deref());
+    let cell = cgroup::make(cgroup.as_deref());
     let starter = starter::Starter::fork(
         cell.as_ref(),
         starter::Exec {
+            title: format!(
+                "fence __command -- {}",
+                command
+                    .iter()
+                    .map(|word| word.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            watched: &WATCHED,
             program,
             args: rest,
             mask: original,
@@ -131,10 +152,12 @@ pub fn main(plan: Plan) -> Exit {
     // bound and COMMAND's environment. Its end closed without them (busy, an error, or
     // `fence run` gone): nothing is started.
     let Some((first_bound, env)) = wire::read_start(&mut bounds) else {
+        abandon(starter);
         return Exit::Success;
     };
     // `fence run` may have died between starting us and our parent-death signal taking hold.
     if rustix::process::getppid() != Some(parent) {
+        abandon(starter);
         crate::terminal::warn("error: `fence run` is gone; nothing was started");
         return Exit::Internal;
     }
@@ -145,6 +168,7 @@ pub fn main(plan: Plan) -> Exit {
     if crate::sys::bound_clock_ns()
         >= first_bound.saturating_sub(grace_ms.saturating_mul(1_000_000))
     {
+        abandon(starter);
         let _ = write!(report, "{}", Failure::Expired.encode());
         return Exit::Internal;
     }
@@ -155,14 +179,18 @@ pub fn main(plan: Plan) -> Exit {
     // The command is known by its pid from here on, and waited for with every other child
     // (see the loop below).
     let started = starter
-        .map_err(|err| (err.raw_os_error().unwrap_or(0), err.to_string()))
+        .map_err(|err| Failure::Exec {
+            errno: err.raw_os_error().unwrap_or(0),
+            message: err.to_string(),
+        })
         .and_then(|starter| starter.go(&env));
     let command = match started {
         Ok(pid) => pid,
-        Err((errno, message)) => {
+        Err(failure) => {
             // The error number first (`E11 …`), for `fence run` to tell a passing limit from
             // a command that cannot start.
-            let _ = write!(report, "{}", Failure::Exec { errno, message }.encode());
+            let _ = write!(report, "{}", failure.encode());
+            cgroup::remove();
             return Exit::Command(127);
         }
     };
@@ -293,15 +321,20 @@ pub fn main(plan: Plan) -> Exit {
 /// back when the command is done.
 fn take_terminal(parent: Pid) {
     let stdin = rustix::stdio::stdin();
-    let foreground = rustix::termios::tcgetpgrp(stdin);
-    let parents = rustix::process::getpgid(Some(parent));
-    if !(rustix::termios::isatty(stdin) && foreground.is_ok() && foreground == parents) {
+    // Through libc: a group outside this pid namespace is 0 there, which rustix's `Pid` may not
+    // hold (a review: `fence run` panicked, the lease kept until its TTL).
+    // SAFETY: plain queries of the terminal and of a process group.
+    let (foreground, parents) = unsafe { (libc::tcgetpgrp(0), libc::getpgid(parent.as_raw_pid())) };
+    let Some(ours) = crate::sys::own_group() else {
+        return;
+    };
+    if !(rustix::termios::isatty(stdin) && foreground > 0 && foreground == parents) {
         return;
     }
     // SIGTTOU is blocked around tcsetpgrp, as a background process group taking the
     // foreground must.
     let (_, before) = block(&[libc::SIGTTOU]);
-    let _ = rustix::termios::tcsetpgrp(stdin, getpgrp());
+    let _ = rustix::termios::tcsetpgrp(stdin, ours);
     // SAFETY: restores the mask of this single-threaded process.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
 }

@@ -6,9 +6,16 @@
 //! It waits, running nothing of the command, for [`Starter::go`]: one `G` and the command's
 //! added environment (`KEY=VALUE` entries, each ended by a NUL) on its own pipe, then execs
 //! COMMAND. Should that pipe end without a `G` (busy, an error, the reaper gone), it exits
-//! without running anything; should the reaper die, its parent-death signal (SIGKILL) ends it.
-//! An exec that fails is told on a second pipe, closed on exec: the reaper reads it to its end,
-//! empty once COMMAND runs.
+//! without running anything; should the reaper die, its parent-death signal (SIGKILL) ends it;
+//! a reaper that does not need it kills it and waits for it ([`Starter::abandon`]). On a
+//! second pipe, closed on exec, it says `R` just before its exec, and after it why an exec
+//! failed: the reaper reads it to its end, so a process that died before its exec (the OOM
+//! killer) is told from a command that ran and died.
+//!
+//! Signals sent to the reaper's process group while it waits (blocked here, as in the reaper)
+//! are discarded before the exec: they were the reaper's, and a process forked at the go, as
+//! before, would never have had them (a review: a SIGHUP to the group during `--wait` killed
+//! the command before it ran, reported as the command's death).
 
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
@@ -17,6 +24,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 
 use rustix::process::{Pid, Signal};
+
+use super::wire::Failure;
 
 /// The struct `clone3` reads (linux/sched.h), up to `cgroup` (CLONE_ARGS_SIZE_VER2).
 #[repr(C)]
@@ -39,6 +48,10 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// What the forked process needs to exec COMMAND once told to.
 pub(super) struct Exec<'a> {
+    /// What `ps` shows of it until its exec.
+    pub(super) title: String,
+    /// The signals the reaper blocks and waits for: any of them pending is discarded.
+    pub(super) watched: &'a [i32],
     pub(super) program: &'a OsStr,
     pub(super) args: &'a [OsString],
     /// The signal mask COMMAND gets back (the reaper blocks the signals it waits for).
@@ -94,10 +107,10 @@ impl Starter {
         })
     }
 
-    /// Has it exec COMMAND with `env` added: its pid once COMMAND runs, or why the exec failed
-    /// (the error number and what it means). A starter that died before (killed) is COMMAND
-    /// ended: its status is the reaper's to collect.
-    pub(super) fn go(mut self, env: &[(OsString, OsString)]) -> Result<Pid, (i32, String)> {
+    /// Has it exec COMMAND with `env` added: its pid once COMMAND runs (its status is the
+    /// reaper's to collect), or why not: the exec failed (the error number and what it means),
+    /// or it died before its exec ([`Failure::Lost`]); it has been waited for then.
+    pub(super) fn go(mut self, env: &[(OsString, OsString)]) -> Result<Pid, Failure> {
         let mut message = vec![b'G'];
         for (key, value) in env {
             message.extend_from_slice(key.as_bytes());
@@ -109,24 +122,49 @@ impl Starter {
         drop(self.go);
         let mut told = Vec::new();
         let _ = self.failed.read_to_end(&mut told);
-        if told.len() < 4 {
-            return Ok(self.pid);
+        let ready = told.first() == Some(&b'R');
+        let after = told.strip_prefix(b"R").unwrap_or(&told);
+        match after {
+            [] if ready => Ok(self.pid),
+            [b'E', a, b, c, d, message @ ..] => {
+                wait(self.pid);
+                Err(Failure::Exec {
+                    errno: i32::from_le_bytes([*a, *b, *c, *d]),
+                    message: String::from_utf8_lossy(message).into_owned(),
+                })
+            }
+            _ => {
+                wait(self.pid);
+                Err(Failure::Lost)
+            }
         }
-        let errno = i32::from_le_bytes([told[0], told[1], told[2], told[3]]);
-        Err((errno, String::from_utf8_lossy(&told[4..]).into_owned()))
+    }
+
+    /// Not needed (busy, an error, `fence run` gone): killed and waited for.
+    pub(super) fn abandon(self) {
+        let _ = rustix::process::kill_process(self.pid, Signal::KILL);
+        wait(self.pid);
     }
 }
 
-/// `clone3` into the cgroup `dir`: the child's pid, or 0 in the child.
-fn clone_into(dir: &OwnedFd) -> std::io::Result<i32> {
+/// Waits for the child `pid` to end.
+fn wait(pid: Pid) {
+    while let Err(rustix::io::Errno::INTR) =
+        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty())
+    {}
+}
+
+/// `clone3` into the cgroup `dir`: the child's pid, or 0 in the child, which must run only
+/// what a child of fork(2) may (async-signal-safe calls, in a process with threads).
+pub(crate) fn clone_into(dir: &OwnedFd) -> std::io::Result<i32> {
     let args = CloneArgs {
         flags: CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
         cgroup: dir.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
-    // SAFETY: without CLONE_VM the child is a copy of this one-threaded process, as after
-    // fork(2): it returns here with 0 and only runs `child`, which never returns.
+    // SAFETY: without CLONE_VM the child is a copy of this process, as after fork(2): it
+    // returns here with 0, and the callers' children run only what such a child may.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -152,6 +190,7 @@ fn child(reaper: Pid, go: OwnedFd, failed: OwnedFd, exec: Exec<'_>) -> ! {
         // SAFETY: the reaper's descriptors, copies of which this process never uses.
         unsafe { libc::close(fd) };
     }
+    crate::sys::retitle(&exec.title);
     let mut message = Vec::new();
     let _ = std::fs::File::from(go).read_to_end(&mut message);
     let Some(env) = message.strip_prefix(b"G") else {
@@ -168,21 +207,34 @@ fn child(reaper: Pid, go: OwnedFd, failed: OwnedFd, exec: Exec<'_>) -> ! {
                 OsStr::from_bytes(&entry[at + 1..]),
             ))
         });
+    // Signals that reached the group while this process waited were the reaper's: an ignored
+    // signal is discarded, pending or not, and the default comes back (std's exec unblocks
+    // every signal before the hooks below run).
+    // SAFETY: dispositions of this one-threaded process.
+    unsafe {
+        for &signal in exec.watched {
+            let before = libc::signal(signal, libc::SIG_IGN);
+            libc::signal(signal, before);
+        }
+    }
     let mut command = std::process::Command::new(exec.program);
     command.args(exec.args).envs(env);
     let (mask, stop_signals) = (exec.mask, exec.stop_signals.to_vec());
-    // SAFETY: sigprocmask and signal on this process, just before its exec.
+    let ready = failed.as_raw_fd();
+    // SAFETY: sigprocmask, signal and write on this process, just before its exec.
     unsafe {
         command.pre_exec(move || {
             libc::sigprocmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
             for &signal in &stop_signals {
                 libc::signal(signal, libc::SIG_DFL);
             }
+            libc::write(ready, b"R".as_ptr().cast(), 1);
             Ok(())
         });
     }
     let err = command.exec();
-    let mut told = err.raw_os_error().unwrap_or(0).to_le_bytes().to_vec();
+    let mut told = vec![b'E'];
+    told.extend_from_slice(&err.raw_os_error().unwrap_or(0).to_le_bytes());
     told.extend_from_slice(err.to_string().as_bytes());
     let _ = std::fs::File::from(failed).write_all(&told);
     // SAFETY: as above; 127, as a shell says "command not found".

@@ -16,6 +16,9 @@ pub const STARTED: u8 = b'\n';
 /// the start message was read (`fence run` paused between its grant and its message).
 pub const EXPIRED: &str = "the lease's bound passed before the command could start";
 
+/// Said when the process forked in advance to run the command died before its exec.
+pub const LOST: &str = "the command's process was killed before it could run the command";
+
 const LEFTOVERS: &str = "leftovers";
 const INTERRUPTED: &str = "interrupted";
 const BOUND: &str = "bound";
@@ -82,6 +85,8 @@ pub fn latest_bound(read: &[u8]) -> Option<u64> {
 pub enum Failure {
     /// The lease's first bound had passed ([`EXPIRED`]).
     Expired,
+    /// The process forked in advance to run the command was killed before it could ([`LOST`]).
+    Lost,
     /// exec failed: the error number (0 when unknown) and the system's message.
     Exec { errno: i32, message: String },
 }
@@ -90,6 +95,7 @@ impl Failure {
     pub fn encode(&self) -> String {
         match self {
             Failure::Expired => EXPIRED.to_owned(),
+            Failure::Lost => LOST.to_owned(),
             Failure::Exec { errno, message } => format!("E{errno} {message}"),
         }
     }
@@ -97,6 +103,9 @@ impl Failure {
     pub fn parse(text: &str) -> Failure {
         if text == EXPIRED {
             return Failure::Expired;
+        }
+        if text == LOST {
+            return Failure::Lost;
         }
         text.strip_prefix('E')
             .and_then(|rest| rest.split_once(' '))
@@ -239,6 +248,7 @@ mod tests {
     fn failures_round_trip() {
         for failure in [
             Failure::Expired,
+            Failure::Lost,
             Failure::Exec {
                 errno: libc::ENOENT,
                 message: "No such file or directory (os error 2)".to_owned(),

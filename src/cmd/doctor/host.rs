@@ -48,10 +48,11 @@ pub(super) fn containment(f: &mut Findings<'_>) {
 }
 
 /// Whether `fence run` can give its command a cgroup of its own here (see `reaper::cgroup`),
-/// tried as a run does it: a `fence-run-<pid>` cgroup made under this process's, a process
-/// (`sleep`) moved into it, killed through `cgroup.kill`, the cgroup removed. And the run
-/// cgroups there whose supervisor is gone with processes still in them: work of a run that
-/// outlived it (`fence run` and its supervisor both killed).
+/// tried as a run does it: a scratch cgroup made under this process's, a process forked into
+/// it (`clone3`, else forked and moved in), killed through `cgroup.kill`, the cgroup removed.
+/// And the run cgroups there whose `fence run` is gone with processes still in them (or in
+/// cgroups below them): work of a run that outlived it (`fence run` and its supervisor both
+/// killed).
 pub(super) fn run_cgroup(f: &mut Findings<'_>) {
     use crate::reaper::cgroup;
     let check = "host.run_cgroup";
@@ -59,17 +60,17 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
         f.add(
             check,
             Severity::Warn,
-            "no cgroup v2 here (cgroup v1 only, or /proc/self/cgroup unreadable): fence run contains its command by scanning /proc, which a fork chain (a process that forks its successor and exits, in a new session each time, or in the supervisor's process group) can outrun".to_owned(),
-            "use a system with the unified cgroup hierarchy (cgroup v2; Debian 11 and later by default)",
+            "fence finds no cgroup v2 directory of its own here (cgroup v1 only, no cgroup2 mount, or this process's cgroup outside the one mounted): fence run contains its command by scanning /proc, which a fork chain (a process that forks its successor and exits, in a new session each time, or in the supervisor's process group) can outrun".to_owned(),
+            "use a system with the unified cgroup hierarchy (cgroup v2; Debian 11 and later by default), with it mounted where fence runs",
         );
         return;
     };
     match try_run_cgroup(&base) {
-        Ok(()) => f.add(
+        Ok(how) => f.add(
             check,
             Severity::Ok,
             format!(
-                "fence run gives its command a cgroup of its own under {}: everything the command starts is killed at once when it must stop, however it forks; not contained: a command running as root, or as the user the cgroup is delegated to, that moves itself to another cgroup",
+                "fence run gives its command a cgroup of its own under {} ({how}): everything the command starts is killed at once when it must stop, however it forks; not contained: a command running as root, or as the user the cgroup is delegated to, that moves itself to another cgroup",
                 base.display()
             ),
             "",
@@ -84,69 +85,108 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
             "run fence as root, or in a cgroup delegated to its user (systemd: `Delegate=yes` in the unit, or `systemd-run --user --scope -p Delegate=yes fence run …`), on cgroup v2 with Linux 5.14 or later (cgroup.kill)",
         ),
     }
-    for (dir, pid) in cgroup::runs(&base) {
-        let members = cgroup::members(&dir);
-        if Path::new(&format!("/proc/{pid}")).exists() || members.is_empty() {
+    for run in cgroup::runs(&base) {
+        if run.gone() != Some(true) {
             continue;
         }
+        let members = cgroup::members(&run.dir);
+        if members.is_empty() {
+            continue;
+        }
+        let pids: Vec<String> = members.iter().map(|p| p.to_string()).collect();
         f.add(
             "host.run_leftovers",
             Severity::Warn,
             format!(
-                "{} holds {} process(es) of a fence run whose supervisor (pid {pid}) is gone: pid {}; they may still act on a lease that has passed to another owner",
-                dir.display(),
+                "{} holds {} process(es) of a fence run (pid {}) that is gone: pid {}; they may still act on a lease that has passed to another owner",
+                run.dir.display(),
                 members.len(),
-                members.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                run.pid,
+                pids.join(", ")
             ),
             &format!(
                 "see what they are (`ps -o pid,user,lstart,cmd -p {}`), then stop them all: `echo 1 > {}/cgroup.kill`",
-                members.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","),
-                dir.display()
+                pids.join(","),
+                run.dir.display()
             ),
         );
     }
 }
 
-/// A run's cgroup made, a `sleep` moved in, killed through it, removed; why not, step named.
-fn try_run_cgroup(base: &Path) -> Result<(), String> {
+/// A scratch cgroup made, a process forked into it, killed through it, removed: how the
+/// process got in, or why not, step named.
+fn try_run_cgroup(base: &Path) -> Result<&'static str, String> {
     use std::io::Write;
     let dir = base.join(format!(
-        "{}{}",
-        crate::reaper::cgroup::PREFIX,
-        std::process::id()
+        "fence-doctor-{}-{:08x}",
+        std::process::id(),
+        crate::sys::random_u64() as u32
     ));
     std::fs::create_dir(&dir).map_err(|err| format!("cannot make a cgroup: {err}"))?;
     let tried = (|| {
         if !dir.join("cgroup.kill").exists() {
             return Err("no cgroup.kill: Linux before 5.14".to_owned());
         }
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("60")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|err| format!("cannot start `sleep` to try it: {err}"))?;
+        let opened = rustix::fs::open(
+            &dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|err| format!("cannot open it: {err}"))?;
+        let (pid, how) = match crate::reaper::starter::clone_into(&opened) {
+            Ok(pid) => (pid, "forked into it"),
+            // SAFETY: the child only waits to be killed (async-signal-safe calls).
+            Err(_) => (
+                unsafe { libc::fork() },
+                "forked and moved in: clone3 refused",
+            ),
+        };
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls only, in the child; it ends within a minute
+            // whatever happens.
+            unsafe {
+                libc::alarm(60);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        if pid < 0 {
+            return Err(format!("cannot fork: {}", std::io::Error::last_os_error()));
+        }
         let write = |file: &str, what: &str| {
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(dir.join(file))
                 .and_then(|mut f| f.write_all(what.as_bytes()))
         };
-        let moved = write("cgroup.procs", &sleeper.id().to_string())
-            .map_err(|err| format!("cannot move a process into it: {err}"));
+        let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+            c.lines()
+                .any(|l| l.starts_with("0::") && dir.ends_with(l[3..].trim_start_matches('/')))
+        });
+        let moved = if inside {
+            Ok(())
+        } else {
+            write("cgroup.procs", &pid.to_string())
+                .map_err(|err| format!("cannot move a process into it: {err}"))
+        };
         let killed = moved.and_then(|()| {
             write("cgroup.kill", "1").map_err(|err| format!("cannot kill through it: {err}"))
         });
         if killed.is_err() {
-            let _ = sleeper.kill();
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        let status = sleeper.wait();
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
         killed?;
-        use std::os::unix::process::ExitStatusExt;
-        match status {
-            Ok(status) if status.signal() == Some(libc::SIGKILL) => Ok(()),
-            other => Err(format!("cgroup.kill did not kill: {other:?}")),
+        if waited == pid && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL {
+            Ok(how)
+        } else {
+            Err(format!("cgroup.kill did not kill (status {status})"))
         }
     })();
     let start = std::time::Instant::now();

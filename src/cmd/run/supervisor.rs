@@ -41,7 +41,9 @@ impl Terminal {
         let stdin = rustix::stdio::stdin();
         let given = pid.is_some_and(|pid| {
             rustix::termios::isatty(stdin)
-                && rustix::termios::tcgetpgrp(stdin).is_ok_and(|fg| fg.as_raw_pid() == pid as i32)
+                // SAFETY: a plain query (through libc: a foreground group outside this pid
+                // namespace is 0, which rustix's `Pid` may not hold).
+                && unsafe { libc::tcgetpgrp(0) } == pid as i32
         });
         Terminal { given }
     }
@@ -109,9 +111,9 @@ impl Reaper {
                 "mount /proc (`mount -t proc proc /proc`) where fence runs; nothing was started and no lease was taken",
             ));
         }
-        // Read here, once, for both processes: the reaper makes the run's cgroup there, and
-        // `fence run` kills through it and removes it (see `reaper::cgroup`).
-        let cgroup_base = crate::reaper::cgroup::base();
+        // Named here, once, for both processes: the reaper makes the run's cgroup, and `fence
+        // run` kills through it and removes it (see `reaper::cgroup`).
+        let cgroup = crate::reaper::cgroup::plan(crate::reaper::cgroup::base().as_deref());
         let grace = super::grace(args);
         let millis = |d: Duration| d.as_millis().min(i64::MAX as u128) as u64;
         // Each (read end, write end): fence reads the report and writes the start message.
@@ -192,7 +194,7 @@ impl Reaper {
                     grace_ms: millis(grace),
                     kill_after_ms: millis(args.kill_after),
                     command: command.clone(),
-                    cgroup_base,
+                    cgroup,
                 });
                 // SAFETY: ends the forked process at once: fence's own exit handlers and
                 // buffers (copies of the parent's) are not the reaper's.
@@ -211,7 +213,6 @@ impl Reaper {
                     libc::sigprocmask(libc::SIG_UNBLOCK, &chld, std::ptr::null_mut());
                 }
                 let pid = Pid::from_raw(pid).ok_or_else(|| cannot(&"fork returned no pid"))?;
-                crate::reaper::cgroup::watch(cgroup_base.as_deref(), pid.as_raw_pid());
                 // Also from here, so that the group exists before fence signals it, whichever
                 // process runs first.
                 let _ = rustix::process::setpgid(Some(pid), Some(pid));
@@ -333,8 +334,18 @@ impl Reaper {
                 // The reaper ends right after saying why: its end closes at once.
                 let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut why)).await;
                 let why = String::from_utf8_lossy(&why).into_owned();
+                // The reaper ends right after saying why: waited for (bounded), so that the
+                // run's cgroup goes with it (see `Forked`'s drop).
+                let mut child = child;
+                let _ = tokio::time::timeout(NUDGE * 10, child.wait()).await;
                 let (errno, what) = match Failure::parse(&why) {
                     Failure::Expired => return Err(lost(lease, LostReason::Expired)),
+                    Failure::Lost => {
+                        return Err(Error::unavailable(
+                            format!("the process fence's supervisor had ready to run `{program}` was killed before it could run it"),
+                            "nothing was run and the lease was released: find what killed it (the OOM killer: `journalctl -k | grep -i oom`), then run the command again",
+                        ))
+                    }
                     Failure::Exec { errno, message } => (errno, message),
                 };
                 // A limit that passes is worth a retry.
@@ -384,12 +395,19 @@ pub(super) struct Running {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        // Never told to go: it starts nothing, and ends now (its pipe closes with us too),
-        // before fence does: no process of the run outlives it. A SIGKILLed process that
-        // started nothing ends within milliseconds; the wait is bounded all the same.
+        // Never told to go: it starts nothing, and ends now, before fence does: no process of
+        // the run outlives it. Told by its start pipe's end (closed here), it ends on its own,
+        // with its command's process (forked in advance, never run) waited for and the run's
+        // cgroup removed; one that has not within [`REAPER_QUITS`] is SIGKILLed. A SIGKILLed
+        // process that started nothing ends within milliseconds; the wait is bounded all the
+        // same.
+        drop(self.start.take());
         if let Some(child) = self.child.as_mut() {
-            child.start_kill();
             let start = std::time::Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_QUITS {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            child.start_kill();
             while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_ENDS_WITHIN {
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -397,7 +415,9 @@ impl Drop for Reaper {
     }
 }
 
-/// How long dropping an unused reaper waits for it to end (see [`Reaper`]'s `Drop`).
+/// How long dropping an unused reaper waits for it to end on its own (see [`Reaper`]'s
+/// `Drop`), then in all.
+const REAPER_QUITS: Duration = Duration::from_millis(500);
 const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
 
 /// The forked reaper, as a `tokio::process::Child` would have it: waited for by its pid,
@@ -464,15 +484,28 @@ impl Forked {
 }
 
 impl Drop for Forked {
-    /// A reaper that ended is waited for (not left a zombie until fence ends), and its run's
-    /// cgroup removed; one that has not is left alone: it ends on its own (its start pipe
-    /// closed), or is fence's to stop.
+    /// A reaper that ended is waited for (not left a zombie until fence ends), with what it
+    /// left to us as their subreaper that has ended (its command's process, dead before the
+    /// reaper could wait for it), and the run's cgroup removed; one that has not is left
+    /// alone: it ends on its own (its start pipe closed), or is fence's to stop.
     fn drop(&mut self) {
         if matches!(self.try_wait(), Ok(Some(_))) {
+            // The command's process, should the reaper have been killed before it could wait
+            // for it, is ours: it dies of its own parent-death signal, at once.
+            let start = std::time::Instant::now();
+            crate::sys::reap_children();
+            while crate::sys::has_children() && start.elapsed() < ORPHANS_END_WITHIN {
+                std::thread::sleep(Duration::from_millis(1));
+                crate::sys::reap_children();
+            }
             crate::reaper::cgroup::remove();
         }
     }
 }
+
+/// How long a dropped reaper's orphans are waited for (see [`Forked`]'s `Drop`): what is left
+/// then is a leftover `hold` stopped already, or will be init's.
+const ORPHANS_END_WITHIN: Duration = Duration::from_millis(100);
 
 /// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {

@@ -450,48 +450,17 @@ fn an_upsert_on_a_superset_key_answers() {
         ),
     );
     let tag = format!("review9_{s}");
-    let url = tagged_url(&store, &tag);
-    let child = store
-        .fence()
-        .args(["write", "jobs", "--token", "3"])
-        .args(["--target", &url, "--table", &t])
-        .args(["--key", "id=42", "--key", "kind=b", "--set", "state=x"])
-        .args(["--upsert", "--format", "json"])
-        .spawn();
-    let mut child = child;
-    let start = Instant::now();
-    let mut code = None;
-    while start.elapsed() < Duration::from_secs(40) {
-        if let Some(status) = child.try_wait().unwrap() {
-            code = Some(status.code().unwrap_or(-1));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if code.is_none() {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
-    eprintln!(
-        "exit {code:?}\n  stdout {}\n  stderr {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (code, _, _) = row_write_within(
+        &store,
+        "3",
+        &tag,
+        &[
+            "--table", &t, "--key", "id=42", "--key", "kind=b", "--set", "state=x", "--upsert",
+        ],
+        Duration::from_secs(40),
     );
     std::thread::sleep(Duration::from_secs(2));
-    let active = one(
-        &common::pg_superuser(),
-        &format!(
-            "SELECT coalesce(string_agg(state || ' for ' || (clock_timestamp() - query_start)::text || ': ' || left(query, 80), '; '), '') \
-             FROM pg_stat_activity WHERE application_name = '{tag}' AND state <> 'idle'"
-        ),
-    );
-    // Cleanup: the spinning statement holds the table (the store's teardown would wait).
-    pg_exec(
-        &common::pg_superuser(),
-        &format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{tag}'"
-        ),
-    );
+    let active = still_running(&tag);
     assert!(
         code.is_some_and(|c| c != 8) && active.is_empty(),
         "the upsert with key (id=42, kind=b) (id is the primary key; row 42 has kind a): fence exit {code:?}; its session on the server afterwards: {active}"
@@ -678,11 +647,12 @@ fn still_running(tag: &str) -> String {
     active
 }
 
-/// `fence write jobs --token 2 …` through a session tagged `tag`, given at most `limit` (a row
-/// function that loops runs until the request's 30 s timeout, then exit 8): exit code (None:
-/// still running at the limit, killed), stdout and stderr.
+/// `fence write jobs --token TOKEN …` through a session tagged `tag`, given at most `limit` (a
+/// row function that loops runs until the request's 30 s timeout, then exit 8): exit code
+/// (None: still running at the limit, killed), stdout and stderr.
 fn row_write_within(
     store: &Store,
+    token: &str,
     tag: &str,
     args: &[&str],
     limit: Duration,
@@ -690,7 +660,7 @@ fn row_write_within(
     let url = tagged_url(store, tag);
     let mut child = store
         .fence()
-        .args(["write", "jobs", "--token", "2", "--target", &url])
+        .args(["write", "jobs", "--token", token, "--target", &url])
         .args(args)
         .args(["--format", "json"])
         .spawn();
@@ -735,6 +705,7 @@ fn an_upsert_conflicting_on_another_unique_index_is_refused_at_once() {
     let tag = format!("upsert_other_{s}");
     let (code, stdout, stderr) = row_write_within(
         &store,
+        "2",
         &tag,
         &[
             "--table",
@@ -788,7 +759,8 @@ fn a_trigger_that_drops_fence_s_update_is_an_error_not_a_loop() {
         if upsert {
             args.push("--upsert");
         }
-        let (code, stdout, stderr) = row_write_within(&store, &tag, &args, Duration::from_secs(20));
+        let (code, stdout, stderr) =
+            row_write_within(&store, "2", &tag, &args, Duration::from_secs(20));
         let active = still_running(&tag);
         let rows = one(
             &store.url,

@@ -1,4 +1,4 @@
-//! `fence run` gives its command a cgroup of its own (`fence-run-<supervisor pid>`, under the
+//! `fence run` gives its command a cgroup of its own (`fence-run-<fence's pid>-…`, under the
 //! cgroup fence was started in) where the host lets it, and kills through `cgroup.kill`: fork
 //! chains that outran every scan of /proc (review 8: in a new session at every generation, or
 //! in the supervisor's own process group) are stopped at once, however `fence run` ends — the
@@ -120,8 +120,32 @@ fn assert_nothing_outlived(dir: &RunDir, since: i128, what: &str) {
     );
 }
 
-/// The command runs in `fence-run-<supervisor pid>` below fence's own cgroup, and the cgroup
-/// is gone once the run ends.
+/// The run cgroups under `base` named for the `fence run` of pid `fence`.
+fn cells_of(base: &Path, fence: u32) -> Vec<PathBuf> {
+    std::fs::read_dir(base)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("fence-run-{fence}-")))
+        })
+        .collect()
+}
+
+/// This process's pid namespace (the number in /proc/self/ns/pid's `pid:[N]`).
+fn pid_namespace() -> String {
+    let link = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let text = link.to_string_lossy().into_owned();
+    text.trim_start_matches("pid:[")
+        .trim_end_matches(']')
+        .to_owned()
+}
+
+/// The command runs in `fence-run-<fence's pid>-<pid namespace>-<random>` below fence's own
+/// cgroup, shown by `ps` as `fence __command` until it runs, and the cgroup is gone once the
+/// run ends.
 #[test]
 fn the_command_runs_in_a_cgroup_of_its_own_removed_with_the_run() {
     let Some(base) = usable_base() else { return };
@@ -132,23 +156,28 @@ fn the_command_runs_in_a_cgroup_of_its_own_removed_with_the_run() {
         cg = dir.file("cgroup"),
         sup = dir.file("supervisor.pid")
     );
-    let out = wait_output(
-        "fence run",
-        spawn_run(&store, &["--ttl", "5s"], &script, &dir),
-        Duration::from_secs(30),
-    );
+    let fence = spawn_run(&store, &["--ttl", "5s"], &script, &dir);
+    let fence_pid = fence.id();
+    let out = wait_output("fence run", fence, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
-    let supervisor = read_pid(&dir.path().join("supervisor.pid"));
     let seen = std::fs::read_to_string(dir.path().join("cgroup")).unwrap();
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let own = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
-    let expected = format!("0::{}/fence-run-{supervisor}", own.trim_end_matches('/'));
-    assert!(
-        seen.lines().any(|l| l == expected),
-        "the command's cgroup: {seen:?}, expected {expected:?}"
+    let expected = format!(
+        "0::{}/fence-run-{fence_pid}-{}-",
+        own.trim_end_matches('/'),
+        pid_namespace()
     );
-    let cell = base.join(format!("fence-run-{supervisor}"));
-    assert!(!cell.exists(), "{} left after the run", cell.display());
+    assert!(
+        seen.lines()
+            .any(|l| l.starts_with(&expected) && l.len() == expected.len() + 8),
+        "the command's cgroup: {seen:?}, expected {expected:?} and 8 hex digits"
+    );
+    assert!(
+        cells_of(&base, fence_pid).is_empty(),
+        "left after the run: {:?}",
+        cells_of(&base, fence_pid)
+    );
     let report = store
         .fence()
         .args(["doctor", "--format", "json"])
@@ -168,26 +197,54 @@ fn the_command_runs_in_a_cgroup_of_its_own_removed_with_the_run() {
     assert!(message.contains(&base.display().to_string()), "{message}");
 }
 
+/// A run of the [`HARD`] chains among a [`CROWD`] (`sh -c` writes the supervisor's pid to
+/// `supervisor.pid`, starts the chains, waits until each has written, writes its own pid to
+/// `cmd.pid`, then runs `tail`), returned once `cmd.pid` is there. `None`: skipped (no cgroup
+/// here, or no C compiler).
+struct Chains {
+    store: Store,
+    dir: RunDir,
+    fence: std::process::Child,
+    _crowd: RunDir,
+}
+
+impl Chains {
+    fn start(args: &[&str], tail: &str) -> Option<Chains> {
+        usable_base()?;
+        let store = Store::file();
+        let dir = RunDir::new();
+        let chain = dir.chain()?;
+        let crowd = crowd(&chain, CROWD);
+        let script = format!(
+            "echo $PPID > '{sup}'; {}",
+            chains_then(&dir, &chain, &HARD, tail),
+            sup = dir.file("supervisor.pid")
+        );
+        let fence = spawn_run(&store, args, &script, &dir);
+        read_pid(&dir.path().join("cmd.pid"));
+        Some(Chains {
+            store,
+            dir,
+            fence,
+            _crowd: crowd,
+        })
+    }
+}
+
+/// What the chains' command runs once they all wrote: until it is stopped.
+const FOREVER: &str = "while :; do sleep 0.05; done";
+
 /// The command ends and leaves fork chains behind, two that leave their session at every
 /// generation and two in the supervisor's group, none stopping on SIGTERM: `fence run` ends
 /// with none of them left (exit 0, the leftovers named) — the scans of /proc alone lost this
 /// race (review 8).
 #[test]
 fn fork_chains_left_behind_by_the_command_are_stopped() {
-    if usable_base().is_none() {
+    let Some(run) = Chains::start(&["--ttl", "30s", "--kill-after", "200ms"], "exit 0") else {
         return;
-    }
-    let store = Store::file();
-    let dir = RunDir::new();
-    let Some(chain) = dir.chain() else { return };
-    let _crowd = crowd(&chain, CROWD);
-    let fence = spawn_run(
-        &store,
-        &["--ttl", "30s", "--kill-after", "200ms"],
-        &chains_then(&dir, &chain, &HARD, "exit 0"),
-        &dir,
-    );
-    read_pid(&dir.path().join("cmd.pid"));
+    };
+    // Bound, not moved as a whole: the crowd and the store live until the test ends.
+    let Chains { dir, fence, .. } = run;
     let command_ended = std::time::Instant::now();
     let out = wait_output("fence run", fence, Duration::from_secs(60));
     let took = command_ended.elapsed();
@@ -210,20 +267,12 @@ fn fork_chains_left_behind_by_the_command_are_stopped() {
 /// signal, kills them all before it goes; nothing writes after another owner's grant.
 #[test]
 fn fork_chains_die_with_a_killed_fence() {
-    if usable_base().is_none() {
+    let Some(run) = Chains::start(&["--ttl", "2s"], FOREVER) else {
         return;
-    }
-    let store = Store::file();
-    let dir = RunDir::new();
-    let Some(chain) = dir.chain() else { return };
-    let _crowd = crowd(&chain, CROWD);
-    let fence = spawn_run(
-        &store,
-        &["--ttl", "2s"],
-        &chains_then(&dir, &chain, &HARD, "while :; do sleep 0.05; done"),
-        &dir,
-    );
-    read_pid(&dir.path().join("cmd.pid"));
+    };
+    let Chains {
+        store, dir, fence, ..
+    } = run;
     let killed_at = wall_ns();
     kill(fence.id(), libc::SIGKILL);
     let out = wait_output("fence run, killed", fence, Duration::from_secs(10));
@@ -247,19 +296,12 @@ fn fork_chains_die_with_a_killed_fence() {
 /// the cgroup.
 #[test]
 fn fork_chains_die_with_a_killed_supervisor() {
-    let Some(base) = usable_base() else { return };
-    let store = Store::file();
-    let dir = RunDir::new();
-    let Some(chain) = dir.chain() else { return };
-    let script = format!(
-        "echo $PPID > '{sup}'; {}",
-        chains_then(&dir, &chain, &HARD, "while :; do sleep 0.05; done"),
-        sup = dir.file("supervisor.pid")
-    );
-    let _crowd = crowd(&chain, CROWD);
-    let fence = spawn_run(&store, &["--ttl", "30s"], &script, &dir);
-    read_pid(&dir.path().join("cmd.pid"));
+    let Some(run) = Chains::start(&["--ttl", "30s"], FOREVER) else {
+        return;
+    };
+    let Chains { dir, fence, .. } = run;
     let supervisor = read_pid(&dir.path().join("supervisor.pid"));
+    let fence_pid = fence.id();
     kill(supervisor, libc::SIGKILL);
     let killed = std::time::Instant::now();
     let out = wait_output("fence run", fence, Duration::from_secs(60));
@@ -273,8 +315,8 @@ fn fork_chains_die_with_a_killed_supervisor() {
     let (code, json) = outcome(&out);
     assert_eq!(code, Some(5), "{json} {}", stderr_of(&dir));
     assert_eq!(json["reason"], "supervisor_lost", "{json}");
-    let cell = base.join(format!("fence-run-{supervisor}"));
-    assert!(!cell.exists(), "{} left after the run", cell.display());
+    let left = cells_of(&usable_base().expect("checked by Chains::start"), fence_pid);
+    assert!(left.is_empty(), "left after the run: {left:?}");
     assert_nothing_outlived(&dir, ended, "after fence run ended");
 }
 
@@ -283,20 +325,15 @@ fn fork_chains_die_with_a_killed_supervisor() {
 /// continued, exits 5.
 #[test]
 fn fork_chains_die_at_the_bound_while_fence_is_paused() {
-    if usable_base().is_none() {
+    let Some(run) = Chains::start(&["--ttl", "2s"], FOREVER) else {
         return;
-    }
-    let store = Store::file();
-    let mut dir = RunDir::new();
-    let Some(chain) = dir.chain() else { return };
-    let _crowd = crowd(&chain, CROWD);
-    let fence = spawn_run(
-        &store,
-        &["--ttl", "2s"],
-        &chains_then(&dir, &chain, &HARD, "while :; do sleep 0.05; done"),
-        &dir,
-    );
-    read_pid(&dir.path().join("cmd.pid"));
+    };
+    let Chains {
+        store,
+        mut dir,
+        fence,
+        ..
+    } = run;
     pause_between_operations(fence.id());
     dir.paused.push(fence.id());
     wait_expired(&store);
@@ -380,22 +417,26 @@ fn a_dead_pid() -> u32 {
     child.id()
 }
 
-/// A run's cgroup left behind empty (fence and its supervisor killed together) is removed by
-/// the next run's supervisor; one left with processes in it is named by `fence doctor`
-/// (`host.run_leftovers`, with the way to stop them), and kept.
+/// A run's cgroup left behind empty (fence and its supervisor killed together), with an empty
+/// one below it, is removed by the next run's supervisor; one left with a process in a cgroup
+/// below it is named by `fence doctor` (`host.run_leftovers`, with the way to stop them), and
+/// kept.
 #[test]
 fn run_cgroups_left_behind_are_removed_or_named() {
     let Some(base) = usable_base() else { return };
     let store = Store::file();
-    let empty = base.join(format!("fence-run-{}", a_dead_pid()));
-    let full = base.join(format!("fence-run-{}", a_dead_pid()));
-    std::fs::create_dir(&empty).unwrap();
-    std::fs::create_dir(&full).unwrap();
+    let ns = pid_namespace();
+    let empty = base.join(format!("fence-run-{}-{ns}-0000000a", a_dead_pid()));
+    let full = base.join(format!("fence-run-{}-{ns}-0000000b", a_dead_pid()));
+    // An empty run cgroup with an empty one below it (a nested run's), and a full one whose
+    // process is in a cgroup below it.
+    std::fs::create_dir_all(empty.join("fence-run-1-1-00000001")).unwrap();
+    std::fs::create_dir_all(full.join("worker")).unwrap();
     let mut sleeper = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
         .unwrap();
-    std::fs::write(full.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    std::fs::write(full.join("worker/cgroup.procs"), sleeper.id().to_string()).unwrap();
     store
         .fence()
         .args(["run", "swept", "--", "true"])
@@ -424,6 +465,7 @@ fn run_cgroups_left_behind_are_removed_or_named() {
     let _ = std::fs::write(full.join("cgroup.kill"), "1");
     let _ = sleeper.wait();
     wait_for("the left cgroup to empty", Duration::from_secs(10), || {
+        let _ = std::fs::remove_dir(full.join("worker"));
         std::fs::remove_dir(&full).is_ok() || !full.exists()
     });
     assert!(
@@ -451,5 +493,301 @@ fn run_cgroups_left_behind_are_removed_or_named() {
     assert!(
         ours[0]["fix"].as_str().unwrap().contains("cgroup.kill"),
         "{json}"
+    );
+}
+
+/// `cmd` (a fence command) run through `unshare --pid --fork --mount-proc`: in a pid namespace
+/// of its own, where fence's pid is a small number like any other sandbox's. `None` where
+/// this process may not make one.
+fn in_a_pid_namespace(cmd: &std::process::Command) -> Option<std::process::Command> {
+    let can = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can {
+        eprintln!("skipped: no pid namespace can be made here");
+        return None;
+    }
+    let mut wrapped = std::process::Command::new("unshare");
+    wrapped
+        .args(["--pid", "--fork", "--mount-proc"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    Some(wrapped)
+}
+
+/// Two runs, each in a pid namespace of its own (sandboxes) sharing one cgroup, where both
+/// `fence run`s have the same pid: each command runs in a cgroup of its own run, and the
+/// second run's `--max-time` kill leaves the first's command alone (a review: named by the
+/// supervisor's pid alone, the second run had no cgroup and killed the first's command
+/// through it).
+#[test]
+fn runs_in_two_pid_namespaces_that_share_a_cgroup_keep_to_their_own() {
+    let Some(base) = usable_base() else { return };
+    let store = Store::file();
+    let dir = RunDir::new();
+    let first = store.fence().args([
+        "run",
+        "first",
+        "--format",
+        "json",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "tail -1 /proc/self/cgroup > '{cg}'; sleep 3",
+            cg = dir.file("first.cgroup")
+        ),
+    ]);
+    let Some(mut first) = in_a_pid_namespace(&first.cmd) else {
+        return;
+    };
+    let first = first.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    wait_for("the first run's command", Duration::from_secs(20), || {
+        dir.path().join("first.cgroup").exists()
+    });
+    let second = store.fence().args([
+        "run",
+        "second",
+        "--max-time",
+        "1s",
+        "--kill-after",
+        "200ms",
+        "--format",
+        "json",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "trap '' TERM; tail -1 /proc/self/cgroup > '{cg}'; sleep 30",
+            cg = dir.file("second.cgroup")
+        ),
+    ]);
+    let second = in_a_pid_namespace(&second.cmd).unwrap().output().unwrap();
+    let first = wait_output("the first run", first, Duration::from_secs(30));
+    let cgroup = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+    let (a, b) = (cgroup("first.cgroup"), cgroup("second.cgroup"));
+    eprintln!("first: {a}second: {b}");
+    assert_eq!(
+        second.status.code(),
+        Some(124),
+        "the second run, stopped by --max-time"
+    );
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "the first run's command was killed: {}",
+        String::from_utf8_lossy(&first.stdout)
+    );
+    assert!(
+        a.contains("/fence-run-") && b.contains("/fence-run-") && a != b,
+        "{a} {b}"
+    );
+    let left: Vec<_> = [a, b]
+        .iter()
+        .map(|c| base.join(c.trim().rsplit('/').next().unwrap()))
+        .filter(|cell| cell.exists())
+        .collect();
+    assert!(left.is_empty(), "left after the runs: {left:?}");
+}
+
+/// A run inside a run, the outer one stopped by `--max-time` (its kill takes the inner run
+/// and its supervisor along), and a command that makes a cgroup of its own below its run's:
+/// nothing is left under fence's cgroup (a review: a run cgroup with one below it could not be
+/// removed, by anyone).
+#[test]
+fn nested_runs_and_the_command_s_own_cgroups_leave_nothing_behind() {
+    let Some(base) = usable_base() else { return };
+    let store = Store::file();
+    let dir = RunDir::new();
+    let fence_bin = store.fence().cmd.get_program().to_owned();
+    let fence_bin = fence_bin.to_str().unwrap().to_owned();
+    let outer = spawn_run(
+        &store,
+        &["--max-time", "1s", "--kill-after", "300ms"],
+        &format!("exec '{fence_bin}' run inner -- sh -c 'trap \"\" TERM; sleep 30'"),
+        &dir,
+    );
+    let outer_pid = outer.id();
+    let out = wait_output("the outer run", outer, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(124), "{}", stderr_of(&dir));
+    let own = spawn_run(
+        &store,
+        &[],
+        "d=$(tail -1 /proc/self/cgroup | cut -d: -f3); d=\"$(grep ' - cgroup2 ' /proc/self/mountinfo | cut -d' ' -f5)$d\"; \
+         mkdir \"$d/worker\" && sh -c \"echo \\$\\$ > '$d/worker/cgroup.procs'; exec sleep 0.2\"",
+        &dir,
+    );
+    let own_pid = own.id();
+    let out = wait_output(
+        "the run whose command made a cgroup",
+        own,
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
+    wait_for("the runs' cgroups to go", Duration::from_secs(10), || {
+        cells_of(&base, outer_pid).is_empty() && cells_of(&base, own_pid).is_empty()
+    });
+}
+
+/// A signal sent to the supervisor's process group while the run waits for its lease (`kill
+/// -HUP -- -PGID`): the command, once granted, still runs whole (a review: the process forked
+/// in advance for it kept the signal pending and died of it at its exec, reported as the
+/// command's death, exit 129, with a `run_started` on record). Until then `ps` shows that
+/// process as `fence __command`, not as a second supervisor.
+#[test]
+fn a_signal_to_the_supervisor_s_group_while_waiting_is_not_the_command_s() {
+    if usable_base().is_none() {
+        return;
+    }
+    let store = Store::file();
+    let dir = RunDir::new();
+    let holder = store
+        .fence()
+        .args(["run", "job", "--ttl", "10s", "--", "sleep", "1.5"])
+        .spawn();
+    wait_for("the holder's lease", Duration::from_secs(20), || {
+        store.lease("job").is_some_and(|(_, _, live)| live)
+    });
+    let waiter = spawn_run(
+        &store,
+        &["--wait", "30s"],
+        &format!(
+            "echo ran > '{ran}'; sleep 0.3; echo done >> '{ran}'",
+            ran = dir.file("ran")
+        ),
+        &dir,
+    );
+    let waiter_pid = waiter.id();
+    let mut supervisor = 0;
+    wait_for(
+        "the waiter's supervisor and command process",
+        Duration::from_secs(20),
+        || {
+            let children: Vec<u32> =
+                std::fs::read_to_string(format!("/proc/{waiter_pid}/task/{waiter_pid}/children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect();
+            supervisor = children.first().copied().unwrap_or(0);
+            supervisor != 0
+                && std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+                    .is_ok_and(|c| !c.trim().is_empty())
+        },
+    );
+    let command: u32 =
+        std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+    let title = std::fs::read_to_string(format!("/proc/{command}/cmdline")).unwrap_or_default();
+    // SAFETY: a signal to the supervisor's process group.
+    unsafe { libc::kill(-(supervisor as i32), libc::SIGHUP) };
+    let out = wait_output("the waiting run", waiter, Duration::from_secs(30));
+    let _ = wait_output("the holder", holder, Duration::from_secs(30));
+    let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap_or_default();
+    assert!(
+        title.starts_with("fence __command"),
+        "the command's process before its exec: {title:?}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
+    assert_eq!(ran, "ran\ndone\n", "the command ran whole");
+}
+
+/// Whether this process has a child that ended and was not waited for (a zombie).
+fn has_a_zombie_child() -> bool {
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on our own children, without reaping (WNOWAIT) or blocking.
+    let found = unsafe {
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: the pid field of a siginfo filled by waitid.
+    found == 0 && unsafe { info.si_pid() } != 0
+}
+
+/// This test process as a subreaper: what fence leaves behind when it exits becomes ours,
+/// where a zombie would otherwise go to init (which, in a container, may never reap it).
+/// Busy runs and commands that cannot be started leave no zombie and no cgroup (a review: one
+/// or two zombies each, and the cgroup on most failed execs); a run killed while it waits for
+/// its lease has its cgroup removed by its supervisor.
+#[test]
+fn busy_runs_failed_execs_and_killed_waiters_leave_nothing_behind() {
+    let Some(base) = usable_base() else { return };
+    // SAFETY: a flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let store = Store::file();
+    let holder = store
+        .fence()
+        .args(["run", "job", "--ttl", "30s", "--", "sleep", "30"])
+        .spawn();
+    let holder_pid = holder.id();
+    wait_for("the holder's lease", Duration::from_secs(20), || {
+        store.lease("job").is_some_and(|(_, _, live)| live)
+    });
+    let mut pids = Vec::new();
+    for i in 0..6 {
+        let args: Vec<&str> = if i % 2 == 0 {
+            vec!["run", "job", "--", "true"]
+        } else {
+            vec!["run", "other", "--", "/nonexistent/command"]
+        };
+        let mut fence = store.fence().args(&args);
+        let child = fence
+            .cmd
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        pids.push(child.id());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(if i % 2 == 0 { 3 } else { 2 }),
+            "{args:?}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let zombie = has_a_zombie_child();
+    let left: Vec<PathBuf> = pids.iter().flat_map(|&p| cells_of(&base, p)).collect();
+    let waiter = store
+        .fence()
+        .args(["run", "job", "--wait", "30s", "--", "true"])
+        .spawn();
+    let waiter_pid = waiter.id();
+    wait_for("the waiter's cgroup", Duration::from_secs(20), || {
+        !cells_of(&base, waiter_pid).is_empty()
+    });
+    kill(waiter_pid, libc::SIGKILL);
+    let _ = wait_output("the waiter, killed", waiter, Duration::from_secs(10));
+    let removed = common::process::becomes(Duration::from_secs(10), || {
+        cells_of(&base, waiter_pid).is_empty()
+    });
+    kill(holder_pid, libc::SIGTERM);
+    let _ = wait_output("the holder", holder, Duration::from_secs(30));
+    // What fence left to this subreaper is reaped before the test ends.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+    assert!(
+        !zombie,
+        "a zombie was left to this subreaper by busy runs or failed execs"
+    );
+    assert!(left.is_empty(), "cgroups left: {left:?}");
+    assert!(
+        removed,
+        "the killed waiter's cgroup is still there: {:?}",
+        cells_of(&base, waiter_pid)
     );
 }
