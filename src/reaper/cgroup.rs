@@ -7,16 +7,19 @@
 //! A cgroup holds every process forked inside it, and `cgroup.kill` (Linux 5.14) SIGKILLs
 //! them all, those forked during the kill included.
 //!
-//! The reaper makes `fence-run-<its pid>` under the cgroup `fence run` was started in, while
-//! `fence run` asks for the lease, and forks the command's process straight into it
-//! (`clone3` with `CLONE_INTO_CGROUP`, see `starter`): no process is ever moved between
-//! cgroups on the way to the command's start (a move waits for an RCU grace period: 0.3 ms
-//! typically, 10 ms at times). The reaper stays outside, so a kill spares it. `fence run`
-//! knows the same path (the reaper's pid), kills through it should the reaper die, and removes
-//! the empty cgroup once the reaper has ended. A cgroup left behind (fence killed with its
-//! reaper) is removed, once empty, by the next reaper made in the same place; one with
-//! processes still in it is named by `fence doctor` (`host.run_leftovers`).
-//!
+//! `fence run` names the run's cgroup (`fence-run-<its pid>-<pid namespace>-<random>`, under
+//! the cgroup it was started in: see [`plan`]) before it forks the reaper, so both know it.
+//! The reaper makes it while `fence run` asks for the lease, and forks the command's process
+//! straight into it (`clone3` with `CLONE_INTO_CGROUP`, see `starter`): no process is ever
+//! moved between cgroups on the way to the command's start (a move waits for an RCU grace
+//! period: 0.3 ms typically, 10 ms at times). The reaper stays outside, so a kill spares it.
+//! `fence run` kills through it should the reaper die, and removes it, with any cgroup left
+//! empty below it, once the reaper has ended. A cgroup left behind (fence killed with its
+//! reaper) is removed, once empty, by the next reaper made in the same place and the same pid
+//! namespace; one with processes still in it is named by `fence doctor`
+//! (`host.run_leftovers`). Limit: the cgroups of runs named in another pid namespace (a
+//! sandbox's) are left to that namespace's runs: their pids mean nothing here.
+
 //! Where fence may not make one (no cgroup2 mounted, a read-only cgroupfs in a container, a
 //! user's cgroup not delegated to them, a kernel before 5.14), the scans of /proc stay the only
 //! containment, with their documented limit; `fence doctor` says which applies
@@ -28,8 +31,12 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-/// The prefix of a run's cgroup's name; the reaper's pid follows.
+/// The prefix of a run cgroup's name (see [`plan`] for the rest).
 pub const PREFIX: &str = "fence-run-";
+
+/// The prefix of `fence doctor`'s scratch cgroup, named as a run's (a doctor killed during its
+/// probe leaves it for the next run's sweep).
+pub const DOCTOR_PREFIX: &str = "fence-doctor-";
 
 /// This process's run cgroup (see [`plan`]), in `fence run` and in its reaper.
 static RUN: OnceLock<PathBuf> = OnceLock::new();
@@ -104,18 +111,23 @@ fn pid_namespace() -> u64 {
         .unwrap_or(0)
 }
 
+/// A name under a base for this process: `<prefix><pid>-<pid namespace>-<random>`.
+pub fn unique_name(prefix: &str) -> String {
+    format!(
+        "{prefix}{}-{}-{:08x}",
+        std::process::id(),
+        pid_namespace(),
+        crate::sys::random_u64() as u32
+    )
+}
+
 /// In `fence run`, before it forks its reaper: the run's cgroup, to be made by the reaper under
 /// `base` (the cgroup fence is in), named `fence-run-<fence's pid>-<pid namespace>-<random>`:
 /// never the name of another run's, in this pid namespace or another that shares the cgroup
 /// (a review: two sandboxes' runs, both pid 3, killed each other's commands), nor of one left
 /// behind. Both processes know it from here on (see [`kill`] and [`remove`]).
 pub fn plan(base: Option<&Path>) -> Option<PathBuf> {
-    let dir = base?.join(format!(
-        "{PREFIX}{}-{}-{:08x}",
-        std::process::id(),
-        pid_namespace(),
-        crate::sys::random_u64() as u32
-    ));
+    let dir = base?.join(unique_name(PREFIX));
     let _ = RUN.set(dir.clone());
     Some(dir)
 }
@@ -167,9 +179,8 @@ pub fn join() {
 /// namespace, where their pid means their `fence run`. A run cgroup with processes still in it
 /// is left for `fence doctor` to show (`rmdir` refuses it).
 fn sweep(base: &Path) {
-    let ours = pid_namespace();
     for run in runs(base) {
-        if run.namespace == ours && !Path::new(&format!("/proc/{}", run.pid)).exists() {
+        if run.gone() == Some(true) {
             let _ = remove_tree(&run.dir);
         }
     }
@@ -186,11 +197,18 @@ pub struct Run {
 
 impl Run {
     /// Whether its `fence run` is gone, as far as this process can tell (`None`: named in
-    /// another pid namespace).
+    /// another pid namespace, or /proc shows another one's pids: `unshare --pid` without
+    /// `--mount-proc`, where a review saw live runs' cgroups swept).
     pub fn gone(&self) -> Option<bool> {
-        (self.namespace == pid_namespace())
+        (self.namespace == pid_namespace() && proc_is_ours())
             .then(|| !Path::new(&format!("/proc/{}", self.pid)).exists())
     }
+}
+
+/// Whether /proc shows this process's pid namespace (its `self` is our pid).
+fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .is_ok_and(|link| link.to_str() == Some(std::process::id().to_string().as_str()))
 }
 
 /// The run cgroups under `base`.
@@ -202,7 +220,11 @@ pub fn runs(base: &Path) -> Vec<Run> {
         .filter_map(|entry| {
             let entry = entry.ok()?;
             let name = entry.file_name();
-            let mut parts = name.to_str()?.strip_prefix(PREFIX)?.split('-');
+            let name = name.to_str()?;
+            let rest = name
+                .strip_prefix(PREFIX)
+                .or_else(|| name.strip_prefix(DOCTOR_PREFIX))?;
+            let mut parts = rest.split('-');
             let pid = parts.next()?.parse().ok()?;
             let namespace = parts.next()?.parse().ok()?;
             Some(Run {

@@ -155,6 +155,19 @@ pub fn main(plan: Plan) -> Exit {
         abandon(starter);
         return Exit::Success;
     };
+    // Signals that reached our group while `fence run` waited for the lease were not sent by
+    // it (it sends them only once COMMAND runs), nor by a terminal (our group has not its
+    // foreground yet): discarded, as COMMAND's process discards them (a review: a SIGHUP then
+    // made a whole run report itself interrupted; a SIGUSR2, killed at its start). fence's
+    // death is looked at right below.
+    // SAFETY: dispositions of this one-threaded process: ignoring a pending signal discards
+    // it; the default comes back at once.
+    unsafe {
+        for signal in WATCHED.iter().filter(|&&s| s != libc::SIGCHLD) {
+            let before = libc::signal(*signal, libc::SIG_IGN);
+            libc::signal(*signal, before);
+        }
+    }
     // `fence run` may have died between starting us and our parent-death signal taking hold.
     if rustix::process::getppid() != Some(parent) {
         abandon(starter);
@@ -252,10 +265,18 @@ pub fn main(plan: Plan) -> Exit {
             tv_sec: (next / 1_000_000_000) as libc::time_t,
             tv_nsec: (next % 1_000_000_000) as libc::c_long,
         };
+        // SAFETY: a siginfo for sigtimedwait to fill.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waits for one of the blocked signals of `watched`, at most a second.
-        let signal = unsafe { libc::sigtimedwait(&watched, std::ptr::null_mut(), &timeout) };
+        let signal = unsafe { libc::sigtimedwait(&watched, &mut info, &timeout) };
+        // SAFETY: the sender's pid of the siginfo sigtimedwait filled (0 without one).
+        let sender = unsafe { info.si_pid() };
         match Signal::from_named_raw(signal) {
-            Some(Signal::USR1) => {
+            // SIGUSR1 and SIGUSR2 are `fence run`'s, and a command may send them to its own
+            // group (`kill -USR1 0`, as for log rotation): that ended its run (a review). Only
+            // fence's death (its parent-death signal: fence is no longer our parent) and a
+            // SIGUSR2 from fence count.
+            Some(Signal::USR1) if rustix::process::getppid() != Some(parent) => {
                 // `fence run` died: nothing may outlive it, in the group or not. Killed until
                 // none is left (a process that forks its successor in a session of its own
                 // outran one scan: a review), groups as one; then the group `fence run` made
@@ -264,7 +285,9 @@ pub fn main(plan: Plan) -> Exit {
                 cgroup::remove();
                 let _ = rustix::process::kill_current_process_group(Signal::KILL);
             }
-            Some(Signal::USR2) => crate::sys::kill_descendants_once(&mut groups),
+            Some(Signal::USR2) if sender == parent.as_raw_pid() => {
+                crate::sys::kill_descendants_once(&mut groups)
+            }
             Some(signal @ (Signal::INT | Signal::TERM | Signal::HUP)) => {
                 interrupted.get_or_insert(signal.as_raw());
                 // The group got it (from `fence run`, or the terminal); descendants that left

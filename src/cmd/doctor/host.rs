@@ -86,7 +86,7 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
         ),
     }
     for run in cgroup::runs(&base) {
-        if run.gone() != Some(true) {
+        if run.gone() != Some(true) || run.dir.to_string_lossy().contains(cgroup::DOCTOR_PREFIX) {
             continue;
         }
         let members = cgroup::members(&run.dir);
@@ -117,10 +117,8 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
 /// process got in, or why not, step named.
 fn try_run_cgroup(base: &Path) -> Result<&'static str, String> {
     use std::io::Write;
-    let dir = base.join(format!(
-        "fence-doctor-{}-{:08x}",
-        std::process::id(),
-        crate::sys::random_u64() as u32
+    let dir = base.join(crate::reaper::cgroup::unique_name(
+        crate::reaper::cgroup::DOCTOR_PREFIX,
     ));
     std::fs::create_dir(&dir).map_err(|err| format!("cannot make a cgroup: {err}"))?;
     let tried = (|| {

@@ -334,6 +334,9 @@ impl Reaper {
                 // The reaper ends right after saying why: its end closes at once.
                 let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut why)).await;
                 let why = String::from_utf8_lossy(&why).into_owned();
+                // The reaper may have taken the terminal for its group before the exec failed:
+                // taken back (a review: the caller's next read of its terminal failed).
+                Terminal::give(child.id()).take_back();
                 // The reaper ends right after saying why: waited for (bounded), so that the
                 // run's cgroup goes with it (see `Forked`'s drop).
                 let mut child = child;
@@ -485,27 +488,19 @@ impl Forked {
 
 impl Drop for Forked {
     /// A reaper that ended is waited for (not left a zombie until fence ends), with what it
-    /// left to us as their subreaper that has ended (its command's process, dead before the
-    /// reaper could wait for it), and the run's cgroup removed; one that has not is left
-    /// alone: it ends on its own (its start pipe closed), or is fence's to stop.
+    /// left to us as their subreaper that has ended already (not waited for: a child fence
+    /// had before, `sh -c 'job & exec fence run …'`, is not the run's), and the run's cgroup
+    /// removed; one that has not is left alone: it ends on its own (its start pipe closed),
+    /// or is fence's to stop.
     fn drop(&mut self) {
         if matches!(self.try_wait(), Ok(Some(_))) {
             // The command's process, should the reaper have been killed before it could wait
             // for it, is ours: it dies of its own parent-death signal, at once.
-            let start = std::time::Instant::now();
             crate::sys::reap_children();
-            while crate::sys::has_children() && start.elapsed() < ORPHANS_END_WITHIN {
-                std::thread::sleep(Duration::from_millis(1));
-                crate::sys::reap_children();
-            }
             crate::reaper::cgroup::remove();
         }
     }
 }
-
-/// How long a dropped reaper's orphans are waited for (see [`Forked`]'s `Drop`): what is left
-/// then is a leftover `hold` stopped already, or will be init's.
-const ORPHANS_END_WITHIN: Duration = Duration::from_millis(100);
 
 /// A pipe, both ends close-on-exec: (read end, write end).
 fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {

@@ -691,8 +691,12 @@ fn a_signal_to_the_supervisor_s_group_while_waiting_is_not_the_command_s() {
             .parse()
             .unwrap();
     let title = std::fs::read_to_string(format!("/proc/{command}/cmdline")).unwrap_or_default();
-    // SAFETY: a signal to the supervisor's process group.
-    unsafe { libc::kill(-(supervisor as i32), libc::SIGHUP) };
+    // SAFETY: signals to the supervisor's process group.
+    unsafe {
+        for signal in [libc::SIGHUP, libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::kill(-(supervisor as i32), signal);
+        }
+    }
     let out = wait_output("the waiting run", waiter, Duration::from_secs(30));
     let _ = wait_output("the holder", holder, Duration::from_secs(30));
     let ran = std::fs::read_to_string(dir.path().join("ran")).unwrap_or_default();
@@ -702,6 +706,135 @@ fn a_signal_to_the_supervisor_s_group_while_waiting_is_not_the_command_s() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
     assert_eq!(ran, "ran\ndone\n", "the command ran whole");
+    assert!(
+        !stderr_of(&dir).contains("interrupted"),
+        "the run is not an interrupted one: {}",
+        stderr_of(&dir)
+    );
+    let (_, json) = outcome(&out);
+    assert_eq!(json["exit_status"], 0, "{json}");
+}
+
+/// A command that sends SIGUSR1 and SIGUSR2 to its own process group (`kill -USR1 0`, as for
+/// log rotation) — the group its supervisor leads: its run goes on (a review: the supervisor
+/// took SIGUSR1 for fence's death and ended the run, exit 5 `supervisor_lost`).
+#[test]
+fn a_command_that_signals_its_own_group_keeps_its_run() {
+    let store = Store::file();
+    let dir = RunDir::new();
+    let out = wait_output(
+        "fence run",
+        spawn_run(
+            &store,
+            &[],
+            "trap 'echo usr1' USR1; trap 'echo usr2' USR2; kill -USR1 0; kill -USR2 0; sleep 0.3; echo done",
+            &dir,
+        ),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&dir));
+    let (_, json) = outcome(&out);
+    assert_eq!(json["exit_status"], 0, "{json}");
+}
+
+/// A command that cannot be started, run from a terminal: the caller gets the terminal's
+/// foreground back, and its next read of the terminal works (a review: the supervisor had
+/// taken it for its group, and the read failed with EIO).
+#[test]
+fn a_command_that_cannot_start_gives_the_terminal_back() {
+    let store = Store::file();
+    let fence = store.fence().cmd.get_program().to_str().unwrap().to_owned();
+    let env: Vec<String> = store
+        .fence()
+        .cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}='{}'", k.to_str()?, v?.to_str()?)))
+        .collect();
+    let script = format!(
+        "{} '{fence}' run tt -- /nonexistent/command 2>/dev/null; echo rc=$?; if read x; then echo read-ok:$x; else echo read-failed; fi",
+        env.join(" ")
+    );
+    let mut typist = std::process::Command::new("sh")
+        .args(["-c", "sleep 1; echo typed"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::process::Command::new("script")
+        .args(["-qec", &script, "/dev/null"])
+        .stdin(typist.stdout.take().unwrap())
+        .output();
+    let _ = typist.wait();
+    let Ok(out) = out else {
+        eprintln!("skipped: no `script` to run it on a terminal");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("rc=2"), "{text}");
+    assert!(text.contains("read-ok:typed"), "{text}");
+}
+
+/// `unshare --pid` without `--mount-proc`: /proc shows the pids of the namespace above, where
+/// a run's pid means another process. A live run's cgroup there is neither swept by another
+/// run's supervisor nor named by `fence doctor` as left behind (a review saw both).
+#[test]
+fn a_pid_namespace_without_its_own_proc_leaves_live_runs_alone() {
+    let Some(base) = usable_base() else { return };
+    let store = Store::file();
+    let dir = RunDir::new();
+    let unshared = |args: &[&str]| {
+        let fenced = store.fence().args(args);
+        let mut cmd = std::process::Command::new("unshare");
+        cmd.args(["--pid", "--fork", "setsid"])
+            .arg(fenced.cmd.get_program())
+            .args(fenced.cmd.get_args());
+        for (k, v) in fenced.cmd.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        cmd
+    };
+    let can = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can {
+        eprintln!("skipped: no pid namespace can be made here");
+        return;
+    }
+    let cg = dir.file("first.cgroup");
+    let script = format!("tail -1 /proc/self/cgroup > '{cg}'; sleep 2; echo done >> '{cg}'");
+    let first = unshared(&["run", "first", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for("the first run's command", Duration::from_secs(20), || {
+        std::fs::read_to_string(&cg).is_ok_and(|c| c.contains("fence-run-"))
+    });
+    let cell = base.join(
+        std::fs::read_to_string(&cg)
+            .unwrap()
+            .trim()
+            .rsplit('/')
+            .next()
+            .unwrap(),
+    );
+    let second = unshared(&["run", "second", "--", "true"]).output().unwrap();
+    let doctor = unshared(&["doctor", "--format", "json"]).output().unwrap();
+    let still_there = cell.exists();
+    let first = wait_output("the first run", first, Duration::from_secs(30));
+    let json: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap_or_default();
+    let named = json["findings"].as_array().into_iter().flatten().any(|f| {
+        f["check"] == "host.run_leftovers"
+            && f["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&cell.display().to_string())
+    });
+    assert_eq!(second.status.code(), Some(0));
+    assert!(still_there, "the live run's cgroup was swept");
+    assert!(!named, "doctor named a live run as left behind: {json}");
+    assert_eq!(first.status.code(), Some(0));
+    assert!(std::fs::read_to_string(&cg).unwrap().ends_with("done\n"));
 }
 
 /// Whether this process has a child that ended and was not waited for (a zombie).
