@@ -775,26 +775,15 @@ fn a_command_that_cannot_start_gives_the_terminal_back() {
 }
 
 /// `unshare --pid` without `--mount-proc`: /proc shows the pids of the namespace above, where
-/// a run's pid means another process. A live run's cgroup there is neither swept by another
-/// run's supervisor nor named by `fence doctor` as left behind (a review saw both).
+/// a run's pid means another process, or none. In such a namespace, a live run's cgroup is
+/// neither swept by a second run's supervisor nor named by `fence doctor` as left behind (a
+/// review saw both). The runs' pids are pushed past a thousand first, where the namespace
+/// above has no process (checked), so that the bug would show.
 #[test]
 fn a_pid_namespace_without_its_own_proc_leaves_live_runs_alone() {
     let Some(base) = usable_base() else { return };
     let store = Store::file();
     let dir = RunDir::new();
-    let unshared = |args: &[&str]| {
-        let fenced = store.fence().args(args);
-        let mut cmd = std::process::Command::new("unshare");
-        cmd.args(["--pid", "--fork", "setsid"])
-            .arg(fenced.cmd.get_program())
-            .args(fenced.cmd.get_args());
-        for (k, v) in fenced.cmd.get_envs() {
-            if let Some(v) = v {
-                cmd.env(k, v);
-            }
-        }
-        cmd
-    };
     let can = std::process::Command::new("unshare")
         .args(["--pid", "--fork", "true"])
         .status()
@@ -803,27 +792,48 @@ fn a_pid_namespace_without_its_own_proc_leaves_live_runs_alone() {
         eprintln!("skipped: no pid namespace can be made here");
         return;
     }
-    let cg = dir.file("first.cgroup");
-    let script = format!("tail -1 /proc/self/cgroup > '{cg}'; sleep 2; echo done >> '{cg}'");
-    let first = unshared(&["run", "first", "--", "sh", "-c", &script])
-        .spawn()
-        .unwrap();
-    wait_for("the first run's command", Duration::from_secs(20), || {
-        std::fs::read_to_string(&cg).is_ok_and(|c| c.contains("fence-run-"))
-    });
-    let cell = base.join(
-        std::fs::read_to_string(&cg)
-            .unwrap()
-            .trim()
-            .rsplit('/')
-            .next()
-            .unwrap(),
+    let fenced = store.fence();
+    let fence = fenced.cmd.get_program().to_str().unwrap().to_owned();
+    let (cg, doctor) = (dir.file("first.cgroup"), dir.file("doctor.json"));
+    let script = format!(
+        "i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i+1)); done; \
+         '{fence}' run first -- sh -c \"tail -1 /proc/self/cgroup > '{cg}'; sleep 2; echo done >> '{cg}'\" & \
+         until grep -q fence-run- '{cg}' 2>/dev/null; do sleep 0.05; done; \
+         '{fence}' run second -- true; echo second=$?; \
+         '{fence}' doctor --format json > '{doctor}'; wait $!; echo first=$?"
     );
-    let second = unshared(&["run", "second", "--", "true"]).output().unwrap();
-    let doctor = unshared(&["doctor", "--format", "json"]).output().unwrap();
-    let still_there = cell.exists();
-    let first = wait_output("the first run", first, Duration::from_secs(30));
-    let json: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap_or_default();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--pid", "--fork", "setsid", "sh", "-c", &script]);
+    for (k, v) in fenced.cmd.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    let out = cmd.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let seen = std::fs::read_to_string(&cg).unwrap_or_default();
+    let name = seen
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let pid: u32 = name
+        .strip_prefix("fence-run-")
+        .and_then(|rest| rest.split('-').next()?.parse().ok())
+        .unwrap_or(0);
+    if pid == 0 || Path::new(&format!("/proc/{pid}")).exists() {
+        eprintln!(
+            "skipped: the first run's pid ({pid}, {name:?}) names a process of this namespace too"
+        );
+        return;
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&doctor).unwrap_or_default())
+            .unwrap_or_default();
+    let cell = base.join(&name);
     let named = json["findings"].as_array().into_iter().flatten().any(|f| {
         f["check"] == "host.run_leftovers"
             && f["message"]
@@ -831,11 +841,16 @@ fn a_pid_namespace_without_its_own_proc_leaves_live_runs_alone() {
                 .unwrap_or_default()
                 .contains(&cell.display().to_string())
     });
-    assert_eq!(second.status.code(), Some(0));
-    assert!(still_there, "the live run's cgroup was swept");
+    assert!(said.contains("second=0"), "{said}");
+    assert!(
+        said.contains("first=0"),
+        "the live run was disturbed: {said}"
+    );
+    assert!(
+        seen.ends_with("done\n"),
+        "the first run's command did not finish: {seen:?}"
+    );
     assert!(!named, "doctor named a live run as left behind: {json}");
-    assert_eq!(first.status.code(), Some(0));
-    assert!(std::fs::read_to_string(&cg).unwrap().ends_with("done\n"));
 }
 
 /// Whether this process has a child that ended and was not waited for (a zombie).
