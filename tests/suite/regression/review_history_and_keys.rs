@@ -702,36 +702,51 @@ fn an_upsert_conflicting_on_another_unique_index_is_refused_at_once() {
              INSERT INTO {t} VALUES (1, 'a@example.org', 'old', 1);"
         ),
     );
-    let tag = format!("upsert_other_{s}");
-    let (code, stdout, stderr) = row_write_within(
+    let args = [
+        "--table",
+        &t,
+        "--key",
+        "id=2",
+        "--set",
+        "email=a@example.org",
+        "--set",
+        "state=new",
+        "--upsert",
+    ];
+    refused_at_once(
         &store,
-        "2",
-        &tag,
-        &[
-            "--table",
-            &t,
-            "--key",
-            "id=2",
-            "--set",
-            "email=a@example.org",
-            "--set",
-            "state=new",
-            "--upsert",
-        ],
-        Duration::from_secs(20),
-    );
-    let active = still_running(&tag);
-    let rows = one(
-        &store.url,
+        &format!("upsert_other_{s}"),
+        &args,
+        "jobs_email_key",
         &format!("SELECT string_agg(id || ':' || email || ':' || state || '/' || coalesce(last_fencing_token::text, '-'), ',' ORDER BY id) FROM {t}"),
+        "1:a@example.org:old/1",
     );
-    assert_eq!(code, Some(2), "{stdout} {stderr}");
+}
+
+/// `fence write jobs --token 2 ARGS` (through a session tagged `tag`) is refused at once:
+/// exit 2 naming `named`, the table as `rows_sql` shows it still `rows`, nothing left
+/// running on the server.
+fn refused_at_once(
+    store: &Store,
+    tag: &str,
+    args: &[&str],
+    named: &str,
+    rows_sql: &str,
+    rows: &str,
+) {
+    let (code, stdout, stderr) = row_write_within(store, "2", tag, args, Duration::from_secs(20));
+    let active = still_running(tag);
+    let found = one(&store.url, rows_sql);
+    assert_eq!(code, Some(2), "{args:?}: {stdout} {stderr}");
     assert!(
-        stdout.contains("jobs_email_key") || stderr.contains("jobs_email_key"),
-        "the violated constraint is named: {stdout} {stderr}"
+        stdout.contains(named) || stderr.contains(named),
+        "{args:?}: {named} is named: {stdout} {stderr}"
     );
-    assert_eq!(rows, "1:a@example.org:old/1", "nothing written");
-    assert!(active.is_empty(), "still running on the server: {active}");
+    assert_eq!(found, rows, "{args:?}: nothing written");
+    assert!(
+        active.is_empty(),
+        "{args:?}: still running on the server: {active}"
+    );
 }
 
 /// A trigger that drops every update of the table (BEFORE UPDATE returning NULL, as an audit
@@ -754,27 +769,17 @@ fn a_trigger_that_drops_fence_s_update_is_an_error_not_a_loop() {
         ),
     );
     for upsert in [false, true] {
-        let tag = format!("swallowed_{upsert}_{s}");
         let mut args = vec!["--table", &t, "--key", "id=1", "--set", "state=new"];
         if upsert {
             args.push("--upsert");
         }
-        let (code, stdout, stderr) =
-            row_write_within(&store, "2", &tag, &args, Duration::from_secs(20));
-        let active = still_running(&tag);
-        let rows = one(
-            &store.url,
+        refused_at_once(
+            &store,
+            &format!("swallowed_{upsert}_{s}"),
+            &args,
+            "swallow_updates",
             &format!("SELECT string_agg(id || ':' || state || '/' || coalesce(last_fencing_token::text, '-'), ',') FROM {t}"),
-        );
-        assert_eq!(code, Some(2), "upsert {upsert}: {stdout} {stderr}");
-        assert!(
-            stdout.contains("swallow_updates") || stderr.contains("swallow_updates"),
-            "upsert {upsert}: the trigger is named: {stdout} {stderr}"
-        );
-        assert_eq!(rows, "1:old/1", "upsert {upsert}: nothing written");
-        assert!(
-            active.is_empty(),
-            "upsert {upsert}: still running on the server: {active}"
+            "1:old/1",
         );
     }
 }
