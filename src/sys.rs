@@ -384,9 +384,16 @@ fn family(all: &[Process]) -> Vec<&Process> {
         }
     }
     let mut found: Vec<&Process> = Vec::new();
-    let mut next = vec![rustix::process::getpid()];
+    let me = rustix::process::getpid();
+    let spared = spared();
+    let mut next = vec![me];
     while let Some(parent) = next.pop() {
         for &p in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            // Our own children from before `fence run` (see [`SPARED`]), and theirs, are not
+            // the run's.
+            if parent == me && spared.contains(&p.pid) {
+                continue;
+            }
             next.push(p.pid);
             found.push(p);
         }
@@ -549,13 +556,62 @@ pub(crate) fn has_children() -> bool {
     // With WNOWAIT it only looks; it fails (ECHILD) exactly when there is no child.
     use rustix::process::{WaitId, WaitIdOptions};
     let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
-    rustix::process::waitid(WaitId::All, options).is_ok()
+    if rustix::process::waitid(WaitId::All, options).is_err() {
+        return false;
+    }
+    let spared = spared();
+    if spared.is_empty() {
+        return true;
+    }
+    // Some children are this process's own, from before (see [`spare_children`]): only the
+    // others count. Where the kernel does not list children, all of them do.
+    match children() {
+        Some(children) => children.iter().any(|child| !spared.contains(child)),
+        None => true,
+    }
+}
+
+/// The children of [`SPARED`] not yet waited for.
+fn spared() -> Vec<Pid> {
+    SPARED.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+/// Children this process had before it became a `fence run` (`sh -c 'job & exec fence run
+/// …'`): not the command's, so neither its leftovers nor to be stopped with it (a review:
+/// fence killed such a job and said the command had left it running).
+/// Each leaves the list once waited for: its pid may then be a new child's, a leftover's.
+static SPARED: std::sync::Mutex<Vec<Pid>> = std::sync::Mutex::new(Vec::new());
+
+/// Records this process's children of now as not the run's (see [`SPARED`]): called by `fence
+/// run` before it forks anything.
+pub(crate) fn spare_children() {
+    if let Ok(mut spared) = SPARED.lock() {
+        *spared = children().unwrap_or_default();
+    }
+}
+
+/// This process's live children, as /proc lists them per thread; `None` where it does not.
+fn children() -> Option<Vec<Pid>> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut found = Vec::new();
+    for task in tasks.filter_map(|t| t.ok()) {
+        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
+        found.extend(
+            list.split_whitespace()
+                .filter_map(|p| Pid::from_raw(p.parse().ok()?)),
+        );
+    }
+    Some(found)
 }
 
 /// Reaps every child that has ended, without blocking. Reaps any child, so a caller must
 /// have waited for the children it waits for itself.
 pub(crate) fn reap_children() {
-    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+    while let Ok(Some((pid, _))) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
+        if let Ok(mut spared) = SPARED.lock() {
+            spared.retain(|p| *p != pid);
+        }
+    }
 }
 
 /// Reaps every child that has ended, without blocking, as [`reap_children`] does, but keeps

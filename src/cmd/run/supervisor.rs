@@ -111,6 +111,9 @@ impl Reaper {
                 "mount /proc (`mount -t proc proc /proc`) where fence runs; nothing was started and no lease was taken",
             ));
         }
+        // Children this process had before (`sh -c 'job & exec fence run …'`) are not the
+        // run's: never stopped as its leftovers.
+        crate::sys::spare_children();
         // Named here, once, for both processes: the reaper makes the run's cgroup, and `fence
         // run` kills through it and removes it (see `reaper::cgroup`).
         let cgroup = crate::reaper::cgroup::plan(crate::reaper::cgroup::base().as_deref());

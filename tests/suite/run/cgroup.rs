@@ -940,3 +940,40 @@ fn busy_runs_failed_execs_and_killed_waiters_leave_nothing_behind() {
         cells_of(&base, waiter_pid)
     );
 }
+
+/// A `fence run` that a shell exec'd after starting a job of its own (`sh -c 'job & exec fence
+/// run …'`): the job is fence's child, but not the run's. The run ends with its command, the
+/// job untouched and not called a leftover (a review: fence stopped it, SIGTERM then SIGKILL
+/// after `--kill-after`, and said the command had left it running).
+#[test]
+fn children_fence_had_before_the_run_are_not_its_leftovers() {
+    let store = Store::file();
+    let dir = RunDir::new();
+    let fenced = store.fence();
+    let script = format!(
+        "sleep 30 >/dev/null 2>&1 & echo $! > '{job}'; exec '{fence}' run inherited --kill-after 5s -- true",
+        job = dir.file("job.pid"),
+        fence = fenced.cmd.get_program().to_str().unwrap()
+    );
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", &script]);
+    for (k, v) in fenced.cmd.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    let started = std::time::Instant::now();
+    let out = cmd.output().unwrap();
+    let took = started.elapsed();
+    let job = read_pid(&dir.path().join("job.pid"));
+    let alive = !is_gone(job);
+    kill(job, libc::SIGKILL);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("left processes running"), "{stderr}");
+    assert!(alive, "the shell's own job was stopped with the run");
+    assert!(
+        took < Duration::from_secs(4),
+        "the run took {took:?}: it waited for the job"
+    );
+}
