@@ -167,11 +167,16 @@ pub fn make(dir: Option<&Path>) -> Option<OwnedFd> {
 /// (`clone3` refused: a kernel before 5.7, a seccomp policy): moves this process into it.
 pub fn join() {
     if let Some(dir) = RUN.get() {
-        let _ = std::fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("cgroup.procs"))
-            .and_then(|mut procs| procs.write_all(b"0"));
+        let _ = write_to(dir, "cgroup.procs", "0");
     }
+}
+
+/// Writes `what` to the cgroup `dir`'s interface file `file` (`cgroup.procs`, `cgroup.kill`).
+pub fn write_to(dir: &Path, file: &str, what: &str) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(file))
+        .and_then(|mut f| f.write_all(what.as_bytes()))
 }
 
 /// Removes what the runs under `base` whose `fence run` is gone left empty (fence killed with
@@ -179,8 +184,9 @@ pub fn join() {
 /// namespace, where their pid means their `fence run`. A run cgroup with processes still in it
 /// is left for `fence doctor` to show (`rmdir` refuses it).
 fn sweep(base: &Path) {
+    let here = namespace_here();
     for run in runs(base) {
-        if run.gone() == Some(true) {
+        if run.gone(here) == Some(true) {
             let _ = remove_tree(&run.dir);
         }
     }
@@ -196,19 +202,21 @@ pub struct Run {
 }
 
 impl Run {
-    /// Whether its `fence run` is gone, as far as this process can tell (`None`: named in
-    /// another pid namespace, or /proc shows another one's pids: `unshare --pid` without
-    /// `--mount-proc`, where a review saw live runs' cgroups swept).
-    pub fn gone(&self) -> Option<bool> {
-        (self.namespace == pid_namespace() && proc_is_ours())
-            .then(|| !Path::new(&format!("/proc/{}", self.pid)).exists())
+    /// Whether its `fence run` is gone, as far as this process can tell, `here` being
+    /// [`namespace_here`] (`None`: named in another pid namespace, or /proc shows another
+    /// one's pids: `unshare --pid` without `--mount-proc`, where a review saw live runs'
+    /// cgroups swept).
+    pub fn gone(&self, here: Option<u64>) -> Option<bool> {
+        (Some(self.namespace) == here).then(|| !Path::new(&format!("/proc/{}", self.pid)).exists())
     }
 }
 
-/// Whether /proc shows this process's pid namespace (its `self` is our pid).
-fn proc_is_ours() -> bool {
-    std::fs::read_link("/proc/self")
-        .is_ok_and(|link| link.to_str() == Some(std::process::id().to_string().as_str()))
+/// This process's pid namespace, where /proc shows it (its `self` is our pid); `None` where
+/// /proc shows another namespace's pids: none of its runs can be told gone then.
+pub fn namespace_here() -> Option<u64> {
+    let ours = std::fs::read_link("/proc/self")
+        .is_ok_and(|link| link.to_str() == Some(std::process::id().to_string().as_str()));
+    ours.then(pid_namespace)
 }
 
 /// The run cgroups under `base`.
@@ -273,16 +281,11 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
 }
 
 /// SIGKILLs every process in this process's run cgroup (and in cgroups below it), if there is
-/// one, at once: those it forks meanwhile too. Whether a kill was sent.
-pub fn kill() -> bool {
-    let Some(dir) = RUN.get() else {
-        return false;
-    };
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join("cgroup.kill"))
-        .and_then(|mut kill| kill.write_all(b"1"))
-        .is_ok()
+/// one, at once: those it forks meanwhile too.
+pub fn kill() {
+    if let Some(dir) = RUN.get() {
+        let _ = write_to(dir, "cgroup.kill", "1");
+    }
 }
 
 /// Removes this process's run cgroup once nothing is in it (from `fence run`, its reaper

@@ -85,8 +85,10 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
             "run fence as root, or in a cgroup delegated to its user (systemd: `Delegate=yes` in the unit, or `systemd-run --user --scope -p Delegate=yes fence run …`), on cgroup v2 with Linux 5.14 or later (cgroup.kill)",
         ),
     }
+    let here = cgroup::namespace_here();
     for run in cgroup::runs(&base) {
-        if run.gone() != Some(true) || run.dir.to_string_lossy().contains(cgroup::DOCTOR_PREFIX) {
+        if run.gone(here) != Some(true) || run.dir.to_string_lossy().contains(cgroup::DOCTOR_PREFIX)
+        {
             continue;
         }
         let members = cgroup::members(&run.dir);
@@ -116,7 +118,6 @@ pub(super) fn run_cgroup(f: &mut Findings<'_>) {
 /// A scratch cgroup made, a process forked into it, killed through it, removed: how the
 /// process got in, or why not, step named.
 fn try_run_cgroup(base: &Path) -> Result<&'static str, String> {
-    use std::io::Write;
     let dir = base.join(crate::reaper::cgroup::unique_name(
         crate::reaper::cgroup::DOCTOR_PREFIX,
     ));
@@ -154,12 +155,7 @@ fn try_run_cgroup(base: &Path) -> Result<&'static str, String> {
         if pid < 0 {
             return Err(format!("cannot fork: {}", std::io::Error::last_os_error()));
         }
-        let write = |file: &str, what: &str| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join(file))
-                .and_then(|mut f| f.write_all(what.as_bytes()))
-        };
+        let write = |file: &str, what: &str| crate::reaper::cgroup::write_to(&dir, file, what);
         let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
             c.lines()
                 .any(|l| l.starts_with("0::") && dir.ends_with(l[3..].trim_start_matches('/')))
