@@ -222,9 +222,9 @@ pub struct RunNote {
     /// `run_stopped`: the signal that ended the command, else the first stop signal it got.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
-    /// `run_stopped`: why (`max_time`, `interrupted`, or the lost lease's reason: `expired`,
-    /// `taken_over`, `released`, `unreachable`, `supervisor_lost`, `unkillable`,
-    /// `record_lost`).
+    /// `run_stopped`: why (`max_time`, `interrupted`, `not_started` — the command never ran —,
+    /// or the lost lease's reason: `expired`, `taken_over`, `released`, `unreachable`,
+    /// `supervisor_lost`, `unkillable`, `record_lost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// How long the command ran.
@@ -291,6 +291,9 @@ impl RunNote {
                 if let Some(lost) = &self.lost_after {
                     text.push_str(&format!("; the lease was lost only afterwards ({lost})"));
                 }
+            }
+            _ if self.reason.as_deref() == Some("not_started") => {
+                text.push_str(": its command was not started");
             }
             _ => {
                 text.push_str(" stopped");

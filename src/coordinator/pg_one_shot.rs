@@ -326,7 +326,7 @@ pub const RELEASE_FAST: &str = concat!(
     released!(),
     "
 SELECT 'released' AS status, r.token, r.owner, r.acquired_at, r.renewed_at, r.expires_at,
-       r.ttl_ms, pg_notify('fence___SCHEMA__', 'r:' || r.resource) IS NULL AS woken,
+       r.ttl_ms, pg_notify('__CHANNEL__', 'r:' || r.resource) IS NULL AS woken,
        ",
     answered!(),
     "
@@ -364,7 +364,7 @@ answer AS (
     SELECT f.status, f.token, f.owner, f.acquired_at, f.renewed_at, f.expires_at, f.ttl_ms
     FROM refused f)
 SELECT coalesce(a.status, 'no_lease') AS status, a.token, a.owner, a.acquired_at,
-       a.renewed_at, a.expires_at, a.ttl_ms, (SELECT count(pg_notify('fence___SCHEMA__', 'r:' || r.resource)) FROM released r) AS woken,
+       a.renewed_at, a.expires_at, a.ttl_ms, (SELECT count(pg_notify('__CHANNEL__', 'r:' || r.resource)) FROM released r) AS woken,
        ",
     answered!(),
     "

@@ -539,10 +539,11 @@ impl PgTarget {
         // the checks pass. Then set_config, evaluated after write_row: whatever the database,
         // role or a trigger set, the implicit transaction commits synchronously (a guard row
         // acknowledged and then lost in a crash would let a stale token back in).
-        let sql = "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) \
-                   FROM __SCHEMA__.check_write($7, $5, $8) AS c(token) \
-                   CROSS JOIN LATERAL __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, c.token, $6) AS w"
-            .replace("__SCHEMA__", &self.session.schema);
+        let sql = self.session.expand(
+            "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) \
+             FROM __SCHEMA__.check_write($7, $5, $8) AS c(token) \
+             CROSS JOIN LATERAL __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, c.token, $6) AS w",
+        );
         let (key, set) = (key.to_string(), set.to_string());
         let version = TARGET_SCHEMA.version;
         let params: [(&(dyn ToSql + Sync), Type); 8] = [

@@ -36,10 +36,35 @@ pub struct SchemaSpec {
     /// Table (in the schema) holding `schema_version`.
     pub meta_table: &'static str,
     pub version: i32,
-    /// Idempotent creation script; `__SCHEMA__` stands for the schema name.
+    /// Idempotent creation script; `__SCHEMA__` stands for the schema name, `__CHANNEL__`
+    /// for the schema's notification channel ([`channel`]).
     pub sql: &'static str,
     /// Distinguishes the advisory lock of each kind of schema.
     pub purpose: &'static str,
+}
+
+/// The notification channel of fence's schema `schema`: `fence_<schema>`, cut to the 63 bytes
+/// PostgreSQL allows a channel (a schema name may take 63 itself; `pg_notify` refuses a longer
+/// channel, and `LISTEN` cuts it to the same 63). Schema names are ASCII, so any cut falls on
+/// a character. Two long names alike in their first 57 characters share a channel: each
+/// waiter then also hears the other schema's notifications, which name resources, not
+/// schemas, and only poll once for nothing (a notification never grants anything).
+pub fn channel(schema: &str) -> String {
+    let mut channel = format!("fence_{schema}");
+    channel.truncate(63);
+    channel
+}
+
+/// The `CREATE OR REPLACE FUNCTION` statements of a schema script that name its channel.
+fn notifying_functions(sql: &str) -> impl Iterator<Item = &str> {
+    sql.match_indices("CREATE OR REPLACE FUNCTION")
+        .filter_map(move |(start, _)| {
+            let rest = &sql[start..];
+            let body = rest.find("$fn$")? + 4;
+            let end = body + rest[body..].find("$fn$;")? + 5;
+            Some(&rest[..end])
+        })
+        .filter(|function| function.contains("__CHANNEL__"))
 }
 
 pub struct Session {
@@ -97,6 +122,13 @@ impl Session {
         })
     }
 
+    /// `sql` with this session's schema, its channel and its schema's version filled in.
+    pub fn expand(&self, sql: &str) -> String {
+        sql.replace("__CHANNEL__", &channel(&self.schema))
+            .replace("__SCHEMA__", &self.schema)
+            .replace("__VERSION__", &self.spec.version.to_string())
+    }
+
     /// Asks the server to cancel the request this session is running.
     pub async fn cancel(&self) -> Result<(), Error> {
         self.server.cancel(&self.client.cancel_token()).await
@@ -108,10 +140,38 @@ impl Session {
         let before = self.schema_version().await?;
         match before {
             Some(v) if v > self.spec.version => return Err(self.newer_schema(v)),
-            Some(v) if v == self.spec.version => return Ok((before, v)),
+            Some(v) if v == self.spec.version => {
+                self.repair_channel().await?;
+                return Ok((before, v));
+            }
             _ => self.migrate().await?,
         }
         Ok((before, self.spec.version))
+    }
+
+    /// A current schema whose name is too long for `fence_<schema>` as a channel was made by
+    /// a fence that named the channel in full: its functions that notify failed ("channel
+    /// name too long"), so a `--wait` could not be granted. They are made again with the
+    /// channel cut to size; nothing else (no table is touched, so no lock is taken that
+    /// live traffic could wait on). A no-op for every other schema.
+    async fn repair_channel(&self) -> Result<(), Error> {
+        if channel(&self.schema) == format!("fence_{}", self.schema) {
+            return Ok(());
+        }
+        let functions: Vec<&str> = notifying_functions(self.spec.sql).collect();
+        if functions.is_empty() {
+            return Ok(());
+        }
+        let what = format!(
+            "repair the notification channel of schema `{}`",
+            self.schema
+        );
+        let script = format!("BEGIN;\n{}\nCOMMIT;", self.expand(&functions.join("\n")));
+        let result = self.batch(&what, &script).await;
+        if result.is_err() {
+            self.rollback().await;
+        }
+        result
     }
 
     /// Runs one request; a write creates the schema first if it does not exist yet, a read
@@ -123,9 +183,7 @@ impl Session {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, Error> {
-        let sql = sql
-            .replace("__SCHEMA__", &self.schema)
-            .replace("__VERSION__", &self.spec.version.to_string());
+        let sql = self.expand(sql);
         let answer = self.request(what, mutating, &sql, params).await?;
         match answer {
             Ok(rows) => Ok(rows),
@@ -200,9 +258,7 @@ impl Session {
         each: &mut dyn FnMut(&Row) -> bool,
     ) -> Result<(), Error> {
         use futures_core::Stream;
-        let sql = sql
-            .replace("__SCHEMA__", &self.schema)
-            .replace("__VERSION__", &self.spec.version.to_string());
+        let sql = self.expand(sql);
         let lost = || {
             pg::lost(
                 &self.display,
@@ -365,7 +421,7 @@ impl Session {
                 Ok(Some(v)) if v > self.spec.version => Err(self.newer_schema(v)),
                 Ok(Some(v)) if v == self.spec.version => self.batch(&what, "COMMIT").await,
                 Ok(_) => {
-                    let body = self.spec.sql.replace("__SCHEMA__", &self.schema);
+                    let body = self.expand(self.spec.sql);
                     self.batch(&what, &format!("{body}\nCOMMIT;")).await
                 }
                 Err(err) => Err(err),
@@ -392,6 +448,22 @@ impl Session {
                     format!(
                         "if this is fence's schema `{}`, have the admin run `fence grant --target URL --role ROLE` for this user (never grant it writes on fence's tables or ownership of the schema: either bypasses `fence protect`); privileges on your own tables are granted as usual",
                         self.schema
+                    ),
+                );
+                pg::caused(refused, err.into_cause())
+            }
+            // A function of a long-named schema made by an older fence notifies on a
+            // channel too long (`repair_channel`).
+            Some(db)
+                if self.spec.purpose == "coordinator"
+                    && *db.code() == SqlState::INVALID_PARAMETER_VALUE
+                    && channel(&self.schema) != format!("fence_{}", self.schema) =>
+            {
+                let refused = Error::usage(
+                    format!("PostgreSQL at `{}` failed to {what}: {}", self.display, db.message()),
+                    format!(
+                        "schema `{}` was made by an older fence that named its notification channel in full, longer than PostgreSQL allows: run `fence init --schema {}` once to repair it",
+                        self.schema, self.schema
                     ),
                 );
                 pg::caused(refused, err.into_cause())
@@ -482,5 +554,36 @@ mod tests {
         assert!(!checks_version(
             "SELECT value FROM __SCHEMA__.meta WHERE key = 'schema_version'"
         ));
+    }
+
+    /// A schema name may take 63 bytes; its channel never does.
+    #[test]
+    fn the_channel_fits_postgresql_s_limit_and_is_unchanged_where_it_fitted() {
+        assert_eq!(channel("fence"), "fence_fence");
+        let fits = "s".repeat(57);
+        assert_eq!(channel(&fits), format!("fence_{fits}"));
+        let long = "s".repeat(63);
+        assert_eq!(channel(&long).len(), 63);
+        assert!(channel(&long).starts_with("fence_sss"));
+    }
+
+    /// The repair of a long-named schema makes again exactly the coordinator's functions
+    /// that notify, each statement whole.
+    #[test]
+    fn the_functions_that_notify_are_found_whole() {
+        let sql = crate::coordinator::COORDINATOR_SCHEMA.sql;
+        let found: Vec<&str> = notifying_functions(sql).collect();
+        let names: Vec<&str> = found
+            .iter()
+            .map(|f| {
+                let name = f.split('(').next().unwrap();
+                name.rsplit('.').next().unwrap()
+            })
+            .collect();
+        assert_eq!(names, ["wait_enter", "wait_poll", "wait_leave", "release"]);
+        for function in found {
+            assert!(function.ends_with("$fn$;"), "{function}");
+            assert_eq!(function.matches("$fn$").count(), 2, "{function}");
+        }
     }
 }

@@ -343,6 +343,8 @@ async fn supervise(
             running
         }
         Err(err) => {
+            // `run_started` is on record: so is what became of it, before the release.
+            recorder.not_started(coordinator.as_ref()).await;
             let _ = coordinator.release(&lease).await;
             return Err(err);
         }

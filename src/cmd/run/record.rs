@@ -13,6 +13,8 @@ use crate::coordinator::{Coordinator, EventKind, LeaseRef, RunEvent, RunNote};
 
 /// How long a run event may take before the run goes on without it.
 const RECORD_WITHIN: Duration = Duration::from_secs(2);
+/// The `run_stopped` reason of a run whose command never ran.
+const NOT_STARTED: &str = "not_started";
 
 /// What a run records: its lease and the note every one of its events starts from.
 pub(super) struct Recorder {
@@ -77,6 +79,27 @@ impl Recorder {
     pub(super) async fn ended(&self, coordinator: &dyn Coordinator, ending: &Ending) {
         let (kind, note) = self.ending_note(ending);
         record(coordinator, &self.lease, &kind, &note, RECORD_WITHIN).await;
+    }
+
+    /// `run_stopped` with the reason `not_started`: the run recorded `run_started`, but its
+    /// command never ran (it could not be executed, or its process was lost first).
+    pub(super) async fn not_started(&self, coordinator: &dyn Coordinator) {
+        let note = RunNote {
+            run_id: self.base.run_id.clone(),
+            reason: Some(NOT_STARTED.to_owned()),
+            duration_ms: Some(
+                i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX),
+            ),
+            ..RunNote::default()
+        };
+        record(
+            coordinator,
+            &self.lease,
+            &EventKind::RunStopped,
+            &note,
+            RECORD_WITHIN,
+        )
+        .await;
     }
 
     fn ending_note(&self, e: &Ending) -> (EventKind, RunNote) {

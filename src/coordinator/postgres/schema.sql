@@ -155,7 +155,7 @@ BEGIN
         waiter, place
     FROM __SCHEMA__.wait_answer(p_resource, v_id);
     IF place <= p_listen_within THEN
-        LISTEN fence___SCHEMA__;
+        LISTEN __CHANNEL__;
     END IF;
     -- The resource's recent pace, for the newcomer's first poll interval: the median gap
     -- between consecutive grants among its last 16 events (an index range of 16 rows), so
@@ -208,7 +208,7 @@ BEGIN
             waiter, place
         FROM __SCHEMA__.wait_answer(p_resource, p_waiter);
         IF place <= p_listen_within THEN
-            LISTEN fence___SCHEMA__;
+            LISTEN __CHANNEL__;
         END IF;
         RETURN;
     END IF;
@@ -218,10 +218,10 @@ BEGIN
     place := 1;
     IF status <> 'busy' THEN
         DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter;
-        PERFORM pg_notify('fence___SCHEMA__', 'g' || p_waiter || ':' || p_resource);
-        UNLISTEN fence___SCHEMA__;
+        PERFORM pg_notify('__CHANNEL__', 'g' || p_waiter || ':' || p_resource);
+        UNLISTEN __CHANNEL__;
     ELSE
-        LISTEN fence___SCHEMA__;
+        LISTEN __CHANNEL__;
     END IF;
 END
 $fn$;
@@ -233,8 +233,8 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM __SCHEMA__.waiters w WHERE w.id = p_waiter AND w.resource = p_resource;
-    PERFORM pg_notify('fence___SCHEMA__', 'l' || p_waiter || ':' || p_resource);
-    UNLISTEN fence___SCHEMA__;
+    PERFORM pg_notify('__CHANNEL__', 'l' || p_waiter || ':' || p_resource);
+    UNLISTEN __CHANNEL__;
 END
 $fn$;
 
@@ -441,7 +441,7 @@ BEGIN
     -- and departures are `g<id>:` and `l<id>:`, so that the listening waiters behind the head
     -- follow their place without polling). Sent at commit; not durable, and dropped behind a
     -- transaction-mode pooler, so the listening waiters also poll.
-    PERFORM pg_notify('fence___SCHEMA__', 'r:' || p_resource);
+    PERFORM pg_notify('__CHANNEL__', 'r:' || p_resource);
     status := 'released';
     token := r.token; owner := r.owner;
     ttl_ms := r.ttl_ms;

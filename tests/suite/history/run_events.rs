@@ -158,9 +158,45 @@ fn a_run_past_max_time_is_on_record_as_stopped(store: &Store) {
     );
 }
 
+/// A command that cannot be executed: the run recorded `run_started`, so the end is on
+/// record too (`run_stopped`, reason `not_started`), before the release.
+fn a_run_whose_command_never_ran_is_on_record_as_not_started(store: &Store) {
+    let out = store
+        .fence()
+        .args([
+            "run",
+            "job",
+            "--format",
+            "json",
+            "--",
+            "/nonexistent/fence-test",
+        ])
+        .run()
+        .expect(2);
+    assert!(out.stdout.contains("/nonexistent/fence-test"), "{out:?}");
+    let events = logged(store);
+    assert_eq!(
+        kinds(&events),
+        ["acquired", "run_started", "run_stopped", "released"],
+        "{events:#?}"
+    );
+    assert_eq!(
+        durable_kinds(store),
+        ["acquired", "run_started", "run_stopped", "released"]
+    );
+    let stopped = one(&events, "run_stopped");
+    let run = &stopped["run"];
+    assert_eq!(run["reason"], "not_started", "{stopped}");
+    assert_eq!(run["run_id"], one(&events, "run_started")["run"]["run_id"]);
+    assert!(run.get("exit_status").is_none(), "{stopped}");
+    let detail = stopped["detail"].as_str().unwrap();
+    assert!(detail.contains("was not started"), "{detail}");
+}
+
 per_coordinator!(
     a_run_is_on_record,
-    a_run_past_max_time_is_on_record_as_stopped
+    a_run_past_max_time_is_on_record_as_stopped,
+    a_run_whose_command_never_ran_is_on_record_as_not_started
 );
 
 /// A lease lost while fence was paused (on the directory store and PostgreSQL).

@@ -967,6 +967,98 @@ fn postgres_init_is_idempotent() {
     assert_eq!(init["action"], "up_to_date");
 }
 
+/// A Postgres store in a schema whose name takes the 63 characters `--schema` allows.
+fn longest_schema_store() -> Store {
+    let mut store = Store::postgres();
+    let unique = store.schema.clone().unwrap();
+    let long = format!("{unique}_{}", "x".repeat(63 - unique.len() - 1));
+    assert_eq!(long.len(), 63);
+    store.schema = Some(long);
+    store
+}
+
+/// `fence_<schema>`, fence's notification channel, is longer than PostgreSQL allows a channel
+/// when the schema's name takes 58–63 characters: every release failed ("channel name too
+/// long", exit 1) and no `--wait` could be granted. The channel is now cut to 63 bytes.
+#[test]
+fn postgres_a_schema_name_of_63_characters_releases_and_hands_over() {
+    let store = longest_schema_store();
+    let held = acquire(&store, "r", "alice", "30s");
+    lease_cmd(&store, "release", "r", "alice", held.token).expect(0);
+    // A waiter granted on a release (the release notifies, the granting poll too) and one
+    // that gives up (its leave notifies).
+    waiters_show_in_inspect_and_get_the_lease_on_release(&store);
+    let (owner, patient, live) = store.lease("job").unwrap();
+    assert_eq!((owner.as_str(), live), ("patient", true));
+    lease_cmd(&store, "release", "job", "patient", patient).expect(0);
+    wait_gives_up_with_busy_after_its_duration(&store);
+    // What the store holds: alice's token of `job` after patient's, nobody waiting.
+    let s = store.schema.clone().unwrap();
+    let waiting: i64 = store.pg_rows(
+        &format!("SELECT count(*) FROM {s}.waiters WHERE $1 = $1"),
+        "",
+    )[0]
+    .get(0);
+    let (owner, token, live) = store.lease("job").unwrap();
+    assert_eq!(
+        (owner.as_str(), token, live, waiting),
+        ("alice", patient + 1, true, 0)
+    );
+}
+
+/// A long-named schema made by an earlier fence keeps functions that notify on the whole
+/// name: `fence init` makes them again, after which a `--wait` is granted; before it, the
+/// failure says to run it.
+#[test]
+fn postgres_a_long_named_schema_of_an_earlier_fence_is_repaired_by_init() {
+    let store = longest_schema_store();
+    let s = store.schema.clone().unwrap();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    // As the earlier fence made them: the channel named in full.
+    let cut = format!("fence_{s}")[..63].to_owned();
+    let full = format!("fence_{s}");
+    let definitions: Vec<String> = store
+        .pg_rows(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 AND p.prokind = 'f' AND p.prosrc LIKE '%pg_notify%'",
+            &s,
+        )
+        .iter()
+        .map(|row| row.get::<_, String>(0).replace(&format!("'{cut}'"), &format!("'{full}'")))
+        .collect();
+    assert_eq!(definitions.len(), 3, "{definitions:?}");
+    assert!(definitions.iter().all(|d| d.contains(&full)));
+    common::pg_exec(&store.url, &definitions.join(";\n"));
+
+    // The waiter's granting poll fails (and grants nothing): it says what to run.
+    let held = acquire(&store, "job", "alice", "30s");
+    let (waiter, _) = start_waiter(&store, "bob");
+    lease_cmd(&store, "release", "job", "alice", held.token).expect(0);
+    let out = waiter.wait_with_output().unwrap();
+    // `--format json`: the error is the answer on stdout.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("channel name too long")
+            && said.contains(&format!("fence init --schema {s}")),
+        "{said}"
+    );
+    assert_eq!(
+        store.lease("job").map(|(owner, token, _)| (owner, token)),
+        Some(("alice".to_owned(), held.token))
+    );
+    let held = acquire(&store, "job", "alice", "30s");
+    let init = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(init["action"], "up_to_date");
+    let (waiter, _) = start_waiter(&store, "bob");
+    release_to_waiter(&store, &held, waiter, "bob");
+}
+
 /// Makes `store`'s schema look as a version-1 or version-2 fence left it: the waiters table
 /// of those versions (with a row), no queue functions of version 3, and (version 2) the
 /// advisory-lock queue's functions.
