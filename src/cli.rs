@@ -761,6 +761,11 @@ pub struct BenchArgs {
     /// PostgreSQL database, in the bench's scratch schema.
     #[arg(long, value_name = "URL")]
     pub write_target: Option<String>,
+
+    /// PostgreSQL: the scratch schema's `held_waiters` (see `fence init --held-waiters`), to
+    /// measure what a setting would do before giving it to the store. Default: the default (8).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(2..=1000))]
+    pub held_waiters: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -798,6 +803,16 @@ pub struct InitArgs {
     /// Prepare fence's schema in this PostgreSQL database rather than the store.
     #[arg(long, value_name = "URL")]
     pub target: Option<String>,
+
+    /// PostgreSQL store: how many `--wait` waiters of one resource may keep their connection
+    /// while they wait (default 8; kept in the store, for every waiter). The two at the head
+    /// listen for the release; those behind them whose turn is near poll on their kept
+    /// connection; the rest reconnect for each poll. Raise it for a hot resource with many
+    /// waiters: with 64 waiters on one resource, hand-overs ran several times faster with 64
+    /// than with 8 (docs/performance.md), at up to N+2 connections per busy resource, which
+    /// the role's CONNECTION LIMIT must allow (`fence doctor` sizes it with N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(2..=1000), conflicts_with = "target")]
+    pub held_waiters: Option<i64>,
 }
 
 /// Give a role exactly what a fenced writer (or a reader) needs in a target database.

@@ -108,8 +108,15 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
     let mut interrupts = Interrupts::install();
     let (spec, schema) = coordinator::scratch::scratch(&base)?;
     // Create the scratch schema once, so that workers do not all race to create it.
+    let held_waiters = args.held_waiters;
     let created = match coordinator::open(&spec, &schema).await {
-        Ok(store) => store.init().await.map(drop),
+        Ok(store) => match store.init().await {
+            Ok(_) => match held_waiters {
+                Some(most) => store.set_held_waiters(most).await,
+                None => Ok(()),
+            },
+            Err(err) => Err(err),
+        },
         Err(err) => Err(err),
     };
     if let Err(err) = created {

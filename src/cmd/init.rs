@@ -20,7 +20,11 @@ pub async fn run(args: InitArgs, ctx: &Context) -> Result<Initialised, Error> {
         return init_target(url, ctx).await;
     }
     let coordinator = ctx.coordinator().await?;
-    let report = coordinator.init().await?;
+    let mut report = coordinator.init().await?;
+    if let Some(most) = args.held_waiters {
+        coordinator.set_held_waiters(most).await?;
+        report.held_waiters = Some(most);
+    }
     Ok(Initialised { report })
 }
 
@@ -33,6 +37,7 @@ async fn init_target(url: &str, ctx: &Context) -> Result<Initialised, Error> {
             action: InitAction::of(before, schema_version),
             schema_version,
             location: format!("schema `{}` in {}", ctx.schema, spec.display),
+            held_waiters: None,
         },
     })
 }
@@ -48,8 +53,13 @@ impl Report for Initialised {
             InitAction::Migrated => "migrated",
             InitAction::UpToDate => "already up to date:",
         };
+        let held = self
+            .report
+            .held_waiters
+            .map(|most| format!("; up to {most} waiters of a resource keep a connection"))
+            .unwrap_or_default();
         format!(
-            "{what} {} (version {})\n",
+            "{what} {} (version {}){held}\n",
             self.report.location, self.report.schema_version
         )
     }

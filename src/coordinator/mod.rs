@@ -17,7 +17,7 @@ pub mod scratch;
 pub use object::{HighWaterReport, ObjectCoordinator};
 pub use postgres::COORDINATOR_SCHEMA;
 /// The most connections the waiters of one busy resource keep on PostgreSQL.
-pub use postgres::HELD_MAX as PG_WAITER_CONNECTIONS;
+pub use postgres::{HELD_DEFAULT as PG_HELD_WAITERS, HELD_MOST as PG_HELD_WAITERS_MOST};
 
 use std::time::Duration;
 
@@ -253,6 +253,9 @@ pub struct InitReport {
     pub schema_version: i32,
     /// Where fence's records live (schema name or directory).
     pub location: String,
+    /// PostgreSQL: how many waiters of one resource may keep a connection (`--held-waiters`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_waiters: Option<i64>,
 }
 
 /// How many times [`Leases::kept_in_time`] renews a lease whose grant or renewal came late.
@@ -538,6 +541,15 @@ pub trait Waiting {
     /// Whether wake-ups are pushed ([`Self::wait_for_release`] returns early on release), so
     /// that waiters need only a slow fallback poll.
     fn pushes_wakeups(&self) -> bool;
+
+    /// Sets how many waiters of one resource may keep their connection while they wait
+    /// (`fence init --held-waiters N`). Only PostgreSQL's waiters hold one.
+    async fn set_held_waiters(&self, _most: i64) -> Result<(), Error> {
+        Err(Error::usage(
+            "`--held-waiters` applies to PostgreSQL stores only: waiters on S3, GCS and the directory store hold no connection",
+            "leave it out, or point --store at a PostgreSQL coordinator",
+        ))
+    }
 }
 
 /// What a coordinator remembers: the state and events of its resources, for `inspect`,

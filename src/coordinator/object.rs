@@ -1053,6 +1053,7 @@ impl Leases for ObjectCoordinator {
                     "conditional writes NOT verified"
                 }
             ),
+            held_waiters: None,
         })
     }
 

@@ -43,7 +43,7 @@ pub(super) async fn postgres(
     durability(&client, f).await;
     if role == Role::Coordinator {
         replication(&client, f).await;
-        connections(&client, f).await;
+        connections(&client, schema, f).await;
     }
     pooler(&client, port, f).await;
     ownership(&client, schema, role, f).await;
@@ -189,15 +189,41 @@ async fn replication(client: &Client, f: &mut Findings<'_>) {
     }
 }
 
-/// What one busy resource can use at once: its holder, the waiters at the head of its
-/// queue that keep a connection, and one more for the short polls of the others and an
+/// What one busy resource can use at once: its holder, the `held` waiters at the head of
+/// its queue that keep a connection, and one more for the short polls of the others and an
 /// `inspect` (docs/run.md, Connection sizing).
-const PER_BUSY_RESOURCE: i64 = 1 + crate::coordinator::PG_WAITER_CONNECTIONS + 1;
+fn per_busy_resource(held: i64) -> i64 {
+    1 + held + 1
+}
+
+/// The store's `held_waiters` (`fence init --held-waiters`), else the default.
+async fn held_waiters(client: &Client, schema: &str) -> i64 {
+    // A store not made yet has no `meta` table: the default. (`schema` is a checked name.)
+    let exists = one(
+        client,
+        &format!("SELECT to_regclass('{schema}.meta') IS NOT NULL"),
+    )
+    .await;
+    if !matches!(exists, Ok(Some(ref yes)) if yes == "t") {
+        return crate::coordinator::PG_HELD_WAITERS;
+    }
+    let sql = format!("SELECT value FROM {schema}.meta WHERE key = 'held_waiters'");
+    match one(client, &sql).await {
+        Ok(Some(value)) => value
+            .parse::<i64>()
+            .map_or(crate::coordinator::PG_HELD_WAITERS, |most| {
+                most.clamp(2, crate::coordinator::PG_HELD_WAITERS_MOST)
+            }),
+        _ => crate::coordinator::PG_HELD_WAITERS,
+    }
+}
 
 /// Connection sizing: the login role's (`session_user`'s) CONNECTION LIMIT against the slots the server
 /// has for non-superusers, and against what one busy resource needs.
-async fn connections(client: &Client, f: &mut Findings<'_>) {
+async fn connections(client: &Client, schema: &str, f: &mut Findings<'_>) {
     let check = "postgres.connections";
+    let held = held_waiters(client, schema).await;
+    let per_resource = per_busy_resource(held);
     // `reserved_connections` (PostgreSQL 16) is read as 0 where it does not exist. The role
     // comes last: its name may hold the separator.
     let sql = "SELECT concat_ws('|', r.rolsuper, r.rolconnlimit, \
@@ -233,7 +259,7 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
         "the server's {slots} slots for ordinary roles (max_connections {max} less {reserved} reserved)"
     );
     let role_sql = sql_identifier(role);
-    let spare = (slots - (slots / 10).max(PER_BUSY_RESOURCE)).max(PER_BUSY_RESOURCE);
+    let spare = (slots - (slots / 10).max(per_resource)).max(per_resource);
     let bounded = format!(
         "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see docs/run.md, Connection sizing and PgBouncer"
     );
@@ -253,29 +279,29 @@ async fn connections(client: &Client, f: &mut Findings<'_>) {
         f.add(
             check,
             Severity::Warn,
-            format!("role `{role}` {what}: its waiters (up to {} connections per busy resource, plus short polls) and holders may take every slot, and then no one, holders of other roles included, can connect to renew a lease until slots free up", crate::coordinator::PG_WAITER_CONNECTIONS),
+            format!("role `{role}` {what}: its waiters (up to {held} connections per busy resource, plus short polls) and holders may take every slot, and then no one, holders of other roles included, can connect to renew a lease until slots free up"),
             &bounded,
         );
-    } else if limit < PER_BUSY_RESOURCE {
+    } else if limit < per_resource {
         f.add(
             check,
             Severity::Warn,
-            format!("role `{role}` has CONNECTION LIMIT {limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use (its holder, up to {} waiters at the head of its queue, one for the others' polls and `inspect`): waiters keep retrying 'too many connections' and hand-overs slow down", crate::coordinator::PG_WAITER_CONNECTIONS),
-            &format!("`ALTER ROLE {role_sql} CONNECTION LIMIT {}` (at least {PER_BUSY_RESOURCE} per resource busy at once), keeping the limits of all roles below {slots}", PER_BUSY_RESOURCE.max(limit)),
+            format!("role `{role}` has CONNECTION LIMIT {limit}, below the {per_resource} connections one busy resource can use (its holder, up to {held} waiters at the head of its queue — the store's `held_waiters` —, one for the others' polls and `inspect`): waiters keep retrying 'too many connections' and hand-overs slow down"),
+            &format!("`ALTER ROLE {role_sql} CONNECTION LIMIT {}` (at least {per_resource} per resource busy at once), keeping the limits of all roles below {slots}", per_resource.max(limit)),
         );
     } else {
         f.add(
             check,
             Severity::Ok,
-            format!("role `{role}` may open {limit} of {server}: enough for {} busy resources at once; {in_use} in use now", limit / PER_BUSY_RESOURCE),
+            format!("role `{role}` may open {limit} of {server}: enough for {} busy resources at once; {in_use} in use now", limit / per_resource),
             "",
         );
     }
-    if (0..PER_BUSY_RESOURCE).contains(&db_limit) {
+    if (0..per_resource).contains(&db_limit) {
         f.add(
             check,
             Severity::Warn,
-            format!("the database has CONNECTION LIMIT {db_limit}, below the {PER_BUSY_RESOURCE} connections one busy resource can use"),
+            format!("the database has CONNECTION LIMIT {db_limit}, below the {per_resource} connections one busy resource can use"),
             "raise it with ALTER DATABASE … CONNECTION LIMIT",
         );
     }

@@ -216,6 +216,7 @@ impl Leases for FileCoordinator {
             },
             schema_version: FORMAT_VERSION,
             location: format!("directory `{}`", self.dir.display()),
+            held_waiters: None,
         })
     }
 

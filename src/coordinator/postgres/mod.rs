@@ -21,7 +21,8 @@
 //! [`GRACE`](queue::GRACE) has passed, and skipped. The first [`WINDOW`](queue::WINDOW) waiters keep their connection and
 //! `LISTEN` (a release wakes the head, a grant moves everyone up), polling every
 //! [`NEAR_POLL`](queue::NEAR_POLL) besides (a pooler drops `LISTEN`); when the queue moves fast, up to
-//! [`HELD_MAX`](queue::HELD_MAX) do. The others close their connection and poll on a fresh one, less often the
+//! the store's `held_waiters` ([`HELD_DEFAULT`](queue::HELD_DEFAULT) unless `fence init --held-waiters`
+//! set it) keep their connection and poll on it, not listening. The others close their connection and poll on a fresh one, less often the
 //! further back they are ([`far_poll`](queue::far_poll)): a thousand waiters behind a long-held lease hold two
 //! connections and open about a hundred a second between them. The queue's pace (time per
 //! grant) that decides both is, on joining, the median gap between the resource's recent
@@ -49,8 +50,8 @@ use tokio_postgres::Row;
 mod history;
 mod queue;
 
-pub use queue::HELD_MAX;
 use queue::{Queue, FOREVER};
+pub use queue::{HELD_DEFAULT, HELD_MOST};
 
 use crate::coordinator::pg_one_shot::{
     ACQUIRE, ACQUIRE_FAST, ACQUIRE_NEW, RELEASE, RELEASE_FAST, RENEW, RENEW_FAST,
@@ -246,6 +247,8 @@ struct Answer {
     place: Option<i64>,
     /// The resource's recent time per grant (on joining the queue).
     pace_ms: Option<i64>,
+    /// The store's `held_waiters` (on joining the queue, where it is set).
+    held_waiters: Option<i64>,
 }
 
 impl Answer {
@@ -268,6 +271,11 @@ impl Answer {
             waiter: row.try_get("waiter").ok().flatten(),
             place: row.try_get("place").ok().flatten(),
             pace_ms: row.try_get("pace_ms").ok().flatten(),
+            held_waiters: row
+                .try_get::<_, Option<String>>("held_waiters")
+                .ok()
+                .flatten()
+                .and_then(|text| text.parse().ok()),
         })
     }
 
@@ -295,6 +303,7 @@ impl Answer {
             waiter: None,
             place: None,
             pace_ms: None,
+            held_waiters: None,
         })
     }
 
@@ -345,6 +354,7 @@ impl Leases for PgCoordinator {
             action: InitAction::of(before, schema_version),
             schema_version,
             location: format!("schema `{}`", self.schema),
+            held_waiters: Some(self.held_waiters().await?.unwrap_or(HELD_DEFAULT)),
         })
     }
 

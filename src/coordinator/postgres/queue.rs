@@ -16,12 +16,20 @@ use crate::sys::random_u64;
 /// that a release reaches it at once, and the next, so that the head's grant does too and a
 /// fresh head is ready for the following release.
 pub const WINDOW: i64 = 2;
-/// The most waiters of one resource that keep a connection: behind the window, a waiter
-/// whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its connection
-/// and listens too, so that a hot resource with short critical sections is not held down
-/// to the pace at which far waiters reconnect (a release or grant then wakes up to this
-/// many waiters, each for one short poll).
-pub const HELD_MAX: i64 = 8;
+/// The most waiters of one resource that keep a connection and listen: behind the window, a
+/// waiter whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its
+/// connection and listens too, so that a hot resource with short critical sections is not
+/// held down to the pace at which far waiters reconnect (a release or grant then wakes up to
+/// this many waiters, each for one short poll). A store may let more keep their connection
+/// (`fence init --held-waiters N`, the `meta` row `held_waiters`): those behind the first
+/// [`HELD_DEFAULT`] poll on it ([`held_poll`]) instead of listening: PostgreSQL signals every
+/// listening backend of the database on every notification, whatever its channel, so
+/// listeners cost the server on every release and grant of every resource, where a poll's
+/// cost is bounded by its waiter's pace. (On one hot resource the two measured alike:
+/// docs/performance.md.)
+pub const HELD_DEFAULT: i64 = 8;
+/// The most `--held-waiters` takes.
+pub const HELD_MOST: i64 = 1000;
 const HOLD_SOONER: Duration = Duration::from_millis(500);
 /// How often the waiters of the window poll, whatever they hear: notifications are not
 /// durable, a lease can expire without one, and a transaction-mode pooler drops `LISTEN`.
@@ -56,17 +64,32 @@ pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
         .clamp(FAR_MIN, FAR_MAX)
 }
 
-/// How many places at the head of a queue going at `per_grant` keep their connection and
-/// listen: the window, and behind it those whose turn should come within [`HOLD_SOONER`],
-/// up to [`HELD_MAX`].
-fn held_places(per_grant: Duration) -> i64 {
+/// How many places at the head of a queue going at `per_grant` keep their connection: the
+/// window, and behind it those whose turn should come soon, up to `most` (the store's
+/// `held_waiters`). Soon is [`HOLD_SOONER`] for the default, and as many times longer as
+/// `most` is larger: a store that allows 64 keeps them while the queue moves at up to 62 ms
+/// a grant (a queue held down to its far waiters' reconnects is that slow, and would never
+/// get faster), and still only the window behind a lease held for long.
+fn held_places(per_grant: Duration, most: i64) -> i64 {
+    let soon = HOLD_SOONER
+        .saturating_mul(u32::try_from(most.max(HELD_DEFAULT)).unwrap_or(u32::MAX))
+        / u32::try_from(HELD_DEFAULT).unwrap_or(1);
     let mut places = WINDOW;
-    while places < HELD_MAX
-        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < HOLD_SOONER
+    while places < most
+        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < soon
     {
         places += 1;
     }
     places
+}
+
+/// The poll interval of a waiter at `place` behind the window that keeps its connection: as
+/// [`far_poll`], halfway to when its turn could come at the queue's pace, but down to a
+/// millisecond (a poll on a kept connection costs the server a statement, not a new
+/// backend), and never longer than the window's own polls.
+fn held_poll(place: i64, per_grant: Duration) -> Duration {
+    let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
+    (per_grant.saturating_mul(ahead) / 2).clamp(Duration::from_millis(1), NEAR_POLL)
 }
 
 /// The pace after a poll that saw `grants` grants in the `elapsed` since the waiter's last
@@ -107,6 +130,9 @@ pub(super) struct Queue {
     place: i64,
     /// What its last poll promised: the row lives this much past it, less [`GRACE`].
     promised: Duration,
+    /// How many waiters of a resource may keep their connection: the store's
+    /// `held_waiters`, read on joining ([`HELD_DEFAULT`] until then, or where none is set).
+    held_most: i64,
     /// Up to which place its last poll asked to listen (see [`held_places`]).
     listen_within: i64,
     /// Whether its connection listens.
@@ -132,6 +158,12 @@ impl Queue {
     fn pace(&self) -> Duration {
         self.per_grant.max(self.held_for)
     }
+
+    /// Up to which place waiters listen: those the default lets keep their connection, at
+    /// most [`HELD_DEFAULT`], whatever the store lets keep theirs (see there).
+    fn listeners(&self) -> i64 {
+        held_places(self.pace(), HELD_DEFAULT)
+    }
 }
 
 #[async_trait(?Send)]
@@ -144,6 +176,7 @@ impl Waiting for PgCoordinator {
             place: 0,
             promised: FAR_MAX,
             listen_within: WINDOW,
+            held_most: HELD_DEFAULT,
             listening: false,
             started_listening: false,
             last_token: None,
@@ -184,7 +217,7 @@ impl Waiting for PgCoordinator {
         let (keep, nap) = match self.queue.borrow_mut().as_mut() {
             Some(queue) => {
                 // The pace may have slowed since the poll: hold on only while it is worth it.
-                let keep = queue.place <= held_places(queue.pace());
+                let keep = queue.place <= held_places(queue.pace(), queue.held_most);
                 queue.listening = queue.listening && keep;
                 let nap = if queue.started_listening && queue.listening {
                     Duration::ZERO
@@ -197,6 +230,8 @@ impl Waiting for PgCoordinator {
                 } else if queue.listening {
                     // Notifications keep it up to date: polls only prove it alive.
                     NEAR_POLL
+                } else if keep {
+                    held_poll(queue.place, queue.pace())
                 } else {
                     far_poll(queue.place, queue.pace())
                 };
@@ -265,6 +300,36 @@ impl Waiting for PgCoordinator {
     fn pushes_wakeups(&self) -> bool {
         true
     }
+
+    async fn set_held_waiters(&self, most: i64) -> Result<(), Error> {
+        let value = most.clamp(WINDOW, HELD_MOST).to_string();
+        self.call(
+            "set how many waiters keep a connection (`--held-waiters`)",
+            true,
+            "INSERT INTO __SCHEMA__.meta (key, value) VALUES ('held_waiters', $1) \
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            &[(&value, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl PgCoordinator {
+    /// The store's `held_waiters` (`None`: not set, [`HELD_DEFAULT`] applies).
+    pub(super) async fn held_waiters(&self) -> Result<Option<i64>, Error> {
+        let rows = self
+            .call(
+                "read how many waiters keep a connection",
+                false,
+                "SELECT m.value FROM __SCHEMA__.meta m WHERE m.key = 'held_waiters'",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .and_then(|row| row.get::<_, String>(0).parse().ok()))
+    }
 }
 
 impl PgCoordinator {
@@ -281,7 +346,7 @@ impl PgCoordinator {
             .borrow()
             .as_ref()
             .map_or((None, FAR_MAX, WINDOW), |queue| {
-                (queue.waiter, queue.promised, held_places(queue.pace()))
+                (queue.waiter, queue.promised, queue.listeners())
             });
         if let Some(queue) = self.queue.borrow_mut().as_mut() {
             queue.listen_within = listen_within;
@@ -315,9 +380,10 @@ impl PgCoordinator {
         }
         // Joining: the row must outlive the slowest first poll. The newcomer does not know
         // the queue's pace yet: it listens if it lands within reach of any pace, and lets go
-        // of its connection after the answer if the pace says so.
+        // of its connection after the answer if the pace (and the store's `held_waiters`,
+        // which the answer carries) says so.
         let live = i64::try_from((FAR_MAX + GRACE).as_millis()).unwrap_or(i64::MAX);
-        let listen_within = HELD_MAX;
+        let listen_within = HELD_DEFAULT;
         if let Some(queue) = self.queue.borrow_mut().as_mut() {
             queue.listen_within = listen_within;
         }
@@ -325,7 +391,8 @@ impl PgCoordinator {
             .call(
                 &what,
                 true,
-                "SELECT * FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5)",
+                "SELECT e.*, (SELECT m.value FROM __SCHEMA__.meta m WHERE m.key = 'held_waiters') AS held_waiters \
+                 FROM __SCHEMA__.wait_enter($1, $2, $3, $4, $5) e",
                 &[
                     (&resource, Type::TEXT),
                     (&owner, Type::TEXT),
@@ -355,6 +422,9 @@ impl PgCoordinator {
             queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
         }
         queue.held_for = answer.held_for();
+        if let Some(most) = answer.held_waiters {
+            queue.held_most = most.clamp(WINDOW, HELD_MOST);
+        }
         let place = answer.place.unwrap_or(queue.place);
         let listens = place <= queue.listen_within;
         queue.started_listening = listens && !queue.listening;
@@ -403,6 +473,7 @@ mod tests {
             waiter: Some(3),
             place: Some(2),
             pace_ms: None,
+            held_waiters: None,
         };
         // Held since 1 s, the server's clock at 65 s: 64 s.
         assert_eq!(answer(Some(5_000)).held_for(), 64_000 * MS);
@@ -415,6 +486,7 @@ mod tests {
             place: 2,
             promised: NEAR_POLL,
             listen_within: WINDOW,
+            held_most: HELD_DEFAULT,
             listening: false,
             started_listening: false,
             last_token: Some(7),
@@ -424,9 +496,30 @@ mod tests {
             expires_in_ms: Some(5_000),
         };
         assert_eq!(queue.pace(), 64_000 * MS);
-        assert_eq!(held_places(queue.pace()), WINDOW);
+        assert_eq!(held_places(queue.pace(), queue.held_most), WINDOW);
         queue.held_for = Duration::ZERO;
         assert_eq!(queue.pace(), 3 * MS);
-        assert_eq!(held_places(queue.pace()), HELD_MAX);
+        assert_eq!(held_places(queue.pace(), queue.held_most), HELD_DEFAULT);
+    }
+
+    #[test]
+    fn the_store_s_setting_bounds_the_held_places_and_the_pace_what_it_can_use() {
+        // A fast queue: as many as the store allows.
+        assert_eq!(held_places(3 * MS, HELD_DEFAULT), HELD_DEFAULT);
+        assert_eq!(held_places(3 * MS, 64), 64);
+        // The default holds those due within HOLD_SOONER (500 ms): at 100 ms a grant, 5.
+        assert_eq!(held_places(100 * MS, HELD_DEFAULT), 5);
+        // 64 holds those due within 8 times as long: at 100 ms a grant, 40.
+        assert_eq!(held_places(100 * MS, 64), 40);
+        // Never fewer than the window.
+        assert_eq!(held_places(FAR_MAX, 64), WINDOW);
+    }
+
+    #[test]
+    fn a_held_waiter_polls_halfway_to_its_turn_down_to_a_millisecond() {
+        assert_eq!(held_poll(3, 4 * MS), 2 * MS);
+        assert_eq!(held_poll(12, 4 * MS), 20 * MS);
+        assert_eq!(held_poll(3, MS / 4), MS);
+        assert_eq!(held_poll(60, 100 * MS), NEAR_POLL);
     }
 }

@@ -310,6 +310,134 @@ fn postgres_a_paused_head_and_a_killed_waiter_are_skipped_after_their_heartbeat_
     assert!(queue_rows(&schema, "job").is_empty());
 }
 
+/// `fence init --held-waiters N` (issue 37): kept in the store's `meta` table, reported by
+/// `init`, kept by a later `init` without it, refused where waiters hold no connection.
+#[test]
+fn postgres_init_keeps_how_many_waiters_hold_a_connection() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let first = store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(first["held_waiters"], 8, "{first}");
+    let set = store
+        .fence()
+        .args(["init", "--held-waiters", "24", "--format", "json"])
+        .run()
+        .expect(0)
+        .json();
+    assert_eq!(set["held_waiters"], 24, "{set}");
+    let again = store.fence().args(["init"]).run().expect(0);
+    assert!(
+        again.stdout.contains("up to 24 waiters"),
+        "{}",
+        again.stdout
+    );
+    let stored: String = pg_query(
+        &pg_superuser(),
+        &format!("SELECT value FROM {schema}.meta WHERE key = 'held_waiters'"),
+    )[0]
+    .get(0);
+    assert_eq!(stored, "24");
+    // Out of range, or where waiters keep no connection: a usage error, nothing set.
+    for bad in ["1", "1001", "x"] {
+        store
+            .fence()
+            .args(["init", "--held-waiters", bad])
+            .run()
+            .expect(2);
+    }
+    let file = Store::file();
+    let out = file
+        .fence()
+        .args(["init", "--held-waiters", "16"])
+        .run()
+        .expect(2);
+    assert!(
+        out.stderr.contains("PostgreSQL stores only"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// The median of the connections of `role` open at once while `fence bench` runs 12 workers
+/// on one resource through `url` with the scratch schema's `held_waiters` at `held` (None:
+/// the default), sampled every 5 ms from its second second on (the first has every worker
+/// connecting at once).
+fn bench_connections(role: &str, url: &str, held: Option<&str>) -> i64 {
+    let home = tempfile::tempdir().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, role) = (stop.clone(), role.to_owned());
+        std::thread::spawn(move || {
+            block_on(async move {
+                let (client, conn) =
+                    tokio_postgres::connect(&pg_superuser(), tokio_postgres::NoTls)
+                        .await
+                        .unwrap();
+                tokio::spawn(conn);
+                let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+                let started = Instant::now();
+                let mut counts = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let count: i64 = client.query_one(&sql, &[]).await.unwrap().get(0);
+                    if started.elapsed() > Duration::from_secs(1) {
+                        counts.push(count);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                counts
+            })
+        })
+    };
+    let mut bench = common::Fence::bare(home.path()).args([
+        "--store",
+        url,
+        "bench",
+        "--workers",
+        "12",
+        "--mode",
+        "contend",
+        "--duration",
+        "4s",
+        "--format",
+        "json",
+    ]);
+    if let Some(held) = held {
+        bench = bench.args(["--held-waiters", held]);
+    }
+    let out = bench.run().expect(0);
+    stop.store(true, Ordering::SeqCst);
+    let mut counts = sampler.join().unwrap();
+    counts.sort_unstable();
+    let median = counts[counts.len() / 2];
+    eprintln!(
+        "held_waiters {held:?}: median {median} connections of {} samples (least {}, most {}); {}",
+        counts.len(),
+        counts[0],
+        counts[counts.len() - 1],
+        out.stdout.trim()
+    );
+    median
+}
+
+/// Issue 37: `--held-waiters` is what every waiter of the store reads. A hot resource whose
+/// 20 waiters hand over fast keeps at most the default's connections (the holder and 8
+/// waiters) without it; with 16, more of its waiters keep theirs (sampled from
+/// `pg_stat_activity`, as above).
+#[test]
+fn postgres_held_waiters_lets_more_waiters_of_a_hot_resource_keep_their_connection() {
+    let (role, _) = pg_limited_role(40);
+    let url = pg_socket_url(&role);
+    let by_default = bench_connections(&role, &url, None);
+    let with_12 = bench_connections(&role, &url, Some("12"));
+    assert!(by_default <= HELD_BOUND + 1, "{by_default}");
+    assert!(with_12 >= 12, "{with_12}");
+}
+
 /// Issue 25 (full servers are transient): while every connection slot of the role is taken,
 /// a `--wait` waiter keeps retrying (SQLSTATE 53300) instead of failing, and gets the lease
 /// once a slot is free; without `--wait` time to spare, fence gives up with exit 7 saying
