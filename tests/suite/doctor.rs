@@ -332,6 +332,28 @@ fn connection_limits_are_sized() {
     );
     assert!(found[0].1.contains("enough for 2 busy resources"), "{json}");
 
+    // A store that lets 24 waiters of a resource keep their connection (`fence init
+    // --held-waiters 24`) needs 26 per busy resource: the same limit of 20 is now too low.
+    let (role, url) = common::pg_limited_role(20);
+    let mut store = Store::postgres();
+    // The role owns the schema, so that the store's clean-up (as `url`) can drop it.
+    store.url = url;
+    store
+        .fence()
+        .args(["init", "--held-waiters", "24", "-q"])
+        .run()
+        .expect(0);
+    let (code, json) = doctor(store.fence());
+    assert_eq!(code, 0, "{json}");
+    let found = finding(&json, "postgres.connections");
+    assert_eq!(found[0].0, "warn", "{json}");
+    assert!(
+        found[0].1.contains(&format!(
+            "role `{role}` has CONNECTION LIMIT 20, below the 26 connections one busy resource can use"
+        )) && found[0].1.contains("up to 24 waiters"),
+        "{json}"
+    );
+
     // The test server's own role has no limit: it could take every slot.
     let store = Store::postgres();
     let (_, json) = doctor(store.fence());
