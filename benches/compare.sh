@@ -331,6 +331,8 @@ for round in $(seq 1 "$rounds"); do
     $fence bench --workers "$hot" --duration "${seconds}s" --mode contend --format json > "$out/bench64-$round.json"
     sessions1=$(psql -Atc "SELECT sum(sessions) FROM pg_stat_database")
     echo "$round $((sessions1 - sessions0 - 1))" >> "$out/sessions.txt"  # less the second psql
+    # The same with every waiter allowed to keep its connection (`fence init --held-waiters`).
+    $fence bench --workers "$hot" --duration "${seconds}s" --mode contend --held-waiters "$hot" --format json > "$out/bench64held-$round.json"
     $fence bench --workers 8 --duration "${seconds}s" --mode contend --format json > "$out/bench8-$round.json"
     pgbench -n -c "$hot" -j 2 -T "$seconds" -f "$out/write1.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/durable-$round.txt"
     pgbench -n -c "$hot" -j 2 -T "$seconds" -f "$out/lock.sql" "$plain" 2>/dev/null | grep -E '^tps' > "$out/lock-$round.txt"
@@ -477,6 +479,7 @@ def ratio(a, ka, b, kb):
     return {r: a[r][ka] / b[r][kb] for r in rounds if r in a and r in b and ka in a[r] and kb in b[r]}
 b64 = {r: bench("bench64", r)["critical_sections_per_s"] for r in rounds}
 b8 = {r: bench("bench8", r)["critical_sections_per_s"] for r in rounds}
+b64held = {r: bench("bench64held", r)["critical_sections_per_s"] for r in rounds}
 s64 = {}
 for line in open(f"{out}/sessions.txt"):
     r, n = line.split()
@@ -492,6 +495,7 @@ print("| measurement | median of rounds (range; each round) |")
 print("|---|---|")
 hot = os.environ.get("hot", "64")
 print(f"| {hot} workers on one resource, critical sections/s | {series(b64, '/s')[1]} |")
+print(f"| {hot} workers on one resource, `--held-waiters {hot}`, critical sections/s | {series(b64held, '/s')[1]} |")
 print(f"| 8 workers on one resource, critical sections/s | {series(b8, '/s')[1]} |")
 print(f"| {hot} workers on one resource, new PostgreSQL sessions/s (far waiters reconnect to poll) | {series(s64, '/s')[1]} |")
 print(f"| durable one-row `UPDATE` loop, {hot} clients, updates/s | {series(durable, '/s')[1]} |")
@@ -515,6 +519,8 @@ def target(name, values, unit, ok):
 target("`--wait` hand-off p50 ≤ 1 ms, 2 workers (issue 37)", h50, " ms", lambda m: m <= 1)
 target(f"{hot} workers on one resource ≥ 10× issue 37's 17–26/s (≥ 260/s) and ≥ the 8-worker rate",
        b64, "/s", lambda m: m >= 260 and m >= statistics.median(b8[r] for r in normal))
+target(f"the same with `--held-waiters {hot}` ({hot} + 2 connections for the resource)",
+       b64held, "/s", lambda m: m >= 260 and m >= statistics.median(b8[r] for r in normal))
 target("`fence run` (embedded store) ≤ 2.0× `flock x true` (issue 37; goal 1.5×)",
        ratio(rn, "fence run R -- true (embedded store)", rn, "flock /tmp/x true"), "x", lambda m: m <= 2.0)
 target("one `fence acquire` ≤ 1.4× the floor, direct connection (issue 37)",

@@ -189,7 +189,7 @@ _fence() {
             return 0
             ;;
         fence__subcmd__bench)
-            opts="-q -h --workers --resources --duration --mode --ttl --hold --renew --prefill --write-target --store --schema --format --quiet --color --help"
+            opts="-q -h --workers --resources --duration --mode --ttl --hold --renew --prefill --write-target --held-waiters --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -220,6 +220,10 @@ _fence() {
                     return 0
                     ;;
                 --write-target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --held-waiters)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -547,13 +551,17 @@ _fence() {
             return 0
             ;;
         fence__subcmd__init)
-            opts="-q -h --target --store --schema --format --quiet --color --help"
+            opts="-q -h --target --held-waiters --store --schema --format --quiet --color --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --held-waiters)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -206,6 +206,7 @@ set edit:completion:arg-completer[fence] = {|@words|
         }
         &'fence;init'= {
             cand --target 'Prepare fence''s schema in this PostgreSQL database rather than the store'
+            cand --held-waiters 'PostgreSQL store: how many `--wait` waiters of one resource may keep their connection while they wait (default 8; kept in the store, for every waiter). The two at the head listen for the release; those behind them whose turn is near poll on their kept connection; the rest reconnect for each poll. Raise it for a hot resource with many waiters: with 64 waiters on one resource, hand-overs ran several times faster with 64 than with 8 (docs/performance.md), at up to N+2 connections per busy resource, which the role''s CONNECTION LIMIT must allow (`fence doctor` sizes it with N)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object''s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come'
@@ -235,6 +236,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --ttl 'The lease length the workers ask for'
             cand --hold 'How long each holder keeps the lease (`handoff` mode; default 1ms)'
             cand --write-target 'Also make one fenced write (an empty fenced transaction) per critical section to this PostgreSQL database, in the bench''s scratch schema'
+            cand --held-waiters 'PostgreSQL: the scratch schema''s `held_waiters` (see `fence init --held-waiters`), to measure what a setting would do before giving it to the store. Default: the default (8)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'
             cand --format 'Output format: `human` tables and sentences, one `json` object, `env` lines for `eval` (acquire only), or `ndjson`, one JSON object per event (log only). With `json`, warnings are not printed on stderr but carried in the object''s `notices` array of strings (absent when there is none); `run` prints them on stderr too, as they come'

@@ -401,6 +401,8 @@ fn the_comparison_script_runs_and_reports_every_target() {
         "| fence's acquire statement, refused (busy) |",
         "| `--wait` hand-off, 2 workers, p50 |",
         "workers on one resource, new PostgreSQL sessions/s",
+        "workers on one resource, `--held-waiters 8`, critical sections/s",
+        "| the same with `--held-waiters 8`",
         "| one `fence acquire` ≤ 1.1× the floor through PgBouncer",
         "| `fence run` (PostgreSQL, trust) ≤ 0.5× `etcdctl lock`",
         "| a refused acquire leaves the lease row untouched (issue 22) | 100 refused",
