@@ -805,12 +805,12 @@ pub struct InitArgs {
     pub target: Option<String>,
 
     /// PostgreSQL store: how many `--wait` waiters of one resource may keep their connection
-    /// while they wait (default 8; kept in the store, for every waiter). The two at the head
-    /// listen for the release; those behind them whose turn is near poll on their kept
-    /// connection; the rest reconnect for each poll. Raise it for a hot resource with many
-    /// waiters: with 64 waiters on one resource, hand-overs ran several times faster with 64
-    /// than with 8 (docs/performance.md), at up to N+2 connections per busy resource, which
-    /// the role's CONNECTION LIMIT must allow (`fence doctor` sizes it with N).
+    /// while they wait (2–1000, default 8; kept in the store, for every waiter). Those near
+    /// the head keep theirs when the queue moves fast: up to 8 listen for the release, the
+    /// others poll on it; the rest reconnect for each poll. Raise it for a hot resource with
+    /// many waiters: with 64 waiters on one resource, hand-overs ran 5–10 times faster with
+    /// 64 than with 8 (docs/performance.md), at up to N+2 connections per busy resource,
+    /// which the role's CONNECTION LIMIT must allow (`fence doctor` sizes it with N).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(2..=1000), conflicts_with = "target")]
     pub held_waiters: Option<i64>,
 }
