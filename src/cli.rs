@@ -806,8 +806,8 @@ pub struct InitArgs {
 
     /// PostgreSQL store: how many `--wait` waiters of one resource may keep their connection
     /// while they wait (2–1000, default 8; kept in the store, for every waiter). Those near
-    /// the head keep theirs when the queue moves fast: up to 8 listen for the release, the
-    /// others poll on it; the rest reconnect for each poll. Raise it for a hot resource with
+    /// the head keep theirs when the queue moves fast: up to 8 (or N, if fewer) listen for
+    /// the release, the others poll on it; the rest reconnect for each poll. Raise it for a hot resource with
     /// many waiters: with 64 waiters on one resource, hand-overs ran 5–10 times faster with
     /// 64 than with 8 (docs/performance.md), at up to N+2 connections per busy resource,
     /// which the role's CONNECTION LIMIT must allow (`fence doctor` sizes it with N).

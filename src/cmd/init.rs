@@ -19,6 +19,14 @@ pub async fn run(args: InitArgs, ctx: &Context) -> Result<Initialised, Error> {
     if let Some(url) = &args.target {
         return init_target(url, ctx).await;
     }
+    // Refused before anything is created.
+    let postgres = matches!(
+        ctx.store.as_ref().map(|store| &store.kind),
+        Some(crate::config::StoreKind::Postgres(_))
+    );
+    if args.held_waiters.is_some() && !postgres {
+        return Err(crate::coordinator::held_waiters_elsewhere());
+    }
     let coordinator = ctx.coordinator().await?;
     let mut report = coordinator.init().await?;
     if let Some(most) = args.held_waiters {

@@ -545,11 +545,16 @@ pub trait Waiting {
     /// Sets how many waiters of one resource may keep their connection while they wait
     /// (`fence init --held-waiters N`). Only PostgreSQL's waiters hold one.
     async fn set_held_waiters(&self, _most: i64) -> Result<(), Error> {
-        Err(Error::usage(
-            "`--held-waiters` applies to PostgreSQL stores only: waiters on S3, GCS and the directory store hold no connection",
-            "leave it out, or point --store at a PostgreSQL coordinator",
-        ))
+        Err(held_waiters_elsewhere())
     }
+}
+
+/// `--held-waiters` given for a store whose waiters hold no connection.
+pub fn held_waiters_elsewhere() -> Error {
+    Error::usage(
+        "`--held-waiters` applies to PostgreSQL stores only: waiters on S3, GCS and the directory store hold no connection",
+        "leave it out, or point --store at a PostgreSQL coordinator",
+    )
 }
 
 /// What a coordinator remembers: the state and events of its resources, for `inspect`,

@@ -149,29 +149,60 @@ impl Session {
         Ok((before, self.spec.version))
     }
 
-    /// A current schema whose name is too long for `fence_<schema>` as a channel was made by
-    /// a fence that named the channel in full: its functions that notify failed ("channel
-    /// name too long"), so a `--wait` could not be granted. They are made again with the
-    /// channel cut to size; nothing else (no table is touched, so no lock is taken that
-    /// live traffic could wait on). A no-op for every other schema.
+    /// A current schema whose name is too long for `fence_<schema>` as a channel may have been
+    /// made by a fence that named the channel in full: its functions that notify failed
+    /// ("channel name too long"), so a `--wait` could not be granted. Those that still name
+    /// it in full are made again with the channel cut to size, under the schema's advisory
+    /// lock (two at once would fail: "tuple concurrently updated"), after looking again
+    /// inside it; no table is touched. A schema that needs nothing is only read, so `init`
+    /// stays a read for a role that may not replace fence's functions.
     async fn repair_channel(&self) -> Result<(), Error> {
-        if channel(&self.schema) == format!("fence_{}", self.schema) {
-            return Ok(());
-        }
-        let functions: Vec<&str> = notifying_functions(self.spec.sql).collect();
-        if functions.is_empty() {
+        let full = format!("fence_{}", self.schema);
+        if channel(&self.schema) == full || !self.names_full_channel(&full).await? {
             return Ok(());
         }
         let what = format!(
-            "repair the notification channel of schema `{}`",
+            "repair the notification channel of schema `{}` (its functions name it whole, longer than PostgreSQL allows)",
             self.schema
         );
-        let script = format!("BEGIN;\n{}\nCOMMIT;", self.expand(&functions.join("\n")));
-        let result = self.batch(&what, &script).await;
+        let lock = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('fence {} schema {}'))",
+            self.spec.purpose, self.schema
+        );
+        let result = match self.batch(&what, &lock).await {
+            Ok(()) => match self.names_full_channel(&full).await {
+                Ok(true) => {
+                    let functions: Vec<&str> = notifying_functions(self.spec.sql).collect();
+                    let script = format!("{}\nCOMMIT;", self.expand(&functions.join("\n")));
+                    self.batch(&what, &script).await
+                }
+                Ok(false) => self.batch(&what, "COMMIT").await,
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
         if result.is_err() {
             self.rollback().await;
         }
         result
+    }
+
+    /// Whether a function of the schema names the channel `full` whole (as a quoted string:
+    /// an earlier fence's `pg_notify`).
+    async fn names_full_channel(&self, full: &str) -> Result<bool, Error> {
+        let what = "read fence's functions";
+        let quoted = format!("'{full}'");
+        let rows = self
+            .request(
+                what,
+                false,
+                "SELECT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = $1 AND strpos(p.prosrc, $2) > 0)",
+                &[(&self.schema, Type::TEXT), (&quoted, Type::TEXT)],
+            )
+            .await?
+            .map_err(|err| pg::request_error(err, &self.display, what, false))?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
     }
 
     /// Runs one request; a write creates the schema first if it does not exist yet, a read

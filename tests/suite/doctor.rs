@@ -353,6 +353,31 @@ fn connection_limits_are_sized() {
         )) && found[0].1.contains("up to 24 waiters"),
         "{json}"
     );
+    // A setting no limit below the server's slots can fit, and one written by hand that
+    // waiters cannot use: each named, with the setting to give.
+    let schema = store.schema.clone().unwrap();
+    common::pg_exec(
+        &common::pg_superuser(),
+        &format!("UPDATE {schema}.meta SET value = '1000' WHERE key = 'held_waiters'"),
+    );
+    let (_, json) = doctor(store.fence());
+    let text = json.to_string();
+    assert!(
+        text.contains("one busy resource can use 1002 connections")
+            && text.contains("fence init --held-waiters 96"),
+        "{json}"
+    );
+    assert!(!text.contains("CONNECTION LIMIT 1002"), "{json}");
+    common::pg_exec(
+        &common::pg_superuser(),
+        &format!("UPDATE {schema}.meta SET value = 'lots' WHERE key = 'held_waiters'"),
+    );
+    let (_, json) = doctor(store.fence());
+    assert!(
+        json.to_string()
+            .contains("held_waiters is `lots`, not a number from 2 to 1000: waiters use 8"),
+        "{json}"
+    );
 
     // The test server's own role has no limit: it could take every slot.
     let store = Store::postgres();

@@ -196,8 +196,11 @@ fn per_busy_resource(held: i64) -> i64 {
     1 + held + 1
 }
 
-/// The store's `held_waiters` (`fence init --held-waiters`), else the default.
-async fn held_waiters(client: &Client, schema: &str) -> i64 {
+/// The store's `held_waiters` as waiters use it (`fence init --held-waiters`; the default
+/// where none is set), and the stored text when waiters could not use it as it is (not a
+/// number, or out of 2–1000: they fall back to the default, or to the nearest bound).
+async fn held_waiters(client: &Client, schema: &str) -> (i64, Option<String>) {
+    use crate::coordinator::{PG_HELD_WAITERS, PG_HELD_WAITERS_MOST};
     // A store not made yet has no `meta` table: the default. (`schema` is a checked name.)
     let exists = one(
         client,
@@ -205,16 +208,16 @@ async fn held_waiters(client: &Client, schema: &str) -> i64 {
     )
     .await;
     if !matches!(exists, Ok(Some(ref yes)) if yes == "t") {
-        return crate::coordinator::PG_HELD_WAITERS;
+        return (PG_HELD_WAITERS, None);
     }
     let sql = format!("SELECT value FROM {schema}.meta WHERE key = 'held_waiters'");
     match one(client, &sql).await {
-        Ok(Some(value)) => value
-            .parse::<i64>()
-            .map_or(crate::coordinator::PG_HELD_WAITERS, |most| {
-                most.clamp(2, crate::coordinator::PG_HELD_WAITERS_MOST)
-            }),
-        _ => crate::coordinator::PG_HELD_WAITERS,
+        Ok(Some(value)) => match value.parse::<i64>() {
+            Ok(most) if (2..=PG_HELD_WAITERS_MOST).contains(&most) => (most, None),
+            Ok(most) => (most.clamp(2, PG_HELD_WAITERS_MOST), Some(value)),
+            Err(_) => (PG_HELD_WAITERS, Some(value)),
+        },
+        _ => (PG_HELD_WAITERS, None),
     }
 }
 
@@ -222,7 +225,15 @@ async fn held_waiters(client: &Client, schema: &str) -> i64 {
 /// has for non-superusers, and against what one busy resource needs.
 async fn connections(client: &Client, schema: &str, f: &mut Findings<'_>) {
     let check = "postgres.connections";
-    let held = held_waiters(client, schema).await;
+    let (held, unusable) = held_waiters(client, schema).await;
+    if let Some(stored) = unusable {
+        f.add(
+            check,
+            Severity::Warn,
+            format!("the store's held_waiters is `{stored}`, not a number from 2 to 1000: waiters use {held}"),
+            "set it with `fence init --held-waiters N` (2–1000; 8 is the default)",
+        );
+    }
     let per_resource = per_busy_resource(held);
     // `reserved_connections` (PostgreSQL 16) is read as 0 where it does not exist. The role
     // comes last: its name may hold the separator.
@@ -259,6 +270,17 @@ async fn connections(client: &Client, schema: &str, f: &mut Findings<'_>) {
         "the server's {slots} slots for ordinary roles (max_connections {max} less {reserved} reserved)"
     );
     let role_sql = sql_identifier(role);
+    if per_resource >= slots {
+        // No CONNECTION LIMIT below the server's slots fits one busy resource.
+        let fits = (slots / 2 - 2).max(2);
+        f.add(
+            check,
+            Severity::Warn,
+            format!("the store lets {held} waiters of a resource keep their connection (held_waiters): one busy resource can use {per_resource} connections, not fewer than {server}"),
+            &format!("lower it with `fence init --held-waiters {fits}` (two busy resources then fit), or raise max_connections"),
+        );
+        return;
+    }
     let spare = (slots - (slots / 10).max(per_resource)).max(per_resource);
     let bounded = format!(
         "give the role a CONNECTION LIMIT below the server's slots (e.g. `ALTER ROLE {role_sql} CONNECTION LIMIT {spare}`), or let waiting jobs log in as a role of their own with a limit (`CONNECTION LIMIT 20` lets 200 waiters through one by one), or put them behind a session-mode pool; see docs/run.md, Connection sizing and PgBouncer"

@@ -276,18 +276,21 @@ impl Reaper {
                 &"fence's supervisor of the command was already used",
             ));
         };
-        // One write into the empty pipe (a pipe holds 64 KiB, and the message is below the
-        // argument limits), still blocking; from here on our end never blocks: a bound the
-        // reaper has not read yet is replaced by the next one anyway.
-        let sent = (&start).write_all(&message);
-        let _ = rustix::fs::fcntl_setfl(&start, rustix::fs::OFlags::NONBLOCK);
-        let bounds = Bounds(start);
+        // Watched before the go is sent: failing here, nothing was started (the reaper sees
+        // its start pipe close), so "nothing was run" holds and the run is on record as not
+        // started; failing after the go, the command could be running unwatched.
         let mut report = tokio::net::unix::pipe::Receiver::from_file(report).map_err(|err| {
             Error::internal(
                 format!("cannot watch fence's supervisor of the command: {err}"),
                 "check the system's file limits; nothing was run and the lease was released",
             )
         })?;
+        // One write into the empty pipe (a pipe holds 64 KiB, and the message is below the
+        // argument limits), still blocking; from here on our end never blocks: a bound the
+        // reaper has not read yet is replaced by the next one anyway.
+        let sent = (&start).write_all(&message);
+        let _ = rustix::fs::fcntl_setfl(&start, rustix::fs::OFlags::NONBLOCK);
+        let bounds = Bounds(start);
         // The reaper writes one newline once COMMAND runs, or why it could not start and
         // closes its end. A reaper that dies before either closes it with nothing said.
         let give_up = bound.saturating_sub(nanos(grace));

@@ -159,10 +159,10 @@ impl Queue {
         self.per_grant.max(self.held_for)
     }
 
-    /// Up to which place waiters listen: those the default lets keep their connection, at
-    /// most [`HELD_DEFAULT`], whatever the store lets keep theirs (see there).
+    /// Up to which place waiters listen: those that keep their connection, at most
+    /// [`HELD_DEFAULT`] whatever the store lets keep theirs (see there).
     fn listeners(&self) -> i64 {
-        held_places(self.pace(), HELD_DEFAULT)
+        held_places(self.pace(), self.held_most.min(HELD_DEFAULT))
     }
 }
 
@@ -316,7 +316,8 @@ impl Waiting for PgCoordinator {
 }
 
 impl PgCoordinator {
-    /// The store's `held_waiters` (`None`: not set, [`HELD_DEFAULT`] applies).
+    /// The store's `held_waiters` as waiters use it (`None`: not set or not a number, and
+    /// [`HELD_DEFAULT`] applies; `fence doctor` names a value waiters cannot use as it is).
     pub(super) async fn held_waiters(&self) -> Result<Option<i64>, Error> {
         let rows = self
             .call(
@@ -328,7 +329,8 @@ impl PgCoordinator {
             .await?;
         Ok(rows
             .first()
-            .and_then(|row| row.get::<_, String>(0).parse().ok()))
+            .and_then(|row| row.get::<_, String>(0).parse::<i64>().ok())
+            .map(|most| most.clamp(WINDOW, HELD_MOST)))
     }
 }
 
@@ -500,6 +502,12 @@ mod tests {
         queue.held_for = Duration::ZERO;
         assert_eq!(queue.pace(), 3 * MS);
         assert_eq!(held_places(queue.pace(), queue.held_most), HELD_DEFAULT);
+        assert_eq!(queue.listeners(), HELD_DEFAULT);
+        // A store that lets fewer keep their connection: no more listen than that.
+        queue.held_most = 3;
+        assert_eq!(queue.listeners(), 3);
+        queue.held_most = 64;
+        assert_eq!(queue.listeners(), HELD_DEFAULT);
     }
 
     #[test]

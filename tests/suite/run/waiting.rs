@@ -361,6 +361,10 @@ fn postgres_init_keeps_how_many_waiters_hold_a_connection() {
         "{}",
         out.stderr
     );
+    assert!(
+        !file.dir().join("fence-store.json").exists(),
+        "refused before anything was made"
+    );
 }
 
 /// The median of the connections of `role` open at once while `fence bench` runs 12 workers

@@ -1055,6 +1055,41 @@ fn postgres_a_long_named_schema_of_an_earlier_fence_is_repaired_by_init() {
         .expect(0)
         .json();
     assert_eq!(init["action"], "up_to_date");
+    // Several at once (jobs that each run `fence init` as they start): each repairs or finds
+    // it repaired, under the schema's lock.
+    let inits: Vec<std::process::Child> = (0..6)
+        .map(|_| {
+            store
+                .fence()
+                .args(["init", "--format", "json"])
+                .cmd
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for init in inits {
+        let out = init.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["action"], "up_to_date");
+    }
+    // Repaired, `init` only reads: the functions are not made again.
+    let versions = || -> Vec<String> {
+        store
+            .pg_rows(
+                "SELECT p.proname || ':' || p.xmin::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = $1 ORDER BY 1",
+                &s,
+            )
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let before = versions();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    assert_eq!(versions(), before);
     let (waiter, _) = start_waiter(&store, "bob");
     release_to_waiter(&store, &held, waiter, "bob");
 }
