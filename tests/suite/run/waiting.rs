@@ -14,7 +14,7 @@ use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -78,26 +78,23 @@ fn run_waiter(store: &Store, url: &str, owner: &str, script: &str, dir: &Path) -
     fence.cmd.spawn().unwrap()
 }
 
-/// Samples the connections of `role` named `fence` (the waiters and the holder) until
-/// stopped: (most at once, most of them older than a second).
+/// Samples the connections of `role` named `fence` (the waiters and the holder) every 5 ms
+/// until stopped: how long after the start, how many, and how many of them older than a
+/// second.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    total: Arc<AtomicI64>,
-    held: Arc<AtomicI64>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<Vec<(Duration, i64, i64)>>>,
 }
 
 impl Sampler {
     fn start(role: &str) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
-        let total = Arc::new(AtomicI64::new(0));
-        let held = Arc::new(AtomicI64::new(0));
         let sql = format!(
             "SELECT count(*), count(*) FILTER (WHERE backend_start < clock_timestamp() - interval '1 second') \
              FROM pg_stat_activity WHERE usename = '{role}' AND application_name = 'fence'"
         );
         let thread = {
-            let (stop, total, held) = (stop.clone(), total.clone(), held.clone());
+            let stop = stop.clone();
             std::thread::spawn(move || {
                 block_on(async move {
                     let (client, conn) =
@@ -105,29 +102,34 @@ impl Sampler {
                             .await
                             .unwrap();
                     tokio::spawn(conn);
+                    let started = Instant::now();
+                    let mut samples = Vec::new();
                     while !stop.load(Ordering::SeqCst) {
                         let row = client.query_one(&sql, &[]).await.unwrap();
-                        total.fetch_max(row.get(0), Ordering::SeqCst);
-                        held.fetch_max(row.get(1), Ordering::SeqCst);
+                        samples.push((started.elapsed(), row.get(0), row.get(1)));
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
+                    samples
                 })
             })
         };
         Sampler {
             stop,
-            total,
-            held,
             thread: Some(thread),
         }
     }
 
-    fn finish(mut self) -> (i64, i64) {
+    fn finish(mut self) -> Vec<(Duration, i64, i64)> {
         self.stop.store(true, Ordering::SeqCst);
-        self.thread.take().unwrap().join().unwrap();
+        self.thread.take().unwrap().join().unwrap()
+    }
+
+    /// The most connections at once, and the most of them older than a second.
+    fn most(self) -> (i64, i64) {
+        let samples = self.finish();
         (
-            self.total.load(Ordering::SeqCst),
-            self.held.load(Ordering::SeqCst),
+            samples.iter().map(|s| s.1).max().unwrap_or(0),
+            samples.iter().map(|s| s.2).max().unwrap_or(0),
         )
     }
 }
@@ -213,7 +215,7 @@ fn postgres_many_waiters_fit_a_connection_limit_and_are_served_in_arrival_order(
         }
     }
     let drained = released.elapsed();
-    let (total, long_lived) = sampler.finish();
+    let (total, long_lived) = sampler.most();
     eprintln!(
         "{WAITERS} waiters: queued in {queued:?}, served in {drained:?}; waiter connections at most {total} at once, {long_lived} of them held"
     );
@@ -369,34 +371,10 @@ fn postgres_init_keeps_how_many_waiters_hold_a_connection() {
 
 /// The median of the connections of `role` open at once while `fence bench` runs 12 workers
 /// on one resource through `url` with the scratch schema's `held_waiters` at `held` (None:
-/// the default), sampled every 5 ms from its second second on (the first has every worker
-/// connecting at once).
+/// the default), from its second second on (the first has every worker connecting at once).
 fn bench_connections(role: &str, url: &str, held: Option<&str>) -> i64 {
     let home = tempfile::tempdir().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, role) = (stop.clone(), role.to_owned());
-        std::thread::spawn(move || {
-            block_on(async move {
-                let (client, conn) =
-                    tokio_postgres::connect(&pg_superuser(), tokio_postgres::NoTls)
-                        .await
-                        .unwrap();
-                tokio::spawn(conn);
-                let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
-                let started = Instant::now();
-                let mut counts = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let count: i64 = client.query_one(&sql, &[]).await.unwrap().get(0);
-                    if started.elapsed() > Duration::from_secs(1) {
-                        counts.push(count);
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                counts
-            })
-        })
-    };
+    let sampler = Sampler::start(role);
     let mut bench = common::Fence::bare(home.path()).args([
         "--store",
         url,
@@ -414,8 +392,12 @@ fn bench_connections(role: &str, url: &str, held: Option<&str>) -> i64 {
         bench = bench.args(["--held-waiters", held]);
     }
     let out = bench.run().expect(0);
-    stop.store(true, Ordering::SeqCst);
-    let mut counts = sampler.join().unwrap();
+    let mut counts: Vec<i64> = sampler
+        .finish()
+        .into_iter()
+        .filter(|(after, _, _)| *after > Duration::from_secs(1))
+        .map(|(_, count, _)| count)
+        .collect();
     counts.sort_unstable();
     let median = counts[counts.len() / 2];
     eprintln!(
