@@ -343,12 +343,32 @@ mod exhaustion {
 #[test]
 fn the_comparison_script_runs_and_reports_every_target() {
     let fence = std::path::Path::new(env!("CARGO_BIN_EXE_fence"));
-    let bin_dir = fence.parent().unwrap();
-    assert!(
-        bin_dir.join("examples/pg_floor").exists(),
-        "no {}: the suite's build makes it (cargo nextest builds the examples)",
-        bin_dir.join("examples/pg_floor").display()
-    );
+    // The script takes DIR/fence and DIR/examples/pg_floor. The suite's build (`cargo test
+    // --all-targets`) makes the example as examples/pg_floor-<hash> and does not always copy
+    // it to examples/pg_floor (not in an empty target directory: CI failed on it), so the
+    // newest of those is linked into a directory of the test's own.
+    let examples = fence.parent().unwrap().join("examples");
+    let floor = std::fs::read_dir(&examples)
+        .unwrap_or_else(|err| panic!("{}: {err}", examples.display()))
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            (name == "pg_floor" || name.starts_with("pg_floor-")) && !name.contains('.')
+        })
+        .filter_map(|entry| Some((entry.metadata().ok()?.modified().ok()?, entry.path())))
+        .max()
+        .map(|(_, path)| path)
+        .unwrap_or_else(|| {
+            panic!(
+                "no pg_floor in {}: the suite's build makes it (cargo nextest builds the examples)",
+                examples.display()
+            )
+        });
+    let bins = tempfile::tempdir().unwrap();
+    std::fs::create_dir(bins.path().join("examples")).unwrap();
+    std::os::unix::fs::symlink(fence, bins.path().join("fence")).unwrap();
+    std::os::unix::fs::symlink(&floor, bins.path().join("examples/pg_floor")).unwrap();
+    let bin_dir = bins.path();
     // Its output goes to files, so that a run that does not end (once, under the suite's
     // load: the step is unknown) is stopped before the suite's timeout and shows how far it
     // got; the whole process group gets SIGTERM, which pg_virtualenv's own cleanup handles.
