@@ -941,33 +941,28 @@ fn postgres_one_shot_commands_call_no_plpgsql() {
     );
 }
 
+/// `fence init --format json`, which must succeed: its answer.
+fn init_json(store: &Store) -> serde_json::Value {
+    store
+        .fence()
+        .args(["init", "--format", "json"])
+        .run()
+        .expect(0)
+        .json()
+}
+
 /// `fence init` creates the schema once and is idempotent; other commands create it lazily.
 #[test]
 fn postgres_init_is_idempotent() {
     let store = Store::postgres();
-    let first = store
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
+    let first = init_json(&store);
     assert_eq!(first["action"], "created");
     assert_eq!(first["schema_version"], 5);
-    let again = store
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
+    let again = init_json(&store);
     assert_eq!(again["action"], "up_to_date");
     let lazy = Store::postgres();
     acquire(&lazy, "job", "alice", "30s");
-    let init = lazy
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
+    let init = init_json(&lazy);
     assert_eq!(init["action"], "up_to_date");
 }
 
@@ -1053,12 +1048,7 @@ fn postgres_a_long_named_schema_of_an_earlier_fence_is_repaired_by_init() {
         Some(("alice".to_owned(), held.token))
     );
     let held = acquire(&store, "job", "alice", "30s");
-    let init = store
-        .fence()
-        .args(["init", "--format", "json"])
-        .run()
-        .expect(0)
-        .json();
+    let init = init_json(&store);
     assert_eq!(init["action"], "up_to_date");
     // Several at once (jobs that each run `fence init` as they start): each repairs or finds
     // it repaired, under the schema's lock. Without the lock, two replacing the same function
@@ -1175,12 +1165,7 @@ fn postgres_a_version_1_or_2_schema_is_migrated() {
         let store = Store::postgres();
         store.fence().args(["init", "-q"]).run().expect(0);
         downgrade_schema(&store, version);
-        let init = store
-            .fence()
-            .args(["init", "--format", "json"])
-            .run()
-            .expect(0)
-            .json();
+        let init = init_json(&store);
         assert_eq!(
             (init["action"].as_str(), init["schema_version"].as_i64()),
             (Some("migrated"), Some(5))
