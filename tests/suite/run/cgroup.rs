@@ -691,7 +691,17 @@ fn a_signal_to_the_supervisor_s_group_while_waiting_is_not_the_command_s() {
             .unwrap()
             .parse()
             .unwrap();
-    let title = std::fs::read_to_string(format!("/proc/{command}/cmdline")).unwrap_or_default();
+    // The forked process retitles itself just after the fork: read until it has (a single
+    // read under load once saw the supervisor's own title, copied by the fork).
+    let mut title = String::new();
+    wait_for(
+        "the command's process to take its title",
+        Duration::from_secs(10),
+        || {
+            title = std::fs::read_to_string(format!("/proc/{command}/cmdline")).unwrap_or_default();
+            title.starts_with("fence __command")
+        },
+    );
     // SAFETY: signals to the supervisor's process group.
     unsafe {
         for signal in [libc::SIGHUP, libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2] {
