@@ -1148,15 +1148,12 @@ mod tests {
                 }
             }
         }
-        // Read when the test runs (cargo and nextest set it): a binary reused from a build in
-        // another checkout of the same sources would otherwise look in that checkout.
-        let root = std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
-            || env!("CARGO_MANIFEST_DIR").into(),
-            std::path::PathBuf::from,
-        );
-        let src = root.join("src");
+        // Relative to where the test runs (cargo and nextest run it in the package's root):
+        // a binary reused from a build in another checkout of the same sources would
+        // otherwise look in that checkout.
+        let src = std::path::Path::new("src");
         let mut files = Vec::new();
-        rust_files(&src, &mut files);
+        rust_files(src, &mut files);
         let knowing: Vec<_> = files
             .iter()
             .filter(|f| !f.ends_with("src/cli.rs"))
