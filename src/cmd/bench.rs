@@ -32,6 +32,8 @@ pub struct Benched {
     workers: u32,
     resources: u32,
     prefilled: bool,
+    /// PostgreSQL: `--held-waiters`, as the scratch schema was set to (`None`: not given).
+    held_waiters: Option<i64>,
     elapsed: Duration,
     totals: Stats,
 }
@@ -244,6 +246,7 @@ pub async fn run(args: BenchArgs, ctx: &Context, out: &Output) -> Result<Benched
         workers: args.workers,
         resources: plan.resources,
         prefilled: args.prefill,
+        held_waiters,
         elapsed,
         totals,
     })
@@ -468,6 +471,8 @@ impl Report for Benched {
             workers: u32,
             resources: u32,
             prefilled: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            held_waiters: Option<i64>,
             duration_ms: u64,
             #[serde(flatten)]
             figures: Figures,
@@ -477,6 +482,7 @@ impl Report for Benched {
             workers: self.workers,
             resources: self.resources,
             prefilled: self.prefilled,
+            held_waiters: self.held_waiters,
             duration_ms: self.elapsed.as_millis() as u64,
             figures: self.figures(),
         })
@@ -493,11 +499,14 @@ impl Report for Benched {
             table.add_row([name.replace('_', " "), shown]);
         }
         format!(
-            "{} mode, {} workers, {} resource(s){}, {:.1}s\n{table}\n",
+            "{} mode, {} workers, {} resource(s){}{}, {:.1}s\n{table}\n",
             self.mode_name(),
             self.workers,
             self.resources,
             if self.prefilled { " (prefilled)" } else { "" },
+            self.held_waiters
+                .map(|most| format!(", up to {most} waiters keeping a connection"))
+                .unwrap_or_default(),
             self.elapsed.as_secs_f64()
         )
     }

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    block_on, pg_limited_role, pg_query, pg_socket_url, pg_superuser, wait_exit, wait_for, Lease,
-    Store,
+    block_on, pg_exec, pg_limited_role, pg_query, pg_socket_url, pg_superuser, wait_exit, wait_for,
+    Lease, Store,
 };
 use serde_json::Value;
 
@@ -369,6 +369,47 @@ fn postgres_init_keeps_how_many_waiters_hold_a_connection() {
     );
 }
 
+/// `fence init --held-waiters N` by a role that may use the store but not change its
+/// settings (no INSERT/UPDATE on `meta`): refused with the privilege and the table named,
+/// the setting left as it was, and the store still usable by that role.
+#[test]
+fn postgres_held_waiters_needs_write_access_to_the_store_s_settings() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    store.fence().args(["init"]).run().expect(0);
+    let (role, url) = pg_limited_role(20);
+    pg_exec(
+        &pg_superuser(),
+        &format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {role};
+             GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role};
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role};
+             REVOKE INSERT, UPDATE ON {schema}.meta FROM {role};"
+        ),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let as_role = || common::Fence::bare(home.path()).args(["--store", &url, "--schema", &schema]);
+    let out = as_role()
+        .args(["init", "--held-waiters", "16", "--format", "json"])
+        .run()
+        .expect(2)
+        .json();
+    let message = out["message"].as_str().unwrap();
+    assert!(
+        message.contains("--held-waiters") && message.contains("permission denied for table meta"),
+        "{out}"
+    );
+    assert!(out["hint"].as_str().unwrap().contains("meta"), "{out}");
+    assert!(!format!("{out}").contains("limited-secret"), "{out}");
+    let stored = pg_query(
+        &pg_superuser(),
+        &format!("SELECT value FROM {schema}.meta WHERE key = 'held_waiters'"),
+    );
+    assert!(stored.is_empty(), "nothing set");
+    as_role().args(["run", "job", "--", "true"]).run().expect(0);
+}
+
 /// The median of the connections of `role` open at once while `fence bench` runs 12 workers
 /// on one resource through `url` with the scratch schema's `held_waiters` at `held` (None:
 /// the default), from its second second on (the first has every worker connecting at once).
@@ -392,6 +433,13 @@ fn bench_connections(role: &str, url: &str, held: Option<&str>) -> i64 {
         bench = bench.args(["--held-waiters", held]);
     }
     let out = bench.run().expect(0);
+    // The report says which setting it measured (absent: the store's default).
+    assert_eq!(
+        out.json()["held_waiters"].as_i64(),
+        held.map(|held| held.parse::<i64>().unwrap()),
+        "{}",
+        out.stdout
+    );
     let mut counts: Vec<i64> = sampler
         .finish()
         .into_iter()
