@@ -68,17 +68,39 @@ fn acquire_renew_release_and_inspect_work_through_pgbouncer() {
 #[test]
 fn concurrent_waiting_runs_through_pgbouncer_never_overlap() {
     let store = pooled();
+    waiting_runs_never_overlap(&store, ROUNDS, WORKERS, "0.5");
+}
+
+/// The same with more waiters keeping their connection than listen (`fence init
+/// --held-waiters 16`, issue 37): behind the pool a kept connection is a client connection,
+/// its `LISTEN` is lost with the server connection, and the held waiters only poll; a dozen
+/// runs still take their turns one at a time, all served, nothing left queued.
+#[test]
+fn held_waiters_take_their_turns_through_pgbouncer() {
+    let store = pooled();
+    store
+        .fence()
+        .args(["init", "--held-waiters", "16"])
+        .run()
+        .expect(0);
+    waiting_runs_never_overlap(&store, 1, 12, "0.1");
+}
+
+/// `rounds` rounds of `workers` concurrent `fence run --wait` on one resource, each section
+/// logging its start and end around a `sleep hold`: every run exits 0, the sections never
+/// overlap and carry increasing tokens, and no waiter rows are left behind.
+fn waiting_runs_never_overlap(store: &Store, rounds: usize, workers: usize, hold: &str) {
     let dir = tempfile::tempdir().unwrap();
-    for round in 0..ROUNDS {
-        let mut runs: Vec<Child> = (0..WORKERS)
+    for round in 0..rounds {
+        let mut runs: Vec<Child> = (0..workers)
             .map(|i| {
                 let mut fence = store
                     .fence()
                     .args(["run", "job", "--wait", "120s", "--ttl", "1s"])
                     .args(["--owner", &format!("r{round}w{i}"), "--", "sh", "-c"])
-                    .args([
-                        "echo \"start $FENCE_OWNER $FENCE_TOKEN\" >> log; sleep 0.5; echo \"end $FENCE_OWNER $FENCE_TOKEN\" >> log",
-                    ]);
+                    .args([format!(
+                        "echo \"start $FENCE_OWNER $FENCE_TOKEN\" >> log; sleep {hold}; echo \"end $FENCE_OWNER $FENCE_TOKEN\" >> log"
+                    )]);
                 fence
                     .cmd
                     .current_dir(dir.path())
@@ -94,7 +116,7 @@ fn concurrent_waiting_runs_through_pgbouncer_never_overlap() {
     }
     let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
     let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 2 * ROUNDS * WORKERS, "{log}");
+    assert_eq!(lines.len(), 2 * rounds * workers, "{log}");
     let mut last_token = 0;
     for pair in lines.chunks(2) {
         let start: Vec<&str> = pair[0].split(' ').collect();
@@ -108,7 +130,7 @@ fn concurrent_waiting_runs_through_pgbouncer_never_overlap() {
         assert!(token > last_token, "tokens out of order:\n{log}");
         last_token = token;
     }
-    assert_eq!(waiter_rows(&store), 0);
+    assert_eq!(waiter_rows(store), 0);
 }
 
 /// Issue 15, done-when 5 (the write half): fenced transactions and the row form land through
