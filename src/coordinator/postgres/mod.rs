@@ -24,12 +24,13 @@
 //! the store's `held_waiters` ([`HELD_DEFAULT`](queue::HELD_DEFAULT) unless `fence init --held-waiters`
 //! set it) keep their connection and poll on it, not listening. The others close their connection and poll on a fresh one, less often the
 //! further back they are ([`far_poll`](queue::far_poll)): a thousand waiters behind a long-held lease hold two
-//! connections and open about a hundred a second between them. The queue's pace (time per
-//! grant) that decides both is, on joining, the median gap between the resource's recent
-//! grants, then what the waiter's own polls see, followed at once when it is faster and
-//! gradually when slower, and never shorter than the current holder has held the lease:
-//! a lease that lay free while the next waiter slept does not teach the others to sleep
-//! longer, which would leave it free longer still. A newcomer to `--wait` joins
+//! connections and open about a hundred a second between them. When a waiter's turn could
+//! come, which decides both, is the current holder's time (as long again as it has held the
+//! lease) and then the queue's pace (time per grant) per place ahead: on joining, the median
+//! gap between the resource's recent grants, then what the waiter's own polls see, followed
+//! at once when it is faster and gradually when slower: a lease that lay free while the next
+//! waiter slept does not teach the others to sleep longer, which would leave it free longer
+//! still, and one slow holder delays those behind it once, not once per place. A newcomer to `--wait` joins
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!

@@ -47,37 +47,57 @@ pub const GRACE: Duration = Duration::from_secs(5);
 /// The longest a queued waiter sleeps when its wait has no end.
 pub(super) const FOREVER: Duration = Duration::from_secs(3600);
 
-/// The poll interval of a waiter at `place` (> [`WINDOW`]) whose queue has been granting
-/// about one lease per `per_grant`: it wakes halfway to when its turn could come at that
-/// pace (so it polls about log2 of its place times on the way to the head), and never later
+/// How fast a queue moves, as a waiter plans with it: about one grant per `per_grant`, the
+/// current holder having held the lease for `held_for` already. A waiter's turn comes after
+/// the current holder's and those of the waiters ahead of it: [`Pace::until`]. A holder
+/// that has held long makes every waiter behind it wait that much longer, not that much
+/// longer per place ahead of it: one slow holder (a loaded machine's hiccup) would
+/// otherwise send the waiters far behind to sleep for seconds while the queue ahead of
+/// them drains in a fraction of one, and the queue would stay that slow.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    pub per_grant: Duration,
+    pub held_for: Duration,
+}
+
+impl Pace {
+    /// When the turn of a waiter with `ahead` grants before its own could come: the current
+    /// holder's time (at least as long again as it has held) and one `per_grant` per grant.
+    fn until(self, ahead: u32) -> Duration {
+        self.held_for
+            .saturating_add(self.per_grant.saturating_mul(ahead))
+    }
+}
+
+/// The poll interval of a waiter at `place` (> [`WINDOW`]) in a queue going at `pace`: it
+/// wakes halfway to when its turn could come at that pace (so it polls about log2 of its
+/// place times on the way to the head), and never later
 /// than [`FAR_STEP`] per place ahead of it, so that a queue that speeds up finds its next
 /// waiters awake soon enough. Halfway rather than just before: the pace is measured from
 /// the queue itself, and a waiter that came only just in time would hold the pace down to
 /// its own reconnect time. Between [`FAR_MIN`] and [`FAR_MAX`]. Summed over a queue behind a
 /// long-held lease, the polls per second are about 5·H(50) + (N − 50)/10 ≈ 23 + N/10 for N
 /// waiters (H the harmonic number).
-pub fn far_poll(place: i64, per_grant: Duration) -> Duration {
+pub fn far_poll(place: i64, pace: Pace) -> Duration {
     let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
-    let paced = per_grant.saturating_mul(ahead) / 2;
+    let paced = pace.until(ahead) / 2;
     paced
         .min(FAR_STEP.saturating_mul(ahead))
         .clamp(FAR_MIN, FAR_MAX)
 }
 
-/// How many places at the head of a queue going at `per_grant` keep their connection: the
+/// How many places at the head of a queue going at `pace` keep their connection: the
 /// window, and behind it those whose turn should come soon, up to `most` (the store's
 /// `held_waiters`). Soon is [`HOLD_SOONER`] for the default, and as many times longer as
 /// `most` is larger: a store that allows 64 keeps them while the queue moves at up to 62 ms
 /// a grant (a queue held down to its far waiters' reconnects is that slow, and would never
 /// get faster), and still only the window behind a lease held for long.
-fn held_places(per_grant: Duration, most: i64) -> i64 {
+fn held_places(pace: Pace, most: i64) -> i64 {
     let soon = HOLD_SOONER
         .saturating_mul(u32::try_from(most.max(HELD_DEFAULT)).unwrap_or(u32::MAX))
         / u32::try_from(HELD_DEFAULT).unwrap_or(1);
     let mut places = WINDOW;
-    while places < most
-        && per_grant.saturating_mul(u32::try_from(places).unwrap_or(u32::MAX)) < soon
-    {
+    while places < most && pace.until(u32::try_from(places).unwrap_or(u32::MAX)) < soon {
         places += 1;
     }
     places
@@ -87,16 +107,16 @@ fn held_places(per_grant: Duration, most: i64) -> i64 {
 /// [`far_poll`], halfway to when its turn could come at the queue's pace, but down to a
 /// millisecond (a poll on a kept connection costs the server a statement, not a new
 /// backend), and never longer than the window's own polls.
-fn held_poll(place: i64, per_grant: Duration) -> Duration {
+fn held_poll(place: i64, pace: Pace) -> Duration {
     let ahead = u32::try_from((place - WINDOW).max(1)).unwrap_or(u32::MAX);
-    (per_grant.saturating_mul(ahead) / 2).clamp(Duration::from_millis(1), NEAR_POLL)
+    (pace.until(ahead) / 2).clamp(Duration::from_millis(1), NEAR_POLL)
 }
 
 /// The pace after a poll that saw `grants` grants in the `elapsed` since the waiter's last
 /// one. Fast attack, slow decay: a queue that speeds up is followed at once (its next
 /// waiters must be awake in time), one that slows down gradually, so that time the lease lay
 /// free because its next waiter slept does not teach the waiters to sleep longer (a slow
-/// holder is told by how long it has held the lease, `Queue::held_for`). No grant: no news.
+/// holder is told by how long it has held the lease: [`Pace::held_for`]). No grant: no news.
 fn followed_pace(per_grant: Duration, elapsed: Duration, grants: u32) -> Duration {
     if grants == 0 {
         return per_grant;
@@ -153,10 +173,13 @@ pub(super) struct Queue {
 }
 
 impl Queue {
-    /// The time per grant to plan with: the queue's recent pace, or longer while the current
-    /// holder has held the lease longer than that.
-    fn pace(&self) -> Duration {
-        self.per_grant.max(self.held_for)
+    /// The pace to plan with: the queue's recent time per grant, and how long the current
+    /// holder has held the lease.
+    fn pace(&self) -> Pace {
+        Pace {
+            per_grant: self.per_grant,
+            held_for: self.held_for,
+        }
     }
 
     /// Up to which place waiters listen: those that keep their connection, at most
@@ -497,10 +520,16 @@ mod tests {
             held_for: answer(Some(5_000)).held_for(),
             expires_in_ms: Some(5_000),
         };
-        assert_eq!(queue.pace(), 64_000 * MS);
+        assert_eq!(
+            queue.pace(),
+            Pace {
+                per_grant: 3 * MS,
+                held_for: 64_000 * MS
+            }
+        );
         assert_eq!(held_places(queue.pace(), queue.held_most), WINDOW);
         queue.held_for = Duration::ZERO;
-        assert_eq!(queue.pace(), 3 * MS);
+        assert_eq!(queue.pace().until(10), 30 * MS);
         assert_eq!(held_places(queue.pace(), queue.held_most), HELD_DEFAULT);
         assert_eq!(queue.listeners(), HELD_DEFAULT);
         // A store that lets fewer keep their connection: no more listen than that.
@@ -513,21 +542,57 @@ mod tests {
     #[test]
     fn the_store_s_setting_bounds_the_held_places_and_the_pace_what_it_can_use() {
         // A fast queue: as many as the store allows.
-        assert_eq!(held_places(3 * MS, HELD_DEFAULT), HELD_DEFAULT);
-        assert_eq!(held_places(3 * MS, 64), 64);
+        assert_eq!(held_places(paced(3 * MS), HELD_DEFAULT), HELD_DEFAULT);
+        assert_eq!(held_places(paced(3 * MS), 64), 64);
         // The default holds those due within HOLD_SOONER (500 ms): at 100 ms a grant, 5.
-        assert_eq!(held_places(100 * MS, HELD_DEFAULT), 5);
+        assert_eq!(held_places(paced(100 * MS), HELD_DEFAULT), 5);
         // 64 holds those due within 8 times as long: at 100 ms a grant, 40.
-        assert_eq!(held_places(100 * MS, 64), 40);
+        assert_eq!(held_places(paced(100 * MS), 64), 40);
         // Never fewer than the window.
-        assert_eq!(held_places(FAR_MAX, 64), WINDOW);
+        assert_eq!(held_places(paced(FAR_MAX), 64), WINDOW);
+    }
+
+    /// A queue going at `per_grant`, its lease just granted.
+    fn paced(per_grant: Duration) -> Pace {
+        Pace {
+            per_grant,
+            held_for: Duration::ZERO,
+        }
+    }
+
+    /// One slow holder delays every waiter behind it by its own time, not by its time per
+    /// place ahead (2026-12-07: a holder held 130–260 ms once as 64 workers started, the
+    /// waiters past place ~30 let go of their connection and slept for seconds while the 30
+    /// ahead of them were granted in a tenth of one; 4 runs of 60 stayed at 11–39/s).
+    #[test]
+    fn a_slow_holder_delays_the_waiters_behind_it_once_not_once_per_place() {
+        let hiccup = Pace {
+            per_grant: 4 * MS,
+            held_for: 150 * MS,
+        };
+        // Due within 4 s: the holder's 150 ms, then 4 ms a place: all 64 keep their connection.
+        assert_eq!(held_places(hiccup, 64), 64);
+        // The default's 500 ms: still all 8.
+        assert_eq!(held_places(hiccup, HELD_DEFAULT), HELD_DEFAULT);
+        // A waiter at place 34 polls at (150 + 32 × 4) / 2 ms, not 32 × 150 / 2.
+        assert_eq!(far_poll(34, hiccup), 139 * MS);
+        assert_eq!(held_poll(34, hiccup), 139 * MS);
+        // Behind a lease held for a minute, only the window keeps its connection, and the
+        // far waiters poll no more often than before (FAR_STEP a place ahead).
+        let long = Pace {
+            per_grant: 4 * MS,
+            held_for: 60_000 * MS,
+        };
+        assert_eq!(held_places(long, 64), WINDOW);
+        assert_eq!(far_poll(3, long), FAR_STEP);
+        assert_eq!(far_poll(100, long), FAR_MAX);
     }
 
     #[test]
     fn a_held_waiter_polls_halfway_to_its_turn_down_to_a_millisecond() {
-        assert_eq!(held_poll(3, 4 * MS), 2 * MS);
-        assert_eq!(held_poll(12, 4 * MS), 20 * MS);
-        assert_eq!(held_poll(3, MS / 4), MS);
-        assert_eq!(held_poll(60, 100 * MS), NEAR_POLL);
+        assert_eq!(held_poll(3, paced(4 * MS)), 2 * MS);
+        assert_eq!(held_poll(12, paced(4 * MS)), 20 * MS);
+        assert_eq!(held_poll(3, paced(MS / 4)), MS);
+        assert_eq!(held_poll(60, paced(100 * MS)), NEAR_POLL);
     }
 }
