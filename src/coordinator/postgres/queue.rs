@@ -48,24 +48,34 @@ pub const GRACE: Duration = Duration::from_secs(5);
 pub(super) const FOREVER: Duration = Duration::from_secs(3600);
 
 /// How fast a queue moves, as a waiter plans with it: about one grant per `per_grant`, the
-/// current holder having held the lease for `held_for` already. A waiter's turn comes after
-/// the current holder's and those of the waiters ahead of it: [`Pace::until`]. A holder
-/// that has held long makes every waiter behind it wait that much longer, not that much
-/// longer per place ahead of it: one slow holder (a loaded machine's hiccup) would
-/// otherwise send the waiters far behind to sleep for seconds while the queue ahead of
-/// them drains in a fraction of one, and the queue would stay that slow.
+/// current holder having held the lease for `held_for` already. See [`Pace::until`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pace {
     pub per_grant: Duration,
     pub held_for: Duration,
 }
 
+/// How long a holder may hold the lease and still be a hiccup of a fast queue rather than
+/// a slow queue: [`HOLD_SOONER`].
+const HICCUP: Duration = HOLD_SOONER;
+
 impl Pace {
-    /// When the turn of a waiter with `ahead` grants before its own could come: the current
-    /// holder's time (at least as long again as it has held) and one `per_grant` per grant.
+    /// When the turn of a waiter with `ahead` grants before its own could come. A holder
+    /// that has held for less than [`HICCUP`] delays the waiters behind it once (as long
+    /// again as it has held), then the queue goes on at `per_grant` a grant: one slow holder
+    /// (a loaded machine's hiccup) otherwise sent the waiters far behind to sleep for
+    /// seconds while the queue ahead of them drained in a fraction of one, and the queue
+    /// stayed that slow. A holder that has held longer sets the pace for every grant ahead,
+    /// as the others may hold as long: behind a long-held lease the far waiters sleep as long
+    /// as their bounds allow, so that a thousand of them do not reconnect to poll hundreds
+    /// of times a second while it lasts.
     fn until(self, ahead: u32) -> Duration {
-        self.held_for
-            .saturating_add(self.per_grant.saturating_mul(ahead))
+        if self.held_for < HICCUP {
+            self.held_for
+                .saturating_add(self.per_grant.saturating_mul(ahead))
+        } else {
+            self.per_grant.max(self.held_for).saturating_mul(ahead)
+        }
     }
 }
 
@@ -165,6 +175,9 @@ pub(super) struct Queue {
     last_token: Option<i64>,
     last_poll: Instant,
     per_grant: Duration,
+    /// Whether `per_grant` comes from grants this waiter saw between two of its own polls,
+    /// rather than from the resource's recent events as it joined.
+    measured: bool,
     /// How long the holder had held the lease at the last poll (zero when it was free): a
     /// grant takes at least that long, whatever the queue did before.
     held_for: Duration,
@@ -178,6 +191,24 @@ impl Queue {
     fn pace(&self) -> Pace {
         Pace {
             per_grant: self.per_grant,
+            held_for: self.held_for,
+        }
+    }
+
+    /// The pace to decide on keeping the connection with. Until the waiter has seen the
+    /// queue move between two of its own polls, only how long the holder has held the
+    /// lease: the recent grants a newcomer joins with can describe a queue that is no more
+    /// (a crowd that arrived at once is paced by its own connection set-up, 80–130 ms a
+    /// grant here), and a waiter that lets go of its connection on them sleeps while the
+    /// queue ahead of it drains (64 workers with `--held-waiters 64`: 3 three-second benches
+    /// of 60 at 13–31 grants/s). Keeping it a while costs a connection the store allows.
+    fn hold_pace(&self) -> Pace {
+        Pace {
+            per_grant: if self.measured {
+                self.per_grant
+            } else {
+                Duration::ZERO
+            },
             held_for: self.held_for,
         }
     }
@@ -205,6 +236,7 @@ impl Waiting for PgCoordinator {
             last_token: None,
             last_poll: Instant::now(),
             per_grant: FAR_STEP,
+            measured: false,
             held_for: Duration::ZERO,
             expires_in_ms: None,
         });
@@ -240,7 +272,7 @@ impl Waiting for PgCoordinator {
         let (keep, nap) = match self.queue.borrow_mut().as_mut() {
             Some(queue) => {
                 // The pace may have slowed since the poll: hold on only while it is worth it.
-                let keep = queue.place <= held_places(queue.pace(), queue.held_most);
+                let keep = queue.place <= held_places(queue.hold_pace(), queue.held_most);
                 queue.listening = queue.listening && keep;
                 let nap = if queue.started_listening && queue.listening {
                     Duration::ZERO
@@ -445,6 +477,7 @@ impl PgCoordinator {
             // A token lower than the last one seen (a restored store) is no grant, not billions.
             let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
             queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
+            queue.measured = queue.measured || grants > 0;
         }
         queue.held_for = answer.held_for();
         if let Some(most) = answer.held_waiters {
@@ -517,6 +550,7 @@ mod tests {
             last_token: Some(7),
             last_poll: Instant::now(),
             per_grant: 3 * MS,
+            measured: true,
             held_for: answer(Some(5_000)).held_for(),
             expires_in_ms: Some(5_000),
         };
@@ -552,6 +586,39 @@ mod tests {
         assert_eq!(held_places(paced(FAR_MAX), 64), WINDOW);
     }
 
+    /// A newcomer does not let go of its connection on the pace it joined with, only once
+    /// its own polls saw the queue move (or its holder held longer than a hiccup).
+    #[test]
+    fn a_newcomer_keeps_its_connection_until_it_has_seen_the_queue_move() {
+        let mut queue = Queue {
+            resource: "r".into(),
+            until: None,
+            waiter: Some(40),
+            place: 40,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            held_most: 64,
+            listening: false,
+            started_listening: false,
+            last_token: Some(7),
+            last_poll: Instant::now(),
+            per_grant: 134 * MS,
+            measured: false,
+            held_for: 100 * MS,
+            expires_in_ms: Some(1_000),
+        };
+        // Joined at 134 ms a grant (a crowd's start): all 64 keep their connection.
+        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 64);
+        // Its own polls saw 134 ms a grant: the 30 places due within 4 s (the 30th after
+        // 100 + 29 × 134 = 3,986 ms).
+        queue.measured = true;
+        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 30);
+        // A holder past a hiccup says the queue is slow, measured or not.
+        queue.measured = false;
+        queue.held_for = 600 * MS;
+        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 7);
+    }
+
     /// A queue going at `per_grant`, its lease just granted.
     fn paced(per_grant: Duration) -> Pace {
         Pace {
@@ -578,7 +645,7 @@ mod tests {
         assert_eq!(far_poll(34, hiccup), 139 * MS);
         assert_eq!(held_poll(34, hiccup), 139 * MS);
         // Behind a lease held for a minute, only the window keeps its connection, and the
-        // far waiters poll no more often than before (FAR_STEP a place ahead).
+        // far waiters poll as seldom as their bounds allow (FAR_STEP a place ahead).
         let long = Pace {
             per_grant: 4 * MS,
             held_for: 60_000 * MS,
@@ -586,6 +653,15 @@ mod tests {
         assert_eq!(held_places(long, 64), WINDOW);
         assert_eq!(far_poll(3, long), FAR_STEP);
         assert_eq!(far_poll(100, long), FAR_MAX);
+        // Held for more than a hiccup: every grant ahead may take as long. At place 40
+        // behind 2 s (a thousand waiters would otherwise reconnect hundreds of times a
+        // second between them), FAR_STEP a place ahead, not (2 s + 38 × 4 ms) / 2.
+        let slow = Pace {
+            per_grant: 4 * MS,
+            held_for: 2_000 * MS,
+        };
+        assert_eq!(far_poll(40, slow), 38 * FAR_STEP);
+        assert_eq!(held_places(slow, 64), 2);
     }
 
     #[test]
