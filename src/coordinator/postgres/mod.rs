@@ -24,14 +24,15 @@
 //! the store's `held_waiters` ([`HELD_DEFAULT`](queue::HELD_DEFAULT) unless `fence init --held-waiters`
 //! set it) keep their connection and poll on it, not listening. The others close their connection and poll on a fresh one, less often the
 //! further back they are ([`far_poll`](queue::far_poll)): a thousand waiters behind a long-held lease hold two
-//! connections and open about a hundred a second between them. When a waiter's turn could
-//! come, which decides both, is the queue's pace (time per grant) per place ahead, after the
-//! current holder's time when it has held for less than half a second (as long again as it
-//! has held: a hiccup), or at its holder's time per place when it has held longer: on joining, the median
+//! connections and open about a hundred a second between them. Both decisions ask when the
+//! waiter's turn could come: the queue's pace (time per grant) per place ahead, after the
+//! current holder's time once when it has held for less than half a second (a hiccup), or at
+//! that holder's time per place when it has held longer. The pace is, on joining, the median
 //! gap between the resource's recent grants, then what the waiter's own polls see, followed
 //! at once when it is faster and gradually when slower: a lease that lay free while the next
 //! waiter slept does not teach the others to sleep longer, which would leave it free longer
-//! still, and one holder's hiccup delays those behind it once, not once per place. A newcomer to `--wait` joins
+//! still. A newcomer keeps its connection (up to the store's `held_waiters`) until its own
+//! polls have seen the queue move. A newcomer to `--wait` joins
 //! at the back when others wait; a plain `acquire` (no `--wait`) is not queued and can take a
 //! free resource before the head does.
 //!
