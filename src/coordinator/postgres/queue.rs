@@ -51,8 +51,8 @@ pub(super) const FOREVER: Duration = Duration::from_secs(3600);
 /// current holder having held the lease for `held_for` already. See [`Pace::until`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Pace {
-    pub per_grant: Duration,
-    pub held_for: Duration,
+    per_grant: Duration,
+    held_for: Duration,
 }
 
 /// How long a holder may hold the lease and still be a hiccup of a fast queue rather than
@@ -217,6 +217,39 @@ impl Queue {
     /// [`HELD_DEFAULT`] whatever the store lets keep theirs (see there).
     fn listeners(&self) -> i64 {
         held_places(self.pace(), self.held_most.min(HELD_DEFAULT))
+    }
+
+    /// Notes a busy poll's answer, received at `now`: place, pace, and the next promise.
+    fn note(&mut self, answer: &Answer, now: Instant) {
+        if let Some(pace) = answer.pace_ms {
+            self.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
+                .clamp(Duration::from_millis(1), FAR_MAX);
+            // (Re)joining, after a lapse too: the pace is the resource's recent grants, not
+            // grants this waiter saw.
+            self.measured = false;
+        } else if let (Some(before), Some(token)) = (self.last_token, answer.token) {
+            let elapsed = now.saturating_duration_since(self.last_poll);
+            // A token lower than the last one seen (a restored store) is no grant, not billions.
+            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
+            self.per_grant = followed_pace(self.per_grant, elapsed, grants);
+            self.measured |= grants > 0;
+        }
+        self.held_for = answer.held_for();
+        if let Some(most) = answer.held_waiters {
+            self.held_most = most.clamp(WINDOW, HELD_MOST);
+        }
+        let place = answer.place.unwrap_or(self.place);
+        let listens = place <= self.listen_within;
+        self.started_listening = listens && !self.listening;
+        self.listening = listens || self.listening;
+        self.waiter = answer.waiter.or(self.waiter);
+        self.place = place;
+        self.last_token = answer.token;
+        self.last_poll = now;
+        self.expires_in_ms = answer.expires_in_ms;
+        // Places only move forward and no interval outgrows its place's bound, so the row
+        // is kept alive until the latest the next poll can come.
+        self.promised = promise(place);
     }
 }
 
@@ -464,37 +497,9 @@ impl PgCoordinator {
 
     /// Notes a busy poll's answer: place, pace, and the next promise.
     pub(super) fn queued(&self, answer: &Answer) {
-        let mut queue = self.queue.borrow_mut();
-        let Some(queue) = queue.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        if let Some(pace) = answer.pace_ms {
-            queue.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
-                .clamp(Duration::from_millis(1), FAR_MAX);
-        } else if let (Some(before), Some(token)) = (queue.last_token, answer.token) {
-            let elapsed = now.saturating_duration_since(queue.last_poll);
-            // A token lower than the last one seen (a restored store) is no grant, not billions.
-            let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
-            queue.per_grant = followed_pace(queue.per_grant, elapsed, grants);
-            queue.measured = queue.measured || grants > 0;
+        if let Some(queue) = self.queue.borrow_mut().as_mut() {
+            queue.note(answer, Instant::now());
         }
-        queue.held_for = answer.held_for();
-        if let Some(most) = answer.held_waiters {
-            queue.held_most = most.clamp(WINDOW, HELD_MOST);
-        }
-        let place = answer.place.unwrap_or(queue.place);
-        let listens = place <= queue.listen_within;
-        queue.started_listening = listens && !queue.listening;
-        queue.listening = listens || queue.listening;
-        queue.waiter = answer.waiter.or(queue.waiter);
-        queue.place = place;
-        queue.last_token = answer.token;
-        queue.last_poll = now;
-        queue.expires_in_ms = answer.expires_in_ms;
-        // Places only move forward and no interval outgrows its place's bound, so the row
-        // is kept alive until the latest the next poll can come.
-        queue.promised = promise(place);
     }
 }
 
@@ -617,6 +622,57 @@ mod tests {
         queue.measured = false;
         queue.held_for = 600 * MS;
         assert_eq!(held_places(queue.hold_pace(), queue.held_most), 7);
+    }
+
+    /// Whether a waiter has measured the queue itself follows its own polls: grants seen
+    /// between two of them make it so, and (re)joining, after a lapse too, unmakes it.
+    #[test]
+    fn a_waiter_measures_the_queue_from_its_own_polls_and_forgets_on_rejoining() {
+        let answer = |token: i64, pace_ms: Option<i64>| Answer {
+            status: "busy".into(),
+            token: Some(token),
+            owner: Some("holder".into()),
+            acquired_ms: Some(1_000),
+            renewed_ms: Some(1_000),
+            expires_ms: Some(11_000),
+            expires_in_ms: Some(10_000),
+            ttl_ms: Some(10_000),
+            waiter: Some(40),
+            place: Some(40),
+            pace_ms,
+            held_waiters: Some(64),
+        };
+        let start = Instant::now();
+        let mut queue = Queue {
+            resource: "r".into(),
+            until: None,
+            waiter: None,
+            place: 0,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            held_most: HELD_DEFAULT,
+            listening: false,
+            started_listening: false,
+            last_token: None,
+            last_poll: start,
+            per_grant: FAR_STEP,
+            measured: false,
+            held_for: Duration::ZERO,
+            expires_in_ms: None,
+        };
+        // Joining: the resource's recent pace, not measured.
+        queue.note(&answer(7, Some(134)), start);
+        assert_eq!((queue.per_grant, queue.measured), (134 * MS, false));
+        // A poll that saw no grant measures nothing.
+        queue.note(&answer(7, None), start + 100 * MS);
+        assert!(!queue.measured);
+        // One that saw ten grants in 40 ms does.
+        queue.note(&answer(17, None), start + 140 * MS);
+        assert_eq!((queue.per_grant, queue.measured), (4 * MS, true));
+        // Rejoining after its row lapsed: the joining pace again, and not its own.
+        queue.note(&answer(90, Some(134)), start + 9_000 * MS);
+        assert_eq!((queue.per_grant, queue.measured), (134 * MS, false));
+        assert_eq!(queue.hold_pace().per_grant, Duration::ZERO);
     }
 
     /// A queue going at `per_grant`, its lease just granted.
