@@ -60,22 +60,25 @@ pub struct Pace {
 const HICCUP: Duration = HOLD_SOONER;
 
 impl Pace {
-    /// When the turn of a waiter with `ahead` grants before its own could come. A holder
-    /// that has held for less than [`HICCUP`] delays the waiters behind it once (as long
-    /// again as it has held), then the queue goes on at `per_grant` a grant: one slow holder
-    /// (a loaded machine's hiccup) otherwise sent the waiters far behind to sleep for
-    /// seconds while the queue ahead of them drained in a fraction of one, and the queue
-    /// stayed that slow. A holder that has held longer sets the pace for every grant ahead,
-    /// as the others may hold as long: behind a long-held lease the far waiters sleep as long
-    /// as their bounds allow, so that a thousand of them do not reconnect to poll hundreds
-    /// of times a second while it lasts.
+    /// When the turn of a waiter with `ahead` grants before its own could come: once the
+    /// current holder is done (as long again as it has held), then `ahead` grants at the
+    /// queue's time per grant, or, for a holder that has held past [`HICCUP`], at up to what
+    /// it has held: from `per_grant` at HICCUP to `held_for` itself at twice HICCUP, and so
+    /// on. One slow holder (a loaded machine's hiccup) otherwise sent the waiters far behind
+    /// to sleep for seconds while the queue ahead of them drained in a fraction of one, and
+    /// the queue stayed that slow; behind a lease held for long, every grant ahead may take
+    /// as long, and the far waiters sleep as long as their bounds allow, so that a thousand
+    /// of them do not reconnect to poll hundreds of times a second while it lasts. A ramp,
+    /// not a step: at a step (a first version) a holder at 0.50 s rather than 0.49 s made
+    /// 56 of 64 kept waiters let go of their connections at once (a review).
     fn until(self, ahead: u32) -> Duration {
-        if self.held_for < HICCUP {
-            self.held_for
-                .saturating_add(self.per_grant.saturating_mul(ahead))
-        } else {
-            self.per_grant.max(self.held_for).saturating_mul(ahead)
-        }
+        let slow = self
+            .held_for
+            .saturating_sub(HICCUP)
+            .saturating_mul(2)
+            .min(self.held_for);
+        self.held_for
+            .saturating_add(self.per_grant.max(slow).saturating_mul(ahead))
     }
 }
 
@@ -178,8 +181,11 @@ pub(super) struct Queue {
     /// Whether `per_grant` comes from grants this waiter saw between two of its own polls,
     /// rather than from the resource's recent events as it joined.
     measured: bool,
-    /// How long the holder had held the lease at the last poll (zero when it was free): a
-    /// grant takes at least that long, whatever the queue did before.
+    /// When this waiter last saw the queue move (a token it had not seen), or joined it.
+    moved_at: Instant,
+    /// How long the holder had held the lease at the last poll, or, when it was free, how
+    /// long the queue had not moved (see [`Queue::note`]): a grant takes at least that long,
+    /// whatever the queue did before.
     held_for: Duration,
     /// The holder's remaining lease at the last poll.
     expires_in_ms: Option<i64>,
@@ -221,20 +227,39 @@ impl Queue {
 
     /// Notes a busy poll's answer, received at `now`: place, pace, and the next promise.
     fn note(&mut self, answer: &Answer, now: Instant) {
-        if let Some(pace) = answer.pace_ms {
-            self.per_grant = Duration::from_millis(u64::try_from(pace).unwrap_or(0))
-                .clamp(Duration::from_millis(1), FAR_MAX);
-            // (Re)joining, after a lapse too: the pace is the resource's recent grants, not
-            // grants this waiter saw.
+        // Joining, or rejoining with a new row after its row lapsed (paused past its
+        // deadline): the pace is the resource's recent grants (if it has any), not grants
+        // this waiter saw, and no pace is sampled across the lapse.
+        let joined = answer.waiter.is_some_and(|w| Some(w) != self.waiter);
+        if let Some(pace) = answer.pace_ms.and_then(|p| u64::try_from(p).ok()) {
+            // (Zero or less, from a server clock that stepped back: no pace, not 1 ms.)
+            if pace > 0 {
+                self.per_grant =
+                    Duration::from_millis(pace).clamp(Duration::from_millis(1), FAR_MAX);
+            }
+        }
+        if joined || answer.pace_ms.is_some() {
             self.measured = false;
+            self.moved_at = now;
         } else if let (Some(before), Some(token)) = (self.last_token, answer.token) {
             let elapsed = now.saturating_duration_since(self.last_poll);
             // A token lower than the last one seen (a restored store) is no grant, not billions.
             let grants = u32::try_from(token.saturating_sub(before)).unwrap_or(0);
             self.per_grant = followed_pace(self.per_grant, elapsed, grants);
             self.measured |= grants > 0;
+            if grants > 0 {
+                self.moved_at = now;
+            }
         }
-        self.held_for = answer.held_for();
+        // A lease left free while the queue does not move (its head paused or killed after
+        // it was told its turn: the queue waits for its row's deadline) is a stall, and lasts
+        // as a holder would: the waiters behind plan with how long it has lasted, not with a
+        // fast queue's pace (a review: 1,000 far waiters would have reconnected ~2,700 times
+        // a second through a 5 s stall of a 4 ms-a-grant queue).
+        self.held_for = match answer.held_for() {
+            Duration::ZERO => now.saturating_duration_since(self.moved_at),
+            held => held,
+        };
         if let Some(most) = answer.held_waiters {
             self.held_most = most.clamp(WINDOW, HELD_MOST);
         }
@@ -270,6 +295,7 @@ impl Waiting for PgCoordinator {
             last_poll: Instant::now(),
             per_grant: FAR_STEP,
             measured: false,
+            moved_at: Instant::now(),
             held_for: Duration::ZERO,
             expires_in_ms: None,
         });
@@ -556,6 +582,7 @@ mod tests {
             last_poll: Instant::now(),
             per_grant: 3 * MS,
             measured: true,
+            moved_at: Instant::now(),
             held_for: answer(Some(5_000)).held_for(),
             expires_in_ms: Some(5_000),
         };
@@ -609,6 +636,7 @@ mod tests {
             last_poll: Instant::now(),
             per_grant: 134 * MS,
             measured: false,
+            moved_at: Instant::now(),
             held_for: 100 * MS,
             expires_in_ms: Some(1_000),
         };
@@ -618,10 +646,101 @@ mod tests {
         // 100 + 29 × 134 = 3,986 ms).
         queue.measured = true;
         assert_eq!(held_places(queue.hold_pace(), queue.held_most), 30);
-        // A holder past a hiccup says the queue is slow, measured or not.
+        // A holder past a hiccup says the queue is slow, measured or not: at 600 ms, 200 ms
+        // a place ahead (2 × 100 ms past the hiccup), the 17 places due within 4 s.
         queue.measured = false;
         queue.held_for = 600 * MS;
-        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 7);
+        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 17);
+        // At a second and more, as long a place as it has held: the window and the one due
+        // within 4 s (after 1 + 2 × 1 s).
+        queue.held_for = 1_000 * MS;
+        assert_eq!(held_places(queue.hold_pace(), queue.held_most), 3);
+    }
+
+    /// No step at the hiccup: a holder that has held a millisecond longer changes how many
+    /// keep their connection, and how long the far waiters sleep, by a little (a review of a
+    /// first version: at 0.50 s rather than 0.499 s, 64 → 8 kept connections, and place
+    /// 100's sleep 0.45 s → 10 s). Past the hiccup, place 100 sleeps up to 98.5 ms longer
+    /// per millisecond held (the holder's millisecond and 98 places ahead 2 ms each, halved).
+    #[test]
+    fn the_pace_ramps_past_a_hiccup_without_a_step() {
+        let at = |held: u64| Pace {
+            per_grant: 4 * MS,
+            held_for: Duration::from_millis(held),
+        };
+        for held in [490, 499, 500, 501, 510, 600, 750, 990, 1_000, 1_010] {
+            let (before, after) = (at(held - 1), at(held));
+            assert!(
+                held_places(before, 64) - held_places(after, 64) <= 2,
+                "kept connections: {} behind a holder of {} ms, {} behind {held} ms",
+                held_places(before, 64),
+                held - 1,
+                held_places(after, 64)
+            );
+            let (sooner, later) = (far_poll(100, before), far_poll(100, after));
+            assert!(
+                later <= sooner + 99 * MS,
+                "place 100 sleeps {sooner:?} behind {} ms, {later:?} behind {held} ms",
+                held - 1
+            );
+        }
+        // Past twice the hiccup, every place ahead may take as long as the holder has held.
+        assert_eq!(at(1_000).until(10), 11_000 * MS);
+        assert_eq!(at(400).until(10), 440 * MS);
+    }
+
+    /// A lease lying free while the queue does not move (its head paused after it was told
+    /// its turn) counts as held for as long: the far waiters back off through the stall
+    /// instead of reconnecting at the pace of the queue before it (a review: ~2,700 new
+    /// connections a second from 1,000 far waiters of a 4 ms-a-grant queue).
+    #[test]
+    fn a_free_lease_that_does_not_move_is_a_stall_that_lasts() {
+        let free = |token: i64| Answer {
+            status: "busy".into(),
+            token: Some(token),
+            owner: Some("head".into()),
+            acquired_ms: Some(1_000),
+            renewed_ms: Some(1_000),
+            expires_ms: None,
+            expires_in_ms: None,
+            ttl_ms: Some(10_000),
+            waiter: Some(40),
+            place: Some(100),
+            pace_ms: None,
+            held_waiters: None,
+        };
+        let start = Instant::now();
+        let mut queue = Queue {
+            resource: "r".into(),
+            until: None,
+            waiter: Some(40),
+            place: 100,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            held_most: HELD_DEFAULT,
+            listening: false,
+            started_listening: false,
+            last_token: Some(7),
+            last_poll: start,
+            per_grant: 4 * MS,
+            measured: true,
+            moved_at: start,
+            held_for: Duration::ZERO,
+            expires_in_ms: None,
+        };
+        // Moved (7 → 9) and free for now: no stall yet, the queue's own pace.
+        queue.note(&free(9), start + 8 * MS);
+        assert_eq!(queue.pace().held_for, Duration::ZERO);
+        let fast = far_poll(100, queue.pace());
+        assert!(fast < 300 * MS, "{fast:?}");
+        // Three seconds later, still free at the same token: a 3 s stall.
+        queue.note(&free(9), start + 3_008 * MS);
+        assert_eq!(queue.pace().held_for, 3_000 * MS);
+        assert_eq!(far_poll(100, queue.pace()), FAR_MAX);
+        assert_eq!(held_places(queue.pace(), 64), WINDOW);
+        // It moves again: back to the queue's pace.
+        queue.note(&free(10), start + 3_100 * MS);
+        assert_eq!(queue.pace().held_for, Duration::ZERO);
     }
 
     /// Whether a waiter has measured the queue itself follows its own polls: grants seen
@@ -657,6 +776,7 @@ mod tests {
             last_poll: start,
             per_grant: FAR_STEP,
             measured: false,
+            moved_at: Instant::now(),
             held_for: Duration::ZERO,
             expires_in_ms: None,
         };
@@ -673,6 +793,23 @@ mod tests {
         queue.note(&answer(90, Some(134)), start + 9_000 * MS);
         assert_eq!((queue.per_grant, queue.measured), (134 * MS, false));
         assert_eq!(queue.hold_pace().per_grant, Duration::ZERO);
+        // Measured again, then rejoined with a new row on a resource with no recent
+        // grants (no pace): it forgets, and samples no pace across the lapse.
+        queue.note(&answer(100, None), start + 9_040 * MS);
+        assert_eq!((queue.per_grant, queue.measured), (4 * MS, true));
+        let rejoined = Answer {
+            waiter: Some(41),
+            ..answer(200, None)
+        };
+        queue.note(&rejoined, start + 20_000 * MS);
+        assert_eq!((queue.per_grant, queue.measured), (4 * MS, false));
+        // A pace of zero or less (a server clock that stepped back) is no pace.
+        let stepped = Answer {
+            waiter: Some(42),
+            ..answer(200, Some(-5))
+        };
+        queue.note(&stepped, start + 30_000 * MS);
+        assert_eq!((queue.per_grant, queue.measured), (4 * MS, false));
     }
 
     /// A queue going at `per_grant`, its lease just granted.
