@@ -26,8 +26,9 @@
 //! further back they are ([`far_poll`](queue::far_poll)): a thousand waiters behind a long-held lease hold two
 //! connections and open about a hundred a second between them. Both decisions ask when the
 //! waiter's turn could come: the queue's pace (time per grant) per place ahead, after the
-//! current holder's time once when it has held for less than half a second (a hiccup), or at
-//! that holder's time per place when it has held longer. The pace is, on joining, the median
+//! current holder's time once; a holder past half a second (more than a hiccup) makes each
+//! place count for more, up to its own time per place at a second ([`Pace`](queue::Pace)), and a
+//! free lease that does not move counts as held that long (a stall). The pace is, on joining, the median
 //! gap between the resource's recent grants, then what the waiter's own polls see, followed
 //! at once when it is faster and gradually when slower: a lease that lay free while the next
 //! waiter slept does not teach the others to sleep longer, which would leave it free longer

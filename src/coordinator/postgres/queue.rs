@@ -104,7 +104,8 @@ pub fn far_poll(place: i64, pace: Pace) -> Duration {
 /// `held_waiters`). Soon is [`HOLD_SOONER`] for the default, and as many times longer as
 /// `most` is larger: a store that allows 64 keeps them while the queue moves at up to 62 ms
 /// a grant (a queue held down to its far waiters' reconnects is that slow, and would never
-/// get faster), and still only the window behind a lease held for long.
+/// get faster), and fewer the longer the lease has been held: the window alone behind a
+/// lease held 1.4 s or more for up to 64 (behind one held 10 s, 6 of 1,000).
 fn held_places(pace: Pace, most: i64) -> i64 {
     let soon = HOLD_SOONER
         .saturating_mul(u32::try_from(most.max(HELD_DEFAULT)).unwrap_or(u32::MAX))
@@ -844,6 +845,12 @@ mod tests {
             held_for: 60_000 * MS,
         };
         assert_eq!(held_places(long, 64), WINDOW);
+        let ten = |held: u64| Pace {
+            per_grant: 4 * MS,
+            held_for: Duration::from_millis(held),
+        };
+        assert_eq!(held_places(ten(1_400), 64), WINDOW);
+        assert_eq!(held_places(ten(10_000), HELD_MOST), 6);
         assert_eq!(far_poll(3, long), FAR_STEP);
         assert_eq!(far_poll(100, long), FAR_MAX);
         // Held for more than a hiccup: every grant ahead may take as long. At place 40
