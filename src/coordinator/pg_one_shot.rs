@@ -226,9 +226,13 @@ FROM (SELECT) AS one LEFT JOIN answer a ON true"
 ///
 /// Its answer is the granted row, or the row as the statement's snapshot saw it (not
 /// granted: `busy`, or changed since the snapshot: `retry`), joined rather than a `UNION
-/// ALL` of the two: 0.4 ms less parsing and planning on a new connection, where the whole
-/// statement takes 3.5–3.9 ms of the server's time (docs/performance.md). The snapshot's
-/// row `s` is there whenever the granted `g` is: the UPDATE found its row in that snapshot.
+/// ALL` of the two: 0.15–0.2 ms less of the server's time on a new connection, where the
+/// whole statement takes 2.7–3.8 ms, and 0.2–0.5 ms less per `fence acquire`
+/// (docs/performance.md). The snapshot's row `s` is there whenever the granted `g` is (the
+/// UPDATE found its row in that snapshot, and lease rows are never deleted), and `coalesce`
+/// cannot mix the two: a grant sets every column the answer reads (`acquired_at` kept on a
+/// reacquire is the same row's). `postgres_acquire_fast_answers_whole_rows_under_lock_waits`
+/// checks every column under lock waits.
 pub const ACQUIRE_FAST: &str = concat!(
     "\
 -- fence: acquire
@@ -259,7 +263,7 @@ SELECT coalesce(g.last_event,
        coalesce(g.token, s.token) AS token, coalesce(g.owner, s.owner) AS owner,
        coalesce(g.acquired_at, s.acquired_at) AS acquired_at,
        coalesce(g.renewed_at, s.renewed_at) AS renewed_at,
-       CASE WHEN g.resource IS NULL THEN s.expires_at ELSE g.expires_at END AS expires_at,
+       coalesce(g.expires_at, s.expires_at) AS expires_at,
        coalesce(g.ttl_ms, s.ttl_ms) AS ttl_ms,
        ",
     answered!(),

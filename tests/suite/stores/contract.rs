@@ -1617,3 +1617,254 @@ fn postgres_the_forms_of_renew_and_release_agree_on_every_branch() {
         }
     });
 }
+
+/// `ACQUIRE_FAST` answers by joining the snapshot's lease row with the granted one (review 13,
+/// a helper's: the contract tests above compare answers by status, token, owner and TTL
+/// only). Another transaction holds the lease row (a lock, a takeover, a renewal, a release,
+/// an own grant) while the statement runs, so that its UPDATE waits and re-checks the newest
+/// row (EvalPlanQual) while its join reads the snapshot's. A grant must answer, in every
+/// column, the row it left; a `busy` or `retry` the snapshot's row; never two rows.
+#[test]
+fn postgres_acquire_fast_answers_whole_rows_under_lock_waits() {
+    use std::sync::Arc;
+    use std::time::SystemTime;
+    use tokio_postgres::types::Type;
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    store.fence().args(["init", "-q"]).run().expect(0);
+    let fast = fence::coordinator::pg_one_shot::ACQUIRE_FAST
+        .replace("__SCHEMA__", &s)
+        .replace(
+            "__VERSION__",
+            &fence::coordinator::COORDINATOR_SCHEMA.version.to_string(),
+        );
+    let url = store.url.clone();
+    let take = |owner: &str, token: i64| {
+        format!(
+            "UPDATE {s}.leases SET owner = '{owner}', token = {token}, last_event = 'taken_over', \
+             acquired_at = clock_timestamp(), renewed_at = clock_timestamp(), \
+             expires_at = clock_timestamp() + interval '1 hour', ttl_ms = 3600000 WHERE resource = '@R'"
+        )
+    };
+    let lock = format!("SELECT FROM {s}.leases WHERE resource = '@R' FOR UPDATE");
+    let release = format!(
+        "UPDATE {s}.leases SET expires_at = NULL, last_event = 'released' WHERE resource = '@R'"
+    );
+    let renew = format!(
+        "UPDATE {s}.leases SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + interval '2 hours', \
+         ttl_ms = 7200000, last_event = 'renewed' WHERE resource = '@R'"
+    );
+    // (case, the row before, what the other transaction does, whether it commits, expected
+    // status); every case but `busy_being_released` waits on the other transaction's lock.
+    let cases: Vec<(&str, Before, String, bool, &str)> = vec![
+        (
+            "lock_expired",
+            Some(("other", 7, Some("-1 second"))),
+            lock.clone(),
+            true,
+            "taken_over",
+        ),
+        (
+            "lock_mine",
+            Some(("me", 7, Some("1 hour"))),
+            lock.clone(),
+            true,
+            "reacquired",
+        ),
+        (
+            "taken_by_third",
+            Some(("other", 7, Some("-1 second"))),
+            take("third", 8),
+            true,
+            "retry",
+        ),
+        (
+            "taken_rolled_back",
+            Some(("other", 7, Some("-1 second"))),
+            take("third", 8),
+            false,
+            "taken_over",
+        ),
+        (
+            "taken_by_me_elsewhere",
+            Some(("other", 7, Some("-1 second"))),
+            take("me", 8),
+            true,
+            "reacquired",
+        ),
+        (
+            "released_under_me",
+            Some(("other", 7, Some("-1 second"))),
+            release.clone(),
+            true,
+            "acquired",
+        ),
+        (
+            "mine_released_elsewhere",
+            Some(("me", 7, Some("1 hour"))),
+            release.clone(),
+            true,
+            "acquired",
+        ),
+        (
+            "mine_renewed_elsewhere",
+            Some(("me", 7, Some("1 hour"))),
+            renew.clone(),
+            true,
+            "reacquired",
+        ),
+        (
+            "busy_being_released",
+            Some(("other", 7, Some("1 hour"))),
+            release.clone(),
+            true,
+            "busy",
+        ),
+        (
+            "free_taken_by_third",
+            Some(("other", 7, None)),
+            take("third", 8),
+            true,
+            "retry",
+        ),
+    ];
+    common::block_on(async move {
+        let connect = || async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            Arc::new(client)
+        };
+        let a = connect().await;
+        let b = connect().await;
+        // Watches `b` from outside `a`'s transaction: within a transaction, pg_stat_activity
+        // keeps the snapshot it first read.
+        let watch = connect().await;
+        let b_pid: i32 = b
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        type Whole = (
+            String,
+            Option<i64>,
+            Option<String>,
+            Option<SystemTime>,
+            Option<SystemTime>,
+            Option<SystemTime>,
+            Option<i64>,
+        );
+        let row_now = |client: Arc<tokio_postgres::Client>, resource: String| {
+            let s = s.clone();
+            async move {
+                let r = client
+                    .query_one(
+                        &format!("SELECT token, owner, acquired_at, renewed_at, expires_at, ttl_ms FROM {s}.leases WHERE resource = $1"),
+                        &[&resource],
+                    )
+                    .await
+                    .unwrap();
+                (
+                    r.get::<_, Option<i64>>(0),
+                    r.get::<_, Option<String>>(1),
+                    r.get::<_, Option<SystemTime>>(2),
+                    r.get::<_, Option<SystemTime>>(3),
+                    r.get::<_, Option<SystemTime>>(4),
+                    r.get::<_, Option<i64>>(5),
+                )
+            }
+        };
+        let mut wrong = Vec::new();
+        for (case, before, change, commit, expected) in cases {
+            let resource = format!("epq-{case}");
+            insert_before(&a, &s, &resource, before).await;
+            let snapshot = row_now(a.clone(), resource.clone()).await;
+            a.batch_execute("BEGIN").await.unwrap();
+            a.batch_execute(&change.replace("@R", &resource))
+                .await
+                .unwrap();
+            let (b2, fast2, resource2) = (b.clone(), fast.clone(), resource.clone());
+            let statement = tokio::spawn(async move {
+                let ttl: i64 = 30_000;
+                b2.query_typed(
+                    &fast2,
+                    &[
+                        (&resource2, Type::TEXT),
+                        (&"me", Type::TEXT),
+                        (&ttl, Type::INT8),
+                    ],
+                )
+                .await
+                .unwrap()
+            });
+            // Until the statement waits on the row's lock or has answered (a condition, not a
+            // time: a loaded machine may take long to send it).
+            let mut waited = false;
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            while std::time::Instant::now() < until {
+                if statement.is_finished() {
+                    break;
+                }
+                let w: Option<String> = watch
+                    .query_one(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+                        &[&b_pid],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if w.as_deref() == Some("Lock") {
+                    waited = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            a.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" })
+                .await
+                .unwrap();
+            let rows = statement.await.unwrap();
+            let after = row_now(a.clone(), resource.clone()).await;
+            if rows.len() != 1 {
+                wrong.push(format!("{case}: {} rows", rows.len()));
+                continue;
+            }
+            let r = &rows[0];
+            let answer: Whole = (
+                r.get("status"),
+                r.get("token"),
+                r.get("owner"),
+                r.get("acquired_at"),
+                r.get("renewed_at"),
+                r.get("expires_at"),
+                r.get("ttl_ms"),
+            );
+            let status = answer.0.clone();
+            let whole = (
+                answer.1,
+                answer.2.clone(),
+                answer.3,
+                answer.4,
+                answer.5,
+                answer.6,
+            );
+            let should = if matches!(status.as_str(), "busy" | "retry") {
+                &snapshot
+            } else {
+                &after
+            };
+            if waited != (case != "busy_being_released") {
+                wrong.push(format!("{case}: waited on the lock: {waited}"));
+            }
+            if status != expected {
+                wrong.push(format!("{case}: answered {status}, expected {expected}"));
+            }
+            if &whole != should {
+                wrong.push(format!(
+                    "{case}: {status} answered {whole:?}, its row is {should:?}"
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    });
+}
