@@ -792,6 +792,70 @@ fn postgres_refuses_to_delete_lease_rows_or_lower_tokens() {
     );
 }
 
+/// Every grant reports the expiry it wrote, not the previous holder's (review 13: with the
+/// short acquire answering the snapshot's times, a takeover of an expired lease reported
+/// that lease's expiry, already past, as its own, and exited 0). A takeover, a grant of a
+/// released lease and a reacquire, each against the lease row.
+#[test]
+fn postgres_a_grant_reports_the_expiry_it_wrote() {
+    let store = Store::postgres();
+    let schema = store.schema.clone().unwrap();
+    let url = store.url.clone();
+    // How far the reported expiry is from the row's, in ms, and whether the row has expired.
+    let against_row = move |reported: String| {
+        let (schema, url) = (schema.clone(), url.clone());
+        common::block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT (abs(extract(epoch FROM expires_at - $1::text::timestamptz)) * 1000)::float8, \
+                         expires_at <= clock_timestamp() FROM {schema}.leases WHERE resource = 'job'"
+                    ),
+                    &[&reported],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, f64>(0), row.get::<_, bool>(1))
+        })
+    };
+    let first = acquire(&store, "job", "alice", "1s");
+    let (apart, _) = against_row(first.lease_expires_at.clone());
+    assert!(apart < 1.5, "first grant: {apart} ms from the row");
+    // Until alice's lease has run out (a condition: a loaded machine may be slow).
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !against_row(first.lease_expires_at.clone()).1 {
+        assert!(
+            std::time::Instant::now() < until,
+            "alice's lease never ran out"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let taken = acquire(&store, "job", "bob", "60s");
+    let (apart, expired) = against_row(taken.lease_expires_at.clone());
+    assert!(
+        apart < 1.5 && !expired,
+        "takeover: {apart} ms from the row ({taken:?})"
+    );
+    let again = acquire(&store, "job", "bob", "60s");
+    assert!(again.reacquired);
+    let (apart, _) = against_row(again.lease_expires_at.clone());
+    assert!(
+        apart < 1.5,
+        "reacquire: {apart} ms from the row ({again:?})"
+    );
+    lease_cmd(&store, "release", "job", "bob", again.token).expect(0);
+    let granted = acquire(&store, "job", "carol", "60s");
+    let (apart, _) = against_row(granted.lease_expires_at.clone());
+    assert!(
+        apart < 1.5,
+        "after a release: {apart} ms from the row ({granted:?})"
+    );
+}
+
 /// Issue 22: one-shot commands call no PL/pgSQL, so a new connection compiles none. The
 /// store's role counts PL function calls (`track_functions = 'pl'`, set by the superuser for
 /// its sessions); every path of acquire (grant, reacquire, busy, grant of a released lease,
