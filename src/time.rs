@@ -62,7 +62,7 @@ const LAST_LOOK: Duration = Duration::from_millis(100);
 /// `request`'s answer within `limit`, or `Err` once it passed. A process paused (SIGSTOP, a
 /// frozen VM, swap) past the limit wakes with its timer fired and the answer, if the server
 /// sent it meanwhile, still unread in the connection, whose task has not run yet (the timer's
-/// task runs first): the request gets [`LAST_LOOK`] more before it counts as lost, so that an
+/// task runs first): the request gets `LAST_LOOK` more before it counts as lost, so that an
 /// answer that is there is not reported as none (exit 8 for a write, a lease held reported as
 /// failed). Request timeouts go through here (PostgreSQL, S3, GCS); a lease's own bounds in
 /// `fence run` do not: they count from the send, and a lease runs out whether fence was
@@ -78,7 +78,7 @@ pub async fn answer_within<F: std::future::Future>(
     }
 }
 
-/// `request`'s answer if it comes within [`LAST_LOOK`]: for a wait whose own timer fired,
+/// `request`'s answer if it comes within `LAST_LOOK`: for a wait whose own timer fired,
 /// which may be this process's pause (see [`answer_within`]).
 pub async fn last_look<F: std::future::Future>(
     request: F,

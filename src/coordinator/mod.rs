@@ -515,7 +515,7 @@ pub trait Leases {
 #[async_trait(?Send)]
 pub trait Waiting {
     /// On stores that keep an arrival-ordered queue of waiters (PostgreSQL): makes this
-    /// process a waiter before its first attempt, so that the [`Self::acquire`] calls that
+    /// process a waiter before its first attempt, so that the [`Leases::acquire`] calls that
     /// follow join and poll the queue (a newcomer cannot pass the waiters) and a server that
     /// cannot take a connection is retried until `until` (`None`: for ever); returns true.
     /// Elsewhere returns false, and the caller uses [`Self::wait_begin`] after a busy attempt.

@@ -290,7 +290,7 @@ pub fn kill() {
 
 /// Removes this process's run cgroup once nothing is in it (from `fence run`, its reaper
 /// ended; from the reaper, once it killed): tried for up to 50 ms while processes killed a
-/// moment ago leave it; a cgroup still busy then is left to the next reaper's [`sweep`].
+/// moment ago leave it; a cgroup still busy then is left to the next reaper's `sweep`.
 pub fn remove() {
     let Some(dir) = RUN.get() else {
         return;

@@ -63,7 +63,7 @@ impl Terminal {
 }
 
 /// The reaper (see [`crate::reaper`]), forked in a new process group before the runtime
-/// starts, so before the lease is asked for; it waits, starting nothing, until [`Reaper::go`]
+/// starts, so before the lease is asked for; it waits, starting nothing, until `Reaper::go`
 /// sends what COMMAND needs. Dropped without `go` (busy, an error, a completed run id), it is
 /// killed: COMMAND was never started.
 pub struct Reaper {

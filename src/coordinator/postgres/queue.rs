@@ -17,12 +17,12 @@ use crate::sys::random_u64;
 /// fresh head is ready for the following release.
 pub const WINDOW: i64 = 2;
 /// The most waiters of one resource that keep a connection and listen: behind the window, a
-/// waiter whose turn should come within [`HOLD_SOONER`] at the queue's pace keeps its
+/// waiter whose turn should come within `HOLD_SOONER` at the queue's pace keeps its
 /// connection and listens too, so that a hot resource with short critical sections is not
 /// held down to the pace at which far waiters reconnect (a release or grant then wakes up to
 /// this many waiters, each for one short poll). A store may let more keep their connection
 /// (`fence init --held-waiters N`, the `meta` row `held_waiters`): those behind the first
-/// [`HELD_DEFAULT`] poll on it ([`held_poll`]) instead of listening: PostgreSQL signals every
+/// [`HELD_DEFAULT`] poll on it (`held_poll`) instead of listening: PostgreSQL signals every
 /// listening backend of the database on every notification, whatever its channel, so
 /// listeners cost the server on every release and grant of every resource, where a poll's
 /// cost is bounded by its waiter's pace. (On one hot resource the two measured alike:
