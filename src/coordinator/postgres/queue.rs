@@ -193,6 +193,29 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// A waiter of `resource` about to join, its wait ending at `until` (`None`: never), as
+    /// of `now`: no row yet, the default pace, held waiters as by default.
+    fn new(resource: &str, until: Option<Instant>, now: Instant) -> Queue {
+        Queue {
+            resource: resource.to_owned(),
+            until,
+            waiter: None,
+            place: 0,
+            promised: FAR_MAX,
+            listen_within: WINDOW,
+            held_most: HELD_DEFAULT,
+            listening: false,
+            started_listening: false,
+            last_token: None,
+            last_poll: now,
+            per_grant: FAR_STEP,
+            measured: false,
+            moved_at: now,
+            held_for: Duration::ZERO,
+            expires_in_ms: None,
+        }
+    }
+
     /// The pace to plan with: the queue's recent time per grant, and how long the current
     /// holder has held the lease.
     fn pace(&self) -> Pace {
@@ -232,12 +255,9 @@ impl Queue {
         // deadline): the pace is the resource's recent grants (if it has any), not grants
         // this waiter saw, and no pace is sampled across the lapse.
         let joined = answer.waiter.is_some_and(|w| Some(w) != self.waiter);
-        if let Some(pace) = answer.pace_ms.and_then(|p| u64::try_from(p).ok()) {
-            // (Zero or less, from a server clock that stepped back: no pace, not 1 ms.)
-            if pace > 0 {
-                self.per_grant =
-                    Duration::from_millis(pace).clamp(Duration::from_millis(1), FAR_MAX);
-            }
+        // (A pace of zero or less, from a server clock that stepped back, is no pace.)
+        if let Some(pace) = answer.pace_ms.filter(|&p| p > 0) {
+            self.per_grant = Duration::from_millis(pace.unsigned_abs()).min(FAR_MAX);
         }
         if joined || answer.pace_ms.is_some() {
             self.measured = false;
@@ -282,24 +302,7 @@ impl Queue {
 #[async_trait(?Send)]
 impl Waiting for PgCoordinator {
     fn queue_up(&self, resource: &str, _owner: &str, until: Option<Instant>) -> bool {
-        *self.queue.borrow_mut() = Some(Queue {
-            resource: resource.to_owned(),
-            until,
-            waiter: None,
-            place: 0,
-            promised: FAR_MAX,
-            listen_within: WINDOW,
-            held_most: HELD_DEFAULT,
-            listening: false,
-            started_listening: false,
-            last_token: None,
-            last_poll: Instant::now(),
-            per_grant: FAR_STEP,
-            measured: false,
-            moved_at: Instant::now(),
-            held_for: Duration::ZERO,
-            expires_in_ms: None,
-        });
+        *self.queue.borrow_mut() = Some(Queue::new(resource, until, Instant::now()));
         true
     }
 
@@ -570,22 +573,14 @@ mod tests {
         assert_eq!(answer(Some(0)).held_for(), Duration::ZERO);
         assert_eq!(answer(None).held_for(), Duration::ZERO);
         let mut queue = Queue {
-            resource: "r".into(),
-            until: None,
             waiter: Some(3),
             place: 2,
             promised: NEAR_POLL,
-            listen_within: WINDOW,
-            held_most: HELD_DEFAULT,
-            listening: false,
-            started_listening: false,
             last_token: Some(7),
-            last_poll: Instant::now(),
             per_grant: 3 * MS,
             measured: true,
-            moved_at: Instant::now(),
             held_for: answer(Some(5_000)).held_for(),
-            expires_in_ms: Some(5_000),
+            ..Queue::new("r", None, Instant::now())
         };
         assert_eq!(
             queue.pace(),
@@ -624,22 +619,13 @@ mod tests {
     #[test]
     fn a_newcomer_keeps_its_connection_until_it_has_seen_the_queue_move() {
         let mut queue = Queue {
-            resource: "r".into(),
-            until: None,
             waiter: Some(40),
             place: 40,
-            promised: FAR_MAX,
-            listen_within: WINDOW,
             held_most: 64,
-            listening: false,
-            started_listening: false,
             last_token: Some(7),
-            last_poll: Instant::now(),
             per_grant: 134 * MS,
-            measured: false,
-            moved_at: Instant::now(),
             held_for: 100 * MS,
-            expires_in_ms: Some(1_000),
+            ..Queue::new("r", None, Instant::now())
         };
         // Joined at 134 ms a grant (a crowd's start): all 64 keep their connection.
         assert_eq!(held_places(queue.hold_pace(), queue.held_most), 64);
@@ -712,22 +698,12 @@ mod tests {
         };
         let start = Instant::now();
         let mut queue = Queue {
-            resource: "r".into(),
-            until: None,
             waiter: Some(40),
             place: 100,
-            promised: FAR_MAX,
-            listen_within: WINDOW,
-            held_most: HELD_DEFAULT,
-            listening: false,
-            started_listening: false,
             last_token: Some(7),
-            last_poll: start,
             per_grant: 4 * MS,
             measured: true,
-            moved_at: start,
-            held_for: Duration::ZERO,
-            expires_in_ms: None,
+            ..Queue::new("r", None, start)
         };
         // Moved (7 → 9) and free for now: no stall yet, the queue's own pace.
         queue.note(&free(9), start + 8 * MS);
@@ -763,24 +739,7 @@ mod tests {
             held_waiters: Some(64),
         };
         let start = Instant::now();
-        let mut queue = Queue {
-            resource: "r".into(),
-            until: None,
-            waiter: None,
-            place: 0,
-            promised: FAR_MAX,
-            listen_within: WINDOW,
-            held_most: HELD_DEFAULT,
-            listening: false,
-            started_listening: false,
-            last_token: None,
-            last_poll: start,
-            per_grant: FAR_STEP,
-            measured: false,
-            moved_at: Instant::now(),
-            held_for: Duration::ZERO,
-            expires_in_ms: None,
-        };
+        let mut queue = Queue::new("r", None, start);
         // Joining: the resource's recent pace, not measured.
         queue.note(&answer(7, Some(134)), start);
         assert_eq!((queue.per_grant, queue.measured), (134 * MS, false));
