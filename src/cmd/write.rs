@@ -9,7 +9,7 @@ use crate::cli::WriteArgs;
 use crate::cmd::Context;
 use crate::coordinator::{Attempt, EventKind};
 use crate::error::Error;
-use crate::fenced::object::{Expect, IdEntry, ObjectOutcome};
+use crate::fenced::object::{Expect, IdEntry, ObjectOutcome, Sequencer};
 use crate::fenced::postgres::{LedgerEntry, RowOutcome, RowWrite, StatementResult, TxOutcome};
 use crate::fenced::target::{Body, FencedTarget, Form, Outcome as Done, WriteRequest};
 use crate::fenced::{self, sql_check, TargetSpec};
@@ -83,23 +83,33 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             let bytes = read_bytes(from)?;
             let target = fenced::target::open(&spec, &ctx.schema).await?;
             // The coordinator, to confirm right before the put that the token is still the
-            // newest (see `FencedTarget::needs_sequencer`); none here, or none reachable:
-            // unchecked.
-            let sequencer = match &ctx.history {
-                Some(store) if target.needs_sequencer() => {
-                    match crate::coordinator::open(store, &ctx.schema).await {
-                        Ok(store) if store.require_existing().await.is_ok() => Some(store),
-                        _ => None,
-                    }
-                }
-                _ => None,
+            // newest (see `FencedTarget::needs_sequencer`); none reachable: unchecked, with
+            // a warning that says why (a store that could not even be opened went unsaid:
+            // review 15).
+            let store = match &ctx.history {
+                _ if !target.needs_sequencer() => None,
+                Some(store) => Some(match crate::coordinator::open(store, &ctx.schema).await {
+                    Ok(opened) => match opened.require_existing().await {
+                        Ok(()) => Ok(opened),
+                        Err(err) => Err(err.to_string()),
+                    },
+                    Err(err) => Err(err.to_string()),
+                }),
+                None => Some(Err(
+                    "no store to ask: --store or FENCE_STORE is not a store URL fence reads".into(),
+                )),
+            };
+            let sequencer = match &store {
+                None => Sequencer::NotNeeded,
+                Some(Ok(store)) => Sequencer::Store(store.as_ref()),
+                Some(Err(why)) => Sequencer::Unreachable(why),
             };
             let bar = out.upload_bar(bytes.len(), &spec.display);
             let written = target
                 .write(request(Body::Bytes {
                     bytes,
                     expect: &expect,
-                    sequencer: sequencer.as_deref(),
+                    sequencer,
                     bar: &bar,
                 }))
                 .await;
@@ -132,8 +142,16 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
                 ));
             }
             crate::fenced::quote_table(table)?;
-            let target = fenced::target::open(&spec, &ctx.schema).await?;
-            let written = target.write(request(Body::Row(&write))).await;
+            // As for a transaction: a stop signal cancels the statement on the server
+            // instead of leaving it to commit once its row's lock comes free (review 14).
+            let mut interrupts = Interrupts::install()?;
+            let target = connect(&spec, &ctx.schema, &mut interrupts).await?;
+            let written = target
+                .write(request(Body::Row {
+                    write: &write,
+                    interrupts: &mut interrupts,
+                }))
+                .await;
             (target, written)
         }
         (None, None) => {
@@ -141,13 +159,7 @@ pub async fn run(args: WriteArgs, ctx: &Context, out: &Output) -> Result<Written
             // Caught from before the connection on: a stop signal cancels the transaction on
             // the server instead of leaving it to run to its COMMIT.
             let mut interrupts = Interrupts::install()?;
-            let target = tokio::select! {
-                target = fenced::target::open(&spec, &ctx.schema) => target?,
-                (_, name) = interrupts.next() => return Err(Error::unavailable(
-                    format!("interrupted by {name} while connecting to `{}`", spec.display),
-                    "nothing was sent, so nothing was applied; it is safe to retry",
-                )),
-            };
+            let target = connect(&spec, &ctx.schema, &mut interrupts).await?;
             let written = target
                 .write(request(Body::Transaction {
                     sql: &sql,
@@ -334,6 +346,21 @@ pub fn applied_when(at_ms: i64, token: i64, owner: Option<&str>) -> String {
         crate::time::rfc3339(at_ms),
         owner.map(|o| format!(" by `{o}`")).unwrap_or_default()
     )
+}
+
+/// Opens the target; a stop signal meanwhile ends the write before anything was sent.
+async fn connect(
+    spec: &TargetSpec,
+    schema: &str,
+    interrupts: &mut Interrupts,
+) -> Result<Box<dyn FencedTarget>, Error> {
+    tokio::select! {
+        target = fenced::target::open(spec, schema) => target,
+        (_, name) = interrupts.next() => Err(Error::unavailable(
+            format!("interrupted by {name} while connecting to `{}`", spec.display),
+            "nothing was sent, so nothing was applied; it is safe to retry",
+        )),
+    }
 }
 
 /// The object's new bytes, from a file or standard input.

@@ -74,7 +74,7 @@ macro_rules! answered {
     () => {
         concat!(
             "clock_timestamp() AS now,
-       set_config('synchronous_commit', 'on', true) AS synchronous_commit,
+       pg_catalog.set_config('synchronous_commit', 'on', true) AS synchronous_commit,
        ",
             schema_is_current!()
         )

@@ -99,11 +99,36 @@ pub struct ObjectView {
     pub updated_at_ms: Option<i64>,
 }
 
+/// The token an object was last written with, for showing it (0: none, or one that does not
+/// read as a token; a write goes by [`token_guarding`]).
 fn stored_token(meta: &Meta) -> i64 {
     meta.metadata
         .get(META_TOKEN)
         .and_then(|t| t.parse().ok())
         .unwrap_or(0)
+}
+
+/// The token that guards the object `display` (0: none, never written by fence). A
+/// `fence-token` that is not a token fence issues (1 up to the largest 64-bit integer: one
+/// above it, a negative number, words) was written by hand or by another tool, and is not
+/// taken for "no token": any token, the oldest included, would replace it (review 15).
+fn token_guarding(meta: &Meta, display: &str) -> Result<i64, Error> {
+    let Some(stored) = meta.metadata.get(META_TOKEN) else {
+        return Ok(0);
+    };
+    match stored.parse::<i64>() {
+        Ok(token) if token >= 1 => Ok(token),
+        _ => Err(Error::internal(
+            format!(
+                "the object `{display}` carries {META_TOKEN} `{stored}`, which is not a token fence issues (1 to {}): it was written by hand or by another tool, so fence cannot tell whether {META_TOKEN} is newer than this write's; nothing was written",
+                i64::MAX
+            ),
+            format!(
+                "find out who wrote it (`fence inspect --target {}`); if the object is not fenced after all, remove its {META_TOKEN} metadata (or the object), then write again",
+                crate::error::shell_word(display)
+            ),
+        )),
+    }
 }
 
 /// The ids an object's metadata records, newest first: the current version's, then the older
@@ -224,11 +249,21 @@ pub struct ObjectWrite<'a> {
     pub expect: &'a Expect,
     /// `--timeout`: the longest a `file://` object's lock is waited for.
     pub timeout: std::time::Duration,
-    /// The coordinator that issued the token, when it can be reached: asked for the highest
-    /// token right before the put where a version is an ETag (S3), whose bytes alone make
-    /// it, so that a newer token's identical bytes do not let a paused writer's stale put
-    /// through (ABA).
-    pub sequencer: Option<&'a dyn crate::coordinator::Coordinator>,
+    /// The coordinator that issued the token: asked for the highest token right before the
+    /// put where a version is an ETag (S3), whose bytes alone make it, so that a newer
+    /// token's identical bytes do not let a paused writer's stale put through (ABA).
+    pub sequencer: Sequencer<'a>,
+}
+
+/// Whom an S3 write asks, right before its put, whether its token is still the newest.
+#[derive(Clone, Copy)]
+pub enum Sequencer<'a> {
+    /// No one: the target's versions never repeat (GCS generations, `file://`).
+    NotNeeded,
+    /// The store that issued the token (`--store`, `FENCE_STORE`, or the embedded default).
+    Store(&'a dyn crate::coordinator::Coordinator),
+    /// No store could be asked, for this reason (said in the warning).
+    Unreachable(&'a str),
 }
 
 /// Writes `body` to the object, counting the bytes sent on `bar`.
@@ -292,8 +327,9 @@ pub async fn write(
         if let Some(entry) = find(Some(meta), write_id) {
             return replay(entry, &digest, write);
         }
-        if stored_token(meta) > token {
-            return Err(stale(stored_token(meta)));
+        let stored = token_guarding(meta, &url.display)?;
+        if stored > token {
+            return Err(stale(stored));
         }
     }
     let version = current.as_ref().map(|m| m.version.clone());
@@ -340,13 +376,28 @@ pub async fn write(
     // same bytes leaves the version this write read, and its put would pass: the coordinator
     // says, right before the put, whether a newer token exists (the window left is this
     // round trip).
-    if let (object::Service::S3, Some(sequencer)) = (url.service, sequencer) {
-        match sequencer.highest_token(resource).await {
-            Ok(Some(highest)) if highest > token => return Err(stale(highest)),
-            Ok(_) => {}
-            Err(err) => crate::terminal::warn(&format!(
-                "warning: the coordinator could not confirm that token {token} is still the newest for `{resource}` ({err}); an S3 object's version does not change with the token alone, so a newer token's identical bytes would not stop this write"
-            )),
+    // Its answer also says whether the token was ever issued: a token above every one issued
+    // (a typo) would otherwise be stored, and refuse the lease's real holder (review 15).
+    let unconfirmed = |why: &dyn std::fmt::Display| {
+        crate::terminal::warn(&format!(
+            "warning: the coordinator could not confirm that token {token} is still the newest for `{resource}` ({why}); an S3 object's version does not change with the token alone, so a newer token's identical bytes would not stop this write"
+        ));
+    };
+    if url.service == object::Service::S3 {
+        match sequencer {
+            Sequencer::Store(store) => match store.highest_token(resource).await {
+                Ok(Some(highest)) if highest > token => return Err(stale(highest)),
+                Ok(Some(highest)) if highest < token => {
+                    return Err(conflict(ConflictKind::NeverIssued {
+                        highest_token: highest,
+                    }))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(conflict(ConflictKind::NeverIssued { highest_token: 0 })),
+                Err(err) => unconfirmed(&err),
+            },
+            Sequencer::Unreachable(why) => unconfirmed(&why),
+            Sequencer::NotNeeded => {}
         }
     }
     let bytes = body.len();
@@ -362,14 +413,18 @@ pub async fn write(
             if let Some(entry) = find(again.as_ref(), write_id) {
                 return replay(entry, &digest, write);
             }
+            let stored = match &again {
+                Some(meta) => token_guarding(meta, &url.display)?,
+                None => 0,
+            };
             match again {
-                Some(meta) if stored_token(&meta) > token => Err(stale(stored_token(&meta))),
+                Some(_) if stored > token => Err(stale(stored)),
                 // This token and owner stored a version after the one this write was
                 // conditioned on: this write, whose first answer was lost and whose retry met
                 // its own version (or another write under the same lease). Never "nothing was
                 // written": the outcome is unknown to fence.
                 Some(meta)
-                    if stored_token(&meta) == token
+                    if stored == token
                         && Some(meta.version.as_str()) != version.as_deref()
                         && meta.metadata.get(META_OWNER).map_or("", String::as_str) == owner =>
                 {

@@ -158,7 +158,11 @@ impl PgTarget {
             );
             match scs {
                 Ok(_) => answer,
-                Err(err) => Answer::Failed { completed: 0, err },
+                Err(err) => Answer::Failed {
+                    completed: 0,
+                    err,
+                    ended: false,
+                },
             }
         };
         tokio::pin!(answer);
@@ -217,7 +221,7 @@ impl PgTarget {
         gave_up: Option<GaveUp>,
         sent: std::time::Instant,
     ) -> Result<TxOutcome, Retry> {
-        let (completed, err) = match answer {
+        let (completed, err, ended) = match answer {
             Answer::Done(messages) => {
                 if let Some(gave_up) = gave_up {
                     crate::terminal::warn(&format!(
@@ -233,7 +237,11 @@ impl PgTarget {
                     results.split_off(PRELUDE_STATEMENTS.min(results.len())),
                 ));
             }
-            Answer::Failed { completed, err } => (completed, err),
+            Answer::Failed {
+                completed,
+                err,
+                ended,
+            } => (completed, err, ended),
         };
         // The transaction is aborted (or the connection gone): end it before anything else.
         self.session.rollback().await;
@@ -289,7 +297,9 @@ impl PgTarget {
         // come from the caller's SQL (its own timeouts, or a RAISE), which failed.
         let ours = gave_up.is_some() || sent.elapsed() >= write.timeout;
         if !ours && (cancelled || lock_wait) {
-            return Err(Retry::Fail(self.classify(&err, write, completed).await));
+            return Err(Retry::Fail(
+                self.classify(&err, write, completed, ended).await,
+            ));
         }
         match (cancelled, lock_wait, gave_up) {
             (true, _, Some(gave_up)) => Err(rolled_back(format!(
@@ -309,7 +319,7 @@ impl PgTarget {
                 write.resource,
                 crate::time::duration(write.timeout)
             ))),
-            _ => Err(Retry::Fail(self.classify(&err, write, completed).await)),
+            _ => Err(Retry::Fail(self.classify(&err, write, completed, ended).await)),
         }
     }
 
@@ -335,6 +345,7 @@ impl PgTarget {
         err: &tokio_postgres::Error,
         write: &TxWrite<'_>,
         completed: usize,
+        ended: bool,
     ) -> Error {
         let TxWrite {
             resource,
@@ -422,6 +433,13 @@ impl PgTarget {
             // script before it runs any of it (a syntax error has completed nothing).
             _ if guard && refused_by_the_server(db.code()) => {
                 pg::request_error(err, self.display(), &what, true)
+            }
+            // After the guard, the server's own trouble (a terminated session, a shutdown,
+            // no disk or memory, an I/O error) is not the SQL's either, and rolled back what
+            // it had done (review 14 saw `pg_terminate_backend` reported as "fix the SQL");
+            // a cancel (57014) may be the SQL's own, and fence's own timeouts were told above.
+            _ if failed_on_the_server(db.code()) => {
+                pg::request_error(err, self.display(), &what, ended)
             }
             _ => {
                 return Error::SqlFailed {
@@ -528,6 +546,8 @@ impl PgTarget {
         resource: &str,
         token: i64,
         write: &RowWrite,
+        timeout: Duration,
+        interrupts: &mut Interrupts,
     ) -> Result<RowOutcome, Error> {
         let table = quote_table(&write.table)?;
         let key = serde_json::Value::Object(write.key.clone());
@@ -540,7 +560,7 @@ impl PgTarget {
         // role or a trigger set, the implicit transaction commits synchronously (a guard row
         // acknowledged and then lost in a crash would let a stale token back in).
         let sql = self.session.expand(
-            "SELECT w.status, w.stored_token, set_config('synchronous_commit', 'on', true) \
+            "SELECT w.status, w.stored_token, pg_catalog.set_config('synchronous_commit', 'on', true) \
              FROM __SCHEMA__.check_write($7, $5, $8) AS c(token) \
              CROSS JOIN LATERAL __SCHEMA__.write_row($1, $2::text::jsonb, $3::text::jsonb, $4, c.token, $6) AS w",
         );
@@ -558,7 +578,13 @@ impl PgTarget {
         ];
         let mut migrated = false;
         let rows = loop {
-            let err = match self.session.request(&what, true, &sql, &params).await? {
+            let bounded = RowStatement {
+                sql: &sql,
+                params: &params,
+                resource,
+                timeout,
+            };
+            let err = match self.row_statement(&bounded, interrupts).await? {
                 Ok(rows) => break rows,
                 Err(err) => err,
             };
@@ -621,6 +647,143 @@ impl PgTarget {
                 "report this bug",
             )),
         }
+    }
+
+    /// The row form's statement in a transaction of its own, bounded as the transaction
+    /// form's is: the server gives up by itself at `--timeout` (lock and statement timeouts),
+    /// and sooner if fence's connection closes (`client_connection_check_interval`: a
+    /// killed `fence write` does not commit later); fence gives up at `--timeout` or a stop
+    /// signal, cancels the statement on the server and waits for the answer, which says
+    /// whether the COMMIT got in first. (It waited its fixed request time, answered exit 8
+    /// and left the statement to commit once the row's lock came free, and a SIGTERM ended
+    /// fence with the same effect: review 14.) BEGIN with its settings, the statement and
+    /// COMMIT go out together: one round trip.
+    async fn row_statement(
+        &self,
+        statement: &RowStatement<'_>,
+        interrupts: &mut Interrupts,
+    ) -> Result<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>, Error> {
+        let RowStatement {
+            sql,
+            params,
+            resource,
+            timeout,
+        } = *statement;
+        if let Some(name) = interrupts.pending() {
+            return Err(Error::unavailable(
+                format!("interrupted by {name} before the write to `{resource}` was sent"),
+                "nothing was sent, so nothing was applied; it is safe to retry",
+            ));
+        }
+        let ms = timeout.as_millis().max(1);
+        let statement_ms = ms + LOCK_BEFORE_STATEMENT.as_millis();
+        let begin = format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SET LOCAL statement_timeout = {statement_ms}; SET LOCAL lock_timeout = {ms}; \
+             SELECT pg_catalog.set_config('client_connection_check_interval', '1000', true) \
+             WHERE pg_catalog.current_setting('server_version_num')::pg_catalog.int4 >= 140000"
+        );
+        let client = &self.session.client;
+        let sent = std::time::Instant::now();
+        let answer = async {
+            let (begun, rows, committed) = tokio::join!(
+                client.simple_query(&begin),
+                client.query_typed(sql, params),
+                client.simple_query("COMMIT"),
+            );
+            // BEGIN failed: the statement's error says more (it ran in an aborted
+            // transaction, or not at all).
+            let _ = begun;
+            match (rows, committed) {
+                (Ok(rows), Ok(_)) => Ok(rows),
+                (Ok(_), Err(err)) | (Err(err), _) => Err(err),
+            }
+        };
+        tokio::pin!(answer);
+        let gave_up = tokio::select! {
+            answer = crate::time::answer_within(timeout + SERVER_FIRST, &mut answer) => match answer {
+                Ok(answer) => return self.row_answer(answer, statement, None, sent),
+                Err(_) => GaveUp::Timeout(timeout),
+            },
+            (_, name) = interrupts.next() => GaveUp::Signal(name),
+        };
+        let cancelled = tokio::time::timeout(CANCEL_WAIT, self.session.cancel()).await;
+        match crate::time::answer_within(CANCEL_WAIT, &mut answer).await {
+            Ok(answer) => self.row_answer(answer, statement, Some(gave_up), sent),
+            Err(_) => Err(Error::OutcomeUnknown {
+                message: format!(
+                    "{}; fence asked PostgreSQL at `{}` to cancel the write to `{resource}`{} and got no answer within {}s",
+                    gave_up.what(),
+                    self.display(),
+                    match cancelled {
+                        Ok(Ok(())) => String::new(),
+                        Ok(Err(err)) => format!(" (the cancel request failed: {err})"),
+                        Err(_) => " (the cancel request got no answer)".into(),
+                    },
+                    CANCEL_WAIT.as_secs()
+                ),
+                hint: format!(
+                    "the row may or may not have been written (the server stops the statement by itself {} after it began): check the row and `fence inspect {} --target …` before retrying",
+                    crate::time::duration(timeout),
+                    crate::error::shell_word(resource)
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// The answer to [`Self::row_statement`] sent at `sent`; `gave_up` says why fence had
+    /// stopped waiting. A cancel or a timeout of fence's (past `--timeout`: the server's own
+    /// at it, or fence's cancel) rolled the transaction back; a write that committed anyway
+    /// stands, with a warning.
+    fn row_answer(
+        &self,
+        answer: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+        statement: &RowStatement<'_>,
+        gave_up: Option<GaveUp>,
+        sent: std::time::Instant,
+    ) -> Result<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>, Error> {
+        let RowStatement {
+            resource, timeout, ..
+        } = *statement;
+        let err = match &answer {
+            Ok(_) => {
+                if let Some(gave_up) = gave_up {
+                    crate::terminal::warn(&format!(
+                        "warning: {}, but the row was written all the same (the cancel came too late): the write stands",
+                        gave_up.what()
+                    ));
+                }
+                return Ok(answer);
+            }
+            Err(err) => err,
+        };
+        let lock_wait = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+        let cancelled = err.code() == Some(&SqlState::QUERY_CANCELED);
+        // Earlier, the same SQLSTATEs are a role's or database's own short timeouts.
+        if !(lock_wait || cancelled) || (gave_up.is_none() && sent.elapsed() < timeout) {
+            return Ok(answer);
+        }
+        let why = match (gave_up, lock_wait) {
+            (Some(gave_up), _) => format!(
+                "{}: fence cancelled the write to `{resource}` on PostgreSQL at `{}`",
+                gave_up.what(),
+                self.display()
+            ),
+            (None, true) => format!(
+                "the write to `{resource}` waited {} for a lock held by another transaction (a writer of the same row)",
+                crate::time::duration(timeout)
+            ),
+            (None, false) => format!(
+                "the write to `{resource}` did not finish within its {} timeout (--timeout), so PostgreSQL at `{}` cancelled it",
+                crate::time::duration(timeout),
+                self.display()
+            ),
+        };
+        Err(Error::unavailable(
+            why,
+            "the transaction was rolled back and nothing was applied; it is safe to retry",
+        ))
     }
 
     /// Fails (exit 2) when fence's schema is not in the target database: a read-only
@@ -848,12 +1011,23 @@ impl GaveUp {
     }
 }
 
+/// The row form's statement and what bounds it (see [`PgTarget::row_statement`]).
+struct RowStatement<'a> {
+    sql: &'a str,
+    params: &'a [(&'a (dyn ToSql + Sync), Type)],
+    resource: &'a str,
+    timeout: Duration,
+}
+
 /// The server's answer to the script, with how many statements completed before a failure.
 enum Answer {
     Done(Vec<SimpleQueryMessage>),
     Failed {
         completed: usize,
         err: tokio_postgres::Error,
+        /// Whether `end_write` answered before the failure: then it may be the COMMIT's,
+        /// which may have applied; before it, the transaction was rolled back.
+        ended: bool,
     },
 }
 
@@ -897,7 +1071,7 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
          SELECT {begin};\n\
          {sql}\n;\n\
          CLOSE ALL;\n\
-         SELECT {schema}.end_write({resource}, {token}, {ms}), set_config('synchronous_commit', 'on', true);\n\
+         SELECT {schema}.end_write({resource}, {token}, {ms}), pg_catalog.set_config('synchronous_commit', 'on', true);\n\
          COMMIT",
         sql = write.sql
     )
@@ -908,20 +1082,39 @@ pub fn fenced_script(schema: &str, write: &TxWrite<'_>) -> String {
 async fn collect(client: &tokio_postgres::Client, script: &str) -> Answer {
     let stream = match client.simple_query_raw(script).await {
         Ok(stream) => stream,
-        Err(err) => return Answer::Failed { completed: 0, err },
+        Err(err) => {
+            return Answer::Failed {
+                completed: 0,
+                err,
+                ended: false,
+            }
+        }
     };
     tokio::pin!(stream);
     let mut messages = Vec::new();
     let mut completed = 0;
+    // The caller's SQL could name a column `end_write` too: then a failure after it is
+    // told "may have applied", the cautious answer.
+    let mut ended = false;
     while let Some(message) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
         match message {
             Ok(message) => {
-                if matches!(message, SimpleQueryMessage::CommandComplete(_)) {
-                    completed += 1;
+                match &message {
+                    SimpleQueryMessage::CommandComplete(_) => completed += 1,
+                    SimpleQueryMessage::RowDescription(columns) => {
+                        ended |= columns.first().is_some_and(|c| c.name() == "end_write");
+                    }
+                    _ => {}
                 }
                 messages.push(message);
             }
-            Err(err) => return Answer::Failed { completed, err },
+            Err(err) => {
+                return Answer::Failed {
+                    completed,
+                    err,
+                    ended,
+                }
+            }
         }
     }
     Answer::Done(messages)
@@ -935,6 +1128,14 @@ fn refused_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
     matches!(sqlstate::class(state), "LF" | "53" | "57" | "08")
         || *state == SqlState::READ_ONLY_SQL_TRANSACTION
         || *state == SqlState::INSUFFICIENT_PRIVILEGE
+}
+
+/// Whether a failure after the guard is the server's, whatever the SQL: classes 08
+/// (connection), 53 (resources), 57 (operator intervention) but a cancel, and 58 (system).
+fn failed_on_the_server(state: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(sqlstate::class(state), "53" | "57" | "08" | "58")
+        && *state != SqlState::QUERY_CANCELED
 }
 
 fn row_error(err: Error, table: &str) -> Error {
@@ -1015,8 +1216,12 @@ impl crate::fenced::target::FencedTarget for PgTarget {
                     self.write_transaction(&tx, interrupts).await?,
                 ))
             }
-            Body::Row(row) => Ok(Outcome::Row(
-                self.write_row(write.resource, write.token, row).await?,
+            Body::Row {
+                write: row,
+                interrupts,
+            } => Ok(Outcome::Row(
+                self.write_row(write.resource, write.token, row, write.timeout, interrupts)
+                    .await?,
             )),
             Body::Bytes { .. } => Err(wrong_form(self.display(), false)),
         }

@@ -222,8 +222,11 @@ impl PgTarget {
 /// OS user reach the database as a superuser); hold CREATEROLE through another role
 /// (before PostgreSQL 16 it can then grant itself anything); own the database, a protected
 /// table's schema, a protected table, or an object a protected table depends on (a column's
-/// type or domain, a function of a default, generated column or check, a parent table:
-/// dropping or altering them changes the table's rows); hold TRIGGER on a protected table (it
+/// type or domain, a function of a default, generated column, check, trigger, row-level
+/// security policy, rule or index expression, a parent table: dropping or altering them
+/// changes the table's rows, or, for a trigger's function, writes what it likes inside the
+/// current holder's fenced transaction: review 14. A function called only inside another
+/// function's body has no dependency on record, and is not seen); hold TRIGGER on a protected table (it
 /// can replace `fence_protect`); hold any write or TRIGGER privilege on fence's own tables,
 /// a column's included (it can forge a binding, or run code as their owner); call one of
 /// dblink's functions that open a connection (with USAGE on its schema), or use a foreign
@@ -252,6 +255,10 @@ deps AS (SELECT p.oid AS rel, d.refclassid, d.refobjid FROM protected p JOIN pg_
     ON (d.classid = 'pg_class'::regclass AND d.objid = p.oid) \
     OR (d.classid = 'pg_attrdef'::regclass AND d.objid IN (SELECT a.oid FROM pg_attrdef a WHERE a.adrelid = p.oid)) \
     OR (d.classid = 'pg_constraint'::regclass AND d.objid IN (SELECT k.oid FROM pg_constraint k WHERE k.conrelid = p.oid)) \
+    OR (d.classid = 'pg_trigger'::regclass AND d.objid IN (SELECT g.oid FROM pg_trigger g WHERE g.tgrelid = p.oid)) \
+    OR (d.classid = 'pg_policy'::regclass AND d.objid IN (SELECT y.oid FROM pg_policy y WHERE y.polrelid = p.oid)) \
+    OR (d.classid = 'pg_rewrite'::regclass AND d.objid IN (SELECT w.oid FROM pg_rewrite w WHERE w.ev_class = p.oid)) \
+    OR (d.classid = 'pg_class'::regclass AND d.objid IN (SELECT x.indexrelid FROM pg_index x WHERE x.indrelid = p.oid)) \
     WHERE d.deptype IN ('n', 'a', 'P', 'S')), \
 dep_owners AS ( \
     SELECT d.rel, format('type %s', d.refobjid::regtype) AS what, t.typowner AS owner FROM deps d \

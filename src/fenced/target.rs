@@ -6,9 +6,9 @@
 use async_trait::async_trait;
 use indicatif::ProgressBar;
 
-use crate::coordinator::{Coordinator, LogQuery, Logged};
+use crate::coordinator::{LogQuery, Logged};
 use crate::error::Error;
-use crate::fenced::object::{Expect, ObjectOutcome, ObjectTarget, ObjectView};
+use crate::fenced::object::{Expect, ObjectOutcome, ObjectTarget, ObjectView, Sequencer};
 use crate::fenced::postgres::{GuardView, PgTarget, RowOutcome, RowWrite, TxOutcome};
 use crate::fenced::TargetSpec;
 use crate::signals::Interrupts;
@@ -32,14 +32,18 @@ pub enum Body<'a> {
         /// the server instead of leaving it to run to its COMMIT.
         interrupts: &'a mut Interrupts,
     },
-    Row(&'a RowWrite),
+    Row {
+        write: &'a RowWrite,
+        /// Caught from before the connection on, as for a transaction.
+        interrupts: &'a mut Interrupts,
+    },
     Bytes {
         bytes: Vec<u8>,
         /// `--if-match`, `--if-generation-match`.
         expect: &'a Expect,
         /// The coordinator, asked right before the put when the target needs it (see
         /// [`FencedTarget::needs_sequencer`]).
-        sequencer: Option<&'a dyn Coordinator>,
+        sequencer: Sequencer<'a>,
         /// Counts the bytes sent.
         bar: &'a ProgressBar,
     },

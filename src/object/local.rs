@@ -203,6 +203,24 @@ impl LocalObjects {
     /// empty: its sidecar keeps the highest token it accepted and its write ids, so a stale
     /// writer stays refused, an id is still a replay, and generations go on counting up.
     fn state(&self, object: &Path, sidecar: &Path, settle: bool) -> Result<Option<Sidecar>, Error> {
+        // A link's name has a sidecar of its own (none), so a write through `current ->
+        // data` was checked against no token and renamed over the link: a stale holder's
+        // bytes where every reader of `current` looks, with exit 0 (review 15).
+        if let Ok(meta) = fs::symlink_metadata(object) {
+            if meta.file_type().is_symlink() {
+                let file = fs::canonicalize(object).map_or_else(
+                    |_| "the file it points to".to_owned(),
+                    |file| format!("`file://{}`", file.display()),
+                );
+                return Err(Error::usage(
+                    format!(
+                        "`{}` is a symbolic link: fence keeps a file's token beside the file's own name, so it neither reads nor writes through a link (a write would check no token and replace the link); nothing was read or written",
+                        object.display()
+                    ),
+                    format!("name the file itself, {file}"),
+                ));
+            }
+        }
         let landed = if settle {
             self.settle(object, sidecar)?;
             None

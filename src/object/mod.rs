@@ -174,7 +174,11 @@ pub fn open_reporting(
             lock_wait,
         ))),
         #[cfg(feature = "s3")]
-        Service::S3 => Ok(Box::new(s3::S3Objects::new(&url.bucket, bar)?)),
+        Service::S3 => Ok(Box::new(s3::S3Objects::new(
+            &url.bucket,
+            bar,
+            url.names_object,
+        )?)),
         #[cfg(feature = "gcs")]
         Service::Gcs => Ok(Box::new(gcs::GcsObjects::new(&url.bucket, bar)?)),
         #[allow(unreachable_patterns)]

@@ -94,6 +94,8 @@ pub struct S3Objects {
     bucket: String,
     /// The variable that names the endpoint, if one does (AWS's default otherwise).
     endpoint_var: Option<String>,
+    /// Whether keys are objects a URL names, kept exactly as written (see [`Self::path`]).
+    exact: bool,
     /// The `Date` of successful PUT answers, by decoded URL path (see [`Dates`]).
     dates: Dates,
 }
@@ -119,7 +121,8 @@ fn http_date_ms(text: &str) -> Option<i64> {
 impl S3Objects {
     /// `bar`, when visible, counts the bytes of uploads as they are sent (through an HTTP
     /// client of ours, which also keeps the `Date` of PUT answers).
-    pub fn new(bucket: &str, bar: ProgressBar) -> Result<S3Objects, Error> {
+    /// `exact`: the keys are objects a URL names (see [`Self::path`]).
+    pub fn new(bucket: &str, bar: ProgressBar, exact: bool) -> Result<S3Objects, Error> {
         // Retries are fence's own (`Failure`): object_store would retry a 501 or a 4xx-like
         // answer it cannot tell from a transient one, and a definite answer must not be asked
         // again.
@@ -176,6 +179,7 @@ impl S3Objects {
             bucket: bucket.to_owned(),
             dates,
             endpoint_var: endpoint.map(|(var, _)| var),
+            exact,
         })
     }
 
@@ -238,7 +242,48 @@ impl S3Objects {
         Failure::Fail(failed.with_source(err))
     }
 
+    /// Where `key` is in the bucket. An object a URL names is its key exactly as written
+    /// (object_store's `Path::from` escapes `%`, bytes outside ASCII and a few more, so
+    /// `a%41` was stored as `a%2541` and `données` as `donn%C3%A9es`: review 15); a store's
+    /// own objects stay where every earlier fence put them, so that no token starts over.
+    fn path(&self, key: &str) -> Result<Path, Error> {
+        if !self.exact {
+            return Ok(Path::from(key));
+        }
+        Path::parse(key).map_err(|err| {
+            Error::usage(
+                format!("`s3://{}/{key}` is not an object key fence can write: {err}", self.bucket),
+                "name the object without control characters and without empty, `.` or `..` path segments",
+            )
+        })
+    }
+
+    /// [`Self::fetch_at`] of `key`'s [`Self::path`]. An object a URL names that is not at its
+    /// key but where an earlier fence stored it (escaped) is refused rather than started over
+    /// beside it, where its token would not guard the new one.
     async fn fetch(&self, key: &str, head: bool) -> Result<Option<Fetched>, Error> {
+        let found = self.fetch_at(key, &self.path(key)?, head).await?;
+        let escaped = Path::from(key);
+        if found.is_some() || !self.exact || escaped.as_ref() == key {
+            return Ok(found);
+        }
+        match self.fetch_at(key, &escaped, true).await? {
+            Some(old) if old.meta.metadata.contains_key(super::META_TOKEN) => Err(Error::usage(
+                format!(
+                    "`s3://{bucket}/{key}` was written by an earlier fence as `s3://{bucket}/{escaped}` (its S3 client escaped `%` and bytes outside ASCII in keys); fence now writes the key as named, and will not start it over beside the old object, whose token would not guard it; nothing was read or written",
+                    bucket = self.bucket
+                ),
+                format!(
+                    "copy the old object to the key as named with its metadata (`aws s3 cp {} {}`), delete the old one, then run fence again",
+                    crate::error::shell_word(&format!("s3://{}/{escaped}", self.bucket)),
+                    crate::error::shell_word(&format!("s3://{}/{key}", self.bucket)),
+                ),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    async fn fetch_at(&self, key: &str, path: &Path, head: bool) -> Result<Option<Fetched>, Error> {
         let what = format!("read `{key}`");
         let mut attempt = 0;
         loop {
@@ -246,7 +291,7 @@ impl S3Objects {
                 head,
                 ..GetOptions::default()
             };
-            let err = match self.store.get_opts(&Path::from(key), options).await {
+            let err = match self.store.get_opts(path, options).await {
                 Ok(result) => {
                     let meta = Self::meta(&result.meta, &result.attributes);
                     if head {
@@ -335,7 +380,7 @@ impl ObjectApi for S3Objects {
             attributes,
             ..PutOptions::default()
         };
-        let path = Path::from(key);
+        let path = self.path(key)?;
         let payload = PutPayload::from(body);
         let what = format!("write `{key}`");
         let mut attempt = 0;
@@ -385,7 +430,7 @@ impl ObjectApi for S3Objects {
     }
 
     async fn put_blind(&self, key: &str, body: Vec<u8>) -> Result<(), Error> {
-        let path = Path::from(key);
+        let path = self.path(key)?;
         let payload = PutPayload::from(body);
         let what = format!("write `{key}`");
         let mut attempt = 0;
@@ -402,7 +447,7 @@ impl ObjectApi for S3Objects {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, Error> {
-        let path = Path::from(prefix);
+        let path = self.path(prefix)?;
         let mut attempt = 0;
         let listed = loop {
             match self.store.list_with_delimiter(Some(&path)).await {
@@ -424,7 +469,7 @@ impl ObjectApi for S3Objects {
     async fn delete(&self, key: &str) -> Result<(), Error> {
         let mut attempt = 0;
         loop {
-            match self.store.delete(&Path::from(key)).await {
+            match self.store.delete(&self.path(key)?).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => return Ok(()),
                 Err(err) => match self.failure("delete an object", err, attempt, None) {
                     Failure::Retry(pause) => tokio::time::sleep(pause).await,
@@ -685,6 +730,7 @@ mod tests {
             bucket: "bucket".into(),
             dates: Dates::default(),
             endpoint_var: None,
+            exact: true,
         }
     }
 

@@ -5,3 +5,4 @@ mod object_ids;
 mod objects;
 mod preconditions;
 mod redirects;
+mod review15;

@@ -3,6 +3,7 @@
 mod fenced_sql;
 mod minted;
 mod pgbouncer;
+mod review14;
 mod roles;
 mod target_trust;
 mod write;
