@@ -433,6 +433,9 @@ fn a_row_write_stopped_by_sigterm_is_cancelled_on_the_server() {
             &tagged_url(&store, &name),
         ])
         .args(["--table", &table, "--key", "id=1", "--set", "v=late"])
+        // Far beyond the test's own limits: only the signal can end this write in time (a
+        // fence that ignored it ended at the default --timeout, 30 s, and passed).
+        .args(["--timeout", "10m"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = fence.cmd.spawn().expect("start fence write");
