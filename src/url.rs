@@ -241,21 +241,40 @@ pub fn percent_decode(text: &str) -> Option<String> {
 
 /// Removes the password from `scheme://user:password@host/…` and any `password=` query
 /// parameter, so that URLs can be printed (DESIGN: secrets never appear in output).
+///
+/// The user info ends at the FIRST `@`, as the driver reads it (a password may hold `/`, `?`
+/// or `#`; a query may hold `@`, and cutting at the last one printed what followed it as
+/// the host: review 16). A host part that still holds an `@` (a password with an `@` of its
+/// own) is cut to what follows its last one. Parameters are looked for in what follows the
+/// first `?` of the rest, or, when the user info swallowed that `?`, in its `&`-separated
+/// parts.
 pub fn redact_url(url: &str) -> String {
-    let url = match url.split_once("://") {
-        // The user info ends at the LAST `@`: a password may itself hold `/`, `?` or `#`
-        // (the driver accepts them), so nothing before that `@` is trusted to be a host.
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split(':').next().unwrap_or_default();
-                format!("{scheme}://{user}@{host}")
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return redact_query(url);
     };
-    let Some((head, query)) = url.split_once('?') else {
-        return url;
+    let (user, rest) = match rest.split_once('@') {
+        Some((userinfo, rest)) => (Some(userinfo.split(':').next().unwrap_or_default()), rest),
+        None => (None, rest),
+    };
+    let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (host, tail) = rest.split_at(host_end);
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    let rest = redact_query(&format!("{host}{tail}"));
+    match user {
+        Some(user) => format!("{scheme}://{user}@{rest}"),
+        None => format!("{scheme}://{rest}"),
+    }
+}
+
+/// `text` without its `password` parameters: those after its first `?`, or, without one, its
+/// `&`-separated parts after the first.
+fn redact_query(text: &str) -> String {
+    let (head, query, sep) = match text.split_once('?') {
+        Some((head, query)) => (head, query, "?"),
+        None => match text.split_once('&') {
+            Some((head, query)) => (head, query, "&"),
+            None => return text.to_owned(),
+        },
     };
     // The driver percent-decodes parameter names too (`pass%77ord=` is the password: review
     // 14); a name that does not decode cannot be told apart, and is left out as well.
@@ -269,7 +288,7 @@ pub fn redact_url(url: &str) -> String {
     if kept.is_empty() {
         head.to_owned()
     } else {
-        format!("{head}?{}", kept.join("&"))
+        format!("{head}{sep}{}", kept.join("&"))
     }
 }
 
@@ -349,5 +368,21 @@ mod tests {
             redact_url("postgres://h/db?pass%77ord=x&sslmode=disable&PassWord=y&%ZZ=z"),
             "postgres://h/db?sslmode=disable"
         );
+        // An `@` in the query is not the end of the user info (review 16), and a password's
+        // own `@` is not the host's.
+        assert_eq!(
+            redact_url("postgres://fence@h:1/db?password=pre@secret-part"),
+            "postgres://fence@h:1/db"
+        );
+        assert_eq!(
+            redact_url("postgres://fence@h:1/db?user=alice@corp&password=hunter2"),
+            "postgres://fence@h:1/db?user=alice@corp"
+        );
+        // (Without user info, the driver takes the query's first `@` for its end.)
+        assert_eq!(
+            redact_url("postgres://h:1/db?user=alice@corp&password=hunter2"),
+            "postgres://h@corp"
+        );
+        assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u@h/db");
     }
 }

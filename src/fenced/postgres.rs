@@ -434,12 +434,25 @@ impl PgTarget {
             _ if guard && refused_by_the_server(db.code()) => {
                 pg::request_error(err, self.display(), &what, true)
             }
-            // After the guard, the server's own trouble (a terminated session, a shutdown,
-            // no disk or memory, an I/O error) is not the SQL's either, and rolled back what
-            // it had done (review 14 saw `pg_terminate_backend` reported as "fix the SQL");
-            // a cancel (57014) may be the SQL's own, and fence's own timeouts were told above.
-            _ if failed_on_the_server(db.code()) => {
-                pg::request_error(err, self.display(), &what, ended)
+            // After the guard, a session the server ended (terminated, shut down, the
+            // connection broken) is not the SQL's fault either (review 14 saw
+            // `pg_terminate_backend` reported as "fix the SQL"): rolled back before
+            // `end_write` answered, unknown after (the COMMIT may have run). Other errors of
+            // the same classes can be the SQL's own (a missing file for COPY, a temp file
+            // limit: review 16), and stay `sql_failed`.
+            _ if ended_by_the_server(db.code()) => {
+                let cause = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+                if ended {
+                    pg::lost(self.display(), &what, &cause, true)
+                } else {
+                    Error::unavailable(
+                        format!(
+                            "PostgreSQL at `{}` ended the session while the write to `{resource}` ran, before it committed: {cause}",
+                            self.display()
+                        ),
+                        "the transaction was rolled back and nothing was applied; it is safe to retry once the server takes connections again",
+                    )
+                }
             }
             _ => {
                 return Error::SqlFailed {
@@ -1130,12 +1143,18 @@ fn refused_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
         || *state == SqlState::INSUFFICIENT_PRIVILEGE
 }
 
-/// Whether a failure after the guard is the server's, whatever the SQL: classes 08
-/// (connection), 53 (resources), 57 (operator intervention) but a cancel, and 58 (system).
-fn failed_on_the_server(state: &tokio_postgres::error::SqlState) -> bool {
+/// Whether the server ended the session, whatever the SQL: a connection exception (class
+/// 08), a shutdown, a terminated backend, a dropped database.
+fn ended_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
     use tokio_postgres::error::SqlState;
-    matches!(sqlstate::class(state), "53" | "57" | "08" | "58")
-        && *state != SqlState::QUERY_CANCELED
+    sqlstate::class(state) == "08"
+        || [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::DATABASE_DROPPED,
+        ]
+        .contains(state)
 }
 
 fn row_error(err: Error, table: &str) -> Error {

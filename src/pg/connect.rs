@@ -116,9 +116,29 @@ impl ConnectParams {
     /// Asks the server to cancel whatever `cancel` names is running (a new connection that
     /// carries only the cancel request, as libpq's PQcancel). The answer to the cancelled
     /// request, not this call, says whether it was cancelled in time.
+    ///
+    /// Like libpq, fence waits for the server to close the cancel connection: tokio-postgres
+    /// closes it as soon as the request is written, and PgBouncer 1.18 then dropped the
+    /// request, so that a write fence gave up on committed later, or crashed ("bad client
+    /// state"), dropping every client (review 16). Done so for one host without TLS; else
+    /// the driver's own cancel.
     pub async fn cancel(&self, cancel: &tokio_postgres::CancelToken) -> Result<(), Error> {
         let sent = match self.tls()? {
-            None => cancel.cancel_query(tokio_postgres::NoTls).await,
+            None => match self.cancel_target() {
+                Some(CancelTarget::Tcp(host, port)) => {
+                    match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+                        Ok(stream) => cancel_and_wait(cancel, stream).await,
+                        Err(_) => cancel.cancel_query(tokio_postgres::NoTls).await,
+                    }
+                }
+                Some(CancelTarget::Unix(path)) => {
+                    match tokio::net::UnixStream::connect(&path).await {
+                        Ok(stream) => cancel_and_wait(cancel, stream).await,
+                        Err(_) => cancel.cancel_query(tokio_postgres::NoTls).await,
+                    }
+                }
+                None => cancel.cancel_query(tokio_postgres::NoTls).await,
+            },
             Some(tls) => cancel.cancel_query(tls).await,
         };
         sent.map_err(|err| {
@@ -131,6 +151,24 @@ impl ConnectParams {
                 "check that the server is reachable",
             )
             .with_source(err)
+        })
+    }
+
+    /// Where a cancel request goes when the connection has one place to go: a single host,
+    /// no `hostaddr`.
+    fn cancel_target(&self) -> Option<CancelTarget> {
+        let [host] = self.config.get_hosts() else {
+            return None;
+        };
+        if !self.config.get_hostaddrs().is_empty() {
+            return None;
+        }
+        let port = self.config.get_ports().first().copied().unwrap_or(5432);
+        Some(match host {
+            tokio_postgres::config::Host::Tcp(name) => CancelTarget::Tcp(name.clone(), port),
+            tokio_postgres::config::Host::Unix(dir) => {
+                CancelTarget::Unix(dir.join(format!(".s.PGSQL.{port}")))
+            }
         })
     }
 
@@ -217,6 +255,68 @@ pub async fn close_all() {
     let tasks = CONNECTIONS.with(|open| std::mem::take(&mut *open.borrow_mut()));
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
+    }
+}
+
+/// Where [`ConnectParams::cancel`] sends its request itself.
+enum CancelTarget {
+    Tcp(String, u16),
+    Unix(std::path::PathBuf),
+}
+
+/// Writes the cancel request on `stream` without closing its side, then waits for the
+/// server to close the connection, as libpq does (see [`ConnectParams::cancel`]).
+async fn cancel_and_wait<S>(
+    cancel: &tokio_postgres::CancelToken,
+    mut stream: S,
+) -> Result<(), tokio_postgres::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    cancel
+        .cancel_query_raw(KeepOpen(&mut stream), tokio_postgres::NoTls)
+        .await?;
+    let mut buf = [0u8; 64];
+    // The server answers nothing; it closes the connection once it has the request.
+    while let Ok(1..) = stream.read(&mut buf).await {}
+    Ok(())
+}
+
+/// A stream whose shutdown leaves it open (the driver shuts its side down after the request).
+struct KeepOpen<'a, S>(&'a mut S);
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for KeepOpen<'_, S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for KeepOpen<'_, S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
 }
 

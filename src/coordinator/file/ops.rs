@@ -443,6 +443,19 @@ impl History for FileCoordinator {
         Ok(self.inspect_store(resources, history)?.views)
     }
 
+    /// The highest token issued: the high-water mark and the log (what the next grant
+    /// continues above) or the record's token, whichever is higher. The record alone (the
+    /// default, through `inspect`) said "never leased" of a record a power loss emptied, and
+    /// 1 of a record restored from an older copy after 2 had been issued: an S3 write with
+    /// token 2 was refused as never issued (review 16). A damaged mark or record is an
+    /// error (the write then warns that it could not confirm its token).
+    async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
+        let paths = self.paths(resource);
+        let issued = self.issued(&paths)?;
+        let recorded = self.read_record(&paths, resource)?.map_or(0, |r| r.token);
+        Ok(Some(issued.max(recorded)).filter(|&token| token > 0))
+    }
+
     async fn inspect_checked(
         &self,
         resources: &[String],

@@ -13,6 +13,7 @@ mod reaper_start_and_run_ids;
 mod restored_objects;
 mod restored_objects_history;
 mod restored_objects_review;
+mod review16;
 mod review_history_and_keys;
 mod review_on_call;
 mod review_run_events;

@@ -295,7 +295,10 @@ fn s3_an_object_an_earlier_fence_stored_escaped_is_not_started_over() {
     assert_eq!(out.code, 2, "{out:?}");
     assert!(out.stdout.contains("b%2541"), "{out:?}");
     assert!(server.get(&key).is_none(), "written: {out:?}");
-    assert_eq!(server.get(&escaped).expect("the old object").body, b"guarded");
+    assert_eq!(
+        server.get(&escaped).expect("the old object").body,
+        b"guarded"
+    );
 }
 
 #[test]
