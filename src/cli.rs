@@ -634,10 +634,11 @@ pub struct WriteArgs {
     #[arg(long, value_name = "KEY", value_parser = parse_write_id)]
     pub id: Option<String>,
 
-    /// Transaction form: the longest the fenced transaction may take (100ms to 24h). The
-    /// server cancels it then, and it can never commit later, even if fence is gone; fence
-    /// exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP cancel it the same way. A
-    /// `file://` object: the longest its lock file is waited for (exit 7, nothing written).
+    /// Transaction and row forms: the longest the fenced transaction (or the row's update)
+    /// may take (100ms to 24h). The server cancels it then, and it can never commit later,
+    /// even if fence is gone; fence exits 7 (nothing applied). SIGINT, SIGTERM and SIGHUP
+    /// cancel it the same way. A `file://` object: the longest its lock file is waited for
+    /// (exit 7, nothing written).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_write_timeout)]
     pub timeout: std::time::Duration,
 
