@@ -1051,14 +1051,24 @@ pub fn refused(err: &clap::Error, args: &[OsString]) -> Refused {
         .skip(1)
         .filter_map(|a| a.to_str())
         .find(|a| names.contains(a));
-    let wants = |format: &str| {
-        args.windows(2)
-            .any(|w| w[0] == "--format" && w[1] == format)
-            || args.iter().any(|a| *a == *format!("--format={format}"))
-    };
+    // The --format values given, as written. One the parser could not read (`Env`, `evn`)
+    // is answered as `env` is: `eval "$(fence acquire R --format Env)" && step` ran the
+    // step with no lease when the answer was a human error on stderr and nothing on
+    // stdout (review 18). Known names are read whatever their case.
+    let given: Vec<String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--format")
+        .filter_map(|w| w[1].to_str())
+        .chain(
+            args.iter()
+                .filter_map(|a| a.to_str()?.strip_prefix("--format=")),
+        )
+        .map(|value| value.trim().to_ascii_lowercase())
+        .collect();
+    let wants = |format: &str| given.iter().any(|value| value == format);
     let format = if wants("json") || wants("ndjson") {
         Format::Json
-    } else if wants("env") {
+    } else if wants("env") || given.iter().any(|value| value != "human") {
         Format::Env
     } else {
         Format::Human

@@ -416,7 +416,7 @@ impl Error {
                 ..
             } if op == "run" => format!(
                 "the command was stopped before it finished, and nothing of it runs on: nothing is to be done by hand (a scheduled job runs again at its next turn); `fence log {}` shows the run's record (its stop, with signal and reason, where the store could take it) and who holds the lease now",
-                shell_word(resource)
+                resource_word(resource)
             ),
             _ => self.hint(),
         }
@@ -432,11 +432,11 @@ impl Error {
             | Error::Database { hint, .. } => hint.clone(),
             Error::Busy { resource, .. } => format!(
                 "try again once it is released or expires; `fence inspect {}` shows the holder",
-                shell_word(resource)
+                resource_word(resource)
             ),
             Error::WaitedOut { resource, .. } => format!(
                 "wait longer (--wait DURATION, or --wait alone for no limit); `fence inspect {}` shows the holder",
-                shell_word(resource)
+                resource_word(resource)
             ),
             Error::Stale {
                 resource,
@@ -445,7 +445,7 @@ impl Error {
                 ..
             } => format!(
                 "`{resource}` was granted again since (token {highest_token}; `fence inspect {}` shows by whom): stop working under this token, and acquire again if the work must go on",
-                shell_word(resource)
+                resource_word(resource)
             ),
             Error::Stale {
                 resource,
@@ -453,9 +453,8 @@ impl Error {
                 target: Some(target),
                 ..
             } => format!(
-                "the target has accepted token {highest_token} for `{resource}`: a newer owner has written there, or someone wrote with a token the store never issued. Stop working under this token; `fence inspect {} --target {}` shows which (it warns on a token above any the store issued; recovery: docs/postgres-targets.md, \"A token the store never issued\")",
-                shell_word(resource),
-                shell_word(target)
+                "the target has accepted token {highest_token} for `{resource}`: a newer owner has written there, or someone wrote with a token the store never issued. Stop working under this token; `{}` shows which (it warns on a token above any the store issued; recovery: docs/postgres-targets.md, \"A token the store never issued\")",
+                command_for("fence inspect", resource, &format!(" --target {}", shell_word(target)))
             ),
             Error::LeaseLost {
                 reason: LostReason::SupervisorLost,
@@ -471,7 +470,7 @@ impl Error {
             } => format!("stop working under this token: its lease ran out before the answer arrived. Acquire again, with a longer --ttl if this recurs, and find what slows the store ({LATE_CAUSE})"),
             Error::LeaseLost { resource, .. } => format!(
                 "acquire it again with `fence acquire {}` before going on, and renew well within the TTL",
-                shell_word(resource)
+                resource_word(resource)
             ),
             Error::SqlFailed { .. } => {
                 "fix the SQL and run it again; nothing was changed, the token is still good".into()
@@ -497,7 +496,7 @@ impl Error {
                 }
                 _ => format!(
                     "check RESOURCE and --token (or FENCE_RESOURCE / FENCE_TOKEN); `fence inspect {}` shows the current lease",
-                    shell_word(resource)
+                    resource_word(resource)
                 ),
             },
         }
@@ -618,6 +617,24 @@ impl Error {
             | Error::Database { .. } => {}
         }
         map
+    }
+}
+
+/// RESOURCE as the last argument of a command a hint suggests: shell-quoted, and after `--`
+/// when it starts with `-`, which would be read as an option (review 18: `fence inspect -x`
+/// was refused as an unexpected argument).
+pub fn resource_word(resource: &str) -> String {
+    command_for("", resource, "").trim_start().to_owned()
+}
+
+/// `head RESOURCE tail`, a command a hint suggests (`tail` its options after the resource,
+/// starting with a space): as written, or `head tail -- RESOURCE` for a resource that starts
+/// with `-` (see [`resource_word`]).
+pub fn command_for(head: &str, resource: &str, tail: &str) -> String {
+    if resource.starts_with('-') {
+        format!("{head}{tail} -- {}", shell_word(resource))
+    } else {
+        format!("{head} {}{tail}", shell_word(resource))
     }
 }
 

@@ -684,6 +684,33 @@ pub(crate) fn boottime_ns() -> Option<u64> {
     clock_ns(DynamicClockId::Boottime)
 }
 
+/// CLOCK_BOOTTIME as the machine counts it, outside any time namespace: a process in one
+/// (`unshare --time --boottime N`) reads the machine's clock shifted by its namespace's offset,
+/// and compared with other processes' readings took over a live lease of the directory store
+/// as expired (review 17). The offset (`/proc/self/timens_offsets`, Linux 5.6; none where
+/// that file is missing) is read once and taken off.
+pub(crate) fn host_boottime_ns() -> Option<u64> {
+    static OFFSET_NS: std::sync::OnceLock<i128> = std::sync::OnceLock::new();
+    let offset = *OFFSET_NS.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/timens_offsets")
+            .ok()
+            .and_then(|text| boottime_offset_ns(&text))
+            .unwrap_or(0)
+    });
+    let shifted = i128::from(boottime_ns()?) - offset;
+    u64::try_from(shifted).ok()
+}
+
+/// The `boottime` line of `/proc/self/timens_offsets` ("boottime <seconds> <nanoseconds>"),
+/// in nanoseconds.
+fn boottime_offset_ns(text: &str) -> Option<i128> {
+    let line = text.lines().find(|line| line.starts_with("boottime"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let secs: i128 = words.next()?.parse().ok()?;
+    let nanos: i128 = words.next()?.parse().ok()?;
+    Some(secs * 1_000_000_000 + nanos)
+}
+
 /// The clock of `fence run`'s bounds, in nanoseconds, read by fence and by the reaper alike:
 /// CLOCK_BOOTTIME (a suspend counts: a lease runs out during one too), or CLOCK_MONOTONIC on
 /// a kernel without it (before Linux 2.6.39).
@@ -701,6 +728,14 @@ fn clock_ns(clock: DynamicClockId<'_>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_namespaces_boottime_offset_is_read() {
+        let text = "monotonic           0         0\nboottime       100000  5\n";
+        assert_eq!(boottime_offset_ns(text), Some(100_000_000_000_005));
+        assert_eq!(boottime_offset_ns("boottime -3 0\n"), Some(-3_000_000_000));
+        assert_eq!(boottime_offset_ns("monotonic 1 0\n"), None);
+    }
 
     #[test]
     fn a_debug_printed_os_error_reads_as_an_error() {

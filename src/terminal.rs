@@ -141,12 +141,16 @@ fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
 }
 
-/// Characters a terminal draws as nothing (zero-width spaces and joiners, fillers, tags):
-/// two names that differ only by one would look the same.
+/// Characters a terminal draws as nothing: Unicode's Default_Ignorable_Code_Point (zero-width
+/// spaces and joiners, fillers, variation selectors, tags…; review 18 found ten of them
+/// missing), and the line and paragraph separators: two names that differ only by one
+/// would look the same.
 fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{ad}' | '\u{115f}' | '\u{1160}' | '\u{180e}' | '\u{200b}'..='\u{200d}'
-        | '\u{2028}' | '\u{2029}' | '\u{2060}'..='\u{2064}' | '\u{3164}' | '\u{feff}'
-        | '\u{ffa0}' | '\u{e0000}'..='\u{e007f}')
+    matches!(c, '\u{ad}' | '\u{34f}' | '\u{61c}' | '\u{115f}' | '\u{1160}'
+        | '\u{17b4}' | '\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{3164}'
+        | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}' | '\u{fff0}'..='\u{fff8}'
+        | '\u{1bca0}'..='\u{1bca3}' | '\u{1d173}'..='\u{1d17a}' | '\u{e0000}'..='\u{e0fff}')
 }
 
 #[cfg(test)]

@@ -250,7 +250,7 @@ pub fn percent_decode(text: &str) -> Option<String> {
 /// parts.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return redact_query(url);
+        return redact_loose(url);
     };
     let (user, rest) = match rest.split_once('@') {
         Some((userinfo, rest)) => (Some(userinfo.split(':').next().unwrap_or_default()), rest),
@@ -264,6 +264,78 @@ pub fn redact_url(url: &str) -> String {
         Some(user) => format!("{scheme}://{user}@{rest}"),
         None => format!("{scheme}://{rest}"),
     }
+}
+
+/// A value that is not a URL fence reads, as it may be echoed in the error that says so
+/// (review 18): a missing or mangled scheme (`postgresql:/app:pw@host`, `admin:pw@host`)
+/// keeps its user info up to its first `:`; libpq's `keyword=value` form (`host=db
+/// password=pw`, `password = 'p w'`) loses every password; and so do URL parameters.
+fn redact_loose(text: &str) -> String {
+    let text = match text.split_once('@') {
+        Some((userinfo, rest)) if userinfo.contains(':') => {
+            format!("{}@{rest}", userinfo.split(':').next().unwrap_or_default())
+        }
+        _ => text.to_owned(),
+    };
+    redact_keywords(&redact_query(&text))
+}
+
+/// Whether a parameter or keyword names a secret: `password`, and `sslpassword` (a client
+/// key's passphrase), whatever the case.
+fn is_secret_name(name: &str) -> bool {
+    name.to_ascii_lowercase().ends_with("password")
+}
+
+/// `text` without its `keyword=value` pairs whose keyword is a secret (spaces around `=`,
+/// a value in single quotes with spaces in it).
+fn redact_keywords(text: &str) -> String {
+    let words: Vec<&str> = text.split(' ').collect();
+    let mut kept = Vec::with_capacity(words.len());
+    let mut i = 0;
+    while i < words.len() {
+        let (name, after) = words[i].split_once('=').unwrap_or((words[i], ""));
+        if name.is_empty() || !is_secret_name(name) {
+            kept.push(words[i]);
+            i += 1;
+            continue;
+        }
+        // The value: after `=` in this word, or in the next words (`password = x`).
+        let mut value = if words[i].contains('=') {
+            Some(after)
+        } else {
+            None
+        };
+        i += 1;
+        if value.is_none() {
+            match words.get(i) {
+                Some(&"=") => {
+                    i += 1;
+                    value = words.get(i).copied();
+                    i += 1;
+                }
+                Some(word) if word.starts_with('=') => {
+                    value = Some(&word[1..]);
+                    i += 1;
+                }
+                _ => {
+                    kept.push(name);
+                    continue;
+                }
+            }
+        } else if after.is_empty() {
+            value = words.get(i).copied();
+            i += 1;
+        }
+        // A quoted value runs to the word that closes its quote.
+        if let Some(value) = value.filter(|v| v.starts_with('\'')) {
+            let mut closed = value.len() > 1 && value.ends_with('\'');
+            while !closed && i < words.len() {
+                closed = words[i].ends_with('\'');
+                i += 1;
+            }
+        }
+    }
+    kept.join(" ")
 }
 
 /// `text` without its `password` parameters: those after its first `?`, or, without one, its
@@ -282,7 +354,7 @@ fn redact_query(text: &str) -> String {
         .split('&')
         .filter(|pair| {
             let name = pair.split_once('=').map_or(*pair, |(name, _)| name);
-            percent_decode(name).is_some_and(|name| !name.eq_ignore_ascii_case("password"))
+            percent_decode(name).is_some_and(|name| !is_secret_name(&name))
         })
         .collect();
     if kept.is_empty() {
@@ -384,5 +456,29 @@ mod tests {
             "postgres://h@corp"
         );
         assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslpassword=x&sslmode=require"),
+            "postgres://u@h/db?sslmode=require"
+        );
+        // Values that are not URLs fence reads, as an error echoes them (review 18).
+        assert_eq!(
+            redact_url("host=db port=1 password=pw dbname=app"),
+            "host=db port=1 dbname=app"
+        );
+        assert_eq!(
+            redact_url("user=app password = 'p w x' host=db"),
+            "user=app host=db"
+        );
+        assert_eq!(redact_url("password =pw host=db"), "host=db");
+        assert_eq!(redact_url("password= pw host=db"), "host=db");
+        assert_eq!(
+            redact_url("postgresql:/app:pw@h:1/app"),
+            "postgresql@h:1/app"
+        );
+        assert_eq!(
+            redact_url("admin:pw@127.0.0.1:9000"),
+            "admin@127.0.0.1:9000"
+        );
+        assert_eq!(redact_url("sslpassword"), "sslpassword");
     }
 }

@@ -680,13 +680,15 @@ impl Report for Inspected {
                 "UPDATED",
                 "BY",
             ]);
+            // Each cell escaped whole, newlines too (review 18: an owner with a newline in a
+            // `file://` object's sidecar broke the row onto a line of its own).
             t.add_row([
-                target.clone(),
-                o.version.clone().unwrap_or_else(|| "(absent)".into()),
-                o.resource.clone().unwrap_or_else(dash),
+                cell(target),
+                o.version.as_deref().map_or_else(|| "(absent)".into(), cell),
+                o.resource.as_deref().map_or_else(dash, cell),
                 o.token.map_or_else(dash, |t| t.to_string()),
                 o.updated_at_ms.map_or_else(dash, time::rfc3339),
-                o.owner.clone().unwrap_or_else(dash),
+                o.owner.as_deref().map_or_else(dash, cell),
             ]);
             text.push_str(&format!("\nfenced object:\n{}\n", output::render(&t)));
         }
@@ -702,19 +704,20 @@ impl Report for Inspected {
             ]);
             for g in guards {
                 t.add_row([
-                    g.resource.clone(),
+                    cell(&g.resource),
                     g.highest_token.map_or_else(dash, |t| t.to_string()),
                     g.updated_at_ms.map_or_else(dash, time::rfc3339),
                     g.updated_by
-                        .clone()
+                        .as_deref()
                         .filter(|o| !o.is_empty())
-                        .unwrap_or_else(dash),
+                        .map_or_else(dash, cell),
                     g.accepted_writes.to_string(),
                     g.rejected_writes.to_string(),
                 ]);
             }
             text.push_str(&format!(
-                "\nfenced writes at `{target}`:\n{}\n",
+                "\nfenced writes at `{}`:\n{}\n",
+                cell(target),
                 output::render(&t)
             ));
         }

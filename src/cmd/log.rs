@@ -758,9 +758,9 @@ pub fn target_ahead(
 ) -> Option<String> {
     issued.is_none_or(|issued| highest > issued).then(|| {
         format!(
-            "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}), so it refuses this store's holders as stale: check that the target is fenced by this store and how that token was written; then raise this store's tokens above it with `fence acquire {} --above {highest}` and release that lease (docs/postgres-targets.md, \"A token the store never issued\")",
+            "`{target}` has accepted token {highest} for `{resource}`, above any this store issued ({}), so it refuses this store's holders as stale: check that the target is fenced by this store and how that token was written; then raise this store's tokens above it with `{}` and release that lease (docs/postgres-targets.md, \"A token the store never issued\")",
             issued.map_or("none".to_owned(), |t| format!("up to {t}")),
-            crate::error::shell_word(resource)
+            crate::error::command_for("fence acquire", resource, &format!(" --above {highest}"))
         )
     })
 }
@@ -863,22 +863,31 @@ impl Entry {
         let ev = &self.logged.event;
         let mut fields = vec![
             time::rfc3339(ev.at_ms),
-            self.logged.resource.clone(),
-            match &self.source {
-                Source::Store => "store".to_owned(),
-                Source::Target(target) => target.clone(),
-            },
-            ev.kind.to_string(),
-            ev.owner.clone().unwrap_or_else(|| "-".into()),
+            shown(&self.logged.resource),
+            self.place(),
+            shown(&ev.kind.to_string()),
+            shown(ev.owner.as_deref().unwrap_or("-")),
             ev.token
                 .map_or_else(|| "-".into(), |t| format!("token {t}")),
         ];
         fields.extend(
-            [self.lease_text(), shown_detail(ev).unwrap_or_default()]
-                .into_iter()
-                .filter(|f| !f.is_empty()),
+            [
+                self.lease_text(),
+                shown(&shown_detail(ev).unwrap_or_default()),
+            ]
+            .into_iter()
+            .filter(|f| !f.is_empty()),
         );
         fields.join("  ")
+    }
+
+    /// The WHERE column: the store, or the target's name (escaped, as every field from a
+    /// store is).
+    fn place(&self) -> String {
+        match &self.source {
+            Source::Store => "store".to_owned(),
+            Source::Target(target) => shown(target),
+        }
     }
 
     /// The event for a terminal too narrow for the table: time, resource (and where, for a
@@ -886,19 +895,22 @@ impl Entry {
     /// the next.
     pub(super) fn narrow(&self) -> String {
         let ev = &self.logged.event;
-        let mut head = vec![time::rfc3339(ev.at_ms), self.logged.resource.clone()];
-        if let Source::Target(target) = &self.source {
-            head.push(target.clone());
+        let mut head = vec![time::rfc3339(ev.at_ms), shown(&self.logged.resource)];
+        if let Source::Target(_) = &self.source {
+            head.push(self.place());
         }
-        head.push(ev.kind.to_string());
-        head.push(ev.owner.clone().unwrap_or_else(|| "-".into()));
+        head.push(shown(&ev.kind.to_string()));
+        head.push(shown(ev.owner.as_deref().unwrap_or("-")));
         head.push(
             ev.token
                 .map_or_else(|| "-".into(), |t| format!("token {t}")),
         );
         let mut text = head.join("  ");
         text.push('\n');
-        for more in [self.lease_text(), shown_detail(ev).unwrap_or_default()] {
+        for more in [
+            self.lease_text(),
+            shown(&shown_detail(ev).unwrap_or_default()),
+        ] {
             if !more.is_empty() {
                 text.push_str(&format!("    {more}\n"));
             }
@@ -940,6 +952,13 @@ impl Entry {
         }
         parts.join("; ")
     }
+}
+
+/// A field from a store or a target, for a line or a table cell: every control, bidi and
+/// invisible character escaped, a newline included, so that no field can fake a line of
+/// fence's own (review 18: an owner with a newline printed a release that never happened).
+fn shown(text: &str) -> String {
+    crate::terminal::terminal_safe(text, false).into_owned()
 }
 
 /// What `--limit` left out, said at the end of the answer.
@@ -999,16 +1018,13 @@ impl Report for Timeline {
                 let ev = &e.logged.event;
                 table.add_row([
                     time::rfc3339(ev.at_ms),
-                    e.logged.resource.clone(),
-                    match &e.source {
-                        Source::Store => "store".to_owned(),
-                        Source::Target(target) => target.clone(),
-                    },
-                    ev.kind.to_string(),
-                    ev.owner.clone().unwrap_or_else(dash),
+                    shown(&e.logged.resource),
+                    e.place(),
+                    shown(&ev.kind.to_string()),
+                    ev.owner.as_deref().map_or_else(dash, shown),
                     ev.token.map_or_else(dash, |t| t.to_string()),
                     e.lease_text(),
-                    shown_detail(ev).unwrap_or_default(),
+                    shown(&shown_detail(ev).unwrap_or_default()),
                 ]);
             }
             if output::fits(&table) {
@@ -1026,7 +1042,11 @@ impl Report for Timeline {
             text.push_str(&format!("\n{TRUNCATED}\n"));
         }
         for w in &self.warnings {
-            text.push_str(&format!("\nwarning ({}): {}\n", w.kind.as_str(), w.message));
+            text.push_str(&format!(
+                "\nwarning ({}): {}\n",
+                w.kind.as_str(),
+                shown(&w.message)
+            ));
         }
         text
     }

@@ -448,11 +448,17 @@ pub trait Leases {
                             lease.resource, lease.owner, lease.token
                         ),
                         hint: format!(
-                            "`fence inspect {}` shows whether it is still held; release it with `fence release {} --owner {} --token {}` if nothing is to run under it",
-                            crate::error::shell_word(&lease.resource),
-                            crate::error::shell_word(&lease.resource),
-                            crate::error::shell_word(&lease.owner),
-                            lease.token
+                            "`fence inspect {}` shows whether it is still held; release it with `{}` if nothing is to run under it",
+                            crate::error::resource_word(&lease.resource),
+                            crate::error::command_for(
+                                "fence release",
+                                &lease.resource,
+                                &format!(
+                                    " --owner {} --token {}",
+                                    crate::error::shell_word(&lease.owner),
+                                    lease.token
+                                )
+                            )
                         ),
                         source,
                     });
@@ -795,16 +801,19 @@ pub fn raised_detail(highest: i64, above: Option<i64>) -> Option<String> {
 /// The refusal of `acquire --above N` when `owner` already holds the lease live with a
 /// token not above N: a reacquire keeps its token, so it cannot be raised without a release.
 pub fn held_not_above(resource: &str, owner: &str, token: i64, above: i64) -> Error {
-    use crate::error::shell_word;
+    use crate::error::{command_for, shell_word};
     Error::usage(
         format!(
             "`{resource}` is held by this owner (`{owner}`) with token {token}, which is not above {above}: acquiring it again would keep that token, so nothing was changed"
         ),
         format!(
-            "release the lease first (`fence release {} --owner {} --token {token}`), then run `fence acquire {} --above {above}` again",
-            shell_word(resource),
-            shell_word(owner),
-            shell_word(resource)
+            "release the lease first (`{}`), then run `{}` again",
+            command_for(
+                "fence release",
+                resource,
+                &format!(" --owner {} --token {token}", shell_word(owner))
+            ),
+            command_for("fence acquire", resource, &format!(" --above {above}"))
         ),
     )
 }

@@ -887,6 +887,18 @@ impl ObjectCoordinator {
                 },
                 std::cmp::Ordering::Equal => Refusal::Lost(crate::error::LostReason::RecordLost),
             },
+            // No record, but tokens were issued (the record deleted): as for an older copy,
+            // the holder of the highest token lost its lease's record (exit 5, as on the
+            // directory store; it was "no lease was ever granted", exit 6: review 17).
+            None if highest > 0 => match lease.token.cmp(&highest) {
+                std::cmp::Ordering::Less => Refusal::Stale {
+                    highest_token: highest,
+                },
+                std::cmp::Ordering::Greater => Refusal::NeverIssued {
+                    highest_token: highest,
+                },
+                std::cmp::Ordering::Equal => Refusal::Lost(crate::error::LostReason::RecordLost),
+            },
             _ => Refusal::classify(
                 lease,
                 current.map(|c| Found {
@@ -1072,7 +1084,9 @@ impl Leases for ObjectCoordinator {
         // The nonce and kind of this call's last write that may have applied unseen (its
         // answer lost, its retry refused by its own version).
         let mut tried: Option<(String, EventKind, tokio::time::Instant)> = None;
-        for attempt in 0..MAX_ATTEMPTS {
+        // One read more than writes: the last looks only for the last write, which may have
+        // applied unseen (review 17: it was reported as "nothing was changed", exit 7).
+        for attempt in 0..=MAX_ATTEMPTS {
             backoff(attempt).await;
             // The high-water object first, then the record: a record written (and the
             // object raised) in between then shows its token, never one below the object's.
@@ -1090,6 +1104,9 @@ impl Leases for ObjectCoordinator {
                         sent: Some(*sent),
                     });
                 }
+            }
+            if attempt == MAX_ATTEMPTS {
+                break;
             }
             let verified = self.verified(current.as_ref()).await?;
             let restored = current
@@ -1222,10 +1239,22 @@ impl Leases for ObjectCoordinator {
             self.check_ttl(ttl_ms(ttl))?;
         }
         self.check_resource(&lease.resource)?;
-        for attempt in 0..MAX_ATTEMPTS {
+        // The nonce of this call's last write, which may have applied unseen; one read more
+        // than writes looks for it (review 17).
+        let mut tried: Option<String> = None;
+        for attempt in 0..=MAX_ATTEMPTS {
             backoff(attempt).await;
             let high = self.high(&lease.resource).await?;
             let current = self.read(&lease.resource).await?;
+            if let Some(c) = current
+                .as_ref()
+                .filter(|c| tried.as_ref() == Some(&c.body.nonce))
+            {
+                return Ok(c.lease(c.meta.last_modified_ms));
+            }
+            if attempt == MAX_ATTEMPTS {
+                break;
+            }
             let mine = current.as_ref().filter(|c| {
                 c.body.token == lease.token
                     && c.body.owner == lease.owner
@@ -1263,6 +1292,7 @@ impl Leases for ObjectCoordinator {
                 ..c.body.clone()
             };
             self.archive(&mut body).await?;
+            tried = Some(body.nonce.clone());
             let Some(meta) = self.write(Some(c), &body).await? else {
                 continue;
             };
@@ -1277,20 +1307,32 @@ impl Leases for ObjectCoordinator {
 
     async fn release(&self, lease: &LeaseRef) -> Result<Released, Error> {
         // The nonce of this call's last write, which may have applied unseen.
-        let mut tried: Option<String> = None;
-        for attempt in 0..MAX_ATTEMPTS {
+        let mut tried: Option<(String, u64)> = None;
+        // One read more than writes: the last looks only for the last write (review 17).
+        for attempt in 0..=MAX_ATTEMPTS {
             backoff(attempt).await;
             let high = self.high(&lease.resource).await?;
             let current = self.read(&lease.resource).await?;
-            if current
-                .as_ref()
-                .zip(tried.as_ref())
-                .is_some_and(|(c, nonce)| c.body.nonce == *nonce)
-            {
-                // Our own release is the current version (its answer was lost); its token
-                // goes on the high-water object as below.
-                self.raise_high(&lease.resource, high, lease.token).await;
-                return Ok(Released::Now);
+            if let (Some(c), Some((nonce, seq))) = (&current, &tried) {
+                // Our own release is the current version (its answer was lost), or a later
+                // one keeps it in its history: a waiter granted the lease while this call
+                // paused to retry (review 17: that was refused as stale, exit 4, and a
+                // refusal recorded that never happened). Its token goes on the high-water
+                // object as below.
+                let ours = c.body.nonce == *nonce
+                    || c.body.history.iter().any(|change| {
+                        change.seq == *seq
+                            && change.kind == EventKind::Released
+                            && change.owner == lease.owner
+                            && change.token == lease.token
+                    });
+                if ours {
+                    self.raise_high(&lease.resource, high, lease.token).await;
+                    return Ok(Released::Now);
+                }
+            }
+            if attempt == MAX_ATTEMPTS {
+                break;
             }
             // A record below the high-water object (an older copy written back, released or
             // not) is no one's: its token is refused, never "already released".
@@ -1326,7 +1368,7 @@ impl Leases for ObjectCoordinator {
                 ..c.body.clone()
             };
             self.archive(&mut body).await?;
-            tried = Some(body.nonce.clone());
+            tried = Some((body.nonce.clone(), body.seq));
             if self.write(Some(c), &body).await?.is_none() {
                 continue;
             }

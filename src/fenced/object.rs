@@ -639,8 +639,12 @@ impl FencedTarget for ObjectTarget {
                     self.display
                 ),
                 format!(
-                    "look the id up with the resource that guards the object: `fence inspect {} --target … --id {id}`",
-                    crate::error::shell_word(&stored)
+                    "look the id up with the resource that guards the object: `{}`",
+                    crate::error::command_for(
+                        "fence inspect",
+                        &stored,
+                        &format!(" --target … --id {id}")
+                    )
                 ),
             ));
         }

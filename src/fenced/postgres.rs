@@ -199,9 +199,9 @@ impl PgTarget {
                     CANCEL_WAIT.as_secs()
                 ),
                 hint: format!(
-                    "the transaction may or may not commit (it cannot commit later than {} after it began): check `fence inspect {} --target …` and the data before retrying",
+                    "the transaction may or may not commit (it cannot commit later than {} after it began): check `{}` and the data before retrying",
                     crate::time::duration(write.timeout),
-                    crate::error::shell_word(write.resource)
+                    crate::error::command_for("fence inspect", write.resource, " --target …")
                 ),
                 source: None,
             })),
@@ -360,8 +360,8 @@ impl PgTarget {
                     message,
                     source,
                     hint: format!(
-                        "the transaction may or may not have committed: check `fence inspect {} --target …` (accepted writes, highest token) and the data before retrying",
-                        crate::error::shell_word(resource)
+                        "the transaction may or may not have committed: check `{}` (accepted writes, highest token) and the data before retrying",
+                        crate::error::command_for("fence inspect", resource, " --target …")
                     ),
                 },
                 other => other,
@@ -408,8 +408,8 @@ impl PgTarget {
                     db.message()
                 ),
                 hint: format!(
-                    "statements before the COMMIT or ROLLBACK may have committed: check the data and `fence inspect {} --target …`, remove transaction control from the SQL, and report how it got past fence's checks",
-                    crate::error::shell_word(resource)
+                    "statements before the COMMIT or ROLLBACK may have committed: check the data and `{}`, remove transaction control from the SQL, and report how it got past fence's checks",
+                    crate::error::command_for("fence inspect", resource, " --target …")
                 ),
                 source: None,
             },
@@ -736,9 +736,9 @@ impl PgTarget {
                     CANCEL_WAIT.as_secs()
                 ),
                 hint: format!(
-                    "the row may or may not have been written (the server stops the statement by itself {} after it began): check the row and `fence inspect {} --target …` before retrying",
+                    "the row may or may not have been written (the server stops the statement by itself {} after it began): check the row and `{}` before retrying",
                     crate::time::duration(timeout),
-                    crate::error::shell_word(resource)
+                    crate::error::command_for("fence inspect", resource, " --target …")
                 ),
                 source: None,
             }),

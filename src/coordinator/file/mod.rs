@@ -85,6 +85,9 @@ struct Paths {
     logged: std::cell::Cell<u64>,
 }
 
+/// Where the kernel gives this boot's id.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 impl FileCoordinator {
     pub fn open(dir: &Path) -> Result<FileCoordinator, Error> {
         let shown = dir.display();
@@ -103,9 +106,18 @@ impl FileCoordinator {
                 "choose a directory on a real disk with `--store file:///path` (or FENCE_STORE)",
             ));
         }
-        let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        // A lease of this boot is told from one of an earlier boot by the boot id; a process
+        // that could not read it (no /proc: a chroot, a masked file) took every live lease
+        // for one of another boot, and its own looked expired to everyone (review 17).
+        let boot_id = fs::read_to_string(BOOT_ID)
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
+        if boot_id.is_empty() {
+            return Err(Error::usage(
+                format!("cannot read this boot's id from `{BOOT_ID}`: the directory store `{shown}` tells a lease of this boot from one of an earlier boot by it, and would take every live lease for an earlier boot's"),
+                "run fence where /proc is mounted (in a chroot or container: mount proc there), or use a PostgreSQL or object store",
+            ));
+        }
         Ok(FileCoordinator {
             dir: dir.to_owned(),
             boot_id,

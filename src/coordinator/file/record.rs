@@ -59,7 +59,7 @@ impl Now {
 }
 
 fn boottime_ns() -> Result<u64, Error> {
-    crate::sys::boottime_ns().ok_or_else(|| {
+    crate::sys::host_boottime_ns().ok_or_else(|| {
         Error::internal(
             format!(
                 "cannot read the monotonic clock: {}",

@@ -4,5 +4,6 @@ mod edges;
 mod error_causes;
 mod generated;
 mod help;
+mod review18;
 mod warnings;
 mod wire;

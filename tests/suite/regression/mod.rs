@@ -14,6 +14,7 @@ mod restored_objects;
 mod restored_objects_history;
 mod restored_objects_review;
 mod review16;
+mod review17;
 mod review_history_and_keys;
 mod review_on_call;
 mod review_run_events;
