@@ -409,7 +409,8 @@ fn a_hint_for_a_resource_named_like_an_option_runs_as_written() {
 fn a_mistyped_env_format_does_not_let_eval_go_on() {
     let store = Store::new(Backend::File);
     let mut wrong = Vec::new();
-    for value in ["Env", "ENV"] {
+    // Any value fence cannot read, a typo's too, not only another case of `env`.
+    for value in ["Env", "ENV", "evn"] {
         let guarded = store.home.path().join(format!("guarded-{value}"));
         let script = format!(
             "eval \"$(\"$FENCE_BIN\" --store \"$STORE\" acquire job --ttl 5m --format {value})\" && touch '{}'",
