@@ -1055,12 +1055,17 @@ pub fn refused(err: &clap::Error, args: &[OsString]) -> Refused {
     // is answered as `env` is: `eval "$(fence acquire R --format Env)" && step` ran the
     // step with no lease when the answer was a human error on stderr and nothing on
     // stdout (review 18). Known names are read whatever their case.
-    let given: Vec<String> = args
+    // fence's own arguments: not the command's after `--` (`fence run R -- tool --format x`).
+    let own = args
+        .iter()
+        .position(|a| a == "--")
+        .map_or(args, |end| &args[..end]);
+    let given: Vec<String> = own
         .windows(2)
         .filter(|w| w[0] == "--format")
         .filter_map(|w| w[1].to_str())
         .chain(
-            args.iter()
+            own.iter()
                 .filter_map(|a| a.to_str()?.strip_prefix("--format=")),
         )
         .map(|value| value.trim().to_ascii_lowercase())

@@ -268,12 +268,19 @@ pub fn redact_url(url: &str) -> String {
 
 /// A value that is not a URL fence reads, as it may be echoed in the error that says so
 /// (review 18): a missing or mangled scheme (`postgresql:/app:pw@host`, `admin:pw@host`)
-/// keeps its user info up to its first `:`; libpq's `keyword=value` form (`host=db
-/// password=pw`, `password = 'p w'`) loses every password; and so do URL parameters.
+/// keeps its user info up to its first `:`, and a host part that still holds an `@` what
+/// follows its last; libpq's `keyword=value` form (`host=db password=pw`, `password = 'p w'`)
+/// loses every password; and so do URL parameters.
 fn redact_loose(text: &str) -> String {
     let text = match text.split_once('@') {
         Some((userinfo, rest)) if userinfo.contains(':') => {
-            format!("{}@{rest}", userinfo.split(':').next().unwrap_or_default())
+            let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (host, tail) = rest.split_at(host_end);
+            let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+            format!(
+                "{}@{host}{tail}",
+                userinfo.split(':').next().unwrap_or_default()
+            )
         }
         _ => text.to_owned(),
     };
@@ -286,56 +293,68 @@ fn is_secret_name(name: &str) -> bool {
     name.to_ascii_lowercase().ends_with("password")
 }
 
-/// `text` without its `keyword=value` pairs whose keyword is a secret (spaces around `=`,
-/// a value in single quotes with spaces in it).
+/// `text` without its `keyword=value` pairs whose keyword is a secret, read as libpq reads a
+/// connection string: pairs separated by any whitespace, spaces allowed around `=`, a value in
+/// single quotes or not, a backslash escaping the character after it in either (review 19:
+/// a tab, `\'` in quotes and `\ ` outside them each let part of a password through). When a
+/// pair was left out, the rest is joined with single spaces.
 fn redact_keywords(text: &str) -> String {
-    let words: Vec<&str> = text.split(' ').collect();
-    let mut kept = Vec::with_capacity(words.len());
+    let chars: Vec<char> = text.chars().collect();
+    let space = |i: usize| chars.get(i).is_some_and(char::is_ascii_whitespace);
+    let mut kept: Vec<String> = Vec::new();
+    let mut dropped = false;
     let mut i = 0;
-    while i < words.len() {
-        let (name, after) = words[i].split_once('=').unwrap_or((words[i], ""));
-        if name.is_empty() || !is_secret_name(name) {
-            kept.push(words[i]);
+    while i < chars.len() {
+        if space(i) {
             i += 1;
             continue;
         }
-        // The value: after `=` in this word, or in the next words (`password = x`).
-        let mut value = if words[i].contains('=') {
-            Some(after)
-        } else {
-            None
-        };
-        i += 1;
-        if value.is_none() {
-            match words.get(i) {
-                Some(&"=") => {
-                    i += 1;
-                    value = words.get(i).copied();
-                    i += 1;
-                }
-                Some(word) if word.starts_with('=') => {
-                    value = Some(&word[1..]);
-                    i += 1;
-                }
-                _ => {
-                    kept.push(name);
-                    continue;
-                }
-            }
-        } else if after.is_empty() {
-            value = words.get(i).copied();
+        let start = i;
+        while i < chars.len() && chars[i] != '=' && !space(i) {
             i += 1;
         }
-        // A quoted value runs to the word that closes its quote.
-        if let Some(value) = value.filter(|v| v.starts_with('\'')) {
-            let mut closed = value.len() > 1 && value.ends_with('\'');
-            while !closed && i < words.len() {
-                closed = words[i].ends_with('\'');
-                i += 1;
+        let keyword: String = chars[start..i].iter().collect();
+        let mut j = i;
+        while space(j) {
+            j += 1;
+        }
+        if chars.get(j) != Some(&'=') {
+            // A word of its own, not a pair.
+            kept.push(keyword);
+            continue;
+        }
+        j += 1;
+        while space(j) {
+            j += 1;
+        }
+        let quoted = chars.get(j) == Some(&'\'');
+        if quoted {
+            j += 1;
+        }
+        while j < chars.len() {
+            match chars[j] {
+                '\\' => j += 2,
+                '\'' if quoted => {
+                    j += 1;
+                    break;
+                }
+                _ if !quoted && space(j) => break,
+                _ => j += 1,
             }
         }
+        let end = j.min(chars.len());
+        if is_secret_name(&keyword) {
+            dropped = true;
+        } else {
+            kept.push(chars[start..end].iter().collect());
+        }
+        i = end;
     }
-    kept.join(" ")
+    if dropped {
+        kept.join(" ")
+    } else {
+        text.to_owned()
+    }
 }
 
 /// `text` without its `password` parameters: those after its first `?`, or, without one, its
@@ -480,5 +499,23 @@ mod tests {
             "admin@127.0.0.1:9000"
         );
         assert_eq!(redact_url("sslpassword"), "sslpassword");
+        // As libpq reads them: any whitespace, escapes in and out of quotes (review 19).
+        assert_eq!(
+            redact_url("host=h\tpassword=pw dbname=app"),
+            "host=h dbname=app"
+        );
+        assert_eq!(
+            redact_url("user=app password='a b\\' secret' host=db"),
+            "user=app host=db"
+        );
+        assert_eq!(
+            redact_url("user=app password=a\\ secret host=db"),
+            "user=app host=db"
+        );
+        assert_eq!(
+            redact_url("postgresql:/app:p@secret@h:1/app"),
+            "postgresql@h:1/app"
+        );
+        assert_eq!(redact_url("no secret here"), "no secret here");
     }
 }

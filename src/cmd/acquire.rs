@@ -99,7 +99,11 @@ pub async fn run_and_print(args: AcquireArgs, ctx: &Context, out: &Output) -> Ex
             ),
             Err(err) => Error::OutcomeUnknown {
                 message: format!("cannot write the answer to standard output: {write_err}, and releasing the lease it got failed: {err}"),
-                hint: format!("the lease on `{resource}` (token {token}, owner `{}`) may stay held until it expires; `fence inspect {resource}` shows it", lease.owner),
+                hint: format!(
+                    "the lease on `{resource}` (token {token}, owner `{}`) may stay held until it expires; `fence inspect {}` shows it",
+                    lease.owner,
+                    crate::error::resource_word(resource)
+                ),
                 source: None,
             },
         }

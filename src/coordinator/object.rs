@@ -168,6 +168,11 @@ struct Change {
     /// A grant whose token `--above` raised says so (`coordinator::raised_detail`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     detail: Option<String>,
+    /// A release's write's nonce, by which a release whose answer was lost knows its own
+    /// change in a later record (another release of the same lease makes one with the same
+    /// seq, owner and token: review 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nonce: Option<String>,
 }
 
 impl Change {
@@ -260,6 +265,7 @@ fn history(
         at_ms: None,
         ttl_ms,
         detail: None,
+        nonce: None,
     });
     history
 }
@@ -1323,8 +1329,7 @@ impl Leases for ObjectCoordinator {
                     || c.body.history.iter().any(|change| {
                         change.seq == *seq
                             && change.kind == EventKind::Released
-                            && change.owner == lease.owner
-                            && change.token == lease.token
+                            && change.nonce.as_ref() == Some(nonce)
                     });
                 if ours {
                     self.raise_high(&lease.resource, high, lease.token).await;
@@ -1367,6 +1372,9 @@ impl Leases for ObjectCoordinator {
                 ),
                 ..c.body.clone()
             };
+            if let Some(change) = body.history.last_mut() {
+                change.nonce = Some(body.nonce.clone());
+            }
             self.archive(&mut body).await?;
             tried = Some((body.nonce.clone(), body.seq));
             if self.write(Some(c), &body).await?.is_none() {

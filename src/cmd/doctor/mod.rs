@@ -216,7 +216,7 @@ async fn held_over(ctx: &Context, limit: std::time::Duration, findings: &mut Fin
             continue;
         }
         long += 1;
-        let resource = crate::error::shell_word(&v.resource);
+        let resource = crate::error::resource_word(&v.resource);
         findings.add(
             CHECK,
             Severity::Warn,

@@ -355,7 +355,10 @@ impl FileCoordinator {
                     "the lease on `{resource}` was {what} with token {}, but its history could not be written to `{events}` ({err}) and undoing it failed: {undo_err}",
                     record.token
                 ),
-                hint: format!("fix the disk, then run `fence inspect {resource}` to see whether the lease is held, and release it with its owner and token if so"),
+                hint: format!(
+                    "fix the disk, then run `fence inspect {}` to see whether the lease is held, and release it with its owner and token if so",
+                    crate::error::resource_word(resource)
+                ),
                 source: None,
             }),
         }
