@@ -16,6 +16,7 @@ mod restored_objects_review;
 mod review16;
 mod review17;
 mod review19;
+mod review20;
 mod review_history_and_keys;
 mod review_on_call;
 mod review_run_events;
