@@ -699,14 +699,13 @@ impl PgTarget {
         let client = &self.session.client;
         let sent = std::time::Instant::now();
         let answer = async {
-            let (begun, rows, committed) = tokio::join!(
+            // BEGIN's own answer says nothing the statement's does not: after a failed
+            // BEGIN, the statement failed in the aborted transaction too.
+            let (_, rows, committed) = tokio::join!(
                 client.simple_query(&begin),
                 client.query_typed(sql, params),
                 client.simple_query("COMMIT"),
             );
-            // BEGIN failed: the statement's error says more (it ran in an aborted
-            // transaction, or not at all).
-            let _ = begun;
             match (rows, committed) {
                 (Ok(rows), Ok(_)) => Ok(rows),
                 (Ok(_), Err(err)) | (Err(err), _) => Err(err),

@@ -773,6 +773,7 @@ pub mod follow;
 pub mod gcs_server;
 pub mod hung_fuse;
 pub mod objects;
+pub mod own_db;
 pub mod process;
 pub mod prometheus;
 pub mod proxy;

@@ -11,13 +11,14 @@
 //! until it is fixed (`--run-ignored ignored-only` runs them).
 
 use crate::common;
+use common::own_db::OwnDb;
 use common::{acquire, release};
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Fence, Out, Store};
+use common::{pg_exec, pg_query, pg_try_exec, wait_for, Fence, Out, Store};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------
@@ -180,61 +181,19 @@ fn inspect_id_in_a_missing_directory_does_not_say_never_applied() {
 // 3. `fence grant` and roles that can make themselves more than a fenced writer
 // ---------------------------------------------------------------------------------------
 
-/// A database of its own (event triggers and grants stay in it), administered by the test
-/// server's superuser over the unix socket, as in tests/suite/write_pg/roles.rs.
-struct Db {
-    name: String,
-    home: tempfile::TempDir,
+/// A database of its own (see `OwnDb`), with what these tests do in it.
+struct Db(OwnDb);
+
+impl std::ops::Deref for Db {
+    type Target = OwnDb;
+    fn deref(&self) -> &OwnDb {
+        &self.0
+    }
 }
 
 impl Db {
     fn new(tag: &str) -> Db {
-        let name = format!("rev4_{tag}_{}", std::process::id());
-        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
-        pg_exec(
-            &server,
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        pg_exec(&server, &format!("CREATE DATABASE {name}"));
-        Db {
-            name,
-            home: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn conninfo(db: &str, user: &str) -> String {
-        format!(
-            "host={} port={} user={user} dbname={db}",
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    fn raw(&self, role: &str) -> String {
-        Db::conninfo(&self.name, role)
-    }
-
-    fn admin(&self) -> String {
-        self.raw(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    fn url(&self, role: &str) -> String {
-        format!(
-            "postgres:///{}?host={}&port={}&user={role}",
-            self.name,
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    fn admin_url(&self) -> String {
-        self.url(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    /// `fence` with a file coordinator in this test's home.
-    fn fence(&self) -> Fence {
-        let store = format!("file://{}/store", self.home.path().display());
-        Fence::bare(self.home.path()).env("FENCE_STORE", store)
+        Db(OwnDb::new("rev4", tag))
     }
 
     fn contents(&self, table: &str) -> Vec<String> {
@@ -287,22 +246,12 @@ impl Db {
     }
 
     fn drop_role(&self, role: &str) {
-        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
+        let server = OwnDb::server();
         let _ = pg_try_exec(
             &server,
             &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
         );
         let _ = pg_try_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let server = Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"));
-        let _ = pg_try_exec(
-            &server,
-            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-        );
     }
 }
 

@@ -488,6 +488,23 @@ pub(super) fn is_write(request: &HttpRequest) -> bool {
     matches!(request.method.as_str(), "PUT" | "POST")
 }
 
+/// Whether `request` writes a released version of the lease object `key`.
+pub(super) fn is_release_of(request: &HttpRequest, key: &str) -> bool {
+    is_write(request)
+        && addresses(request, key)
+        && common::proxy::contains(&request.body, b"\"state\":\"released\"")
+}
+
+/// Holds a proxied request until `go` is set (at most a minute, so a failed test ends).
+pub(super) fn hold_until(go: &std::sync::atomic::AtomicBool) {
+    let start = std::time::Instant::now();
+    while !go.load(std::sync::atomic::Ordering::SeqCst)
+        && start.elapsed() < std::time::Duration::from_secs(60)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// A grant that must succeed: its token.
 pub(super) fn grant(store: &Store, resource: &str, owner: &str, ttl: &str) -> i64 {
     let args = ["acquire", resource, "--owner", owner, "--ttl", ttl];

@@ -6,9 +6,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::restored_objects::{addresses, body, fence, fence_via, grant, is_write, lease_key};
+use super::restored_objects::{
+    addresses, body, fence, fence_via, grant, hold_until, is_release_of, is_write, lease_key,
+};
 use crate::common;
 
 use common::proxy::{HttpProxy, Verdict};
@@ -222,19 +224,13 @@ fn a_release_whose_answer_was_lost_is_not_refused_as_stale_after_a_waiter_took_t
     let proxy = HttpProxy::start(
         server.addr(),
         Arc::new(move |request| {
-            let release = is_write(request)
-                && addresses(request, &key)
-                && common::proxy::contains(&request.body, b"\"state\":\"released\"");
-            if !release {
+            if !is_release_of(request, &key) {
                 return Verdict::Forward;
             }
             if counted.fetch_add(1, Ordering::SeqCst) == 0 {
                 return Verdict::ForwardThenAnswer { status: 503 };
             }
-            let start = Instant::now();
-            while !let_go.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            hold_until(&let_go);
             Verdict::Forward
         }),
     );

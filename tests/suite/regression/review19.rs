@@ -153,9 +153,10 @@ fn doctors_held_over_hint_for_a_resource_named_like_an_option_runs_as_written() 
 fn a_release_refused_by_another_release_of_the_same_lease_says_already_released(on: Backend) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
-    use std::time::Instant;
 
-    use super::restored_objects::{addresses, body, endpoint_var, grant, is_write, lease_key};
+    use super::restored_objects::{
+        body, endpoint_var, grant, hold_until, is_release_of, lease_key,
+    };
     use common::proxy::{HttpProxy, Verdict};
 
     let store = Store::new(on);
@@ -168,14 +169,8 @@ fn a_release_refused_by_another_release_of_the_same_lease_says_already_released(
     let proxy = HttpProxy::start(
         server.addr(),
         Arc::new(move |request| {
-            let release = is_write(request)
-                && addresses(request, &key)
-                && common::proxy::contains(&request.body, b"\"state\":\"released\"");
-            if release && counted.fetch_add(1, Ordering::SeqCst) == 0 {
-                let start = Instant::now();
-                while !let_go.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(60) {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+            if is_release_of(request, &key) && counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                hold_until(&let_go);
             }
             Verdict::Forward
         }),

@@ -10,7 +10,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::fenced::{backends, one, schema, setup_table, tagged_url, values};
-use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, Fence, Store};
+use common::own_db::OwnDb;
+use common::{pg_exec, pg_query, pg_try_exec, Fence, Store};
 
 // ---------------------------------------------------------------------------------------
 // A killed (or given-up) `fence write` never commits past its deadline.
@@ -163,63 +164,31 @@ fn a_cursor_with_hold_runs_nothing_after_end_write() {
 // grant/doctor refuse writers that can reach the database another way.
 // ---------------------------------------------------------------------------------------
 
-/// A database and roles of their own (dropped afterwards), as tests/suite/write_pg/roles.rs makes them.
+/// A database of its own (see `OwnDb`) and roles of its own, dropped afterwards.
 struct Db {
-    name: String,
+    db: OwnDb,
     roles: Vec<String>,
-    home: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Db {
+    type Target = OwnDb;
+    fn deref(&self) -> &OwnDb {
+        &self.db
+    }
 }
 
 impl Db {
     fn new(tag: &str) -> Db {
-        let name = format!("atk_{tag}_{}", std::process::id());
-        pg_exec(
-            &Db::server(),
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        pg_exec(&Db::server(), &format!("CREATE DATABASE {name}"));
         Db {
-            name,
+            db: OwnDb::new("atk", tag),
             roles: Vec::new(),
-            home: tempfile::tempdir().unwrap(),
         }
-    }
-    fn conninfo(db: &str, user: &str) -> String {
-        format!(
-            "host={} port={} user={user} dbname={db}",
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-    fn server() -> String {
-        Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-    fn raw(&self, role: &str) -> String {
-        Db::conninfo(&self.name, role)
-    }
-    fn admin(&self) -> String {
-        self.raw(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-    fn url(&self, role: &str) -> String {
-        format!(
-            "postgres:///{}?host={}&port={}&user={role}",
-            self.name,
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-    fn admin_url(&self) -> String {
-        self.url(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-    fn fence(&self) -> Fence {
-        let store = format!("file://{}/store", self.home.path().display());
-        Fence::bare(self.home.path()).env("FENCE_STORE", store)
     }
     fn role(&mut self, tag: &str, options: &str) -> String {
         let role = format!("atk_{tag}_{}", std::process::id());
-        let _ = pg_try_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {role}"));
+        let _ = pg_try_exec(&OwnDb::server(), &format!("DROP ROLE IF EXISTS {role}"));
         pg_exec(
-            &Db::server(),
+            &OwnDb::server(),
             &format!("CREATE ROLE {role} LOGIN {options}"),
         );
         self.roles.push(role.clone());
@@ -229,12 +198,13 @@ impl Db {
 
 impl Drop for Db {
     fn drop(&mut self) {
+        // The database first: its objects belong to the roles.
         let _ = pg_try_exec(
-            &Db::server(),
+            &OwnDb::server(),
             &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
         );
         for role in &self.roles {
-            let _ = pg_try_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {role}"));
+            let _ = pg_try_exec(&OwnDb::server(), &format!("DROP ROLE IF EXISTS {role}"));
         }
     }
 }

@@ -9,70 +9,25 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::fenced::{backends, finish, hold_in_transaction, one, schema, tagged_url};
+use common::own_db::OwnDb;
 use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, wait_for, Fence, Out, Store};
 
 /// How long the server may take to show a session's state change on a loaded machine.
 const SERVER_SETTLES: Duration = Duration::from_secs(30);
 
-/// A database of the test's own (event triggers, foreign servers and dblink are per
-/// database, so nothing another test leaves in `fence_test` changes what `grant` decides
-/// here), its superuser as the admin on the unix socket, a file coordinator in `home`.
-struct Db {
-    name: String,
-    home: tempfile::TempDir,
+/// A database of the test's own (see `OwnDb`), with what these tests do in it.
+struct Db(OwnDb);
+
+impl std::ops::Deref for Db {
+    type Target = OwnDb;
+    fn deref(&self) -> &OwnDb {
+        &self.0
+    }
 }
 
 impl Db {
     fn new(tag: &str) -> Db {
-        let name = format!("review14_{tag}_{}", common::process_tag());
-        pg_exec(
-            &Db::server(),
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        pg_exec(&Db::server(), &format!("CREATE DATABASE {name}"));
-        let home = tempfile::tempdir().unwrap();
-        std::fs::create_dir(home.path().join("store")).unwrap();
-        Db { name, home }
-    }
-
-    fn conninfo(db: &str, user: &str) -> String {
-        format!(
-            "host={} port={} user={user} dbname={db}",
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    fn server() -> String {
-        Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    /// A raw client's connection string for `role`.
-    fn raw(&self, role: &str) -> String {
-        Db::conninfo(&self.name, role)
-    }
-
-    fn admin(&self) -> String {
-        self.raw(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    /// The URL fence is given for `role`.
-    fn url(&self, role: &str) -> String {
-        format!(
-            "postgres:///{}?host={}&port={}&user={role}",
-            self.name,
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    fn admin_url(&self) -> String {
-        self.url(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    fn fence(&self) -> Fence {
-        let store = format!("file://{}/store", self.home.path().display());
-        Fence::bare(self.home.path()).env("FENCE_STORE", store)
+        Db(OwnDb::new("review14", tag))
     }
 
     /// A granted and released lease of `resource`: its token, and the next grant's is higher.
@@ -104,19 +59,8 @@ impl Db {
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = pg_try_exec(
-                &Db::server(),
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            );
-        }
-    }
-}
-
 fn drop_role(role: &str) {
-    let _ = pg_try_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {role}"));
+    let _ = pg_try_exec(&OwnDb::server(), &format!("DROP ROLE IF EXISTS {role}"));
 }
 
 /// DESIGN §4 and §12: a password in a URL is never printed. tokio-postgres percent-decodes

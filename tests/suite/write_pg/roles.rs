@@ -9,74 +9,26 @@ use crate::common;
 
 use std::path::Path;
 
-use common::{env_or_panic, pg_exec, pg_query, pg_try_exec, Fence, Out, Store};
+use common::own_db::OwnDb;
+use common::{pg_exec, pg_query, pg_try_exec, Out, Store};
 use serde_json::Value;
 
-/// A database of its own for one test, with its superuser (the admin) on the unix socket.
-/// Event triggers are per database, so nothing here reaches the other tests.
-struct Db {
-    name: String,
-    home: tempfile::TempDir,
-}
+/// A database of its own for one test (see `OwnDb`), with what these tests do in it.
+struct Db(OwnDb);
 
 /// Roles the README recipe creates: cluster-wide, so removed before and after.
 const README_ROLES: [&str; 2] = ["app_writer", "app_reader"];
 
+impl std::ops::Deref for Db {
+    type Target = OwnDb;
+    fn deref(&self) -> &OwnDb {
+        &self.0
+    }
+}
+
 impl Db {
     fn new(tag: &str) -> Db {
-        let name = format!("roles_{tag}_{}", crate::common::process_tag());
-        let server = Db::server();
-        pg_exec(
-            &server,
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        );
-        pg_exec(&server, &format!("CREATE DATABASE {name}"));
-        Db {
-            name,
-            home: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    /// The superuser on the `postgres` database, for creating and dropping databases and roles.
-    fn server() -> String {
-        Db::conninfo("postgres", &env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    fn conninfo(db: &str, user: &str) -> String {
-        format!(
-            "host={} port={} user={user} dbname={db}",
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    /// A connection string for `role`, as a raw client would use it.
-    fn raw(&self, role: &str) -> String {
-        Db::conninfo(&self.name, role)
-    }
-
-    fn admin(&self) -> String {
-        self.raw(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    /// The URL fence is given for `role` (unix socket, trust).
-    fn url(&self, role: &str) -> String {
-        format!(
-            "postgres:///{}?host={}&port={}&user={role}",
-            self.name,
-            env_or_panic("FENCE_TEST_PG_SOCKET_DIR"),
-            env_or_panic("FENCE_TEST_PG_PORT")
-        )
-    }
-
-    fn admin_url(&self) -> String {
-        self.url(&env_or_panic("FENCE_TEST_PG_SUPER_USER"))
-    }
-
-    /// `fence` with a file coordinator in this test's home.
-    fn fence(&self) -> Fence {
-        let store = format!("file://{}/store", self.home.path().display());
-        Fence::bare(self.home.path()).env("FENCE_STORE", store)
+        Db(OwnDb::new("roles", tag))
     }
 
     /// `protect --table TABLE --resource nightly-report`, run by the admin.
@@ -99,21 +51,10 @@ impl Db {
     }
 }
 
-impl Drop for Db {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = pg_try_exec(
-                &Db::server(),
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            );
-        }
-    }
-}
-
 /// Drops roles left by an earlier run (their databases are gone or about to go).
 fn drop_roles(roles: &[&str]) {
     for role in roles {
-        let _ = pg_try_exec(&Db::server(), &format!("DROP ROLE IF EXISTS {role}"));
+        let _ = pg_try_exec(&OwnDb::server(), &format!("DROP ROLE IF EXISTS {role}"));
     }
 }
 
@@ -626,7 +567,7 @@ fn an_application_role_owning_the_schema_is_flagged_and_refused() {
     // Nothing was granted: the role still owns the schema, and no statement ran.
     assert_eq!(out.json()["error"], "usage");
     drop(db);
-    pg_exec(&Db::server(), "DROP ROLE roles_owner");
+    pg_exec(&OwnDb::server(), "DROP ROLE roles_owner");
 }
 
 /// Issue 33, 2 and 7, and what a reviewer found next: a writer that can write around
@@ -666,7 +607,7 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
     ];
     let roles: Vec<String> = names.iter().map(|n| role(n)).collect();
     let r = |n: &str| role(n);
-    let server = Db::server();
+    let server = OwnDb::server();
     for name in &roles {
         pg_exec(&server, &format!("DROP ROLE IF EXISTS {name}"));
     }
@@ -963,7 +904,7 @@ fn writers_that_can_write_around_protect_are_refused_and_failed() {
 fn a_writer_without_plpgsql_usage_still_writes() {
     let db = Db::new("noplpgsql");
     let role = format!("np_writer_{}", crate::common::process_tag());
-    let server = Db::server();
+    let server = OwnDb::server();
     pg_exec(&server, &format!("DROP ROLE IF EXISTS {role}"));
     pg_exec(&server, &format!("CREATE ROLE {role} LOGIN"));
     db.fence()
