@@ -379,24 +379,14 @@ impl FileCoordinator {
         if let Ok(Some(Some(logged))) = last {
             paths.logged.set(logged);
         }
-        let Some((record, event)) = record.and_then(|r| Some(r).zip(r.event.as_ref())) else {
+        let Some(record) = record else {
             return;
         };
         let appended = match last {
-            Ok(Some(Some(logged))) if logged >= record.change => return,
-            // No line, or a last line of an older version: the record's event, which only
-            // this version writes, is not there.
-            Ok(_) => {
-                let detail = match &event.detail {
-                    Some(detail) => format!("{detail}; {RECORDED_LATE}"),
-                    None => RECORDED_LATE.to_owned(),
-                };
-                let late = EventLine {
-                    detail: Some(detail),
-                    ..event.clone()
-                };
-                log::append(&paths.events, &late)
-            }
+            Ok(last) => match unlogged(record, last.flatten(), RECORDED_LATE) {
+                Some(late) => log::append(&paths.events, &late),
+                None => return,
+            },
             Err(err) => Err(err),
         };
         match appended {
@@ -409,6 +399,28 @@ impl FileCoordinator {
             )),
         }
     }
+}
+
+/// What a pending event's detail says (`inspect` before the next change records it late).
+const NOT_LOGGED_YET: &str = "not in the log yet: the process that made this change was killed before writing it there, or a power loss took the line; the record holds it, and the next change of the resource records it in the log";
+
+/// The event of `record`'s last change, with `note` added to its detail, when the log does
+/// not have it: `last` is the change number of the log's last line (`None`: no line, or a
+/// line of an older version, which never follows a record's event — only this version writes
+/// one).
+fn unlogged(record: &Record, last: Option<u64>, note: &str) -> Option<EventLine> {
+    let event = record.event.as_ref()?;
+    if last.is_some_and(|logged| logged >= record.change) {
+        return None;
+    }
+    let detail = match &event.detail {
+        Some(detail) => format!("{detail}; {note}"),
+        None => note.to_owned(),
+    };
+    Some(EventLine {
+        detail: Some(detail),
+        ..event.clone()
+    })
 }
 
 /// A file-name-safe, reversible-looking encoding of a resource name: bytes outside

@@ -324,6 +324,8 @@ impl FileCoordinator {
             Err(err) => return Err(self.io_error("read", &paths.high, &err)),
         };
         let issued = mark.max(logged);
+        let last_change = tail.events.first().and_then(|e| e.change);
+        let mut pending = None;
         let mut view = match self.read_record(paths, name) {
             Err(Error::Internal { message, .. }) => {
                 finding("damaged", message);
@@ -355,13 +357,17 @@ impl FileCoordinator {
                         ),
                     );
                 }
+                // The record's last change, when a kill or a power loss kept it from the
+                // log, is shown as the next change will record it (review 20: a run id
+                // whose release was missing from the log lost its command's digest).
+                pending = super::unlogged(&record, last_change, super::NOT_LOGGED_YET);
                 self.record_view(name, &record, now)
             }
         };
         view.waiters = self.waiters(name);
-        view.events = tail
-            .events
+        view.events = pending
             .into_iter()
+            .chain(tail.events)
             .take(history)
             .map(log::EventLine::into_event)
             .collect();

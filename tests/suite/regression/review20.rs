@@ -74,11 +74,46 @@ fn a_completion_record_emptied_by_a_power_loss_is_not_forgotten(store: &Store) {
     assert_eq!(again.json()["skipped"], true, "{again:?}");
 }
 
+/// FINDING: DESIGN §3 `run`: a later run with the id "with other arguments … is refused
+/// (exit 6, `id_reused`), neither skipped nor run". On the directory store the log is not
+/// synced (§12: "a power loss that took the log's last lines"), and the record carries the
+/// change's event so that it can be recorded late — but only by the next *write* under the
+/// resource's lock; `inspect` does not. With the marker's log lost, `completed` (src/cmd/run/
+/// ids.rs) takes the digest from the first event (none) or else the view's owner, and the
+/// view hides the owner of a released record (src/coordinator/file/view.rs: `owner` only
+/// when `shown`), although the record itself holds `OWNER#cmd:DIGEST`. So the digest is
+/// `None`, taken for a record of a fence version that kept none, and the run with another
+/// command is *skipped* (exit 0, "already completed", JSON `skipped: true`) instead of
+/// refused with exit 6: the caller is told its work is done when it was never run.
+fn a_run_id_whose_marker_log_was_lost_still_refuses_another_command(store: &Store) {
+    run(store, "job-1", "first").expect(0);
+    let (record, events) = done_files(store, "job-1");
+    assert!(std::fs::read_to_string(&record).unwrap().contains("#cmd:"));
+    // The power loss took the marker's log lines (never synced); the record survived.
+    std::fs::write(&events, "").unwrap();
+    let other = run(store, "job-1", "other");
+    assert_eq!(log(store), ["first"], "{other:?}");
+    assert_eq!(
+        other.code, 6,
+        "another command under a completed run id was skipped, not refused: {other:?}"
+    );
+    assert_eq!(other.json()["reason"], "id_reused", "{other:?}");
+    // The command that completed it is still skipped.
+    let same = run(store, "job-1", "first").expect(0);
+    assert_eq!(same.json()["skipped"], true, "{same:?}");
+    assert_eq!(log(store), ["first"]);
+}
+
 mod file_store {
     use super::*;
 
     #[test]
     fn a_completion_record_emptied_by_a_power_loss_is_not_forgotten() {
         super::a_completion_record_emptied_by_a_power_loss_is_not_forgotten(&Store::file());
+    }
+
+    #[test]
+    fn a_run_id_whose_marker_log_was_lost_still_refuses_another_command() {
+        super::a_run_id_whose_marker_log_was_lost_still_refuses_another_command(&Store::file());
     }
 }
