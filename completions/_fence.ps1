@@ -129,11 +129,11 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;log' {
-            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource')
+            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\` the character itself); repeat for several. Default: every resource')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object''s refusals are in the store''s history (`write_rejected`)')
             [CompletionResult]::new('--since', '--since', [CompletionResultType]::ParameterName, 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`')
             [CompletionResult]::new('--until', '--until', [CompletionResultType]::ParameterName, 'Only events before TIME (as --since)')
-            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`)')
+            [CompletionResult]::new('--owner', '--owner', [CompletionResultType]::ParameterName, 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`; `\*`, `\?`, `\\` the character itself)')
             [CompletionResult]::new('--token', '--token', [CompletionResultType]::ParameterName, 'Only events with this fencing token')
             [CompletionResult]::new('--kind', '--kind', [CompletionResultType]::ParameterName, 'Only events of this kind (repeat for several)')
             [CompletionResult]::new('--limit', '--limit', [CompletionResultType]::ParameterName, 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`')
@@ -150,7 +150,7 @@ Register-ArgumentCompleter -Native -CommandName 'fence' -ScriptBlock {
             break
         }
         'fence;metrics' {
-            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource')
+            [CompletionResult]::new('--resource', '--resource', [CompletionResultType]::ParameterName, 'A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\` the character itself); repeat for several. Default: every resource')
             [CompletionResult]::new('--target', '--target', [CompletionResultType]::ParameterName, 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)')
             [CompletionResult]::new('--store', '--store', [CompletionResultType]::ParameterName, 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)')
             [CompletionResult]::new('--schema', '--schema', [CompletionResultType]::ParameterName, 'The PostgreSQL schema that holds fence''s own tables')

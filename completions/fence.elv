@@ -120,11 +120,11 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'fence;log'= {
-            cand --resource 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource'
+            cand --resource 'A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\` the character itself); repeat for several. Default: every resource'
             cand --target 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object''s refusals are in the store''s history (`write_rejected`)'
             cand --since 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`'
             cand --until 'Only events before TIME (as --since)'
-            cand --owner 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`)'
+            cand --owner 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner ''ID/*''`; `\*`, `\?`, `\\` the character itself)'
             cand --token 'Only events with this fencing token'
             cand --kind 'Only events of this kind (repeat for several)'
             cand --limit 'At most N events from each source, the most recent (N ≥ 1); JSON says `truncated`'
@@ -140,7 +140,7 @@ set edit:completion:arg-completer[fence] = {|@words|
             cand --help 'Print help (see more with ''--help'')'
         }
         &'fence;metrics'= {
-            cand --resource 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource'
+            cand --resource 'A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\` the character itself); repeat for several. Default: every resource'
             cand --target 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)'
             cand --store 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)'
             cand --schema 'The PostgreSQL schema that holds fence''s own tables'

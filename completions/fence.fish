@@ -133,11 +133,11 @@ always\t'Always colour'
 never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand log" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l resource -d 'A resource, or a glob of them (`*` any run of characters, `?` one; `\\*`, `\\?`, `\\\\` the character itself); repeat for several. Default: every resource' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l target -d 'Also show the fenced writes this PostgreSQL database accepted and refused, or the writes this object accepted (its current version and the ids it keeps); repeat for several. An object\'s refusals are in the store\'s history (`write_rejected`)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l since -d 'Only events at or after TIME: RFC 3339 with Z or an offset such as +02:00, a date and time without one (local time, as TZ says), or a span back from now such as `2h`' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l until -d 'Only events before TIME (as --since)' -r
-complete -c fence -n "__fish_fence_using_subcommand log" -l owner -d 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner \'ID/*\'`)' -r
+complete -c fence -n "__fish_fence_using_subcommand log" -l owner -d 'Only events of this owner, or of owners matching a glob (`fence run` owners are `ID/<pid>/<8 hex>`: `--owner \'ID/*\'`; `\\*`, `\\?`, `\\\\` the character itself)' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l token -d 'Only events with this fencing token' -r
 complete -c fence -n "__fish_fence_using_subcommand log" -l kind -d 'Only events of this kind (repeat for several)' -r -f -a "acquired\t''
 reacquired\t''
@@ -168,7 +168,7 @@ never\t'Never colour'"
 complete -c fence -n "__fish_fence_using_subcommand log" -s f -l follow -d 'After the events so far, print each new one as it happens, one per line (human or ndjson), until SIGINT or SIGTERM; rides out a store or target that restarts. Polls: PostgreSQL every 50ms, other stores every 200ms; an expiry shows 2s after it'
 complete -c fence -n "__fish_fence_using_subcommand log" -s q -l quiet -d 'Print nothing on success, and no warnings; errors are still reported on stderr'
 complete -c fence -n "__fish_fence_using_subcommand log" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource' -r
+complete -c fence -n "__fish_fence_using_subcommand metrics" -l resource -d 'A resource, or a glob of them (`*` any run of characters, `?` one; `\\*`, `\\?`, `\\\\` the character itself); repeat for several. Default: every resource' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l target -d 'Also count the fenced writes this PostgreSQL database accepted and refused (repeat)' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l store -d 'The coordinator: `postgres://user@host/db`, `s3://bucket/prefix`, `gs://bucket/prefix`, or `file:///dir` for the local directory store. Default: `file://$XDG_STATE_HOME/fence` (or `$HOME/.local/state/fence`)' -r
 complete -c fence -n "__fish_fence_using_subcommand metrics" -l schema -d 'The PostgreSQL schema that holds fence\'s own tables' -r

@@ -466,7 +466,8 @@ pub struct LogArgs {
     #[arg(value_name = "RESOURCE")]
     pub names: Vec<String>,
 
-    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    /// A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\`
+    /// the character itself); repeat for several. Default: every resource.
     #[arg(long = "resource", value_name = "GLOB")]
     pub resources: Vec<String>,
 
@@ -486,7 +487,7 @@ pub struct LogArgs {
     pub until: Option<i64>,
 
     /// Only events of this owner, or of owners matching a glob (`fence run` owners are
-    /// `ID/<pid>/<8 hex>`: `--owner 'ID/*'`).
+    /// `ID/<pid>/<8 hex>`: `--owner 'ID/*'`; `\*`, `\?`, `\\` the character itself).
     #[arg(long, value_name = "GLOB", value_parser = parse_name)]
     pub owner: Option<String>,
 
@@ -525,7 +526,8 @@ pub struct LogArgs {
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct MetricsArgs {
-    /// A resource, or a glob of them (`*`, `?`); repeat for several. Default: every resource.
+    /// A resource, or a glob of them (`*` any run of characters, `?` one; `\*`, `\?`, `\\`
+    /// the character itself); repeat for several. Default: every resource.
     #[arg(long = "resource", value_name = "GLOB")]
     pub resources: Vec<String>,
 

@@ -346,36 +346,71 @@ pub fn shown_detail(event: &Event) -> Option<String> {
     }
 }
 
-/// A resource name or a glob of them: `*` any run of characters, `?` one character.
+/// A resource name or a glob of them: `*` any run of characters, `?` one character; `\*`,
+/// `\?` and `\\` stand for the character itself (a backslash before any other character is
+/// itself), so that a name holding `*` or `?` can be named alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Pattern(String);
+pub struct Pattern(Vec<Part>);
+
+/// One element of a [`Pattern`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// `*`: any run of characters.
+    Any,
+    /// `?`: one character.
+    One,
+    Char(char),
+}
 
 impl Pattern {
     pub fn new(text: &str) -> Pattern {
-        Pattern(text.to_owned())
+        let mut parts = Vec::with_capacity(text.len());
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            parts.push(match c {
+                '*' => Part::Any,
+                '?' => Part::One,
+                '\\' => match chars.next_if(|next| matches!(next, '*' | '?' | '\\')) {
+                    Some(escaped) => Part::Char(escaped),
+                    None => Part::Char('\\'),
+                },
+                c => Part::Char(c),
+            });
+        }
+        Pattern(parts)
     }
 
     /// The one name the pattern matches, when it has no wildcard.
-    pub fn exact(&self) -> Option<&str> {
-        (!self.0.contains(['*', '?'])).then_some(self.0.as_str())
+    pub fn exact(&self) -> Option<String> {
+        self.0
+            .iter()
+            .map(|part| match part {
+                Part::Char(c) => Some(*c),
+                Part::Any | Part::One => None,
+            })
+            .collect()
     }
 
     /// Whether `name` matches: `*` any run of characters, `?` one. Linear in the product of
     /// the two lengths (the usual greedy match that backtracks only to the last `*`): a
     /// recursive match took exponential time on patterns such as `*a*a*a*a*a*b`.
     pub fn matches(&self, name: &str) -> bool {
-        let pattern: Vec<char> = self.0.chars().collect();
+        let pattern = &self.0;
         let name: Vec<char> = name.chars().collect();
         let (mut p, mut n) = (0, 0);
         // After the last `*` seen: where in the pattern, and where in the name it resumed.
         let mut star: Option<(usize, usize)> = None;
         while n < name.len() {
             match pattern.get(p) {
-                Some('*') => {
+                Some(Part::Any) => {
                     star = Some((p + 1, n));
                     p += 1;
                 }
-                Some(&c) if c == '?' || c == name[n] => {
+                Some(Part::One) => {
+                    p += 1;
+                    n += 1;
+                }
+                Some(&Part::Char(c)) if c == name[n] => {
                     p += 1;
                     n += 1;
                 }
@@ -389,21 +424,21 @@ impl Pattern {
                 },
             }
         }
-        pattern[p..].iter().all(|&c| c == '*')
+        pattern[p..].iter().all(|&part| part == Part::Any)
     }
 
     /// The pattern for SQL `LIKE` (whose escape character is the backslash).
     pub fn like(&self) -> String {
         let mut like = String::with_capacity(self.0.len() + 4);
-        for c in self.0.chars() {
-            match c {
-                '*' => like.push('%'),
-                '?' => like.push('_'),
-                '%' | '_' | '\\' => {
+        for part in &self.0 {
+            match *part {
+                Part::Any => like.push('%'),
+                Part::One => like.push('_'),
+                Part::Char(c @ ('%' | '_' | '\\')) => {
                     like.push('\\');
                     like.push(c);
                 }
-                c => like.push(c),
+                Part::Char(c) => like.push(c),
             }
         }
         like
@@ -429,10 +464,7 @@ impl LogQuery<'_> {
         if self.patterns.is_empty() {
             return None;
         }
-        self.patterns
-            .iter()
-            .map(|p| p.exact().map(str::to_owned))
-            .collect()
+        self.patterns.iter().map(Pattern::exact).collect()
     }
 
     pub fn matches(&self, resource: &str) -> bool {
@@ -527,6 +559,20 @@ mod tests {
         let p = Pattern::new("nightly-*");
         assert!(p.matches("nightly-report") && p.matches("nightly-") && !p.matches("daily"));
         assert!(Pattern::new("a?c").matches("abc") && !Pattern::new("a?c").matches("ac"));
+        // A name holding `*` or `?` can be named alone: `\*`, `\?`, `\\` are the characters.
+        let star = Pattern::new(r"job\*");
+        assert!(star.matches("job*") && !star.matches("job-1") && !star.matches("job"));
+        assert_eq!(star.exact().as_deref(), Some("job*"));
+        let one = Pattern::new(r"a\?");
+        assert!(one.matches("a?") && !one.matches("ab"));
+        let slash = Pattern::new(r"a\\*");
+        assert!(slash.matches(r"a\") && slash.matches(r"a\x") && !slash.matches("ax"));
+        assert_eq!(slash.exact(), None);
+        // A backslash before anything else is itself.
+        let plain = Pattern::new(r"a\b\");
+        assert!(plain.matches(r"a\b\") && !plain.matches("ab"));
+        assert_eq!(plain.exact().as_deref(), Some(r"a\b\"));
+        assert_eq!(Pattern::new(r"x\*%_\y*?").like(), r"x*\%\_\\y%_");
         // Against the plain recursive definition, on every pattern and name over a small
         // alphabet (the recursion is exponential only on long inputs).
         fn reference(p: &[char], n: &[char]) -> bool {
@@ -560,7 +606,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(Pattern::new("job").exact(), Some("job"));
+        assert_eq!(Pattern::new("job").exact().as_deref(), Some("job"));
         assert_eq!(Pattern::new("a_b%*").like(), "a\\_b\\%%");
     }
 }

@@ -1234,3 +1234,67 @@ fn postgres_unknown_kinds_are_shown_as_stored() {
         );
     });
 }
+
+/// A resource whose name holds `*` or `?` can be named alone: `\*` and `\?` stand for the
+/// characters (a reviewer found `fence log 'a*'` could only ever mean every `a…`), in `fence
+/// log`'s names and `--resource`, in `--owner` and in `fence metrics --resource`, on each
+/// kind of store (PostgreSQL filters with LIKE, the others match in fence).
+fn a_name_holding_a_wildcard_can_be_named_alone(store: &Store) {
+    for (resource, owner) in [("job*", "ops?"), ("job-1", "ops1"), (r"job\x", r"ops\")] {
+        store
+            .fence()
+            .args(["acquire", resource, "--owner", owner, "-q"])
+            .run()
+            .expect(0);
+    }
+    let logged = |args: &[&str]| -> Vec<String> {
+        let out = store
+            .fence()
+            .args(["log", "--format", "json"])
+            .args(args)
+            .run()
+            .expect(0);
+        let mut names: Vec<String> = out.json()["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["resource"].as_str().unwrap().to_owned())
+            .collect();
+        names.dedup();
+        names
+    };
+    assert_eq!(logged(&[r"job\*"]), ["job*"]);
+    assert_eq!(logged(&["--resource", r"job\*"]), ["job*"]);
+    assert_eq!(logged(&["--owner", r"ops\?"]), ["job*"]);
+    // A backslash before anything else is itself; `\\` is one backslash.
+    assert_eq!(logged(&[r"job\x"]), [r"job\x"]);
+    assert_eq!(logged(&[r"job\\x"]), [r"job\x"]);
+    assert_eq!(logged(&["--owner", r"ops\\"]), [r"job\x"]);
+    let mut all = logged(&["job*"]);
+    all.sort();
+    assert_eq!(all, ["job*", "job-1", r"job\x"]);
+    let metrics = store
+        .fence()
+        .args(["metrics", "--resource", r"job\*"])
+        .run()
+        .expect(0);
+    assert!(
+        metrics.stdout.contains(r#"resource="job*""#) && !metrics.stdout.contains("job-1"),
+        "{metrics:?}"
+    );
+}
+
+#[test]
+fn file_store_a_name_holding_a_wildcard_can_be_named_alone() {
+    a_name_holding_a_wildcard_can_be_named_alone(&Store::file());
+}
+
+#[test]
+fn postgres_a_name_holding_a_wildcard_can_be_named_alone() {
+    a_name_holding_a_wildcard_can_be_named_alone(&Store::postgres());
+}
+
+#[test]
+fn s3_a_name_holding_a_wildcard_can_be_named_alone() {
+    a_name_holding_a_wildcard_can_be_named_alone(&Store::new(common::Backend::S3));
+}
