@@ -72,12 +72,77 @@ fn warn_unverified(url: &ObjectUrl) {
 }
 
 /// What a proof is bound to: the endpoint fence's requests go to — scheme, host and port,
-/// lowercased, the scheme's default port and any user info left out — and the bucket. A proof
-/// made through one endpoint says nothing of another: a proxy in between may strip the
-/// preconditions, and a copy of the prefix (`aws s3 sync`) may sit on a server that ignores
-/// them.
+/// lowercased, the scheme's default port and any user info left out —, the bucket, and the
+/// proxy settings on the way ([`route`]: ` via …`). A proof made through one path says
+/// nothing of another: a proxy in between may strip the preconditions, and a copy of the
+/// prefix (`aws s3 sync`) may sit on a server that ignores them.
 pub fn identity(url: &ObjectUrl) -> String {
-    format!("{}/{}", normalize(&endpoint(url)), url.bucket)
+    let endpoint = normalize(&endpoint(url));
+    let route = route(url.service, &endpoint, &|name| std::env::var(name).ok());
+    match route {
+        Some(route) => format!("{endpoint}/{} via {route}", url.bucket),
+        None => format!("{endpoint}/{}", url.bucket),
+    }
+}
+
+/// The proxy settings that decide which way fence's HTTP requests to `endpoint` (normalized)
+/// go, as its clients read them, or `None` for none (review 22: a proof made directly was
+/// trusted through a forward proxy named by `HTTP_PROXY` that stripped the preconditions, and
+/// one lease was granted to eight owners). S3's `AWS_PROXY_URL` (with `AWS_PROXY_EXCLUDES`)
+/// replaces the others; else the variables reqwest reads as curl does: `HTTPS_PROXY` or
+/// `HTTP_PROXY` by the endpoint's scheme and `ALL_PROXY` (upper case before lower), with
+/// `NO_PROXY` beside them, and none at all under CGI (`REQUEST_METHOD` set). Taken as
+/// written, not evaluated (whether `NO_PROXY` spares this host, whether a value parses): the
+/// same settings take the same way, and other settings are proven again. Proxy URLs without
+/// their user info (the identity is stored in the store).
+fn route(service: Service, endpoint: &str, var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let set = |value: Option<String>| value.filter(|v| !v.is_empty());
+    let proxy = |value: &str| {
+        // A proxy URL's user info, up to the last `@` before its path, is a secret.
+        let (scheme, rest) = value.split_once("://").unwrap_or(("", value));
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let host = rest[..authority_end]
+            .rsplit_once('@')
+            .map_or(&rest[..authority_end], |(_, host)| host);
+        let shown = format!(
+            "{scheme}{}{host}{}",
+            if scheme.is_empty() { "" } else { "://" },
+            &rest[authority_end..]
+        );
+        shown.to_ascii_lowercase()
+    };
+    let mut parts = Vec::new();
+    if service == Service::S3 {
+        if let Some((_, url)) = crate::object::aws_vars("aws_proxy_url").pop() {
+            parts.push(format!("proxy {}", proxy(&url)));
+            if let Some((_, excludes)) = crate::object::aws_vars("aws_proxy_excludes").pop() {
+                parts.push(format!("except {excludes}"));
+            }
+            return Some(parts.join(" "));
+        }
+    }
+    if var("REQUEST_METHOD").is_some() {
+        return None;
+    }
+    let first = |names: [&str; 2]| set(names.iter().find_map(|name| var(name)));
+    let by_scheme = if endpoint.starts_with("http://") {
+        ("http", first(["HTTP_PROXY", "http_proxy"]))
+    } else {
+        ("https", first(["HTTPS_PROXY", "https_proxy"]))
+    };
+    if let (scheme, Some(value)) = by_scheme {
+        parts.push(format!("{scheme} {}", proxy(&value)));
+    }
+    if let Some(all) = first(["ALL_PROXY", "all_proxy"]) {
+        parts.push(format!("all {}", proxy(&all)));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    if let Some(no) = first(["NO_PROXY", "no_proxy"]) {
+        parts.push(format!("except {no}"));
+    }
+    Some(parts.join(" "))
 }
 
 /// `https://User@Storage.GoogleAPIs.com:443/` → `https://storage.googleapis.com`.
@@ -355,7 +420,54 @@ async fn prove_on(api: &dyn ObjectApi, url: &ObjectUrl, probe: &str) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{normalize, route, Service};
+
+    #[test]
+    fn the_route_is_every_proxy_setting_on_the_way_without_secrets() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let gcs = |pairs, endpoint| route(Service::Gcs, endpoint, &env(pairs));
+        let https = "https://storage.googleapis.com";
+        assert_eq!(gcs(&[], https), None);
+        // Only the scheme's own variable and ALL_PROXY; NO_PROXY beside them.
+        assert_eq!(gcs(&[("HTTP_PROXY", "http://p:3128")], https), None);
+        assert_eq!(
+            gcs(&[("HTTP_PROXY", "http://p:3128")], "http://127.0.0.1:4443").as_deref(),
+            Some("http http://p:3128")
+        );
+        assert_eq!(
+            gcs(
+                &[
+                    ("https_proxy", "http://User:Secret@Proxy:3128/"),
+                    ("ALL_PROXY", "socks5://a@b:1080"),
+                    ("no_proxy", "internal"),
+                ],
+                https
+            )
+            .as_deref(),
+            Some("https http://proxy:3128/ all socks5://b:1080 except internal")
+        );
+        // Upper case first, even empty (as reqwest reads them); NO_PROXY alone is no route.
+        assert_eq!(
+            gcs(&[("HTTPS_PROXY", ""), ("https_proxy", "http://p")], https),
+            None
+        );
+        assert_eq!(gcs(&[("NO_PROXY", "*")], https), None);
+        // Under CGI reqwest uses no proxy.
+        assert_eq!(
+            gcs(
+                &[("REQUEST_METHOD", "GET"), ("HTTPS_PROXY", "http://p")],
+                https
+            ),
+            None
+        );
+    }
 
     #[test]
     fn endpoints_are_compared_as_the_server_sees_them() {

@@ -1,0 +1,285 @@
+//! Review 22: adversarial review of what sits between fence and its stores and targets
+//! (HTTP proxies, gateways, poolers). Each test states what the contract (docs/DESIGN.md §3,
+//! §5, §6, §12) promises, what fence did instead, and asserts on durable state and exit
+//! statuses.
+
+use std::sync::Arc;
+use std::thread;
+
+use crate::common;
+
+use common::proxy::{HttpProxy, Verdict};
+use common::{Backend, Out, Store};
+
+/// How a `fence` process is told to send its object-store requests through a forward proxy
+/// (the server's endpoint stays what it was).
+#[derive(Clone, Copy, Debug)]
+enum ProxyVar {
+    /// `AWS_PROXY_URL` (S3 only: fence applies it, §12 "The AWS client settings are applied").
+    Aws,
+    /// `HTTP_PROXY`, which fence's HTTP client (reqwest) reads for S3 and GCS alike.
+    Http,
+}
+
+impl ProxyVar {
+    fn name(self) -> &'static str {
+        match self {
+            ProxyVar::Aws => "AWS_PROXY_URL",
+            ProxyVar::Http => "HTTP_PROXY",
+        }
+    }
+}
+
+/// A forward proxy (the kind `AWS_PROXY_URL` or `HTTP_PROXY` names: requests arrive in
+/// absolute form, `PUT http://host:port/key`) in front of the store's server that removes
+/// every precondition from every request — a misconfigured corporate egress proxy or caching
+/// gateway that rebuilds requests from a header allow-list.
+fn stripping_forward_proxy(store: &Store) -> HttpProxy {
+    let (server, _) = store.server();
+    HttpProxy::start(
+        server.addr(),
+        Arc::new(|request| {
+            if let Some(rest) = request.target.strip_prefix("http://") {
+                request.target = rest
+                    .find('/')
+                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
+            }
+            request.remove_header("if-match");
+            request.remove_header("if-none-match");
+            request.remove_query("ifGenerationMatch");
+            Verdict::Forward
+        }),
+    )
+}
+
+/// `fence` on `store`, its requests going through the forward proxy `proxy` as `var` says.
+fn through(store: &Store, proxy: &HttpProxy, var: ProxyVar) -> common::Fence {
+    store
+        .fence()
+        .env(var.name(), proxy.endpoint())
+        .env_remove("NO_PROXY")
+}
+
+/// FINDING: DESIGN §12 (object stores), "The proof belongs to the path fence uses now |
+/// enforced: bound to endpoint + bucket … another endpoint is proven again, refused on
+/// failure", and §6 I3 "At most one live lease per resource". The proof is bound to the
+/// endpoint alone (`verify::identity`, src/object/verify.rs), but fence's HTTP client also
+/// goes through a forward proxy when `AWS_PROXY_URL` (S3, applied on purpose in
+/// `s3::client_builder`) or `HTTP_PROXY` (S3 and GCS: reqwest reads it, as neither client
+/// calls `no_proxy()`) names one. A prefix proven directly and then reached through a
+/// forward proxy that strips `If-None-Match`/`If-Match`/`ifGenerationMatch` is taken as
+/// proven (the record's digest, or the lease record's `verified_for`, matches the endpoint):
+/// eight owners racing for a fresh resource were all granted (exit 0, each told it holds the
+/// lease, token 1 handed to several owners), where the same proxy named as the endpoint is
+/// refused (exit 2, `a_proof_reached_through_a_stripping_proxy_is_not_trusted`). It should
+/// bind the proof to the proxy too (prove again through it), so that every contender is
+/// refused with exit 2 and nothing is granted.
+fn a_proof_made_directly_is_not_trusted_through_a_forward_proxy(on: Backend, var: ProxyVar) {
+    let store = Store::new(on);
+    // Proven directly, as any first use does.
+    let held = store
+        .fence()
+        .acquire("held", &["--owner", "direct", "--ttl", "60s"]);
+    assert!(held.token >= 1);
+    let proxy = stripping_forward_proxy(&store);
+    let mut granted = Vec::new();
+    let mut outs: Vec<Out> = Vec::new();
+    for race in 0..5 {
+        let resource = format!("race-{race}");
+        let contenders: Vec<_> = (0..8)
+            .map(|n| {
+                let fence = through(&store, &proxy, var).args([
+                    "acquire",
+                    &resource,
+                    "--owner",
+                    &format!("o{n}"),
+                    "--ttl",
+                    "60s",
+                    "--format",
+                    "json",
+                ]);
+                thread::spawn(move || fence.run())
+            })
+            .collect();
+        for out in contenders.into_iter().map(|t| t.join().unwrap()) {
+            if out.code == 0 {
+                granted.push((
+                    resource.clone(),
+                    out.json()["owner"].as_str().unwrap_or_default().to_owned(),
+                    out.json()["token"].as_i64().unwrap_or_default(),
+                ));
+            }
+            outs.push(out);
+        }
+    }
+    assert!(
+        !proxy.seen().is_empty(),
+        "the premise: fence's requests went through the forward proxy"
+    );
+    let mut per_resource = std::collections::BTreeMap::<&str, Vec<(&str, i64)>>::new();
+    for (resource, owner, token) in &granted {
+        per_resource
+            .entry(resource)
+            .or_default()
+            .push((owner, *token));
+    }
+    let doubled: Vec<_> = per_resource.iter().filter(|(_, g)| g.len() > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "several owners were granted one resource at once through a proxy that strips the preconditions ({} grants in all): {doubled:?}",
+        granted.len()
+    );
+    for out in &outs {
+        assert_eq!(
+            out.code, 2,
+            "a path never proven is proven again and refused: {out:?}"
+        );
+    }
+}
+
+/// FINDING: DESIGN §12 (object stores), "The server enforces `If-Match`/`If-None-Match`/
+/// `ifGenerationMatch` | enforced: proven on a scratch object before a prefix is first used;
+/// checked by `doctor` (`object.preconditions`)", and §3 `doctor`: "checks of the set-up". The
+/// same forward proxy as above (named by `AWS_PROXY_URL` or `HTTP_PROXY`), which strips every
+/// precondition: `fence doctor` reports `object.preconditions` ok, because
+/// `doctor::object::preconditions` calls `verify::ensure` without `force`, which accepts the
+/// proof made directly (bound to the endpoint, not to the proxy). The set-up that lets every
+/// racer be granted (previous test) passes the check meant to find it. It should prove the
+/// path through the proxy and fail.
+fn doctor_through_a_stripping_forward_proxy_fails_the_preconditions(on: Backend, var: ProxyVar) {
+    let store = Store::new(on);
+    store
+        .fence()
+        .acquire("held", &["--owner", "direct", "--ttl", "60s"]);
+    let proxy = stripping_forward_proxy(&store);
+    let out = through(&store, &proxy, var)
+        .args(["doctor", "--format", "json"])
+        .run();
+    assert!(
+        !proxy.seen().is_empty(),
+        "the premise: doctor's requests went through the forward proxy: {out:?}"
+    );
+    let json = out.json();
+    let found = common::doctor_findings(&json, "object.preconditions");
+    assert_eq!(
+        found.first().map(|f| f.0.as_str()),
+        Some("fail"),
+        "doctor passed a path that strips every precondition: {found:?}"
+    );
+    assert_eq!(out.code, 2, "{out:?}");
+}
+
+/// The other side of the two findings above: a forward proxy that passes requests on as they
+/// are is proven through (once: the store's verification record then names the way through
+/// it) and used, so that setting `HTTP_PROXY` or `AWS_PROXY_URL` costs a proof, not the store.
+fn a_faithful_forward_proxy_is_proven_and_used(on: Backend, var: ProxyVar) {
+    let store = Store::new(on);
+    store
+        .fence()
+        .acquire("held", &["--owner", "direct", "--ttl", "60s"]);
+    let (server, _) = store.server();
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(|request| {
+            if let Some(rest) = request.target.strip_prefix("http://") {
+                request.target = rest
+                    .find('/')
+                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
+            }
+            Verdict::Forward
+        }),
+    );
+    // With a user and password, which the store must never see in the proof's record.
+    let with_user = |fence: common::Fence| {
+        let url = proxy
+            .endpoint()
+            .replacen("http://", "http://user:proxy-secret@", 1);
+        fence.env(var.name(), url)
+    };
+    for n in 0..2 {
+        let out = with_user(through(&store, &proxy, var))
+            .args([
+                "acquire",
+                &format!("via-{n}"),
+                "--owner",
+                "p",
+                "--format",
+                "json",
+            ])
+            .run()
+            .expect(0);
+        assert_eq!(out.json()["token"], 1, "{out:?}");
+    }
+    let busy = with_user(through(&store, &proxy, var))
+        .args(["acquire", "via-0", "--owner", "q"])
+        .run();
+    assert_eq!(busy.code, 3, "{busy:?}");
+    let (server, prefix) = store.server();
+    let record = server
+        .get(&format!("{prefix}/.fence/verified"))
+        .expect("the verification record");
+    let record = String::from_utf8_lossy(&record.body);
+    assert!(
+        record.contains(" via ") && !record.contains("proxy-secret"),
+        "the proof names the way through the proxy, without its password: {record}"
+    );
+}
+
+mod s3 {
+    #[test]
+    fn a_proof_made_directly_is_not_trusted_through_aws_proxy_url() {
+        super::a_proof_made_directly_is_not_trusted_through_a_forward_proxy(
+            super::Backend::S3,
+            super::ProxyVar::Aws,
+        )
+    }
+    #[test]
+    fn a_proof_made_directly_is_not_trusted_through_http_proxy() {
+        super::a_proof_made_directly_is_not_trusted_through_a_forward_proxy(
+            super::Backend::S3,
+            super::ProxyVar::Http,
+        )
+    }
+    #[test]
+    fn a_faithful_forward_proxy_is_proven_and_used() {
+        super::a_faithful_forward_proxy_is_proven_and_used(
+            super::Backend::S3,
+            super::ProxyVar::Aws,
+        );
+        super::a_faithful_forward_proxy_is_proven_and_used(
+            super::Backend::S3,
+            super::ProxyVar::Http,
+        );
+    }
+    #[test]
+    fn doctor_through_a_stripping_forward_proxy_fails_the_preconditions() {
+        super::doctor_through_a_stripping_forward_proxy_fails_the_preconditions(
+            super::Backend::S3,
+            super::ProxyVar::Aws,
+        )
+    }
+}
+
+mod gcs {
+    #[test]
+    fn a_faithful_forward_proxy_is_proven_and_used() {
+        super::a_faithful_forward_proxy_is_proven_and_used(
+            super::Backend::Gcs,
+            super::ProxyVar::Http,
+        );
+    }
+    #[test]
+    fn a_proof_made_directly_is_not_trusted_through_http_proxy() {
+        super::a_proof_made_directly_is_not_trusted_through_a_forward_proxy(
+            super::Backend::Gcs,
+            super::ProxyVar::Http,
+        )
+    }
+    #[test]
+    fn doctor_through_a_stripping_forward_proxy_fails_the_preconditions() {
+        super::doctor_through_a_stripping_forward_proxy_fails_the_preconditions(
+            super::Backend::Gcs,
+            super::ProxyVar::Http,
+        )
+    }
+}
