@@ -354,8 +354,19 @@ impl PgTarget {
             ..
         } = *write;
         let what = format!("write to `{resource}`");
-        let Some(db) = err.as_db_error() else {
-            return match pg::lost(self.display(), &what, &err.to_string(), true) {
+        // A connection exception (class 08) is a lost connection whoever reports it: a pooler
+        // that lost its server connection answers 08P01 with none of the server's answers
+        // (they are flushed at the end of the message), so no statement seen completed says
+        // nothing of the COMMIT (review 22: exit 1, "unexpected", for a write that committed).
+        let connected = err
+            .as_db_error()
+            .filter(|db| sqlstate::class(db.code()) != "08");
+        let Some(db) = connected else {
+            let cause = match err.as_db_error() {
+                Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+                None => err.to_string(),
+            };
+            return match pg::lost(self.display(), &what, &cause, true) {
                 Error::OutcomeUnknown { message, source, .. } => Error::OutcomeUnknown {
                     message,
                     source,
@@ -1142,18 +1153,19 @@ fn refused_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
         || *state == SqlState::INSUFFICIENT_PRIVILEGE
 }
 
-/// Whether the server ended the session, whatever the SQL: a connection exception (class
-/// 08), a shutdown, a terminated backend, a dropped database.
+/// Whether the server ended the session, whatever the SQL: a shutdown, a terminated backend,
+/// a dropped database (a connection exception, class 08, is a lost connection:
+/// [`PgTarget::classify`]). The server sends these after the answers before them, so
+/// whether `end_write` answered tells whether the COMMIT could have run.
 fn ended_by_the_server(state: &tokio_postgres::error::SqlState) -> bool {
     use tokio_postgres::error::SqlState;
-    sqlstate::class(state) == "08"
-        || [
-            SqlState::ADMIN_SHUTDOWN,
-            SqlState::CRASH_SHUTDOWN,
-            SqlState::CANNOT_CONNECT_NOW,
-            SqlState::DATABASE_DROPPED,
-        ]
-        .contains(state)
+    [
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::DATABASE_DROPPED,
+    ]
+    .contains(state)
 }
 
 fn row_error(err: Error, table: &str) -> Error {

@@ -173,8 +173,13 @@ fn classify_request(
             SqlState::ADMIN_SHUTDOWN,
             SqlState::CRASH_SHUTDOWN,
             SqlState::CANNOT_CONNECT_NOW,
+            SqlState::DATABASE_DROPPED,
         ];
-        if shutting_down.contains(code) {
+        // A connection exception (class 08) is a lost connection whoever reports it: a pooler
+        // that lost its server connection answers 08P01 (`server conn crashed?`) in place of
+        // the server's answers, whatever the server had applied (review 22: exit 1,
+        // "unexpected", for a grant that had committed).
+        if shutting_down.contains(code) || code.code().starts_with("08") {
             return lost(
                 display,
                 what,

@@ -283,3 +283,222 @@ mod gcs {
         )
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL through a pooler whose server connection is lost after the server got a request.
+// ---------------------------------------------------------------------------------------------
+
+/// A PgBouncer of the test's own (transaction pooling, as the suite's), whose server
+/// connections go through `upstream` (a proxy of the test's in front of the server), so that
+/// the test can cut the pooler's server connection while a statement is in flight. Stopped
+/// (SIGKILL to its pid) when dropped.
+struct Bouncer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Bouncer {
+    fn start(upstream: std::net::SocketAddr) -> Bouncer {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let user = common::env_or_panic("FENCE_TEST_PG_USER");
+        let password = common::env_or_panic("FENCE_TEST_PG_PASSWORD");
+        let db = common::env_or_panic("FENCE_TEST_PG_DB");
+        let users = dir.path().join("userlist.txt");
+        std::fs::write(&users, format!("\"{user}\" \"{password}\"\n")).unwrap();
+        let ini = dir.path().join("pgbouncer.ini");
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n{db} = host={} port={} dbname={db}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\npool_mode = transaction\nmax_client_conn = 100\ndefault_pool_size = 4\nignore_startup_parameters = extra_float_digits\nserver_tls_sslmode = disable\n",
+                upstream.ip(),
+                upstream.port(),
+                users.display()
+            ),
+        )
+        .unwrap();
+        for file in [&users, &ini] {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let bin = if std::path::Path::new("/usr/sbin/pgbouncer").exists() {
+            "/usr/sbin/pgbouncer".to_owned()
+        } else {
+            "pgbouncer".to_owned()
+        };
+        // PgBouncer refuses to run as root: as root, as the server's user (as tests/run does).
+        let root = unsafe { libc::geteuid() } == 0;
+        let mut cmd = if root {
+            let mut cmd = std::process::Command::new("setpriv");
+            cmd.args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+                &bin,
+            ]);
+            cmd
+        } else {
+            std::process::Command::new(&bin)
+        };
+        let child = cmd
+            .arg(&ini)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start pgbouncer");
+        common::wait_for(
+            "the test's pgbouncer to listen",
+            std::time::Duration::from_secs(20),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        Bouncer {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// The test database through this pooler.
+    fn url(&self) -> String {
+        common::pg_url_via(format!("127.0.0.1:{}", self.port).parse().unwrap())
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// FINDING: DESIGN §5 "8 outcome_unknown (inspect, or rerun with the same `--id`)", §3
+/// `acquire` ("a retry after a lost answer is safe"), and §12 (PostgreSQL) "After the guard, a
+/// session the server ended (a connection exception …) is exit 7 too, or 8 once `end_write`
+/// answered (the COMMIT may have run)". Directly, a connection lost after the request reached
+/// the server is exit 8 (`write_faults.rs` `connection_cut_during_commit_is_outcome_unknown`).
+/// Through PgBouncer (transaction pooling, which §8 and `write_pg/pgbouncer.rs` support) the
+/// same loss — the pooler's server connection gone after the server got the statement —
+/// reaches fence as the pooler's own error, FATAL `server conn crashed?` with SQLSTATE 08P01
+/// (class 08, connection exception), before any answer. The coordinator
+/// (`pg::classify::classify_request`, src/pg/classify.rs) treats only the shutdown codes as a
+/// lost connection, so the acquire is `Error::Database`, exit 1 "this is unexpected; check the
+/// server log", although its grant committed (the lease row names the owner with a token):
+/// the caller is told neither that it may hold the lease nor to retry. It should be exit 8
+/// (the grant may have applied; a retry with the same owner reacquires).
+#[test]
+fn postgres_an_acquire_whose_pooler_lost_the_server_after_it_applied_is_outcome_unknown() {
+    use common::proxy::{Mode, Proxy};
+    let store = Store::postgres();
+    // The store's schema and the resource's row exist (made directly, the lease released), so
+    // the acquire through the pooler is one statement, the short form that grants.
+    let first = common::acquire(&store, "r", "W");
+    common::release(&store, "r", "W", first);
+    let cut = Proxy::start(
+        common::pg_upstream(),
+        Mode::CutWhenClientSends(b"-- fence: acquire".to_vec()),
+    );
+    let bouncer = Bouncer::start(cut.addr());
+    let out = store
+        .fence_at(&bouncer.url())
+        .args([
+            "acquire", "r", "--owner", "A", "--ttl", "5m", "--format", "json",
+        ])
+        .run();
+    assert_eq!(
+        cut.cuts(),
+        1,
+        "the premise: the pooler's server connection was cut: {out:?}"
+    );
+    cut.wait_backends_gone(&store.url);
+    let (owner, token, live) = store
+        .lease("r")
+        .expect("the premise: the grant reached the server and committed");
+    assert_eq!(
+        (owner.as_str(), live, token > first),
+        ("A", true, true),
+        "the premise: the grant committed: {out:?}"
+    );
+    assert_eq!(
+        out.code, 8,
+        "an acquire whose grant committed (A holds token {token}) but whose answer the pooler lost must be outcome unknown: {out:?}"
+    );
+}
+
+/// FINDING: the same for a fenced write (DESIGN §5: 8 "outcome unknown (inspect, or rerun
+/// with the same `--id`)"; §12 "A refusal of fence's own guard statements is the target's …
+/// After the guard, a session the server ended … is exit 7 too, or 8 once `end_write`
+/// answered"). The server runs a fenced transaction's one message whole before it sends a
+/// byte (its answers are flushed at the end), so when the pooler loses its server connection
+/// after forwarding the message, fence has seen no statement complete (`completed` is 0) and
+/// the pooler's 08P01 is taken for a refusal of fence's guard
+/// (`PgTarget::classify`, src/fenced/postgres.rs: `guard && refused_by_the_server` →
+/// `pg::request_error` → `Error::Database`): exit 1, "this is unexpected", while the write
+/// committed (the row changed, the guard counted it). A rerun with the same `--id` then
+/// replays: the caller who took exit 1 as "failed" and did something else has both. It should
+/// be exit 8, naming `fence inspect` and "may or may not".
+#[test]
+fn postgres_a_write_whose_pooler_lost_the_server_after_it_committed_is_outcome_unknown() {
+    use common::proxy::{Mode, Proxy};
+    let store = Store::postgres();
+    let s = store.schema.clone().unwrap();
+    common::pg_exec(
+        &store.url,
+        &format!(
+            "CREATE SCHEMA {s}; CREATE TABLE {s}.data (id int PRIMARY KEY, v text NOT NULL); \
+             INSERT INTO {s}.data VALUES (1, 'old');"
+        ),
+    );
+    let token = common::acquire(&store, "orders", "A");
+    let write = |target: &str, v: &str| {
+        store
+            .fence()
+            .args(["write", "orders", "--owner", "A", "--token"])
+            .args([token.to_string()])
+            .args(["--target", target, "--id", &format!("set-{v}")])
+            .args([
+                "--sql",
+                &format!("UPDATE {s}.data SET v = '{v}' WHERE id = 1"),
+            ])
+            .args(["--format", "json"])
+            .run()
+    };
+    // The target's schema exists (made directly): the write through the pooler is one message.
+    write(&store.url, "w1").expect(0);
+    let cut = Proxy::start(
+        common::pg_upstream(),
+        Mode::CutWhenClientSends(b"end_write".to_vec()),
+    );
+    let bouncer = Bouncer::start(cut.addr());
+    let out = write(&bouncer.url(), "w2");
+    assert_eq!(
+        cut.cuts(),
+        1,
+        "the premise: the pooler's server connection was cut: {out:?}"
+    );
+    cut.wait_backends_gone(&store.url);
+    let v: String =
+        common::pg_query(&store.url, &format!("SELECT v FROM {s}.data WHERE id = 1"))[0].get(0);
+    assert_eq!(
+        v, "w2",
+        "the premise: the write committed on the server: {out:?}"
+    );
+    assert_eq!(
+        out.code, 8,
+        "a write that committed but whose answer the pooler lost must be outcome unknown: {out:?}"
+    );
+    let json = out.json();
+    let advice = format!("{} {}", json["message"], json["hint"]);
+    assert!(
+        advice.contains("inspect") && advice.contains("may or may not"),
+        "{out:?}"
+    );
+}
