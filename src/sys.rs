@@ -76,12 +76,22 @@ pub fn share(file: &File, path: &Path) {
 const TMP_PREFIX: &str = ".tmp-";
 
 /// Replaces `path` with `body` by write-to-temp and rename; `durable` also fsyncs the file
-/// before and the directory after the rename.
+/// before and the directory after the rename. Everything the rename's sync needs (the
+/// directory's descriptor) is taken before the rename and the temporary file closed: an error
+/// before the rename changed nothing. One after it (the directory's fsync failed: the disk)
+/// is [`Unsynced`]: `path` holds `body`, which a power loss may take back.
 pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    // Out of descriptors, a grant failed after its record was renamed into place, and left a
+    // lease nobody held (review 21).
+    let dir_file = if durable {
+        Some(File::open(dir)?)
+    } else {
+        None
+    };
     let tmp = dir.join(format!(
         "{TMP_PREFIX}{}-{:016x}",
         std::process::id(),
@@ -94,16 +104,36 @@ pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
         if durable {
             file.sync_all()?;
         }
-        fs::rename(&tmp, path)?;
-        if durable {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        drop(file);
+        fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
+        return result;
     }
-    result
+    match dir_file.map(|dir| dir.sync_all()) {
+        Some(Err(err)) => Err(io::Error::new(err.kind(), Unsynced(err))),
+        _ => Ok(()),
+    }
+}
+
+/// The error of a [`replace`] that did replace the file, but whose directory's fsync failed.
+#[derive(Debug)]
+pub struct Unsynced(pub io::Error);
+
+impl std::fmt::Display for Unsynced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "written, but not synced to the disk: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unsynced {}
+
+impl Unsynced {
+    /// Whether `err` is a [`replace`] that replaced its file all the same.
+    pub fn is(err: &io::Error) -> bool {
+        err.get_ref().is_some_and(|inner| inner.is::<Unsynced>())
+    }
 }
 
 /// Removes the temporary files in `dir` whose process is gone (killed between creating and

@@ -61,6 +61,23 @@ fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
                 "check that the directory exists and fence may write to it",
             )
         }
+        // Every write is a new file renamed into place (a failed rename's sync is
+        // `rename_into`'s): one that fails for want of space changed nothing (it was exit 1,
+        // "internal": review 21).
+        _ if matches!(
+            err.raw_os_error(),
+            Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
+        ) =>
+        {
+            Error::unavailable(
+                message,
+                "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
+            )
+        }
+        _ if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => Error::internal(
+            message,
+            "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
+        ),
         _ => Error::internal(message, "check the disk, then retry"),
     }
 }
@@ -311,12 +328,22 @@ impl LocalObjects {
         }
     }
 
-    /// Renames `tmp` over `path` and makes the rename durable.
+    /// Renames `tmp` over `path` and makes the rename durable. The directory is opened
+    /// first, so that an error before the rename changed nothing; a failed fsync after it is
+    /// an unknown outcome (the rename stands, a power loss may take it back).
     fn rename_into(&self, tmp: &Path, path: &Path) -> Result<(), Error> {
-        let result = fs::rename(tmp, path).and_then(|()| File::open(&self.dir)?.sync_all());
-        result.map_err(|err| {
+        let renamed = File::open(&self.dir).and_then(|dir| fs::rename(tmp, path).map(|()| dir));
+        let dir = renamed.map_err(|err| {
             let _ = fs::remove_file(tmp);
             io_error("write", path, &err)
+        })?;
+        dir.sync_all().map_err(|err| Error::OutcomeUnknown {
+            message: format!(
+                "`{}` was written, but the disk did not confirm it: {err}",
+                path.display()
+            ),
+            hint: "check the disk (dmesg), then read the object back: the write stands unless a power loss takes it back".into(),
+            source: None,
         })
     }
 
@@ -398,7 +425,14 @@ impl ObjectApi for LocalObjects {
             &ProgressBar::hidden(),
         ) {
             let _ = fs::remove_file(&bytes);
-            return Err(err);
+            // The sidecar that would name the bytes is not the commit: nothing was applied.
+            return Err(match err {
+                Error::OutcomeUnknown { message, .. } => Error::unavailable(
+                    message,
+                    "nothing was applied (the object is as it was): check the disk (dmesg), then retry",
+                ),
+                other => other,
+            });
         }
         if let Err(err) = self.rename_into(&bytes, &object) {
             // Whether the rename happened decides, as after a crash.

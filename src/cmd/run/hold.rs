@@ -12,7 +12,7 @@ use tokio::time::{sleep_until, Instant};
 use super::supervisor::{continue_process, reaper_report, Forked, Running};
 use crate::cmd::Context;
 use crate::coordinator::{Coordinator, Lease, LeaseRef};
-use crate::error::{Error, LostReason};
+use crate::error::{ConflictKind, Error, LostReason};
 use crate::reaper::wire::Report;
 use crate::signals::Interrupts;
 
@@ -396,6 +396,22 @@ pub(super) async fn hold(
                     }
                     Some(Err(Error::LeaseLost { reason, .. })) => {
                         lost.get_or_insert(reason);
+                        renewing = false;
+                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
+                    }
+                    // The store does not know this lease (no lease, its token never issued,
+                    // or held by another owner): its record was removed, reset or restored,
+                    // and another owner may hold the token now. Definite: it was retried as
+                    // a passing failure, and the command ran on beside the new holder until
+                    // its bound (review 21).
+                    Some(Err(Error::Conflict {
+                        kind:
+                            ConflictKind::NoLease
+                            | ConflictKind::NeverIssued { .. }
+                            | ConflictKind::WrongOwner { .. },
+                        ..
+                    })) => {
+                        lost.get_or_insert(LostReason::RecordLost);
                         renewing = false;
                         stop.get_or_insert_with(|| Stop::until(0).expect("some"));
                     }

@@ -9,15 +9,14 @@
 //! back. (Restoring the whole store directory from one older copy lowers all three at once:
 //! docs/guarantees.md says not to.)
 //!
-//! The file is 21 bytes (the token right-aligned in 20 columns and a newline), rewritten in
-//! place: a write this small, inside one sector, lands whole or not at all.
+//! The file is 21 bytes (the token right-aligned in 20 columns and a newline), created by
+//! write-and-rename and then rewritten in place: a write this small, inside one sector, lands
+//! whole or not at all.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-
-use crate::sys::share;
 
 /// What a high-water file holds.
 pub(super) enum Mark {
@@ -47,22 +46,19 @@ pub(super) fn read(path: &Path) -> io::Result<Mark> {
 /// Records `token` as the high-water mark and waits for the disk (file, and the directory
 /// when the file is new).
 pub(super) fn write(path: &Path, token: i64) -> io::Result<()> {
-    let created = !path.exists();
+    let line = format!("{token:>20}\n");
+    if !path.exists() {
+        // A new file appears whole or not at all: created empty and then written, one cut
+        // short (a full disk, `ulimit -f`) stayed damaged, and every later grant failed until
+        // it was moved aside (review 21).
+        return crate::sys::replace(path, line.as_bytes(), true);
+    }
     // Never through a symbolic link (see `sys::lock_exclusive_until`): it is rewritten in place.
     let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
-    if created {
-        share(&file, path);
-    }
-    file.write_all_at(format!("{token:>20}\n").as_bytes(), 0)?;
+    file.write_all_at(line.as_bytes(), 0)?;
     file.set_len(21)?;
-    file.sync_data()?;
-    if created {
-        File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()?;
-    }
-    Ok(())
+    file.sync_data()
 }

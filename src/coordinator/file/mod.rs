@@ -109,9 +109,18 @@ impl FileCoordinator {
         // A lease of this boot is told from one of an earlier boot by the boot id; a process
         // that could not read it (no /proc: a chroot, a masked file) took every live lease
         // for one of another boot, and its own looked expired to everyone (review 17).
-        let boot_id = fs::read_to_string(BOOT_ID)
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
+        // Only a missing or empty file is a missing /proc: out of descriptors, the reading
+        // failed too, and the operator was sent to mount /proc (review 21).
+        let boot_id = match fs::read_to_string(BOOT_ID) {
+            Ok(text) => text.trim().to_owned(),
+            Err(err) if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                return Err(Error::internal(
+                    format!("cannot read this boot's id from `{BOOT_ID}`: {err}"),
+                    "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
+                ))
+            }
+            Err(_) => String::new(),
+        };
         if boot_id.is_empty() {
             return Err(Error::usage(
                 format!("cannot read this boot's id from `{BOOT_ID}`: the directory store `{shown}` tells a lease of this boot from one of an earlier boot by it, and would take every live lease for an earlier boot's"),
@@ -293,8 +302,24 @@ impl FileCoordinator {
     fn write_record(&self, path: &Path, record: &Record, durable: bool) -> Result<(), Error> {
         let body = serde_json::to_vec(record)
             .map_err(|err| Error::internal(err.to_string(), "report this bug"))?;
-        crate::sys::replace(path, &body, durable)
-            .map_err(|err| self.io_error("write the lease record", path, &err))
+        crate::sys::replace(path, &body, durable).map_err(|err| {
+            if crate::sys::Unsynced::is(&err) {
+                return Error::OutcomeUnknown {
+                    message: format!(
+                        "the lease record `{}` of `{}` (token {}) was written, but the disk did not confirm it: {err}",
+                        path.display(),
+                        record.resource,
+                        record.token
+                    ),
+                    hint: format!(
+                        "check the disk (dmesg), then run `{}`: the lease may be held as written, and a power loss may take it back",
+                        crate::error::command_for("fence inspect", &record.resource, "")
+                    ),
+                    source: None,
+                };
+            }
+            self.io_error("write the lease record", path, &err)
+        })
     }
 
     /// Writes `record` as the resource's next change (numbered above `previous`, the change

@@ -17,6 +17,7 @@ mod review16;
 mod review17;
 mod review19;
 mod review20;
+mod review21;
 mod review22;
 mod review_history_and_keys;
 mod review_on_call;
