@@ -162,6 +162,10 @@ pub struct Event {
     pub expires_at_ms: Option<i64>,
     /// A takeover: when the lease it took over had expired.
     pub previous_expires_at_ms: Option<i64>,
+    /// A release: whether the lease was still live by the store's own clock, where the
+    /// store says (the directory store: its clock is CLOCK_BOOTTIME, which a step of the wall
+    /// clock does not move); elsewhere the event's times tell.
+    pub live: Option<bool>,
     /// A target's accepted write: the rows it changed, where the target records them.
     pub rows: Option<i64>,
     /// Refused attempts (`busy`, `conflict`) coalesced into this event: how many, and when
@@ -182,6 +186,7 @@ impl Event {
             ttl_ms: None,
             expires_at_ms: None,
             previous_expires_at_ms: None,
+            live: None,
             rows: None,
             count: None,
             last_at_ms: None,

@@ -581,11 +581,24 @@ impl Expiries {
                 );
             }
         }
+        // The store's own word that the lease was live when this event came: it accepted a
+        // renewal of it, or a release it says was of a live lease. The wall clock the event
+        // times are read on may have stepped in between (review 21: an hour's step made
+        // `fence log` show an expiry and a lease held past its TTL that the store never saw).
+        let proven_live = |o: &Open| {
+            o.token.is_some()
+                && o.token == ev.token
+                && match ev.kind {
+                    EventKind::Renewed => true,
+                    EventKind::Released => ev.live == Some(true),
+                    _ => false,
+                }
+        };
         if ev.kind != EventKind::Pruned
             && self
                 .open
                 .get(&resource)
-                .is_some_and(|o| o.expires_at_ms <= ev.at_ms)
+                .is_some_and(|o| o.expires_at_ms <= ev.at_ms && !proven_live(o))
         {
             if let Some(lease) = self.open.remove(&resource) {
                 self.shown.insert(resource.clone(), lease.expires_at_ms);

@@ -62,6 +62,11 @@ pub(super) struct EventLine {
     /// of older versions and on `pruned` events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change: Option<u64>,
+    /// A release: whether the lease was still live by the store's clock (CLOCK_BOOTTIME and
+    /// the boot id) when it was released, so that `fence log` needs no wall clock to tell
+    /// (absent on lines of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<bool>,
 }
 
 impl EventLine {
@@ -79,6 +84,7 @@ impl EventLine {
             previous_expires_at_ms: None,
             totals: None,
             change: None,
+            live: None,
         }
     }
 }
@@ -331,6 +337,7 @@ impl EventLine {
             ttl_ms: self.ttl_ms,
             expires_at_ms: self.expires_at_ms,
             previous_expires_at_ms: self.previous_expires_at_ms,
+            live: self.live,
             rows: None,
             count: None,
             last_at_ms: None,

@@ -368,7 +368,10 @@ impl Leases for FileCoordinator {
                 {
                     let mut released = record.clone();
                     released.released = true;
-                    let event = Self::event(&now, EventKind::Released, &lease.owner, lease.token);
+                    let event = EventLine {
+                        live: Some(record.is_live(&now, &store.boot_id)),
+                        ..Self::event(&now, EventKind::Released, &lease.owner, lease.token)
+                    };
                     store.commit(
                         paths,
                         &released,

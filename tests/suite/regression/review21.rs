@@ -40,6 +40,20 @@ fn under_nofile(store: &Store, limit: u32, args: &str) -> Out {
     Out::from(output)
 }
 
+/// `fence --store STORE ARGS…` with the wall clock an hour fast (an NTP step, a VM resumed),
+/// the monotonic clocks left honest (libfaketime's `FAKETIME_DONT_FAKE_MONOTONIC`).
+fn an_hour_later(store: &Store, args: &[&str]) -> Out {
+    let output = common::clean_command("faketime", store.home.path())
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .args(["-f", "+1h"])
+        .arg(common::fence_bin())
+        .args(["--store", &store.url])
+        .args(args)
+        .output()
+        .expect("run faketime");
+    Out::from(output)
+}
+
 fn inspect(store: &Store, resource: &str) -> Value {
     let json = store
         .fence()
@@ -217,6 +231,50 @@ fn an_open_file_limit_is_not_reported_as_a_missing_proc() {
         "an fd limit was reported as a missing /proc:\n{}",
         wrong.join("\n")
     );
+}
+
+/// FINDING: DESIGN §1: "Expiry is decided by the coordinator's clock, never by a worker's wall
+/// clock"; I7; the directory store's clock is CLOCK_BOOTTIME (§7), and every event it logs
+/// carries its `boot_ns`. §3 `log`: "expiries are derived from the recorded expiry … Warnings:
+/// … held past TTL". A holder with a 30 s lease renews it at once and releases it, both
+/// accepted by the store (by its clock the lease never ran out) — but the wall clock was
+/// stepped an hour forward in between (an NTP step, a VM resumed). `fence log` derives an
+/// `expired` event ("not renewed or released within its TTL of 30.0s") from the wall-clock
+/// `expires_at_ms`, and warns `held_past_ttl`: "a released `r` (token 1) … 59m 30s after its
+/// lease expired … by the store's clock: whatever it did in between was done without a
+/// lease", `integrity_ok: false`. A false accusation: an operator audits writes that were
+/// fenced correctly. The renewal the store accepted proves the lease live; a directory store's
+/// expiry should be derived on its own clock (`boot_ns`), as a takeover is decided.
+#[test]
+fn a_wall_clock_step_does_not_make_the_log_report_a_lease_held_past_its_ttl() {
+    let store = Store::file();
+    let token = common::acquire_for(&store, "r", "a", "30s").to_string();
+    let renew = an_hour_later(&store, &["renew", "r", "--owner", "a", "--token", &token]);
+    assert_eq!(
+        renew.code, 0,
+        "the store's clock says the lease is live: {renew:?}"
+    );
+    let release = an_hour_later(&store, &["release", "r", "--owner", "a", "--token", &token]);
+    assert_eq!(release.code, 0, "{release:?}");
+    // A release alone after the step: the store says the lease was live.
+    let other = common::acquire_for(&store, "s", "a", "30s").to_string();
+    let release = an_hour_later(&store, &["release", "s", "--owner", "a", "--token", &other]);
+    assert_eq!(release.code, 0, "{release:?}");
+    let log = an_hour_later(&store, &["log", "r", "s", "--format", "json"]);
+    assert_eq!(log.code, 0, "{log:?}");
+    let log = log.json();
+    let expired: Vec<&Value> = log["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "expired")
+        .collect();
+    assert!(
+        expired.is_empty(),
+        "the log shows an expiry the store never saw: {log}"
+    );
+    assert_eq!(log["warnings"], serde_json::json!([]), "{log}");
+    assert_eq!(log["integrity_ok"], true, "{log}");
 }
 
 /// FINDING: DESIGN §3 `run`: "stop the command's process group when the lease is lost (exit
