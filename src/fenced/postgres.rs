@@ -354,13 +354,12 @@ impl PgTarget {
             ..
         } = *write;
         let what = format!("write to `{resource}`");
-        // A connection exception (class 08) is a lost connection whoever reports it: a pooler
-        // that lost its server connection answers 08P01 with none of the server's answers
-        // (they are flushed at the end of the message), so no statement seen completed says
-        // nothing of the COMMIT (review 22: exit 1, "unexpected", for a write that committed).
-        let connected = err
-            .as_db_error()
-            .filter(|db| sqlstate::class(db.code()) != "08");
+        // A lost session is a lost connection whoever reports it (`pg::session_lost`): a
+        // pooler that lost its server connection answers FATAL 08P01 with none of the
+        // server's answers (they are flushed at the end of the message), so no statement seen
+        // completed says nothing of the COMMIT (review 22: exit 1, "unexpected", for a write
+        // that committed). Class 08 as an ERROR is the SQL's own (review 23).
+        let connected = err.as_db_error().filter(|db| !pg::session_lost(db));
         let Some(db) = connected else {
             let cause = match err.as_db_error() {
                 Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),

@@ -73,12 +73,16 @@ fn warn_unverified(url: &ObjectUrl) {
 
 /// What a proof is bound to: the endpoint fence's requests go to — scheme, host and port,
 /// lowercased, the scheme's default port and any user info left out —, the bucket, and the
-/// proxy settings on the way ([`route`]: ` via …`). A proof made through one path says
+/// proxy settings on the way (`route`: ` via …`). A proof made through one path says
 /// nothing of another: a proxy in between may strip the preconditions, and a copy of the
 /// prefix (`aws s3 sync`) may sit on a server that ignores them.
 pub fn identity(url: &ObjectUrl) -> String {
     let endpoint = normalize(&endpoint(url));
-    let route = route(url.service, &endpoint, &|name| std::env::var(name).ok());
+    // Set at all, as the client reads it (a value that is not UTF-8 counts: review 23).
+    let cgi = std::env::var_os("REQUEST_METHOD").is_some();
+    let route = route(url.service, &endpoint, cgi, &|name| {
+        std::env::var(name).ok()
+    });
     match route {
         Some(route) => format!("{endpoint}/{} via {route}", url.bucket),
         None => format!("{endpoint}/{}", url.bucket),
@@ -95,7 +99,12 @@ pub fn identity(url: &ObjectUrl) -> String {
 /// written, not evaluated (whether `NO_PROXY` spares this host, whether a value parses): the
 /// same settings take the same way, and other settings are proven again. Proxy URLs without
 /// their user info (the identity is stored in the store).
-fn route(service: Service, endpoint: &str, var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+fn route(
+    service: Service,
+    endpoint: &str,
+    cgi: bool,
+    var: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
     let set = |value: Option<String>| value.filter(|v| !v.is_empty());
     let proxy = |value: &str| {
         // A proxy URL's user info, up to the last `@` before its path, is a secret.
@@ -121,7 +130,7 @@ fn route(service: Service, endpoint: &str, var: &dyn Fn(&str) -> Option<String>)
             return Some(parts.join(" "));
         }
     }
-    if var("REQUEST_METHOD").is_some() {
+    if cgi {
         return None;
     }
     let first = |names: [&str; 2]| set(names.iter().find_map(|name| var(name)));
@@ -432,7 +441,10 @@ mod tests {
                     .map(|(_, v)| (*v).to_owned())
             }
         };
-        let gcs = |pairs, endpoint| route(Service::Gcs, endpoint, &env(pairs));
+        let gcs = |pairs: &'static [(&'static str, &'static str)], endpoint| {
+            let cgi = pairs.iter().any(|(name, _)| *name == "REQUEST_METHOD");
+            route(Service::Gcs, endpoint, cgi, &env(pairs))
+        };
         let https = "https://storage.googleapis.com";
         assert_eq!(gcs(&[], https), None);
         // Only the scheme's own variable and ALL_PROXY; NO_PROXY beside them.

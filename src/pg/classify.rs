@@ -175,11 +175,7 @@ fn classify_request(
             SqlState::CANNOT_CONNECT_NOW,
             SqlState::DATABASE_DROPPED,
         ];
-        // A connection exception (class 08) is a lost connection whoever reports it: a pooler
-        // that lost its server connection answers 08P01 (`server conn crashed?`) in place of
-        // the server's answers, whatever the server had applied (review 22: exit 1,
-        // "unexpected", for a grant that had committed).
-        if shutting_down.contains(code) || code.code().starts_with("08") {
+        if shutting_down.contains(code) || session_lost(db) {
             return lost(
                 display,
                 what,
@@ -194,6 +190,22 @@ fn classify_request(
         };
     }
     lost(display, what, &error_chain(err), mutating)
+}
+
+/// Whether `db` ends the session as a lost connection: a connection exception (class 08)
+/// with severity FATAL or PANIC, whoever sent it. A pooler that lost its server connection
+/// answers FATAL 08P01 (`server conn crashed?`) in place of the server's answers, whatever
+/// the server had applied (review 22: exit 1, "unexpected", for a grant and a write that had
+/// committed). The same class as an ERROR is a statement's own failure on a live session (a
+/// function or trigger that could not reach another server: review 23).
+pub fn session_lost(db: &tokio_postgres::error::DbError) -> bool {
+    use tokio_postgres::error::Severity;
+    let fatal = match db.parsed_severity() {
+        Some(severity) => matches!(severity, Severity::Fatal | Severity::Panic),
+        // A pooler's error may carry only the (unlocalised) `S` field.
+        None => matches!(db.severity(), "FATAL" | "PANIC"),
+    };
+    fatal && db.code().code().starts_with("08")
 }
 
 /// A request that got no answer: outcome unknown if it could have changed state.

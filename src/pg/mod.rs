@@ -22,7 +22,7 @@ pub mod sqlstate;
 mod tls;
 
 pub(crate) use classify::caused;
-pub use classify::{lost, request_error, Failure};
+pub use classify::{lost, request_error, session_lost, Failure};
 pub use connect::{close_all, Notifications, Refusals};
 pub use params::ConnectParams;
 

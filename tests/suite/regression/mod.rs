@@ -19,6 +19,7 @@ mod review19;
 mod review20;
 mod review21;
 mod review22;
+mod review23;
 mod review_history_and_keys;
 mod review_on_call;
 mod review_run_events;
