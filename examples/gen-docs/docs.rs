@@ -33,7 +33,7 @@ const SHELLS: [(Shell, &str); 5] = [
 
 /// The ENVIRONMENT section of fence(1). Variables clap reads for an option are listed here too;
 /// `tests/suite/cli/generated.rs` keeps the two in step.
-pub const ENVIRONMENT: [(&str, &str); 33] = [
+pub const ENVIRONMENT: [(&str, &str); 34] = [
     (
         "FENCE_STORE",
         "The coordinator, as --store: postgres://user@host/db, s3://bucket/prefix, \
@@ -136,6 +136,10 @@ pub const ENVIRONMENT: [(&str, &str); 33] = [
     (
         "AWS_PROXY_URL",
         "An HTTP proxy for S3 requests, with AWS_PROXY_CA_CERTIFICATE (PEM text) and AWS_PROXY_EXCLUDES; also AWS_USER_AGENT, AWS_ALLOW_INVALID_CERTIFICATES, AWS_HTTP1_ONLY, AWS_HTTP2_ONLY, AWS_CONNECT_TIMEOUT, as object_store reads them.",
+    ),
+    (
+        "HTTPS_PROXY",
+        "A forward proxy for S3 (without AWS_PROXY_URL) and GCS requests to https:// endpoints, read as curl reads it (upper case first); HTTP_PROXY for http:// endpoints, ALL_PROXY for both, NO_PROXY for hosts reached directly; none at all when REQUEST_METHOD is set (CGI). A store is proven again through each new proxy setting.",
     ),
     (
         "GOOGLE_OAUTH_ACCESS_TOKEN",
