@@ -90,6 +90,12 @@ pub struct ObjectCoordinator {
     /// clock): a waiter's estimate of the store's time now, trusted only to say "still live"
     /// (a takeover is always decided on a fresh probe).
     last_probe: std::cell::Cell<Option<(i64, std::time::Instant)>>,
+    /// The version a conditional write of the lease record was just refused on, until the
+    /// record is read again; and how many reads since the last write that went through
+    /// answered that very version again. Every version carries a fresh nonce, so a store that
+    /// refuses "not V" and then serves V is serving stale reads (a caching proxy or gateway).
+    refused: std::cell::RefCell<Option<String>>,
+    stale_reads: std::cell::Cell<usize>,
 }
 
 /// The lease object's body.
@@ -310,6 +316,8 @@ impl ObjectCoordinator {
             verified: std::cell::Cell::new(None),
             waiting: std::cell::Cell::new(false),
             last_probe: std::cell::Cell::new(None),
+            refused: std::cell::RefCell::new(None),
+            stale_reads: std::cell::Cell::new(0),
         })
     }
 
@@ -558,9 +566,13 @@ impl ObjectCoordinator {
 
     async fn read(&self, resource: &str) -> Result<Option<Current>, Error> {
         let key = self.lease_key(resource);
+        let refused = self.refused.take();
         let Some(fetched) = self.fetch_copied(&key, META_LEASE).await? else {
             return Ok(None);
         };
+        if refused.as_ref() == Some(&fetched.meta.version) {
+            self.stale_reads.set(self.stale_reads.get() + 1);
+        }
         let body: Body =
             serde_json::from_slice(&fetched.body).map_err(|err| self.damaged(&key, err))?;
         if body.resource != resource {
@@ -678,8 +690,16 @@ impl ObjectCoordinator {
             )
             .await?
         {
-            Put::Done(meta) => Ok(Some(meta)),
-            Put::Lost => Ok(None),
+            Put::Done(meta) => {
+                self.stale_reads.set(0);
+                Ok(Some(meta))
+            }
+            Put::Lost => {
+                if let Cond::Match(version) = cond {
+                    *self.refused.borrow_mut() = Some(version);
+                }
+                Ok(None)
+            }
         }
     }
 
@@ -860,6 +880,18 @@ impl ObjectCoordinator {
     }
 
     fn contended(&self, resource: &str) -> Error {
+        let stale = self.stale_reads.replace(0);
+        if stale * 2 >= MAX_ATTEMPTS {
+            // The true cause is not other writers (a reviewer saw a caching gateway reported
+            // as "changed under every attempt").
+            return Error::unavailable(
+                format!(
+                    "`{resource}` at `{}`: the store refused every write conditioned on the version of the lease record it had just answered, and answered that same version again {stale} times: its reads are stale (a caching proxy, CDN or gateway between fence and the store?)",
+                    self.url.display
+                ),
+                "nothing was changed by this request; fence's reads must reach the store itself: exempt this bucket from caching (or name its host in NO_PROXY), then retry",
+            );
+        }
         Error::unavailable(
             format!(
                 "`{resource}` at `{}` changed under every one of {MAX_ATTEMPTS} attempts",

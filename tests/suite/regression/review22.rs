@@ -225,6 +225,73 @@ fn a_faithful_forward_proxy_is_proven_and_used(on: Backend, var: ProxyVar) {
     );
 }
 
+/// A gateway that answers reads of the lease record from a stale copy (a caching proxy in
+/// front of S3) makes every conditional write of it fail (412), attempt after attempt: safe
+/// (nothing is written), but fence said "changed under every one of 200 attempts", blaming
+/// other writers (review 22, read from the code). Each version carries a fresh nonce, so a
+/// store that refuses "not V" and then answers V again is serving stale reads: the message
+/// says so, and names the way out.
+#[test]
+fn s3_stale_reads_of_the_lease_record_are_named_as_such() {
+    let store = Store::new(Backend::S3);
+    let (server, prefix) = store.server();
+    // The record as it was after a's release: free.
+    let token = common::acquire(&store, "r", "a");
+    common::release(&store, "r", "a", token);
+    let key = format!("{prefix}/leases/r");
+    let old = server.get(&key).expect("the lease record");
+    let metadata: Vec<(&str, &str)> = old
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    server.put_with_metadata(&format!("{prefix}/stale-r"), &old.body, &metadata);
+    // The record moves on; the gateway keeps answering with the copy.
+    let token = common::acquire(&store, "r", "c");
+    common::release(&store, "r", "c", token);
+    let lease_path = "/leases/r".to_owned();
+    let stale_path = "/stale-r";
+    let proxy = HttpProxy::start(
+        server.addr(),
+        Arc::new(move |request| {
+            if let Some(rest) = request.target.strip_prefix("http://") {
+                request.target = rest
+                    .find('/')
+                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
+            }
+            let path = request
+                .target
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            if matches!(request.method.as_str(), "GET" | "HEAD") && path.ends_with(&lease_path) {
+                let stale = format!("{}{stale_path}", &path[..path.len() - lease_path.len()]);
+                request.target = request.target.replacen(&path, &stale, 1);
+            }
+            Verdict::Forward
+        }),
+    );
+    let out = through(&store, &proxy, ProxyVar::Http)
+        .args(["acquire", "r", "--owner", "b", "--format", "json"])
+        .run();
+    assert_eq!(out.code, 7, "nothing was written: {out:?}");
+    let message = out.json()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("stale") && !message.contains("changed under every"),
+        "the cause is named: {out:?}"
+    );
+    let (owner, _, live) = store.lease("r").expect("the lease record");
+    assert_eq!(
+        (owner.as_str(), live),
+        ("c", false),
+        "the record is c's release, untouched"
+    );
+}
+
 mod s3 {
     #[test]
     fn a_proof_made_directly_is_not_trusted_through_aws_proxy_url() {
