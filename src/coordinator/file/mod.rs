@@ -137,7 +137,13 @@ impl FileCoordinator {
     fn io_error(&self, what: &str, path: &Path, err: &io::Error) -> Error {
         let message = format!("cannot {what} `{}`: {err}", path.display());
         match err.kind() {
-            ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem | ErrorKind::NotADirectory => {
+            // Not a permission: the whole file system (mounted read-only, or remounted so by
+            // the kernel after disk errors). It was told to "fix its permissions" (review 21).
+            ErrorKind::ReadOnlyFilesystem => Error::usage(
+                format!("{message} (the file system holding the store is read-only)"),
+                "remount it read-write if it was mounted so on purpose; if the kernel remounted it after disk errors (see dmesg), fix the disk or choose another directory with `--store file:///path` (or FENCE_STORE); nothing was applied",
+            ),
+            ErrorKind::PermissionDenied | ErrorKind::NotADirectory => {
                 Error::usage(
                     message,
                     "choose a directory fence can write with `--store file:///path` (or FENCE_STORE), or fix its permissions",

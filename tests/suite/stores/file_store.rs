@@ -879,3 +879,56 @@ fn a_lock_file_deleted_while_waited_for_is_not_trusted() {
     );
     assert!(second > first, "token {second} after {first}: {events:?}");
 }
+
+/// A store whose file system is read-only (mounted so, or remounted by the kernel after disk
+/// errors) is refused with exit 2 naming the read-only file system, never "fix its
+/// permissions" (review 21), and nothing in it changes; reading it still works.
+#[test]
+fn a_read_only_file_system_is_named_as_such() {
+    let probe = Command::new("unshare").args(["-m", "true"]).status();
+    if !probe.is_ok_and(|s| s.success()) {
+        println!("skipped: `unshare -m` is not permitted here, so nothing can be remounted");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let script = r#"
+        set -u
+        "$2" --store "file://$1/store" acquire r --owner a --ttl 1d > /dev/null || exit 90
+        mount --bind "$1/store" "$1/store" && mount -o remount,ro,bind "$1/store" \
+            || { echo "nomount"; exit 0; }
+        before=$(cat "$1/store/leases/r.json")
+        "$2" --store "file://$1/store" acquire s --owner b --format json
+        echo "exit=$?"
+        "$2" --store "file://$1/store" release r --owner a --token 1 > /dev/null 2>&1
+        echo "release=$?"
+        [ "$before" = "$(cat "$1/store/leases/r.json")" ] && echo "record=same"
+        "$2" --store "file://$1/store" inspect r > /dev/null && echo "inspect=ok"
+    "#;
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script, "sh"])
+        .arg(home.path())
+        .arg(env!("CARGO_BIN_EXE_fence"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.trim() == "nomount" {
+        println!("skipped: a read-only bind mount cannot be made here");
+        return;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("exit=2") && stdout.contains("release=2"),
+        "{stdout} {stderr}"
+    );
+    assert!(
+        stdout.contains("record=same") && stdout.contains("inspect=ok"),
+        "{stdout} {stderr}"
+    );
+    let error: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap())
+        .unwrap_or_else(|_| panic!("{stdout} {stderr}"));
+    let text = format!("{} {}", error["message"], error["hint"]);
+    assert!(
+        text.contains("read-only") && !text.contains("permissions"),
+        "{text}"
+    );
+}
