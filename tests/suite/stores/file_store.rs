@@ -907,7 +907,7 @@ fn a_read_only_file_system_is_named_as_such() {
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c", script, "sh"])
         .arg(home.path())
-        .arg(env!("CARGO_BIN_EXE_fence"))
+        .arg(common::fence_bin())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
