@@ -246,7 +246,7 @@ fn nothing_to_prune_and_other_stores() {
 
 /// The lines of `fence prune --help`'s examples, exactly as shown.
 fn help_examples() -> Vec<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_fence"))
+    let out = Command::new(common::fence_bin())
         .args(["prune", "--help"])
         .output()
         .unwrap();

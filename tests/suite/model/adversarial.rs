@@ -278,11 +278,11 @@ impl Sut {
 
     /// A fence command: clean environment, `--store` (or `store` when given), `--schema`.
     fn fence(&self, store: Option<&str>, skew: Option<Skew>) -> Command {
-        let bin = env!("CARGO_BIN_EXE_fence");
+        let bin = crate::common::fence_bin();
         let mut cmd = match skew {
             Some(skew) => {
                 let mut cmd = Command::new("faketime");
-                cmd.args(["-f", skew.offset, bin]);
+                cmd.args(["-f", skew.offset]).arg(&bin);
                 if !skew.monotonic {
                     cmd.env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
                 }

@@ -515,7 +515,8 @@ fn inspect_shows_state_owner_token_expiry_and_events(store: &Store) {
 fn eval_idiom_carries_the_lease_to_renew_and_release(store: &Store) {
     // An owner with quotes and a command substitution must survive `eval` unchanged.
     let owner = r#"it's "$(touch pwned)" `x`"#;
-    let fence = env!("CARGO_BIN_EXE_fence");
+    let fence = common::fence_bin();
+    let fence = fence.to_string_lossy();
     let script = format!(
         r#"set -e
 eval "$("{fence}" acquire 'odd name' --owner "$OWNER" --format env)"

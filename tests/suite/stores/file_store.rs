@@ -395,7 +395,7 @@ fn limited(store: &Store, bytes: u64, args: &[&str]) -> Out {
     let output = Command::new("prlimit")
         .arg(format!("--fsize={bytes}"))
         .arg("--")
-        .arg(env!("CARGO_BIN_EXE_fence"))
+        .arg(common::fence_bin())
         .args(["--store", &store.url])
         .args(args)
         .env_clear()
@@ -487,7 +487,7 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
     let out = Command::new("unshare")
         .args(["-m", "sh", "-c", script, "sh"])
         .arg(home.path())
-        .arg(env!("CARGO_BIN_EXE_fence"))
+        .arg(common::fence_bin())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -130,7 +130,8 @@ fn pgservice_fills_in_the_whole_connection() {
 #[test]
 fn format_env_with_a_password_in_the_url_keeps_later_commands_on_that_store() {
     let store = Store::postgres();
-    let fence = env!("CARGO_BIN_EXE_fence");
+    let fence = common::fence_bin();
+    let fence = fence.to_string_lossy();
     let script = format!(
         "set -e\neval \"$('{fence}' --store \"$URL\" --schema {schema} acquire job --ttl 1m --format env)\"\n\
          '{fence}' renew\n'{fence}' release\n",
