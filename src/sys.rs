@@ -117,6 +117,26 @@ pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
     }
 }
 
+/// What an I/O error that is the machine's limit means for a write that changed nothing
+/// (every write of the directory store and of `file://` objects is a new file renamed into
+/// place, an in-place rewrite of a mark that only rises, or an append undone on failure):
+/// out of space or over the file size limit is exit 7, nothing applied; out of descriptors
+/// names the limit. `None` for any other error.
+pub fn limit_error(message: &str, err: &io::Error) -> Option<crate::error::Error> {
+    use crate::error::Error;
+    match err.raw_os_error()? {
+        libc::ENOSPC | libc::EFBIG | libc::EDQUOT => Some(Error::unavailable(
+            message.to_owned(),
+            "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
+        )),
+        libc::EMFILE | libc::ENFILE => Some(Error::internal(
+            message.to_owned(),
+            "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
+        )),
+        _ => None,
+    }
+}
+
 /// The error of a [`replace`] that did replace the file, but whose directory's fsync failed.
 #[derive(Debug)]
 pub struct Unsynced(pub io::Error);

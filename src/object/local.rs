@@ -64,21 +64,8 @@ fn io_error(what: &str, path: &Path, err: &io::Error) -> Error {
         // Every write is a new file renamed into place (a failed rename's sync is
         // `rename_into`'s): one that fails for want of space changed nothing (it was exit 1,
         // "internal": review 21).
-        _ if matches!(
-            err.raw_os_error(),
-            Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
-        ) =>
-        {
-            Error::unavailable(
-                message,
-                "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
-            )
-        }
-        _ if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => Error::internal(
-            message,
-            "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
-        ),
-        _ => Error::internal(message, "check the disk, then retry"),
+        _ => crate::sys::limit_error(&message, err)
+            .unwrap_or_else(|| Error::internal(message, "check the disk, then retry")),
     }
 }
 

@@ -97,8 +97,8 @@ pub fn identity(url: &ObjectUrl) -> String {
 /// `HTTP_PROXY` by the endpoint's scheme and `ALL_PROXY` (upper case before lower), with
 /// `NO_PROXY` beside them, and none at all under CGI (`REQUEST_METHOD` set). Taken as
 /// written, not evaluated (whether `NO_PROXY` spares this host, whether a value parses): the
-/// same settings take the same way, and other settings are proven again. Proxy URLs without
-/// their user info (the identity is stored in the store).
+/// same settings take the same way, and other settings are proven again. Proxy URLs as
+/// [`normalize`] writes endpoints: without their user info (the identity is stored).
 fn route(
     service: Service,
     endpoint: &str,
@@ -106,24 +106,10 @@ fn route(
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Option<String> {
     let set = |value: Option<String>| value.filter(|v| !v.is_empty());
-    let proxy = |value: &str| {
-        // A proxy URL's user info, up to the last `@` before its path, is a secret.
-        let (scheme, rest) = value.split_once("://").unwrap_or(("", value));
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        let host = rest[..authority_end]
-            .rsplit_once('@')
-            .map_or(&rest[..authority_end], |(_, host)| host);
-        let shown = format!(
-            "{scheme}{}{host}{}",
-            if scheme.is_empty() { "" } else { "://" },
-            &rest[authority_end..]
-        );
-        shown.to_ascii_lowercase()
-    };
     let mut parts = Vec::new();
     if service == Service::S3 {
         if let Some((_, url)) = crate::object::aws_vars("aws_proxy_url").pop() {
-            parts.push(format!("proxy {}", proxy(&url)));
+            parts.push(format!("proxy {}", normalize(&url)));
             if let Some((_, excludes)) = crate::object::aws_vars("aws_proxy_excludes").pop() {
                 parts.push(format!("except {excludes}"));
             }
@@ -140,10 +126,10 @@ fn route(
         ("https", first(["HTTPS_PROXY", "https_proxy"]))
     };
     if let (scheme, Some(value)) = by_scheme {
-        parts.push(format!("{scheme} {}", proxy(&value)));
+        parts.push(format!("{scheme} {}", normalize(&value)));
     }
     if let Some(all) = first(["ALL_PROXY", "all_proxy"]) {
-        parts.push(format!("all {}", proxy(&all)));
+        parts.push(format!("all {}", normalize(&all)));
     }
     if parts.is_empty() {
         return None;
@@ -463,7 +449,7 @@ mod tests {
                 https
             )
             .as_deref(),
-            Some("https http://proxy:3128/ all socks5://b:1080 except internal")
+            Some("https http://proxy:3128 all socks5://b:1080 except internal")
         );
         // Upper case first, even empty (as reqwest reads them); NO_PROXY alone is no route.
         assert_eq!(

@@ -389,29 +389,8 @@ pub(super) async fn hold(
                         // renewals sent a third of the TTL apart could land closer than that.
                         next_renew = Instant::now() + every;
                     }
-                    Some(Err(Error::Stale { highest_token, .. })) => {
-                        lost.get_or_insert(LostReason::TakenOver { highest_token });
-                        renewing = false;
-                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
-                    }
-                    Some(Err(Error::LeaseLost { reason, .. })) => {
-                        lost.get_or_insert(reason);
-                        renewing = false;
-                        stop.get_or_insert_with(|| Stop::until(0).expect("some"));
-                    }
-                    // The store does not know this lease (no lease, its token never issued,
-                    // or held by another owner): its record was removed, reset or restored,
-                    // and another owner may hold the token now. Definite: it was retried as
-                    // a passing failure, and the command ran on beside the new holder until
-                    // its bound (review 21).
-                    Some(Err(Error::Conflict {
-                        kind:
-                            ConflictKind::NoLease
-                            | ConflictKind::NeverIssued { .. }
-                            | ConflictKind::WrongOwner { .. },
-                        ..
-                    })) => {
-                        lost.get_or_insert(LostReason::RecordLost);
+                    Some(Err(err)) if definite_loss(&err).is_some() => {
+                        lost = lost.or(definite_loss(&err));
                         renewing = false;
                         stop.get_or_insert_with(|| Stop::until(0).expect("some"));
                     }
@@ -512,17 +491,14 @@ pub(super) async fn hold(
             (failed, refused) => failed.or(refused),
         };
         lost = Some(match asked {
-            Some(Err(Error::Stale { highest_token, .. })) => {
-                LostReason::TakenOver { highest_token }
-            }
-            Some(Err(Error::LeaseLost { reason, .. })) => reason,
             Some(Ok(_)) => {
                 // Still ours by the store's clock, but too late to prove in time: hand it
                 // back, nothing of the command is left.
                 let _ = coordinator.release(lease).await;
                 LostReason::Unreachable
             }
-            _ => LostReason::Unreachable,
+            Some(Err(err)) => definite_loss(&err).unwrap_or(LostReason::Unreachable),
+            None => LostReason::Unreachable,
         });
         if let Some(cause) = cause {
             crate::terminal::warn(&format!("the last renewal attempt failed: {cause}"));
@@ -624,5 +600,27 @@ fn cannot_wait(err: std::io::Error) -> Error {
 fn forward(pgid: Option<Pid>, signal: Signal) {
     if let Some(pgid) = pgid {
         let _ = rustix::process::kill_process_group(pgid, signal);
+    }
+}
+
+/// The loss a renewal's refusal proves, if it proves one: taken over, lost, or a lease the
+/// store does not know (no lease, its token never issued, or held by another owner: its
+/// record was removed, reset or restored, and another owner may hold the token now). Anything
+/// else may pass. The store that did not know the lease was retried as a passing failure, and
+/// the command ran on beside the new holder of its token until its bound (review 21).
+fn definite_loss(err: &Error) -> Option<LostReason> {
+    match err {
+        Error::Stale { highest_token, .. } => Some(LostReason::TakenOver {
+            highest_token: *highest_token,
+        }),
+        Error::LeaseLost { reason, .. } => Some(*reason),
+        Error::Conflict {
+            kind:
+                ConflictKind::NoLease
+                | ConflictKind::NeverIssued { .. }
+                | ConflictKind::WrongOwner { .. },
+            ..
+        } => Some(LostReason::RecordLost),
+        _ => None,
     }
 }

@@ -113,13 +113,13 @@ impl FileCoordinator {
         // failed too, and the operator was sent to mount /proc (review 21).
         let boot_id = match fs::read_to_string(BOOT_ID) {
             Ok(text) => text.trim().to_owned(),
-            Err(err) if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                return Err(Error::internal(
-                    format!("cannot read this boot's id from `{BOOT_ID}`: {err}"),
-                    "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
-                ))
+            Err(err) => {
+                let message = format!("cannot read this boot's id from `{BOOT_ID}`: {err}");
+                if let Some(limit) = crate::sys::limit_error(&message, &err) {
+                    return Err(limit);
+                }
+                String::new()
             }
-            Err(_) => String::new(),
         };
         if boot_id.is_empty() {
             return Err(Error::usage(
@@ -149,26 +149,10 @@ impl FileCoordinator {
                     "choose a directory fence can write with `--store file:///path` (or FENCE_STORE), or fix its permissions",
                 )
             }
-            _ if matches!(
-                err.raw_os_error(),
-                Some(libc::ENOSPC | libc::EFBIG | libc::EDQUOT)
-            ) =>
-            {
-                // Every write fence makes is a new file renamed into place, an in-place
-                // rewrite of a mark that only rises, or an append that is undone on failure:
-                // one that fails for want of space leaves the lease as it was.
-                Error::unavailable(
-                    message,
-                    "free disk space or raise the file size limit (ulimit -f), then retry; nothing was applied",
-                )
-            }
-            _ if matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                Error::internal(
-                    message,
-                    "raise the open-file limit (`ulimit -n`; for ENFILE, the system's: fs.file-max), then retry",
-                )
-            }
-            _ => Error::internal(message, "check the disk and the store directory, then retry"),
+            // A write that fails for want of space leaves the lease as it was.
+            _ => crate::sys::limit_error(&message, err).unwrap_or_else(|| {
+                Error::internal(message, "check the disk and the store directory, then retry")
+            }),
         }
     }
 

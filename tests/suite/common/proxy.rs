@@ -630,6 +630,26 @@ pub struct HttpProxy {
 }
 
 impl HttpProxy {
+    /// A forward proxy (the kind `HTTP_PROXY` or `AWS_PROXY_URL` names: requests arrive in
+    /// absolute form, `PUT http://host:port/key`) in front of `upstream`: each request's
+    /// target made a path again, then `rule` applied.
+    pub fn forward(
+        upstream: SocketAddr,
+        rule: impl Fn(&mut HttpRequest) -> Verdict + Send + Sync + 'static,
+    ) -> HttpProxy {
+        HttpProxy::start(
+            upstream,
+            Arc::new(move |request: &mut HttpRequest| {
+                if let Some(rest) = request.target.strip_prefix("http://") {
+                    request.target = rest
+                        .find('/')
+                        .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
+                }
+                rule(request)
+            }),
+        )
+    }
+
     pub fn start(upstream: SocketAddr, rule: Rule) -> HttpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         listener

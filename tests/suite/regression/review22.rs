@@ -3,7 +3,6 @@
 //! §5, §6, §12) promises, what fence did instead, and asserts on durable state and exit
 //! statuses.
 
-use std::sync::Arc;
 use std::thread;
 
 use crate::common;
@@ -34,22 +33,13 @@ impl ProxyVar {
 /// absolute form, `PUT http://host:port/key`) in front of the store's server that removes
 /// every precondition from every request — a misconfigured corporate egress proxy or caching
 /// gateway that rebuilds requests from a header allow-list.
-fn stripping_forward_proxy(store: &Store) -> HttpProxy {
-    let (server, _) = store.server();
-    HttpProxy::start(
-        server.addr(),
-        Arc::new(|request| {
-            if let Some(rest) = request.target.strip_prefix("http://") {
-                request.target = rest
-                    .find('/')
-                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
-            }
-            request.remove_header("if-match");
-            request.remove_header("if-none-match");
-            request.remove_query("ifGenerationMatch");
-            Verdict::Forward
-        }),
-    )
+pub(super) fn stripping_forward_proxy(store: &Store) -> HttpProxy {
+    HttpProxy::forward(store.server().0.addr(), |request| {
+        request.remove_header("if-match");
+        request.remove_header("if-none-match");
+        request.remove_query("ifGenerationMatch");
+        Verdict::Forward
+    })
 }
 
 /// `fence` on `store`, its requests going through the forward proxy `proxy` as `var` says.
@@ -82,13 +72,25 @@ fn a_proof_made_directly_is_not_trusted_through_a_forward_proxy(on: Backend, var
         .acquire("held", &["--owner", "direct", "--ttl", "60s"]);
     assert!(held.token >= 1);
     let proxy = stripping_forward_proxy(&store);
+    race_through_the_stripper(&proxy, 5, || through(&store, &proxy, var));
+}
+
+/// Eight owners race for each of `races` fresh resources, each with `fence()` (which sends its
+/// requests through `proxy`, a stripping one), after the prefix was proven without it.
+/// Asserts that the race went through the proxy, that no resource was granted to two owners
+/// at once, and that every contender was refused as on a path never proven (exit 2).
+pub(super) fn race_through_the_stripper(
+    proxy: &HttpProxy,
+    races: usize,
+    fence: impl Fn() -> common::Fence,
+) {
     let mut granted = Vec::new();
     let mut outs: Vec<Out> = Vec::new();
-    for race in 0..5 {
+    for race in 0..races {
         let resource = format!("race-{race}");
         let contenders: Vec<_> = (0..8)
             .map(|n| {
-                let fence = through(&store, &proxy, var).args([
+                let fence = fence().args([
                     "acquire",
                     &resource,
                     "--owner",
@@ -177,18 +179,7 @@ fn a_faithful_forward_proxy_is_proven_and_used(on: Backend, var: ProxyVar) {
     store
         .fence()
         .acquire("held", &["--owner", "direct", "--ttl", "60s"]);
-    let (server, _) = store.server();
-    let proxy = HttpProxy::start(
-        server.addr(),
-        Arc::new(|request| {
-            if let Some(rest) = request.target.strip_prefix("http://") {
-                request.target = rest
-                    .find('/')
-                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
-            }
-            Verdict::Forward
-        }),
-    );
+    let proxy = HttpProxy::forward(store.server().0.addr(), |_| Verdict::Forward);
     // With a user and password, which the store must never see in the proof's record.
     let with_user = |fence: common::Fence| {
         let url = proxy
@@ -251,27 +242,19 @@ fn s3_stale_reads_of_the_lease_record_are_named_as_such() {
     common::release(&store, "r", "c", token);
     let lease_path = "/leases/r".to_owned();
     let stale_path = "/stale-r";
-    let proxy = HttpProxy::start(
-        server.addr(),
-        Arc::new(move |request| {
-            if let Some(rest) = request.target.strip_prefix("http://") {
-                request.target = rest
-                    .find('/')
-                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
-            }
-            let path = request
-                .target
-                .split('?')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            if matches!(request.method.as_str(), "GET" | "HEAD") && path.ends_with(&lease_path) {
-                let stale = format!("{}{stale_path}", &path[..path.len() - lease_path.len()]);
-                request.target = request.target.replacen(&path, &stale, 1);
-            }
-            Verdict::Forward
-        }),
-    );
+    let proxy = HttpProxy::forward(server.addr(), move |request| {
+        let path = request
+            .target
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if matches!(request.method.as_str(), "GET" | "HEAD") && path.ends_with(&lease_path) {
+            let stale = format!("{}{stale_path}", &path[..path.len() - lease_path.len()]);
+            request.target = request.target.replacen(&path, &stale, 1);
+        }
+        Verdict::Forward
+    });
     let out = through(&store, &proxy, ProxyVar::Http)
         .args(["acquire", "r", "--owner", "b", "--format", "json"])
         .run();

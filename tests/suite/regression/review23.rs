@@ -4,90 +4,15 @@
 //! what the contract (docs/DESIGN.md §5, §10, §12) promises, what fence did instead, and
 //! asserts on durable state and exit statuses.
 
-use std::sync::Arc;
-use std::thread;
-
 use crate::common;
 
-use common::proxy::{HttpProxy, Verdict};
-use common::{Backend, Out, Store};
+use super::review22::{race_through_the_stripper, stripping_forward_proxy};
+use common::{Backend, Store};
 
 // ---------------------------------------------------------------------------------------------
 // The proof's route (`verify::route`) against the way reqwest (hyper-util's proxy matcher)
 // really goes.
 // ---------------------------------------------------------------------------------------------
-
-/// A forward proxy in front of the store's server that removes every precondition (as
-/// review 22's): requests arrive in absolute form.
-fn stripping_forward_proxy(store: &Store) -> HttpProxy {
-    let (server, _) = store.server();
-    HttpProxy::start(
-        server.addr(),
-        Arc::new(|request| {
-            if let Some(rest) = request.target.strip_prefix("http://") {
-                request.target = rest
-                    .find('/')
-                    .map_or_else(|| "/".to_owned(), |slash| rest[slash..].to_owned());
-            }
-            request.remove_header("if-match");
-            request.remove_header("if-none-match");
-            request.remove_query("ifGenerationMatch");
-            Verdict::Forward
-        }),
-    )
-}
-
-/// Eight owners race for each of three fresh resources with `HTTP_PROXY=http_proxy`, after the
-/// caller had the prefix proven without going through `proxy`. Asserts that the race went
-/// through the stripping proxy, that nobody was granted a resource beside another owner, and
-/// that every contender was refused as on a path never proven (exit 2), as review 22's
-/// direct-then-proxy test does.
-fn race_through_the_stripper(store: &Store, proxy: &HttpProxy, http_proxy: &str) {
-    let mut granted = std::collections::BTreeMap::<String, Vec<(String, i64)>>::new();
-    let mut outs: Vec<Out> = Vec::new();
-    for race in 0..3 {
-        let resource = format!("race-{race}");
-        let contenders: Vec<_> = (0..8)
-            .map(|n| {
-                let fence = store.fence().env("HTTP_PROXY", http_proxy).args([
-                    "acquire",
-                    &resource,
-                    "--owner",
-                    &format!("o{n}"),
-                    "--ttl",
-                    "60s",
-                    "--format",
-                    "json",
-                ]);
-                thread::spawn(move || fence.run())
-            })
-            .collect();
-        for out in contenders.into_iter().map(|t| t.join().unwrap()) {
-            if out.code == 0 {
-                granted.entry(resource.clone()).or_default().push((
-                    out.json()["owner"].as_str().unwrap_or_default().to_owned(),
-                    out.json()["token"].as_i64().unwrap_or_default(),
-                ));
-            }
-            outs.push(out);
-        }
-    }
-    assert!(
-        !proxy.seen().is_empty(),
-        "the premise: the race's requests went through the stripping proxy"
-    );
-    let doubled: Vec<_> = granted.iter().filter(|(_, g)| g.len() > 1).collect();
-    assert!(
-        doubled.is_empty(),
-        "several owners were granted one resource at once through a proxy that strips the preconditions: {doubled:?}"
-    );
-    for out in &outs {
-        assert_eq!(
-            out.code, 2,
-            "a path never proven is proven again and refused: {out:?}"
-        );
-    }
-}
 
 /// FINDING: DESIGN §12 (object stores) "The proof belongs to the path fence uses now |
 /// enforced: bound to endpoint + bucket + the forward-proxy settings fence's HTTP client reads
@@ -116,7 +41,9 @@ fn s3_a_proof_made_under_a_request_method_that_is_not_utf8_is_not_trusted_throug
         "the premise: under CGI the client went direct: {:?}",
         proxy.seen()
     );
-    race_through_the_stripper(&store, &proxy, &proxy.endpoint());
+    race_through_the_stripper(&proxy, 3, || {
+        store.fence().env("HTTP_PROXY", proxy.endpoint())
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -463,14 +463,33 @@ fn a_failing_log_append_undoes_the_change_and_refuses() {
     assert!(store.lease("s").is_none(), "{out:?}");
 }
 
-#[test]
-fn a_full_file_system_never_leaves_a_silent_grant() {
+/// Runs `script` with `sh` in a private mount namespace, `$1` a temporary directory and `$2`
+/// the binary under test. `None` (the test skipped, saying so) where `unshare -m` is not
+/// permitted or the script printed `nomount` (it could not mount what it needed).
+fn in_a_mount_namespace(script: &str) -> Option<std::process::Output> {
     let probe = Command::new("unshare").args(["-m", "true"]).status();
     if !probe.is_ok_and(|s| s.success()) {
-        println!("skipped: `unshare -m` is not permitted here, so no private tmpfs can be mounted");
-        return;
+        println!("skipped: `unshare -m` is not permitted here, so nothing can be mounted");
+        return None;
     }
     let home = tempfile::tempdir().unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script, "sh"])
+        .arg(home.path())
+        .arg(common::fence_bin())
+        .output()
+        .unwrap();
+    if String::from_utf8_lossy(&out.stdout).trim() == "nomount" {
+        println!(
+            "skipped: what the test mounts cannot be mounted in a private mount namespace here"
+        );
+        return None;
+    }
+    Some(out)
+}
+
+#[test]
+fn a_full_file_system_never_leaves_a_silent_grant() {
     let script = r#"
         set -u
         mount -t tmpfs -o size=128k tmpfs "$1" || { echo "nomount"; exit 0; }
@@ -484,17 +503,10 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
         rm "$1/fill"
         "$2" --store "file://$1/store" acquire r --owner c --format json
     "#;
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", script, "sh"])
-        .arg(home.path())
-        .arg(common::fence_bin())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if stdout.trim() == "nomount" {
-        println!("skipped: tmpfs cannot be mounted in a private mount namespace here");
+    let Some(out) = in_a_mount_namespace(script) else {
         return;
-    }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{stdout} {}",
@@ -885,12 +897,6 @@ fn a_lock_file_deleted_while_waited_for_is_not_trusted() {
 /// permissions" (review 21), and nothing in it changes; reading it still works.
 #[test]
 fn a_read_only_file_system_is_named_as_such() {
-    let probe = Command::new("unshare").args(["-m", "true"]).status();
-    if !probe.is_ok_and(|s| s.success()) {
-        println!("skipped: `unshare -m` is not permitted here, so nothing can be remounted");
-        return;
-    }
-    let home = tempfile::tempdir().unwrap();
     let script = r#"
         set -u
         "$2" --store "file://$1/store" acquire r --owner a --ttl 1d > /dev/null || exit 90
@@ -904,17 +910,10 @@ fn a_read_only_file_system_is_named_as_such() {
         [ "$before" = "$(cat "$1/store/leases/r.json")" ] && echo "record=same"
         "$2" --store "file://$1/store" inspect r > /dev/null && echo "inspect=ok"
     "#;
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", script, "sh"])
-        .arg(home.path())
-        .arg(common::fence_bin())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if stdout.trim() == "nomount" {
-        println!("skipped: a read-only bind mount cannot be made here");
+    let Some(out) = in_a_mount_namespace(script) else {
         return;
-    }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stdout.contains("exit=2") && stdout.contains("release=2"),
