@@ -77,6 +77,8 @@ struct Paths {
     lock: PathBuf,
     events: PathBuf,
     high: PathBuf,
+    /// What the last grant learnt of the log (see `log::highest_token_seen`).
+    seen: PathBuf,
     attempts: PathBuf,
     /// The change the log's last line follows, as `FileCoordinator::catch_up` found it (0:
     /// none, or a line of an older version): the next change is numbered above it and the
@@ -209,6 +211,7 @@ impl FileCoordinator {
             lock: self.dir.join("locks").join(format!("{name}.lock")),
             events: self.dir.join("events").join(format!("{name}.jsonl")),
             high: self.dir.join("tokens").join(format!("{name}.high")),
+            seen: self.dir.join("tokens").join(format!("{name}.seen")),
             attempts: self.dir.join("attempts").join(format!("{name}.json")),
             logged: std::cell::Cell::new(0),
         }
@@ -253,7 +256,9 @@ impl FileCoordinator {
     }
 
     /// The highest token issued by the high-water file and the log (not the record).
-    fn issued(&self, paths: &Paths) -> Result<i64, Error> {
+    /// `remember`, for a grant (under the lock): what the log read learnt is kept for the
+    /// next grant (see `log::highest_token_seen`).
+    fn issued(&self, paths: &Paths, remember: bool) -> Result<i64, Error> {
         let mark = match counter::read(&paths.high)
             .map_err(|err| self.io_error("read the high-water mark", &paths.high, &err))?
         {
@@ -266,7 +271,7 @@ impl FileCoordinator {
                 ))
             }
         };
-        let logged = log::highest_token(&paths.events)
+        let logged = log::highest_token_seen(&paths.events, &paths.seen, remember)
             .map_err(|err| self.io_error("read the event log", &paths.events, &err))?
             .unwrap_or(0);
         Ok(mark.max(logged))
@@ -279,7 +284,7 @@ impl FileCoordinator {
     fn marked(&self, paths: &Paths) -> i64 {
         match counter::read(&paths.high) {
             Ok(counter::Mark::Token(token)) => token,
-            _ => self.issued(paths).unwrap_or(0),
+            _ => self.issued(paths, false).unwrap_or(0),
         }
     }
 
@@ -343,7 +348,7 @@ impl FileCoordinator {
             paths.logged.set(change);
             if log::is_long(&paths.events) {
                 let pruned = self
-                    .issued(paths)
+                    .issued(paths, false)
                     .map_err(|err| err.to_string())
                     .and_then(|high| {
                         log::prune(&paths.events, high.max(record.token), event.at_ms)

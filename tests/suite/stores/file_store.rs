@@ -752,6 +752,48 @@ fn a_grant_recorded_late_with_an_old_token_does_not_hide_the_highest() {
     );
 }
 
+/// The lease record and the whole `tokens/` directory restored together from an older copy
+/// (the high-water mark, and the cache of what the last grant read of the log,
+/// `<name>.seen`): the log still holds the later tokens, and the next grant continues above
+/// them. A grant reads only the events appended to the log since the cache was written
+/// (issue 37: 0.3 ms of a `fence run`); here those are the later grants themselves, so a
+/// grant that believed the cache alone would issue token 3 again.
+#[test]
+fn a_record_and_tokens_restored_together_do_not_hide_the_log_s_later_tokens() {
+    let store = Store::file();
+    grant_and_release(&store, "r", "a");
+    let second = grant_and_release(&store, "r", "b");
+    let tokens = store.dir().join("tokens");
+    let backup = |name: &str| (name.to_owned(), fs::read(tokens.join(name)).unwrap());
+    let saved = [backup("r.high"), backup("r.seen")];
+    let record = fs::read(lease_path(&store, "r")).unwrap();
+    for _ in 0..3 {
+        store
+            .fence()
+            .args(["run", "r", "--", "true"])
+            .run()
+            .expect(0);
+    }
+    let log = fs::read_to_string(log_path(&store, "r")).unwrap();
+    let highest = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|event| event["token"].as_i64())
+        .max()
+        .unwrap();
+    assert_eq!(highest, second + 3, "{log}");
+    for (name, bytes) in &saved {
+        fs::write(tokens.join(name), bytes).unwrap();
+    }
+    fs::write(lease_path(&store, "r"), record).unwrap();
+    let next = acquire(&store, "r", "d");
+    assert_eq!(
+        next,
+        highest + 1,
+        "token {next} issued after the restore (the log had {highest}):\n{log}"
+    );
+}
+
 /// Only the lease record restored from an older backup, still live by its expiry (its token
 /// below the high-water mark): no one's lease any more. A reacquire by its owner gets a new
 /// token above every one issued, and a renewal or release of its token is stale (exit 4).
