@@ -269,7 +269,6 @@ impl Leases for FileCoordinator {
                     paths,
                     &extended,
                     record,
-                    false,
                     &event,
                     record.change,
                     "reacquired",
@@ -305,7 +304,7 @@ impl Leases for FileCoordinator {
                 ..Self::lease_event(&now, kind, &record)
             };
             let change = previous.as_ref().map_or(0, |r| r.change);
-            store.commit(paths, &record, &undo, true, &event, change, "acquired")?;
+            store.commit(paths, &record, &undo, &event, change, "acquired")?;
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,
@@ -329,15 +328,7 @@ impl Leases for FileCoordinator {
                     let mut renewed = record.clone();
                     renewed.extend(&now, &store.boot_id, ttl);
                     let event = Self::lease_event(&now, EventKind::Renewed, &renewed);
-                    store.commit(
-                        paths,
-                        &renewed,
-                        &record,
-                        false,
-                        &event,
-                        record.change,
-                        "renewed",
-                    )?;
+                    store.commit(paths, &renewed, &record, &event, record.change, "renewed")?;
                     Ok(renewed.lease(&Now::read()?, &store.boot_id))
                 }
                 other => {
@@ -372,15 +363,7 @@ impl Leases for FileCoordinator {
                         live: Some(record.is_live(&now, &store.boot_id)),
                         ..Self::event(&now, EventKind::Released, &lease.owner, lease.token)
                     };
-                    store.commit(
-                        paths,
-                        &released,
-                        &record,
-                        false,
-                        &event,
-                        record.change,
-                        "released",
-                    )?;
+                    store.commit(paths, &released, &record, &event, record.change, "released")?;
                     Ok(Released::Now)
                 }
                 other => {

@@ -136,7 +136,7 @@ fn a_guard_that_commits_apart_from_the_effect_breaks_fencing() {
 }
 
 /// The reachable states of [`DirModel::bounded`] (see [`BOUNDED_STATES`]).
-const DIRECTORY_STATES: usize = 305_835;
+const DIRECTORY_STATES: usize = 1_898_094;
 
 #[test]
 fn the_directory_model_keeps_i1_i3_and_fencing_in_every_reachable_state() {

@@ -15,11 +15,12 @@
 //! matters here. A new grant's token is one above the highest of the three
 //! (`FileCoordinator::next_token`). What processes read is the page cache
 //! ([`Resource::cache`]); what a power loss keeps ([`Resource::disk`]) is what was synced:
-//! the mark always, a grant's record (written with `durable`). What the kernel's writeback
-//! flushed besides needs no step of its own: a record flushed since the last grant has that
-//! grant's owner and token (renewals, reacquisitions and releases keep them; after a power
-//! loss its expiry does not matter, the boot changed), and a log flushed in part stands
-//! between the synced and the cached one, which a power loss's choices cover from both ends.
+//! the mark, always (no record is synced: `FileCoordinator::write_record`). What the kernel's
+//! writeback flushed besides needs no step of its own: a record flushed at any earlier write
+//! is of the earlier boot (not live) with a token at most the mark's, so the next grant
+//! continues above the mark as it does over a missing record (the choice [`Kept::Synced`] or
+//! [`Kept::Empty`] stands for it), and a log flushed in part stands between the synced and the
+//! cached one, which a power loss's choices cover from both ends.
 //!
 //! What the protocol must survive: processes killed between any two of their writes
 //! ([`End::Killed`]: the lock is released, what was written stays), a history append that
@@ -181,8 +182,8 @@ pub struct DirModel {
 struct Plan {
     /// A new token: the mark is raised to it first (a grant of a new token only).
     mark: Option<Token>,
-    /// The record written, and whether it is synced (`durable`).
-    record: Option<(Record, bool)>,
+    /// The record written (never synced: `FileCoordinator::write_record`).
+    record: Option<Record>,
     /// The token of the event appended.
     log: Option<Token>,
     /// What `FileCoordinator::commit` writes back when the append fails.
@@ -257,12 +258,12 @@ impl DirModel {
             // `grant`: a live record of another owner is busy; the owner's own live lease is
             // reacquired with its token (not synced); otherwise a new token, one above the
             // record's, the mark's and the log's (`next_token`), the mark raised and synced,
-            // the record written durably, the event appended.
+            // the record written (not synced), the event appended.
             Op::Acquire(_) => match record.filter(|r| self.is_live(r, state, client)) {
                 Some(r) if r.owner != client => refused(Answer::Busy),
                 Some(r) => Plan {
                     mark: None,
-                    record: Some((self.extended(r, state), false)),
+                    record: Some(self.extended(r, state)),
                     log: Some(r.token),
                     undo: Some(r),
                     answer: Answer::Granted(r.token),
@@ -289,7 +290,7 @@ impl DirModel {
                     };
                     Plan {
                         mark: Some(token),
-                        record: Some((granted, true)),
+                        record: Some(granted),
                         log: Some(token),
                         undo: Some(Record {
                             released: true,
@@ -308,7 +309,7 @@ impl DirModel {
                 {
                     Plan {
                         mark: None,
-                        record: Some((self.extended(r, state), false)),
+                        record: Some(self.extended(r, state)),
                         log: Some(r.token),
                         undo: Some(r),
                         answer: Answer::Renewed,
@@ -326,13 +327,10 @@ impl DirModel {
                 }
                 Some(r) if r.token == token && r.owner == client => Plan {
                     mark: None,
-                    record: Some((
-                        Record {
-                            released: true,
-                            ..r
-                        },
-                        false,
-                    )),
+                    record: Some(Record {
+                        released: true,
+                        ..r
+                    }),
                     log: Some(token),
                     undo: Some(r),
                     answer: Answer::Released,
@@ -370,12 +368,9 @@ impl DirModel {
             }
         }
         let mut written = None;
-        if let (Some((record, durable)), true) = (plan.record, left > 0) {
+        if let (Some(record), true) = (plan.record, left > 0) {
             left -= 1;
             files.cache.record = Some(record);
-            if durable {
-                files.disk.record = Some(settled(record));
-            }
             written = Some(record);
         }
         if let (Some(token), true) = (plan.log, left > 0) {
