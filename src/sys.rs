@@ -86,7 +86,7 @@ pub fn replace(path: &Path, body: &[u8], durable: bool) -> io::Result<()> {
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     // Out of descriptors, a grant failed after its record was renamed into place, and left a
-    // lease nobody held (review 21).
+    // lease nobody held (review 21, when a grant's record was synced).
     let dir_file = if durable {
         Some(File::open(dir)?)
     } else {
