@@ -368,7 +368,7 @@ pub(super) fn highest_token(path: &Path) -> io::Result<Option<i64>> {
 /// user's cache it cannot rewrite) reads the last events as before. Either way the answer
 /// is at least what the last [`TOKEN_SCAN_EVENTS`] events say.
 #[derive(Debug, PartialEq)]
-struct Seen {
+pub(super) struct Seen {
     dev: u64,
     ino: u64,
     len: u64,
@@ -427,17 +427,16 @@ fn end_hash(file: &File, len: u64) -> io::Result<Option<u64>> {
 }
 
 /// The highest token of the log, read as [`highest_token`] does or, where `seen_path` still
-/// describes the log (see [`Seen`]), from what it knew and the events appended since.
-/// `remember` (only under the resource's lock: then no append is half done) writes what
-/// this read learnt for the next one; a cache that cannot be written is left as it is.
+/// describes the log (see [`Seen`]), from what it knew and the events appended since; and
+/// what this read learnt, for a grant to keep for the next one ([`remember_seen`]; `None`
+/// for a log that ends inside a line: an append in progress).
 pub(super) fn highest_token_seen(
     path: &Path,
     seen_path: &Path,
-    remember: bool,
-) -> io::Result<Option<i64>> {
+) -> io::Result<(Option<i64>, Option<Seen>)> {
     let file = match File::open(path) {
         Ok(file) => file,
-        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok((None, None)),
         Err(err) => return Err(err),
     };
     let meta = file.metadata()?;
@@ -458,19 +457,14 @@ pub(super) fn highest_token_seen(
         Some(highest) => highest,
         None => highest_token(path)?,
     };
-    if remember {
-        if let Ok(Some(end)) = end_hash(&file, len) {
-            let seen = Seen {
-                dev,
-                ino,
-                len,
-                end,
-                highest: highest.unwrap_or(0),
-            };
-            remember_seen(seen_path, &seen);
-        }
-    }
-    Ok(highest.filter(|&token| token > 0))
+    let learnt = end_hash(&file, len).ok().flatten().map(|end| Seen {
+        dev,
+        ino,
+        len,
+        end,
+        highest: highest.unwrap_or(0),
+    });
+    Ok((highest.filter(|&token| token > 0), learnt))
 }
 
 /// The highest token among the whole lines of the log's bytes `from..to` (`from` starts a
@@ -488,8 +482,11 @@ fn appended_highest(file: &File, from: u64, to: u64) -> Option<Option<i64>> {
 }
 
 /// Writes the cache in place (it is only a cache: not synced; a torn line fails its
-/// checksum), shared as the store's other files are.
-fn remember_seen(path: &Path, seen: &Seen) {
+/// checksum), shared as the store's other files are. Only under the resource's lock (no
+/// append is then half done), and after the grant's own writes: a cache created on a nearly
+/// full disk must not take the block its record needed (a review found a grant that failed
+/// for that, after the space was freed).
+pub(super) fn remember_seen(path: &Path, seen: &Seen) {
     let Ok(file) = OpenOptions::new()
         .create(true)
         .write(true)
@@ -632,10 +629,19 @@ mod tests {
             lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
         )
         .unwrap();
-        highest_token_seen(&log, &seen, true).unwrap();
+        grant_read(&log, &seen);
         assert!(seen.exists(), "a grant's read left no cache");
         then(&log, &seen);
-        highest_token_seen(&log, &seen, true).unwrap()
+        grant_read(&log, &seen)
+    }
+
+    /// What a grant reads of the log, keeping what it learnt as a grant does.
+    fn grant_read(log: &Path, seen: &Path) -> Option<i64> {
+        let (highest, learnt) = highest_token_seen(log, seen).unwrap();
+        if let Some(learnt) = learnt {
+            remember_seen(seen, &learnt);
+        }
+        highest
     }
 
     #[test]
@@ -704,17 +710,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (log, seen) = (dir.path().join("r.jsonl"), dir.path().join("r.seen"));
         std::fs::write(&log, format!("{}\n{{\"at_ms\":17", event("acquired", 3))).unwrap();
-        assert_eq!(highest_token_seen(&log, &seen, true).unwrap(), Some(3));
+        assert_eq!(grant_read(&log, &seen), Some(3));
         assert!(!seen.exists(), "a cache of a log that ends inside a line");
         // Nor is one believed that says so (an append was in progress when it was read).
         let file = File::open(&log).unwrap();
         let len = file.metadata().unwrap().len();
         assert_eq!(end_hash(&file, len).unwrap(), None);
-        assert_eq!(highest_token_seen(&log, &seen, false).unwrap(), Some(3));
-        assert!(
-            !seen.exists(),
-            "a read that is not a grant's wrote the cache"
-        );
+        assert_eq!(highest_token_seen(&log, &seen).unwrap(), (Some(3), None));
     }
 
     #[test]

@@ -80,6 +80,8 @@ struct Paths {
     high: PathBuf,
     /// What the last grant learnt of the log (see `log::highest_token_seen`).
     seen: PathBuf,
+    /// What this grant learnt of the log, written to `seen` once its own writes are done.
+    learnt: std::cell::RefCell<Option<log::Seen>>,
     attempts: PathBuf,
     /// The change the log's last line follows, as `FileCoordinator::catch_up` found it (0:
     /// none, or a line of an older version): the next change is numbered above it and the
@@ -213,6 +215,7 @@ impl FileCoordinator {
             events: self.dir.join("events").join(format!("{name}.jsonl")),
             high: self.dir.join("tokens").join(format!("{name}.high")),
             seen: self.dir.join("tokens").join(format!("{name}.seen")),
+            learnt: std::cell::RefCell::new(None),
             attempts: self.dir.join("attempts").join(format!("{name}.json")),
             logged: std::cell::Cell::new(0),
         }
@@ -234,7 +237,7 @@ impl FileCoordinator {
         let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
             Error::internal(
                 format!(
-                    "the lease record `{}` is damaged ({err}): a power loss while fence rewrote it (renewals and releases are not synced to disk) or an edit by hand leaves it so",
+                    "the lease record `{}` is damaged ({err}): a power loss while fence rewrote it (lease records are not synced to disk) or an edit by hand leaves it so",
                     path.display()
                 ),
                 format!(
@@ -257,8 +260,9 @@ impl FileCoordinator {
     }
 
     /// The highest token issued by the high-water file and the log (not the record).
-    /// `remember`, for a grant (under the lock): what the log read learnt is kept for the
-    /// next grant (see `log::highest_token_seen`).
+    /// `remember`, for a grant (under the lock): what the log read learnt is kept in
+    /// `paths` for the grant to write once its own writes are done (see
+    /// `log::highest_token_seen`).
     fn issued(&self, paths: &Paths, remember: bool) -> Result<i64, Error> {
         let mark = match counter::read(&paths.high)
             .map_err(|err| self.io_error("read the high-water mark", &paths.high, &err))?
@@ -272,9 +276,12 @@ impl FileCoordinator {
                 ))
             }
         };
-        let logged = log::highest_token_seen(&paths.events, &paths.seen, remember)
-            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?
-            .unwrap_or(0);
+        let (logged, learnt) = log::highest_token_seen(&paths.events, &paths.seen)
+            .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
+        if remember {
+            paths.learnt.replace(learnt);
+        }
+        let logged = logged.unwrap_or(0);
         Ok(mark.max(logged))
     }
 

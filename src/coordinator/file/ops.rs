@@ -72,7 +72,7 @@ impl FileCoordinator {
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
             crate::terminal::warn(&format!(
-                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant; the new token continues above {issued}",
+                "warning: the lease record `{}` holds token {recorded}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant (or a grant failed after it had reserved its token: a full disk); the new token continues above {issued}",
                 paths.lease.display()
             ));
         }
@@ -305,6 +305,9 @@ impl Leases for FileCoordinator {
             };
             let change = previous.as_ref().map_or(0, |r| r.change);
             store.commit(paths, &record, &undo, &event, change, "acquired")?;
+            if let Some(learnt) = paths.learnt.take() {
+                super::log::remember_seen(&paths.seen, &learnt);
+            }
             Ok(Grant {
                 lease: record.lease(&Now::read()?, &store.boot_id),
                 reacquired: false,

@@ -351,7 +351,7 @@ impl FileCoordinator {
                     finding(
                         "restored",
                         format!(
-                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant; the next token continues above {issued}",
+                            "the lease record `{}` holds token {}, but token {issued} was issued before: it was restored from an older copy, rolled back, or a power loss took its last grant (or a grant failed after it had reserved its token: a full disk); the next token continues above {issued}",
                             paths.lease.display(),
                             record.token
                         ),

@@ -539,6 +539,42 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
     );
 }
 
+/// A store on a file system with room for a few pages only (a 16 KiB tmpfs): a grant refused
+/// for want of space, and then, once space is freed, the next grant is served. (A review
+/// found the next one refused again: the cache of what a grant read of the log,
+/// `tokens/<name>.seen`, was written before the grant's record and took the page the
+/// record's temporary file needed; it is now written after the grant's own writes.)
+#[test]
+fn a_grant_after_space_is_freed_on_a_tiny_file_system_is_served() {
+    let script = r#"
+        set -u
+        mount -t tmpfs -o size=16k tmpfs "$1" || { echo "nomount"; exit 0; }
+        "$2" --store "file://$1/store" acquire r --owner a --ttl 100ms > /dev/null || exit 90
+        "$2" --store "file://$1/store" release r --owner a --token 1 > /dev/null || exit 91
+        dd if=/dev/zero of="$1/fill" bs=1k 2> /dev/null
+        "$2" --store "file://$1/store" acquire r --owner b > /dev/null 2>&1
+        echo "exit=$?"
+        rm "$1/fill"
+        "$2" --store "file://$1/store" acquire r --owner c --format json 2>&1
+    "#;
+    let Some(out) = in_a_mount_namespace(script) else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("exit=7"),
+        "the grant on a full file system was not refused: {stdout}"
+    );
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|_| panic!("the grant after space was freed failed: {stdout}"));
+    assert_eq!(last["owner"], "c", "{stdout}");
+}
+
 #[test]
 fn an_acquire_whose_answer_cannot_be_written_releases_its_lease() {
     let store = Store::file();
