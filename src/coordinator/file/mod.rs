@@ -259,11 +259,10 @@ impl FileCoordinator {
         Ok(Some(record))
     }
 
-    /// The highest token issued by the high-water file and the log (not the record).
-    /// `remember`, for a grant (under the lock): what the log read learnt is kept in
-    /// `paths` for the grant to write once its own writes are done (see
-    /// `log::highest_token_seen`).
-    fn issued(&self, paths: &Paths, remember: bool) -> Result<i64, Error> {
+    /// The highest token issued by the high-water file and the log (not the record). What
+    /// the log read learnt is kept in `paths.learnt`, for a grant to write once its own
+    /// writes are done (see `log::highest_token_seen`); other callers leave it unused.
+    fn issued(&self, paths: &Paths) -> Result<i64, Error> {
         let mark = match counter::read(&paths.high)
             .map_err(|err| self.io_error("read the high-water mark", &paths.high, &err))?
         {
@@ -278,11 +277,8 @@ impl FileCoordinator {
         };
         let (logged, learnt) = log::highest_token_seen(&paths.events, &paths.seen)
             .map_err(|err| self.io_error("read the event log", &paths.events, &err))?;
-        if remember {
-            paths.learnt.replace(learnt);
-        }
-        let logged = logged.unwrap_or(0);
-        Ok(mark.max(logged))
+        paths.learnt.replace(learnt);
+        Ok(mark.max(logged.unwrap_or(0)))
     }
 
     /// The highest token issued, for telling a restored or rolled-back lease record (its
@@ -292,7 +288,7 @@ impl FileCoordinator {
     fn marked(&self, paths: &Paths) -> i64 {
         match counter::read(&paths.high) {
             Ok(counter::Mark::Token(token)) => token,
-            _ => self.issued(paths, false).unwrap_or(0),
+            _ => self.issued(paths).unwrap_or(0),
         }
     }
 
@@ -341,7 +337,7 @@ impl FileCoordinator {
             paths.logged.set(change);
             if log::is_long(&paths.events) {
                 let pruned = self
-                    .issued(paths, false)
+                    .issued(paths)
                     .map_err(|err| err.to_string())
                     .and_then(|high| {
                         log::prune(&paths.events, high.max(record.token), event.at_ms)

@@ -68,7 +68,7 @@ impl FileCoordinator {
         previous: Option<&Record>,
         above: Option<i64>,
     ) -> Result<(i64, Option<String>), Error> {
-        let issued = self.issued(paths, true)?;
+        let issued = self.issued(paths)?;
         let recorded = previous.map_or(0, |r| r.token);
         if previous.is_some() && recorded < issued {
             crate::terminal::warn(&format!(
@@ -148,7 +148,7 @@ impl FileCoordinator {
             }),
         );
         if let (Refusal::NeverIssued { highest_token }, Some(_)) = (&refusal, record) {
-            let issued = self.issued(paths, false).unwrap_or(0);
+            let issued = self.issued(paths).unwrap_or(0);
             if lease.token <= issued {
                 // The token was issued, but the record no longer shows it: not "never issued".
                 crate::terminal::warn(&format!(
@@ -160,7 +160,7 @@ impl FileCoordinator {
             }
         }
         if let (Refusal::NoLease, None) = (&refusal, record) {
-            let issued = self.issued(paths, false).unwrap_or(0);
+            let issued = self.issued(paths).unwrap_or(0);
             if (1..=issued).contains(&lease.token) {
                 // The token was issued (the mark or the log say so), but there is no record
                 // at all: not "no lease has ever been granted".
@@ -440,7 +440,7 @@ impl History for FileCoordinator {
     /// error (the write then warns that it could not confirm its token).
     async fn highest_token(&self, resource: &str) -> Result<Option<i64>, Error> {
         let paths = self.paths(resource);
-        let issued = self.issued(&paths, false)?;
+        let issued = self.issued(&paths)?;
         let recorded = self.read_record(&paths, resource)?.map_or(0, |r| r.token);
         Ok(Some(issued.max(recorded)).filter(|&token| token > 0))
     }

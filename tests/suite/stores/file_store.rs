@@ -488,12 +488,26 @@ fn in_a_mount_namespace(script: &str) -> Option<std::process::Output> {
     Some(out)
 }
 
-#[test]
-fn a_full_file_system_never_leaves_a_silent_grant() {
+/// What [`full_then_freed`] saw: the refused or granted acquire of `b` on a full file
+/// system, the record and log then, and the acquire of `c` once space was freed, with the
+/// record after it.
+struct FullThenFreed {
+    stdout: String,
+    exit: i32,
+    record: Value,
+    log_lines: usize,
+    last: Value,
+    after: Value,
+}
+
+/// On a tmpfs of `size` in a private mount namespace: a grant and release of `r` by `a`,
+/// the file system filled, an acquire by `b`, the space freed, an acquire by `c`. `None`
+/// where nothing can be mounted (see [`in_a_mount_namespace`]).
+fn full_then_freed(size: &str) -> Option<FullThenFreed> {
     let script = r#"
         set -u
-        mount -t tmpfs -o size=128k tmpfs "$1" || { echo "nomount"; exit 0; }
-        "$2" --store "file://$1/store" acquire r --owner a --ttl 1d > /dev/null || exit 90
+        mount -t tmpfs -o size=$3 tmpfs "$1" || { echo "nomount"; exit 0; }
+        "$2" --store "file://$1/store" acquire r --owner a --ttl 100ms > /dev/null || exit 90
         "$2" --store "file://$1/store" release r --owner a --token 1 > /dev/null || exit 91
         dd if=/dev/zero of="$1/fill" bs=1k 2> /dev/null
         "$2" --store "file://$1/store" acquire r --owner b > /dev/null 2>&1
@@ -501,12 +515,11 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
         echo "record=$(cat "$1/store/leases/r.json")"
         echo "log=$(grep -c . "$1/store/events/r.jsonl")"
         rm "$1/fill"
-        "$2" --store "file://$1/store" acquire r --owner c --format json
+        echo "last=$("$2" --store "file://$1/store" acquire r --owner c --format json 2>&1)"
+        echo "after=$(cat "$1/store/leases/r.json")"
     "#;
-    let Some(out) = in_a_mount_namespace(script) else {
-        return;
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = in_a_mount_namespace(&script.replace("$3", size))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout} {}",
@@ -519,12 +532,33 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
             .unwrap_or_else(|| panic!("{name} missing: {stdout}"))
             .to_owned()
     };
-    let exit: i32 = field("exit").parse().unwrap();
-    let record: Value = serde_json::from_str(&field("record")).unwrap();
-    let log_lines: usize = field("log").parse().unwrap();
-    match exit {
+    let json = |name: &str| -> Value {
+        serde_json::from_str(&field(name)).unwrap_or_else(|_| panic!("{name}: {stdout}"))
+    };
+    Some(FullThenFreed {
+        exit: field("exit").parse().unwrap(),
+        record: json("record"),
+        log_lines: field("log").parse().unwrap(),
+        last: json("last"),
+        after: json("after"),
+        stdout,
+    })
+}
+
+#[test]
+fn a_full_file_system_never_leaves_a_silent_grant() {
+    let Some(run) = full_then_freed("128k") else {
+        return;
+    };
+    let FullThenFreed {
+        stdout,
+        record,
+        last,
+        ..
+    } = &run;
+    match run.exit {
         // Granted: the record and the log both say so.
-        0 => assert!(record["owner"] == "b" && log_lines == 3, "{stdout}"),
+        0 => assert!(record["owner"] == "b" && run.log_lines == 3, "{stdout}"),
         // Refused (or unknown, with what to inspect): no grant for b is left behind.
         7 | 8 => assert!(
             record["owner"] != "b" || record["released"] == true,
@@ -532,7 +566,6 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
         ),
         other => panic!("exit {other} on a full file system: {stdout}"),
     }
-    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert!(
         last["token"].as_i64().unwrap() > record["token"].as_i64().unwrap(),
         "{stdout}"
@@ -540,39 +573,30 @@ fn a_full_file_system_never_leaves_a_silent_grant() {
 }
 
 /// A store on a file system with room for a few pages only (a 16 KiB tmpfs): a grant refused
-/// for want of space, and then, once space is freed, the next grant is served. (A review
-/// found the next one refused again: the cache of what a grant read of the log,
+/// for want of space, and then, once space is freed, the next grant is served and on disk.
+/// (A review found the next one refused again: the cache of what a grant read of the log,
 /// `tokens/<name>.seen`, was written before the grant's record and took the page the
 /// record's temporary file needed; it is now written after the grant's own writes.)
 #[test]
 fn a_grant_after_space_is_freed_on_a_tiny_file_system_is_served() {
-    let script = r#"
-        set -u
-        mount -t tmpfs -o size=16k tmpfs "$1" || { echo "nomount"; exit 0; }
-        "$2" --store "file://$1/store" acquire r --owner a --ttl 100ms > /dev/null || exit 90
-        "$2" --store "file://$1/store" release r --owner a --token 1 > /dev/null || exit 91
-        dd if=/dev/zero of="$1/fill" bs=1k 2> /dev/null
-        "$2" --store "file://$1/store" acquire r --owner b > /dev/null 2>&1
-        echo "exit=$?"
-        rm "$1/fill"
-        "$2" --store "file://$1/store" acquire r --owner c --format json 2>&1
-    "#;
-    let Some(out) = in_a_mount_namespace(script) else {
+    let Some(run) = full_then_freed("16k") else {
         return;
     };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = &run.stdout;
+    assert_eq!(run.exit, 7, "the grant on a full file system: {stdout}");
+    assert_eq!(
+        run.last["owner"], "c",
+        "the grant once space was freed: {stdout}"
     );
-    assert!(
-        stdout.contains("exit=7"),
-        "the grant on a full file system was not refused: {stdout}"
+    assert_eq!(
+        (
+            &run.after["owner"],
+            &run.after["token"],
+            &run.after["released"]
+        ),
+        (&run.last["owner"], &run.last["token"], &Value::Bool(false)),
+        "the record after the grant: {stdout}"
     );
-    let last: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|_| panic!("the grant after space was freed failed: {stdout}"));
-    assert_eq!(last["owner"], "c", "{stdout}");
 }
 
 #[test]
@@ -831,6 +855,10 @@ fn a_record_and_tokens_restored_together_do_not_hide_the_log_s_later_tokens() {
         highest + 1,
         "token {next} issued after the restore (the log had {highest}):\n{log}"
     );
+    let (owner, token, live) = store.lease("r").expect("the lease record");
+    assert_eq!((owner.as_str(), token, live), ("d", highest + 1, true));
+    let mark = fs::read_to_string(mark_path(&store, "r")).unwrap();
+    assert_eq!(mark.trim(), (highest + 1).to_string());
 }
 
 /// Only the lease record restored from an older backup, still live by its expiry (its token
