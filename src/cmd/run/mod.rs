@@ -180,7 +180,9 @@ async fn supervise(
         .as_deref()
         .map(|id| done_marker(&args.resource, id))
         .transpose()?;
-    let digest = command_digest(&args.command);
+    // Only a run id keeps it (and its SHA-256 code detects the CPU's features on first use:
+    // CPUID instructions, each a VM exit, on every run otherwise).
+    let digest = id.is_some().then(|| command_digest(&args.command));
     // Handlers go in before anything else: a stop signal before the command starts ends the
     // run without starting it (the lease, if granted by then, released), never with the
     // default action half-way, nor unseen between a `--wait`'s grant and the start; and a
@@ -269,7 +271,11 @@ async fn supervise(
         }
         if let Some(done) = done? {
             let id = id.as_deref().unwrap_or_default();
-            if done.digest.as_ref().is_some_and(|d| *d != digest) {
+            if done
+                .digest
+                .as_ref()
+                .is_some_and(|d| Some(d) != digest.as_ref())
+            {
                 return Err(Error::Conflict {
                     resource: args.resource.clone(),
                     token: lease.token,
@@ -319,7 +325,7 @@ async fn supervise(
         &lease,
         &given_id,
         &args.command[0],
-        id.as_ref().map(|_| digest.as_str()),
+        digest.as_deref(),
         reaper.group(),
     );
     // A grant whose answers kept coming late leaves too little of its bound to record the
@@ -433,7 +439,7 @@ async fn supervise(
         ));
     }
     if let (Some(marker), Some(0), None) = (&marker, status.code(), &incomplete) {
-        let recorder = format!("{owner}{COMMAND_MARK}{digest}");
+        let recorder = format!("{owner}{COMMAND_MARK}{}", digest.unwrap_or_default());
         let mut recorded = record_completed(coordinator.as_ref(), marker, &recorder, ttl).await;
         if matches!(
             recorded,
