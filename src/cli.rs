@@ -991,7 +991,7 @@ impl Cli {
     /// --format env)"` or by `fence run A`) but whose resource was typed must not guard a
     /// write to another resource with A's token.
     ///
-    /// First with [`named_tree`], which builds only the named subcommand's options; a command
+    /// First with `named_tree`, which builds only the named subcommand's options; a command
     /// line it refuses (help, version, a usage error, no subcommand) is parsed again with the
     /// whole tree, whose answer is the one given.
     pub fn parse_with_sources(args: &[std::ffi::OsString]) -> Result<Cli, clap::Error> {

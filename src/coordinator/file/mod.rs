@@ -70,6 +70,11 @@ pub struct FileCoordinator {
     boot_id: String,
     /// The refused attempts this process has recorded (a waiter's retries are one attempt).
     attempted: crate::coordinator::Attempted,
+    /// The store's directories were found or made by this process ([`Self::ensure`]): once
+    /// is enough (a `fence run` locks its resource four times). A store removed while fence
+    /// runs is not made again empty, its tokens restarting: the next operation fails on the
+    /// missing file.
+    ensured: std::sync::atomic::AtomicBool,
 }
 
 /// The files of one resource.
@@ -136,6 +141,7 @@ impl FileCoordinator {
             dir: dir.to_owned(),
             boot_id,
             attempted: crate::coordinator::Attempted::default(),
+            ensured: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -170,6 +176,10 @@ impl FileCoordinator {
     /// a typo in `--store` then shows in the first cron mail instead of a lease nobody else
     /// sees. `fence init` ([`Self::create`]) creates a store on purpose, parents included.
     fn ensure(&self) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.ensured.load(Relaxed) {
+            return Ok(());
+        }
         check_parent(&self.dir)?;
         let default = crate::config::default_store_dir().ok();
         // Of the commands that find the store missing at once, exactly one makes its
@@ -183,6 +193,7 @@ impl FileCoordinator {
                 }
             };
         self.create_directories()?;
+        self.ensured.store(true, Relaxed);
         if made {
             crate::terminal::warn(&format!(
                 "note: created the store directory `{}`: a new, empty store (leases in any other store do not count here); if you meant another, check --store (FENCE_STORE)",
