@@ -3714,6 +3714,8 @@ struct RunCtx<'a> {
     dir: std::path::PathBuf,
     epoch: Instant,
     remaining: AtomicI64,
+    /// Runs added for faults that found their run ended (see [`RunCtx::put_back`]).
+    added: AtomicI64,
     deck: Mutex<(Vec<RunFault>, Rng)>,
     records: Mutex<Vec<RunRecord>>,
 }
@@ -3732,9 +3734,20 @@ impl RunCtx<'_> {
         cards.pop().unwrap()
     }
 
+    /// A fault that found its run ended goes back on top of the deck, and a run is added for
+    /// it (up to a deck's worth in all): otherwise one that missed near the end of the
+    /// workload was never dealt again, and the workload's coverage check failed for want of runs
+    /// (a CI run of 15 started runs, 2026-12-07, under load).
     fn put_back(&self, fault: RunFault) {
         if fault != RunFault::None {
             self.deck.lock().unwrap().0.push(fault);
+            if self.added.fetch_add(1, Ordering::SeqCst) < RUN_DECK.len() as i64 {
+                let _ = self
+                    .remaining
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        Some(left.max(0) + 1)
+                    });
+            }
         }
     }
 }
@@ -4185,6 +4198,7 @@ fn workload_of_runs(name: &str, backend: Backend) {
         dir: dir.path().to_owned(),
         epoch: Instant::now(),
         remaining: AtomicI64::new(runs as i64),
+        added: AtomicI64::new(0),
         deck: Mutex::new((Vec::new(), Rng::new(seed ^ 0xDEC4))),
         records: Mutex::new(Vec::new()),
     };
