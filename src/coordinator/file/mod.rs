@@ -70,10 +70,9 @@ pub struct FileCoordinator {
     boot_id: String,
     /// The refused attempts this process has recorded (a waiter's retries are one attempt).
     attempted: crate::coordinator::Attempted,
-    /// The store's directories were found or made by this process ([`Self::ensure`]): once
-    /// is enough (a `fence run` locks its resource four times). A store removed while fence
-    /// runs is not made again empty, its tokens restarting: the next operation fails on the
-    /// missing file.
+    /// The store's directories were found or made by this coordinator ([`Self::ensure`]):
+    /// later operations only look that they are still there (a `fence run` locks its
+    /// resource four times, and `mkdir` of each directory that exists cost more than a look).
     ensured: std::sync::atomic::AtomicBool,
 }
 
@@ -177,7 +176,7 @@ impl FileCoordinator {
     /// sees. `fence init` ([`Self::create`]) creates a store on purpose, parents included.
     fn ensure(&self) -> Result<(), Error> {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.ensured.load(Relaxed) {
+        if self.ensured.load(Relaxed) && self.directories().iter().all(|dir| dir.is_dir()) {
             return Ok(());
         }
         check_parent(&self.dir)?;
@@ -210,12 +209,15 @@ impl FileCoordinator {
     }
 
     fn create_directories(&self) -> Result<(), Error> {
-        for sub in ["leases", "locks", "events", "tokens"] {
-            let path = self.dir.join(sub);
+        for path in self.directories() {
             fs::create_dir_all(&path)
                 .map_err(|err| self.io_error("create the store directory", &path, &err))?;
         }
         Ok(())
+    }
+
+    fn directories(&self) -> [PathBuf; 4] {
+        ["leases", "locks", "events", "tokens"].map(|sub| self.dir.join(sub))
     }
 
     fn paths(&self, resource: &str) -> Paths {

@@ -320,28 +320,6 @@ fn a_store_whose_parent_does_not_exist_is_refused_but_the_default_is_created() {
     assert!(home.path().join(".local/state/fence/leases").is_dir());
 }
 
-/// A store removed while a `fence run` holds its lease is not made again, empty, by the
-/// run's later operations (its tokens would restart below the removed store's): they fail on
-/// the missing files, and the release says so. (Found while making the directories be
-/// checked once per process, issue 37: before, the run's end made a new store.)
-#[test]
-fn a_store_removed_during_a_run_is_not_made_again() {
-    let home = tempfile::tempdir().unwrap();
-    let dir = home.path().join("store");
-    let remove = format!("rm -rf '{}'", dir.display());
-    let out = common::Fence::bare(home.path())
-        .args(["--store", &format!("file://{}", dir.display())])
-        .args(["run", "r", "--", "sh", "-c", &remove])
-        .run();
-    assert_eq!(out.code, 0, "the command's own status: {out:?}");
-    assert!(
-        out.stderr.contains("could not be released")
-            && out.stderr.contains("No such file or directory"),
-        "{out:?}"
-    );
-    assert!(!dir.exists(), "the store was made again: {out:?}");
-}
-
 /// Issue 33, 8: a damaged `attempts/<name>.json` was overwritten without a word. Now it is
 /// moved aside, byte for byte, with a warning naming both files, and the refusal that found
 /// it is recorded in a new one.
