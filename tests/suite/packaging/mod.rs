@@ -3,3 +3,4 @@
 mod bench;
 mod deb;
 mod install;
+mod start;
