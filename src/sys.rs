@@ -329,6 +329,15 @@ fn try_flock(file: &File, op: FlockOperation) -> Result<bool, (&'static str, io:
     }
 }
 
+/// Has AWS-LC (the crypto under rustls, PostgreSQL's TLS, and the S3 and GCS clients) learn
+/// the CPU's features, once per process, before its first use. This repository builds it
+/// without its constructor (`.cargo/config.toml`), which would run CPUID at every start of
+/// every fence, the directory store's runs included (issue 37); without this call AWS-LC would
+/// take the CPU for one without AES-NI, SHA or AVX and run its slower, portable code.
+pub fn crypto_ready() {
+    aws_lc_rs::init();
+}
+
 /// The runtime, or why it could not start. tokio panics (instead of returning an error) when
 /// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
 /// caught, silently, and turned into the error it is.

@@ -123,6 +123,8 @@ impl S3Objects {
     /// client of ours, which also keeps the `Date` of PUT answers).
     /// `exact`: the keys are objects a URL names (see [`Self::path`]).
     pub fn new(bucket: &str, bar: ProgressBar, exact: bool) -> Result<S3Objects, Error> {
+        // Its requests are signed with AWS-LC's HMAC and SHA-256, TLS or not.
+        crate::sys::crypto_ready();
         // Retries are fence's own (`Failure`): object_store would retry a 501 or a 4xx-like
         // answer it cannot tell from a transient one, and a definite answer must not be asked
         // again.

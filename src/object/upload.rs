@@ -140,6 +140,7 @@ impl Redirected {
 /// A client for an object store: no redirect is followed (see [`Redirected`]), and no
 /// timeout of reqwest's ([`exchange`] bounds every request by fence's timer).
 pub fn client(builder: reqwest::ClientBuilder) -> reqwest::Result<reqwest::Client> {
+    crate::sys::crypto_ready();
     builder.redirect(reqwest::redirect::Policy::none()).build()
 }
 

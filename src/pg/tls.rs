@@ -20,6 +20,7 @@ impl ConnectParams {
         if self.ssl == Ssl::Disable {
             return Ok(None);
         }
+        crate::sys::crypto_ready();
         let roots = match self.ssl {
             Ssl::VerifyCa | Ssl::VerifyFull => self.read_root_certs()?,
             _ => Vec::new(),

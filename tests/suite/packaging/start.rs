@@ -83,3 +83,76 @@ fn a_panic_caught_at_start_unwinds_without_libgcc_s() {
         "no limit from 3 to 24 stopped the runtime: this test no longer reaches the caught panic"
     );
 }
+
+/// The functions the dynamic loader runs before `main` (the binary's `.init_array`, filled by
+/// relative relocations in a position-independent executable), by name: `readelf` and `nm`
+/// (binutils, which the C toolchain that links fence brings).
+fn constructors(binary: &std::ffi::OsStr) -> Vec<String> {
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .arg(binary)
+            .output()
+            .unwrap_or_else(|err| panic!("run {program}: {err}"));
+        assert!(out.status.success(), "{program} failed: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let hex = |text: &str| u64::from_str_radix(text, 16).ok();
+    // `[22] .init_array INIT_ARRAY 0000000000b0c720 b0a720 000018 …`
+    let sections = run("readelf", &["-W", "-S"]);
+    let (start, size) = sections
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let at = fields.iter().position(|f| *f == ".init_array")?;
+            Some((hex(fields.get(at + 2)?)?, hex(fields.get(at + 4)?)?))
+        })
+        .expect("the binary has an .init_array section");
+    // `0000000000b0c720  0000000000000008 R_X86_64_RELATIVE  8d5c90`
+    let targets: Vec<u64> = run("readelf", &["-W", "-r"])
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let offset = hex(fields.first()?)?;
+            ((start..start + size).contains(&offset) && fields.get(2)?.ends_with("RELATIVE"))
+                .then(|| hex(fields.get(3)?))
+                .flatten()
+        })
+        .collect();
+    assert_eq!(
+        targets.len() as u64,
+        size / 8,
+        "every .init_array slot is a relative relocation: {targets:x?}"
+    );
+    let symbols = run("nm", &[]);
+    targets
+        .iter()
+        .map(|target| {
+            symbols
+                .lines()
+                .find_map(|line| {
+                    let mut fields = line.split_whitespace();
+                    let address = hex(fields.next()?)?;
+                    fields.next()?;
+                    (address == *target).then(|| fields.next().map(str::to_owned))?
+                })
+                .unwrap_or_else(|| format!("{target:#x}"))
+        })
+        .collect()
+}
+
+/// AWS-LC is built without its constructor (`.cargo/config.toml`), which ran CPUID at every
+/// start; `sys::crypto_ready` has it learn the CPU before its first use instead. (The suite's
+/// TLS and S3 tests show that crypto still works once it is called.)
+#[test]
+fn no_crypto_library_runs_at_start() {
+    let names = constructors(&common::fence_bin());
+    assert!(
+        names.iter().any(|name| name.contains("note_closed_stdout")),
+        "fence's own constructor was not found, so this test reads nothing: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|name| name.contains("do_library_init")),
+        "AWS-LC's constructor runs at every start (AWS_LC_SYS_CFLAGS in .cargo/config.toml): {names:?}"
+    );
+}
