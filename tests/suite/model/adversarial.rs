@@ -1398,6 +1398,16 @@ fn seed_cancelled_acquisition(backend: Backend) {
             .filter(|e| e.owner.as_deref().is_some_and(|o| o.starts_with("killed-")))
             .count()
     };
+    // The kills are of acquisitions that can be granted: whatever holds `r0` now (init's
+    // lease, or the cut acquisition's) has lapsed first. Without this wait the directory
+    // store's 40 attempts could all be refused as busy inside init's 500 ms (each a few
+    // milliseconds once a record's replace stopped writing its blocks inside the rename),
+    // and none got as far as a grant.
+    wait_for(
+        "r0 to be free",
+        Duration::from_secs(5) + sut.slack(),
+        || sut.coord.lease("r0").is_none_or(|(_, _, live)| !live),
+    );
     for i in 0..40 {
         let owner = format!("killed-{i}");
         // The first acquire on an object store finds no lease and skips the clock probe, so
