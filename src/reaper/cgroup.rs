@@ -288,6 +288,17 @@ pub fn kill() {
     }
 }
 
+/// Whether the run's cgroup exists and no process is left in it, or below it (its
+/// `cgroup.events` says `populated 0`, the kernel's own count): false without one, or when it
+/// cannot be read. What the command started stays in it (only root can move out).
+pub fn emptied() -> bool {
+    let Some(dir) = RUN.get() else {
+        return false;
+    };
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .is_ok_and(|events| events.lines().any(|line| line == "populated 0"))
+}
+
 /// Removes this process's run cgroup once nothing is in it (from `fence run`, its reaper
 /// ended; from the reaper, once it killed): tried for up to 50 ms while processes killed a
 /// moment ago leave it; a cgroup still busy then is left to the next reaper's `sweep`.

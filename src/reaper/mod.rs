@@ -322,6 +322,7 @@ pub fn main(plan: Plan) -> Exit {
         inside: inside.filter(|_| !leftovers),
         at: Some(ended_at),
         ended: true,
+        status: Some(status.into_raw()),
     };
     let _ = report.write_all(told.encode().as_bytes());
     drop(report);

@@ -25,6 +25,7 @@ const BOUND: &str = "bound";
 const ENDED: &str = "ended";
 const INSIDE: &str = "inside";
 const AT: &str = "at";
+const STATUS: &str = "status";
 
 /// The start message: the lease's first bound (8 bytes, CLOCK_BOOTTIME ns, little-endian), the
 /// length of what follows (4 bytes), and the command's added environment, `KEY=VALUE` entries
@@ -142,6 +143,10 @@ pub struct Report {
     pub at: Option<u64>,
     /// It ended on its own: its last line. Without it, the reaper was killed.
     pub ended: bool,
+    /// The command's wait status (`waitpid`'s raw value), which the reaper passes on as its
+    /// own too: `fence run` goes on with it once the run's cgroup is empty, without waiting
+    /// for the reaper's own end (see `hold`).
+    pub status: Option<i32>,
 }
 
 impl Report {
@@ -163,6 +168,9 @@ impl Report {
         }
         if let Some(at) = self.at {
             text.push_str(&format!("{AT} {at}\n"));
+        }
+        if let Some(status) = self.status {
+            text.push_str(&format!("{STATUS} {status}\n"));
         }
         if self.ended {
             text.push_str(ENDED);
@@ -196,6 +204,7 @@ impl Report {
                 Some((INTERRUPTED, signal)) => report.interrupted = signal.parse().ok(),
                 Some((INSIDE, at)) => report.inside = at.parse().ok(),
                 Some((AT, at)) => report.at = at.parse().ok(),
+                Some((STATUS, status)) => report.status = status.parse().ok(),
                 _ => {}
             }
         }
@@ -275,6 +284,7 @@ mod tests {
             inside: None,
             at: Some(7),
             ended: true,
+            status: Some(0x8b),
         };
         for report in [Report::default(), full.clone()] {
             assert_eq!(Report::parse(&report.encode()), report);

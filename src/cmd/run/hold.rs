@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
+use tokio::io::AsyncReadExt;
 use tokio::time::{sleep_until, Instant};
 
 use super::supervisor::{continue_process, reaper_report, Forked, Running};
@@ -202,8 +203,15 @@ pub(super) async fn hold(
     let mut interrupted: Option<i32> = None;
     // A process that did not die on SIGKILL was still there once the lease was not proven.
     let mut outlived = false;
-    // What the reaper said as it ended (read once it has been waited for).
+    // What the reaper said as it ended (read once it has been waited for, or as soon as it
+    // said it, see below), and what of it was read before its end.
     let mut told = Report::default();
+    let mut said = Vec::new();
+    // Its report pipe reached its end or failed: only its end is waited for.
+    let mut unsaid = false;
+    // It reported the command's end and status, with the run's cgroup empty: the loop ends
+    // without waiting for the reaper's own end.
+    let mut reported = false;
     // `--max-time`: when the command is stopped, however its lease fares.
     let max_at = plan
         .max_time
@@ -220,6 +228,9 @@ pub(super) async fn hold(
         stop = Stop::until(0);
     }
     loop {
+        if reported {
+            break;
+        }
         if status.is_some() {
             crate::sys::reap_children();
             if !crate::sys::has_children() {
@@ -251,19 +262,59 @@ pub(super) async fn hold(
         };
         tokio::select! {
             biased;
-            waited = async {
+            end = async {
                 match exited {
-                    Some(ended) => Ok(ended),
-                    None => child.wait().await,
+                    Some(ended) => End::Waited(Ok(ended)),
+                    None => {
+                        let mut chunk = [0u8; 512];
+                        tokio::select! {
+                            biased;
+                            waited = child.wait() => End::Waited(waited),
+                            read = report.read(&mut chunk), if !unsaid => {
+                                End::Said(read.map(|n| chunk[..n].to_vec()))
+                            }
+                        }
+                    }
                 }
             }, if status.is_none() => {
-                let waited = waited.map_err(cannot_wait)?;
+                let waited = match end {
+                    End::Waited(waited) => waited.map_err(cannot_wait)?,
+                    // The reaper writes its report in one write, once the command and all it
+                    // started are gone, and then only ends (its exit, then SIGCHLD here: 0.1
+                    // ms). A whole report with the command's status is taken at once, if the
+                    // kernel agrees that nothing is left: the run's cgroup holds no process.
+                    // (Lines a command running as root forged into the pipe, through /proc,
+                    // would otherwise end the run while it runs: it is in that cgroup.)
+                    // Without a cgroup, or with one still populated, the reaper's end is
+                    // waited for, as before.
+                    End::Said(Ok(bytes)) if !bytes.is_empty() => {
+                        said.extend_from_slice(&bytes);
+                        let whole = Report::parse(&String::from_utf8_lossy(&said));
+                        if let (true, Some(raw)) = (whole.ended, whole.status) {
+                            if crate::reaper::cgroup::emptied() {
+                                use std::os::unix::process::ExitStatusExt;
+                                status = Some(ExitStatus::from_raw(raw));
+                                ended_ns = crate::sys::bound_clock_ns();
+                                told = whole;
+                                child.reported();
+                                reported = true;
+                            }
+                        }
+                        continue;
+                    }
+                    // Its end of the pipe closed (it is ending, or was killed) or the pipe
+                    // failed: its end is waited for.
+                    End::Said(_) => {
+                        unsaid = true;
+                        continue;
+                    }
+                };
                 status = Some(waited);
                 ended_ns = crate::sys::bound_clock_ns();
                 // Its report is complete now (its end of the pipe closed with it): a reaper
                 // that did not say it ended on its own was killed, and what it left is stopped
                 // at once, not after --kill-after (nothing supervised it any more).
-                told = reaper_report(&mut report).await;
+                told = reaper_report(&mut report, std::mem::take(&mut said)).await;
                 let killed_here = stop.as_ref().is_some_and(|s| s.killed.is_some());
                 if !told.ended && !killed_here {
                     lost.get_or_insert(LostReason::SupervisorLost);
@@ -581,6 +632,13 @@ const CLASSIFY_WITHIN: Duration = Duration::from_secs(1);
 
 fn retry_after(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// What ended the wait for the reaper in [`hold`]: its end (waited for), or a read of its
+/// report pipe.
+enum End {
+    Waited(std::io::Result<ExitStatus>),
+    Said(std::io::Result<Vec<u8>>),
 }
 
 /// Whether the command ended by the time a timer of [`hold`] fired (after a pause, both come

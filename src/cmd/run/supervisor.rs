@@ -223,6 +223,7 @@ impl Reaper {
                     pid,
                     ended: None,
                     status: None,
+                    reported: false,
                 };
                 Ok(Reaper {
                     child: Some(child),
@@ -437,6 +438,9 @@ pub(super) struct Forked {
     /// look and the wait is not missed.
     ended: Option<tokio::signal::unix::Signal>,
     status: Option<ExitStatus>,
+    /// Its report said the command ended, and the run's cgroup was empty then: it is only
+    /// ending itself (see [`Self::reported`]).
+    reported: bool,
 }
 
 impl Forked {
@@ -484,6 +488,15 @@ impl Forked {
         }
     }
 
+    /// Its report said the command ended (with its status) and the run's cgroup holds no
+    /// process: nothing of the command is left, and the reaper does nothing more but end.
+    /// `fence run` goes on without waiting for that end (0.1 ms: its exit, then SIGCHLD); the
+    /// run's cgroup is removed when this is dropped, the reaper's end then waited for only if
+    /// it has come.
+    pub(super) fn reported(&mut self) {
+        self.reported = true;
+    }
+
     /// SIGKILL, unless it has been waited for (its pid may be another's by then).
     pub(super) fn start_kill(&mut self) {
         if self.status.is_none() {
@@ -497,12 +510,16 @@ impl Drop for Forked {
     /// left to us as their subreaper that has ended already (not waited for: a child fence
     /// had before, `sh -c 'job & exec fence run …'`, is not the run's), and the run's cgroup
     /// removed; one that has not is left alone: it ends on its own (its start pipe closed),
-    /// or is fence's to stop.
+    /// or is fence's to stop (one that [reported](Self::reported) the command's end: the run's
+    /// cgroup, empty, is removed all the same).
     fn drop(&mut self) {
         if matches!(self.try_wait(), Ok(Some(_))) {
             // The command's process, should the reaper have been killed before it could wait
             // for it, is ours: it dies of its own parent-death signal, at once.
             crate::sys::reap_children();
+            crate::reaper::cgroup::remove();
+        } else if self.reported {
+            // Still ending: left to end on its own (its report is whole), its cgroup empty.
             crate::reaper::cgroup::remove();
         }
     }
@@ -515,10 +532,13 @@ fn pipe() -> std::io::Result<(std::fs::File, std::os::fd::OwnedFd)> {
 }
 
 /// What the reaper said as it ended (read once the reaper is gone: the pipe is then at its
-/// end).
-pub(super) async fn reaper_report(report: &mut tokio::net::unix::pipe::Receiver) -> Report {
+/// end), after what was read of it before (`read`).
+pub(super) async fn reaper_report(
+    report: &mut tokio::net::unix::pipe::Receiver,
+    read: Vec<u8>,
+) -> Report {
     use tokio::io::AsyncReadExt;
-    let mut rest = Vec::new();
+    let mut rest = read;
     // The reaper is gone, so its end is closed: the read ends at once.
     let _ = tokio::time::timeout(NUDGE * 10, report.read_to_end(&mut rest)).await;
     Report::parse(&String::from_utf8_lossy(&rest))

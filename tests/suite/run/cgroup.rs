@@ -987,3 +987,45 @@ fn children_fence_had_before_the_run_are_not_its_leftovers() {
         "the run took {took:?}: it waited for the job"
     );
 }
+
+/// fence goes on once its supervisor reports the command's end, without waiting for the
+/// supervisor's own exit, only when the run's cgroup is empty. A command running as root can
+/// write a whole report into the supervisor's report pipe (through /proc/PID/fd, at the
+/// number the supervisor's title shows) while it keeps running: that forged report must not
+/// end the run. The command forges one saying it ended with status 0, works on for a second
+/// (a snapshot of the store's history then), and exits 5: fence exits 5 when it does, and the
+/// lease was not released while it ran.
+#[test]
+fn a_report_forged_by_the_command_does_not_end_its_run() {
+    let Some(_) = usable_base() else { return };
+    let store = Store::file();
+    let dir = RunDir::new();
+    let history = store.dir().join("events").join("job.jsonl");
+    let script = format!(
+        "fd=$(cut -d' ' -f4 /proc/$PPID/cmdline) && printf 'status 0\\nended\\n' > /proc/$PPID/fd/$fd \
+         && echo forged > '{forged}' && sleep 1 && cp '{history}' '{snapshot}' && exit 5",
+        forged = dir.file("forged"),
+        history = history.display(),
+        snapshot = dir.file("history-while-running"),
+    );
+    let fence = spawn_run(&store, &["--ttl", "10s"], &script, &dir);
+    let out = wait_output("fence run", fence, Duration::from_secs(30));
+    assert!(
+        dir.path().join("forged").exists(),
+        "the command could not forge its report: {}",
+        stderr_of(&dir)
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr_of(&dir));
+    let snapshot = std::fs::read_to_string(dir.path().join("history-while-running"))
+        .expect("the command ran to its end");
+    assert!(
+        snapshot.contains("\"acquired\"") && !snapshot.contains("\"released\""),
+        "the lease was released while the command ran: {snapshot}"
+    );
+    let kinds: Vec<String> = store.events("job").into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("released"),
+        "{kinds:?}"
+    );
+}
