@@ -241,10 +241,13 @@ impl FileCoordinator {
             Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(self.io_error("read the lease record", path, &err)),
         };
-        if bytes.is_empty() {
-            // What a power loss leaves of a record renamed into place before its bytes were
-            // synced (records are not synced): as if missing, the next token continuing above
-            // the synced high-water mark. Its holders, local processes, died with the machine.
+        if bytes.iter().all(|&byte| byte == 0) {
+            // What a power loss leaves of a record put in place before its bytes reached the
+            // disk (records are not synced; a file exchanged into place is written back within
+            // the kernel's 30 s, see `sys::replace`): empty (ext4's ordered data, XFS), or as
+            // long as it was but zeros (its blocks never written: ext4 without a journal). As
+            // if missing, the next token continuing above the synced high-water mark. Its
+            // holders, local processes, died with the machine.
             return Ok(None);
         }
         let record: Record = serde_json::from_slice(&bytes).map_err(|err| {
@@ -309,8 +312,9 @@ impl FileCoordinator {
     /// record must survive a power loss. A grant's token already has, in the high-water mark
     /// (synced before the record is written: I1), and after a reboot every lease of the
     /// earlier boot has expired anyway (the boot id changed) and its holders, local processes,
-    /// died with the machine; a record the power loss took back (to an earlier one, or empty)
-    /// is older than the mark and no one's lease. A process crash loses nothing the page
+    /// died with the machine; a record the power loss took back (to an earlier one, empty, or
+    /// zeros: one exchanged into place is written out only within the kernel's writeback
+    /// delay, see `sys::replace`) is older than the mark and no one's lease. A process crash loses nothing the page
     /// cache holds. (Until issue 37 a grant's record was synced too, file and directory: two
     /// of its three syncs, 0.4 ms of a `fence run`; the model of the store, which loses power
     /// and keeps of each file what was synced or cached, holds I1, I3 and fencing without it.)

@@ -20,9 +20,10 @@ use crate::timeline::newest;
 use crate::url::percent_decode;
 
 impl FileCoordinator {
-    /// Removes temporary files of killed processes (records and pruned logs being written).
+    /// Removes temporary files of killed processes (records, new high-water marks and pruned
+    /// logs being written, and the old files a replace had exchanged out, see `sys::replace`).
     pub(super) fn sweep(&self) {
-        for sub in ["leases", "events", "attempts"] {
+        for sub in ["leases", "events", "attempts", "tokens"] {
             sweep_temporaries(&self.dir.join(sub));
         }
     }
