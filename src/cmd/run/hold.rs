@@ -57,6 +57,9 @@ pub(super) struct Held {
     pub(super) bound: u64,
     /// The coordinator's connection, as the last renewal left it.
     pub(super) coordinator: Rc<dyn Coordinator>,
+    /// The reaper, waited for or ending (it reported the command's end): kept until the lease
+    /// is released, and dropped then (see `Forked`'s drop).
+    pub(super) supervisor: Forked,
 }
 
 /// The command is being stopped: SIGTERM went out, SIGKILL is due at `graceful_until` (or at
@@ -209,6 +212,7 @@ pub(super) async fn hold(
     let mut said = Vec::new();
     // Its report pipe reached its end or failed: only its end is waited for.
     let mut unsaid = false;
+    let mut chunk = vec![0u8; REPORT_KEPT];
     // It reported the command's end and status, with the run's cgroup empty: the loop ends
     // without waiting for the reaper's own end.
     let mut reported = false;
@@ -262,59 +266,26 @@ pub(super) async fn hold(
         };
         tokio::select! {
             biased;
-            end = async {
+            waited = async {
                 match exited {
-                    Some(ended) => End::Waited(Ok(ended)),
-                    None => {
-                        let mut chunk = [0u8; 512];
-                        tokio::select! {
-                            biased;
-                            waited = child.wait() => End::Waited(waited),
-                            read = report.read(&mut chunk), if !unsaid => {
-                                End::Said(read.map(|n| chunk[..n].to_vec()))
-                            }
-                        }
-                    }
+                    Some(ended) => Ok(ended),
+                    None => child.wait().await,
                 }
             }, if status.is_none() => {
-                let waited = match end {
-                    End::Waited(waited) => waited.map_err(cannot_wait)?,
-                    // The reaper writes its report in one write, once the command and all it
-                    // started are gone, and then only ends (its exit, then SIGCHLD here: 0.1
-                    // ms). A whole report with the command's status is taken at once, if the
-                    // kernel agrees that nothing is left: the run's cgroup holds no process.
-                    // (Lines a command running as root forged into the pipe, through /proc,
-                    // would otherwise end the run while it runs: it is in that cgroup.)
-                    // Without a cgroup, or with one still populated, the reaper's end is
-                    // waited for, as before.
-                    End::Said(Ok(bytes)) if !bytes.is_empty() => {
-                        said.extend_from_slice(&bytes);
-                        let whole = Report::parse(&String::from_utf8_lossy(&said));
-                        if let (true, Some(raw)) = (whole.ended, whole.status) {
-                            if crate::reaper::cgroup::emptied() {
-                                use std::os::unix::process::ExitStatusExt;
-                                status = Some(ExitStatus::from_raw(raw));
-                                ended_ns = crate::sys::bound_clock_ns();
-                                told = whole;
-                                child.reported();
-                                reported = true;
-                            }
-                        }
-                        continue;
-                    }
-                    // Its end of the pipe closed (it is ending, or was killed) or the pipe
-                    // failed: its end is waited for.
-                    End::Said(_) => {
-                        unsaid = true;
-                        continue;
-                    }
-                };
+                let waited = waited.map_err(cannot_wait)?;
                 status = Some(waited);
                 ended_ns = crate::sys::bound_clock_ns();
                 // Its report is complete now (its end of the pipe closed with it): a reaper
                 // that did not say it ended on its own was killed, and what it left is stopped
                 // at once, not after --kill-after (nothing supervised it any more).
                 told = reaper_report(&mut report, std::mem::take(&mut said)).await;
+                // A whole report's status is the command's, even when the reaper did not end
+                // as it does after one (killed in that instant: the OOM killer), whichever of
+                // its end and its report this process saw first (a review).
+                if let (true, Some(raw)) = (told.ended, told.status) {
+                    use std::os::unix::process::ExitStatusExt;
+                    status = Some(ExitStatus::from_raw(raw));
+                }
                 let killed_here = stop.as_ref().is_some_and(|s| s.killed.is_some());
                 if !told.ended && !killed_here {
                     lost.get_or_insert(LostReason::SupervisorLost);
@@ -463,6 +434,43 @@ pub(super) async fn hold(
                     }
                 }
             }
+            // The reaper writes its report in one write, once the command and all it started
+            // are gone, and then only ends (its exit, then SIGCHLD above: 0.1 ms). A whole
+            // report with the command's status is taken at once, if the kernel agrees that
+            // nothing is left: the run's cgroup holds no process. (Lines a command running as
+            // root forged into the pipe, through /proc, would otherwise end the run while it
+            // runs: it is in that cgroup.) Without a cgroup, or with one still populated, the
+            // reaper's end is waited for, as before. Last of the branches, and only the
+            // newest few KiB kept: a command running as root that floods the pipe neither
+            // keeps this loop from its timers and renewals nor fills its memory (a review).
+            read = report.read(&mut chunk), if status.is_none() && !unsaid => {
+                match read {
+                    Ok(n) if n > 0 => said.extend_from_slice(&chunk[..n]),
+                    // Its end of the pipe closed (it is ending, or was killed) or the pipe
+                    // failed: its end is waited for.
+                    _ => {
+                        unsaid = true;
+                        continue;
+                    }
+                }
+                if said.len() > 2 * REPORT_KEPT {
+                    said.drain(..said.len() - REPORT_KEPT);
+                }
+                if !said.ends_with(b"\nended\n") {
+                    continue;
+                }
+                let whole = Report::parse(&String::from_utf8_lossy(&said));
+                if let (true, Some(raw)) = (whole.ended, whole.status) {
+                    if crate::reaper::cgroup::emptied() {
+                        use std::os::unix::process::ExitStatusExt;
+                        status = Some(ExitStatus::from_raw(raw));
+                        ended_ns = crate::sys::bound_clock_ns();
+                        told = whole;
+                        child.reported();
+                        reported = true;
+                    }
+                }
+            }
         }
     }
     let status = status.expect("the loop ends once the reaper was waited for");
@@ -595,6 +603,7 @@ pub(super) async fn hold(
         ended_ns,
         bound,
         coordinator,
+        supervisor: child,
     })
 }
 
@@ -634,12 +643,10 @@ fn retry_after(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
 }
 
-/// What ended the wait for the reaper in [`hold`]: its end (waited for), or a read of its
-/// report pipe.
-enum End {
-    Waited(std::io::Result<ExitStatus>),
-    Said(std::io::Result<Vec<u8>>),
-}
+/// How much of the reaper's report pipe [`hold`] keeps of what it read before the reaper's
+/// end: the newest bytes (its report is a few lines, in one write, and the last report
+/// counts).
+const REPORT_KEPT: usize = 4096;
 
 /// Whether the command ended by the time a timer of [`hold`] fired (after a pause, both come
 /// due at once, and the timer is looked at first): its end is then handled first, at the

@@ -384,6 +384,7 @@ async fn supervise(
         ended_ns,
         bound,
         coordinator,
+        supervisor,
     } = held?;
     let ending = Ending {
         status,
@@ -478,6 +479,8 @@ async fn supervise(
             ));
         }
     }
+    // A reaper that reported the command's end was ending meanwhile: waited for now.
+    drop(supervisor);
     let code = if timed_out {
         MAX_TIME_EXIT
     } else {

@@ -430,6 +430,10 @@ impl Drop for Reaper {
 const REAPER_QUITS: Duration = Duration::from_millis(500);
 const REAPER_ENDS_WITHIN: Duration = Duration::from_secs(2);
 
+/// How long dropping a reaper that [reported](Forked::reported) the command's end waits for
+/// its own end.
+const REPORTED_ENDS_WITHIN: Duration = Duration::from_millis(100);
+
 /// The forked reaper, as a `tokio::process::Child` would have it: waited for by its pid,
 /// woken by SIGCHLD (pidfds are not everywhere: seccomp profiles refuse them).
 pub(super) struct Forked {
@@ -519,7 +523,19 @@ impl Drop for Forked {
             crate::sys::reap_children();
             crate::reaper::cgroup::remove();
         } else if self.reported {
-            // Still ending: left to end on its own (its report is whole), its cgroup empty.
+            // Still ending, its report whole: waited for a moment (its exit takes 0.1 ms),
+            // so that fence does not end before it and leave it, an orphan, to whoever is
+            // subreaper above: a `fence run` around this one took it for a leftover (a
+            // review). One that has not ended by then is left to end on its own.
+            let start = std::time::Instant::now();
+            let mut pause = std::time::Duration::from_micros(20);
+            while matches!(self.try_wait(), Ok(None)) && start.elapsed() < REPORTED_ENDS_WITHIN {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(1));
+            }
+            if matches!(self.try_wait(), Ok(Some(_))) {
+                crate::sys::reap_children();
+            }
             crate::reaper::cgroup::remove();
         }
     }

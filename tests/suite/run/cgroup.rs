@@ -1029,3 +1029,34 @@ fn a_report_forged_by_the_command_does_not_end_its_run() {
         "{kinds:?}"
     );
 }
+
+/// fence reads its supervisor's report pipe while the command runs (to go on as soon as the
+/// report comes). A command running as root that floods that pipe (through /proc/PID/fd) for
+/// three seconds, under a two-second lease, keeps neither fence from renewing the lease nor
+/// its memory bounded: the run ends with the command's status, its lease never lost (a review
+/// lost it when every read re-parsed all that had been read, before the timers).
+#[test]
+fn a_command_flooding_its_supervisors_report_pipe_does_not_cost_the_lease() {
+    let Some(_) = usable_base() else { return };
+    let store = Store::file();
+    let dir = RunDir::new();
+    let script = format!(
+        "r=$PPID; fd=$(cut -d' ' -f4 /proc/$r/cmdline) && echo flooding > '{flooding}' \
+         && timeout 3 yes 0123456789abcdef > /proc/$r/fd/$fd; exit 7",
+        flooding = dir.file("flooding"),
+    );
+    let fence = spawn_run(&store, &["--ttl", "2s"], &script, &dir);
+    let out = wait_output("fence run", fence, Duration::from_secs(30));
+    assert!(
+        dir.path().join("flooding").exists(),
+        "the command did not start its flood: {}",
+        stderr_of(&dir)
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr_of(&dir));
+    let kinds: Vec<String> = store.events("job").into_iter().map(|e| e.0).collect();
+    assert!(
+        kinds.iter().filter(|k| *k == "renewed").count() >= 3
+            && kinds.last().map(String::as_str) == Some("released"),
+        "{kinds:?}"
+    );
+}
