@@ -514,8 +514,8 @@ impl Drop for Forked {
     /// left to us as their subreaper that has ended already (not waited for: a child fence
     /// had before, `sh -c 'job & exec fence run …'`, is not the run's), and the run's cgroup
     /// removed; one that has not is left alone: it ends on its own (its start pipe closed),
-    /// or is fence's to stop (one that [reported](Self::reported) the command's end: the run's
-    /// cgroup, empty, is removed all the same).
+    /// or is fence's to stop (one that [reported](Self::reported) the command's end is waited
+    /// for a moment, and the run's cgroup, empty, removed all the same).
     fn drop(&mut self) {
         if matches!(self.try_wait(), Ok(Some(_))) {
             // The command's process, should the reaper have been killed before it could wait
