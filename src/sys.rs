@@ -359,6 +359,22 @@ pub fn crypto_ready() {
     aws_lc_rs::init();
 }
 
+/// For the unit tests of the paths into AWS-LC (each test runs in a process of its own under
+/// nextest): whether AWS-LC has learnt the CPU's features, as far as this CPU lets it show
+/// (AES-NI and PCLMULQDQ, by /proc/cpuinfo); true on a CPU without them, where it cannot be
+/// told.
+#[cfg(test)]
+pub(crate) fn aws_lc_knows_the_cpu() -> bool {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo.lines().find(|line| line.starts_with("flags"));
+    let has = |flag: &str| flags.is_some_and(|line| line.split_whitespace().any(|f| f == flag));
+    if !(has("aes") && has("pclmulqdq")) {
+        return true;
+    }
+    // SAFETY: a query of AWS-LC's capability flags, no arguments.
+    unsafe { aws_lc_sys::EVP_has_aes_hardware() == 1 }
+}
+
 /// The runtime, or why it could not start. tokio panics (instead of returning an error) when
 /// its signal driver cannot make its socket pair, e.g. out of file descriptors: that panic is
 /// caught, silently, and turned into the error it is.

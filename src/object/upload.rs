@@ -190,6 +190,14 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// The object stores' HTTP client (TLS with AWS-LC, which AWS-LC's constructor no longer
+    /// prepares: `.cargo/config.toml`) has AWS-LC learn the CPU first.
+    #[test]
+    fn the_client_readies_aws_lc_first() {
+        client(reqwest::Client::builder()).unwrap();
+        assert!(crate::sys::aws_lc_knows_the_cpu());
+    }
+
     #[tokio::test]
     async fn frames_add_up_to_the_body_and_are_counted() {
         let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();

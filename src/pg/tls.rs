@@ -149,3 +149,18 @@ impl ServerCertVerifier for Lenient {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PostgreSQL's TLS (rustls with AWS-LC, which AWS-LC's constructor no longer prepares:
+    /// `.cargo/config.toml`) has AWS-LC learn the CPU first.
+    #[test]
+    fn tls_readies_aws_lc_first() {
+        let params =
+            ConnectParams::resolve("postgres://u@127.0.0.1:1/db?sslmode=require", "test").unwrap();
+        assert!(params.tls().unwrap().is_some());
+        assert!(crate::sys::aws_lc_knows_the_cpu());
+    }
+}
