@@ -353,8 +353,10 @@ fn try_flock(file: &File, op: FlockOperation) -> Result<bool, (&'static str, io:
 /// Has AWS-LC (the crypto under rustls, PostgreSQL's TLS, and the S3 and GCS clients) learn
 /// the CPU's features, once per process, before its first use. This repository builds it
 /// without its constructor (`.cargo/config.toml`), which would run CPUID at every start of
-/// every fence, the directory store's runs included (issue 37); without this call AWS-LC would
-/// take the CPU for one without AES-NI, SHA or AVX and run its slower, portable code.
+/// every fence, the directory store's runs included (issue 37); without it AWS-LC would take
+/// the CPU for one without AES-NI, SHA or AVX and run its slower, portable code. (rustls's
+/// AWS-LC provider initialises it as well when a TLS configuration is built, through its FIPS
+/// check: this call does not rely on that.)
 pub fn crypto_ready() {
     aws_lc_rs::init();
 }
