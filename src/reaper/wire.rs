@@ -179,6 +179,14 @@ impl Report {
         text
     }
 
+    /// The command's status, from a whole report that carries it.
+    pub fn command_status(&self) -> Option<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        self.status
+            .filter(|_| self.ended)
+            .map(std::process::ExitStatus::from_raw)
+    }
+
     /// Lines it does not know are skipped (a newer reaper's), as is a line cut short.
     ///
     /// Only the reaper's own report counts: the last one, up to its `ended` line and after

@@ -282,9 +282,8 @@ pub(super) async fn hold(
                 // A whole report's status is the command's, even when the reaper did not end
                 // as it does after one (killed in that instant: the OOM killer), whichever of
                 // its end and its report this process saw first (a review).
-                if let (true, Some(raw)) = (told.ended, told.status) {
-                    use std::os::unix::process::ExitStatusExt;
-                    status = Some(ExitStatus::from_raw(raw));
+                if let Some(command) = told.command_status() {
+                    status = Some(command);
                 }
                 let killed_here = stop.as_ref().is_some_and(|s| s.killed.is_some());
                 if !told.ended && !killed_here {
@@ -460,10 +459,9 @@ pub(super) async fn hold(
                     continue;
                 }
                 let whole = Report::parse(&String::from_utf8_lossy(&said));
-                if let (true, Some(raw)) = (whole.ended, whole.status) {
+                if let Some(command) = whole.command_status() {
                     if crate::reaper::cgroup::emptied() {
-                        use std::os::unix::process::ExitStatusExt;
-                        status = Some(ExitStatus::from_raw(raw));
+                        status = Some(command);
                         ended_ns = crate::sys::bound_clock_ns();
                         told = whole;
                         child.reported();

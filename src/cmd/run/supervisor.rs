@@ -414,13 +414,9 @@ impl Drop for Reaper {
         drop(self.start.take());
         if let Some(child) = self.child.as_mut() {
             let start = std::time::Instant::now();
-            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_QUITS {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            child.wait_until(start + REAPER_QUITS);
             child.start_kill();
-            while matches!(child.try_wait(), Ok(None)) && start.elapsed() < REAPER_ENDS_WITHIN {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            child.wait_until(start + REAPER_ENDS_WITHIN);
         }
     }
 }
@@ -501,6 +497,16 @@ impl Forked {
         self.reported = true;
     }
 
+    /// Waits, blocking, until it has ended or `deadline` has passed: looked at after a pause
+    /// that grows from 20 us to 1 ms (a reaper that is ending ends within a millisecond).
+    fn wait_until(&mut self, deadline: std::time::Instant) {
+        let mut pause = Duration::from_micros(20);
+        while matches!(self.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
     /// SIGKILL, unless it has been waited for (its pid may be another's by then).
     pub(super) fn start_kill(&mut self) {
         if self.status.is_none() {
@@ -527,12 +533,7 @@ impl Drop for Forked {
             // so that fence does not end before it and leave it, an orphan, to whoever is
             // subreaper above: a `fence run` around this one took it for a leftover (a
             // review). One that has not ended by then is left to end on its own.
-            let start = std::time::Instant::now();
-            let mut pause = std::time::Duration::from_micros(20);
-            while matches!(self.try_wait(), Ok(None)) && start.elapsed() < REPORTED_ENDS_WITHIN {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(1));
-            }
+            self.wait_until(std::time::Instant::now() + REPORTED_ENDS_WITHIN);
             if matches!(self.try_wait(), Ok(Some(_))) {
                 crate::sys::reap_children();
             }
